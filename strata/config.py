@@ -1,0 +1,171 @@
+"""Frozen configuration records: the model's hyperparameters, the engine's knobs, sampling.
+
+EngineConfig's fields are the engine flags: the CLI generates one flag per field, and
+`env_overrides()` is the one place that reads STRATA_<FIELD> environment variables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidArgument
+
+SUPPORTED_ARCHITECTURES = ("qwen3moe",)
+
+
+def _positive(obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise InvalidArgument(f"{type(obj).__name__}.{n} must be a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Hyperparameters of a qwen3moe-family model (names follow HF's Qwen3MoeConfig)."""
+    architecture: str
+    vocab_size: int                 # V
+    hidden_size: int                # D
+    num_hidden_layers: int
+    num_attention_heads: int        # H
+    num_key_value_heads: int        # Hk
+    head_dim: int                   # Dh
+    num_experts: int                # E
+    num_experts_per_tok: int        # A
+    moe_intermediate_size: int      # I
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    rope_scaling: dict | None = None
+    norm_topk_prob: bool = True
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    num_mtp_layers: int = 0         # MTP draft layers after the main stack (0 or 1)
+
+    def __post_init__(self):
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise InvalidArgument(f"architecture {self.architecture!r} is not supported "
+                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        _positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+                  "moe_intermediate_size", "max_position_embeddings")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise InvalidArgument(f"ModelArgs: {self.num_attention_heads} query heads are not a multiple "
+                                  f"of {self.num_key_value_heads} KV heads")
+        if self.num_experts_per_tok > self.num_experts:
+            raise InvalidArgument(f"ModelArgs: top-{self.num_experts_per_tok} routing over only "
+                                  f"{self.num_experts} experts")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in (None, "default", "linear", "yarn"):
+                raise InvalidArgument(f"ModelArgs: rope scaling {kind!r} is not supported")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs; each field is a CLI flag (--vram-budget-gib) and an env var (STRATA_VRAM_BUDGET_GIB)."""
+    device: str = field(default="auto", metadata={"help": "cpu, cuda or auto (the GPU when one is present)"})
+    gpus: str = field(default="0", metadata={"help": "GPU ordinals to use, comma-separated"})
+    vram_budget_gib: float = field(default=0.0, metadata={"help": "cap on VRAM Strata uses; 0 = all free VRAM"})
+    expert_cache: str = field(default="auto", metadata={"help": "expert cache slots: auto or N"})
+    prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
+    kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
+    kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
+    max_context: int = field(default=4096, metadata={"help": "longest sequence (prompt + output) in tokens"})
+    spec: int = field(default=0, metadata={"help": "speculative draft tokens per step (needs --mtp)"})
+    mtp: bool = field(default=False, metadata={"help": "use the model's MTP draft layer"})
+    layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
+    cache_dir: str = field(default="", metadata={"help": "where GGUF sources are converted to packs "
+                                                          "(default ~/.cache/strata)"})
+
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise InvalidArgument(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.vram_budget_gib < 0:
+            raise InvalidArgument(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        if self.kv not in ("f16", "int8", "q4_0"):
+            raise InvalidArgument(f"kv must be f16, int8 or q4_0, got {self.kv!r}")
+        if self.max_context <= 0:
+            raise InvalidArgument(f"max_context must be positive, got {self.max_context}")
+        if self.kv_resident < 0 or self.spec < 0:
+            raise InvalidArgument("kv_resident and spec must be >= 0")
+        if self.expert_cache != "auto" and not self.expert_cache.isdigit():
+            raise InvalidArgument(f"expert_cache must be auto or a number of slots, got {self.expert_cache!r}")
+        p = self.prefill
+        if not (p == "auto" or p.isdigit() or (p.startswith("auto:") and p[5:].isdigit())):
+            raise InvalidArgument(f"prefill must be auto, N or auto:N, got {p!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        """Build from keyword arguments, then apply STRATA_<FIELD> environment overrides."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidArgument(f"unknown engine option {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return cls(**{**kwargs, **env_overrides(cls)})
+
+
+def _parse_field(f: dataclasses.Field, text: str) -> Any:
+    if f.type in (bool, "bool"):
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    for t in (int, float):
+        if f.type in (t, t.__name__):
+            return t(text)
+    return text
+
+
+def env_overrides(cls=EngineConfig, environ=None) -> dict[str, Any]:
+    """STRATA_<FIELD> values for the fields of `cls`; the only reader of Strata's environment."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = "STRATA_" + f.name.upper()
+        if key in environ:
+            try:
+                out[f.name] = _parse_field(f, environ[key])
+            except ValueError:
+                raise InvalidArgument(f"{key}={environ[key]!r} is not a valid {f.type}") from None
+    return out
+
+
+def env_value(name: str, default: str | None = None) -> str | None:
+    """A non-field STRATA_<NAME> setting (paths, debug switches), read through the same one place."""
+    return os.environ.get("STRATA_" + name.upper(), default)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = None   # None: the rest of the context
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 0):
+            raise InvalidArgument(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        if not (self.temperature >= 0.0):
+            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgument(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif self.stop is None:
+            object.__setattr__(self, "stop", ())
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidArgument("stop must be a non-empty string or a list of them")
