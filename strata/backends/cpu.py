@@ -1,0 +1,197 @@
+"""numpy ops: the CPU backend and the oracle for the GPU path.
+
+Weights stay in their native block bytes in the pack and are dequantized to float32 on use, with a
+byte-bounded cache so small models dequantize once and big ones still run. Activations are float32.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..config import ModelArgs
+from ..model import rope
+
+
+class DequantCache:
+    """Least-recently-used float32 copies of dequantized weights, bounded in bytes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict = OrderedDict()
+
+    def get(self, key, make):
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = make()
+        if value.nbytes <= self.max_bytes:
+            self._items[key] = value
+            self.bytes += value.nbytes
+            while self.bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= old.nbytes
+        return value
+
+
+class KVCache:
+    """Per-layer K/V of one sequence, float32 [S, Hk, Dh]; grows on demand up to max_len cells."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int):
+        self.max_len = max_len
+        self.shape = (num_kv_heads, head_dim)
+        self.k: list[np.ndarray | None] = [None] * num_layers
+        self.v: list[np.ndarray | None] = [None] * num_layers
+
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        need = int(positions.max()) + 1
+        if need > self.max_len:
+            raise IndexError(f"KV position {need - 1} is past the cache's {self.max_len} cells")
+        cur = self.k[layer]
+        if cur is None or cur.shape[0] < need:
+            size = min(self.max_len, max(need, 2 * (0 if cur is None else cur.shape[0]), 64))
+            for store in (self.k, self.v):
+                grown = np.zeros((size, *self.shape), np.float32)
+                if store[layer] is not None:
+                    grown[:store[layer].shape[0]] = store[layer]
+                store[layer] = grown
+        self.k[layer][positions] = k
+        self.v[layer][positions] = v
+
+    def read(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.k[layer][:length], self.v[layer][:length]
+
+
+class CpuOps:
+    """The ops interface of strata.model over numpy, reading weights from a pack."""
+
+    name = "cpu"
+
+    def __init__(self, pack, args: ModelArgs, cache_bytes: int = 2 << 30):
+        self.pack = pack
+        self.args = args
+        self.cache = DequantCache(cache_bytes)
+        self.inv_freq, self.rope_scale = rope.inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
+                                                       args.max_position_embeddings)
+
+    # weights ---------------------------------------------------------------------------------
+    def weight(self, name: str) -> np.ndarray:
+        return self.cache.get(name, lambda: self.pack.dense(name).dequantize())
+
+    def expert_weights(self, layer: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def make():
+            parts = self.pack.expert(layer, e)
+            return np.stack([parts["gate"].dequantize(), parts["up"].dequantize()]), parts["down"].dequantize()
+        gate_up, down = self.cache.get(("expert", layer, e), lambda: _Pair(*make()))
+        return gate_up[0], gate_up[1], down
+
+    # elementwise and shape ---------------------------------------------------------------------
+    @staticmethod
+    def reshape(x, shape):
+        return x.reshape(shape)
+
+    @staticmethod
+    def add(x, y):
+        return x + y
+
+    @staticmethod
+    def concat(xs, axis=-1):
+        return np.concatenate(xs, axis=axis)
+
+    # ops -------------------------------------------------------------------------------------
+    def embed(self, name: str, ids: np.ndarray) -> np.ndarray:
+        return self.weight(name)[np.asarray(ids, dtype=np.int64)]
+
+    def rms_norm(self, x: np.ndarray, name: str, eps: float) -> np.ndarray:
+        return rms_norm(x, self.weight(name), eps)
+
+    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x @ self.weight(name).T
+
+    def rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        cos, sin = rope.cos_sin(positions, self.inv_freq, self.rope_scale)
+        return rope.apply(x, cos, sin).astype(np.float32)
+
+    def attention(self, q, k, v, layer: int, kv: KVCache, positions: np.ndarray) -> np.ndarray:
+        kv.write(layer, positions, k, v)
+        keys, values = kv.read(layer, int(positions.max()) + 1)
+        return causal_attention(q, keys, values, positions)
+
+    @staticmethod
+    def moe_route(router_logits: np.ndarray, top_k: int, norm_topk: bool):
+        return moe_route(router_logits, top_k, norm_topk)
+
+    def moe(self, x: np.ndarray, layer: int, expert_ids: np.ndarray, expert_weights: np.ndarray) -> np.ndarray:
+        """Loop over experts: the readable reference MoE. Each expert runs on the tokens routed to it."""
+        out = np.zeros_like(x)
+        for e in np.unique(expert_ids):
+            rows, slot = np.nonzero(expert_ids == e)
+            gate, up, down = self.expert_weights(layer, int(e))
+            h = x[rows]
+            y = swiglu(h @ gate.T, h @ up.T) @ down.T
+            np.add.at(out, rows, y * expert_weights[rows, slot][:, None])
+        return out
+
+
+class _Pair(tuple):
+    """(gate_up [2, I, D], down [D, I]) with an nbytes the cache can count."""
+
+    def __new__(cls, gate_up, down):
+        return super().__new__(cls, (gate_up, down))
+
+    @property
+    def nbytes(self) -> int:
+        return self[0].nbytes + self[1].nbytes
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x [..., n] * rsqrt(mean(x^2) + eps) * w, in float32."""
+    x = x.astype(np.float32, copy=False)
+    var = np.mean(x * x, axis=-1, keepdims=True)
+    return (x / np.sqrt(var + np.float32(eps))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return silu(gate) * up
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    x = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def moe_route(router_logits: np.ndarray, top_k: int, norm_topk: bool):
+    """Softmax over experts, top-k (highest first, ties to the lower id), renormalized if asked.
+
+    -> expert_ids [T, A] int32, expert_weights [T, A] float32.
+    """
+    probs = softmax(router_logits.astype(np.float32))
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if norm_topk:
+        weights = weights / np.sum(weights, axis=-1, keepdims=True)
+    return ids.astype(np.int32), weights.astype(np.float32)
+
+
+def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """q [T, H, Dh] at positions; keys/values [S, Hk, Dh] for cells 0..S-1 -> [T, H*Dh].
+
+    Query at position p sees cells 0..p; query head h reads KV head h // (H / Hk).
+    """
+    T, H, Dh = q.shape
+    S, Hk, _ = keys.shape
+    group = H // Hk
+    qg = q.reshape(T, Hk, group, Dh).transpose(1, 2, 0, 3)               # [Hk, group, T, Dh]
+    kt = keys.transpose(1, 2, 0)                                        # [Hk, Dh, S]
+    scores = (qg @ kt[:, None]) * np.float32(1.0 / np.sqrt(Dh))         # [Hk, group, T, S]
+    mask = np.arange(S)[None, :] > positions[:, None]                   # [T, S]
+    scores = np.where(mask, np.float32(-np.inf), scores)
+    probs = softmax(scores)
+    out = probs @ values.transpose(1, 0, 2)[:, None]                    # [Hk, group, T, Dh]
+    return out.transpose(2, 0, 1, 3).reshape(T, H * Dh).astype(np.float32)

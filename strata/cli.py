@@ -1,0 +1,134 @@
+"""python -m strata {serve,bench,convert,generate,info,plan}."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+from .config import EngineConfig
+from .errors import StrataError
+
+NOT_BUILT = {
+    "bench": "the benchmark needs the GPU engine, which is not built yet",
+    "plan": "the VRAM planner is not built yet (it comes with expert streaming)",
+}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field; unset flags stay None so defaults and STRATA_* apply."""
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "") + f" (default {f.default!r}; env STRATA_{f.name.upper()})"
+        if f.type in (bool, "bool"):
+            group.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            kind = {"int": int, "float": float}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            group.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+            if getattr(args, f.name, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m strata",
+                                description="Strata: MoE language models on GPUs smaller than the model.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="OpenAI-compatible server with the Monitor web app")
+    s.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", default=None, help="required on /v1 routes (env STRATA_API_KEY)")
+    s.add_argument("--queue-size", type=int, default=64, help="requests waiting at most; more get 503")
+    s.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit")
+    add_engine_flags(s)
+
+    g = sub.add_parser("generate", help="complete a prompt and print the text as it comes")
+    g.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
+    g.add_argument("-p", "--prompt", required=True, help="prompt text")
+    g.add_argument("-n", "--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    add_engine_flags(g)
+
+    c = sub.add_parser("convert", help="convert a GGUF file or a Hugging Face directory into a pack")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--qtype", default=None, help="quantize HF weights to this type (e.g. Q8_0)")
+    c.add_argument("--quiet", action="store_true", help="no progress output")
+
+    i = sub.add_parser("info", help="architecture, tensors, quant types and sizes of a model")
+    i.add_argument("model")
+
+    b = sub.add_parser("bench", help="prompt and decode speed (not built yet)")
+    b.add_argument("model", nargs="?")
+    pl = sub.add_parser("plan", help="the VRAM plan for a model and budget (not built yet)")
+    pl.add_argument("model", nargs="?")
+    for sp in (b, pl):
+        sp.set_defaults(not_built=True)
+    return p
+
+
+def cmd_generate(args) -> int:
+    from .engine.llm import LLM
+    llm = LLM(args.model, **engine_kwargs(args))
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    from .config import SamplingParams
+    params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.top_k, args.seed,
+                            tuple(args.stop or ()))
+    gen = llm.begin(prompt, params)
+    for delta in gen:
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    t = gen.completion.timings
+    print(f"[{t.prompt_n} prompt tokens, {t.prompt_n / max(t.prompt_ms, 1e-9) * 1e3:.1f} tok/s; "
+          f"{t.predicted_n} generated, {t.predicted_n / max(t.predicted_ms, 1e-9) * 1e3:.1f} tok/s; "
+          f"finish: {gen.completion.finish_reason}; device {llm.device}]", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .pack import convert
+    t0 = time.perf_counter()
+    dst = convert(args.src, args.dst, qtype=args.qtype, progress=not args.quiet)
+    if not args.quiet:
+        print(f"wrote {dst} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .pack import info_text
+    print(info_text(args.model))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .server import serve_main
+    return serve_main(args) or 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "not_built", False):
+        print(f"strata {args.command}: not built yet: {NOT_BUILT[args.command]}", file=sys.stderr)
+        return 2
+    handler = {"generate": cmd_generate, "convert": cmd_convert, "info": cmd_info, "serve": cmd_serve}
+    try:
+        return handler[args.command](args)
+    except StrataError as e:
+        print(f"strata: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("strata: interrupted", file=sys.stderr)
+        return 130

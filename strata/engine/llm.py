@@ -1,0 +1,161 @@
+"""strata.LLM: load a model and generate from it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..config import EngineConfig, SamplingParams
+from ..errors import InvalidArgument, StrataError, UnsupportedError
+from .sampler import Sampler
+from .textstream import TextStream
+from .types import Completion, Delta, Timings, Usage
+
+DEMO_PACK = Path(__file__).resolve().parent.parent / "demo"
+
+
+def demo_model_path() -> Path:
+    if not (DEMO_PACK / "pack.json").is_file():
+        raise StrataError(f"no model given and the built-in demo model is missing from this install ({DEMO_PACK})")
+    return DEMO_PACK
+
+
+def _pick_device(wanted: str) -> str:
+    if wanted == "cuda":
+        raise UnsupportedError("device 'cuda': the GPU engine is not built yet; use device='cpu'")
+    return "cpu"    # 'auto' picks the GPU once the GPU engine can run a model
+
+
+class LLM:
+    """A loaded model. `LLM()` loads the built-in demo model; `LLM(path)` a pack dir or a .gguf file."""
+
+    def __init__(self, model: str | Path | None = None, device: str = "auto", **engine_config):
+        from ..pack import open_pack, resolve_model
+        from ..tokenizer import Tokenizer
+        from .runner import CpuRunner
+
+        self.config = EngineConfig.from_kwargs(device=device, **engine_config)
+        path = demo_model_path() if model is None else resolve_model(model, self.config.cache_dir or None)
+        self.pack = open_pack(path)
+        self.args = self.pack.args
+        self.model_name = "strata-demo" if model is None else Path(path).name
+        self.tokenizer = Tokenizer(self.pack.tokenizer_path, self.pack.tokenizer_meta)
+        self.max_context = min(self.config.max_context, self.args.max_position_embeddings)
+        self.device = _pick_device(self.config.device)
+        self.runner = CpuRunner(self.pack, self.max_context)
+        self.state = "idle"
+
+    # -- the public surface ------------------------------------------------------------------
+    def logits(self, token_ids) -> np.ndarray:
+        """[T, V] float32 logits at every position of one prompt (read from scratch)."""
+        ids = self._check_ids(token_ids)
+        return self.runner.logits_all(ids)
+
+    def generate(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, stop=None) -> Completion:
+        gen = self.begin(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+        for _ in gen:
+            pass
+        return gen.completion
+
+    def stream(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int | None = None, stop=None) -> Iterator[str]:
+        gen = self.begin(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+        for delta in gen:
+            if delta.text:
+                yield delta.text
+
+    def begin(self, prompt, params: SamplingParams | None = None,
+              on_progress: Callable[[int, int], None] | None = None) -> "Generation":
+        """Start a generation; iterate it for text deltas, read .completion when it ends."""
+        params = params or SamplingParams()
+        ids = self._check_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+        if len(ids) >= self.max_context:
+            raise InvalidArgument(f"prompt of {len(ids)} tokens does not fit the context of "
+                                  f"{self.max_context} tokens (max_context)")
+        return Generation(self, ids, params, on_progress)
+
+    def status(self) -> dict:
+        return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
+                **self.runner.status()}
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _check_ids(self, token_ids) -> list[int]:
+        if isinstance(token_ids, str):
+            raise InvalidArgument("token ids expected, got a string (use generate() for text)")
+        ids = [int(t) for t in np.asarray(token_ids, dtype=np.int64).reshape(-1)]
+        if not ids:
+            raise InvalidArgument("prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < self.args.vocab_size]
+        if bad:
+            raise InvalidArgument(f"token id {bad[0]} is outside the vocabulary (0..{self.args.vocab_size - 1})")
+        return ids
+
+
+class Generation:
+    """One request: the prompt is read on the first next(), then one token per next()."""
+
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress):
+        self.llm, self.ids, self.params, self.on_progress = llm, ids, params, on_progress
+        room = llm.max_context - len(ids)
+        self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self.completion: Completion | None = None
+        self._cancelled = False
+        self._iter = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Delta:
+        return next(self._iter)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def _run(self) -> Iterator[Delta]:
+        llm, runner = self.llm, self.llm.runner
+        text = TextStream(llm.tokenizer, self.params.stop)
+        sampler = Sampler(self.params)
+        out: list[int] = []
+        timings = Timings()
+        finish = "length"
+        try:
+            t0 = time.perf_counter()
+            llm.state = "reading"
+            cached = runner.reusable_prefix(self.ids)
+            logits = runner.prefill(self.ids, cached, self.on_progress)
+            timings.prompt_ms = (time.perf_counter() - t0) * 1e3
+            timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
+            llm.state = "generating"
+            t1 = time.perf_counter()
+            eos = set(llm.tokenizer.eos_token_ids)
+            while len(out) < self.max_tokens:
+                if self._cancelled:
+                    finish = "cancelled"
+                    break
+                token = sampler(logits)
+                if token in eos:
+                    finish = "stop"
+                    break
+                out.append(token)
+                delta = text.push(token)
+                if text.stopped:
+                    finish = "stop"
+                    if delta:
+                        yield Delta(delta, token)
+                    break
+                yield Delta(delta, token)
+                if len(out) < self.max_tokens:
+                    logits = runner.decode(token)
+            if finish != "stop":
+                rest = text.finish()
+                if rest:
+                    yield Delta(rest, out[-1] if out else -1)
+            timings.predicted_ms = (time.perf_counter() - t1) * 1e3
+            timings.predicted_n = len(out)
+        finally:
+            llm.state = "idle"
+        self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
+                                     usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)

@@ -1,0 +1,73 @@
+"""The CPU runner: owns the model, its ops and one sequence's KV cache, and runs prompt chunks and steps."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.cpu import CpuOps, KVCache
+from ..model.qwen3moe import Qwen3Moe
+
+
+class CpuRunner:
+    device = "cpu"
+
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512):
+        self.args = pack.args
+        self.ops = CpuOps(pack, self.args)
+        self.model = Qwen3Moe(self.args, self.ops)
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.kv = self._new_kv()
+        self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
+
+    def _new_kv(self) -> KVCache:
+        a = self.args
+        return KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
+                       self.max_context)
+
+    def reset(self) -> None:
+        self.kv = self._new_kv()
+        self.cached_ids = []
+
+    def reusable_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of ids already have K/V here (at least one token is always read)."""
+        n = 0
+        for a, b in zip(self.cached_ids, ids):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(ids) - 1)
+
+    def prefill(self, ids: list[int], start: int, on_progress=None) -> np.ndarray:
+        """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]."""
+        self.cached_ids = self.cached_ids[:start]
+        logits = None
+        for lo in range(start, len(ids), self.prefill_chunk):
+            hi = min(len(ids), lo + self.prefill_chunk)
+            chunk = np.asarray(ids[lo:hi], dtype=np.int64)
+            logits, _ = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
+            self.cached_ids.extend(ids[lo:hi])
+            if on_progress is not None:
+                on_progress(hi - start, len(ids) - start)
+        return logits[-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token at the next position; -> its logits [V]."""
+        pos = len(self.cached_ids)
+        logits, _ = self.model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
+        self.cached_ids.append(token)
+        return logits[-1]
+
+    def logits_all(self, ids: list[int]) -> np.ndarray:
+        """Logits at every position of one prompt, read from position 0 [T, V]."""
+        self.reset()
+        out = []
+        for lo in range(0, len(ids), self.prefill_chunk):
+            hi = min(len(ids), lo + self.prefill_chunk)
+            logits, _ = self.model.forward(np.asarray(ids[lo:hi], dtype=np.int64), np.arange(lo, hi), self.kv)
+            out.append(logits)
+            self.cached_ids.extend(ids[lo:hi])
+        return np.concatenate(out).astype(np.float32)
+
+    def status(self) -> dict:
+        return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
+                "expert_cache": None, "bytes_h2d": 0}
