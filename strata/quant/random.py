@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from . import qtype, tensor_bytes
+from .dequant import IQ4_NL_VALUES
 
 
 def random_qtensor_bytes(qtype_name: str, shape: tuple, rng: np.random.Generator,
@@ -59,13 +60,9 @@ def _normal_quantiles() -> np.ndarray:
     return np.array([inv_cdf((i + 0.5) / 65536) for i in range(65536)], dtype=np.float32)
 
 
-# IQ4_NL / IQ4_XS non-linear 4-bit codebook (ggml's kvalues_iq4nl)
-IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                         dtype=np.int8)
-
-
 def pack_k4_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Pack 8 six-bit scales and 8 six-bit mins per block [B, 8] into Q4_K/Q5_K's 12 bytes [B, 12].
+    """Pack 8 six-bit scales and 8 six-bit mins per block [B, 8] into Q4_K/Q5_K's 12 bytes [B, 12]
+    (the inverse of dequant.unpack_k4_scales).
 
     Bytes 0-3: sc[0:4] low 6 bits, sc[4:8] top 2 bits in bits 6-7; bytes 4-7: the same for m;
     bytes 8-11: sc[4:8] low 4 bits | m[4:8] low 4 bits << 4.
