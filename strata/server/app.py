@@ -1,0 +1,231 @@
+"""The FastAPI app: OpenAI routes, health, metrics, status and the Monitor page.
+
+`create_app(llm, ...)` builds one app around one loaded model; the engine thread starts and stops
+with the app's lifespan. Every error answer has the OpenAI shape {"error": {message, type, param, code}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from pathlib import Path
+
+import jinja2
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import StrataError
+from .metrics import ServerMetrics
+from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, error_body, new_id, \
+    parse_json_object, parse_request
+from .worker import EngineWorker, Job, QueueFull
+
+STATIC_DIR = Path(__file__).parent / "static"
+DEFAULT_QUEUE_SIZE = 64
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    metrics = ServerMetrics()
+    worker = EngineWorker(llm, queue_size, metrics)
+    metrics.bind(worker)
+    started = time.time()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="Strata", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.llm, app.state.worker, app.state.metrics = llm, worker, metrics
+    _install_error_handlers(app, metrics)
+
+    def check_key(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        if not ok:
+            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(request, "chat", llm, worker, max_body_bytes)
+
+    @v1.post("/completions")
+    async def completions(request: Request):
+        return await _complete(request, "completion", llm, worker, max_body_bytes)
+
+    @v1.get("/models")
+    async def models():
+        return {"object": "list", "data": [{"id": llm.model_name, "object": "model", "created": int(started),
+                                            "owned_by": "strata", "max_context": llm.max_context}]}
+
+    @v1.get("/status")
+    async def status():
+        engine = await asyncio.to_thread(worker.live_engine_status)
+        server = worker.snapshot()
+        return {**engine, "engine_state": engine.get("state"), **server, "model": llm.model_name,
+                "device": engine.get("device", llm.device), "max_context": llm.max_context,
+                "uptime_s": time.time() - started, "auth": bool(api_key)}
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health():
+        if not worker.alive:
+            return JSONResponse({"status": "error", "message": "the engine thread is not running"}, 503)
+        return {"status": "ok", "model": llm.model_name}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/", include_in_schema=False)
+    async def monitor():
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def answer(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
+        metrics.count_http_error(status)
+        return JSONResponse(body, status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(_req, e: APIError):
+        return answer(e.status, e.body(), e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_req, e: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return answer(e.status_code, error_body(str(e.detail), code=code), getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_req, e: RequestValidationError):
+        first = (e.errors() or [{}])[0]
+        param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return answer(400, error_body(f"{param}: {first.get('msg', 'invalid request')}", param=param))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    too_big = APIError(413, f"the request body is larger than the server's limit of {limit} bytes",
+                       code="request_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise too_big
+    return bytes(buf)
+
+
+def _tokenize(llm, req: ParsedRequest) -> list[int]:
+    if req.kind == "chat":
+        try:
+            text = llm.tokenizer.apply_chat_template(req.prompt, add_generation_prompt=True)
+        except (StrataError, jinja2.TemplateError) as e:
+            raise APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
+        return llm.tokenizer.encode(text)
+    return list(req.prompt) if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
+
+
+async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int):
+    body = parse_json_object(await _read_body(request, max_body_bytes))
+    req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
+    ids = await asyncio.to_thread(_tokenize, llm, req)
+    field = "messages" if kind == "chat" else "prompt"
+    if not ids:
+        raise APIError(400, f"{field} is empty after tokenization", param=field)
+    if len(ids) >= llm.max_context:
+        raise APIError(400, f"{field} is {len(ids)} tokens; the context holds {llm.max_context} "
+                            f"(prompt + output), so at most {llm.max_context - 1} prompt tokens fit",
+                       param=field, code="context_length_exceeded")
+    room = llm.max_context - len(ids)
+    max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
+    job = Job(kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream)
+    try:
+        worker.submit(job)
+    except QueueFull as e:
+        raise APIError(503, str(e), type="server_error", code="queue_full",
+                       headers={"Retry-After": str(e.retry_after_s)}) from None
+    writer = ChunkWriter(new_id(kind), kind, llm.model_name)
+    if req.stream:
+        return StreamingResponse(_sse(job, worker, writer, req.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        completion = await _wait_done(job, worker, request)
+    except ClientGone:
+        return Response(status_code=499)
+    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created)
+
+
+def _engine_error(e: Exception) -> APIError:
+    if isinstance(e, StrataError):
+        return APIError(400, str(e), code="invalid_value")
+    return APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error",
+                    code="engine_error")
+
+
+async def _wait_done(job: Job, worker: EngineWorker, request: Request):
+    """The finished Completion; the job is cancelled if the client disconnects meanwhile."""
+    try:
+        while True:
+            try:
+                kind, payload = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    raise ClientGone() from None
+                continue
+            if kind == "done":
+                return payload
+            if kind == "error":
+                raise _engine_error(payload)
+    except BaseException:
+        worker.cancel(job)
+        raise
+
+
+async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool):
+    """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job."""
+    finished = False
+    try:
+        first = writer.start()
+        if first:
+            yield first
+        while True:
+            kind, payload = await job.events.get()
+            if kind == "delta":
+                yield writer.delta(payload)
+            elif kind == "done":
+                finished = True
+                yield writer.finish(payload, include_usage)
+                return
+            else:
+                finished = True
+                yield writer.error(_engine_error(payload))
+                return
+    finally:
+        if not finished:
+            worker.cancel(job)

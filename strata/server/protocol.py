@@ -1,0 +1,314 @@
+"""The OpenAI wire protocol: request checking (errors that name the field) and response bodies.
+
+Checking is by hand rather than through pydantic models so that every rejection is a one-line
+OpenAI-style error naming the field, and so that fields Strata does not know are ignored (clients
+send vendor extensions). Known parameters Strata does not support yet are rejected, not ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import SamplingParams
+
+MAX_STOP_STRINGS = 16
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class APIError(Exception):
+    """A request the server answers with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type, self.headers = type, headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, what: str) -> APIError:
+    return APIError(400, f"{param}: {what} is not supported by Strata yet", param=param,
+                    code="unsupported_parameter")
+
+
+def parse_json_object(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}",
+                       code="invalid_json")
+    return body
+
+
+# ---- typed field readers: each names the field it rejects ----
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise invalid(name, f"{name} must be a number, got {v!r}", "invalid_type")
+    if not lo <= v <= hi:
+        raise invalid(name, f"{name} must be between {lo} and {hi}, got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise invalid(name, f"{name} must be an integer, got {v!r}", "invalid_type")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise invalid(name, f"{name} must be {bound}, got {v}")
+    return v
+
+
+def _boolean(body: dict, name: str) -> bool:
+    v = body.get(name)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise invalid(name, f"{name} must be a boolean, got {v!r}", "invalid_type")
+    return v
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or any(not isinstance(s, str) for s in items):
+        raise invalid("stop", f"stop must be a string or a list of strings, got {v!r}", "invalid_type")
+    if len(items) > MAX_STOP_STRINGS:
+        raise invalid("stop", f"stop has {len(items)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    if any(not s for s in items):
+        raise invalid("stop", "stop strings must not be empty")
+    return tuple(items)
+
+
+def _reject_unsupported(body: dict, kind: str) -> None:
+    """Known OpenAI parameters whose non-default values Strata cannot honour yet."""
+    n = _integer(body, "n", lo=1)
+    if n is not None and n > 1:
+        raise unsupported("n", f"n={n} (more than one choice)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+            raise unsupported(name, f"a non-zero {name}")
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias", "logit_bias")
+    if kind == "chat":
+        if _boolean(body, "logprobs") or body.get("top_logprobs"):
+            raise unsupported("logprobs", "logprobs")
+        if body.get("tools") and body.get("tool_choice") != "none":
+            raise unsupported("tools", "tool calling")
+        if body.get("functions"):
+            raise unsupported("functions", "function calling")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
+            raise unsupported("response_format", f"response_format {fmt!r}")
+    else:
+        if body.get("logprobs") is not None:
+            raise unsupported("logprobs", "logprobs")
+        if _boolean(body, "echo"):
+            raise unsupported("echo", "echo")
+        best_of = _integer(body, "best_of", lo=1)
+        if best_of is not None and best_of > 1:
+            raise unsupported("best_of", f"best_of={best_of}")
+        if body.get("suffix"):
+            raise unsupported("suffix", "suffix (fill-in-the-middle)")
+
+
+# ---- prompts ----
+
+def chat_messages(body: dict) -> list[dict]:
+    """messages -> [{"role", "content": str}], text parts joined; names the offending element."""
+    msgs = body.get("messages")
+    if msgs is None:
+        raise invalid("messages", "messages is required", "missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise invalid("messages", "messages must be a non-empty list of message objects", "invalid_type")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, f"{where} must be an object, got {m!r}", "invalid_type")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise invalid(f"{where}.role", f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        out.append({"role": role, "content": _message_text(m.get("content"), f"{where}.content")})
+    return out
+
+
+def _message_text(content, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise invalid(where, f"{where} must be a string or a list of content parts", "invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise invalid(f"{where}[{j}]", f"{where}[{j}] must be a content part object with a type", "invalid_type")
+        if part["type"] != "text":
+            raise unsupported(f"{where}[{j}].type", f"content of type {part['type']!r}")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{where}[{j}].text", f"{where}[{j}].text must be a string", "invalid_type")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def completion_prompt(body: dict, vocab_size: int) -> str | list[int]:
+    """prompt -> a string or a list of token ids (one prompt; a batch of several is not supported)."""
+    p = body.get("prompt")
+    if p is None:
+        raise invalid("prompt", "prompt is required", "missing_required_parameter")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        raise unsupported("prompt", "a batch of several prompts")
+    if isinstance(p, str):
+        if not p:
+            raise invalid("prompt", "prompt must not be empty")
+        return p
+    if isinstance(p, list) and p and all(_is_int(x) for x in p):
+        bad = [x for x in p if not 0 <= x < vocab_size]
+        if bad:
+            raise invalid("prompt", f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        return p
+    raise invalid("prompt", "prompt must be a non-empty string or a list of token ids", "invalid_type")
+
+
+# ---- the whole request ----
+
+@dataclass
+class ParsedRequest:
+    kind: str                               # "chat" | "completion"
+    prompt: list[dict] | str | list[int]    # messages, text, or token ids
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    sampling: dict = field(default_factory=dict)   # SamplingParams fields except max_tokens
+
+    def params(self, max_tokens: int | None) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, **self.sampling)
+
+
+def parse_request(body: dict, kind: str, model_name: str, max_context: int, vocab_size: int) -> ParsedRequest:
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
+                       param="model", code="model_not_found")
+    _reject_unsupported(body, kind)
+    prompt = chat_messages(body) if kind == "chat" else completion_prompt(body, vocab_size)
+    stream = _boolean(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise invalid("stream_options", "stream_options must be an object", "invalid_type")
+    include_usage = bool(stream and opts and _boolean(opts, "include_usage"))
+    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, limit_name, lo=1, hi=max_context)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)      # OpenAI's default
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:                        # the limit top_p -> 0 keeps only the likeliest token
+        temperature, top_p = 0.0, 1.0
+    top_k = _integer(body, "top_k", lo=0) or 0
+    seed = _integer(body, "seed")
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "stop": _stop(body),
+                "seed": None if seed is None else seed % 2**63}
+    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling)
+
+
+# ---- response bodies ----
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage_body(completion) -> dict:
+    u = completion.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens, "cached_tokens": u.cached_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def timings_body(completion) -> dict:
+    t = completion.timings
+    return t.to_dict() if hasattr(t, "to_dict") else dict(vars(t))
+
+
+def _finish(reason: str) -> str:
+    return reason if reason in ("stop", "length") else "stop"
+
+
+def completion_body(req_id: str, kind: str, model: str, completion, created: int) -> dict:
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
+                  "logprobs": None, "finish_reason": _finish(completion.finish_reason)}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": completion.text, "logprobs": None,
+                  "finish_reason": _finish(completion.finish_reason)}
+        obj = "text_completion"
+    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice],
+            "usage": usage_body(completion), "timings": timings_body(completion)}
+
+
+class ChunkWriter:
+    """Server-sent-event frames of one streamed reply, in the shape the OpenAI clients parse."""
+
+    def __init__(self, req_id: str, kind: str, model: str):
+        self.req_id, self.kind, self.model = req_id, kind, model
+        self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+    def _frame(self, choices: list, **extra) -> bytes:
+        body = {"id": self.req_id, "object": self.obj, "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict:
+        if self.kind == "chat":
+            delta = {} if text is None else {"content": text}
+            if role:
+                delta["role"] = "assistant"
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def start(self) -> bytes | None:
+        return self._frame([self._choice("", None, role=True)]) if self.kind == "chat" else None
+
+    def delta(self, text: str) -> bytes:
+        return self._frame([self._choice(text, None)])
+
+    def finish(self, completion, include_usage: bool) -> bytes:
+        out = self._frame([self._choice(None, _finish(completion.finish_reason))],
+                          timings=timings_body(completion))
+        if include_usage:
+            out += self._frame([], usage=usage_body(completion))
+        return out + b"data: [DONE]\n\n"
+
+    @staticmethod
+    def error(err: APIError) -> bytes:
+        return b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,90 @@
+"""Many clients at once, and clients that leave early."""
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from openai import OpenAI
+
+from strata.server import create_app
+from tests.server.helpers import LiveServer, SlowLLM
+
+TOPICS = ["rivers", "mountains", "compilers", "bread", "tides", "jazz", "moths", "glaciers"]
+
+
+def ask(client, model, topic, stream):
+    kw = dict(model=model, messages=[{"role": "user", "content": f"Write about {topic}."}], temperature=0,
+              max_tokens=10)
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        return r.choices[0].message.content, r.choices[0].finish_reason
+    text, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    return text, finish
+
+
+def test_eight_concurrent_clients(server, llm):
+    clients = [OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60) for _ in TOPICS]
+    expected = {t: ask(clients[0], llm.model_name, t, stream=False) for t in TOPICS}
+    with ThreadPoolExecutor(len(TOPICS)) as pool:
+        futures = {t: pool.submit(ask, c, llm.model_name, t, i % 2 == 0)
+                   for i, (t, c) in enumerate(zip(TOPICS, clients))}
+        got = {t: f.result(timeout=120) for t, f in futures.items()}
+    assert got == expected
+    assert all(finish == "length" and text for text, finish in got.values())
+
+
+def cancelled_rows(url):
+    return [r for r in httpx.get(url + "/v1/status").json()["requests"] if r["finish_reason"] == "cancelled"]
+
+
+def wait_cancelled(url, n, timeout_s=15):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = cancelled_rows(url)
+        if len(rows) >= n:
+            return rows
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} cancelled requests, status shows {len(cancelled_rows(url))}")
+
+
+def test_dropped_clients_are_cancelled_and_others_unharmed(llm):
+    live = LiveServer(create_app(SlowLLM(llm, token_s=0.01), queue_size=16))
+    model = llm.model_name
+    try:
+        client = OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        expected = {t: ask(client, model, t, stream=False) for t in TOPICS[:3]}
+        body = {"model": model, "prompt": "a long story", "max_tokens": 800, "temperature": 0, "stream": True}
+        results = {}
+
+        def others():
+            for t in TOPICS[:3]:
+                results[t] = ask(client, model, t, stream=t != TOPICS[0])
+
+        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            frames = [next(lines) for _ in range(6)]        # a few tokens arrive...
+            worker = threading.Thread(target=others)        # ...others queue behind it...
+            worker.start()
+        assert any(f.startswith("data: {") for f in frames)  # ...and the client hangs up mid-stream
+        worker.join(60)
+        assert results == expected
+        rows = wait_cancelled(live.url, 1)
+        assert rows[-1]["completion_tokens"] < 800
+
+        # A non-streamed request whose client gives up is cancelled too.
+        try:
+            httpx.post(live.url + "/v1/completions", json={**body, "stream": False}, timeout=0.5)
+        except httpx.TimeoutException:
+            pass
+        rows = wait_cancelled(live.url, 2)
+        assert rows[0]["completion_tokens"] < 800
+        assert httpx.get(live.url + "/health").json()["status"] == "ok"
+        assert ask(client, model, TOPICS[0], stream=True) == expected[TOPICS[0]]
+        status = httpx.get(live.url + "/v1/status").json()
+        assert status["state"] == "idle" and status["totals"]["cancelled"] == 2
+    finally:
+        live.close()
