@@ -1,0 +1,61 @@
+"""The build's outputs and the CPU-only guarantees; these run everywhere, no GPU needed."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from strata.errors import DeviceError
+
+
+def test_import_touches_no_cuda():
+    code = ("import sys, strata, strata.backends.cuda; "
+            "print([m for m in sys.modules if m.startswith(('cuda', 'strata._ext.runtime'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_cuda_available_never_raises():
+    from strata.backends.cuda import CudaOps, cuda_available, unavailable_reason
+
+    available = cuda_available()
+    assert isinstance(available, bool) and (unavailable_reason() is None) == available
+    if not available:
+        with pytest.raises(DeviceError):
+            CudaOps()
+
+
+def test_manifest_describes_the_fatbins():
+    from pathlib import Path
+
+    import strata.kernels
+
+    directory = Path(strata.kernels.__file__).parent
+    if not (directory / "manifest.json").is_file():
+        pytest.skip("built without nvcc: no kernels")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["format"] == 1 and manifest["kernels"]
+    for name, entry in manifest["kernels"].items():
+        assert entry["file"] == f"{name}.fatbin"
+        assert hashlib.sha256((directory / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
+        assert entry["nvcc_version"] and entry["archs"]
+        for arch in entry["archs"]:
+            assert any(f"code={arch}" in flag for flag in entry["nvcc_flags"])
+
+
+def test_fatbin_hash_is_checked(tmp_path, rng):
+    runtime = pytest.importorskip("strata._ext.runtime", reason="strata._ext.runtime not built")
+    image = rng.integers(0, 256, 1000, dtype="uint8").tobytes()
+    with pytest.raises(DeviceError, match="built without nvcc"):
+        runtime.read_fatbin("toy", tmp_path)
+    entry = {"file": "toy.fatbin", "sha256": hashlib.sha256(image).hexdigest()}
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "kernels": {"toy": entry}}))
+    (tmp_path / "toy.fatbin").write_bytes(image)
+    assert runtime.read_fatbin("toy", tmp_path) == image
+    (tmp_path / "toy.fatbin").write_bytes(image[:-1] + bytes([image[-1] ^ 1]))
+    with pytest.raises(DeviceError, match="sha256"):
+        runtime.read_fatbin("toy", tmp_path)
+    with pytest.raises(DeviceError, match="no kernel library 'other'"):
+        runtime.read_fatbin("other", tmp_path)
