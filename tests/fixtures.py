@@ -356,6 +356,7 @@ def make_gguf(tmp_path, shape: Mapping, qtypes: Mapping | None = None, seed: int
     specs = gguf_tensor_specs(shape)
     per_split = math.ceil(len(specs) / split) if split > 1 else 0
     path = Path(tmp_path) / f"{name}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(path, "qwen3moe", split_max_tensors=per_split)
     _gguf_metadata(w, shape, make_tokenizer(shape["vocab_size"]), name)
     values = {}

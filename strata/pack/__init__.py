@@ -1,7 +1,7 @@
 """Packs: Strata's model format (pack.json, dense.bin, experts.bin, tokenizer.json), its reader, and the
 converters from GGUF and Hugging Face checkpoints. See notes/pack_spec.md for the format."""
 from .cache import resolve_model
-from .convert import convert
+from .converter import convert
 from .format import Pack, open_pack
 from .info import info_text
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import env_value
 from ..errors import InvalidArgument, PackError
-from .convert import convert
+from .converter import convert
 from .format import is_pack_dir, read_meta
 from .source import source_stat
 

@@ -33,7 +33,7 @@ def _load(model: Path) -> tuple[str, dict, dict]:
     if model.is_dir() and (model / "pack.json").exists():
         meta = read_meta(model)
         return "pack", meta, {n: f["bytes"] for n, f in meta["files"].items() if n != "tokenizer.json"}
-    from .convert import open_source
+    from .converter import open_source
     source = open_source(model)
     try:
         plan = layout(source.dense, source.experts, source.args.num_experts)
