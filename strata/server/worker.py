@@ -29,7 +29,7 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request on its way through the engine; events go to `events` on `loop`."""
     kind: str
@@ -58,6 +58,7 @@ class Live:
     started: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     num_tokens: int = 0
+    prompt_chunk: int = 0           # largest step between progress reports: the chunk the prompt ran with
 
 
 class EngineWorker:
@@ -159,7 +160,8 @@ class EngineWorker:
         except Exception as e:     # an engine fault: report it, keep serving
             log.exception("request failed in the engine")
             self.last_error = f"{type(e).__name__}: {e}"
-            self.totals["errors"] += 1
+            with self._cond:
+                self.totals["errors"] += 1
             if self.metrics:
                 self.metrics.count_request(job.kind, "error")
             job.emit("error", e)
@@ -172,6 +174,7 @@ class EngineWorker:
     def _on_progress(self, done: int, total: int) -> None:
         live = self._live
         if live is not None:
+            live.prompt_chunk = max(live.prompt_chunk, done - live.prompt_done)
             live.prompt_done, live.prompt_total = done, total
 
     def _record(self, job: Job, live: Live, completion, before: dict) -> None:
@@ -185,16 +188,17 @@ class EngineWorker:
             "decode_tps": t.predicted_n / (t.predicted_ms / 1e3) if t.predicted_ms > 0 else None,
             "hit_rate": _hit_rate_between(before, self.engine_status),
             "queue_ms": (live.started - job.created) * 1e3, "duration_ms": (end - job.created) * 1e3,
-            "prefill_chunk": self.engine_status.get("prefill_chunk"),
+            "prefill_chunk": live.prompt_chunk or self.engine_status.get("prefill_chunk"),
             "prefill_ring": self.engine_status.get("prefill_ring"),
             "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
         }
-        self.recent.appendleft(row)
-        for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
-            self.totals[k] += row[k]
-        self.totals["requests"] += 1
-        if completion.finish_reason == "cancelled":
-            self.totals["cancelled"] += 1
+        with self._cond:
+            self.recent.appendleft(row)
+            for k in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+                self.totals[k] += row[k]
+            self.totals["requests"] += 1
+            if completion.finish_reason == "cancelled":
+                self.totals["cancelled"] += 1
         if self.metrics:
             self.metrics.observe(job.kind, completion, row, live, self.engine_status)
 
@@ -219,11 +223,14 @@ class EngineWorker:
                        "prompt_total": live.prompt_total, "tokens": live.num_tokens,
                        "elapsed_ms": (now - live.started) * 1e3,
                        "decode_tps": (live.num_tokens - 1) / decoding_s if decoding_s > 0 else None}
-        last_tps = next((r["decode_tps"] for r in self.recent if r["decode_tps"]), None)
+        with self._cond:
+            recent, totals = list(self.recent), dict(self.totals)
+        last_tps = next((r["decode_tps"] for r in recent if r["decode_tps"]), None)
+        last_prompt = next(({"chunk": r["prefill_chunk"], "ring": r["prefill_ring"], "tokens_read":
+                             r["prompt_tokens"] - r["cached_tokens"]} for r in recent), None)
         return {"state": state, "queue": {"depth": depth, "max": self.queue_size}, "current": current,
-                "tokens_per_second": (current or {}).get("decode_tps") or last_tps,
-                "totals": dict(self.totals), "last_error": self.last_error,
-                "requests": list(self.recent)}
+                "tokens_per_second": (current or {}).get("decode_tps") or last_tps, "last_prompt": last_prompt,
+                "totals": totals, "last_error": self.last_error, "requests": recent}
 
     def live_engine_status(self) -> dict:
         """llm.status() now, or the snapshot the engine thread took after the last request."""

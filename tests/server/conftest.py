@@ -1,12 +1,12 @@
 import pytest
 
 from strata.server import create_app
-from tests.server.helpers import LiveServer, tiny_llm
+from tests.server.helpers import LiveServer, endless_llm, tiny_pack
 
 
 @pytest.fixture(scope="package")
 def llm(tmp_path_factory):
-    return tiny_llm(tmp_path_factory.mktemp("model"))
+    return endless_llm(tiny_pack(tmp_path_factory.mktemp("model")))
 
 
 @pytest.fixture(scope="package")

@@ -34,7 +34,7 @@ def test_eight_concurrent_clients(server, llm):
                    for i, (t, c) in enumerate(zip(TOPICS, clients))}
         got = {t: f.result(timeout=120) for t, f in futures.items()}
     assert got == expected
-    assert all(finish == "length" and text for text, finish in got.values())
+    assert all(finish == "length" for _, finish in got.values())
 
 
 def cancelled_rows(url):

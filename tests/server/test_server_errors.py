@@ -169,3 +169,44 @@ def test_full_queue_answers_503_with_retry_after(llm):
     finally:
         gated.gate.set()
         live.close()
+
+
+class FaultyLLM:
+    """An LLM whose generations fail after their first token while `fail` is set."""
+
+    def __init__(self, llm):
+        self._llm, self.fail = llm, True
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def begin(self, *args, **kwargs):
+        gen = self._llm.begin(*args, **kwargs)
+        if not self.fail:
+            return gen
+
+        def broken():
+            yield next(gen)
+            raise RuntimeError("simulated engine fault")
+        return broken()
+
+
+def test_engine_fault_is_reported_and_serving_continues(llm):
+    faulty = FaultyLLM(llm)
+    live = LiveServer(create_app(faulty))
+    body = {"prompt": "fault", "max_tokens": 4, "temperature": 0}
+    try:
+        err = assert_error(httpx.post(live.url + COMPLETE, json=body), 500, code="engine_error")
+        assert "simulated engine fault" in err["message"] and err["type"] == "server_error"
+        with httpx.stream("POST", live.url + COMPLETE, json={**body, "stream": True}) as r:
+            frames = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"engine_error"' in frames[-2] and frames[-1] == "data: [DONE]"
+        status = httpx.get(live.url + "/v1/status").json()
+        assert status["state"] == "error" and "simulated engine fault" in status["last_error"]
+        assert status["totals"]["errors"] == 2
+        faulty.fail = False
+        assert httpx.post(live.url + COMPLETE, json=body).json()["usage"]["completion_tokens"] == 4
+        assert httpx.get(live.url + "/v1/status").json()["state"] == "idle"
+        assert httpx.get(live.url + "/health").json()["status"] == "ok"
+    finally:
+        live.close()

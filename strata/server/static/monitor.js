@@ -112,9 +112,10 @@ function renderGpu(s) {
   $("gpu-cpu-note").hidden = !!g;
   $("gpu-body").hidden = !g;
   $("gpu-name").textContent = g ? pick(g, "name", "device_name") || "" : "";
-  // On the CPU the whole prompt is one chunk and nothing streams, so there is no ring.
-  const ring = s.prefill_ring ? `ring ${fmtInt(s.prefill_ring)} slots` : "ring n/a";
-  $("prompt-chunk").textContent = s.prefill_chunk ? `chunk ${fmtInt(s.prefill_chunk)} tokens · ${ring}` : "—";
+  // What the last prompt ran with (before any prompt: the engine's plan). No ring on the CPU: nothing streams.
+  const lp = s.last_prompt || { chunk: s.prefill_chunk, ring: s.prefill_ring };
+  const ring = lp.ring ? `ring ${fmtInt(lp.ring)} slots` : "ring n/a";
+  $("prompt-chunk").textContent = lp.chunk ? `chunk ${fmtInt(lp.chunk)} tokens · ${ring}` : "—";
   if (g) renderVram(s, g, s.expert_cache || {});
 }
 
