@@ -53,17 +53,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     app.state.llm, app.state.worker, app.state.metrics = llm, worker, metrics
     _install_error_handlers(app, metrics)
 
-    def check_key(request: Request) -> None:
-        if not api_key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-        if not ok:
-            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_key_checker(api_key))])
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
@@ -104,6 +94,19 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
+
+
+def _key_checker(api_key: str | None):
+    """A dependency that demands `Authorization: Bearer <api_key>`, compared in constant time."""
+    def check_key(request: Request) -> None:
+        if not api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        if not ok:
+            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return check_key
 
 
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:

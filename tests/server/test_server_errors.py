@@ -210,3 +210,26 @@ def test_engine_fault_is_reported_and_serving_continues(llm):
         assert httpx.get(live.url + "/health").json()["status"] == "ok"
     finally:
         live.close()
+
+
+def test_streamed_request_dropped_while_queued_leaves_the_queue(llm):
+    gated = GatedLLM(llm)
+    live = LiveServer(create_app(gated, queue_size=4))
+    body = {"prompt": "waiting", "max_tokens": 3, "temperature": 0}
+    results = []
+    try:
+        first = threading.Thread(target=lambda: results.append(httpx.post(live.url + COMPLETE, json=body, timeout=60)))
+        first.start()
+        wait_for(live.url, lambda s: s["current"] is not None)
+        with httpx.stream("POST", live.url + COMPLETE, json={**body, "stream": True}, timeout=60) as r:
+            assert r.status_code == 200
+            wait_for(live.url, lambda s: s["queue"]["depth"] == 1)
+        status = wait_for(live.url, lambda s: s["queue"]["depth"] == 0)   # the hang-up took it off the queue
+        assert status["totals"]["cancelled"] == 1
+        gated.gate.set()
+        first.join(30)
+        assert results[0].status_code == 200
+        assert httpx.get(live.url + "/v1/status").json()["totals"]["requests"] == 1
+    finally:
+        gated.gate.set()
+        live.close()
