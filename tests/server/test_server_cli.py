@@ -19,8 +19,9 @@ def test_serve_command_with_api_key_from_environment(tmp_path, llm):
     env = {**os.environ, "STRATA_API_KEY": "env-key"}
     cmd = [sys.executable, "-m", "strata", "serve", str(llm.pack.path), "--port", str(port), "--device", "cpu",
            "--max-context", "256", "--queue-size", "4"]
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = tmp_path / "serve.log"
+    with open(log, "ab") as out:        # the child's own file offset; reading here must not move it
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -30,8 +31,7 @@ def test_serve_command_with_api_key_from_environment(tmp_path, llm):
                     break
             except httpx.TransportError:
                 pass
-            log.seek(0)
-            assert proc.poll() is None and time.monotonic() < deadline, log.read()
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         assert httpx.get(url + "/v1/models").status_code == 401
         models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer env-key"}).json()
@@ -41,5 +41,4 @@ def test_serve_command_with_api_key_from_environment(tmp_path, llm):
     finally:
         proc.terminate()
         proc.wait(10)
-    log.seek(0)
-    assert "strata: serving" in log.read()
+    assert "strata: serving pack on cpu" in log.read_text()
