@@ -149,10 +149,9 @@ class Generation:
                 yield Delta(delta, token)
                 if len(out) < self.max_tokens:
                     logits = runner.decode(token)
-            if finish != "stop":
-                rest = text.finish()
-                if rest:
-                    yield Delta(rest, out[-1] if out else -1)
+            rest = text.finish()
+            if rest and finish != "cancelled":
+                yield Delta(rest, out[-1] if out else -1)
             timings.predicted_ms = (time.perf_counter() - t1) * 1e3
             timings.predicted_n = len(out)
         finally:

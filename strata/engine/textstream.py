@@ -22,7 +22,9 @@ class TextStream:
         self.ids.append(token_id)
         prefix_text = self.tok.decode(self.ids[self._prefix:self._read])
         new_text = self.tok.decode(self.ids[self._prefix:])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+        # Advance only over whole, valid text: the window then always starts on a clean UTF-8
+        # boundary, so the streamed text equals decoding all tokens at once.
+        if len(new_text) > len(prefix_text) and "\ufffd" not in new_text[len(prefix_text):]:
             self.text += new_text[len(prefix_text):]
             self._prefix, self._read = self._read, len(self.ids)
         return self._release()
@@ -50,7 +52,13 @@ class TextStream:
         return best
 
     def finish(self) -> str:
-        """Release everything left (end of generation)."""
-        out = self.text[self.emitted:]
+        """Release everything left (end of generation), a dangling invalid byte sequence included."""
+        out = ""
+        if not self.stopped:
+            prefix_text = self.tok.decode(self.ids[self._prefix:self._read])
+            self.text += self.tok.decode(self.ids[self._prefix:])[len(prefix_text):]
+            self._prefix = self._read = len(self.ids)
+            out = self._release()
+        out += self.text[self.emitted:]
         self.emitted = len(self.text)
         return out

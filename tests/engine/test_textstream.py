@@ -49,3 +49,10 @@ def test_random_text_roundtrip():
     text = "".join(rng.choice(alphabet, 200))
     pieces, ts = run(text)
     assert "".join(pieces) == text
+
+
+def test_invalid_utf8_tail_is_flushed_at_the_end():
+    ts = TextStream(ByteTokenizer())
+    pieces = [ts.push(b) for b in b"ok\xe2\x82"]
+    pieces.append(ts.finish())
+    assert "".join(pieces) == ts.text == b"ok\xe2\x82".decode("utf-8", errors="replace")

@@ -1,0 +1,91 @@
+"""The numpy engine against transformers on tiny random qwen3moe models, HF and GGUF routes."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from strata import LLM  # noqa: E402
+from tests.fixtures import SHAPES, make_gguf_pack, make_pack  # noqa: E402
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def assert_close_to_hf(llm, model, ids):
+    ours, ref = llm.logits(ids), hf_logits(model, ids)
+    assert ours.shape == ref.shape == (len(ids), llm.args.vocab_size)
+    bound = 1e-4 * np.abs(ref).max()
+    assert np.abs(ours - ref).max() <= bound, f"max err {np.abs(ours - ref).max():.3g} > {bound:.3g}"
+
+
+def random_ids(n, vocab):
+    return np.random.default_rng().integers(0, vocab, n).tolist()
+
+
+@pytest.mark.parametrize("shape", ["tiny", "odd", "kquant", "mtp"])
+def test_hf_route_f32_matches_transformers(tmp_path, shape):
+    pack, model = make_pack(tmp_path, SHAPES[shape], seed=3)
+    llm = LLM(pack, device="cpu")
+    assert_close_to_hf(llm, model, random_ids(37, llm.args.vocab_size))
+
+
+@pytest.mark.parametrize("qtypes", [
+    {"attn": "Q8_0", "experts": "Q8_0", "embd": "Q8_0", "output": "Q8_0"},
+    {"attn": "Q6_K", "experts": "Q4_K", "embd": "Q6_K", "output": "Q8_0"},
+    {"attn": ["Q4_K", "Q8_0"], "experts": ["Q6_K", "Q4_K"], "embd": "Q8_0", "output": "Q6_K"},
+], ids=["q8_0", "q4_k+q6_k", "mixed-per-layer"])
+def test_gguf_route_matches_transformers_on_dequantized_weights(tmp_path, qtypes):
+    pack, model = make_gguf_pack(tmp_path, SHAPES["kquant"], qtypes, seed=5)
+    llm = LLM(pack, device="cpu")
+    assert_close_to_hf(llm, model, random_ids(29, llm.args.vocab_size))
+
+
+def test_greedy_32_tokens_equal_transformers(tmp_path):
+    pack, model = make_pack(tmp_path, SHAPES["odd"], seed=11)
+    llm = LLM(pack, device="cpu")
+    prompt = random_ids(9, llm.args.vocab_size)
+    ours = llm.generate(prompt, max_tokens=32)
+    eos = llm.tokenizer.eos_token_ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos[0])[0, len(prompt):].tolist()
+    if out and out[-1] in eos:
+        out = out[:-1]
+        assert ours.finish_reason == "stop"
+    assert ours.token_ids == out and len(out) > 0
+
+
+def test_prefill_then_steps_equals_one_prefill(tmp_path):
+    pack, _ = make_pack(tmp_path, SHAPES["odd"], seed=2)
+    llm = LLM(pack, device="cpu")
+    ids = random_ids(40, llm.args.vocab_size)
+    full = llm.logits(ids)
+    runner = llm.runner
+    runner.reset()
+    rows = [runner.prefill(ids[:33], 0)]
+    rows += [runner.decode(t) for t in ids[33:]]
+    np.testing.assert_allclose(np.stack(rows), full[32:], rtol=0, atol=1e-5 * np.abs(full).max())
+
+
+def test_chunked_prompt_equals_one_chunk(tmp_path):
+    pack, _ = make_pack(tmp_path, SHAPES["tiny"], seed=4)
+    llm = LLM(pack, device="cpu")
+    ids = random_ids(50, llm.args.vocab_size)
+    one = llm.logits(ids)
+    llm.runner.prefill_chunk = 7
+    np.testing.assert_allclose(llm.logits(ids), one, rtol=0, atol=1e-5 * np.abs(one).max())
+
+
+def test_mtp_head_runs_on_main_hidden_states(tmp_path):
+    pack, _ = make_pack(tmp_path, SHAPES["mtp"], seed=6)
+    llm = LLM(pack, device="cpu")
+    from strata.backends.cpu import KVCache
+    a = llm.args
+    ids = np.asarray(random_ids(12, a.vocab_size))
+    kv = KVCache(a.num_hidden_layers + 1, a.num_key_value_heads, a.head_dim, 64)
+    _, hidden = llm.runner.model.forward(ids, np.arange(12), kv)
+    draft = llm.runner.model.mtp_forward(hidden[:-1], ids[1:], np.arange(11), kv)
+    assert draft.shape == (11, a.vocab_size) and np.isfinite(draft).all() and draft.std() > 0
