@@ -28,7 +28,6 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 CUDA_SRC = ROOT / "cuda"
-KERNELS_DIR = ROOT / "strata" / "kernels"
 SASS_ARCHS = ("80", "86", "89", "90", "100", "120")
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
@@ -53,10 +52,11 @@ def find_nvcc() -> str | None:
     return shutil.which("nvcc") or (str(default) if default.is_file() else None)
 
 
-def find_cuda_include() -> tuple[str | None, str]:
-    """(directory of the newest cuda.h found, why none fits). Searched: CUDA_HOME/CUDA_PATH, nvcc's
-    toolkit, pip's nvidia-cuda-runtime wheels. Cython writes out every typedef of cydriver.pxd, so
-    the header must be at least as new as cuda-bindings."""
+def find_cuda_include() -> tuple[list[str], str]:
+    """(include dirs holding cuda.h, newest first; or [] and why none fits). Searched: CUDA_HOME or
+    CUDA_PATH, nvcc's toolkit, pip's nvidia-cuda-runtime wheels. Cython writes out every typedef of
+    cydriver.pxd, so the newest cuda.h must be at least as new as cuda-bindings; the older dirs
+    still serve headers the wheel lacks (cudaProfiler.h, for older cuda-bindings)."""
     dirs = [root / "include" for root in cuda_home_candidates()]
     nvcc = find_nvcc()
     if nvcc:  # /usr/local/bin/nvcc may be a wrapper script: ask nvcc where its headers are
@@ -65,14 +65,14 @@ def find_cuda_include() -> tuple[str | None, str]:
         dirs.extend(Path(entry or ".") / "nvidia" / sub / "include" for sub in ("cu13", "cu14", "cuda_runtime"))
     found = {d.resolve(): v for d in dirs if (v := cuda_h_version(d))}
     if not found:
-        return None, "cuda.h not found (no CUDA toolkit, no nvidia-cuda-runtime wheel)"
-    best = max(found, key=found.get)
-    need = bindings_version()
-    if need and found[best] < need:
-        return None, (f"newest cuda.h ({best}) is CUDA {found[best] // 1000}.{found[best] % 1000 // 10}, "
-                      f"older than cuda-bindings {need // 1000}.{need % 1000 // 10} "
-                      f"(pip install 'nvidia-cuda-runtime=={need // 1000}.{need % 1000 // 10}.*')")
-    return str(best), ""
+        return [], "cuda.h not found (no CUDA toolkit, no nvidia-cuda-runtime wheel)"
+    ordered = sorted(found, key=found.get, reverse=True)
+    newest, need = found[ordered[0]], bindings_version()
+    if need and newest < need:
+        return [], (f"newest cuda.h ({ordered[0]}) is CUDA {newest // 1000}.{newest % 1000 // 10}, "
+                    f"older than cuda-bindings {need // 1000}.{need % 1000 // 10} "
+                    f"(pip install 'nvidia-cuda-runtime=={need // 1000}.{need % 1000 // 10}.*')")
+    return [str(d) for d in ordered], ""
 
 
 def cuda_h_version(include: Path) -> int:
@@ -144,10 +144,10 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def compile_kernel(nvcc: str, version: str, cu: Path, archs: list[str], old: dict) -> dict:
+def compile_kernel(nvcc: str, version: str, cu: Path, out_dir: Path, archs: list[str], old: dict) -> dict:
     gencode, arch_names = gencode_flags(archs)
     flags = list(NVCC_FLAGS) + gencode
-    out = KERNELS_DIR / f"{cu.stem}.fatbin"
+    out = out_dir / f"{cu.stem}.fatbin"
     entry = {"file": out.name, "archs": arch_names, "nvcc_flags": flags, "nvcc_version": version,
              "source_sha256": source_sha256(cu)}
     if out.is_file() and old.get("sha256") == file_sha256(out) and all(old.get(k) == v for k, v in entry.items()):
@@ -160,24 +160,28 @@ def compile_kernel(nvcc: str, version: str, cu: Path, archs: list[str], old: dic
     return entry
 
 
-def build_kernels() -> None:
+def build_kernels(out_dir: Path) -> None:
+    """cuda/*.cu -> out_dir/<op>.fatbin + manifest.json; without nvcc, out_dir is left with no kernels."""
     sources = sorted(CUDA_SRC.glob("*.cu"))
     archs = parse_archs(os.environ.get("STRATA_CUDA_ARCHS"))
     nvcc = find_nvcc()
+    manifest_path = out_dir / "manifest.json"
     if not sources or not archs or nvcc is None:
         why = "STRATA_CUDA_ARCHS=none" if not archs else "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
         if sources:
             note(f"{why}: GPU kernels not built, this install is CPU-only")
+        for stale in [manifest_path, *out_dir.glob("*.fatbin")]:  # what an earlier build left
+            stale.unlink(missing_ok=True)
         return
-    KERNELS_DIR.mkdir(exist_ok=True)
-    manifest_path = KERNELS_DIR / "manifest.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads(manifest_path.read_text()).get("kernels", {}) if manifest_path.is_file() else {}
     version, t0 = nvcc_version(nvcc), time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
-        entries = pool.map(lambda cu: compile_kernel(nvcc, version, cu, archs, old.get(cu.stem, {})), sources)
+        entries = pool.map(lambda cu: compile_kernel(nvcc, version, cu, out_dir, archs, old.get(cu.stem, {})),
+                           sources)
         kernels = dict(zip((cu.stem for cu in sources), entries))
-    for stale in set(p.stem for p in KERNELS_DIR.glob("*.fatbin")) - set(kernels):
-        (KERNELS_DIR / f"{stale}.fatbin").unlink()
+    for stale in set(p.stem for p in out_dir.glob("*.fatbin")) - set(kernels):
+        (out_dir / f"{stale}.fatbin").unlink()
     manifest = {"format": MANIFEST_FORMAT, "kernels": kernels}
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     note(f"{len(kernels)} fatbin(s) for {','.join(archs)} with nvcc {version} "
@@ -185,11 +189,15 @@ def build_kernels() -> None:
 
 
 class BuildPyWithKernels(build_py):
-    """Compile the kernels into strata/kernels/ first, so package data (and editable installs) see them."""
+    """Compile the kernels into the package: the source tree's strata/kernels for an editable
+    install, the build directory otherwise (so a wheel never picks up a stale local build)."""
 
     def run(self):
-        build_kernels()
-        self.__dict__.pop("data_files", None)  # setuptools caches the package-data list lazily
+        if self.editable_mode:
+            out_dir = ROOT / "strata" / "kernels"
+        else:
+            out_dir = Path(self.build_lib) / "strata" / "kernels"
+        build_kernels(out_dir)
         super().run()
 
 
@@ -197,19 +205,19 @@ class OptionalBuildExt(build_ext):
     """A runtime that cannot compile leaves a CPU-only install, with one line saying why."""
 
     def run(self):
-        include, why = find_cuda_include()
-        if include is None:
+        include_dirs, why = find_cuda_include()
+        if not include_dirs:
             note(f"{why}: strata._ext not built, this install is CPU-only")
             return
         for ext in self.extensions:
-            ext.include_dirs.append(include)
+            ext.include_dirs.extend(include_dirs)
         super().run()
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # compiler errors come as several distutils/setuptools types
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = str(exc).splitlines()[0][:160] if str(exc) else ""
             note(f"{ext.name} not built ({type(exc).__name__}: {first}): this install is CPU-only")
 
 
@@ -227,10 +235,13 @@ def extensions() -> list[Extension]:
             for pyx in sorted((ROOT / "strata" / "_ext").glob("*.pyx"))]
     directives = {"language_level": 3, "boundscheck": False, "wraparound": False, "embedsignature": True}
     try:
-        return cythonize(exts, compiler_directives=directives, quiet=True)
+        exts = cythonize(exts, compiler_directives=directives, quiet=True)
     except Exception as exc:  # Cython.Compiler.Errors.CompileError; Cython has printed the details
         note(f"Cython failed on {exc}: strata._ext not built, this install is CPU-only")
         return []
+    for ext in exts:
+        ext.optional = True  # cythonize drops it; setuptools then skips copying a failed module in place
+    return exts
 
 
 setup(

@@ -17,7 +17,8 @@ def _runtime():
     try:
         from strata._ext import runtime
     except ImportError as exc:
-        raise DeviceError(f"strata._ext.runtime not available ({exc}); this install is CPU-only") from None
+        hint = " (pip install cuda-bindings)" if (exc.name or "").startswith("cuda") else ""
+        raise DeviceError(f"strata._ext.runtime not available ({exc}){hint}; this install is CPU-only") from None
     return runtime
 
 
