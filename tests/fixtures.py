@@ -14,11 +14,12 @@ Import as `from tests.fixtures import SHAPES, make_gguf` (tests run from the rep
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
@@ -83,7 +84,14 @@ def _training_text() -> list[str]:
 
 def make_tokenizer(vocab_size: int = 300):
     """A byte-level BPE of `vocab_size` tokens, Qwen-style: the Qwen2 split regex, NFC, and the
-    special tokens <|endoftext|>, <|im_start|>, <|im_end|> as the last three ids."""
+    special tokens <|endoftext|>, <|im_start|>, <|im_end|> as the last three ids. A fresh object
+    each call (training runs once per vocab size)."""
+    from tokenizers import Tokenizer
+    return Tokenizer.from_str(_trained_tokenizer_json(vocab_size))
+
+
+@functools.cache
+def _trained_tokenizer_json(vocab_size: int) -> str:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -98,10 +106,10 @@ def make_tokenizer(vocab_size: int = 300):
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     if tok.get_vocab_size() != vocab_size:
         raise AssertionError(f"make_tokenizer: got {tok.get_vocab_size()} tokens, wanted {vocab_size}")
-    return tok
+    return tok.to_str()
 
 
-def _tokenizer_files(path: Path, tok, gen_eos: Sequence[int]) -> None:
+def _tokenizer_files(path: Path, tok) -> None:
     tok.save(str(path / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = {
@@ -197,7 +205,7 @@ def make_hf_dir(tmp_path, shape: Mapping, seed: int = 0, dtype=None, fused: bool
         from safetensors.torch import save_file
         mtp = {k: torch.from_numpy(v).to(dtype) for k, v in _mtp_tensors(shape, seed).items()}
         save_file(mtp, str(path / "model-mtp.safetensors"), metadata={"format": "pt"})
-    _tokenizer_files(path, tok, gen_eos)
+    _tokenizer_files(path, tok)
     return path, model.float().eval()
 
 

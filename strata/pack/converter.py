@@ -55,6 +55,7 @@ def _checked(data, nbytes: int, what: str):
 
 def write_pack(source: Source, out: Path, progress: Progress) -> dict:
     """Write a complete pack for `source` into the (new, empty) directory `out`; returns pack.json."""
+    source_entry = source.stat_entry()     # before reading: a source edited meanwhile looks changed
     plan = layout(source.dense, source.experts, source.args.num_experts)
     plan.pop("_sizes")
     progress.start(sum(t["nbytes"] for t in plan["dense"].values())
@@ -81,9 +82,10 @@ def write_pack(source: Source, out: Path, progress: Progress) -> dict:
     files["tokenizer.json"] = w.close()
     meta = {"format": FORMAT, "version": VERSION, "model_args": source.args.to_dict(),
             "tokenizer": {"file": "tokenizer.json", **source.tokenizer_meta}, **plan,
-            "files": files, "source": source.stat_entry()}
+            "files": files, "source": source_entry}
     if source.notes:
         meta["notes"] = source.notes
+        progress.note(source.notes)
     with open(out / "pack.json", "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1)
         f.flush()

@@ -101,7 +101,7 @@ def verify_files(path: Path, files: dict, verify: bool) -> None:
         stamp_mtime = stamp_path.stat().st_mtime_ns if verify else 0
     except (OSError, ValueError):
         stamp, stamp_mtime = {}, 0
-    fresh = {}
+    fresh, hashed = {}, False
     for name, entry in files.items():
         f = path / name
         try:
@@ -118,10 +118,11 @@ def verify_files(path: Path, files: dict, verify: bool) -> None:
         if known == [st.st_size, st.st_mtime_ns, entry["sha256"]] and st.st_mtime_ns < stamp_mtime:
             fresh[name] = known
             continue
+        hashed = True
         if file_sha256(f) != entry["sha256"]:
             raise PackError(f"{f}: sha256 mismatch (the file is corrupted)")
         fresh[name] = [st.st_size, st.st_mtime_ns, entry["sha256"]]
-    if verify and fresh != stamp:
+    if hashed:
         write_stamp(path, fresh)
 
 

@@ -102,11 +102,12 @@ def _model_args(g: GGUFFile, tensors: dict) -> ModelArgs:
         raise FormatError(f"{g.path}: missing tensor token_embd.weight")
     D, H = m.get("embedding_length"), m.get("attention.head_count")
     gate = tensors.get("blk.0.ffn_gate_exps.weight")
+    q_norm = tensors.get("blk.0.attn_q_norm.weight")     # its length is the head dim when the key is absent
     try:
         return ModelArgs(
             architecture=ARCH, vocab_size=tensors["token_embd.weight"][1].shape[0], hidden_size=D,
             num_hidden_layers=num_layers, num_attention_heads=H,
-            num_key_value_heads=m.get("attention.head_count_kv", H), head_dim=m.get("attention.key_length", D // H),
+            num_key_value_heads=m.get("attention.head_count_kv", H), head_dim=m.get("attention.key_length", q_norm[1].shape[-1] if q_norm else D // H),
             num_experts=m.get("expert_count"), num_experts_per_tok=m.get("expert_used_count"),
             moe_intermediate_size=m.get("expert_feed_forward_length", gate[1].shape[1] if gate else FormatError),
             rms_norm_eps=m.get("attention.layer_norm_rms_epsilon", 1e-6, float),

@@ -136,6 +136,8 @@ def _model_args(src: Path, cfg: dict) -> ModelArgs:
         raise UnsupportedError(f"{src}: dense MLP layers (mlp_only_layers={cfg['mlp_only_layers']}) are not supported")
     if int(cfg.get("decoder_sparse_step", 1)) != 1:
         raise UnsupportedError(f"{src}: decoder_sparse_step={cfg['decoder_sparse_step']} is not supported (only 1)")
+    if cfg.get("use_sliding_window"):
+        raise UnsupportedError(f"{src}: sliding-window attention (use_sliding_window) is not supported")
     num_mtp = int(cfg.get("num_nextn_predict_layers") or 0)
     if num_mtp > 1:
         raise UnsupportedError(f"{src}: {num_mtp} MTP layers; Strata supports at most 1")

@@ -39,6 +39,13 @@ class Progress:
         if self.enabled:
             self._emit("done", final=True)
 
+    def note(self, lines: list[str]) -> None:
+        """Choices the converter made that the user should know about (type fallbacks)."""
+        if self.enabled:
+            for line in lines:
+                self.stream.write(("\r\x1b[2K" if self.tty else "") + f"note: {line}\n")
+            self.stream.flush()
+
     def _emit(self, what: str, final: bool = False) -> None:
         elapsed = max(time.monotonic() - self.t0, 1e-9)
         pct = 100.0 * self.done / self.total if self.total else 100.0

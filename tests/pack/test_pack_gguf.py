@@ -137,3 +137,23 @@ def test_tokenizer_from_gguf_matches_source(tmp_path):
         [im_end], eot, eot, False)
     assert "<|im_start|>" in meta["chat_template"]
     assert built.decode([im_end, ref.token_to_id("Ġthe")]) == " the"    # control tokens are special
+
+
+def test_user_defined_tokens_are_whole_and_visible():
+    """GGUF USER_DEFINED tokens (<think>) match whole and survive decoding; CONTROL ones are special."""
+    from tokenizers import Tokenizer
+    from strata.pack.tokenizer_build import CONTROL, NORMAL, USER_DEFINED, gguf_tokenizer
+    ref = make_tokenizer(300)
+    vocab = {i: t for t, i in ref.get_vocab().items()}
+    tokens = [vocab[i] for i in range(300)] + ["<think>"]
+    specials = {ref.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
+    types = [CONTROL if i in specials else NORMAL for i in range(300)] + [USER_DEFINED]
+    merges = [" ".join(m) if not isinstance(m, str) else m for m in json.loads(ref.to_str())["model"]["merges"]]
+    kv = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges, "tokenizer.ggml.eos_token_id": 299}
+    meta, build = gguf_tokenizer(kv, "x.gguf", 301)
+    tok = Tokenizer.from_str(build())
+    ids = tok.encode("a<think>b<|im_end|>", add_special_tokens=False).ids
+    assert ids[1] == 300 and ids[-1] == 299
+    assert tok.decode(ids) == "a<think>b"
+    assert meta["eos_token_ids"] == [299] and meta["bos_token_id"] is None
