@@ -272,3 +272,26 @@ def load_hf(path: Path, device="cpu") -> DemoModel:
     model = DemoModel(c)
     model.load_hf_state_dict(sd)
     return model.to(device).eval()
+
+
+def model_from_pack(path) -> DemoModel:
+    """A DemoModel (float32) holding a strata pack's weights, dequantized: the same numbers the engine uses."""
+    from strata.pack import open_pack
+    from strata.pack.hf_source import hf_name
+    with open_pack(path) as pack:
+        a = pack.args
+        L = a.num_hidden_layers
+        sd = {hf_name(n, L): torch.from_numpy(pack.dense(n).dequantize().copy()) for n in pack.dense_names()}
+        for l in range(L + a.num_mtp_layers):
+            prefix = f"model.layers.{l}" if l < L else "mtp.layers.0"
+            for e in range(a.num_experts):
+                for part, q in pack.expert(l, e).items():
+                    sd[f"{prefix}.mlp.experts.{e}.{part}_proj.weight"] = torch.from_numpy(q.dequantize().copy())
+        c = {k: getattr(a, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                        "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+                                        "moe_intermediate_size", "norm_topk_prob", "rms_norm_eps", "rope_theta",
+                                        "max_position_embeddings")}
+        c["num_nextn_predict_layers"] = a.num_mtp_layers
+    model = DemoModel(c)
+    model.load_hf_state_dict(sd)
+    return model.eval()

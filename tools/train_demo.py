@@ -4,13 +4,15 @@ Three steps (torch is a development dependency only; the package never imports i
 
     python tools/demo_data.py .demo_data                       # CPU: corpus, tokenizer, token streams
     python tools/train_demo.py train --data .demo_data --out OUT/hf   # GPU, about 7 minutes on one H200
-    python tools/train_demo.py pack --hf OUT/hf --data .demo_data --dst strata/demo   # CPU: strata.convert
+    PYTHONPATH=. python tools/train_demo.py pack --hf OUT/hf --data .demo_data --dst strata/demo   # CPU
 
 `train` is seeded (weights, data order); with `--steps auto` it times the first steps and fixes the step
 count so that training ends inside `--time-budget-s` (the count used is recorded; pass it as `--steps N`
 to repeat the run). GPU kernels with atomics (index_add) make bitwise repeats unlikely, not the recipe.
 It writes config.json, bf16 safetensors shards (<= 15 MiB each) and metrics.json (held-out losses of
 both heads, MTP greedy acceptance, routing skew, sample completions), all computed on the saved weights.
+`pack` converts that directory with strata.convert (Q8_0), then measures the pack's own weights (torch on
+the CPU, dequantized) and records them, with the greedy reference the tests check, in metrics.json.
 """
 from __future__ import annotations
 
@@ -36,9 +38,10 @@ CONFIG = dict(vocab_size=8192, hidden_size=256, num_hidden_layers=6, num_attenti
               bos_token_id=None, eos_token_id=[2, 0], pad_token_id=0)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+REFERENCE_PROMPT = "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):"
 EOS_IDS = (0, 2)            # <|endoftext|>, <|im_end|>
 SAMPLE_PROMPTS = [
-    "def fibonacci(n):\n",
+    "def fibonacci(n):",
     "import os\n\n\ndef list_python_files(path):\n    \"\"\"",
     "<|im_start|>user\nWhat does `json.dumps` do?<|im_end|>\n<|im_start|>assistant\n",
 ]
@@ -250,8 +253,37 @@ def pack(args):
     gen = {"eos_token_id": list(CONFIG["eos_token_id"]), "pad_token_id": CONFIG["pad_token_id"]}
     (hf / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
     strata.convert(hf, dst, qtype=args.qtype)
-    shutil.copyfile(hf / "metrics.json", dst / "metrics.json")
+    metrics = json.loads((hf / "metrics.json").read_text())
+    corpus = json.loads((data / "corpus.json").read_text())
+    metrics["corpus"] = {k: v for k, v in corpus.items() if k not in ("files", "stdlib")}
+    metrics["pack"] = pack_eval(dst, data, args.qtype, args.eval_windows)
+    (dst / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    (dst / "corpus_files.txt").write_text("".join(f"{sha}  {rel}\n" for rel, sha in corpus["files"]))
     print(f"pack written to {dst}")
+
+
+def pack_eval(dst: Path, data: Path, qtype: str, windows: int) -> dict:
+    """The pack's weights, dequantized, in torch on the CPU: held-out metrics, samples, the test reference."""
+    from tokenizers import Tokenizer
+    model = dm.model_from_pack(dst)
+    tok = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    out = {"qtype": qtype, "eval_windows": windows}
+    out.update(evaluate(model, np.load(data / "tokens_val.npy"), 1024, "cpu", max_windows=windows, batch=4))
+    out["samples"], out["mtp_accept_greedy"] = samples(model, tok, "cpu")
+    out["reference"] = greedy_reference(model, tok)
+    return out
+
+
+@torch.no_grad()
+def greedy_reference(model, tok, n: int = 24) -> dict:
+    """The greedy continuation of REFERENCE_PROMPT, with the smallest top-1/top-2 logit gap along it."""
+    ids = tok.encode(REFERENCE_PROMPT).ids
+    gen = greedy(model, ids, n, "cpu")
+    logits, _, _ = model.forward_main(torch.tensor([ids + gen[:-1]]))
+    top2 = logits[0, len(ids) - 1:].topk(2, dim=-1).values
+    return {"prompt": REFERENCE_PROMPT, "prompt_ids": ids, "greedy_ids": gen,
+            "greedy_text": tok.decode(gen, skip_special_tokens=False),
+            "min_logit_gap": float((top2[:, 0] - top2[:, 1]).min())}
 
 
 def main(argv=None):
@@ -277,6 +309,7 @@ def main(argv=None):
     p.add_argument("--data", required=True)
     p.add_argument("--dst", required=True)
     p.add_argument("--qtype", default="Q8_0")
+    p.add_argument("--eval-windows", type=int, default=64)
     args = ap.parse_args(argv)
     train(args) if args.cmd == "train" else pack(args)
 
