@@ -150,6 +150,8 @@ class Generation:
                 if len(out) < self.max_tokens:
                     logits = runner.decode(token)
             rest = text.finish()
+            if text.stopped and finish == "length":
+                finish = "stop"        # the stop string was in the last, held-back text
             if rest and finish != "cancelled":
                 yield Delta(rest, out[-1] if out else -1)
             timings.predicted_ms = (time.perf_counter() - t1) * 1e3

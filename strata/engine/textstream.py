@@ -22,9 +22,9 @@ class TextStream:
         self.ids.append(token_id)
         prefix_text = self.tok.decode(self.ids[self._prefix:self._read])
         new_text = self.tok.decode(self.ids[self._prefix:])
-        # Advance only over whole, valid text: the window then always starts on a clean UTF-8
-        # boundary, so the streamed text equals decoding all tokens at once.
-        if len(new_text) > len(prefix_text) and "\ufffd" not in new_text[len(prefix_text):]:
+        # Advance only when the window ends on a whole character: it then always starts on a clean
+        # UTF-8 boundary, so the streamed text equals decoding all tokens at once.
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.text += new_text[len(prefix_text):]
             self._prefix, self._read = self._read, len(self.ids)
         return self._release()

@@ -56,3 +56,17 @@ def test_invalid_utf8_tail_is_flushed_at_the_end():
     pieces = [ts.push(b) for b in b"ok\xe2\x82"]
     pieces.append(ts.finish())
     assert "".join(pieces) == ts.text == b"ok\xe2\x82".decode("utf-8", errors="replace")
+
+
+def test_stream_equals_whole_decode_on_random_byte_tokens():
+    ts_inputs = np.random.default_rng().integers(0, 256, (200, 12))
+    for ids in ts_inputs.tolist():
+        ts = TextStream(ByteTokenizer())
+        out = "".join(ts.push(i) for i in ids) + ts.finish()
+        assert out == ts.text == ByteTokenizer().decode(ids)
+
+
+def test_text_after_an_invalid_byte_streams_without_waiting_for_the_end():
+    ts = TextStream(ByteTokenizer())
+    pieces = [ts.push(b) for b in b"a\xffbc"]
+    assert "".join(pieces) == "a\ufffdbc"
