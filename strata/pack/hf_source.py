@@ -201,8 +201,21 @@ class _Plan:
         nbytes = math.prod(shape) * _DTYPES[st.dtype]
         if target == st.dtype:
             return lambda: self.t.raw(st, lo, lo + nbytes)
-        from ..quant.quantize import quantize
-        return lambda: quantize(target, to_float32(st.dtype, self.t.raw(st, lo, lo + nbytes), shape))
+        return lambda: _quantize_rows(target, st.dtype, self.t.raw(st, lo, lo + nbytes), shape)
+
+
+def _quantize_rows(target: str, dtype: str, raw: np.ndarray, shape: tuple, chunk_f32_bytes: int = 64 << 20):
+    """Block bytes of a stored tensor in `target`, a slab of rows at a time so the float32
+    temporaries stay small even for a [V, D] embedding."""
+    from ..quant.quantize import quantize
+    n = shape[-1]
+    rows = math.prod(shape[:-1])
+    step = max(1, chunk_f32_bytes // (4 * n))
+    row_bytes = n * _DTYPES[dtype]
+    parts = [quantize(target, to_float32(dtype, raw[r * row_bytes:min(r + step, rows) * row_bytes],
+                                         (min(step, rows - r), n)))
+             for r in range(0, rows, step)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _expert_layer(plan: _Plan, prefix: str, args: ModelArgs, layer: int) -> dict[str, ExpertSpec]:

@@ -127,3 +127,13 @@ def test_unsupported_configs(tmp_path, edit, match):
     with pytest.raises(UnsupportedError, match=match):
         convert(hf, tmp_path / "pack", progress=False)
     assert not (tmp_path / "pack").exists()
+
+
+def test_quantization_in_row_slabs_equals_whole_tensor():
+    from strata.pack.hf_source import _quantize_rows
+    from strata.quant.quantize import quantize
+    x = np.random.default_rng().standard_normal((37, 64)).astype(np.float32)
+    bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)
+    whole = quantize("Q4_1", (bf16.astype(np.uint32) << 16).view(np.float32))
+    slabs = _quantize_rows("Q4_1", "BF16", bf16.reshape(-1).view(np.uint8), (37, 64), chunk_f32_bytes=4 * 64 * 5)
+    assert slabs.tobytes() == whole.tobytes()
