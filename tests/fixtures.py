@@ -344,7 +344,7 @@ def _hf_state_from_gguf(shape: Mapping, values: Mapping[str, np.ndarray]) -> dic
 
 
 def make_gguf(tmp_path, shape: Mapping, qtypes: Mapping | None = None, seed: int = 0, split: int = 1,
-              name: str = "model"):
+              name: str = "model", metadata: Mapping | None = None):
     """A qwen3moe GGUF under tmp_path with random valid block bytes; returns (paths, hf_model).
 
     qtypes: see `pick_qtype`, e.g. {"attn": "Q8_0", "experts": ["Q4_K", "Q6_K"], "embd": "Q6_K"}
@@ -352,6 +352,7 @@ def make_gguf(tmp_path, shape: Mapping, qtypes: Mapping | None = None, seed: int
     "qwen2" pre-tokenizer, ChatML template, eos <|im_end|>, bos/pad <|endoftext|>, add_bos false).
     split > 1 writes llama.cpp-style splits `name-0000k-of-0000n.gguf` (metadata in the first,
     split.no/split.count/split.tensors.count in each); paths lists them in order.
+    metadata: extra GGUF keys (int -> u32, float -> f32, str, bool), e.g. rope scaling keys.
     hf_model is a float32 Qwen3MoeForCausalLM (eval mode) holding exactly the gguf.quants-dequantized
     weights (the MTP layer, if any, is only in the GGUF).
     """
@@ -367,6 +368,9 @@ def make_gguf(tmp_path, shape: Mapping, qtypes: Mapping | None = None, seed: int
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(path, "qwen3moe", split_max_tensors=per_split)
     _gguf_metadata(w, shape, make_tokenizer(shape["vocab_size"]), name)
+    for key, value in (metadata or {}).items():
+        adder = {bool: w.add_bool, int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)]
+        adder(key, value)
     values = {}
     for tname, kind, layer, tshape in specs:
         qname = pick_qtype(qtypes, kind, max(layer, 0))

@@ -157,3 +157,11 @@ def test_user_defined_tokens_are_whole_and_visible():
     assert ids[1] == 300 and ids[-1] == 299
     assert tok.decode(ids) == "a<think>b"
     assert meta["eos_token_ids"] == [299] and meta["bos_token_id"] is None
+
+
+def test_rope_scaling_keys(tmp_path):
+    keys = {"qwen3moe.rope.scaling.type": "yarn", "qwen3moe.rope.scaling.factor": 4.0,
+            "qwen3moe.rope.scaling.original_context_length": 1024}
+    paths, _ = make_gguf(tmp_path, SHAPES["tiny"], seed=8, metadata=keys)
+    args = open_pack(convert(paths[0], tmp_path / "pack", progress=False)).args
+    assert args.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}

@@ -137,3 +137,18 @@ def test_quantization_in_row_slabs_equals_whole_tensor():
     whole = quantize("Q4_1", (bf16.astype(np.uint32) << 16).view(np.float32))
     slabs = _quantize_rows("Q4_1", "BF16", bf16.reshape(-1).view(np.uint8), (37, 64), chunk_f32_bytes=4 * 64 * 5)
     assert slabs.tobytes() == whole.tobytes()
+
+
+def test_yarn_rope_parameters(tmp_path):
+    """transformers 5 writes rope_parameters (theta and scaling together); both reach ModelArgs."""
+    import strata
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    shape = {k: v for k, v in SHAPES["tiny"].items() if k != "rope_theta"}
+    hf, model = make_hf_dir(tmp_path, {**shape, "rope_parameters": {**yarn, "rope_theta": 5e5}}, seed=10)
+    pack = open_pack(convert(hf, tmp_path / "pack", progress=False))
+    assert (pack.args.rope_theta, pack.args.rope_scaling) == (5e5, yarn)
+    ids = list(range(3, 60, 3))
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    got = strata.LLM(str(pack.path), device="cpu").logits(ids)
+    np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max())
