@@ -43,7 +43,8 @@ SHAPES: dict[str, dict] = {
     "kquant": dict(_COMMON, vocab_size=300, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4,
                    num_experts_per_tok=2, moe_intermediate_size=256),
-    # "tiny" plus one MTP draft layer (Qwen3-Next tensor names in HF, blk.L.nextn.* in GGUF).
+    # "tiny" plus one MTP draft layer (Qwen3-Next tensor names mtp.* in HF, blk.L.* and blk.L.nextn.*
+    # in GGUF, including the draft layer's own output norm mtp.norm / nextn.shared_head_norm).
     "mtp": dict(_COMMON, vocab_size=300, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
                 num_experts_per_tok=2, moe_intermediate_size=32, num_nextn_predict_layers=1),
@@ -171,6 +172,7 @@ def _mtp_tensors(shape: Mapping, seed: int) -> dict[str, np.ndarray]:
     out["mtp.fc.weight"] = 0.05 * rng.standard_normal((D, 2 * D))
     out["mtp.pre_fc_norm_embedding.weight"] = 1 + 0.1 * rng.standard_normal(D)
     out["mtp.pre_fc_norm_hidden.weight"] = 1 + 0.1 * rng.standard_normal(D)
+    out["mtp.norm.weight"] = 1 + 0.1 * rng.standard_normal(D)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
@@ -220,7 +222,7 @@ _KIND_GROUP = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_outpu
                "ffn_gate_exps": "experts", "ffn_up_exps": "experts", "ffn_down_exps": "experts",
                "attn_norm": "norm", "ffn_norm": "norm", "attn_q_norm": "norm", "attn_k_norm": "norm",
                "ffn_gate_inp": "router", "nextn.eh_proj": "nextn", "nextn.enorm": "norm",
-               "nextn.hnorm": "norm", "token_embd": "embd", "output": "output", "output_norm": "norm"}
+               "nextn.hnorm": "norm", "nextn.shared_head_norm": "norm", "token_embd": "embd", "output": "output", "output_norm": "norm"}
 
 
 def pick_qtype(qtypes: Mapping, kind: str, layer: int = 0) -> str:
@@ -250,7 +252,8 @@ def gguf_tensor_specs(shape: Mapping) -> list[tuple[str, str, int, tuple[int, ..
                  ("attn_output", (D, H * Dh)), ("attn_q_norm", (Dh,)), ("attn_k_norm", (Dh,)), ("ffn_norm", (D,)),
                  ("ffn_gate_inp", (E, D)), ("ffn_gate_exps", (E, I, D)), ("ffn_up_exps", (E, I, D)),
                  ("ffn_down_exps", (E, D, I))]
-    nextn = [("nextn.eh_proj", (D, 2 * D)), ("nextn.enorm", (D,)), ("nextn.hnorm", (D,))]
+    nextn = [("nextn.eh_proj", (D, 2 * D)), ("nextn.enorm", (D,)), ("nextn.hnorm", (D,)),
+             ("nextn.shared_head_norm", (D,))]
     for layer in range(L + int(shape.get("num_nextn_predict_layers", 0) or 0)):
         for kind, s in per_layer + (nextn if layer >= L else []):
             specs.append((f"blk.{layer}.{kind}.weight", kind, layer, s))

@@ -12,7 +12,7 @@ from ..config import ModelArgs
 from ..errors import FormatError, InvalidArgument, UnsupportedError
 from ..quant import QTYPES, tensor_bytes
 from .gguf_file import GGUFFile, TensorInfo, check_extents, ggml_type_name, read_gguf
-from .source import EXPERT_PARTS, ExpertSpec, Source, TensorSpec, dense_names, dense_shapes, expert_shapes
+from .source import EXPERT_PARTS, NEXTN_OPTIONAL, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes
 from .tokenizer_build import gguf_tokenizer
 
 ARCH = "qwen3moe"
@@ -156,6 +156,9 @@ def open_gguf_source(path) -> Source:
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise FormatError(f"{files[0].path}: missing tensors {', '.join(missing[:5])}{more}")
+    optional = f"blk.{args.num_hidden_layers}.{NEXTN_OPTIONAL}.weight"
+    if args.num_mtp_layers and optional in tensors:
+        shapes[optional] = (args.hidden_size,)
     dense = []
     for name, shape in shapes.items():
         part, info = _checked(files[0], tensors, name, shape)

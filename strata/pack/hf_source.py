@@ -20,7 +20,8 @@ import numpy as np
 from ..config import ModelArgs
 from ..errors import FormatError, InvalidArgument, UnsupportedError
 from ..quant import qtype as qtype_of
-from .source import (EXPERT_PARTS, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes, memmap)
+from .source import (EXPERT_PARTS, NEXTN_OPTIONAL, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes,
+                     memmap)
 from .tokenizer_build import _read_json, hf_tokenizer
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -172,7 +173,8 @@ def hf_name(pack_name: str, num_layers: int) -> str:
     fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight", f"blk.{num_layers}.nextn.eh_proj.weight": "mtp.fc.weight",
              f"blk.{num_layers}.nextn.enorm.weight": "mtp.pre_fc_norm_embedding.weight",
-             f"blk.{num_layers}.nextn.hnorm.weight": "mtp.pre_fc_norm_hidden.weight"}
+             f"blk.{num_layers}.nextn.hnorm.weight": "mtp.pre_fc_norm_hidden.weight",
+             f"blk.{num_layers}.{NEXTN_OPTIONAL}.weight": "mtp.norm.weight"}
     if pack_name in fixed:
         return fixed[pack_name]
     _, layer, rest = pack_name.split(".", 2)
@@ -252,8 +254,11 @@ def open_hf_source(src, qtype: str | None = None) -> Source:
     args = _model_args(src, cfg)
     tensors, notes = _Tensors(src), []
     plan = _Plan(tensors, qtype, notes)
+    shapes = dense_shapes(args)
+    if args.num_mtp_layers and "mtp.norm.weight" in tensors.entries:
+        shapes[f"blk.{args.num_hidden_layers}.{NEXTN_OPTIONAL}.weight"] = (args.hidden_size,)
     dense = []
-    for name, shape in dense_shapes(args).items():
+    for name, shape in shapes.items():
         st = tensors.get(hf_name(name, args.num_hidden_layers), shape)
         target = plan.target(name, st.dtype, shape, keep_f32=name.endswith("ffn_gate_inp.weight"))
         dense.append(TensorSpec(name, target, shape, plan.reader(st, target, shape)))

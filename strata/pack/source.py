@@ -21,6 +21,9 @@ EXPERT_PARTS = ("gate", "up", "down")
 LAYER_DENSE = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                "ffn_norm", "ffn_gate_inp")
 NEXTN_DENSE = ("nextn.eh_proj", "nextn.enorm", "nextn.hnorm")
+# The MTP layer's own final norm (HF mtp.norm.weight), kept when the source has one: Qwen3-Next
+# normalizes the draft layer's output with it before the shared output head.
+NEXTN_OPTIONAL = "nextn.shared_head_norm"
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def test_mtp_layer(tmp_path):
     assert len(pack.meta["experts"]["layers"]) == L + 1
     D = SHAPES["mtp"]["hidden_size"]
     assert pack.dense(f"blk.{L}.nextn.eh_proj.weight").shape == (D, 2 * D)
-    for n in ("enorm", "hnorm"):
+    for n in ("enorm", "hnorm", "shared_head_norm"):
         assert pack.dense(f"blk.{L}.nextn.{n}.weight").shape == (D,)
     assert pack.dense(f"blk.{L}.attn_q.weight").qtype == "Q8_0"
     assert pack.expert(L, 1)["down"].shape == (D, SHAPES["mtp"]["moe_intermediate_size"])

@@ -99,6 +99,8 @@ def test_mtp_layer_from_qwen3_next_names(tmp_path):
                                   mtp["mtp.pre_fc_norm_embedding.weight"])
     np.testing.assert_array_equal(pack.dense(f"blk.{L}.attn_k.weight").dequantize(),
                                   mtp["mtp.layers.0.self_attn.k_proj.weight"])
+    np.testing.assert_array_equal(pack.dense(f"blk.{L}.nextn.shared_head_norm.weight").dequantize(),
+                                  mtp["mtp.norm.weight"])
     np.testing.assert_array_equal(pack.expert(L, 2)["up"].dequantize(), mtp["mtp.layers.0.mlp.experts.2.up_proj.weight"])
 
 
