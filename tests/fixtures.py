@@ -222,7 +222,8 @@ _KIND_GROUP = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_outpu
                "ffn_gate_exps": "experts", "ffn_up_exps": "experts", "ffn_down_exps": "experts",
                "attn_norm": "norm", "ffn_norm": "norm", "attn_q_norm": "norm", "attn_k_norm": "norm",
                "ffn_gate_inp": "router", "nextn.eh_proj": "nextn", "nextn.enorm": "norm",
-               "nextn.hnorm": "norm", "nextn.shared_head_norm": "norm", "token_embd": "embd", "output": "output", "output_norm": "norm"}
+               "nextn.hnorm": "norm", "nextn.shared_head_norm": "norm", "token_embd": "embd", "output": "output",
+               "output_norm": "norm"}
 
 
 def pick_qtype(qtypes: Mapping, kind: str, layer: int = 0) -> str:

@@ -124,7 +124,8 @@ def _check_qtype(qtype: str | None) -> str | None:
     from ..quant.quantize import QUANTIZABLE
     name = qtype_of(qtype).name
     if name not in QUANTIZABLE:
-        raise InvalidArgument(f"qtype {qtype!r}: Strata cannot quantize to {name} (choose from {', '.join(QUANTIZABLE)})")
+        raise InvalidArgument(f"qtype {qtype!r}: Strata cannot quantize to {name} "
+                              f"(choose from {', '.join(QUANTIZABLE)})")
     return name
 
 

@@ -83,7 +83,8 @@ def read_meta(path: Path) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise PackError(f"{meta_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise PackError(f"{meta_path}: not a Strata pack (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise PackError(f"{meta_path}: not a Strata pack (format {found!r})")
     if meta.get("version") != VERSION:
         raise PackError(f"{meta_path}: pack format version {meta.get('version')!r}, this Strata reads version "
                         f"{VERSION}; convert the model again")

@@ -107,7 +107,8 @@ def _model_args(g: GGUFFile, tensors: dict) -> ModelArgs:
         return ModelArgs(
             architecture=ARCH, vocab_size=tensors["token_embd.weight"][1].shape[0], hidden_size=D,
             num_hidden_layers=num_layers, num_attention_heads=H,
-            num_key_value_heads=m.get("attention.head_count_kv", H), head_dim=m.get("attention.key_length", q_norm[1].shape[-1] if q_norm else D // H),
+            num_key_value_heads=m.get("attention.head_count_kv", H),
+            head_dim=m.get("attention.key_length", q_norm[1].shape[-1] if q_norm else D // H),
             num_experts=m.get("expert_count"), num_experts_per_tok=m.get("expert_used_count"),
             moe_intermediate_size=m.get("expert_feed_forward_length", gate[1].shape[1] if gate else FormatError),
             rms_norm_eps=m.get("attention.layer_norm_rms_epsilon", 1e-6, float),
@@ -130,7 +131,8 @@ def _checked(g: GGUFFile, tensors: dict, name: str, shape: tuple) -> tuple[GGUFF
     try:
         tensor_bytes(info.qtype, info.shape)
     except UnsupportedError:
-        raise FormatError(f"{part.path}: tensor {name}: rows of {shape[-1]} are not whole {info.qtype} blocks") from None
+        raise FormatError(f"{part.path}: tensor {name}: rows of {shape[-1]} are not whole "
+                          f"{info.qtype} blocks") from None
     check_extents(part, [name])
     return part, info
 

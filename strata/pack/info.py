@@ -86,7 +86,8 @@ def info_text(model) -> str:
     tok = meta["tokenizer"]
     blobs = {lay["layer"]: f"{lay['blob_bytes']:,} bytes" for lay in meta["experts"]["layers"]}
     lines = [f"{model} ({what})", *_args_lines(args),
-             f"tokenizer: bos {tok.get('bos_token_id')}, eos {tok.get('eos_token_ids')}, pad {tok.get('pad_token_id')}, "
+             f"tokenizer: bos {tok.get('bos_token_id')}, eos {tok.get('eos_token_ids')}, "
+             f"pad {tok.get('pad_token_id')}, "
              f"add_bos {'yes' if tok.get('add_bos_token') else 'no'}, chat template: "
              f"{'yes' if tok.get('chat_template') else 'no'}",
              *_qtype_lines(meta),

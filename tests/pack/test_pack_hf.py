@@ -101,7 +101,8 @@ def test_mtp_layer_from_qwen3_next_names(tmp_path):
                                   mtp["mtp.layers.0.self_attn.k_proj.weight"])
     np.testing.assert_array_equal(pack.dense(f"blk.{L}.nextn.shared_head_norm.weight").dequantize(),
                                   mtp["mtp.norm.weight"])
-    np.testing.assert_array_equal(pack.expert(L, 2)["up"].dequantize(), mtp["mtp.layers.0.mlp.experts.2.up_proj.weight"])
+    np.testing.assert_array_equal(pack.expert(L, 2)["up"].dequantize(),
+                                  mtp["mtp.layers.0.mlp.experts.2.up_proj.weight"])
 
 
 def test_tokenizer_copied_with_metadata(tmp_path):
