@@ -65,7 +65,7 @@ def _cached(target: Path, stat: dict) -> bool:
 def _drop_stale(cache: Path, keep: Path, paths: list[str]) -> None:
     """Remove older cached packs converted from the same source paths."""
     for p in cache.iterdir():
-        if p == keep or not p.is_dir() or not is_pack_dir(p):
+        if p == keep or ".tmp-" in p.name or ".old-" in p.name or not is_pack_dir(p):   # not others' work
             continue
         try:
             if read_meta(p).get("source", {}).get("paths") == paths:
