@@ -132,3 +132,6 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("strata: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:       # `python -m strata info X | head`
+        sys.stderr.close()
+        return 0

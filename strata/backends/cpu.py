@@ -79,6 +79,9 @@ class CpuOps:
     def weight(self, name: str) -> np.ndarray:
         return self.cache.get(name, lambda: self.pack.dense(name).dequantize())
 
+    def has_weight(self, name: str) -> bool:
+        return self.pack.has_dense(name)
+
     def expert_weights(self, layer: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         def make():
             parts = self.pack.expert(layer, e)

@@ -28,6 +28,9 @@ class Qwen3Moe:
         self.args = args
         self.ops = ops
         self.head = "token_embd.weight" if args.tie_word_embeddings else "output.weight"
+        # Qwen3-Next gives the draft layer its own final norm; DeepSeek-style packs share the main one.
+        own = f"blk.{args.num_hidden_layers}.nextn.shared_head_norm.weight"
+        self.mtp_norm = own if args.num_mtp_layers and ops.has_weight(own) else "output_norm.weight"
 
     def layer(self, l: int, x, positions: np.ndarray, kv, record: Recorder = _no_record):
         """One decoder layer over x [T, D] at these positions; K/V are appended to kv's layer l."""
@@ -85,5 +88,5 @@ class Qwen3Moe:
         hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
         x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
         x = self.layer(L, x, positions, kv, record)
-        logits = ops.linear(ops.rms_norm(x, "output_norm.weight", a.rms_norm_eps), self.head)
+        logits = ops.linear(ops.rms_norm(x, self.mtp_norm, a.rms_norm_eps), self.head)
         return logits

@@ -87,5 +87,13 @@ def test_mtp_head_runs_on_main_hidden_states(tmp_path):
     ids = np.asarray(random_ids(12, a.vocab_size))
     kv = KVCache(a.num_hidden_layers + 1, a.num_key_value_heads, a.head_dim, 64)
     _, hidden = llm.runner.model.forward(ids, np.arange(12), kv)
-    draft = llm.runner.model.mtp_forward(hidden[:-1], ids[1:], np.arange(11), kv)
+    seen = {}
+    draft = llm.runner.model.mtp_forward(hidden[:-1], ids[1:], np.arange(11), kv,
+                                         record=lambda name, layer, x: seen.__setitem__((name, layer), x))
     assert draft.shape == (11, a.vocab_size) and np.isfinite(draft).all() and draft.std() > 0
+    # the draft layer's own final norm (Qwen3-Next's mtp.norm) is applied before the shared head
+    from strata.backends.cpu import rms_norm
+    ops, L = llm.runner.ops, a.num_hidden_layers
+    own = ops.weight(f"blk.{L}.nextn.shared_head_norm.weight")
+    want = rms_norm(seen[("layer_out", L)], own, a.rms_norm_eps) @ ops.weight("output.weight").T
+    np.testing.assert_allclose(draft, want, rtol=1e-5, atol=1e-6)
