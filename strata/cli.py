@@ -10,7 +10,6 @@ from .config import EngineConfig
 from .errors import StrataError
 
 NOT_BUILT = {
-    "bench": "the benchmark needs the GPU engine, which is not built yet",
     "plan": "the VRAM planner is not built yet (it comes with expert streaming)",
 }
 
@@ -68,12 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="architecture, tensors, quant types and sizes of a model")
     i.add_argument("model")
 
-    b = sub.add_parser("bench", help="prompt and decode speed (not built yet)")
-    b.add_argument("model", nargs="?")
+    b = sub.add_parser("bench", help="prompt and decode speed, against limits measured in the same run")
+    b.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
+    b.add_argument("--synthetic", metavar="SHAPE", help="random weights of a real shape: qwen3-30b-a3b, small, tiny")
+    b.add_argument("--prompt", default="512,4096,16384", help="prompt lengths in tokens, comma-separated")
+    b.add_argument("--decode", type=int, default=128, help="tokens decoded after the shortest and longest prompt")
+    b.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    add_engine_flags(b)
     pl = sub.add_parser("plan", help="the VRAM plan for a model and budget (not built yet)")
     pl.add_argument("model", nargs="?")
-    for sp in (b, pl):
-        sp.set_defaults(not_built=True)
+    pl.set_defaults(not_built=True)
     return p
 
 
@@ -113,6 +116,11 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import bench_main
+    return bench_main(args, engine_kwargs(args))
+
+
 def cmd_serve(args) -> int:
     from .server import serve_main
     return serve_main(args) or 0
@@ -123,7 +131,8 @@ def main(argv=None) -> int:
     if getattr(args, "not_built", False):
         print(f"strata {args.command}: not built yet: {NOT_BUILT[args.command]}", file=sys.stderr)
         return 2
-    handler = {"generate": cmd_generate, "convert": cmd_convert, "info": cmd_info, "serve": cmd_serve}
+    handler = {"generate": cmd_generate, "convert": cmd_convert, "info": cmd_info, "serve": cmd_serve,
+               "bench": cmd_bench}
     try:
         return handler[args.command](args)
     except StrataError as e:

@@ -191,14 +191,19 @@ def convert(src, dst, qtype: str | None = None, progress: bool = True) -> Path:
     dst = Path(dst).absolute()
     qtype = _check_qtype(qtype)
     _check_dst(dst)
-    source = open_source(src, qtype)
+    return write_source(open_source(src, qtype), dst, f"converting {Path(src).name}", progress)
+
+
+def write_source(source: Source, dst: Path, label: str, progress: bool = True) -> Path:
+    """Write `source` as a pack at dst, atomically (a temporary dir renamed into place); closes source."""
+    dst = Path(dst).absolute()
     dst.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(dst)
     tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        write_pack(source, tmp, Progress(f"converting {Path(src).name}", enabled=progress))
+        write_pack(source, tmp, Progress(label, enabled=progress))
         _check_dst(dst)                 # something may have appeared at dst meanwhile
         _install(tmp, dst)
     except BaseException:

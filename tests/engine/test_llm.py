@@ -108,7 +108,7 @@ def test_cli_generate_prints_text(pack):
     assert "generated" in r.stderr
 
 
-@pytest.mark.parametrize("cmd", ["bench", "plan"])
+@pytest.mark.parametrize("cmd", ["plan"])
 def test_unbuilt_commands_say_so(cmd):
     r = run_cli(cmd)
     assert r.returncode == 2 and "not built yet" in r.stderr

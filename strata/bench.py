@@ -1,0 +1,138 @@
+"""python -m strata bench: prompt and decode speed of a model, with the limits they are measured against.
+
+Prompt tok/s for each --prompt length (read from scratch), decode tok/s over --decode tokens after
+the shortest prompt and after the longest one, the bytes a decoded token reads and the rate that
+implies, peak memory, and a JSON record. A progress line on stderr while it works.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+
+@dataclass
+class BenchResult:
+    model: str
+    device: str
+    prompt: dict = field(default_factory=dict)      # length -> {"tok_s", "seconds"}
+    decode: dict = field(default_factory=dict)      # context -> {"tok_s", "tokens", "seconds", "gb_s"}
+    bytes_per_token: int = 0                        # weight bytes one decoded token reads
+    peak_host_bytes: int = 0
+    limits: dict = field(default_factory=dict)      # measured ceilings (GPU: device copy GB/s, ...)
+    config: dict = field(default_factory=dict)
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgument(f"--prompt must be comma-separated token counts, got {text!r}") from None
+    if not lengths or min(lengths) <= 0:
+        raise InvalidArgument(f"--prompt needs positive token counts, got {text!r}")
+    return lengths
+
+
+def decode_bytes_per_token(pack) -> int:
+    """Weight bytes one decoded token reads: every dense matrix, one embedding row, A experts a layer."""
+    args, meta = pack.args, pack.meta
+    dense = sum(t["nbytes"] for n, t in meta["dense"].items() if n != "token_embd.weight")
+    embd = meta["dense"]["token_embd.weight"]
+    dense += embd["nbytes"] // embd["shape"][0]
+    if args.tie_word_embeddings:
+        dense += embd["nbytes"]
+    layers = meta["experts"]["layers"][: args.num_hidden_layers]
+    return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
+
+
+class _Line:
+    """One progress line on stderr (rewritten in place on a terminal)."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, text: str) -> None:
+        sys.stderr.write(("\r\x1b[2K" + text) if self.tty else text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0) -> BenchResult:
+    runner, line = llm.runner, _Line()
+    rng = np.random.default_rng(seed)
+    res = BenchResult(model=llm.model_name, device=llm.device, config=asdict(llm.config),
+                      bytes_per_token=decode_bytes_per_token(llm.pack))
+    res.limits = runner.measure_limits() if hasattr(runner, "measure_limits") else {}
+    V = llm.args.vocab_size
+    runner.reset()                  # warm-up: module loads, weight caches, allocator
+    runner.decode(int(np.argmax(runner.prefill(rng.integers(0, V, 16).tolist(), 0))))
+    for n in sorted(set(prompt_lengths)):
+        ids = rng.integers(0, V, n).tolist()
+        runner.reset()
+        t0 = time.perf_counter()
+        logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
+        dt = time.perf_counter() - t0
+        res.prompt[n] = {"tok_s": n / dt, "seconds": dt}
+        line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
+        if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
+            res.decode[n] = _decode(runner, logits, decode_tokens, res.bytes_per_token, line, n)
+    line.done()
+    res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return res
+
+
+def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int) -> dict:
+    token = int(np.argmax(logits))
+    t0 = time.perf_counter()
+    for i in range(n_tokens):
+        token = int(np.argmax(runner.decode(token)))
+        if i % 8 == 0:
+            line(f"bench: decode at {context}: {i + 1}/{n_tokens} tokens")
+    dt = time.perf_counter() - t0
+    return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt,
+            "gb_s": bytes_per_token * n_tokens / dt / 1e9}
+
+
+def report(res: BenchResult) -> str:
+    lim = res.limits.get("device_copy_gb_s")
+    rows = [f"model {res.model} on {res.device}; a decoded token reads {res.bytes_per_token / 1e9:.3f} GB of weights"]
+    if lim:
+        rows.append(f"device copy (read + write), measured now: {lim:,.0f} GB/s")
+    rows.append(f"{'what':<26}{'tok/s':>12}{'seconds':>10}{'weights GB/s':>14}{'of copy rate':>14}")
+    for n, r in res.prompt.items():
+        rows.append(f"{'prompt ' + str(n):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}")
+    for ctx, r in res.decode.items():
+        share = f"{r['gb_s'] / lim:>13.1%}" if lim else f"{'n/a':>14}"
+        rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}")
+    rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")
+    return "\n".join(rows)
+
+
+def bench_main(args, engine_kwargs: dict) -> int:
+    from .engine.llm import LLM
+    from .synthetic import synthetic_pack
+    if args.model and args.synthetic:
+        raise InvalidArgument("give a MODEL or --synthetic SHAPE, not both")
+    lengths = parse_lengths(args.prompt)
+    if args.decode < 0:
+        raise InvalidArgument(f"--decode must be >= 0, got {args.decode}")
+    model = synthetic_pack(args.synthetic, engine_kwargs.get("cache_dir")) if args.synthetic else args.model
+    engine_kwargs.setdefault("max_context", max(lengths) + args.decode + 1)
+    llm = LLM(model, **engine_kwargs)
+    if args.synthetic:
+        llm.model_name = f"synthetic {args.synthetic}"
+    res = run_bench(llm, lengths, args.decode)
+    print(report(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(asdict(res), f, indent=1)
+    return 0
