@@ -94,3 +94,238 @@ class CudaOps:
         y_dev.copy_to_host(y, self.stream)
         self.stream.synchronize()
         return y
+
+    # ---- non-GEMM kernels: rope, attention, moe_route, swiglu, embed, argmax, moe_combine ----------
+    # Thin wrappers (upload, launch, download) that prove each kernel's path from numpy and back.
+    # Outputs are poisoned with 0xFF bytes (NaN, id -1) before each launch, so an element a kernel
+    # fails to write shows in the result.
+
+    ATTENTION_HEAD_DIMS = (64, 128, 256)
+    ATTENTION_MAX_SPLITS = 1024      # cuda/attention.cu kMaxSplits
+    MOE_ROUTE_MAX_EXPERTS = 512      # cuda/moe_route.cu: 16 logits per lane
+    EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")
+
+    def _kernel(self, library: str, name: str, signature: str):
+        """Kernel `name` of cuda/<library>.cu on this device, looked up once."""
+        cache = self.__dict__.setdefault("_kernels", {})
+        if name not in cache:
+            cache[name] = self._rt.load_library(library).kernel(self.device, name, signature)
+        return cache[name]
+
+    def _output(self, nbytes: int):
+        buf = self._rt.DeviceBuffer(self.device, nbytes)
+        buf.fill_bytes(0xFF, self.stream)
+        return buf
+
+    def _download(self, buf, shape, dtype) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        buf.copy_to_host(out, self.stream)
+        self.stream.synchronize()
+        return out
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """NEOX rotation of x [T, heads, Dh] by positions [T] with inv_freq [Dh/2] (strata_rope_f32)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        pos = np.ascontiguousarray(positions, dtype=np.int32)
+        inv = np.ascontiguousarray(inv_freq, dtype=np.float32)
+        if x.ndim != 3 or x.shape[-1] % 2 or not 0 < x.shape[-1] <= 1024 or pos.shape != x.shape[:1] \
+                or inv.shape != (x.shape[-1] // 2,):
+            raise InvalidArgument(f"rope: x {x.shape} must be [T, heads, Dh] (Dh even, <= 1024) with "
+                                  f"positions [T] and inv_freq [Dh/2]; got {pos.shape}, {inv.shape}")
+        T, heads, dh = x.shape
+        if x.size == 0:
+            return x.copy()
+        x_dev = self._upload(x)
+        self._kernel("rope", "strata_rope_f32", "PPPiiif").launch(
+            T, 128, (x_dev, self._upload(pos), self._upload(inv), T, heads, dh, float(scale)), stream=self.stream)
+        return self._download(x_dev, x.shape, np.float32)
+
+    def kv_append(self, k: np.ndarray, v: np.ndarray, cells: np.ndarray, k_cache: np.ndarray,
+                  v_cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """f16 caches [rows, Hk, Dh] with k, v [T, Hk, Dh] written at rows cells [T] (strata_kv_append_f16)."""
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        cells = np.ascontiguousarray(cells, dtype=np.int32)
+        kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+        vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+        if k.ndim != 3 or v.shape != k.shape or kc.shape[1:] != k.shape[1:] or vc.shape != kc.shape \
+                or cells.shape != k.shape[:1] or k.shape[1] * k.shape[2] % 2:
+            raise InvalidArgument(f"kv_append: k, v {k.shape} [T, Hk, Dh] (Hk*Dh even), cells {cells.shape} [T] "
+                                  f"and caches {kc.shape} [rows, Hk, Dh] do not match")
+        if cells.size and (cells.min() < 0 or cells.max() >= kc.shape[0]):
+            raise InvalidArgument(f"kv_append: cells outside the cache's {kc.shape[0]} rows")
+        T = k.shape[0]
+        kc_dev, vc_dev = self._upload(kc), self._upload(vc)
+        if T:
+            self._kernel("attention", "strata_kv_append_f16", "PPPPPii").launch(
+                T, 128, (self._upload(k), self._upload(v), self._upload(cells), kc_dev, vc_dev, T,
+                         k.shape[1] * k.shape[2]), stream=self.stream)
+        return self._download(kc_dev, kc.shape, np.float16), self._download(vc_dev, vc.shape, np.float16)
+
+    def _check_attention(self, op: str, q, k_cache, H: int, Hk: int, dh: int) -> int:
+        G = H // Hk if Hk else 0
+        if dh not in self.ATTENTION_HEAD_DIMS or not Hk or H % Hk or not 1 <= G <= (8 if dh == 256 else 16):
+            raise InvalidArgument(f"{op}: q {q.shape} and cache {k_cache.shape} need Dh in "
+                                  f"{self.ATTENTION_HEAD_DIMS}, H a multiple of Hk and H/Hk <= 16 (8 at Dh 256)")
+        return G
+
+    def decode_splits(self, num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: int,
+                      blocks_per_sm: int = 4) -> int:
+        """Splits per (sequence, KV head) for decode attention: about `blocks_per_sm` blocks per
+        multiprocessor (4 fit at 128 registers a thread), never more than the tiles of max_cells."""
+        tiles = -(-max_cells // (4096 // head_dim))
+        want = -(-blocks_per_sm * self.device.multiprocessor_count // max(1, num_seqs * num_kv_heads))
+        return max(1, min(tiles, want, self.ATTENTION_MAX_SPLITS))
+
+    def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
+                         num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
+        """One query per sequence: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], sequence b reading
+        cells 0..lengths[b]-1 -> [B, H*Dh] (split-K kernel, then the combine kernel)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+        vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int32)
+        if q.ndim != 3 or kc.ndim != 4 or vc.shape != kc.shape or kc.shape[0] != q.shape[0] \
+                or kc.shape[3] != q.shape[2] or lengths.shape != q.shape[:1]:
+            raise InvalidArgument(f"attention_decode: q {q.shape} [B, H, Dh], caches {kc.shape} [B, S, Hk, Dh] "
+                                  f"and lengths {lengths.shape} [B] do not match")
+        B, H, dh = q.shape
+        S, Hk = kc.shape[1], kc.shape[2]
+        G = self._check_attention("attention_decode", q, kc, H, Hk, dh)
+        if B == 0 or lengths.min() < 1 or lengths.max() > S:
+            raise InvalidArgument(f"attention_decode: lengths must be in 1..{S} (B >= 1)")
+        splits = num_splits or self.decode_splits(B, Hk, S, dh)
+        if not 1 <= splits <= self.ATTENTION_MAX_SPLITS:
+            raise InvalidArgument(f"attention_decode: num_splits {splits} not in 1..{self.ATTENTION_MAX_SPLITS}")
+        scale = 1.0 / np.sqrt(dh) if scale is None else scale
+        part_acc = self._output(B * H * splits * dh * 4)
+        part_ml = self._output(B * H * splits * 2 * 4)
+        out = self._output(B * H * dh * 4)
+        gp = 1 << (G - 1).bit_length()
+        self._kernel("attention", f"strata_attention_decode_f16_d{dh}_g{gp}", "PPPPPPiiiif").launch(
+            (splits, Hk, B), 128, (self._upload(q), self._upload(kc), self._upload(vc), self._upload(lengths),
+                                   part_acc, part_ml, H, Hk, S, splits, float(scale)), stream=self.stream)
+        self._kernel("attention", "strata_attention_decode_combine_f32", "PPPiii").launch(
+            (H, B), 128, (part_acc, part_ml, out, H, dh, splits), stream=self.stream)
+        return self._download(out, (B, H * dh), np.float32)
+
+    def attention_prefill(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
+                          scale: float | None = None) -> np.ndarray:
+        """Causal attention of q [T, H, Dh] at positions [T] over f16 caches [S, Hk, Dh] holding cells
+        0..max(positions) -> [T, H*Dh] (strata_attention_prefill_f16_d<Dh>)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+        vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+        pos = np.ascontiguousarray(positions, dtype=np.int32)
+        if q.ndim != 3 or kc.ndim != 3 or vc.shape != kc.shape or kc.shape[2] != q.shape[2] \
+                or pos.shape != q.shape[:1]:
+            raise InvalidArgument(f"attention_prefill: q {q.shape} [T, H, Dh], caches {kc.shape} [S, Hk, Dh] "
+                                  f"and positions {pos.shape} [T] do not match")
+        T, H, dh = q.shape
+        Hk = kc.shape[1]
+        G = self._check_attention("attention_prefill", q, kc, H, Hk, dh)
+        if T == 0:
+            return np.empty((0, H * dh), np.float32)
+        if pos.min() < 0 or pos.max() >= kc.shape[0]:
+            raise InvalidArgument(f"attention_prefill: positions must be in 0..{kc.shape[0] - 1}")
+        rows = 16 if dh == 256 else 32
+        scale = 1.0 / np.sqrt(dh) if scale is None else scale
+        out = self._output(T * H * dh * 4)
+        self._kernel("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif").launch(
+            (-(-T * G // rows), Hk), 128, (self._upload(q), self._upload(kc), self._upload(vc), self._upload(pos),
+                                          out, T, H, Hk, float(scale)), stream=self.stream)
+        return self._download(out, (T, H * dh), np.float32)
+
+    def moe_route(self, router_logits: np.ndarray, top_k: int, norm_topk: bool):
+        """Softmax, top-k (ties to the lower id), renormalized if asked: logits [T, E] ->
+        (expert_ids [T, A] int32, expert_weights [T, A] f32) (strata_moe_route_f32)."""
+        x = np.ascontiguousarray(router_logits, dtype=np.float32)
+        if x.ndim != 2 or not 1 <= x.shape[1] <= self.MOE_ROUTE_MAX_EXPERTS or not 1 <= top_k <= min(32, x.shape[1]):
+            raise InvalidArgument(f"moe_route: logits {x.shape} must be [T, E] with E <= "
+                                  f"{self.MOE_ROUTE_MAX_EXPERTS} and 1 <= top_k {top_k} <= min(E, 32)")
+        T, E = x.shape
+        if T == 0:
+            return np.empty((0, top_k), np.int32), np.empty((0, top_k), np.float32)
+        ids, weights = self._output(T * top_k * 4), self._output(T * top_k * 4)
+        self._kernel("moe_route", "strata_moe_route_f32", "PPPiiii").launch(
+            -(-T // 4), 128, (self._upload(x), ids, weights, T, E, top_k, int(bool(norm_topk))), stream=self.stream)
+        return self._download(ids, (T, top_k), np.int32), self._download(weights, (T, top_k), np.float32)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray | None = None) -> np.ndarray:
+        """silu(gate) * up over [T, I]; with up=None, gate is one fused [T, 2I] buffer (gate | up)."""
+        g = np.ascontiguousarray(gate, dtype=np.float32)
+        if g.ndim != 2 or (up is None and g.shape[1] % 2):
+            raise InvalidArgument(f"swiglu: gate {g.shape} must be [T, I] (or [T, 2I] fused)")
+        T = g.shape[0]
+        I = g.shape[1] // 2 if up is None else g.shape[1]
+        u = None if up is None else np.ascontiguousarray(up, dtype=np.float32)
+        if u is not None and u.shape != g.shape:
+            raise InvalidArgument(f"swiglu: up {u.shape} differs from gate {g.shape}")
+        if T == 0 or I == 0:
+            return np.empty((T, I), np.float32)
+        g_dev = self._upload(g)
+        u_ptr, ld = (g_dev.ptr + I * 4, 2 * I) if u is None else (self._upload(u), I)
+        out = self._output(T * I * 4)
+        self._kernel("swiglu", "strata_swiglu_f32", "PPPiiqqq").launch(
+            (-(-I // 256), min(T, 65535)), 256, (g_dev, u_ptr, out, T, I, ld, ld, I), stream=self.stream)
+        return self._download(out, (T, I), np.float32)
+
+    def embed(self, qtype_name: str, table: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
+        """Rows ids [T] of a [rows, n] table in its block bytes, dequantized to f32 [T, n]."""
+        from strata.quant import qtype
+
+        qt = qtype(qtype_name)
+        if qt.name not in self.EMBED_QTYPES:
+            raise InvalidArgument(f"embed: quant type {qt.name} has no kernel (have {', '.join(self.EMBED_QTYPES)})")
+        data = np.ascontiguousarray(table, dtype=np.uint8).reshape(-1)
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        row_bytes = qt.row_bytes(int(n))
+        if ids.ndim != 1 or not row_bytes or data.size % row_bytes:
+            raise InvalidArgument(f"embed: {data.size} bytes are not whole rows of {n} {qt.name} weights, or ids "
+                                  f"{ids.shape} is not [T]")
+        if ids.size and (ids.min() < 0 or ids.max() >= data.size // row_bytes):
+            raise InvalidArgument(f"embed: ids outside the table's {data.size // row_bytes} rows")
+        T = ids.shape[0]
+        if T == 0:
+            return np.empty((0, n), np.float32)
+        out = self._output(T * n * 4)
+        self._kernel("embed", f"strata_embed_{qt.name.lower()}", "PPPii").launch(
+            T, 256, (self._upload(data), self._upload(ids), out, T, int(n)), stream=self.stream)
+        return self._download(out, (T, n), np.float32)
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        """Index of the largest logit of each row [B, V] -> [B] int32, ties to the lowest (strata_argmax_f32)."""
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] == 0:
+            raise InvalidArgument(f"argmax: logits {x.shape} must be [B, V] with V >= 1")
+        B, V = x.shape
+        if B == 0:
+            return np.empty(0, np.int32)
+        out = self._output(B * 4)
+        self._kernel("argmax", "strata_argmax_f32", "PPi").launch(B, 1024, (self._upload(x), out, V), stream=self.stream)
+        return self._download(out, (B,), np.int32)
+
+    def moe_combine(self, residual: np.ndarray, expert_out: np.ndarray, weights: np.ndarray,
+                    rows: np.ndarray | None = None) -> np.ndarray:
+        """residual [T, D] + sum_a weights[t, a] * expert_out row (t, a) -> [T, D]. expert_out is
+        [T, A, D], or [R, D] with rows [T, A] naming each (t, a)'s row (strata_moe_combine_f32)."""
+        x = np.ascontiguousarray(residual, dtype=np.float32)
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        y = np.ascontiguousarray(expert_out, dtype=np.float32)
+        if x.ndim != 2 or w.ndim != 2 or w.shape[0] != x.shape[0] or y.shape[-1] != x.shape[1] \
+                or (rows is None and y.shape != (*w.shape, x.shape[1])):
+            raise InvalidArgument(f"moe_combine: residual {x.shape} [T, D], weights {w.shape} [T, A] and "
+                                  f"expert_out {y.shape} [T, A, D] do not match")
+        T, D = x.shape
+        A = w.shape[1]
+        r = None if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        if r is not None and (r.shape != w.shape or (r.size and (r.min() < 0 or r.max() >= y.size // max(D, 1)))):
+            raise InvalidArgument(f"moe_combine: rows {r.shape} must be [T, A] indices into expert_out's rows")
+        if T == 0 or D == 0:
+            return x.copy()
+        out = self._output(T * D * 4)
+        self._kernel("moe_combine", "strata_moe_combine_f32", "PPPPPiii").launch(
+            (-(-D // 256), min(T, 65535)), 256,
+            (self._upload(x), self._upload(y), 0 if r is None else self._upload(r), self._upload(w), out, T, A, D),
+            stream=self.stream)
+        return self._download(out, (T, D), np.float32)

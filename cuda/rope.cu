@@ -1,0 +1,51 @@
+// Rotary position embedding, NEOX style, in place.
+//
+// strata_rope_f32(x, positions, inv_freq, T, heads, head_dim, scale)
+//   for token t at position p = positions[t], pair i < Dh/2 of every head:
+//     a = f32(p) * inv_freq[i];  c = cos(a) * scale;  s = sin(a) * scale
+//     x[t, h, i]        <- x[t, h, i] * c - x[t, h, i + Dh/2] * s
+//     x[t, h, i + Dh/2] <- x[t, h, i + Dh/2] * c + x[t, h, i] * s
+//   `scale` is the attention factor YaRN folds into cos/sin (1 otherwise); inv_freq [Dh/2] f32 is
+//   strata.model.rope.inv_freq's table rounded to f32, so the angle is the reference's f32 product.
+//
+// Layout: x [T, heads, Dh] row-major f32, positions [T] int32 in device memory (a CUDA graph
+// replays one launch for every step), inv_freq [Dh/2] f32. Dh even, Dh/2 <= kMaxPairs.
+//
+// Launch: grid = (T, 1, 1), one block per token; block = (128, 1, 1) (any multiple of 32 up to
+// 1024 is correct); no dynamic shared memory. The block computes the token's Dh/2 (cos, sin)
+// pairs once into shared memory (accurate sincosf: angles reach max_position radians), then
+// rotates all heads' pairs. Products and the sum are rounded separately (no FMA contraction), as
+// numpy computes them, so only sin/cos rounding differs from the reference (~1 ulp).
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kMaxPairs = 512;  // Dh up to 1024
+
+}  // namespace
+
+extern "C" __global__ void strata_rope_f32(float* x, const int* __restrict__ positions,
+                                           const float* __restrict__ inv_freq, int T, int heads,
+                                           int head_dim, float scale) {
+    __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    const int half = head_dim / 2;
+    const float pos = static_cast<float>(positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float s, c;
+        sincosf(__fmul_rn(pos, inv_freq[i]), &s, &c);
+        cos_s[i] = __fmul_rn(c, scale);
+        sin_s[i] = __fmul_rn(s, scale);
+    }
+    __syncthreads();
+    float* xt = x + static_cast<int64_t>(t) * heads * head_dim;
+    for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+        const int h = j / half, i = j - h * half;
+        float* xh = xt + static_cast<int64_t>(h) * head_dim;
+        const float a = xh[i], b = xh[i + half], c = cos_s[i], s = sin_s[i];
+        xh[i] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
+        xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+}

@@ -1,0 +1,24 @@
+// SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)), f32.
+//
+// strata_swiglu_f32(gate, up, out, T, I, gate_ld, up_ld, out_ld)
+//   out[t * out_ld + i] = silu(gate[t * gate_ld + i]) * up[t * up_ld + i],  i < I
+// Layout: row-major with leading dimensions (elements), so gate and up may be the two halves of
+// one fused [T, 2I] projection (gate = buf, up = buf + I, both ld 2I) or two [T, I] buffers. out
+// may alias gate or up (each element is read before the same thread writes it). The formula is
+// strata.backends.cpu.silu's, in f32 with expf and an IEEE division.
+//
+// Launch: grid = (ceil(I / 256), min(T, 65535), 1), block = (256, 1, 1); blocks stride over rows
+// when T > 65535. Memory-bound: one coalesced read of gate and up, one write of out.
+
+#include <cstdint>
+
+extern "C" __global__ void __launch_bounds__(256) strata_swiglu_f32(const float* gate, const float* up, float* out,
+                                                                    int T, int I, int64_t gate_ld, int64_t up_ld,
+                                                                    int64_t out_ld) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        const float g = gate[t * gate_ld + i], u = up[t * up_ld + i];
+        out[t * out_ld + i] = g / (1.0f + expf(-g)) * u;
+    }
+}

@@ -1,0 +1,157 @@
+"""cuda/attention.cu: KV append, split-K decode + combine, causal prompt attention, against
+strata.backends.cpu.causal_attention run in float64 on the f16-rounded K/V.
+
+Tolerance, f32 arithmetic over f16 K/V: per (token, head), max|out - ref| <= 1e-5 * max|ref|. Scores
+carry ~1e-6 absolute error (f32 dots of Dh terms, q pre-scaled by scale * log2 e), which moves
+each probability by ~1e-6 relative; the P V sums round over at most a few hundred cells per split.
+Cache cells past each sequence's length hold NaN, so a read past the end fails the test.
+"""
+
+import numpy as np
+import pytest
+
+from strata.backends.cpu import causal_attention
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-5
+F16_NAN = np.uint16(0x7E00).view(np.float16)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from strata.backends.cuda import CudaOps
+
+    return CudaOps()
+
+
+def random_cache(rng, shape):
+    return rng.standard_normal(shape).astype(np.float16)
+
+
+def reference(q, keys, values, positions):
+    f64 = np.float64
+    return causal_attention(q.astype(f64), keys.astype(f64), values.astype(f64), positions)
+
+
+def assert_heads_close(out, ref, H):
+    rows, dh = out.shape[0], out.shape[1] // H
+    err = np.abs(out.astype(np.float64) - ref).reshape(rows, H, dh).max(axis=-1)
+    scale = np.abs(ref).reshape(rows, H, dh).max(axis=-1)
+    assert np.isfinite(out).all(), "NaN/inf in the output: an unwritten element or a read past the length"
+    worst = float((err / scale).max())
+    assert worst <= TOL, f"max rel err per head {worst:.3g} > {TOL}"
+
+
+# ---- KV append -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T,Hk,dh,rows", [(1, 4, 128, 16), (7, 4, 128, 4096), (33, 2, 256, 100), (5, 3, 64, 5)])
+def test_kv_append_rounds_to_f16_at_the_cells(ops, rng, T, Hk, dh, rows):
+    k = (rng.standard_normal((T, Hk, dh)) * 10).astype(np.float32)
+    v = (rng.standard_normal((T, Hk, dh)) * 10).astype(np.float32)
+    cells = rng.permutation(rows)[:T].astype(np.int32)
+    k_cache, v_cache = random_cache(rng, (rows, Hk, dh)), random_cache(rng, (rows, Hk, dh))
+    new_k, new_v = ops.kv_append(k, v, cells, k_cache, v_cache)
+    want_k, want_v = k_cache.copy(), v_cache.copy()
+    want_k[cells], want_v[cells] = k.astype(np.float16), v.astype(np.float16)
+    np.testing.assert_array_equal(new_k.view(np.uint16), want_k.view(np.uint16))
+    np.testing.assert_array_equal(new_v.view(np.uint16), want_v.view(np.uint16))
+
+
+# ---- decode --------------------------------------------------------------------------------
+
+# (H, Hk, Dh, lengths, S): Qwen3-30B-A3B (32/4 heads, Dh 128) at 1, 4096 and 16384 cells; G = 1, 2,
+# 3 (padded to 4), 16 (Qwen3-235B's 64/4, and 16/1); Dh 64 and 256; batches of mixed lengths
+DECODE = [
+    (32, 4, 128, [1], 64),
+    (32, 4, 128, [4096], 4096),
+    (32, 4, 128, [16384], 16384),
+    (32, 4, 128, [1, 2, 4095, 300], 4096),
+    (8, 8, 64, [1, 37, 1000], 1024),
+    (4, 2, 64, [31, 64], 64),
+    (12, 4, 128, [513, 77], 600),
+    (16, 1, 128, [100, 3001], 3001),
+    (64, 4, 128, [777], 1000),
+    (16, 2, 256, [2049], 2100),
+    (8, 8, 256, [3, 17], 20),
+]
+
+
+def decode_case(rng, H, Hk, dh, lengths, S, sharpness=1.0):
+    B = len(lengths)
+    q = (rng.standard_normal((B, H, dh)) * sharpness).astype(np.float32)
+    k_cache, v_cache = random_cache(rng, (B, S, Hk, dh)), random_cache(rng, (B, S, Hk, dh))
+    refs = []
+    for b, L in enumerate(lengths):
+        refs.append(reference(q[b:b + 1], k_cache[b, :L], v_cache[b, :L], np.array([L - 1])))
+        k_cache[b, L:] = F16_NAN
+        v_cache[b, L:] = F16_NAN
+    return q, k_cache, v_cache, np.array(lengths, np.int32), np.concatenate(refs)
+
+
+@pytest.mark.parametrize("H,Hk,dh,lengths,S", DECODE)
+def test_attention_decode(ops, rng, H, Hk, dh, lengths, S):
+    q, k_cache, v_cache, lengths, ref = decode_case(rng, H, Hk, dh, lengths, S)
+    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths), ref, H)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 1024])
+@pytest.mark.parametrize("sharpness", [1.0, 6.0])
+def test_attention_decode_any_split_count(ops, rng, num_splits, sharpness):
+    # one split, an odd count, and far more splits than tiles (most of them empty); peaked softmax
+    q, k_cache, v_cache, lengths, ref = decode_case(rng, 32, 4, 128, [1, 1000, 2047], 2048, sharpness)
+    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths, num_splits), ref, 32)
+
+
+def test_kv_append_then_decode(ops, rng):
+    # the decode step's order: append this token's K/V at its position, then attend with length pos + 1
+    H, Hk, dh, S, pos = 32, 4, 128, 512, 300
+    k_cache, v_cache = random_cache(rng, (S, Hk, dh)), random_cache(rng, (S, Hk, dh))
+    k = rng.standard_normal((1, Hk, dh)).astype(np.float32)
+    v = rng.standard_normal((1, Hk, dh)).astype(np.float32)
+    k_cache, v_cache = ops.kv_append(k, v, np.array([pos]), k_cache, v_cache)
+    q = rng.standard_normal((1, H, dh)).astype(np.float32)
+    out = ops.attention_decode(q, k_cache[None], v_cache[None], np.array([pos + 1]))
+    keys = np.concatenate([k_cache[:pos], k.astype(np.float16)])
+    values = np.concatenate([v_cache[:pos], v.astype(np.float16)])
+    assert_heads_close(out, reference(q, keys, values, np.array([pos])), H)
+
+
+# ---- prompt --------------------------------------------------------------------------------
+
+# (T, p0, H, Hk, Dh): one token, primes, a chunk after 4000 cached cells, G = 1, 3, 8, 16, Dh 64 /
+# 128 / 256, and a 512-token chunk of Qwen3-30B-A3B after 1024 cached cells
+PREFILL = [
+    (1, 0, 32, 4, 128),
+    (7, 0, 32, 4, 128),
+    (37, 100, 8, 2, 64),
+    (100, 0, 32, 4, 128),
+    (33, 4000, 32, 4, 128),
+    (5, 3, 16, 2, 256),
+    (40, 0, 16, 2, 256),
+    (29, 11, 6, 6, 64),
+    (13, 50, 12, 4, 128),
+    (9, 9, 16, 1, 128),
+    (512, 1024, 32, 4, 128),
+]
+
+
+@pytest.mark.parametrize("T,p0,H,Hk,dh", PREFILL)
+def test_attention_prefill(ops, rng, T, p0, H, Hk, dh):
+    S = p0 + T + 5
+    q = rng.standard_normal((T, H, dh)).astype(np.float32)
+    k_cache, v_cache = random_cache(rng, (S, Hk, dh)), random_cache(rng, (S, Hk, dh))
+    positions = np.arange(p0, p0 + T)
+    ref = reference(q, k_cache[:p0 + T], v_cache[:p0 + T], positions)
+    k_cache[p0 + T:] = F16_NAN
+    v_cache[p0 + T:] = F16_NAN
+    assert_heads_close(ops.attention_prefill(q, k_cache, v_cache, positions), ref, H)
+
+
+def test_attention_prefill_peaked_scores(ops, rng):
+    T, p0, H, Hk, dh = 64, 200, 32, 4, 128
+    q = (rng.standard_normal((T, H, dh)) * 4).astype(np.float32)
+    k_cache, v_cache = random_cache(rng, (p0 + T, Hk, dh)), random_cache(rng, (p0 + T, Hk, dh))
+    positions = np.arange(p0, p0 + T)
+    out = ops.attention_prefill(q, k_cache, v_cache, positions)
+    assert_heads_close(out, reference(q, k_cache, v_cache, positions), H)
