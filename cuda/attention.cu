@@ -138,6 +138,11 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
 // lane dots its Dh/32 dims of each cell against the GP query heads (held in registers), the
 // GP * NC partial sums are reduce-scattered across the warp, one lane per head updates the online
 // softmax, and every lane accumulates P * V for its dims of all heads. Warps merge at the end.
+// Measured (H200, H 32 / Hk 4, Dh 128, 2 blocks per SM, launches back to back): 9.8 us for 8.4 MB of
+// K/V at 4096 cells, 21.2 us for 33.6 MB at 16384 (1.6 TB/s, 37% of the 4.2 TB/s copy rate). The
+// kernel is issue-bound, not memory-bound: 64 FFMA per cell per lane (Q K and P V) plus the
+// reduce-scatter and f16 converts leave no issue slots to spare. Next: mma.sync on split-f16
+// operands (hi + lo halves keep f32 accuracy) for both products, and the combine fused in.
 template <int DH, int GP>
 __device__ __forceinline__ void attention_decode(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                                  const __half* __restrict__ v_cache, const int* __restrict__ lengths,
