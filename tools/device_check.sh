@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build Strata's CUDA parts and run the GPU tests, in one device call; a summary table comes last.
 #
-#   tools/device_check.sh [pytest paths...]        default: tests/kernels
+#   tools/device_check.sh [--quant-report] [pytest paths...]        default: tests/kernels
+#
+# --quant-report also runs tools/quant_kernel_report.py (dequant exactness, GEMV error and GB/s of
+# every quant type) and prints its table last.
 #
 # STRATA_CUDA_ARCHS narrows the fatbins (default here: 90, the H200); OUT is where logs go (the
 # device tool's $OUT, else /tmp/strata-check). Wheels carried in .whl/ are used first: nvidia-* ones
@@ -13,6 +16,8 @@ OUT=${OUT:-/tmp/strata-check}
 mkdir -p "$OUT"
 export STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+quant_report=0
+[ "${1:-}" = "--quant-report" ] && { quant_report=1; shift; }
 paths=("$@")
 [ ${#paths[@]} -eq 0 ] && paths=(tests/kernels)
 
@@ -88,4 +93,11 @@ for name, (ok, bad, skip, secs) in sorted(rows.items()):
     print(f"{name:<40} {ok:>7} {bad:>7} {skip:>8} {secs:>8.2f}")
 print(f"pytest exit code {test_rc}")
 EOF
-exit $(( build_rc != 0 || test_rc != 0 ))
+
+report_rc=0
+if [ $quant_report -eq 1 ]; then
+    echo "== quant kernels: dequant exactness, GEMV error and GB/s"
+    $PY tools/quant_kernel_report.py --json "$OUT/quant_kernels.json" 2>&1 | tee "$OUT/quant_kernels.log"
+    report_rc=${PIPESTATUS[0]}
+fi
+exit $(( build_rc != 0 || test_rc != 0 || report_rc != 0 ))
