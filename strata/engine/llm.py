@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams
-from ..errors import InvalidArgument, StrataError, UnsupportedError
+from ..errors import DeviceError, InvalidArgument, StrataError
 from .sampler import Sampler
 from .textstream import TextStream
 from .types import Completion, Delta, Timings, Usage
@@ -23,9 +23,22 @@ def demo_model_path() -> Path:
 
 
 def _pick_device(wanted: str) -> str:
-    if wanted == "cuda":
-        raise UnsupportedError("device 'cuda': the GPU engine is not built yet; use device='cpu'")
-    return "cpu"    # 'auto' picks the GPU once the GPU engine can run a model
+    """The device for `wanted`: cpu; cuda (DeviceError without a usable GPU); auto: the GPU when usable."""
+    if wanted == "cpu":
+        return "cpu"
+    from ..backends.cuda import unavailable_reason
+    reason = unavailable_reason()
+    if wanted == "cuda" and reason is not None:
+        raise DeviceError(f"device 'cuda': {reason}")
+    return "cuda" if reason is None else "cpu"
+
+
+def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
+    if device == "cuda":
+        from .cuda_runner import CudaRunner
+        return CudaRunner(pack, max_context, config)
+    from .runner import CpuRunner
+    return CpuRunner(pack, max_context)
 
 
 class LLM:
@@ -34,7 +47,6 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str = "auto", **engine_config):
         from ..pack import open_pack, resolve_model
         from ..tokenizer import Tokenizer
-        from .runner import CpuRunner
 
         self.config = EngineConfig.from_kwargs(device=device, **engine_config)
         path = demo_model_path() if model is None else resolve_model(model, self.config.cache_dir or None)
@@ -44,7 +56,7 @@ class LLM:
         self.tokenizer = Tokenizer(self.pack.tokenizer_path, self.pack.tokenizer_meta)
         self.max_context = min(self.config.max_context, self.args.max_position_embeddings)
         self.device = _pick_device(self.config.device)
-        self.runner = CpuRunner(self.pack, self.max_context)
+        self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
         self.state = "idle"
 
     # -- the public surface ------------------------------------------------------------------

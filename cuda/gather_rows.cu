@@ -1,0 +1,35 @@
+// Row copy with an optional gather: the data movement of concat, row slices and grouping tokens by
+// expert, and the kernel the device copy rate is measured with.
+//
+// strata_gather_rows_f32(src, rows, dst, R, n, src_ld, dst_ld)
+//   dst[i * dst_ld + c] = src[r(i) * src_ld + c]   for i < R, c < n
+//   r(i) = rows[i] when rows is not null (int32 in device memory), else i.
+// Layout: row-major f32 with leading dimensions in elements; src and dst must not overlap.
+//
+// Launch: grid = (any, min(R, 65535), 1), block = (256, 1, 1); blocks stride over the columns
+// (x) and the rows (y), so any grid is complete. When n, both leading dimensions and both pointers
+// are multiples of 4 floats (16 bytes) the copy moves float4s: a large copy (R = 1) runs at the
+// device's copy rate, which strata.engine.cuda_runner.measure_limits reports.
+
+#include <cstdint>
+
+extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f32(
+    const float* __restrict__ src, const int* __restrict__ rows, float* __restrict__ dst, int R, long long n,
+    long long src_ld, long long dst_ld) {
+    const bool vec = n % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+    const long long col0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const long long col_step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (int i = blockIdx.y; i < R; i += gridDim.y) {
+        const long long r = rows ? rows[i] : i;
+        const float* s = src + r * src_ld;
+        float* d = dst + static_cast<long long>(i) * dst_ld;
+        if (vec) {
+            const float4* s4 = reinterpret_cast<const float4*>(s);
+            float4* d4 = reinterpret_cast<float4*>(d);
+            for (long long c = col0; c < n / 4; c += col_step) d4[c] = s4[c];
+        } else {
+            for (long long c = col0; c < n; c += col_step) d[c] = s[c];
+        }
+    }
+}

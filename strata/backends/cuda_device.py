@@ -1,0 +1,257 @@
+"""Device tensors for the GPU engine: activation memory, resident weights and the f16 KV cache.
+
+- `Pool`: activation memory. A tensor's block returns to the pool when its last Python reference
+  goes (every kernel runs on one stream, so a later kernel that reuses the block is ordered after
+  the earlier readers). Blocks are first-fit ranges of a few large segments; once the largest step
+  shape has run, forwards allocate nothing from the driver.
+- `DeviceTensor`: a typed, shaped view of device memory (a pool block, or a weight).
+- `DeviceWeights`: dense.bin and experts.bin uploaded as they are, so every tensor keeps its native
+  block bytes at the pack's own offsets: tensor = dense base + offset; expert (l, e) part p =
+  experts base + layers[l].offset + e * stride + parts[p].offset.
+- `DeviceKV`: f16 K and V, [layers, max_cells, Hk, Dh] each.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidArgument, UnsupportedError
+from ..pack.source import memmap
+
+ALIGN_BYTES = 256               # pool blocks start on this, as cuMemAlloc's own buffers do
+SEGMENT_BYTES = 64 << 20        # smallest pool segment
+STAGE_BYTES = 64 << 20          # pinned staging buffer for the weight upload (two of them)
+PROGRESS_MIN_BYTES = 1 << 30    # files at least this big print an upload progress line
+
+
+def gemv_grid(qtype: str, rows: int, n: int) -> int:
+    """Blocks of strata_gemv_<qtype> / strata_moe_gemv_<qtype> (same unit scheme) for a [rows, n]
+    matrix: one row set per warp, from the unit table strata.backends.cuda.CudaOps keeps."""
+    from .cuda import CudaOps
+    return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n)))
+
+
+class _Block:
+    """A range of a pool segment; handed back to the pool when collected."""
+
+    __slots__ = ("pool", "seg", "offset", "size", "__weakref__")
+
+    def __init__(self, pool, seg: int, offset: int, size: int):
+        self.pool, self.seg, self.offset, self.size = pool, seg, offset, size
+
+    def __del__(self):
+        try:
+            self.pool._release(self.seg, self.offset, self.size)
+        except Exception:       # interpreter shutdown: the pool may already be gone
+            pass
+
+
+class Pool:
+    """First-fit device memory for activations over segments that only grow (see the module doc)."""
+
+    def __init__(self, rt, device):
+        self.rt, self.device = rt, device
+        self.segments: list = []                     # DeviceBuffer
+        self.free: list[list[list[int]]] = []        # per segment: sorted [offset, size] ranges
+        self.used_bytes = 0
+        self.peak_bytes = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    def alloc(self, nbytes: int) -> tuple[_Block, object]:
+        """A block of at least nbytes and the segment's DeviceBuffer."""
+        size = max(ALIGN_BYTES, -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES)
+        for seg, ranges in enumerate(self.free):
+            for i, (off, free) in enumerate(ranges):
+                if free >= size:
+                    if free == size:
+                        del ranges[i]
+                    else:
+                        ranges[i] = [off + size, free - size]
+                    return self._take(seg, off, size)
+        seg_bytes = max(size, SEGMENT_BYTES)
+        self.segments.append(self.rt.DeviceBuffer(self.device, seg_bytes))
+        self.free.append([[size, seg_bytes - size]] if seg_bytes > size else [])
+        return self._take(len(self.segments) - 1, 0, size)
+
+    def _take(self, seg: int, off: int, size: int):
+        self.used_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+        return _Block(self, seg, off, size), self.segments[seg]
+
+    def _release(self, seg: int, off: int, size: int) -> None:
+        self.used_bytes -= size
+        ranges = self.free[seg]
+        i = bisect.bisect_left(ranges, [off, 0])
+        ranges.insert(i, [off, size])
+        if i + 1 < len(ranges) and off + size == ranges[i + 1][0]:       # merge with the next range
+            ranges[i][1] += ranges.pop(i + 1)[1]
+        if i > 0 and ranges[i - 1][0] + ranges[i - 1][1] == off:          # and with the previous one
+            ranges[i - 1][1] += ranges.pop(i)[1]
+
+
+class DeviceTensor:
+    """A C-contiguous tensor in device memory: buffer + byte offset, shape, dtype. `keep` holds the
+    pool block (or weight buffer) alive for as long as any view of it exists."""
+
+    __slots__ = ("buf", "offset", "shape", "dtype", "keep")
+
+    def __init__(self, buf, offset: int, shape: tuple, dtype, keep):
+        self.buf, self.offset, self.shape, self.dtype, self.keep = buf, offset, tuple(shape), np.dtype(dtype), keep
+
+    @property
+    def ptr(self) -> int:
+        return self.buf.ptr + self.offset
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, shape) -> "DeviceTensor":
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != self.size:
+            raise InvalidArgument(f"reshape: {self.shape} has {self.size} elements, {shape} needs {math.prod(shape)}")
+        return DeviceTensor(self.buf, self.offset, shape, self.dtype, self.keep)
+
+    def __getitem__(self, key) -> "DeviceTensor":
+        """Rows of axis 0 (a slice with step 1): a view, no copy."""
+        if not isinstance(key, slice):
+            raise InvalidArgument(f"DeviceTensor: only slices of the first axis are supported, got {key!r}")
+        lo, hi, step = key.indices(self.shape[0])
+        if step != 1:
+            raise InvalidArgument("DeviceTensor: slices with a step are not supported")
+        hi = max(hi, lo)
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        return DeviceTensor(self.buf, self.offset + lo * row_bytes, (hi - lo, *self.shape[1:]), self.dtype, self.keep)
+
+    def __repr__(self):
+        return f"DeviceTensor({self.shape}, {self.dtype}, ptr=0x{self.ptr:x})"
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One tensor in native block bytes on the device. shape is numpy order [rows, n]."""
+    ptr: int
+    qtype: str
+    shape: tuple
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """Where one layer's experts live: expert e's part p is at base + e * stride + parts[p].ptr - base."""
+    base: int
+    stride: int
+    parts: dict             # part -> Weight whose ptr is expert 0's
+    contiguous_gate_up: bool  # gate and up rows back to back in one type: one [2I, D] matrix
+
+
+class DeviceWeights:
+    """Every weight of a pack resident on one GPU (see the module doc)."""
+
+    def __init__(self, rt, device, stream, pack, progress: bool = True):
+        self.pack = pack
+        self.bytes_h2d = 0
+        sizes = {name: int(pack.meta["files"][name]["bytes"]) for name in ("dense.bin", "experts.bin")}
+        self._check_alignment(pack)
+        self.dense = rt.DeviceBuffer(device, sizes["dense.bin"])
+        self.experts = rt.DeviceBuffer(device, sizes["experts.bin"])
+        for name, buf in (("dense.bin", self.dense), ("experts.bin", self.experts)):
+            self._upload(rt, device, stream, pack.path / name, buf, progress)
+        self.layers = [self._expert_layer(lay) for lay in pack.meta["experts"]["layers"]]
+
+    @staticmethod
+    def _check_alignment(pack) -> None:
+        # The GEMV and dequant kernels read 16-byte words from a tensor's start.
+        for lay in pack.meta["experts"]["layers"]:
+            for part, p in lay["parts"].items():
+                if (lay["offset"] + p["offset"]) % 16 or lay["stride"] % 16:
+                    raise UnsupportedError(f"{pack.path}: expert part {part} of layer {lay['layer']} is not "
+                                           f"16-byte aligned in experts.bin; the GPU engine needs it")
+
+    def _upload(self, rt, device, stream, path, dst, progress: bool) -> None:
+        """Copy a whole file into dst through two pinned staging buffers: filling one from the
+        memory map overlaps the DMA of the other."""
+        size = dst.nbytes
+        if size == 0:
+            return
+        src = memmap(path)
+        chunk = min(STAGE_BYTES, size)
+        stages = [rt.HostBuffer(device, chunk) for _ in range(2)]
+        views = [np.frombuffer(s, np.uint8) for s in stages]
+        done = [rt.Event(device) for _ in range(2)]
+        show = progress and size >= PROGRESS_MIN_BYTES
+        t0 = last = time.perf_counter()
+        for i, off in enumerate(range(0, size, chunk)):
+            j, n = i % 2, min(chunk, size - off)
+            if i >= 2:
+                done[j].synchronize()
+            views[j][:n] = src[off:off + n]
+            dst.copy_from_host(views[j][:n], stream, off)
+            done[j].record(stream)
+            now = time.perf_counter()
+            if show and (now - last > 1.0 or off + n == size):
+                last = now
+                sys.stderr.write(f"strata: uploading {path.name}: {(off + n) / 1e9:.1f} / {size / 1e9:.1f} GB "
+                                 f"({(off + n) / 1e9 / max(now - t0, 1e-9):.1f} GB/s)\n")
+        stream.synchronize()
+        self.bytes_h2d += size
+
+    def tensor(self, name: str) -> Weight:
+        t = self.pack.meta["dense"].get(name)
+        if t is None:
+            raise InvalidArgument(f"{self.pack.path}: no dense tensor {name!r}")
+        return Weight(self.dense.ptr + t["offset"], t["qtype"], tuple(t["shape"]))
+
+    def has(self, name: str) -> bool:
+        return name in self.pack.meta["dense"]
+
+    def _expert_layer(self, lay: dict) -> ExpertLayer:
+        base = self.experts.ptr + lay["offset"]
+        parts = {p: Weight(base + v["offset"], v["qtype"], tuple(v["shape"])) for p, v in lay["parts"].items()}
+        g, u = lay["parts"]["gate"], lay["parts"]["up"]
+        fused = g["qtype"] == u["qtype"] and u["offset"] == g["offset"] + g["nbytes"] and g["shape"] == u["shape"]
+        return ExpertLayer(base, lay["stride"], parts, fused)
+
+
+class DeviceKV:
+    """f16 K and V caches of one sequence: [num_layers, max_cells, Hk, Dh] each, zero-filled (the
+    tiled attention kernels may load cells past a sequence's length; zeros keep them finite)."""
+
+    def __init__(self, rt, device, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int):
+        self.num_layers, self.max_cells = num_layers, max_cells
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.layer_bytes = max_cells * num_kv_heads * head_dim * 2
+        self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
+        self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
+        self.k.fill_bytes(0)
+        self.v.fill_bytes(0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def layer(self, layer: int) -> tuple[int, int]:
+        """Device addresses of layer's K and V cells [max_cells, Hk, Dh]."""
+        if not 0 <= layer < self.num_layers:
+            raise InvalidArgument(f"KV layer {layer} out of range 0..{self.num_layers - 1}")
+        off = layer * self.layer_bytes
+        return self.k.ptr + off, self.v.ptr + off

@@ -1,0 +1,282 @@
+"""The model-ops interface of strata.model over device tensors: the GPU engine's CpuOps.
+
+Same method names and meaning as strata.backends.cpu.CpuOps; inputs and outputs are DeviceTensors
+(f32 activations, int32 expert ids), weights stay in their native block bytes in VRAM. Every launch
+goes on one stream; nothing waits for the device except where the host needs a value (the prompt
+path's expert grouping, and downloads).
+
+Paths: `linear` with T <= GEMV_MAX_T tokens runs the dequant-fused GEMV kernels; larger T
+dequantizes the weight (bit-exact, in row chunks of at most WEIGHT_SCRATCH_BYTES) and runs an f32
+GEMM. `moe` with T <= GEMV_MAX_T runs one GEMV per (token, active expert) slot, the expert read from
+the device-side ids; prompt chunks group the tokens by expert on the host (one small download), then
+gather, GEMM per expert over its dequantized matrices, SwiGLU, down and a weighted combine.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import InvalidArgument, UnsupportedError
+from ..model import rope
+from ..quant import qtype as qtype_of
+from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
+from .cuda_moe import moe_decode, moe_grouped
+
+GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
+WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
+EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")     # cuda/embed.cu's types
+ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
+ATTENTION_MAX_SPLITS = 1024
+MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
+
+class DeviceOps:
+    """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
+
+    name = "cuda"
+
+    def __init__(self, rt, device, stream, weights, args):
+        self.rt, self.device, self.stream, self.w, self.args = rt, device, stream, weights, args
+        self.pool = Pool(rt, device)
+        self.num_sms = device.multiprocessor_count
+        self._kernels: dict = {}
+        self._f32_weights: dict = {}
+        self._zeros = None
+        self._pos_host, self._pos_dev = None, None
+        self.expert_uses = 0
+        self.bytes_h2d = 0
+        inv, self.rope_scale = rope.inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
+                                             args.max_position_embeddings)
+        self.inv_freq = self.upload(inv.astype(np.float32))
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def launch(self, library: str, name: str, signature: str, grid, block, args) -> None:
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            kernel = self._kernels[name] = self.rt.load_library(library).kernel(self.device, name, signature)
+        kernel.launch(grid, block, args, stream=self.stream)
+
+    def alloc(self, shape, dtype=np.float32) -> DeviceTensor:
+        shape = tuple(int(s) for s in shape)
+        block, buf = self.pool.alloc(max(1, math.prod(shape)) * np.dtype(dtype).itemsize)
+        return DeviceTensor(buf, block.offset, shape, dtype, block)
+
+    def upload(self, array: np.ndarray) -> DeviceTensor:
+        array = np.ascontiguousarray(array)
+        t = self.alloc(array.shape, array.dtype)
+        t.buf.copy_from_host(array, self.stream, t.offset)
+        self.bytes_h2d += array.nbytes
+        return t
+
+    def to_host(self, t: DeviceTensor) -> np.ndarray:
+        """Wait for the stream and copy t into a new numpy array."""
+        out = np.empty(t.shape, t.dtype)
+        t.buf.copy_to_host(out, self.stream, t.offset)
+        self.stream.synchronize()
+        return out
+
+    def copy(self, x: DeviceTensor) -> DeviceTensor:
+        out = self.alloc(x.shape, x.dtype)
+        self._copy_rows(x.ptr, 0, out.ptr, 1, x.nbytes // 4, 0, 0)
+        return out
+
+    def _copy_rows(self, src: int, rows: int, dst: int, R: int, n: int, src_ld: int, dst_ld: int) -> None:
+        """dst row i = src row rows[i] (rows a device int32 pointer, or 0 for i), n 4-byte elements each."""
+        grid = (max(1, min(-(-n // 1024), 8 * self.num_sms)), min(R, 65535))
+        self.launch("gather_rows", "strata_gather_rows_f32", "PPPiqqq", grid, 256, (src, rows, dst, R, n, src_ld, dst_ld))
+
+    def _aligned(self, x: DeviceTensor) -> DeviceTensor:
+        """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""
+        return x if x.ptr % 16 == 0 else self.copy(x)
+
+    def _positions(self, positions: np.ndarray) -> DeviceTensor:
+        """[T + 1] int32 on the device: the positions, then max + 1 (the decode length). Uploaded once
+        per step: every layer passes the same array."""
+        if positions is not self._pos_host:
+            p = np.asarray(positions, dtype=np.int64).reshape(-1)
+            self._pos_dev = self.upload(np.append(p, p.max() + 1).astype(np.int32))
+            self._pos_host = positions
+        return self._pos_dev
+
+    def _zeros_ptr(self, nbytes: int) -> int:
+        """A device range of at least nbytes of zeros (moe_combine's residual when there is none)."""
+        if self._zeros is None or self._zeros.nbytes < nbytes:
+            self.stream.synchronize()       # the old buffer may still be read by queued kernels
+            self._zeros = self.rt.DeviceBuffer(self.device, max(nbytes, 1 << 20))
+            self._zeros.fill_bytes(0, self.stream)
+        return self._zeros.ptr
+
+    def _f32_weight(self, name: str) -> int:
+        """Address of a small weight (a norm) as f32: the tensor itself, or a dequantized copy kept for good."""
+        w = self.w.tensor(name)
+        if w.qtype == "F32":
+            return w.ptr
+        if name not in self._f32_weights:
+            buf = self.rt.DeviceBuffer(self.device, math.prod(w.shape) * 4)
+            self._dequant(w.qtype, w.ptr, buf.ptr, math.prod(w.shape))
+            self._f32_weights[name] = buf
+        return self._f32_weights[name].ptr
+
+    def _dequant(self, qtype: str, src: int, dst: int, num_weights: int) -> None:
+        qt = qtype_of(qtype)
+        n_blocks = num_weights // qt.block_size
+        threads = num_weights if qt.block_size == 1 else num_weights // 8
+        grid = max(1, min(-(-threads // 256), 32 * self.num_sms))
+        self.launch("dequant", f"strata_dequant_{qt.name.lower()}", "PPq", grid, 256, (src, dst, n_blocks))
+
+    # ---- weights -----------------------------------------------------------------------------
+    def has_weight(self, name: str) -> bool:
+        return self.w.has(name)
+
+    # ---- elementwise and shape -----------------------------------------------------------------
+    @staticmethod
+    def reshape(x: DeviceTensor, shape) -> DeviceTensor:
+        return x.reshape(shape)
+
+    def add(self, x: DeviceTensor, y: DeviceTensor) -> DeviceTensor:
+        if x.shape != y.shape:
+            raise InvalidArgument(f"add: shapes {x.shape} and {y.shape} differ")
+        out = self.alloc(x.shape)
+        grid = max(1, min(-(-x.size // 1024), 8 * self.num_sms))
+        self.launch("add", "strata_add_f32", "PPPq", grid, 256, (x.ptr, y.ptr, out.ptr, x.size))
+        return out
+
+    def concat(self, xs: list, axis: int = -1) -> DeviceTensor:
+        """Along the last axis: one strided row copy per input."""
+        lead = xs[0].shape[:-1]
+        if axis not in (-1, len(xs[0].shape) - 1) or any(x.shape[:-1] != lead for x in xs):
+            raise InvalidArgument(f"concat: needs the last axis and equal leading shapes, got {[x.shape for x in xs]}")
+        total = sum(x.shape[-1] for x in xs)
+        out = self.alloc((*lead, total))
+        R, col = math.prod(lead), 0
+        for x in xs:
+            n = x.shape[-1]
+            self._copy_rows(x.ptr, 0, out.ptr + col * 4, R, n, n, total)
+            col += n
+        return out
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def embed(self, name: str, ids: np.ndarray) -> DeviceTensor:
+        w = self.w.tensor(name)
+        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        T, n = ids.shape[0], w.shape[-1]
+        out = self.alloc((T, n))
+        if w.qtype in EMBED_QTYPES:
+            ids_dev = self.upload(ids)
+            self.launch("embed", f"strata_embed_{w.qtype.lower()}", "PPPii", T, 256, (w.ptr, ids_dev.ptr, out.ptr, T, n))
+            return out
+        row_bytes = qtype_of(w.qtype).row_bytes(n)
+        if row_bytes % 16:
+            raise UnsupportedError(f"embed: {w.qtype} rows of {n} weights are not 16-byte aligned")
+        for t, r in enumerate(ids.tolist()):      # one dequant per token: types embed.cu lacks
+            self._dequant(w.qtype, w.ptr + r * row_bytes, out.ptr + t * n * 4, n)
+        return out
+
+    def rms_norm(self, x: DeviceTensor, name: str, eps: float) -> DeviceTensor:
+        n = x.shape[-1]
+        rows = x.size // n
+        out = self.alloc(x.shape)
+        self.launch("rms_norm", "strata_rms_norm_f32", "PPPiif", max(rows, 1), 256,
+                    (x.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
+        return out
+
+    def linear(self, x: DeviceTensor, name: str) -> DeviceTensor:
+        w = self.w.tensor(name)
+        rows, n = w.rows, w.shape[-1]
+        if x.shape[-1] != n:
+            raise InvalidArgument(f"linear {name}: input {x.shape} does not end in {n}")
+        x = self._aligned(x)
+        T = x.size // n
+        y = self.alloc((*x.shape[:-1], rows))
+        if T <= GEMV_MAX_T:
+            self._gemv(w, x.ptr, y.ptr, T)
+        else:
+            self._gemm_weight(w, x.ptr, y.ptr, T, rows)
+        return y
+
+    def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
+        rows, n, q = w.rows, w.shape[-1], w.qtype.lower()
+        if T > 1 and n % 8 == 0:
+            grid = max(1, -(-rows // 16))          # 4 rows per warp, 4 warps per block
+            self.launch("gemv", f"strata_gemv_batch_{q}", "PPPiii", grid, 128, (w.ptr, x, y, rows, n, T))
+            return
+        for t in range(T):
+            self.launch("gemv", f"strata_gemv_{q}", "PPPii", gemv_grid(w.qtype, rows, n), 128,
+                        (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n))
+
+    def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
+        """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
+        rows, n = w.rows, w.shape[-1]
+        if w.qtype == "F32":
+            self._gemm(x, w.ptr, y, T, rows, n, n, n, ldc)
+            return
+        row_bytes = qtype_of(w.qtype).row_bytes(n)
+        # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.
+        chunk = min(rows, max(16, WEIGHT_SCRATCH_BYTES // (4 * n) // 16 * 16))
+        scratch = self.alloc((chunk, n))
+        for r0 in range(0, rows, chunk):
+            r = min(chunk, rows - r0)
+            self._dequant(w.qtype, w.ptr + r0 * row_bytes, scratch.ptr, r * n)
+            self._gemm(x, scratch.ptr, y + r0 * 4, T, r, n, n, n, ldc)
+
+    def _gemm(self, a: int, b: int, c: int, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> None:
+        grid = (-(-N // 64), -(-M // 64))
+        self.launch("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", grid, 256, (a, b, c, M, N, K, lda, ldb, ldc))
+
+    def rope(self, x: DeviceTensor, positions: np.ndarray) -> DeviceTensor:
+        T, heads, dh = x.shape
+        out = self.copy(x)
+        self.launch("rope", "strata_rope_f32", "PPPiiif", max(T, 1), 128,
+                    (out.ptr, self._positions(positions).ptr, self.inv_freq.ptr, T, heads, dh, float(self.rope_scale)))
+        return out
+
+    def attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv, positions) -> DeviceTensor:
+        """K/V appended at their positions into kv's layer, then causal attention -> [T, H * Dh]."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        pos = self._positions(positions)
+        kc, vc = kv.layer(layer)
+        self.launch("attention", "strata_kv_append_f16", "PPPPPii", T, 128, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
+        out = self.alloc((T, H * dh))
+        G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
+            self.launch("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", (H, T), 128,
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
+        elif T == 1:
+            self._attention_decode(q, Hk, kc, vc, pos, out, int(np.max(positions)) + 1, kv.max_cells, scale)
+        else:
+            rows = 16 if dh == 256 else 32
+            self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
+        return out
+
+    def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, length: int,
+                          max_cells: int, scale: float) -> None:
+        """Split-K over the cells 0..length-1 (splits sized for this length), then the combine."""
+        _, H, dh = q.shape
+        G = H // Hk
+        tiles = -(-length // (4096 // dh))
+        splits = max(1, min(tiles, -(-2 * self.num_sms // Hk), ATTENTION_MAX_SPLITS))   # as CudaOps.decode_splits
+        part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+        gp = 1 << (G - 1).bit_length()
+        lengths = pos.ptr + 4 * q.shape[0]          # max(positions) + 1, after the positions
+        self.launch("attention", f"strata_attention_decode_f16_d{dh}_g{gp}", "PPPPPPiiiif", (splits, Hk, 1), 128,
+                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale))
+        self.launch("attention", "strata_attention_decode_combine_f32", "PPPiii", (H, 1), 128,
+                    (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+
+    def moe_route(self, router_logits: DeviceTensor, top_k: int, norm_topk: bool):
+        T, E = router_logits.shape
+        if E > MOE_ROUTE_MAX_EXPERTS or not 1 <= top_k <= min(E, MOE_ROUTE_MAX_TOP_K):
+            raise UnsupportedError(f"moe_route: {E} experts top-{top_k}; the kernel takes E <= "
+                                   f"{MOE_ROUTE_MAX_EXPERTS} and top_k <= {MOE_ROUTE_MAX_TOP_K}")
+        ids, weights = self.alloc((T, top_k), np.int32), self.alloc((T, top_k))
+        self.launch("moe_route", "strata_moe_route_f32", "PPPiiii", max(1, -(-T // 4)), 128,
+                    (router_logits.ptr, ids.ptr, weights.ptr, T, E, top_k, int(bool(norm_topk))))
+        return ids, weights
+
+    def moe(self, x: DeviceTensor, layer: int, expert_ids: DeviceTensor, expert_weights: DeviceTensor) -> DeviceTensor:
+        self.expert_uses += expert_ids.size
+        if x.shape[0] <= GEMV_MAX_T:
+            return moe_decode(self, x, self.w.layers[layer], expert_ids, expert_weights)
+        return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights)

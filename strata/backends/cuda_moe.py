@@ -1,0 +1,104 @@
+"""Routed SwiGLU experts on the GPU, every expert resident: the decode path and the prompt path.
+
+Decode (a few tokens): one GEMV launch per matrix over all (token, active expert) slots, each slot
+reading its expert from the device-side ids (cuda/moe_gemv.cu), so routing never waits for the
+host. Prompt chunks: the ids come to the host once, tokens are grouped by expert with numpy, the
+rows gathered into expert order, and each active expert runs f32 GEMMs over its dequantized
+matrices; SwiGLU over all rows at once, then a weighted combine back into token order.
+Slot s = t * A + a is token t's a-th expert everywhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cuda_device import DeviceTensor, ExpertLayer, Weight, gemv_grid
+
+
+def _moe_gemv(ops, w: Weight, stride: int, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
+    """y [S, rows] = expert_ids[s]'s matrix (rows of w, at w.ptr + id * stride) times x row s // x_div."""
+    n = w.shape[-1]
+    S = ids.size
+    ops.launch("moe_gemv", f"strata_moe_gemv_{w.qtype.lower()}", "PPqPiPii", (gemv_grid(w.qtype, rows, n), S), 128,
+               (w.ptr, ids.ptr, stride, x, x_div, y, rows, n))
+
+
+def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int) -> None:
+    ops.launch("swiglu", "strata_swiglu_f32", "PPPiiqqq", (-(-I // 256), min(rows, 65535)), 256,
+               (gate, up, out, rows, I, ld, ld, I))
+
+
+def _combine(ops, y: DeviceTensor, rows: int, weights: DeviceTensor, T: int, A: int, D: int) -> DeviceTensor:
+    """out [T, D] = sum_a weights[t, a] * y row (t, a); rows: int32 device pointer, or 0 for t * A + a."""
+    out = ops.alloc((T, D))
+    ops.launch("moe_combine", "strata_moe_combine_f32", "PPPPPiii", (-(-D // 256), min(T, 65535)), 256,
+               (ops._zeros_ptr(T * D * 4), y.ptr, rows, weights.ptr, out.ptr, T, A, D))
+    return out
+
+
+def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
+    """x [T, D] -> [T, D] for small T: three GEMV launches (two when gate|up are one matrix)."""
+    x = ops._aligned(x)
+    T, D = x.shape
+    A = ids.shape[1]
+    S = T * A
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    I = gate.rows
+    h = ops.alloc((S, I))
+    if lay.contiguous_gate_up:
+        gu = ops.alloc((S, 2 * I))
+        _moe_gemv(ops, gate, lay.stride, ids, x.ptr, A, gu.ptr, 2 * I)
+        _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
+    else:
+        g, u = ops.alloc((S, I)), ops.alloc((S, I))
+        _moe_gemv(ops, gate, lay.stride, ids, x.ptr, A, g.ptr, I)
+        _moe_gemv(ops, up, lay.stride, ids, x.ptr, A, u.ptr, I)
+        _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
+    y = ops.alloc((S, D))
+    _moe_gemv(ops, down, lay.stride, ids, h.ptr, 1, y.ptr, D)
+    return _combine(ops, y, 0, weights, T, A, D)
+
+
+def group_by_expert(ids: np.ndarray):
+    """ids [T, A] -> (order: slots sorted by expert (stable), experts, starts, counts, rows) where
+    rows[s] is the sorted position of slot s (moe_combine's row of (t, a))."""
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+    rows = np.empty(flat.size, np.int32)
+    rows[order] = np.arange(flat.size, dtype=np.int32)
+    return order, experts, starts, counts, rows
+
+
+def _expert_part(w: Weight, e: int, stride: int, rows: int | None = None) -> Weight:
+    return Weight(w.ptr + e * stride, w.qtype, (rows or w.rows, w.shape[-1]))
+
+
+def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
+    """x [T, D] -> [T, D] for a prompt chunk: per active expert, GEMMs over its rows only."""
+    T, D = x.shape
+    A = ids.shape[1]
+    S = T * A
+    order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
+    index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
+    xs = ops.alloc((S, D))
+    ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    I = gate.rows
+    h = ops.alloc((S, I))
+    groups = list(zip(experts.tolist(), starts.tolist(), counts.tolist()))
+    if lay.contiguous_gate_up:
+        gu = ops.alloc((S, 2 * I))
+        for e, s0, c in groups:
+            ops._gemm_weight(_expert_part(gate, e, lay.stride, 2 * I), xs.ptr + s0 * D * 4, gu.ptr + s0 * 2 * I * 4,
+                             c, 2 * I)
+        _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
+    else:
+        g, u = ops.alloc((S, I)), ops.alloc((S, I))
+        for e, s0, c in groups:
+            ops._gemm_weight(_expert_part(gate, e, lay.stride), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
+            ops._gemm_weight(_expert_part(up, e, lay.stride), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
+        _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
+    y = ops.alloc((S, D))
+    for e, s0, c in groups:
+        ops._gemm_weight(_expert_part(down, e, lay.stride), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
+    return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)

@@ -1,0 +1,342 @@
+"""A numpy stand-in for strata._ext.runtime, to test the GPU engine's host logic without a GPU.
+
+Device memory is numpy arrays at fake addresses; each kernel the GPU engine launches is emulated
+from its contract in cuda/*.cu (the docstrings), in float32 numpy, and checks what the real launch
+would need: the signature (as the runtime checks it against the kernel's parameters), pointer
+alignment, and the grid covering the work where that depends on the caller. It says nothing about
+the kernels themselves (tests/kernels does, on a GPU): it catches wrong addresses, strides, shapes,
+grouping and launch arguments in strata/backends/cuda_*.py and strata/engine/cuda_runner.py.
+
+    monkeypatch.setattr(strata.backends.cuda, "_runtime", lambda: fake_cuda)
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import re
+
+import numpy as np
+
+from strata.backends.cpu import causal_attention, moe_route, rms_norm, swiglu
+from strata.errors import DeviceError, InvalidArgument
+from strata.model import rope
+from strata.quant import QTensor, qtype
+
+_bases: list[int] = []
+_arrays: list[np.ndarray] = []
+_next = [1 << 32]
+launches: list[str] = []        # names of the kernels launched, in order
+
+
+def _resolve(ptr: int, nbytes: int) -> np.ndarray:
+    i = bisect.bisect_right(_bases, ptr) - 1
+    if i < 0 or ptr + nbytes > _bases[i] + _arrays[i].size or _arrays[i].size == 0:
+        raise AssertionError(f"fake_cuda: {nbytes} bytes at 0x{ptr:x} are outside every buffer")
+    off = ptr - _bases[i]
+    return _arrays[i][off:off + nbytes]
+
+
+def view(ptr: int, count: int, dtype=np.float32) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    return _resolve(ptr, count * dtype.itemsize).view(dtype)
+
+
+def _aligned(what: str, *ptrs: int) -> None:
+    for p in ptrs:
+        assert p % 16 == 0, f"fake_cuda: {what} needs 16-byte aligned pointers, got 0x{p:x}"
+
+
+def init():
+    pass
+
+
+def device_count() -> int:
+    return 1
+
+
+def driver_version() -> int:
+    return 13000
+
+
+class Device:
+    def __init__(self, ordinal: int = 0):
+        if ordinal != 0:
+            raise DeviceError(f"CUDA device {ordinal}: not found (1 visible)")
+        self.ordinal, self.name, self.multiprocessor_count = ordinal, "Fake GPU", 8
+        self.compute_capability = (9, 0)
+
+    def memory_info(self):
+        return 8 << 30, 16 << 30
+
+    def synchronize(self):
+        pass
+
+
+class Stream:
+    def __init__(self, device, priority: int = 0):
+        self.device = device
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+
+class Event:
+    def __init__(self, device, timing: bool = False):
+        self.device = device
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_ms(self, end):
+        return 1.0
+
+
+class DeviceBuffer:
+    def __init__(self, device, nbytes: int):
+        self.device, self.nbytes = device, nbytes
+        self.ptr = _next[0]
+        _next[0] += -(-max(nbytes, 1) // 4096) * 4096 + 4096
+        _bases.append(self.ptr)
+        _arrays.append(np.full(nbytes, 0xFF, np.uint8))    # poisoned, as fresh memory may be
+
+    def _range(self, offset: int, n: int) -> np.ndarray:
+        if offset + n > self.nbytes:
+            raise InvalidArgument(f"DeviceBuffer: {n} bytes at offset {offset} exceed the buffer's {self.nbytes}")
+        return _arrays[_bases.index(self.ptr)][offset:offset + n]
+
+    def copy_from_host(self, src, stream=None, offset: int = 0):
+        data = np.frombuffer(memoryview(src).cast("B"), np.uint8)
+        self._range(offset, data.size)[:] = data
+
+    def copy_to_host(self, dst, stream=None, offset: int = 0):
+        out = np.frombuffer(memoryview(dst).cast("B"), np.uint8)
+        out[:] = self._range(offset, out.size)
+
+    def fill_bytes(self, value: int, stream=None):
+        self._range(0, self.nbytes)[:] = value
+
+    def free(self):
+        pass
+
+
+class HostBuffer(bytearray):
+    def __init__(self, device, nbytes: int):
+        super().__init__(nbytes)
+        self.device, self.nbytes = device, nbytes
+
+
+class Library:
+    def __init__(self, name: str):
+        self.name = name
+
+    def kernel(self, device, name: str, signature: str):
+        return Kernel(self.name, name, signature)
+
+
+def load_library(name: str) -> Library:
+    return Library(name)
+
+
+# Each kernel's parameter kinds, from its declaration in cuda/<library>.cu.
+SIGNATURES = {
+    r"strata_rms_norm_f32": "PPPiif", r"strata_gather_rows_f32": "PPPiqqq", r"strata_add_f32": "PPPq",
+    r"strata_gemm_f32_nt": "PPPiiiqqq", r"strata_dequant_\w+": "PPq", r"strata_gemv_batch_\w+": "PPPiii",
+    r"strata_gemv_(?!batch)\w+": "PPPii", r"strata_moe_gemv_\w+": "PPqPiPii", r"strata_embed_\w+": "PPPii",
+    r"strata_rope_f32": "PPPiiif", r"strata_kv_append_f16": "PPPPPii",
+    r"strata_attention_decode_f16_d\d+_g\d+": "PPPPPPiiiif", r"strata_attention_decode_combine_f32": "PPPiii",
+    r"strata_attention_prefill_f16_d\d+": "PPPPPiiif", r"strata_attention_rows_f16": "PPPPPiiiif",
+    r"strata_moe_route_f32": "PPPiiii", r"strata_swiglu_f32": "PPPiiqqq", r"strata_moe_combine_f32": "PPPPPiii",
+}
+
+
+def _dims(v) -> tuple:
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return v + (1,) * (3 - len(v))
+
+
+class Kernel:
+    def __init__(self, library: str, name: str, signature: str):
+        want = next((s for pat, s in SIGNATURES.items() if re.fullmatch(pat, name)), None)
+        assert want is not None, f"fake_cuda: no emulation of {name}"
+        assert signature == want, f"fake_cuda: {name} takes {want!r}, launched as {signature!r}"
+        self.library, self.name, self.signature = library, name, signature
+
+    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None):
+        assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
+        args = [a.ptr if hasattr(a, "ptr") else a for a in args]
+        launches.append(self.name)
+        base = self.name.removeprefix("strata_")
+        for prefix in ("gemv_batch", "gemv", "moe_gemv", "dequant", "embed"):   # per quant type
+            if base.startswith(prefix + "_"):
+                return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
+        m = re.search(r"_d(\d+)(_g\d+)?$", base)                              # per head dim
+        if m:
+            return _EMULATE[base[:m.start()]](_dims(grid), *args, dh=int(m.group(1)))
+        return _EMULATE[base](_dims(grid), *args)
+
+
+def _weights(q: str, ptr: int, rows: int, n: int) -> np.ndarray:
+    qt = qtype(q)
+    nbytes = rows * qt.row_bytes(n)
+    return QTensor(q, (rows, n), _resolve(ptr, nbytes).copy()).dequantize().reshape(rows, n)
+
+
+def _strided(ptr: int, rows: int, n: int, ld: int) -> np.ndarray:
+    flat = view(ptr, (rows - 1) * ld + n) if rows else view(ptr, 0)
+    return np.lib.stride_tricks.as_strided(flat, (rows, n), (ld * 4, 4)) if rows else flat.reshape(0, n)
+
+
+def _gemv(q, grid, W, x, y, rows, n):
+    _aligned("gemv", W, x, y)
+    y_ = view(y, rows)
+    y_[:] = _weights(q, W, rows, n) @ view(x, n)
+
+
+def _gemv_batch(q, grid, W, x, y, rows, n, batch):
+    _aligned("gemv_batch", W, x, y)
+    assert 1 <= batch <= 8 and n % 8 == 0
+    view(y, batch * rows).reshape(batch, rows)[:] = view(x, batch * n).reshape(batch, n) @ _weights(q, W, rows, n).T
+
+
+def _moe_gemv(q, grid, base, ids, stride, x, x_div, y, rows, n):
+    slots = grid[1]
+    for s in range(slots):
+        e = int(view(ids, slots, np.int32)[s])
+        W = base + e * stride
+        _aligned("moe_gemv", W, x, y)
+        xs = view(x + (s // x_div) * n * 4, n)
+        view(y + s * rows * 4, rows)[:] = _weights(q, W, rows, n) @ xs
+
+
+def _dequant(q, grid, blocks, out, n_blocks):
+    _aligned("dequant", blocks, out)
+    qt = qtype(q)
+    n = n_blocks * qt.block_size
+    view(out, n)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
+
+
+def _embed(q, grid, table, ids, out, T, n):
+    assert grid[0] >= T
+    row_bytes = qtype(q).row_bytes(n)
+    for t, r in enumerate(view(ids, T, np.int32)):
+        view(out + t * n * 4, n)[:] = _weights(q, table + int(r) * row_bytes, 1, n)[0]
+
+
+def _rms_norm(grid, x, w, y, rows, n, eps):
+    assert grid[0] >= rows
+    view(y, rows * n).reshape(rows, n)[:] = rms_norm(view(x, rows * n).reshape(rows, n), view(w, n), eps)
+
+
+def _gather_rows(grid, src, rows, dst, R, n, src_ld, dst_ld):
+    idx = view(rows, R, np.int32).copy() if rows else np.arange(R)
+    for i, r in enumerate(idx):
+        view(dst + i * dst_ld * 4, n)[:] = view(src + int(r) * src_ld * 4, n)
+
+
+def _add(grid, x, y, out, n):
+    view(out, n)[:] = view(x, n) + view(y, n)
+
+
+def _gemm(grid, A, B, C, M, N, K, lda, ldb, ldc):
+    assert grid[0] * 64 >= N and grid[1] * 64 >= M
+    out = _strided(A, M, K, lda) @ _strided(B, N, K, ldb).T
+    for m in range(M):
+        view(C + m * ldc * 4, N)[:] = out[m]
+
+
+def _rope(grid, x, pos, inv, T, heads, dh, scale):
+    assert grid[0] >= T
+    xs = view(x, T * heads * dh).reshape(T, heads, dh)
+    cos, sin = rope.cos_sin(view(pos, T, np.int32).astype(np.int64), view(inv, dh // 2), scale)
+    xs[:] = rope.apply(xs.copy(), cos, sin)
+
+
+def _kv_append(grid, k, v, cells, kc, vc, T, row):
+    for t, c in enumerate(view(cells, T, np.int32)):
+        view(kc + int(c) * row * 2, row, np.float16)[:] = view(k + t * row * 4, row)
+        view(vc + int(c) * row * 2, row, np.float16)[:] = view(v + t * row * 4, row)
+
+
+def _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh):
+    p = view(pos, T, np.int32).astype(np.int64)
+    S = int(p.max()) + 1
+    keys = view(kc, S * Hk * dh, np.float16).reshape(S, Hk, dh).astype(np.float32)
+    vals = view(vc, S * Hk * dh, np.float16).reshape(S, Hk, dh).astype(np.float32)
+    qs = view(q, T * H * dh).reshape(T, H, dh) * np.float32(scale * math.sqrt(dh))  # causal_attention scales
+    view(out, T * H * dh)[:] = causal_attention(qs, keys, vals, p).reshape(-1)
+
+
+def _attention_rows(grid, q, kc, vc, pos, out, T, H, Hk, dh, scale):
+    assert grid[:2] == (H, T)
+    _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh)
+
+
+def _attention_decode(grid, q, kc, vc, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+    assert grid == (splits, Hk, 1)
+    n = int(view(lengths, 1, np.int32)[0])
+    G = H // Hk
+    keys = view(kc, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+    vals = view(vc, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+    qs = view(q, H * dh).reshape(H, dh)
+    acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
+    ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
+    acc[:], ml[:, :, 0], ml[:, :, 1] = 0, -np.inf, 0
+    for h in range(H):
+        s = keys[:, h // G] @ qs[h] * np.float32(scale * math.log2(math.e))
+        m = s.max()
+        p = np.exp2(s - m)
+        acc[h, 0], ml[h, 0] = p @ vals[:, h // G], (m, p.sum())
+
+
+def _attention_decode_combine(grid, part_acc, part_ml, out, H, dh, splits):
+    acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
+    ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
+    M = ml[:, :, 0].max(axis=1, keepdims=True)
+    w = np.exp2(ml[:, :, 0] - M)
+    view(out, H * dh).reshape(H, dh)[:] = (w[:, :, None] * acc).sum(1) / (w * ml[:, :, 1]).sum(1, keepdims=True)
+
+
+def _moe_route(grid, logits, ids, weights, T, E, A, norm):
+    assert grid[0] * 4 >= T
+    i, w = moe_route(view(logits, T * E).reshape(T, E), A, bool(norm))
+    view(ids, T * A, np.int32)[:] = i.reshape(-1)
+    view(weights, T * A)[:] = w.reshape(-1)
+
+
+def _swiglu(grid, gate, up, out, T, I, gate_ld, up_ld, out_ld):
+    assert grid[0] * 256 >= I
+    g, u = _strided(gate, T, I, gate_ld), _strided(up, T, I, up_ld)
+    r = swiglu(g, u)
+    for t in range(T):
+        view(out + t * out_ld * 4, I)[:] = r[t]
+
+
+def _moe_combine(grid, residual, expert_out, rows, weights, out, T, A, D):
+    assert grid[0] * 256 >= D
+    r = view(rows, T * A, np.int32).reshape(T, A) if rows else np.arange(T * A).reshape(T, A)
+    y = view(expert_out, (int(r.max()) + 1) * D).reshape(-1, D)
+    w = view(weights, T * A).reshape(T, A)
+    view(out, T * D).reshape(T, D)[:] = view(residual, T * D).reshape(T, D) + np.einsum("ta,tad->td", w, y[r])
+
+
+_EMULATE = {
+    "gemv": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
+    "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
+    "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill,
+    "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
+    "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
+    "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
+}
+
+
+def read_manifest(directory=None) -> dict:
+    return {"format": 1, "kernels": {}}
