@@ -49,7 +49,7 @@ def copy_rate_gbps() -> float | None:
         dst.copy_(src)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_ms(end))
+        times.append(start.elapsed_time(end))
     return 2 * src.numel() / float(np.median(times[2:])) / 1e6
 
 
