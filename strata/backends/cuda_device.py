@@ -236,14 +236,14 @@ class DeviceKV:
     """f16 K and V caches of one sequence: [num_layers, max_cells, Hk, Dh] each, zero-filled (the
     tiled attention kernels may load cells past a sequence's length; zeros keep them finite)."""
 
-    def __init__(self, rt, device, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int):
         self.num_layers, self.max_cells = num_layers, max_cells
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.layer_bytes = max_cells * num_kv_heads * head_dim * 2
         self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
         self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
-        self.k.fill_bytes(0)
-        self.v.fill_bytes(0)
+        self.k.fill_bytes(0, stream)      # on the engine's stream: a non-blocking stream would not
+        self.v.fill_bytes(0, stream)      # wait for a memset on the legacy one
 
     @property
     def nbytes(self) -> int:

@@ -51,7 +51,7 @@ class CudaRunner:
                               f"the budget is {self.vram_budget_bytes / 2**30:.2f} GiB (expert streaming is not "
                               f"built yet; lower max_context or use device='cpu')")
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack)
-        self.kv = DeviceKV(rt, self.dev, num_layers, max_context, a.num_key_value_heads, a.head_dim)
+        self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
         self.model = Qwen3Moe(a, self.ops)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
