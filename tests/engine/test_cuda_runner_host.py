@@ -9,12 +9,13 @@ from strata.backends.cuda_device import Pool, gemv_grid
 from strata.backends.cuda_moe import group_by_expert
 from strata.engine import llm as llm_module
 from strata.engine.cuda_runner import CudaRunner, prefill_chunk_of
+from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
 from tests.engine import fake_cuda
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
 
-DEMO = "strata/demo"
+DEMO = demo_model_path()
 
 
 @pytest.fixture
