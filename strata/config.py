@@ -84,6 +84,9 @@ class EngineConfig:
     spec: int = field(default=0, metadata={"help": "speculative draft tokens per step (needs --mtp)"})
     mtp: bool = field(default=False, metadata={"help": "use the model's MTP draft layer"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
+    cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
+                                                                "every token (STRATA_CUDA_GRAPHS=0: launch each "
+                                                                "kernel from Python)"})
     cache_dir: str = field(default="", metadata={"help": "where GGUF sources are converted to packs "
                                                           "(default ~/.cache/strata)"})
 

@@ -23,6 +23,15 @@ def _runtime():
     return runtime
 
 
+def _graphs():
+    """strata._ext.graphs (stream capture, CUDA graphs), imported on first use like the runtime."""
+    try:
+        from strata._ext import graphs
+    except ImportError as exc:
+        raise DeviceError(f"strata._ext.graphs not available ({exc}); rebuild the package for CUDA graphs") from None
+    return graphs
+
+
 def unavailable_reason(device: int = 0) -> str | None:
     """Why CudaOps cannot run here (no extension, driver, GPU or built kernels); None when it can."""
     try:

@@ -3,7 +3,8 @@
 - `Pool`: activation memory. A tensor's block returns to the pool when its last Python reference
   goes (every kernel runs on one stream, so a later kernel that reuses the block is ordered after
   the earlier readers). Blocks are first-fit ranges of a few large segments; once the largest step
-  shape has run, forwards allocate nothing from the driver.
+  shape has run, forwards allocate nothing from the driver. A CUDA graph's step gets a pool of its
+  own, reserved up front and frozen (see strata.engine.cuda_graph).
 - `DeviceTensor`: a typed, shaped view of device memory (a pool block, or a weight).
 - `DeviceWeights`: dense.bin and experts.bin uploaded as they are, so every tensor keeps its native
   block bytes at the pack's own offsets: tensor = dense base + offset; expert (l, e) part p =
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidArgument, UnsupportedError
+from ..errors import DeviceError, InvalidArgument, UnsupportedError
 from ..pack.source import memmap
 
 ALIGN_BYTES = 256               # pool blocks start on this, as cuMemAlloc's own buffers do
@@ -54,12 +55,27 @@ class _Block:
 class Pool:
     """First-fit device memory for activations over segments that only grow (see the module doc)."""
 
-    def __init__(self, rt, device):
+    def __init__(self, rt, device, reserve_bytes: int = 0):
+        """reserve_bytes > 0: one segment of that size now, and the pool never grows (a graph's pool:
+        a growth would be a driver allocation inside a capture)."""
         self.rt, self.device = rt, device
         self.segments: list = []                     # DeviceBuffer
         self.free: list[list[list[int]]] = []        # per segment: sorted [offset, size] ranges
         self.used_bytes = 0
         self.peak_bytes = 0
+        self.allocated_bytes = 0                     # every block ever handed out, summed
+        self.frozen = reserve_bytes > 0
+        if self.frozen:
+            self._grow(self.block_bytes(reserve_bytes))
+
+    @staticmethod
+    def block_bytes(nbytes: int) -> int:
+        """What a request of nbytes takes from a segment."""
+        return max(ALIGN_BYTES, -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES)
+
+    def _grow(self, seg_bytes: int) -> None:
+        self.segments.append(self.rt.DeviceBuffer(self.device, seg_bytes))
+        self.free.append([[0, seg_bytes]])
 
     @property
     def capacity_bytes(self) -> int:
@@ -67,22 +83,25 @@ class Pool:
 
     def alloc(self, nbytes: int) -> tuple[_Block, object]:
         """A block of at least nbytes and the segment's DeviceBuffer."""
-        size = max(ALIGN_BYTES, -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES)
-        for seg, ranges in enumerate(self.free):
-            for i, (off, free) in enumerate(ranges):
-                if free >= size:
-                    if free == size:
-                        del ranges[i]
-                    else:
-                        ranges[i] = [off + size, free - size]
-                    return self._take(seg, off, size)
-        seg_bytes = max(size, SEGMENT_BYTES)
-        self.segments.append(self.rt.DeviceBuffer(self.device, seg_bytes))
-        self.free.append([[size, seg_bytes - size]] if seg_bytes > size else [])
-        return self._take(len(self.segments) - 1, 0, size)
+        size = self.block_bytes(nbytes)
+        for _ in range(2):
+            for seg, ranges in enumerate(self.free):
+                for i, (off, free) in enumerate(ranges):
+                    if free >= size:
+                        if free == size:
+                            del ranges[i]
+                        else:
+                            ranges[i] = [off + size, free - size]
+                        return self._take(seg, off, size)
+            if self.frozen:
+                raise DeviceError(f"device pool: {size} bytes do not fit the {self.capacity_bytes} reserved for "
+                                  f"a CUDA graph ({self.used_bytes} in use); it may not grow")
+            self._grow(max(size, SEGMENT_BYTES))
+        raise AssertionError("unreachable: a fresh segment holds the block")
 
     def _take(self, seg: int, off: int, size: int):
         self.used_bytes += size
+        self.allocated_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
         return _Block(self, seg, off, size), self.segments[seg]
 

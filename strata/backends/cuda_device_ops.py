@@ -5,6 +5,11 @@ Same method names and meaning as strata.backends.cpu.CpuOps; inputs and outputs 
 goes on one stream; nothing waits for the device except where the host needs a value (the prompt
 path's expert grouping, and downloads).
 
+Token ids and positions come as numpy arrays (uploaded here) or already on the device: ids an int32
+DeviceTensor [T], positions an int32 DeviceTensor [T + 1] (the positions, then the KV length). A
+decode step passes device tensors, and its launches then depend on no host value but T and the
+cache's size: the same launches serve every step, so they can be one CUDA graph.
+
 Paths: `linear` with T <= GEMV_MAX_T tokens runs the dequant-fused GEMV kernels; larger T
 dequantizes the weight (bit-exact, in row chunks of at most WEIGHT_SCRATCH_BYTES) and runs an f32
 GEMM. `moe` with T <= GEMV_MAX_T runs one GEMV per (token, active expert) slot, the expert read from
@@ -89,9 +94,11 @@ class DeviceOps:
         """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""
         return x if x.ptr % 16 == 0 else self.copy(x)
 
-    def _positions(self, positions: np.ndarray) -> DeviceTensor:
+    def _positions(self, positions) -> DeviceTensor:
         """[T + 1] int32 on the device: the positions, then max + 1 (the decode length). Uploaded once
-        per step: every layer passes the same array."""
+        per step (every layer passes the same array); a DeviceTensor is that already."""
+        if isinstance(positions, DeviceTensor):
+            return positions
         if positions is not self._pos_host:
             p = np.asarray(positions, dtype=np.int64).reshape(-1)
             self._pos_dev = self.upload(np.append(p, p.max() + 1).astype(np.int32))
@@ -156,15 +163,21 @@ class DeviceOps:
         return out
 
     # ---- ops ---------------------------------------------------------------------------------
-    def embed(self, name: str, ids: np.ndarray) -> DeviceTensor:
+    def embed(self, name: str, ids) -> DeviceTensor:
+        """Rows ids of the table; ids numpy, or an int32 DeviceTensor [T] (read on the device)."""
         w = self.w.tensor(name)
-        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        on_device = isinstance(ids, DeviceTensor)
+        if not on_device:
+            ids = np.asarray(ids, dtype=np.int32).reshape(-1)
         T, n = ids.shape[0], w.shape[-1]
         out = self.alloc((T, n))
         if w.qtype in EMBED_QTYPES:
-            ids_dev = self.upload(ids)
+            ids_dev = ids if on_device else self.upload(ids)
             self.launch("embed", f"strata_embed_{w.qtype.lower()}", "PPPii", T, 256, (w.ptr, ids_dev.ptr, out.ptr, T, n))
             return out
+        if on_device:
+            raise UnsupportedError(f"embed: {w.qtype} tables are dequantized per row on the host's ids; "
+                                   f"device-side ids need one of {', '.join(EMBED_QTYPES)}")
         row_bytes = qtype_of(w.qtype).row_bytes(n)
         if row_bytes % 16:
             raise UnsupportedError(f"embed: {w.qtype} rows of {n} weights are not 16-byte aligned")
@@ -223,7 +236,7 @@ class DeviceOps:
         grid = (-(-N // 64), -(-M // 64))
         self.launch("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", grid, 256, (a, b, c, M, N, K, lda, ldb, ldc))
 
-    def rope(self, x: DeviceTensor, positions: np.ndarray) -> DeviceTensor:
+    def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
         T, heads, dh = x.shape
         out = self.copy(x)
         self.launch("rope", "strata_rope_f32", "PPPiiif", max(T, 1), 128,
@@ -243,20 +256,26 @@ class DeviceOps:
             self.launch("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", (H, T), 128,
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T == 1:
-            self._attention_decode(q, Hk, kc, vc, pos, out, int(np.max(positions)) + 1, kv.max_cells, scale)
+            self._attention_decode(q, Hk, kc, vc, pos, out, kv.max_cells, scale)
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
         return out
 
-    def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, length: int,
-                          max_cells: int, scale: float) -> None:
-        """Split-K over the cells 0..length-1 (splits sized for this length), then the combine."""
+    def decode_splits(self, num_kv_heads: int, max_cells: int, head_dim: int) -> int:
+        """Splits of decode attention, as CudaOps.decode_splits: sized for the cache, not the length,
+        so every step launches the same grid (the kernel sizes each split from the device-side
+        length; splits past the end are empty)."""
+        tiles = -(-max_cells // (4096 // head_dim))
+        return max(1, min(tiles, -(-2 * self.num_sms // num_kv_heads), ATTENTION_MAX_SPLITS))
+
+    def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
+                          scale: float) -> None:
+        """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
         _, H, dh = q.shape
         G = H // Hk
-        tiles = -(-length // (4096 // dh))
-        splits = max(1, min(tiles, -(-2 * self.num_sms // Hk), ATTENTION_MAX_SPLITS))   # as CudaOps.decode_splits
+        splits = self.decode_splits(Hk, max_cells, dh)
         part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths = pos.ptr + 4 * q.shape[0]          # max(positions) + 1, after the positions

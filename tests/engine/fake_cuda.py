@@ -8,6 +8,13 @@ the kernels themselves (tests/kernels does, on a GPU): it catches wrong addresse
 grouping and launch arguments in strata/backends/cuda_*.py and strata/engine/cuda_runner.py.
 
     monkeypatch.setattr(strata.backends.cuda, "_runtime", lambda: fake_cuda)
+    monkeypatch.setattr(strata.backends.cuda, "_graphs", lambda: fake_cuda)
+
+It also stands in for strata._ext.graphs: a stream in capture records its launches and memsets
+instead of running them, and a GraphExec's launch runs them again (reading device memory as it is
+then, as a replay does). As in the driver's thread-local capture mode, an allocation, a host copy or
+a synchronize while capturing raises; freed buffers are unmapped, so a graph (or anything) that
+reads memory after it was freed fails loudly.
 """
 from __future__ import annotations
 
@@ -25,7 +32,9 @@ from strata.quant import QTensor, qtype
 _bases: list[int] = []
 _arrays: list[np.ndarray] = []
 _next = [1 << 32]
-launches: list[str] = []        # names of the kernels launched, in order
+launches: list[str] = []        # names of the kernels launched from Python, in order
+graph_launches: list[int] = []  # nodes of each graph launched, in order
+_capturing: list = []           # streams in capture
 
 
 def _resolve(ptr: int, nbytes: int) -> np.ndarray:
@@ -72,12 +81,23 @@ class Device:
         pass
 
 
+def _no_capture(call: str, stream=None) -> None:
+    """The driver refuses these while this thread captures (thread-local mode), or on a capturing stream."""
+    if (stream is None and _capturing) or (stream is not None and stream.capture is not None):
+        for s in ([stream] if stream is not None else _capturing):
+            s.invalidated = True    # as the driver does: end_capture then fails too
+        raise DeviceError(f"{call}: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (operation not permitted when "
+                          f"stream is capturing)")
+
+
 class Stream:
     def __init__(self, device, priority: int = 0):
         self.device = device
+        self.capture = None         # the recorded nodes while capturing
+        self.invalidated = False
 
     def synchronize(self):
-        pass
+        _no_capture("cuStreamSynchronize", self)
 
     def wait_event(self, event):
         pass
@@ -102,6 +122,7 @@ class Event:
 
 class DeviceBuffer:
     def __init__(self, device, nbytes: int):
+        _no_capture("cuMemAlloc")
         self.device, self.nbytes = device, nbytes
         self.ptr = _next[0]
         _next[0] += -(-max(nbytes, 1) // 4096) * 4096 + 4096
@@ -114,18 +135,31 @@ class DeviceBuffer:
         return _arrays[_bases.index(self.ptr)][offset:offset + n]
 
     def copy_from_host(self, src, stream=None, offset: int = 0):
+        _no_capture("cuMemcpyHtoDAsync", stream)
         data = np.frombuffer(memoryview(src).cast("B"), np.uint8)
         self._range(offset, data.size)[:] = data
 
     def copy_to_host(self, dst, stream=None, offset: int = 0):
+        _no_capture("cuMemcpyDtoHAsync", stream)
         out = np.frombuffer(memoryview(dst).cast("B"), np.uint8)
         out[:] = self._range(offset, out.size)
 
     def fill_bytes(self, value: int, stream=None):
+        if stream is not None and stream.capture is not None:
+            stream.capture.append(("memset", self, value))
+            return
         self._range(0, self.nbytes)[:] = value
 
     def free(self):
-        pass
+        if self.ptr in _bases:      # later reads of this memory find no buffer
+            i = _bases.index(self.ptr)
+            del _bases[i], _arrays[i]
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:           # interpreter shutdown
+            pass
 
 
 class HostBuffer(bytearray):
@@ -172,8 +206,14 @@ class Kernel:
 
     def launch(self, grid, block, args, shared_bytes: int = 0, stream=None):
         assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
-        args = [a.ptr if hasattr(a, "ptr") else a for a in args]
+        args = [a.ptr if hasattr(a, "ptr") else a for a in args]     # values, as cuLaunchKernel copies them
+        if stream is not None and stream.capture is not None:
+            stream.capture.append(("kernel", self, grid, args))
+            return
         launches.append(self.name)
+        self.run(grid, args)
+
+    def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_batch", "gemv", "moe_gemv", "dequant", "embed"):   # per quant type
             if base.startswith(prefix + "_"):
@@ -340,3 +380,63 @@ _EMULATE = {
 
 def read_manifest(directory=None) -> dict:
     return {"format": 1, "kernels": {}}
+
+
+# ---- strata._ext.graphs ----------------------------------------------------------------------------
+
+def begin_capture(stream):
+    assert stream.capture is None, "fake_cuda: the stream is already capturing"
+    stream.capture = []
+    _capturing.append(stream)
+
+
+def end_capture(stream):
+    if stream.capture is None:
+        raise DeviceError("cuStreamEndCapture: CUDA_ERROR_ILLEGAL_STATE (stream is not capturing)")
+    nodes, stream.capture = stream.capture, None
+    _capturing.remove(stream)
+    if stream.invalidated:
+        stream.invalidated = False
+        raise DeviceError("cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (operation failed due to a "
+                          "previous error during capture)")
+    return Graph(nodes)
+
+
+def is_capturing(stream) -> bool:
+    return stream.capture is not None
+
+
+class Graph:
+    def __init__(self, nodes: list):
+        self.nodes = nodes
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def instantiate(self):
+        return GraphExec(list(self.nodes))
+
+    def destroy(self):
+        self.nodes = None
+
+
+class GraphExec:
+    def __init__(self, nodes: list):
+        self.nodes = nodes
+
+    def upload(self, stream):
+        pass
+
+    def launch(self, stream):
+        assert self.nodes is not None, "fake_cuda: launch of a destroyed graph"
+        _no_capture("cuGraphLaunch", stream)
+        graph_launches.append(len(self.nodes))
+        for node in self.nodes:
+            if node[0] == "kernel":
+                node[1].run(node[2], node[3])
+            else:
+                node[1].fill_bytes(node[2])
+
+    def destroy(self):
+        self.nodes = None

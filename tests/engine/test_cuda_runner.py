@@ -8,11 +8,18 @@ accumulate in f32; what remains is the f32 summation order, ~1 ulp sin/cos/exp/r
 roundings those last bits can flip. Measured with numpy emulations of the kernels: <= 5e-5.
 Against the plain numpy engine (f32 K/V) the f16 cache alone moves the logits by up to 1.1e-3 of
 the largest one on these random models (2e-4 on the trained demo model): bound 1e-3 on the demo.
+
+Decode through a CUDA graph against eager decode: bitwise. A replay runs the very kernels the eager
+step launches, with the same grids and scalar arguments (the attention splits follow the cache
+size; the length is read on the device); only the activation addresses differ, all 256-byte
+aligned, and no decode kernel reduces in an order that depends on timing (no atomics). So every
+float must come out the same, and any difference is a bug (a stale address, a missed input).
 """
 import numpy as np
 import pytest
 
 import strata
+from strata.config import EngineConfig
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.engine.runner import CpuRunner
@@ -97,10 +104,12 @@ def test_long_prompt_over_chunks_and_decode_splits(packs, rng):
 
 
 def test_greedy_32_tokens_identical_to_cpu_on_the_demo_model():
-    gpu, cpu = strata.LLM(device="cuda"), strata.LLM(device="cpu")
+    gpu, cpu = strata.LLM(device="cuda", cuda_graphs=True), strata.LLM(device="cpu")
     for prompt in ("def fibonacci(n):\n    ", "import os\nimport sys\n\n\ndef main():\n"):
         ours, ref = gpu.generate(prompt, max_tokens=32), cpu.generate(prompt, max_tokens=32)
         assert ours.token_ids == ref.token_ids and len(ref.token_ids) > 0
+    decode = gpu.status()["decode"]
+    assert decode["cuda_graphs"] and decode["host_ms"]["graph"]["steps"] >= 50, decode
 
 
 def test_auto_picks_the_gpu_and_reports_it():
@@ -111,3 +120,75 @@ def test_auto_picks_the_gpu_and_reports_it():
     assert s["device"] == "cuda" and s["gpu"]["dense_bytes"] > 0 and s["expert_cache"]["hits"] > 0
     assert s["gpu"]["vram_used_bytes"] <= s["gpu"]["vram_budget_bytes"]
     assert llm.runner.measure_limits()["device_copy_gb_s"] > 100
+
+
+def _eager_and_graph(pack, max_context):
+    return (CudaRunner(pack, max_context, EngineConfig(device="cuda", cuda_graphs=False)),
+            CudaRunner(pack, max_context, EngineConfig(device="cuda", cuda_graphs=True)))
+
+
+def _decode_both(eager, graph, tokens):
+    for t in tokens:
+        ours, ref = graph.decode(t), eager.decode(t)
+        assert np.array_equal(ours, ref), f"graph != eager: max diff {np.abs(ours - ref).max():.3g}"
+
+
+def test_graph_decode_equals_eager_bitwise_over_40_steps(packs, rng):
+    """40 steps across the length where each split's span grows from one KV tile to two (the split
+    count is fixed by the cache size, chosen so it is below the tiles), then, after a reset, short
+    steps across tile boundaries where a length-sized split count would have changed."""
+    pack = packs("demo")
+    a = pack.args
+    probe = CudaRunner(pack, 64)
+    tile = 4096 // a.head_dim
+    want = probe.ops.decode_splits(a.num_key_value_heads, 1 << 30, a.head_dim)   # splits of a huge cache
+    del probe
+    eager, graph = _eager_and_graph(pack, (want + 2) * tile)
+    assert graph.ops.decode_splits(a.num_key_value_heads, graph.kv.max_cells, a.head_dim) == want
+    boundary = want * tile          # lengths above it give every split two tiles
+    ids = rng.integers(0, a.vocab_size, boundary - 20).tolist()
+    assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
+    _decode_both(eager, graph, rng.integers(0, a.vocab_size, 40).tolist())
+    captured = graph.graphs[1]
+    assert captured.launches == 39 and not eager.graphs
+    for r in (eager, graph):
+        r.reset()
+    short = rng.integers(0, a.vocab_size, tile - 5).tolist()
+    assert np.array_equal(eager.prefill(short, 0), graph.prefill(short, 0))
+    _decode_both(eager, graph, rng.integers(0, a.vocab_size, tile + 10).tolist())   # over two tile edges
+    assert graph.graphs[1] is captured and captured.launches == 39 + tile + 10
+
+
+@pytest.mark.parametrize("name", ["kquant-mixed", "mtp"])
+def test_graph_decode_equals_eager_bitwise_other_packs(packs, name, rng):
+    pack = packs(name)
+    eager, graph = _eager_and_graph(pack, 128)
+    ids = rng.integers(0, pack.args.vocab_size, 21).tolist()
+    assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
+    _decode_both(eager, graph, rng.integers(0, pack.args.vocab_size, 12).tolist())
+    assert graph.graphs[1].launches == 11
+
+
+def test_prefix_reuse_after_a_graph_was_captured(packs, rng):
+    pack = packs("demo")
+    eager, graph = _eager_and_graph(pack, 256)
+    cpu = cpu_runner_f16_kv(pack, 256)
+    V = pack.args.vocab_size
+    first = rng.integers(0, V, 40).tolist()
+    for r in (eager, graph):
+        r.prefill(first, 0)
+    steps = rng.integers(0, V, 6).tolist()
+    _decode_both(eager, graph, steps)
+    captured = graph.graphs[1]
+    turn = rng.integers(0, V, 30).tolist()
+    turn[0] = (steps[4] + 1) % V                                           # differs right after the 44 reused
+    follow_up = first + steps[:4] + turn
+    assert graph.reusable_prefix(follow_up) == eager.reusable_prefix(follow_up) == 44
+    ours = graph.prefill(follow_up, 44)
+    assert np.array_equal(ours, eager.prefill(follow_up, 44))
+    assert_close(ours, cpu.prefill(follow_up, 0))
+    for t in rng.integers(0, V, 8).tolist():
+        ours = graph.decode(t)
+        assert np.array_equal(ours, eager.decode(t))
+        assert_close(ours, cpu.decode(t))
+    assert graph.graphs[1] is captured and captured.launches == 5 + 8

@@ -21,7 +21,9 @@ DEMO = demo_model_path()
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
+    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
     fake_cuda.launches.clear()
+    fake_cuda.graph_launches.clear()
     return fake_cuda
 
 
@@ -138,3 +140,199 @@ def test_device_choice(monkeypatch):
         llm_module._pick_device("cuda")
     monkeypatch.setattr(cuda_backend, "unavailable_reason", lambda device=0: None)
     assert llm_module._pick_device("auto") == "cuda" == llm_module._pick_device("cuda")
+
+
+# ---- decode as CUDA graphs, on the emulated runtime ------------------------------------------------
+
+def _runners(pack, max_context):
+    from strata.config import EngineConfig
+    eager = CudaRunner(pack, max_context, EngineConfig(device="cuda", cuda_graphs=False))
+    graph = CudaRunner(pack, max_context, EngineConfig(device="cuda", cuda_graphs=True))
+    return eager, graph
+
+
+def _attention_grids(runner) -> list:
+    """Grids of the decode attention launches the runner makes from Python, in order."""
+    grids, launch = [], runner.ops.launch
+
+    def spy(library, name, signature, grid, block, args):
+        if name.startswith("strata_attention_decode_f16"):
+            grids.append(grid)
+        launch(library, name, signature, grid, block, args)
+    runner.ops.launch = spy
+    return grids
+
+
+def test_emulated_graph_decode_equals_eager_bitwise(fake, rng):
+    pack = open_pack(DEMO)
+    eager, graph = _runners(pack, 256)
+    grids = _attention_grids(eager)
+    ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
+    assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
+    grids.clear()
+    for t in rng.integers(0, pack.args.vocab_size, 12).tolist():   # lengths 61..72: over a 64-cell tile
+        assert np.array_equal(eager.decode(t), graph.decode(t))
+    # one grid for every length: the splits follow the cache size, the length is read on the device
+    assert len(set(grids)) == 1 and len(grids) == 12 * (pack.args.num_hidden_layers)
+    assert len(fake.graph_launches) == 11 and graph.status()["decode"]["host_ms"]["graph"]["steps"] == 10
+    assert "graph" not in eager.status()["decode"]["host_ms"] and not eager.graphs
+
+
+def test_emulated_replay_runs_no_python_per_layer(fake, rng):
+    pack = open_pack(DEMO)
+    runner = CudaRunner(pack, 64)
+    ids = rng.integers(0, pack.args.vocab_size, 9).tolist()
+    runner.prefill(ids, 0)
+    runner.decode(ids[0])                   # eager, measures the step
+    runner.decode(ids[1])                   # captured, then launched
+    g = runner.graphs[1]
+    assert g.num_nodes > 10 * pack.args.num_hidden_layers and g.expert_uses == 6 * 4
+    launched, uses = len(fake.launches), runner.ops.expert_uses
+    assert uses == (9 + 2) * g.expert_uses                  # the prompt, the eager step, the captured one
+
+    def no_python(*args, **kwargs):
+        raise AssertionError("the model ran from Python during a replayed step")
+    runner.model.forward = runner.model.layer = runner.ops.launch = no_python
+    for t in ids[2:5]:
+        runner.decode(t)
+    assert len(fake.launches) == launched and fake.graph_launches == [g.num_nodes] * 4
+    assert runner.ops.expert_uses == uses + 3 * g.expert_uses
+    d = runner.decode_status()
+    assert [d["host_ms"][m]["steps"] for m in ("eager", "capture", "graph")] == [1, 1, 3]
+    assert d["graphs"][1]["nodes"] == g.num_nodes and d["graphs"][1]["pool_bytes"] >= runner._step_bytes[1]
+
+
+def test_emulated_graphs_turned_off_after_a_capture_launch_from_python(fake, rng):
+    pack = open_pack(DEMO)
+    runner, cpu = CudaRunner(pack, 64), cpu_runner_f16_kv(pack, 64)
+    ids = rng.integers(0, pack.args.vocab_size, 12).tolist()
+    runner.prefill(ids[:5], 0)
+    cpu.prefill(ids[:5], 0)
+    for t in ids[5:8]:
+        runner.decode(t), cpu.decode(t)
+    runner.use_graphs = False               # the graph is kept, but not launched
+    launched = len(fake.launches)
+    for t in ids[8:]:
+        assert_close(runner.decode(t), cpu.decode(t))
+    assert len(fake.graph_launches) == 2 and len(fake.launches) > launched and 1 in runner.graphs
+
+
+def test_emulated_graph_survives_prefix_reuse_and_prompts(fake, rng):
+    pack = open_pack(DEMO)
+    eager, graph = _runners(pack, 96)
+    a = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    for r in (eager, graph):
+        r.prefill(a, 0)
+    steps = rng.integers(0, pack.args.vocab_size, 4).tolist()
+    for t in steps:
+        assert np.array_equal(eager.decode(t), graph.decode(t))
+    captured = graph.graphs[1]
+    turn = rng.integers(0, pack.args.vocab_size, 13).tolist()
+    turn[0] = (steps[2] + 1) % pack.args.vocab_size
+    b = a + steps[:2] + turn                                               # shares 22 tokens
+    starts = [r.reusable_prefix(b) for r in (eager, graph)]
+    assert starts == [22, 22]
+    assert np.array_equal(eager.prefill(b, 22), graph.prefill(b, 22))       # a prompt chunk on the main pool
+    cpu = cpu_runner_f16_kv(pack, 96)
+    cpu.prefill(b, 0)
+    for t in rng.integers(0, pack.args.vocab_size, 3).tolist():
+        ours = graph.decode(t)
+        assert np.array_equal(eager.decode(t), ours)
+        assert_close(ours, cpu.decode(t))
+    assert graph.graphs[1] is captured and len(fake.graph_launches) == 6
+
+
+def test_emulated_graph_memory_is_its_own_and_dies_with_it(fake, rng):
+    from strata.backends.cuda_device import DeviceKV
+    pack = open_pack(DEMO)
+    runner = CudaRunner(pack, 64)
+    ids = rng.integers(0, pack.args.vocab_size, 8).tolist()
+    runner.prefill(ids, 0)
+    for t in ids[:2]:
+        runner.decode(t)
+    g = runner.graphs[1]
+    pool = g.keep[0]
+    main = {s.ptr for s in runner.ops.pool.segments}
+    assert pool.frozen and len(pool.segments) == 1 and pool.segments[0].ptr not in main
+    assert pool.capacity_bytes == Pool.block_bytes(runner._step_bytes[1])
+    assert g.logits.buf is pool.segments[0] and g.kv is runner.kv
+    # a new KV cache (a new max_context) moves the addresses: the graph is dropped and captured again
+    a = pack.args
+    old_segment = pool.segments[0].ptr
+    del pool
+    runner.kv = DeviceKV(fake, runner.dev, runner.stream, a.num_hidden_layers + a.num_mtp_layers, 64,
+                         a.num_key_value_heads, a.head_dim)
+    runner.reset()
+    runner.prefill(ids, 0)
+    cpu = cpu_runner_f16_kv(pack, 64)
+    cpu.prefill(ids, 0)
+    assert_close(runner.decode(ids[0]), cpu.decode(ids[0]))
+    assert runner.graphs[1] is not g and runner.graphs[1].kv is runner.kv
+    del g
+    assert old_segment not in fake._bases            # the old graph's memory went with it
+    runner.drop_graphs()
+    assert not runner.graphs
+
+
+def test_emulated_capture_failure_decodes_eagerly(fake, rng, capsys):
+    pack = open_pack(DEMO)
+    runner, cpu = CudaRunner(pack, 64), cpu_runner_f16_kv(pack, 64)
+    ids = rng.integers(0, pack.args.vocab_size, 10).tolist()
+    runner.prefill(ids[:6], 0)
+    cpu.prefill(ids[:6], 0)
+    assert_close(runner.decode(ids[6]), cpu.decode(ids[6]))
+    runner._step_bytes[1] = 256             # too small a reserve: the capture would have to allocate
+    for t in ids[7:]:
+        assert_close(runner.decode(t), cpu.decode(t))
+    d = runner.status()["decode"]
+    assert not d["cuda_graphs"] and "reserved for a CUDA graph" in d["graph_error"] and not runner.graphs
+    assert not fake.is_capturing(runner.stream) and not fake.graph_launches
+    assert d["host_ms"]["eager"]["steps"] == 4 and "decoding without graphs" in capsys.readouterr().err
+
+
+def test_emulated_capture_refuses_allocations_and_copies(fake):
+    dev = fake.Device(0)
+    stream = fake.Stream(dev)
+    buf = fake.DeviceBuffer(dev, 64)
+    fake.begin_capture(stream)
+    for call in (lambda: fake.DeviceBuffer(dev, 64), stream.synchronize,
+                 lambda: buf.copy_from_host(np.ones(4, np.float32), stream)):
+        with pytest.raises(DeviceError, match="CAPTURE_UNSUPPORTED"):
+            call()
+    with pytest.raises(DeviceError, match="INVALIDATED"):     # those calls spoilt the capture
+        fake.end_capture(stream)
+    fake.begin_capture(stream)
+    buf.fill_bytes(7, stream)               # recorded, not run
+    graph = fake.end_capture(stream)
+    assert graph.num_nodes == 1 and not (fake.view(buf.ptr, 64, np.uint8) == 7).any()
+    graph.instantiate().launch(stream)
+    assert (fake.view(buf.ptr, 64, np.uint8) == 7).all()
+
+
+def test_cuda_graphs_setting(fake, monkeypatch, rng):
+    from strata.config import EngineConfig
+    assert EngineConfig().cuda_graphs is True
+    monkeypatch.setenv("STRATA_CUDA_GRAPHS", "0")
+    config = EngineConfig.from_kwargs(device="cuda")
+    assert config.cuda_graphs is False
+    runner = CudaRunner(open_pack(DEMO), 32, config)
+    runner.prefill([1, 2, 3], 0)
+    for t in rng.integers(0, 100, 4).tolist():
+        runner.decode(t)
+    assert not fake.graph_launches and not runner.graphs and runner.status()["decode"]["cuda_graphs"] is False
+
+
+def test_emulated_embedding_without_a_kernel_decodes_eagerly(fake, tmp_path, rng):
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    from tests.fixtures import SHAPES, make_gguf_pack
+    qtypes = {"attn": "Q8_0", "experts": "Q4_K", "embd": "Q4_K", "output": "Q8_0"}
+    path, _ = make_gguf_pack(tmp_path, SHAPES["kquant"], qtypes, seed=5)
+    pack = open_pack(path)
+    gpu, cpu = CudaRunner(pack, 32), cpu_runner_f16_kv(pack, 32)
+    ids = rng.integers(0, pack.args.vocab_size, 9).tolist()
+    assert_close(gpu.prefill(ids[:6], 0), cpu.prefill(ids[:6], 0))
+    for t in ids[6:]:
+        assert_close(gpu.decode(t), cpu.decode(t))
+    d = gpu.decode_status()
+    assert not d["cuda_graphs"] and "Q4_K" in d["graph_error"] and not fake.graph_launches

@@ -1,0 +1,82 @@
+"""Decode steps as CUDA graphs: one step of T tokens captured once, replayed for every later step.
+
+A decode step's launches depend on no host value but T and the KV cache's size: DeviceOps reads the
+token ids, positions and KV length from the runner's step-input buffer on the device, and sizes the
+attention splits for the cache. So the launches of one step, captured, serve every position.
+
+A graph keeps the addresses its kernels were given. The holder here keeps everything they point
+into alive, unmoved and unshared for as long as the graph exists:
+- the step's activations (the logits among them) come from a pool of the graph's own, reserved
+  before the capture and frozen. Its size is what the eager step of the same shape allocated,
+  summed over every block: the capture replays that allocation sequence, so the sum bounds it
+  whatever the reuse, and nothing in the capture asks the driver for memory. No other tensor is
+  ever handed that memory: the pool belongs to this graph alone.
+- the step-input buffer, the KV cache, the zeros moe_combine reads, the f32 norm copies, the
+  weights: owned by the runner and its ops, referenced here as well, so a runner that replaces one
+  (a new KV cache, a larger zeros buffer) cannot free what the graph still reads.
+"""
+from __future__ import annotations
+
+import time
+
+from ..backends.cuda_device import Pool
+
+
+class DecodeGraph:
+    """One captured decode step of T tokens and everything its addresses point into."""
+
+    def __init__(self, T: int, exec_, logits, keep: tuple, kv, expert_uses: int, num_nodes: int,
+                 capture_ms: float):
+        self.T, self.exec, self.logits, self.keep, self.kv = T, exec_, logits, keep, kv
+        self.expert_uses = expert_uses      # what one step adds to ops.expert_uses (Python no longer counts)
+        self.num_nodes, self.capture_ms = num_nodes, capture_ms
+        self.launches = 0
+
+    def valid_for(self, kv) -> bool:
+        """False once the runner's KV cache is another one (a new max_context): other addresses."""
+        return self.kv is kv
+
+    def launch(self, stream) -> None:
+        self.exec.launch(stream)
+        self.launches += 1
+
+    def destroy(self) -> None:
+        """Free the executable graph now; the memory goes when the last reference to this goes."""
+        self.exec.destroy()
+
+
+def capture_step(graphs, runner, T: int, ids, positions, reserve_bytes: int) -> DecodeGraph:
+    """Capture the runner's model over device-side ids [T] / positions [T + 1] into a graph.
+
+    Nothing runs on the device: the caller launches the graph to compute this step. Raises
+    DeviceError when the capture fails (the stream has then left capture mode)."""
+    ops = runner.ops
+    t0 = time.perf_counter()
+    pool = Pool(runner.rt, runner.dev, reserve_bytes=reserve_bytes)
+    main_pool, ops.pool = ops.pool, pool
+    uses = ops.expert_uses
+    graphs.begin_capture(runner.stream)
+    try:
+        logits, _ = runner.model.forward(ids, positions, runner.kv)
+    except BaseException:
+        _abandon(graphs, runner.stream)
+        raise
+    finally:
+        ops.pool = main_pool
+    graph = graphs.end_capture(runner.stream)
+    try:
+        exec_ = graph.instantiate()
+        num_nodes = graph.num_nodes
+    finally:
+        graph.destroy()         # the executable copy is all a replay needs
+    keep = (pool, runner.step_in, runner.kv, runner.weights, ops._zeros, dict(ops._f32_weights), ops.inv_freq)
+    return DecodeGraph(T, exec_, logits, keep, runner.kv, ops.expert_uses - uses, num_nodes,
+                       (time.perf_counter() - t0) * 1e3)
+
+
+def _abandon(graphs, stream) -> None:
+    """Leave capture mode after a failure inside it; the partial graph is dropped."""
+    try:
+        graphs.end_capture(stream).destroy()
+    except Exception:       # an invalidated capture reports its own error here; the first one matters
+        pass

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The decode-graph work in one device call, inside a deadline: build + GPU tests (tools/device_check.sh)
+# while the synthetic pack is built on the CPUs beside them, then the decode A/B on one load
+# (tools/decode_graph_ab.py: eager vs graph, host ms per token, bitwise), then the bench with
+# STRATA_CUDA_GRAPHS=1 and =0 as far as the time allows. Tables last; logs under $OUT.
+#
+#   tools/decode_graph_check.sh [SHAPE] [pytest paths...]    default: qwen3-30b-a3b, tests/kernels
+#                                                            tests/engine/test_cuda_runner.py
+# DEADLINE_S (default 265) bounds the whole run; each step gets what is left, capped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-graph-check}
+mkdir -p "$OUT"
+SHAPE=${1:-qwen3-30b-a3b}
+shift || true
+tests=("$@")
+[ ${#tests[@]} -eq 0 ] && tests=(tests/kernels tests/engine/test_cuda_runner.py)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-265}
+elapsed() { echo $(( $(date +%s) - T0 )); }
+budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+
+# The pack needs numpy and gguf only: its own site dir, so device_check's installs are untouched.
+$PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/strata-pack-site \
+    $(ls .whl/*.whl 2>/dev/null | grep -v '/nvidia_') >/dev/null 2>&1
+( PYTHONPATH=/tmp/strata-pack-site timeout "$(budget 240)" $PY -c \
+    "from strata.synthetic import synthetic_pack; print(synthetic_pack('$SHAPE', progress=False))"
+  echo "pack rc=$? at $(elapsed) s" ) >"$OUT/pack.log" 2>&1 &
+pack_pid=$!
+
+OUT=/tmp/strata-check timeout "$(budget 150)" tools/device_check.sh "${tests[@]}" >"$OUT/check.log" 2>&1
+echo "== build + tests rc=$? at $(elapsed) s"
+cp /tmp/strata-check/pytest.log "$OUT/pytest.log" 2>/dev/null
+grep -E "^(FAILED|ERROR)" /tmp/strata-check/pytest.log | head -20
+sed -n '/^== summary/,$p' "$OUT/check.log"
+
+wait $pack_pid
+cat "$OUT/pack.log"
+export PYTHONPATH=$PWD:/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+left=$(budget 70)
+if [ "$left" -gt 20 ]; then
+    timeout "$left" $PY tools/decode_graph_ab.py --synthetic "$SHAPE" --contexts 512,4096 --decode 64 \
+        --json "$OUT/ab.json" >"$OUT/ab.log" 2>&1
+    echo "== decode A/B rc=$? at $(elapsed) s"
+    grep -v -E "^(ab:|strata: uploading)" "$OUT/ab.log" | tail -12
+fi
+for graphs in 1 0; do
+    left=$(budget 60)
+    [ "$left" -gt 20 ] || { echo "== bench STRATA_CUDA_GRAPHS=$graphs: no time left"; continue; }
+    STRATA_CUDA_GRAPHS=$graphs timeout "$left" $PY -m strata bench --synthetic "$SHAPE" --device cuda \
+        --prompt 512,4096 --decode 64 >"$OUT/bench_graphs$graphs.log" 2>&1
+    echo "== bench STRATA_CUDA_GRAPHS=$graphs rc=$? at $(elapsed) s"
+    grep -v -E "^(bench:|strata: uploading)" "$OUT/bench_graphs$graphs.log" | tail -12
+done
