@@ -4,8 +4,8 @@
 # (tools/decode_graph_ab.py: eager vs graph, host ms per token, bitwise), then the bench with
 # STRATA_CUDA_GRAPHS=1 and =0 as far as the time allows. Tables last; logs under $OUT.
 #
-#   tools/decode_graph_check.sh [SHAPE] [pytest paths...]    default: qwen3-30b-a3b, tests/kernels
-#                                                            tests/engine/test_cuda_runner.py
+#   tools/decode_graph_check.sh [SHAPE] [pytest paths...]    default: qwen3-30b-a3b; the graph and runner
+#                                                            tests first, then tests/kernels
 # DEADLINE_S (default 265) bounds the whole run; each step gets what is left, capped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 SHAPE=${1:-qwen3-30b-a3b}
 shift || true
 tests=("$@")
-[ ${#tests[@]} -eq 0 ] && tests=(tests/kernels tests/engine/test_cuda_runner.py)
+[ ${#tests[@]} -eq 0 ] && tests=(tests/kernels/test_graphs_gpu.py tests/engine/test_cuda_runner.py tests/kernels)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
