@@ -5,9 +5,10 @@ PTX for the lowest), recorded in strata/kernels/manifest.json with its sha256, a
 nvcc version; the runtime refuses a fatbin whose hash differs. STRATA_CUDA_ARCHS narrows the archs
 ("90", "80,90", "90a"; "none" skips the kernels). Without nvcc the package builds CPU-only.
 
-Runtime: strata/_ext/*.pyx compile as C++ against cuda.bindings.cydriver, which needs cuda.h (CUDA
-toolkit, or the nvidia-cuda-runtime wheel) but never libcuda: cydriver finds the driver at run time.
-Without cuda.h, or if the compile fails, the package still installs CPU-only.
+Runtime: strata/_ext/*.pyx (runtime; graphs, which cimports runtime.pxd) compile as C++ against
+cuda.bindings.cydriver, which needs cuda.h (CUDA toolkit, or the nvidia-cuda-runtime wheel) but never
+libcuda: cydriver finds the driver at run time. Without cuda.h, or if the compile fails, the package
+still installs CPU-only.
 """
 
 import hashlib

@@ -14,6 +14,12 @@ into alive, unmoved and unshared for as long as the graph exists:
 - the step-input buffer, the KV cache, the zeros moe_combine reads, the f32 norm copies, the
   weights: owned by the runner and its ops, referenced here as well, so a runner that replaces one
   (a new KV cache, a larger zeros buffer) cannot free what the graph still reads.
+
+Measured on an H200, synthetic qwen3-30b-a3b (tools/decode_graph_check.sh, 2026-11-30): one step is
+1,107 nodes, captured in 21 ms into a 66 MB pool. Host time to submit a token: 14.6-21.1 ms eager,
+0.03-0.04 ms as a replay (one 12-byte copy and one launch); a whole step, logits on the host, 5.4-5.6
+ms: decode 69.7 -> 175.4 tok/s after a 512-token prompt, 69.0 -> 181.2 after 4,096. Graph and eager
+logits are bitwise equal. What is left is device time: ~5 us a kernel, 11% of the copy rate.
 """
 from __future__ import annotations
 
