@@ -21,7 +21,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "") + f" (default {f.default!r}; env STRATA_{f.name.upper()})"
         if f.type in (bool, "bool"):
-            group.add_argument(flag, action="store_true", default=None, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             kind = {"int": int, "float": float}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
             group.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)

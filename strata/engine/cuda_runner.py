@@ -19,6 +19,7 @@ from ..backends.cuda_device import DeviceTensor
 from ..config import EngineConfig
 from ..errors import DeviceError, InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
+from .runner import reusable_prefix
 
 DEFAULT_PREFILL_CHUNK = 512
 VRAM_RESERVE_BYTES = 1 << 30        # left free for the driver, other users and the launch overhead
@@ -102,12 +103,7 @@ class CudaRunner:
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
-        n = 0
-        for a, b in zip(self.cached_ids, ids):
-            if a != b:
-                break
-            n += 1
-        return min(n, len(ids) - 1)
+        return reusable_prefix(self.cached_ids, ids)
 
     def _forward(self, ids: list[int], lo: int, last_only: bool) -> np.ndarray:
         """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V])."""

@@ -7,6 +7,17 @@ from ..backends.cpu import CpuOps, KVCache
 from ..model.qwen3moe import Qwen3Moe
 
 
+def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
+    """Length of the common prefix of the cached tokens and ids, less one if it is all of ids: the
+    last prompt token is always read, since its logits are what the next step samples from."""
+    n = 0
+    for a, b in zip(cached_ids, ids):
+        if a != b:
+            break
+        n += 1
+    return min(n, len(ids) - 1)
+
+
 class CpuRunner:
     device = "cpu"
 
@@ -30,12 +41,7 @@ class CpuRunner:
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
-        n = 0
-        for a, b in zip(self.cached_ids, ids):
-            if a != b:
-                break
-            n += 1
-        return min(n, len(ids) - 1)
+        return reusable_prefix(self.cached_ids, ids)
 
     def prefill(self, ids: list[int], start: int, on_progress=None) -> np.ndarray:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]."""

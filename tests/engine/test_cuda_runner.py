@@ -77,7 +77,12 @@ def test_logits_match_cpu(packs, name, rng):
     ours = gpu.logits_all(ids)
     assert_close(ours, cpu.logits_all(ids))
     if name == "demo":
-        assert_close(ours, CpuRunner(pack, 128).logits_all(ids), REL_F32_KV)
+        # Against the plain f32-KV engine on real text: on random tokens the f16 cache's rounding can
+        # flip a near-tied expert choice (2 of 30 seeds on the CPU alone), which no engine bug causes.
+        import inspect
+        from strata.tokenizer import Tokenizer
+        text_ids = Tokenizer(pack.tokenizer_path, pack.tokenizer_meta).encode(inspect.getsource(CpuRunner))[:37]
+        assert_close(gpu.logits_all(text_ids), CpuRunner(pack, 128).logits_all(text_ids), REL_F32_KV)
 
 
 @pytest.mark.parametrize("name", PACKS)
