@@ -9,9 +9,7 @@ import time
 from .config import EngineConfig
 from .errors import StrataError
 
-NOT_BUILT = {
-    "plan": "the VRAM planner is not built yet (it comes with expert streaming)",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -74,9 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--decode", type=int, default=128, help="tokens decoded after the shortest and longest prompt")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     add_engine_flags(b)
-    pl = sub.add_parser("plan", help="the VRAM plan for a model and budget (not built yet)")
-    pl.add_argument("model", nargs="?")
-    pl.set_defaults(not_built=True)
+    pl = sub.add_parser("plan", help="the VRAM plan: resident items, expert cache, prompt chunk and ring, speeds")
+    pl.add_argument("model", nargs="?", help="pack dir, .gguf or HF dir (default: the built-in demo model)")
+    pl.add_argument("--synthetic", metavar="SHAPE", help="sizes of a real shape, no weights written: qwen3-30b-a3b, "
+                    "small, tiny")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_engine_flags(pl)
     return p
 
 
@@ -121,6 +122,11 @@ def cmd_bench(args) -> int:
     return bench_main(args, engine_kwargs(args))
 
 
+def cmd_plan(args) -> int:
+    from .plan import plan_main
+    return plan_main(args, engine_kwargs(args))
+
+
 def cmd_serve(args) -> int:
     from .server import serve_main
     return serve_main(args) or 0
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
         print(f"strata {args.command}: not built yet: {NOT_BUILT[args.command]}", file=sys.stderr)
         return 2
     handler = {"generate": cmd_generate, "convert": cmd_convert, "info": cmd_info, "serve": cmd_serve,
-               "bench": cmd_bench}
+               "bench": cmd_bench, "plan": cmd_plan}
     try:
         return handler[args.command](args)
     except StrataError as e:

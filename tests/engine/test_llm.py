@@ -106,9 +106,3 @@ def test_cli_generate_prints_text(pack):
     r = run_cli("generate", str(pack), "-p", "def f(x):", "-n", "5", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "generated" in r.stderr
-
-
-@pytest.mark.parametrize("cmd", ["plan"])
-def test_unbuilt_commands_say_so(cmd):
-    r = run_cli(cmd)
-    assert r.returncode == 2 and "not built yet" in r.stderr

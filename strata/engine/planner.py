@@ -1,0 +1,317 @@
+"""The VRAM plan: what stays resident, how big the expert cache is, and the prompt chunk and ring.
+
+Pure host logic from a pack's sizes (never touches a device; tested on the CPU). The rules are
+DESIGN.md's "Memory plan" and seed 000 (#583):
+
+- Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV type's
+  bytes: f16 2 per value, int8 34 and q4_0 18 per block of 32 values), decode scratch (the
+  activation pool's first 64 MiB segment, or the decode step's peak if bigger, plus the zeros
+  buffer and f32 norm copies), one CUDA graph pool per decode step shape, and the MTP draft
+  layer's experts when --mtp uses it.
+- The expert cache: `--expert-cache auto` takes what is left, N is fixed (an error if it does not
+  fit). A slot holds one expert blob at its own layer's size, slots filled round-robin over the
+  layers; on a pack whose layers share one blob size that is floor(room / max_blob) slots.
+- The prompt loan, lent for the length of a prompt from the room beside the cache and then from
+  the cache tail: the prompt path's buffers, bytes_needed(T), and the streamed ring of R slots of
+  max_blob. The ring is a byte budget: R = floor(RING_BUDGET_BYTES / max_blob) clamped to
+  [RING_MIN_SLOTS, RING_CAP_SLOTS] (and to the model's experts), the budget chosen so that Q2_0's
+  1,382,400-byte blob gives exactly 384 slots: 384 x 1,382,400 B = 530,841,600 B = 506.25 MiB.
+- `--prefill auto`: the largest chunk on the 256-token grid (up to AUTO_CHUNK_MAX, `auto:N`'s N,
+  and the context) that still leaves the ring full, counted in bytes, found by bisection; when no
+  chunk can, the largest chunk over a RING_MIN_SLOTS ring, the ring then taking what is left.
+  `--prefill N` is fixed. A plan that caches every expert needs no ring when a chunk fits beside
+  the cache.
+
+bytes_needed(T) follows the CURRENT GPU prompt path (strata.engine.cuda_memory replays its
+allocations in the real Pool) and must change with it; tests/engine/test_planner.py checks it
+against CudaRunner.prefill on the emulated runtime. It is the reserved pool that path needs, which
+first-fit holes put 3-8% above the live high-water mark; the live mark rises with T by
+construction, the reserved pool did on the 256 grid of every shape tried (off the grid it can dip
+at an exact fit, e.g. T = 2^k - 1 -> 2^k). The bisection's answer always fits; a dip could only
+make it a step short.
+
+Not enforced yet: the current CudaRunner keeps every expert resident and reads prompts in its own
+fixed chunks; this plan is what expert streaming will run on.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ..backends.cuda_device import SEGMENT_BYTES, Pool
+from ..backends.cuda_device_ops import EMBED_QTYPES
+from ..config import EngineConfig, ModelArgs
+from ..errors import InvalidArgument
+from . import cuda_memory
+from .cuda_runner import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+
+Q2_0_BLOB_BYTES = 1_382_400                       # the blob the 384-slot ring was measured on (seed 000)
+RING_BUDGET_BYTES = 384 * Q2_0_BLOB_BYTES         # 530,841,600 B = 506.25 MiB
+RING_MIN_SLOTS = 16
+RING_CAP_SLOTS = 512
+CHUNK_GRID = 256
+AUTO_CHUNK_MAX = 32768                            # --prefill auto's ceiling
+DEFAULT_NUM_SMS = 132                             # an H200's, for decode attention splits without a GPU
+KV_BLOCK_BYTES = {"f16": (2, 1), "int8": (34, 32), "q4_0": (18, 32)}    # (bytes, values) per block
+
+
+@dataclass(frozen=True)
+class PackSizes:
+    """What the planner reads of a pack: pack.json's dense table and expert layers, and file sizes."""
+    args: ModelArgs
+    dense_bytes: int
+    dense: dict             # name -> {"qtype", "shape", "offset", "nbytes"}
+    layers: tuple           # experts.layers entries: main layers, then the MTP layer
+    max_blob: int
+
+    @classmethod
+    def from_meta(cls, meta: dict, dense_bytes: int) -> "PackSizes":
+        """From pack.json (or strata.pack.format.layout of a source) and dense.bin's size."""
+        return cls(ModelArgs.from_dict(meta["model_args"]), int(dense_bytes), meta["dense"],
+                   tuple(meta["experts"]["layers"]), int(meta["max_blob"]))
+
+    def blob(self, layer: int) -> int:
+        return int(self.layers[layer]["blob_bytes"])
+
+
+@dataclass(frozen=True)
+class Bandwidths:
+    h2d_gb_s: float             # pinned host -> device copy
+    device_copy_gb_s: float     # device copy, bytes read + written
+    source: str
+
+
+DEFAULT_BANDWIDTHS = Bandwidths(55.4, 4267.0, "ANCHORS.md defaults (no GPU measured)")
+
+
+def ring_slots(max_blob: int, budget_bytes: int = RING_BUDGET_BYTES, lo: int = RING_MIN_SLOTS,
+               hi: int = RING_CAP_SLOTS) -> int:
+    """Slots of the streamed ring: a byte budget over max_blob, clamped to [lo, hi]."""
+    return min(hi, max(lo, budget_bytes // max_blob))
+
+
+def kv_bytes(args: ModelArgs, cells: int, kv: str, num_layers: int) -> int:
+    """K and V of num_layers layers, cells each, at the KV type's block size."""
+    nbytes, values = KV_BLOCK_BYTES[kv]
+    row = args.num_key_value_heads * args.head_dim
+    return 2 * num_layers * cells * -(-row // values) * nbytes
+
+
+def vram_budget(config: EngineConfig, free_bytes: int | None) -> tuple[int, str]:
+    """min(free VRAM - reserve, --vram-budget-gib); the budget alone without a GPU."""
+    cap = int(config.vram_budget_gib * 2**30)
+    if free_bytes is None:
+        if not cap:
+            raise InvalidArgument("plan: no GPU here to read free VRAM from; give --vram-budget-gib")
+        return cap, "--vram-budget-gib; no GPU read"
+    free = max(0, free_bytes - VRAM_RESERVE_BYTES)
+    if cap and cap <= free:
+        return cap, "--vram-budget-gib, under free VRAM - 1 GiB"
+    return free, "free VRAM - 1 GiB reserve"
+
+
+class ExpertCache:
+    """Slot i holds an expert of main layer i % L, at that layer's blob size."""
+
+    def __init__(self, sizes: PackSizes):
+        a = sizes.args
+        self.num_layers, self.num_experts = a.num_hidden_layers, a.num_experts
+        self.blobs = [sizes.blob(l) for l in range(self.num_layers)]
+        self.prefix = [0]
+        for b in self.blobs:
+            self.prefix.append(self.prefix[-1] + b)
+        self.total_slots = self.num_layers * self.num_experts
+
+    def per_layer(self, slots: int) -> list[int]:
+        q, r = divmod(slots, self.num_layers)
+        return [q + (l < r) for l in range(self.num_layers)]
+
+    def nbytes(self, slots: int) -> int:
+        q, r = divmod(slots, self.num_layers)
+        return q * self.prefix[-1] + self.prefix[r]
+
+    def slots_within(self, nbytes: int) -> int:
+        """The most slots whose bytes fit in nbytes (every expert at most)."""
+        if nbytes <= 0:
+            return 0
+        q, rest = divmod(nbytes, self.prefix[-1])
+        r = max(i for i in range(self.num_layers + 1) if self.prefix[i] <= rest)
+        return min(self.total_slots, q * self.num_layers + r)
+
+
+def largest_fitting(candidates: list[int], fits) -> int | None:
+    """The largest candidate (ascending) for which fits() holds, by bisection; fits must be
+    monotone (true up to some point, false after). None when none fits."""
+    lo, hi = 0, len(candidates)          # candidates[:lo] fit, candidates[hi:] do not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return candidates[lo - 1] if lo else None
+
+
+def chunk_candidates(setting: str, max_context: int) -> tuple[list[int], bool]:
+    """(ascending chunk sizes to try, fixed) for EngineConfig.prefill: the 256 grid up to the
+    ceiling (auto's, or auto:N's N, below a context rounded up to the grid); N alone is fixed."""
+    n = AUTO_CHUNK_MAX if setting == "auto" else int(setting.removeprefix("auto:"))
+    if n <= 0:
+        raise InvalidArgument(f"prefill must be a positive number of tokens, got {setting!r}")
+    if setting.isdigit():
+        return [min(n, max_context)], True
+    ceiling = min(n, -(-max_context // CHUNK_GRID) * CHUNK_GRID)
+    if ceiling < CHUNK_GRID:
+        return [ceiling], False
+    return list(range(CHUNK_GRID, ceiling + 1, CHUNK_GRID)), False
+
+
+def bytes_needed(sizes: PackSizes, T: int, max_cells: int = 1, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """VRAM a prompt read in chunks of T tokens borrows on the current prompt path: the reserved
+    pool its blocks need under the pool's first-fit (cuda_memory.prompt_arena_bytes, a few percent
+    above the live high-water mark), plus the growth of moe_combine's zeros buffer past the 1 MiB
+    the decode scratch already holds. It follows the prompt path (see strata.engine.cuda_memory)."""
+    return (cuda_memory.prompt_arena_bytes(sizes, T, max_cells, num_sms)
+            + cuda_memory.zeros_bytes(sizes, T) - cuda_memory.ZEROS_MIN_BYTES)
+
+
+def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAULT_NUM_SMS) -> dict[str, int]:
+    """Bytes that must stay resident: dense, kv, decode (scratch), graphs, mtp."""
+    a = sizes.args
+    mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
+    cells = kv_cells(config)
+    steps = sorted({1, min(config.spec + 1, STEP_MAX_TOKENS)})    # a decode step, a draft-verify step
+    step_bytes = [cuda_memory.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
+    graphs = config.cuda_graphs and sizes.dense["token_embd.weight"]["qtype"] in EMBED_QTYPES
+    return {
+        "dense": sizes.dense_bytes,
+        "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + len(mtp_layers)),
+        # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
+        "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + cuda_memory.ZEROS_MIN_BYTES
+                   + cuda_memory.norm_copies_bytes(sizes)),
+        "graphs": sum(Pool.block_bytes(total) for _, total in step_bytes) if graphs else 0,
+        "mtp": a.num_experts * sum(sizes.blob(l) for l in mtp_layers),
+    }
+
+
+def kv_cells(config: EngineConfig) -> int:
+    return min(config.kv_resident or config.max_context, config.max_context)
+
+
+@dataclass(frozen=True)
+class Plan:
+    vram_budget_bytes: int
+    budget_source: str
+    mandatory: dict                 # dense, kv, decode, graphs, mtp -> bytes
+    mandatory_bytes: int
+    kv: str
+    kv_cells: int
+    max_blob: int
+    total_experts: int              # of the main layers (the MTP layer's are mandatory, not cached)
+    cache_slots: int
+    cache_bytes: int
+    prefill_chunk: int
+    prefill_ring: int
+    prefill_rule: str
+    ring_full_slots: int            # the ring's byte budget in slots of this max_blob
+    ring_bytes: int
+    bytes_needed: int               # bytes_needed(prefill_chunk)
+    prompt_pool_peak_bytes: int     # the live high-water mark under it
+    prompt_loan_bytes: int          # bytes_needed + ring_bytes
+    prompt_cache_slots: int         # cache slots kept while a prompt runs (the rest are lent)
+    pcie_bytes_per_chunk: int
+    prompt_tok_s: float | None      # PCIe ceiling; None when nothing streams
+    decode_hit_rate: float          # cached share of the experts (uniform routing)
+    decode_tok_s: float             # bandwidth ceiling
+    h2d_gb_s: float
+    device_copy_gb_s: float
+    bandwidth_source: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _too_small(budget: int, items: dict, loan: int, chunk: int) -> InvalidArgument:
+    need = sum(items.values()) + loan
+    parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in items.items())
+    return InvalidArgument(f"VRAM budget of {budget} bytes ({budget / 2**30:.2f} GiB) is too small: the plan needs "
+                           f"at least {need} bytes ({need / 2**30:.2f} GiB): {parts} GiB, and a {chunk}-token "
+                           f"prompt chunk with a {RING_MIN_SLOTS}-slot ring {loan / 2**30:.2f} GiB")
+
+
+def _prompt_choice(cands, fixed, need, room, spare, resident, full, max_blob) -> tuple[int, int, str]:
+    """(chunk, ring slots, rule) under the rules of the module doc."""
+    if resident:
+        T = largest_fitting(cands, lambda T: need(T) <= spare)
+        if T is not None:
+            return T, 0, "every expert cached; the chunk fits beside the cache, no ring"
+    if fixed:
+        T = cands[0]
+        return T, min(full, (room - need(T)) // max_blob), "fixed --prefill"
+    T = largest_fitting(cands, lambda T: need(T) + full * max_blob <= room)
+    if T is not None:
+        return T, full, "auto: the largest chunk that leaves the ring full"
+    T = largest_fitting(cands, lambda T: need(T) + RING_MIN_SLOTS * max_blob <= room)
+    return T, min(full, (room - need(T)) // max_blob), (f"auto: no chunk leaves the ring full; the largest "
+                                                         f"over a {RING_MIN_SLOTS}-slot floor")
+
+
+def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
+              bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS) -> Plan:
+    """The plan for this pack, engine config and VRAM budget. InvalidArgument (naming the bytes
+    needed) when the budget cannot hold the mandatory items and the smallest prompt loan, or a
+    fixed --expert-cache N does not fit beside them."""
+    items = mandatory_items(sizes, config, num_sms)
+    mandatory = sum(items.values())
+    cache, mb, cells = ExpertCache(sizes), sizes.max_blob, kv_cells(config)
+    cands, fixed = chunk_candidates(config.prefill, config.max_context)
+    memo: dict[int, int] = {}
+
+    def need(T: int) -> int:
+        if T not in memo:
+            memo[T] = bytes_needed(sizes, min(T, config.max_context), cells, num_sms)
+        return memo[T]
+    smallest = need(cands[0]) + RING_MIN_SLOTS * mb
+    if budget_bytes < mandatory + smallest:
+        raise _too_small(budget_bytes, items, smallest, min(cands[0], config.max_context))
+    room = budget_bytes - mandatory
+    if config.expert_cache == "auto":
+        slots = cache.slots_within(room)
+    else:
+        slots = min(int(config.expert_cache), cache.total_slots)
+        if cache.nbytes(slots) > room:
+            raise InvalidArgument(f"--expert-cache {config.expert_cache}: {slots} slots take {cache.nbytes(slots)} "
+                                  f"bytes, {room} are left beside the mandatory {mandatory} bytes")
+    spare = room - cache.nbytes(slots)
+    full = min(ring_slots(mb), cache.total_slots)
+    T, ring, rule = _prompt_choice(cands, fixed, need, room, spare, slots == cache.total_slots, full, mb)
+    loan = need(T) + ring * mb
+    kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
+    chunk = min(T, config.max_context)
+    pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
+    return Plan(budget_bytes, budget_source, items, mandatory, config.kv, cells, mb, cache.total_slots, slots,
+                cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
+                cuda_memory.prompt_pool_bytes(sizes, chunk, cells, num_sms), loan, kept, pcie, prompt_tps, hit,
+                decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source)
+
+
+def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths):
+    """(PCIe bytes per prompt chunk, prompt tok/s, decode hit rate, decode tok/s): bandwidth
+    ceilings under uniform routing. A chunk streams every expert it touches that is not cached
+    while the prompt runs (1 - (1 - A/E)^T of a layer's experts: all of them for large chunks); a
+    decoded token reads the dense weights and A experts a layer, cached ones at the device's copy
+    rate and the rest over PCIe. Compute and KV reads are not modeled."""
+    from ..bench import decode_bytes_per_token
+    a = sizes.args
+    E, A = a.num_experts, a.num_experts_per_tok
+    touched = 1.0 - (1.0 - A / E) ** chunk
+    pcie = int(sum((E - k) * b for k, b in zip(cache.per_layer(kept), cache.blobs)) * touched)
+    prompt_tps = chunk / (pcie / (bw.h2d_gb_s * 1e9)) if pcie else None
+    expert_read = A * sum(cache.blobs)
+    cached_read = A * sum(k / E * b for k, b in zip(cache.per_layer(slots), cache.blobs))
+    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
+    dense_read = decode_bytes_per_token(pack) - expert_read
+    seconds = ((dense_read + cached_read) / (bw.device_copy_gb_s * 1e9)
+               + (expert_read - cached_read) / (bw.h2d_gb_s * 1e9))
+    return pcie, prompt_tps, slots / cache.total_slots, 1.0 / seconds

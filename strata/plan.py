@@ -1,0 +1,129 @@
+"""python -m strata plan: the VRAM plan for a model, budget and engine flags (strata.engine.planner).
+
+Sizes come from the pack, or from a GGUF / Hugging Face source or a synthetic shape without
+writing any weights. With a GPU, the budget is min(free VRAM - 1 GiB, --vram-budget-gib) and the
+pinned host->device and device copy rates are measured now; without one, --vram-budget-gib is the
+budget and the rates are ANCHORS.md's (the output says which).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .config import EngineConfig
+from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
+                             make_plan, vram_budget)
+from .errors import InvalidArgument
+
+MEASURE_BYTES = 256 << 20
+MEASURE_REPEATS = 5
+
+
+def plan_sizes(model: str | None, synthetic: str | None) -> tuple[str, PackSizes]:
+    """(a name for the output, the sizes) of a pack dir, GGUF, HF dir, the demo model or a synthetic shape."""
+    if model and synthetic:
+        raise InvalidArgument("give a MODEL or --synthetic SHAPE, not both")
+    if synthetic:
+        from .pack.format import layout
+        from .synthetic import synthetic_source
+        source = synthetic_source(synthetic)
+        table = layout(source.dense, source.experts, source.args.num_experts)
+        meta = {**table, "model_args": source.args.to_dict()}
+        return f"synthetic {synthetic}", PackSizes.from_meta(meta, table["_sizes"]["dense.bin"])
+    from .engine.llm import demo_model_path
+    from .pack.info import _load
+    path = Path(model) if model else demo_model_path()
+    _, meta, files = _load(path)
+    return str(path), PackSizes.from_meta(meta, files["dense.bin"])
+
+
+def measure_bandwidths(rt, dev, nbytes: int, repeats: int = MEASURE_REPEATS) -> Bandwidths:
+    """Pinned host->device and device->device (bytes read + written) copy rates, timed with events,
+    the median of `repeats` after a warm-up."""
+    stream = rt.Stream(dev)
+    host, src, dst = rt.HostBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes)
+    view = np.frombuffer(host, np.uint8)
+    view[:] = 0x3C
+    kernel = rt.load_library("gather_rows").kernel(dev, "strata_gather_rows_f32", "PPPiqqq")
+    n = nbytes // 4
+    grid = (max(1, min(-(-n // 1024), 8 * dev.multiprocessor_count)), 1)
+
+    def h2d():
+        src.copy_from_host(view, stream)
+
+    def d2d():
+        kernel.launch(grid, 256, (src.ptr, 0, dst.ptr, 1, n, 0, 0), stream=stream)
+    start, end = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
+    rates = []
+    for op, moved in ((h2d, nbytes), (d2d, 2 * nbytes)):
+        times = []
+        for i in range(repeats + 1):
+            start.record(stream)
+            op()
+            end.record(stream)
+            end.synchronize()
+            if i:
+                times.append(start.elapsed_ms(end))
+        rates.append(moved / (float(np.median(times)) * 1e-3) / 1e9)
+    return Bandwidths(rates[0], rates[1], f"measured now on {dev.name}")
+
+
+def _gpu(config: EngineConfig):
+    """(free VRAM bytes, multiprocessors, bandwidths) of the first GPU of --gpus, or None without one."""
+    if config.device == "cpu":
+        return None
+    from .backends import cuda
+    ordinal = int(config.gpus.split(",")[0])
+    if cuda.unavailable_reason(ordinal) is not None:
+        return None
+    rt = cuda._runtime()
+    dev = rt.Device(ordinal)
+    return dev.memory_info()[0], dev.multiprocessor_count, measure_bandwidths(rt, dev, MEASURE_BYTES)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def plan_text(name: str, p) -> str:
+    m = p.mandatory
+    share = p.cache_slots / p.total_experts
+    prompt = (f"{p.prompt_tok_s:,.0f} tok/s (PCIe-bound ceiling; compute not modeled)" if p.prompt_tok_s
+              else "nothing streams (every expert cached); compute-bound, not modeled")
+    rows = [
+        f"plan for {name}: VRAM budget {_gib(p.vram_budget_bytes)} ({p.budget_source})",
+        f"  mandatory           {_gib(p.mandatory_bytes)}: dense {_gib(m['dense'])}, KV {_gib(m['kv'])} "
+        f"({p.kv_cells} cells, {p.kv}), decode scratch {_gib(m['decode'])}, CUDA graphs {_gib(m['graphs'])}, "
+        f"MTP layer {_gib(m['mtp'])}",
+        f"  expert cache        {p.cache_slots} of {p.total_experts} slots ({share:.1%}), {_gib(p.cache_bytes)}; "
+        f"max_blob {p.max_blob:,} B",
+        f"  prompt chunk        {p.prefill_chunk} tokens ({p.prefill_rule})",
+        f"  prompt buffers      {_gib(p.bytes_needed)} reserved (live peak {_gib(p.prompt_pool_peak_bytes)})",
+        f"  streamed ring       {p.prefill_ring} slots, {p.ring_bytes / 2**20:.1f} MiB (a full ring: "
+        f"{p.ring_full_slots} slots, from a {RING_BUDGET_BYTES / 2**20:.2f} MiB byte budget)",
+        f"  during a prompt     {_gib(p.prompt_loan_bytes)} lent; {p.cache_slots - p.prompt_cache_slots} cache "
+        f"slots lent, {p.prompt_cache_slots} kept",
+        f"  over PCIe a chunk   {p.pcie_bytes_per_chunk / 1e9:.2f} GB",
+        f"  prompt              {prompt}",
+        f"  decode              {p.decode_tok_s:,.1f} tok/s (bandwidth ceiling at a {p.decode_hit_rate:.1%} "
+        f"hit rate, uniform routing)",
+        f"  bandwidths          {p.h2d_gb_s:,.1f} GB/s pinned host->device, {p.device_copy_gb_s:,.0f} GB/s "
+        f"device copy: {p.bandwidth_source}",
+    ]
+    return "\n".join(rows)
+
+
+def plan_main(args, engine_kwargs: dict) -> int:
+    config = EngineConfig.from_kwargs(**engine_kwargs)
+    name, sizes = plan_sizes(args.model, args.synthetic)
+    gpu = _gpu(config)
+    free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
+    budget, source = vram_budget(config, free)
+    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms)
+    if args.json:
+        print(json.dumps({"model": name, **plan.to_dict()}, indent=1))
+    else:
+        print(plan_text(name, plan))
+    return 0

@@ -1,0 +1,322 @@
+"""The VRAM planner (strata.engine.planner), its model of the prompt path's memory
+(strata.engine.cuda_memory) checked against CudaRunner on the emulated runtime, and `strata plan`."""
+import json
+
+import pytest
+
+import strata.backends.cuda as cuda_backend
+from strata import cli
+from strata.backends.cuda_device import Pool
+from strata.config import EngineConfig
+from strata.engine import cuda_memory, planner
+from strata.engine.cuda_runner import CudaRunner
+from strata.engine.llm import demo_model_path
+from strata.engine.planner import (RING_BUDGET_BYTES, RING_MIN_SLOTS, ExpertCache, PackSizes, bytes_needed,
+                                   chunk_candidates, kv_bytes, largest_fitting, make_plan, ring_slots,
+                                   vram_budget)
+from strata.errors import DeviceError, InvalidArgument
+from strata.pack import open_pack
+from strata.plan import plan_sizes
+from tests.engine import fake_cuda
+
+GRID = list(range(256, 32768 + 1, 256))
+CONTEXT = 1024          # of the emulated runners
+
+
+@pytest.fixture(scope="module")
+def q30():
+    return plan_sizes(None, "qwen3-30b-a3b")[1]
+
+
+@pytest.fixture(scope="module")
+def q30_needs(q30):
+    """bytes_needed over the whole grid (about 2 s), for the brute-force scans."""
+    return {T: bytes_needed(q30, T) for T in GRID}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
+    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
+    return fake_cuda
+
+
+def demo_sizes(pack=None):
+    pack = pack or open_pack(demo_model_path())
+    return PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
+
+
+def config(**kw):
+    return EngineConfig(**{"max_context": 65536, **kw})
+
+
+def mandatory(sizes, cfg):
+    return sum(planner.mandatory_items(sizes, cfg).values())
+
+
+# ---- the seed's arithmetic -------------------------------------------------------------------------
+
+def test_ring_slots_are_a_byte_budget():
+    assert RING_BUDGET_BYTES == 384 * 1_382_400 == 530_841_600
+    assert [ring_slots(b) for b in (1_382_400, 2_663_424, 5_222_400)] == [384, 199, 101]
+    fused = 1024 * 1_382_400                # the fused path's budget, capped by its ring_cap
+    assert [ring_slots(b, fused, hi=1024) for b in (1_382_400, 5_222_400)] == [1024, 271]
+    assert ring_slots(2_663_424, fused) == 512                       # 531, held to the native cap
+    assert ring_slots(64 << 20) == RING_MIN_SLOTS and ring_slots(4096) == 512
+
+
+def test_kv_bytes_per_type(q30):
+    a = q30.args
+    values = 2 * 48 * 1000 * a.num_key_value_heads * a.head_dim
+    assert kv_bytes(a, 1000, "f16", 48) == 2 * values
+    assert kv_bytes(a, 1000, "int8", 48) == values // 32 * 34
+    assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
+    small = make_plan(q30, config(max_context=8192, kv_resident=2048, kv="q4_0"), 8 << 30)
+    assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
+
+
+def test_expert_cache_counts_each_layer_at_its_own_blob(q30, rng):
+    layers = [dict(lay, blob_bytes=int(rng.integers(1, 5)) * 1_000_000) for lay in q30.layers]
+    sizes = PackSizes(q30.args, q30.dense_bytes, q30.dense, tuple(layers), max(l["blob_bytes"] for l in layers))
+    cache = ExpertCache(sizes)
+    for n in rng.integers(0, cache.total_slots, 20).tolist():
+        assert cache.nbytes(n) == sum(layers[i % 48]["blob_bytes"] for i in range(n))
+        b = int(rng.integers(0, 10**10))
+        k = cache.slots_within(b)
+        assert cache.nbytes(k) <= b and (k == cache.total_slots or cache.nbytes(k + 1) > b)
+    plan = make_plan(sizes, config(), 12 << 30)
+    room = plan.vram_budget_bytes - plan.mandatory_bytes
+    assert plan.cache_slots == cache.slots_within(room) > room // sizes.max_blob
+    # the loan is paid in the tail slots' own bytes
+    left = room - plan.prompt_loan_bytes
+    assert cache.nbytes(plan.prompt_cache_slots) <= left < cache.nbytes(plan.prompt_cache_slots + 1)
+
+
+# ---- bytes_needed and the scan ---------------------------------------------------------------------
+
+def test_bytes_needed_rises_with_T(q30, q30_needs):
+    sizes = demo_sizes()
+    peaks = [cuda_memory.prompt_pool_bytes(sizes, T) for T in range(9, 700)]
+    assert all(b >= a for a, b in zip(peaks, peaks[1:]))          # every chunk past the GEMV path
+    needs = list(q30_needs.values())
+    assert all(b > a for a, b in zip(needs, needs[1:]))
+    for s in (sizes, plan_sizes(None, "small")[1], plan_sizes(None, "tiny")[1]):
+        grid = [bytes_needed(s, T) for T in GRID[:48]]
+        assert all(b > a for a, b in zip(grid, grid[1:]))
+    # the reserved pool sits a few percent above the live mark
+    assert 1.0 < q30_needs[4096] / cuda_memory.prompt_pool_bytes(q30, 4096) < 1.1
+
+
+def test_largest_fitting_is_the_scan(rng):
+    for _ in range(200):
+        cands = sorted(set(rng.integers(1, 10**6, int(rng.integers(1, 60))).tolist()))
+        limit = int(rng.integers(0, 10**6 + 2))
+        calls = []
+
+        def fits(c):
+            calls.append(c)
+            return c <= limit
+        want = max((c for c in cands if c <= limit), default=None)
+        assert largest_fitting(cands, fits) == want
+        assert len(calls) <= len(cands).bit_length()
+
+
+def test_auto_chunk_equals_a_scan_of_the_grid(q30, q30_needs, rng, monkeypatch):
+    monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
+    cfg = config(prefill="auto:32768")
+    fixed = mandatory(q30, cfg)
+    full = ring_slots(q30.max_blob)
+    lo, hi = q30_needs[256] + full * q30.max_blob, q30_needs[32768] + full * q30.max_blob
+    for room in rng.integers(lo, hi + (hi - lo) // 8, 25).tolist():
+        plan = make_plan(q30, cfg, fixed + room)
+        want = max(T for T in GRID if q30_needs[T] + full * q30.max_blob <= room)
+        assert (plan.prefill_chunk, plan.prefill_ring) == (want, full), room
+        assert plan.bytes_needed == q30_needs[want] and plan.prompt_loan_bytes <= room
+
+
+def test_no_full_ring_falls_back_to_the_floor(q30, q30_needs, monkeypatch):
+    monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
+    cfg = config(expert_cache="0")
+    mb, full = q30.max_blob, ring_slots(q30.max_blob)
+    room = q30_needs[256] + (full - 1) * mb           # not even 256 tokens beside a full ring
+    plan = make_plan(q30, cfg, mandatory(q30, cfg) + room)
+    want = max(T for T in GRID if q30_needs[T] + RING_MIN_SLOTS * mb <= room)
+    assert want > 256 and plan.prefill_chunk == want and "floor" in plan.prefill_rule
+    assert RING_MIN_SLOTS <= plan.prefill_ring == (room - q30_needs[want]) // mb < full
+    room = q30_needs[256] + RING_MIN_SLOTS * mb + 1
+    plan = make_plan(q30, cfg, mandatory(q30, cfg) + room)
+    assert (plan.prefill_chunk, plan.prefill_ring) == (256, RING_MIN_SLOTS)
+
+
+def test_ceiling_fixed_chunk_and_context(q30):
+    assert make_plan(q30, config(prefill="auto:1000"), 12 << 30).prefill_chunk == 768
+    assert make_plan(q30, config(prefill="auto:100"), 12 << 30).prefill_chunk == 100
+    assert make_plan(q30, config(), 12 << 30).prefill_chunk > 4096
+    assert make_plan(q30, config(max_context=1000), 12 << 30).prefill_chunk == 1000
+    plan = make_plan(q30, config(prefill="3000"), 12 << 30)
+    assert plan.prefill_chunk == 3000 and plan.prefill_rule == "fixed --prefill"
+    assert plan.bytes_needed == bytes_needed(q30, 3000) and plan.prefill_ring == ring_slots(q30.max_blob)
+    with pytest.raises(InvalidArgument, match="30000-token"):
+        make_plan(q30, config(prefill="30000"), 6 << 30)
+    with pytest.raises(InvalidArgument, match="positive"):
+        chunk_candidates("auto:0", 4096)
+
+
+def test_every_expert_cached_needs_no_ring(q30):
+    plan = make_plan(q30, config(max_context=4096), 24 << 30)
+    assert plan.cache_slots == plan.total_experts == 6144 and plan.prefill_ring == 0
+    assert plan.prompt_cache_slots == 6144 and plan.pcie_bytes_per_chunk == 0 and plan.prompt_tok_s is None
+    assert plan.decode_hit_rate == 1.0 and 1500 < plan.decode_tok_s < 2000     # ANCHORS: ~1,850
+
+
+def test_too_small_budget_names_the_bytes(q30):
+    cfg = config()
+    need = mandatory(q30, cfg) + bytes_needed(q30, 256) + RING_MIN_SLOTS * q30.max_blob
+    with pytest.raises(InvalidArgument, match=f"at least {need} bytes") as info:
+        make_plan(q30, cfg, need - 1)
+    assert "\n" not in str(info.value)
+    assert make_plan(q30, cfg, need).prefill_ring == RING_MIN_SLOTS
+
+
+def test_fixed_expert_cache(q30):
+    plan = make_plan(q30, config(expert_cache="1000"), 12 << 30)
+    assert plan.cache_slots == 1000 and plan.cache_bytes == 1000 * q30.max_blob
+    assert make_plan(q30, config(expert_cache="99999"), 24 << 30).cache_slots == 6144
+    with pytest.raises(InvalidArgument, match="--expert-cache 4000"):
+        make_plan(q30, config(expert_cache="4000"), 8 << 30)
+
+
+def test_vram_budget():
+    assert vram_budget(EngineConfig(vram_budget_gib=8), None)[0] == 8 << 30
+    with pytest.raises(InvalidArgument, match="--vram-budget-gib"):
+        vram_budget(EngineConfig(), None)
+    assert vram_budget(EngineConfig(), 20 << 30)[0] == 19 << 30
+    assert vram_budget(EngineConfig(vram_budget_gib=8), 20 << 30)[0] == 8 << 30
+    assert vram_budget(EngineConfig(vram_budget_gib=30), 20 << 30)[0] == 19 << 30
+
+
+# ---- the model of the prompt path, against the emulated allocator ------------------------------------
+
+@pytest.fixture(scope="module")
+def odd_packs(tmp_path_factory):
+    """A pack with F32 weights and head dim 24, and one with K-quants mixed per layer, gate and up
+    of different types (the unfused MoE), F16 norms and an embedding the embed kernel lacks."""
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    from tests.fixtures import SHAPES, make_gguf_pack, make_pack
+    root = tmp_path_factory.mktemp("planner_packs")
+    odd, _ = make_pack(root, SHAPES["odd"], seed=2, name="odd")
+    qtypes = {"attn": ["F32", "Q8_0"], "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q6_K",
+              "ffn_down_exps": ["Q8_0", "Q4_K"], "norm": "F16", "embd": "Q4_K", "output": "Q8_0"}
+    mixed, _ = make_gguf_pack(root, SHAPES["kquant"], qtypes, seed=3, name="mixed")
+    return [open_pack(odd), open_pack(mixed)]
+
+
+def _prefill(pack, T: int, n: int, rng, pool=None):
+    """A fresh runner reads n tokens in chunks of T; -> (runner, pool bytes in use before)."""
+    runner = CudaRunner(pack, CONTEXT)
+    runner.prefill_chunk = T
+    if pool is not None:
+        runner.ops.pool = pool(runner)
+    base = runner.ops.pool.used_bytes              # inv_freq, kept for good
+    runner.prefill(rng.integers(0, pack.args.vocab_size, n).tolist(), 0)
+    return runner, base
+
+
+@pytest.mark.parametrize("T", [1, 5, 9, 130, 300])
+def test_prompt_pool_bytes_is_the_pool_peak(fake, rng, T):
+    pack = open_pack(demo_model_path())
+    sizes = demo_sizes(pack)
+    runner, base = _prefill(pack, T, T, rng)
+    assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8)
+    assert runner.ops._zeros.nbytes == cuda_memory.zeros_bytes(sizes, T)
+
+
+def test_later_chunks_stay_under_the_first(fake, rng):
+    """A later chunk frees the previous chunk's positions while it runs: at most the first's peak."""
+    pack = open_pack(demo_model_path())
+    runner, base = _prefill(pack, 64, 2 * 64 + 3, rng)
+    assert runner.ops.pool.peak_bytes - base <= cuda_memory.prompt_pool_bytes(demo_sizes(pack), 64, CONTEXT, 8)
+
+
+def test_prompt_pool_bytes_other_packs(fake, rng, odd_packs):
+    for pack in odd_packs:
+        sizes = PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
+        for T in (3, 12, 40):
+            runner, base = _prefill(pack, T, T, rng)
+            assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8)
+    assert cuda_memory.norm_copies_bytes(sizes) > 0 and len(runner.ops._f32_weights) > 0
+
+
+@pytest.mark.parametrize("T", [9, 100])
+def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T):
+    """A frozen pool of bytes_needed's pool part reads a prompt of several chunks; 256 bytes less
+    does not (first-fit's holes: the live peak alone would not do)."""
+    pack = open_pack(demo_model_path())
+    sizes = demo_sizes(pack)
+    arena = cuda_memory.prompt_arena_bytes(sizes, T)
+    assert bytes_needed(sizes, T) == arena + cuda_memory.zeros_bytes(sizes, T) - cuda_memory.ZEROS_MIN_BYTES
+    assert arena > cuda_memory.prompt_pool_bytes(sizes, T)
+
+    def reserved(nbytes):
+        return lambda runner: Pool(fake, runner.dev, reserve_bytes=nbytes)
+    for n in (3 * T, 2 * T + int(rng.integers(1, T))):
+        _prefill(pack, T, n, rng, reserved(arena))
+    with pytest.raises(DeviceError, match="do not fit"):
+        _prefill(pack, T, 3 * T, rng, reserved(arena - 256))
+
+
+def test_decode_step_bytes_and_graph_reserve(fake, rng):
+    pack = open_pack(demo_model_path())
+    sizes = demo_sizes(pack)
+    runner = CudaRunner(pack, 512)
+    runner.prefill(rng.integers(0, 8000, 5).tolist(), 0)
+    pool = runner.ops.pool
+    pool.peak_bytes = base = pool.used_bytes
+    runner.decode(1)
+    peak, total = cuda_memory.decode_step_bytes(sizes, 1, 512, 8)
+    assert (pool.peak_bytes - base, runner._step_bytes[1]) == (peak, total)
+    runner.decode(2)
+    assert runner.graphs[1].keep[0].capacity_bytes == Pool.block_bytes(total)
+    items = planner.mandatory_items(sizes, EngineConfig(max_context=512), num_sms=8)
+    assert items["graphs"] == Pool.block_bytes(total)
+
+
+# ---- python -m strata plan --------------------------------------------------------------------------
+
+def _cli_json(capsys, *args):
+    assert cli.main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_plan_synthetic_budgets(capsys):
+    plans = [_cli_json(capsys, "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", str(g), "--device", "cpu")
+             for g in (8, 12, 24)]
+    for key in ("max_blob", "cache_slots", "prefill_chunk", "prefill_ring", "bytes_needed", "vram_budget_bytes"):
+        assert all(key in p for p in plans)
+    slots = [p["cache_slots"] for p in plans]
+    assert 0 < slots[0] < slots[1] < slots[2] == 6144
+    assert [p["vram_budget_bytes"] for p in plans] == [8 << 30, 12 << 30, 24 << 30]
+    assert plans[0]["max_blob"] == 2_654_208 and plans[0]["prefill_ring"] == 200 == plans[1]["prefill_ring"]
+    assert plans[2]["prefill_ring"] == 0 and all(p["prefill_chunk"] == 4096 for p in plans)
+    assert "ANCHORS.md" in plans[0]["bandwidth_source"]
+    assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "200 slots" in text and "ANCHORS.md defaults" in text and "over PCIe" in text
+
+
+def test_cli_plan_impossible_budget_exits_2(capsys):
+    assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too small" in err[0] and "bytes" in err[0]
+
+
+def test_cli_plan_measures_a_gpu(fake, capsys, monkeypatch):
+    import strata.plan
+    monkeypatch.setattr(cuda_backend, "unavailable_reason", lambda device=0: None)
+    monkeypatch.setattr(strata.plan, "MEASURE_BYTES", 1 << 20)
+    plan = _cli_json(capsys)                     # the demo model on the emulated 8 GiB-free GPU
+    assert plan["vram_budget_bytes"] == (8 << 30) - (1 << 30) and plan["model"].endswith("demo")
+    assert plan["bandwidth_source"] == "measured now on Fake GPU" and plan["h2d_gb_s"] > 0
+    plan = _cli_json(capsys, "--vram-budget-gib", "2")
+    assert plan["vram_budget_bytes"] == 2 << 30
