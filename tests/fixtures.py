@@ -146,6 +146,8 @@ def _init_weights(model, seed: int) -> None:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
 
 
+# The HF -> pack name map, kept apart from strata.pack.hf_source.LAYER_NAMES on purpose: the oracle
+# model is built from this one, so a wrong map in the converter cannot agree with itself.
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",

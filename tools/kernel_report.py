@@ -26,6 +26,8 @@ from strata.model import rope
 from strata.quant.dequant import dequantize_rows
 from strata.quant.random import random_qtensor_bytes
 
+from quant_kernel_report import copy_rate_gbps  # tools/ is on sys.path when run as a script
+
 H, HK, DH, D, E, A, I, V = 32, 4, 128, 2048, 128, 8, 768, 151936
 
 
@@ -101,25 +103,6 @@ def accuracy(ops: CudaOps, rng) -> list[tuple[str, str, str]]:
     ref = res + np.einsum("ta,tad->td", wts.astype(np.float64), y.astype(np.float64))
     rows.append(("moe_combine", f"T {T}, A {A}, D {D}", f"{rel(ops.moe_combine(res, y, wts), ref):.2e}"))
     return rows
-
-
-def copy_rate_gbps() -> float | None:
-    """Device-to-device copy GB/s (bytes read + written) through torch, if the machine has it."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(8):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return 2 * src.numel() / float(np.median(times[2:])) / 1e6
 
 
 def time_decode(ops: CudaOps, rng, S: int, blocks_per_sm: int, reps: int = 100) -> dict:
