@@ -1,0 +1,271 @@
+// Causal prompt attention on tensor cores (FlashAttention-2 with mma.sync), over an f16 KV cache.
+// Same contract as strata_attention_prefill_f16_d<Dh> in attention.cu, so it can replace it.
+//
+// strata_attention_prefill_tc_f16_d<DH>(q, k_cache, v_cache, positions, out, T, H, Hk, scale), DH 64 or 128
+//   out[t, h, :] = softmax_c(scale * q[t, h] . k[c, h / G]) v[c, h / G] over cells c <= positions[t]
+// q [T, H, DH] f32; caches [S, Hk, DH] f16 of one sequence (cell s of KV head k at (s * Hk + k) * DH),
+// already holding cells 0..max(positions); positions [T] int32 in device memory, any values (a chunk
+// sits at lo..lo+T-1 after earlier chunks' cells); out [T, H * DH] f32. G = H / Hk, 1..16 (any G
+// with H % Hk == 0 works). Cells past max(positions) are never read (they may hold NaN).
+//
+// Launch: grid = (ceil(T * G / 64), Hk, 1), block = (128, 1, 1), no dynamic shared memory; static
+// shared memory 2 * 64 * (DH + 8) * 2 bytes (34816 at DH 128, 18432 at DH 64).
+//
+// Algorithm. A block owns 64 query rows of one KV head, taken from the flattened (token, head in
+// group) list, so the G heads sharing a KV head share every K/V tile and the causal diagonal of a
+// block is only 64 / G tokens wide. Each of the 4 warps owns 16 rows. Q is scaled by
+// scale * log2(e), rounded to f16 and held as mma A fragments in registers for the whole block.
+// K/V stream through shared memory in tiles of 64 cells (cp.async, rows padded by 8 halves so the
+// ldmatrix reads are bank-conflict free); the V load of tile j overlaps S = Q K^T of tile j and the
+// K load of tile j + 1 overlaps O += P V of tile j (FA2's interleave: one K and one V buffer). Per
+// tile: S = Q K^T by mma.sync m16n8k16 (f16 in, f32 accumulate, K by ldmatrix), the causal mask by
+// positions (only on tiles that reach past the smallest position of the block), the online softmax
+// in f32 with exp2f (row max by quad shuffles, the row sum kept per thread and reduced once at the
+// end), P rounded to f16 straight from the S accumulators into A fragments, and O += P V by mma.sync
+// (V by ldmatrix.trans), O in f32 registers. Tiles past the block's largest position are skipped.
+// Blocks run heaviest first (the last rows, which see the most cells, get the lowest block ids).
+// Fixed summation order, no atomics: the result is deterministic.
+//
+// Precision, against a float64 softmax over the same f16 K/V: per (token, head),
+// max|out - ref| <= 4e-3 * max|ref| (typically 1e-3). The two f16 roundings dominate: q * scale *
+// log2 e to f16 moves each score by ~2^-12 |q||k| scale (relative), i.e. each probability by about
+// 3e-4 relative at unit-variance q and k (proportionally more for sharper scores); P to f16 moves
+// each weight by up to 2^-11 relative. Both average out over the cells and are bounded by
+// ~1e-3 max|v| per element; the f32 accumulations add ~1e-6. Inputs must keep |q * scale * log2 e|
+// within f16 range (65504).
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarps = 4;
+constexpr int kRows = 16 * kWarps;  // query rows per block
+constexpr int kCells = 64;          // cells per K/V tile
+constexpr int kThreads = 32 * kWarps;
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* gmem, bool valid) {
+    // src-size 0 zero-fills: cells past the block's last position read as 0, never as NaN garbage
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a b: m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+}  // namespace
+
+template <int DH>
+__device__ __forceinline__ void attention_prefill_tc(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                                                     const __half* __restrict__ v_cache,
+                                                     const int* __restrict__ positions, float* __restrict__ out,
+                                                     int T, int H, int Hk, float scale) {
+    constexpr int KS = DH + 8;            // padded smem row, halves: 8 ldmatrix rows hit 8 distinct bank groups
+    constexpr int KSTEPS = DH / 16;       // k-steps of Q K^T
+    constexpr int DTILES = DH / 8;        // n-tiles of O
+    constexpr int CTILES = kCells / 8;    // n-tiles of S
+    constexpr int CHUNKS = DH / 8;        // 16-byte chunks per cache row
+    __shared__ alignas(16) __half k_s[kCells][KS];
+    __shared__ alignas(16) __half v_s[kCells][KS];
+    __shared__ int pos_s[kWarps][2];
+
+    const int kvh = blockIdx.y, G = H / Hk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair
+    const int64_t num_rows = static_cast<int64_t>(T) * G;
+    const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first
+
+    // smallest and largest position of the block's tokens (no atomics: shuffles, then 4 warps)
+    {
+        const int64_t t_first = row0 / G, t_last = (min(row0 + kRows, num_rows) - 1) / G;
+        const int64_t t = t_first + threadIdx.x;
+        const bool valid = t <= t_last;
+        int lo = valid ? positions[t] : INT32_MAX, hi = valid ? positions[t] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        }
+        if (lane == 0) pos_s[warp][0] = lo, pos_s[warp][1] = hi;
+    }
+
+    // this thread's two rows (gq and gq + 8 of its warp's 16): position (-1: past the end) and Q fragments
+    int row_pos[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int64_t f = row0 + warp * 16 + gq + 8 * i;
+        row_pos[i] = f < num_rows ? positions[f / G] : -1;
+    }
+    auto row_offset = [&](int i) {  // element offset of this thread's row i in q and out
+        const int64_t f = row0 + warp * 16 + gq + 8 * i;
+        return (f / G * H + kvh * G + f % G) * DH;
+    };
+    unsigned qa[KSTEPS][4];
+    const float qscale = scale * kLog2e;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float* qrow = q + (row_pos[i] >= 0 ? row_offset(i) : 0);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // a[i + 2h]: row gq + 8i, cols ks*16 + 2tq + 8h, +1
+                float2 v = make_float2(0.0f, 0.0f);
+                if (row_pos[i] >= 0) v = *reinterpret_cast<const float2*>(qrow + ks * 16 + 2 * tq + 8 * h);
+                qa[ks][i + 2 * h] = pack_half2(v.x * qscale, v.y * qscale);
+            }
+        }
+    }
+    __syncthreads();
+    int min_pos = pos_s[0][0], max_pos = pos_s[0][1];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) min_pos = min(min_pos, pos_s[w][0]), max_pos = max(max_pos, pos_s[w][1]);
+    const int num_cells = max_pos + 1;
+    const int num_tiles = (num_cells + kCells - 1) / kCells;
+
+    const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
+    const __half* kb = k_cache + static_cast<int64_t>(kvh) * DH;
+    const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
+    const unsigned k_base = static_cast<unsigned>(__cvta_generic_to_shared(&k_s[0][0]));
+    const unsigned v_base = static_cast<unsigned>(__cvta_generic_to_shared(&v_s[0][0]));
+    // each thread copies one fixed 16-byte column of every (kThreads / CHUNKS)-th cell of a tile
+    constexpr int kStep = kThreads / CHUNKS;
+    const int c_first = threadIdx.x / CHUNKS, part = (threadIdx.x % CHUNKS) * 8;
+    auto load_tile = [&](unsigned base, const __half* src, int cell0) {
+        const __half* p = src + (cell0 + c_first) * row_stride + part;
+        const unsigned dst = base + (c_first * KS + part) * 2;
+#pragma unroll
+        for (int it = 0; it < kCells / kStep; ++it) {
+            const bool valid = cell0 + c_first + it * kStep < num_cells;
+            cp_async16(dst + it * kStep * KS * 2, valid ? p + it * kStep * row_stride : src, valid);
+        }
+        cp_async_commit();
+    };
+    // ldmatrix lane addresses. K (non-trans): matrices (cells +0..7, dims +0..7), (+0..7, +8..15),
+    // (+8..15, +0..7), (+8..15, +8..15) = b0, b1 of two cell n-tiles. V (trans): (cells +0..7, dims
+    // +0..7), (+8..15, +0..7), (+0..7, +8..15), (+8..15, +8..15) = b0, b1 of two dim n-tiles.
+    const unsigned k_lane = k_base + (((lane & 7) + ((lane >> 4) << 3)) * KS + ((lane >> 3) & 1) * 8) * 2;
+    const unsigned v_lane = v_base + (((lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8) * 2;
+
+    float o[DTILES][4];
+#pragma unroll
+    for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    load_tile(k_base, kb, 0);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+        const int cell0 = tile * kCells;
+        cp_async_wait_all();
+        __syncthreads();  // K(tile) landed; every warp is done with V(tile - 1)
+        load_tile(v_base, vb, cell0);
+
+        float s[CTILES][4];
+#pragma unroll
+        for (int n = 0; n < CTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+            for (int np = 0; np < CTILES / 2; ++np) {
+                unsigned b[4];
+                ldmatrix_x4(b, k_lane + (np * 16 * KS + ks * 16) * 2);
+                mma_f16(s[2 * np], qa[ks], b[0], b[1]);
+                mma_f16(s[2 * np + 1], qa[ks], b[2], b[3]);
+            }
+        }
+
+        if (cell0 + kCells - 1 > min_pos) {  // the tile reaches past some row's position
+#pragma unroll
+            for (int n = 0; n < CTILES; ++n)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (cell0 + n * 8 + 2 * tq + (j & 1) > row_pos[j >> 1]) s[n][j] = -INFINITY;
+        }
+
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = m[i];
+#pragma unroll
+            for (int n = 0; n < CTILES; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_use = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0
+            alpha[i] = exp2f(m[i] - m_use);
+            m[i] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < CTILES; ++n) {
+                s[n][2 * i] = exp2f(s[n][2 * i] - m_use);
+                s[n][2 * i + 1] = exp2f(s[n][2 * i + 1] - m_use);
+                sum += s[n][2 * i] + s[n][2 * i + 1];
+            }
+            l[i] = l[i] * alpha[i] + sum;
+        }
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+
+        cp_async_wait_all();
+        __syncthreads();  // V(tile) landed; every warp is done with K(tile)
+        if (tile + 1 < num_tiles) load_tile(k_base, kb, cell0 + kCells);
+
+#pragma unroll
+        for (int ks = 0; ks < kCells / 16; ++ks) {
+            // the S accumulators of cell n-tiles 2ks, 2ks+1 are exactly the A fragment of k-step ks
+            const unsigned pa[4] = {pack_half2(s[2 * ks][0], s[2 * ks][1]), pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                    pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                    pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DTILES / 2; ++dp) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, v_lane + (ks * 16 * KS + dp * 16) * 2);
+                mma_f16(o[2 * dp], pa, b[0], b[1]);
+                mma_f16(o[2 * dp + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        if (row_pos[i] < 0) continue;
+        const float inv = 1.0f / l[i];
+        float* dst = out + row_offset(i) + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+}
+
+#define STRATA_PREFILL_TC(DH)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(kThreads, 3) strata_attention_prefill_tc_f16_d##DH(             \
+        const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, int T, \
+        int H, int Hk, float scale) {                                                                         \
+        attention_prefill_tc<DH>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);                       \
+    }
+STRATA_PREFILL_TC(64)
+STRATA_PREFILL_TC(128)
+#undef STRATA_PREFILL_TC
