@@ -1,0 +1,72 @@
+"""Tensor-core causal prompt attention (cuda/attention_tc.cu): the launch shape the engine uses and
+a numpy-in, numpy-out wrapper for tests and benchmarks.
+
+The kernels keep the contract of strata_attention_prefill_f16_d<Dh> (attention.cu), so a caller
+switches by changing the library, the kernel name and the launch shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.errors import InvalidArgument
+
+LIBRARY = "attention_tc"
+SIGNATURE = "PPPPPiiif"
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 16        # G = H / Hk tested up to here (any G works)
+ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps x 16 query rows
+THREADS = 128
+
+
+def kernel_name(head_dim: int) -> str:
+    return f"strata_attention_prefill_tc_f16_d{head_dim}"
+
+
+def prefill_tc_launch_shape(T: int, H: int, Hk: int, Dh: int) -> tuple[tuple[int, int], int]:
+    """(grid, block) of strata_attention_prefill_tc_f16_d<Dh> for T queries of H heads over Hk KV
+    heads: one block per 64 (token, head-in-group) rows of one KV head."""
+    if Dh not in HEAD_DIMS or T < 1 or Hk < 1 or H % Hk or not 1 <= H // Hk <= MAX_GROUP:
+        raise InvalidArgument(f"attention_prefill_tc: T {T}, H {H}, Hk {Hk}, Dh {Dh}: needs T >= 1, "
+                              f"Dh in {HEAD_DIMS} and H a multiple of Hk with H / Hk <= {MAX_GROUP}")
+    return (-(-T * (H // Hk) // ROWS_PER_BLOCK), Hk), THREADS
+
+
+def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
+                         scale: float | None = None, device: int = 0) -> np.ndarray:
+    """Causal attention of q [T, H, Dh] at positions [T] over f16 caches [S, Hk, Dh] holding cells
+    0..max(positions) -> out [T, H * Dh] f32 (strata_attention_prefill_tc_f16_d<Dh>). The output
+    is poisoned (NaN) before the launch, so an element the kernel misses shows."""
+    from strata.backends.cuda import _runtime
+
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+    vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+    pos = np.ascontiguousarray(positions, dtype=np.int32)
+    if q.ndim != 3 or kc.ndim != 3 or vc.shape != kc.shape or kc.shape[2] != q.shape[2] or pos.shape != q.shape[:1]:
+        raise InvalidArgument(f"attention_prefill_tc: q {q.shape} [T, H, Dh], caches {kc.shape} [S, Hk, Dh] "
+                              f"and positions {pos.shape} [T] do not match")
+    T, H, dh = q.shape
+    if T == 0:
+        return np.empty((0, H * dh), np.float32)
+    grid, block = prefill_tc_launch_shape(T, H, kc.shape[1], dh)
+    if pos.min() < 0 or pos.max() >= kc.shape[0]:
+        raise InvalidArgument(f"attention_prefill_tc: positions must be in 0..{kc.shape[0] - 1}")
+    scale = 1.0 / np.sqrt(dh) if scale is None else scale
+
+    rt = _runtime()
+    dev = rt.Device(device)
+    stream = rt.Stream(dev)
+    bufs = []
+    for array in (q, kc, vc, pos):
+        buf = rt.DeviceBuffer(dev, array.nbytes)
+        buf.copy_from_host(array, stream)
+        bufs.append(buf)
+    out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
+    out_dev.fill_bytes(0xFF, stream)
+    kernel = rt.load_library(LIBRARY).kernel(dev, kernel_name(dh), SIGNATURE)
+    kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
+    out = np.empty((T, H * dh), np.float32)
+    out_dev.copy_to_host(out, stream)
+    stream.synchronize()
+    return out

@@ -1,0 +1,126 @@
+"""cuda/attention_tc.cu: tensor-core causal prompt attention, against
+strata.backends.cpu.causal_attention run in float64 on the same f16 K/V.
+
+Tolerance, per (token, head): max|out - ref| <= TOL * max|ref|. Q (scaled by scale * log2 e) and
+P are rounded to f16 for the mma: each score moves by ~2^-12 of its |q . k| terms and each weight
+by <= 2^-11 relative, which averages out over the cells. An emulation of those roundings in numpy
+gives ~7e-4 at unit-variance q and k (TOL 2e-3) and ~3e-3 with 4x sharper scores (TOL_PEAKED 6e-3).
+Cache cells past the last position hold NaN, so a read past the end fails the test.
+"""
+
+import numpy as np
+import pytest
+
+from strata.backends.cpu import causal_attention
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-3
+TOL_PEAKED = 6e-3
+F16_NAN = np.uint16(0x7E00).view(np.float16)
+
+
+@pytest.fixture(scope="module")
+def prefill_tc():
+    from strata.backends.cuda_attention_tc import attention_prefill_tc
+
+    return attention_prefill_tc
+
+
+def reference(q, keys, values, positions):
+    f64 = np.float64
+    return causal_attention(q.astype(f64), keys.astype(f64), values.astype(f64), positions)
+
+
+def assert_heads_close(out, ref, H, tol):
+    rows, dh = out.shape[0], out.shape[1] // H
+    assert np.isfinite(out).all(), "NaN/inf in the output: an unwritten element or a read past the end"
+    err = np.abs(out.astype(np.float64) - ref).reshape(rows, H, dh).max(axis=-1)
+    scale = np.abs(ref).reshape(rows, H, dh).max(axis=-1)
+    worst = float((err / scale).max())
+    assert worst <= tol, f"max rel err per head {worst:.3g} > {tol}"
+
+
+def case(rng, T, p0, H, Hk, dh, sharpness=1.0, positions=None):
+    """q, caches with NaN past the last position, positions, and the float64 reference."""
+    positions = np.arange(p0, p0 + T) if positions is None else positions
+    S = int(positions.max()) + 1 + 9
+    q = (rng.standard_normal((T, H, dh)) * sharpness).astype(np.float32)
+    k_cache = rng.standard_normal((S, Hk, dh)).astype(np.float16)
+    v_cache = rng.standard_normal((S, Hk, dh)).astype(np.float16)
+    last = int(positions.max()) + 1
+    ref = reference(q, k_cache[:last], v_cache[:last], positions)
+    k_cache[last:] = F16_NAN
+    v_cache[last:] = F16_NAN
+    return q, k_cache, v_cache, positions, ref
+
+
+# (T, p0, H, Hk, Dh): one token (at 0 and after a cache), T not a multiple of the 64-row block or the
+# 64-cell tile, chunks after earlier cells, G = 1, 2, 3, 4, 8, 16, Dh 64 and 128, and Qwen3-30B-A3B
+# (32 / 4 heads, Dh 128) at 512 tokens and at 2048 tokens after 2048 cached cells
+PREFILL = [
+    (1, 0, 32, 4, 128),
+    (1, 777, 32, 4, 128),
+    (7, 0, 32, 4, 128),
+    (37, 100, 8, 2, 64),
+    (100, 0, 32, 4, 128),
+    (33, 4000, 32, 4, 128),
+    (29, 11, 6, 6, 64),
+    (65, 63, 8, 8, 128),
+    (13, 50, 12, 4, 128),
+    (130, 1, 16, 4, 64),
+    (9, 9, 16, 1, 128),
+    (200, 300, 16, 1, 64),
+    (70, 5, 64, 4, 128),
+    (512, 0, 32, 4, 128),
+    (2048, 2048, 32, 4, 128),
+]
+
+
+@pytest.mark.parametrize("T,p0,H,Hk,dh", PREFILL)
+def test_attention_prefill_tc(prefill_tc, rng, T, p0, H, Hk, dh):
+    q, k_cache, v_cache, positions, ref = case(rng, T, p0, H, Hk, dh)
+    assert_heads_close(prefill_tc(q, k_cache, v_cache, positions), ref, H, TOL)
+
+
+@pytest.mark.parametrize("dh", [64, 128])
+def test_attention_prefill_tc_peaked_scores(prefill_tc, rng, dh):
+    q, k_cache, v_cache, positions, ref = case(rng, 256, 200, 32, 4, dh, sharpness=4.0)
+    assert_heads_close(prefill_tc(q, k_cache, v_cache, positions), ref, 32, TOL_PEAKED)
+
+
+def test_attention_prefill_tc_positions_with_gaps(prefill_tc, rng):
+    # the contract is per-query positions, not a contiguous range: gaps, repeats and unsorted order
+    positions = rng.integers(0, 3000, 150)
+    positions[:5] = 0
+    q, k_cache, v_cache, positions, ref = case(rng, 150, 0, 32, 4, 128, positions=positions)
+    assert_heads_close(prefill_tc(q, k_cache, v_cache, positions), ref, 32, TOL)
+
+
+def test_attention_prefill_tc_scale_argument(prefill_tc, rng):
+    q, k_cache, v_cache, positions, _ = case(rng, 50, 20, 8, 2, 64)
+    ref = reference(q * np.float32(0.3 * 8), k_cache[:70], v_cache[:70], positions)   # cpu scales by 1/sqrt(64)
+    assert_heads_close(prefill_tc(q, k_cache, v_cache, positions, scale=0.3), ref, 8, TOL)
+
+
+def test_attention_prefill_tc_is_deterministic(prefill_tc, rng):
+    q, k_cache, v_cache, positions, _ = case(rng, 300, 1000, 32, 4, 128)
+    first = prefill_tc(q, k_cache, v_cache, positions)
+    np.testing.assert_array_equal(prefill_tc(q, k_cache, v_cache, positions).view(np.uint32), first.view(np.uint32))
+
+
+def test_attention_prefill_tc_matches_ffma_kernel(prefill_tc, rng):
+    # the kernel it replaces, at the production shape: same contract, so the same answer to ~TOL
+    from strata.backends.cuda import CudaOps
+
+    q, k_cache, v_cache, positions, ref = case(rng, 256, 1500, 32, 4, 128)
+    ffma = CudaOps().attention_prefill(q, k_cache, v_cache, positions)
+    assert_heads_close(prefill_tc(q, k_cache, v_cache, positions), ffma.astype(np.float64), 32, TOL)
+
+
+def test_prefill_tc_launch_shape():
+    from strata.backends.cuda_attention_tc import prefill_tc_launch_shape
+
+    assert prefill_tc_launch_shape(512, 32, 4, 128) == ((64, 4), 128)
+    assert prefill_tc_launch_shape(1, 16, 1, 64) == ((1, 1), 128)
+    assert prefill_tc_launch_shape(65, 8, 8, 128) == ((2, 8), 128)
