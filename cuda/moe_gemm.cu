@@ -30,10 +30,10 @@
 //
 // Precision: inputs are f16(X) and f16(W) (round to nearest even; W decoded exactly in f32 first),
 // their products are exact in f32, and the sum runs in the tensor cores' f32 accumulator. With
-// P = sum_k |x_k w_k| and S = sum_k |x_k|:
-//   |Y - sum_k x_k w_k| <= (2^-10 + K * 2^-22) * P + 2^-25 * S
-// (2^-11 relative per f16 rounding, 2^-25 absolute where a weight is f16-subnormal, below 6.1e-5;
-// K * 2^-22 is a loose bound on the f32 accumulation, typically ~sqrt(K) * 2^-24 * P).
+// P = sum_k |x_k w_k|:
+//   |Y - sum_k x_k w_k| <= (2^-10 + K * 2^-22) * P + 2^-25 * (sum_k |x_k| + sum_k |w_k|)
+// (2^-11 relative per f16 rounding, 2^-25 absolute where a value is f16-subnormal, below 6.1e-5;
+// K * 2^-22 P is a loose bound on the f32 accumulation, whose error is typically ~1e-7 P).
 // Deterministic: each output's K order is fixed (16-wide mma steps, ascending k), and an mma's
 // result for an element depends only on that element's row and column operands, so Y is
 // bit-identical whatever the weights' address, the tile a row falls in, n_tiles or S.

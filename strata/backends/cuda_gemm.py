@@ -1,0 +1,99 @@
+"""Host side of cuda/moe_gemm.cu: tile tables, launch shape and a numpy-in/out wrapper for tests.
+
+strata_moe_gemm_<q> computes, in one launch, every group's rows of Y = f16(X) f16(W_g)^T; a tile is
+at most BM consecutive rows of one group. The engine builds the tile table once per step (tiles_for)
+and launches once per weight matrix per layer with grid (ceil(N / BN), n_tiles) and BLOCK threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.backends.cuda import _runtime
+from strata.errors import InvalidArgument
+from strata.quant import QTYPES, qtype
+
+BM = 64                 # token rows per tile (cuda/moe_gemm.cu kBM)
+BN = 128                # weight rows per CTA (kBN)
+BLOCK = 256             # threads per CTA (kThreads)
+SHARED_BYTES = 30720    # static shared memory per CTA; under 48 KiB, so no opt-in, none dynamic
+SIGNATURE = "PqPPqPqii"  # ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K
+QTYPE_NAMES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+               "Q6_K", "IQ4_NL", "IQ4_XS")
+
+
+def kernel_name(qtype_name: str) -> str:
+    name = qtype(qtype_name).name
+    if name not in QTYPE_NAMES:
+        raise InvalidArgument(f"moe_gemm: no kernel for weight type {name}")
+    return f"strata_moe_gemm_{name.lower()}"
+
+
+def check_k(qtype_name: str, K: int) -> None:
+    """K must fill whole blocks, and whole 8-weight loads for the float types."""
+    bs = qtype(qtype_name).block_size
+    if K <= 0 or K % max(bs, 8):
+        raise InvalidArgument(f"moe_gemm: K {K} must be a positive multiple of {max(bs, 8)} for {qtype_name}")
+
+
+def tiles_for(groups) -> np.ndarray:
+    """[n_tiles, 4] int32 (group, s0, rows, 0) cutting each (group, s0, rows) range into BM-row tiles.
+    Ranges of 0 rows give no tile."""
+    out = []
+    for g, s0, rows in groups:
+        if g < 0 or s0 < 0 or rows < 0:
+            raise InvalidArgument(f"tiles_for: range {(g, s0, rows)} has a negative field")
+        out.extend((g, s, min(BM, s0 + rows - s), 0) for s in range(s0, s0 + rows, BM))
+    return np.array(out, np.int32).reshape(-1, 4)
+
+
+def grid_for(N: int, n_tiles: int) -> tuple[int, int]:
+    return -(-N // BN), n_tiles
+
+
+def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
+             tiles: np.ndarray | None = None) -> np.ndarray:
+    """Y [S, N] float32 with Y[s] = f16(X[s]) @ f16(W_g)^T for s in each range (g, s0, rows); rows
+    outside every range stay NaN (the output is poisoned). weights[g]: raw bytes of an [N, K] matrix.
+
+    offsets[g] (a multiple of 16) places group g's bytes that far into its own device buffer, so
+    tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
+    kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
+    whose device and stream are used (one is made if None)."""
+    from strata.backends.cuda import CudaOps
+
+    ops = ops or CudaOps()
+    rt = _runtime()
+    X = np.ascontiguousarray(X, np.float32)
+    if X.ndim != 2:
+        raise InvalidArgument(f"moe_gemm: X {X.shape} must be [S, K]")
+    S, K = X.shape
+    check_k(qtype_name, K)
+    row_bytes = qtype(qtype_name).row_bytes(K)
+    sizes = {int(np.asarray(w).nbytes) for w in weights}
+    if len(sizes) != 1 or sizes.pop() % row_bytes:
+        raise InvalidArgument(f"moe_gemm: every weight must hold the same whole number of {row_bytes}-byte rows")
+    N = int(np.asarray(weights[0]).nbytes) // row_bytes
+    tiles = tiles_for(ranges) if tiles is None else np.ascontiguousarray(tiles, np.int32)
+    offsets = offsets or [0] * len(weights)
+    bufs, ptrs = [], []
+    for w, off in zip(weights, offsets):
+        data = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+        buf = rt.DeviceBuffer(ops.device, off + part_offset + data.size)
+        buf.copy_from_host(data, ops.stream, offset=off + part_offset)
+        bufs.append(buf)
+        ptrs.append(buf.ptr + off)
+    Y = np.empty((S, N), np.float32)
+    if len(tiles) == 0 or N == 0:
+        Y.fill(np.nan)
+        return Y
+    y_dev = ops._output(Y.nbytes)
+    args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
+    ops._kernel("moe_gemm", kernel_name(qtype_name), SIGNATURE).launch(grid_for(N, len(tiles)), BLOCK, args,
+                                                                       stream=ops.stream)
+    Y = ops._download(y_dev, Y.shape, np.float32)
+    del bufs    # freed only after the download's synchronize
+    return Y
+
+
+assert set(QTYPE_NAMES) <= set(QTYPES)

@@ -1,0 +1,36 @@
+"""numpy emulation of strata_moe_gemm_<q> (cuda/moe_gemm.cu) on fake_cuda's memory, for the GPU
+engine's host tests. To wire it in fake_cuda: SIGNATURES[r"strata_moe_gemm_\\w+"] = "PqPPqPqii",
+"moe_gemm" among Kernel.run's per-quant-type prefixes, and _EMULATE["moe_gemm"] = emulate_moe_gemm.
+
+It checks what the real launch needs (grid, tile fields, alignment, K) and computes like the kernel:
+f16-rounded X and weights, float32 products and sums (numpy's order, not the tensor cores', so
+results agree to the kernel's stated bound, not bit for bit).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strata.quant import qtype
+from tests.engine.fake_cuda import _aligned, _weights, view
+
+BM, BN = 64, 128    # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda_gemm mirrors them)
+
+
+def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
+    n_tiles = grid[1]
+    assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"
+    assert K > 0 and K % max(qtype(q).block_size, 8) == 0, f"moe_gemm: K {K} for {q}"
+    assert X % 16 == 0 and ldx % 4 == 0 and Y % 4 == 0, f"moe_gemm: X 0x{X:x} ldx {ldx} Y 0x{Y:x}"
+    table = view(tiles, 4 * n_tiles, np.int32).reshape(n_tiles, 4)
+    groups = int(table[:, 0].max()) + 1 if n_tiles else 0
+    addrs = view(ptrs, groups, np.uint64) if groups else np.zeros(0, np.uint64)
+    cache: dict[int, np.ndarray] = {}
+    for g, s0, m, _ in table.tolist():
+        assert 1 <= m <= BM and s0 >= 0 and g >= 0, f"moe_gemm: tile {(g, s0, m)}"
+        if g not in cache:
+            w = int(addrs[g]) + part_offset
+            _aligned("moe_gemm", w)
+            cache[g] = _weights(q, w, N, K).astype(np.float16).astype(np.float32)
+        for i in range(m):
+            x = view(X + (s0 + i) * ldx * 4, K).astype(np.float16).astype(np.float32)
+            view(Y + (s0 + i) * ldy * 4, N)[:] = cache[g] @ x

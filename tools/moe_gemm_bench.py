@@ -1,0 +1,99 @@
+"""Time strata_moe_gemm_<q> (cuda/moe_gemm.cu) on Qwen3-30B-A3B prompt shapes.
+
+    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--json PATH]
+
+Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
+an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
+launches. Prints TFLOP/s (2 * rows * N * K per launch) and the effective weight read rate (every
+group's weight bytes once per launch, whatever L2 saves).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from strata.backends.cuda import CudaOps
+from strata.backends.cuda_gemm import BLOCK, SIGNATURE, grid_for, kernel_name, tiles_for
+from strata.quant import qtype
+from strata.quant.random import random_qtensor_bytes
+
+NUM_EXPERTS, TOP_K = 128, 8
+
+
+def shapes(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, int, int, list[int]]]:
+    """(label, qtype, N, K, rows per group). Expert rows: tokens * TOP_K spread unevenly over the
+    experts (a Dirichlet draw, each group clipped to 32..512 rows as the prompt's chunks give)."""
+    share = rng.dirichlet(np.full(NUM_EXPERTS, 4.0))
+    experts = [int(r) for r in np.clip(np.round(share * tokens * TOP_K), 32, 512)]
+    return [
+        ("experts gate|up", "Q4_K", 1536, 2048, experts),
+        ("experts down", "Q4_K", 2048, 768, experts),
+        ("experts down", "Q6_K", 2048, 768, experts),
+        ("dense q", "Q8_0", 4096, 2048, [tokens]),
+        ("dense k/v", "Q8_0", 512, 2048, [tokens]),
+        ("dense o", "Q8_0", 2048, 4096, [tokens]),
+        ("head", "Q8_0", 151936, 2048, [16]),
+    ]
+
+
+def bench_shape(ops, rng, name, N, K, rows, repeats):
+    rt = ops._rt
+    row_bytes = qtype(name).row_bytes(K)
+    stride = -(-N * row_bytes // 256) * 256
+    G = len(rows)
+    blob = rt.DeviceBuffer(ops.device, G * stride)
+    one = random_qtensor_bytes(name, (N, K), rng)   # one matrix, copied to every group's place
+    for g in range(G):
+        blob.copy_from_host(one, ops.stream, offset=g * stride)
+    ranges, s = [], 0
+    for g, r in enumerate(rows):
+        ranges.append((g, s, r))
+        s += r
+    tiles = tiles_for(ranges)
+    X = rng.standard_normal((s, K)).astype(np.float32)
+    ptrs = np.array([blob.ptr + g * stride for g in range(G)], np.uint64)
+    y = ops._output(s * N * 4)
+    args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
+    kernel = ops._kernel("moe_gemm", kernel_name(name), SIGNATURE)
+    grid = grid_for(N, len(tiles))
+    start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
+    times = []
+    for i in range(repeats + 3):
+        start.record(ops.stream)
+        kernel.launch(grid, BLOCK, args, stream=ops.stream)
+        end.record(ops.stream)
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_ms(end))
+    ms = float(np.median(times))
+    flops = 2.0 * s * N * K
+    return {"qtype": name, "N": N, "K": K, "groups": G, "rows": s, "tiles": len(tiles), "ms": ms,
+            "tflops": flops / ms / 1e9, "weight_gbps": G * N * row_bytes / ms / 1e6}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    ops = CudaOps()
+    rng = np.random.default_rng(0)
+    results = []
+    print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'groups':>6} {'rows':>6} {'ms':>8} {'TFLOP/s':>8} {'W GB/s':>7}")
+    for label, name, N, K, rows in shapes(args.tokens, rng):
+        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats)}
+        results.append(r)
+        print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "
+              f"{r['tflops']:>8.1f} {r['weight_gbps']:>7.0f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": ops.device.name, "tokens": args.tokens, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
