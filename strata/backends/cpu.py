@@ -121,6 +121,23 @@ class CpuOps:
         keys, values = kv.read(layer, int(positions.max()) + 1)
         return causal_attention(q, keys, values, positions)
 
+    # composites: a GPU backend fuses each into fewer launches; here the plain sequence -------------
+    def add_rms_norm(self, x: np.ndarray, y: np.ndarray, name: str, eps: float):
+        """A residual add and the norm after it -> (x + y, rms_norm(x + y))."""
+        x = self.add(x, y)
+        return x, self.rms_norm(x, name, eps)
+
+    def qkv(self, x: np.ndarray, prefix: str):
+        """The attention projections of x -> (q [T, H*Dh], k [T, Hk*Dh], v [T, Hk*Dh])."""
+        return tuple(self.linear(x, f"{prefix}attn_{p}.weight") for p in "qkv")
+
+    def qk_norm_rope_attention(self, q, k, v, q_norm: str, k_norm: str, eps: float, layer: int, kv,
+                               positions: np.ndarray) -> np.ndarray:
+        """Per-head RMSNorm and RoPE of q [T, H, Dh] and k [T, Hk, Dh], then attention -> [T, H*Dh]."""
+        q = self.rope(self.rms_norm(q, q_norm, eps), positions)
+        k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+        return self.attention(q, k, v, layer, kv, positions)
+
     @staticmethod
     def moe_route(router_logits: np.ndarray, top_k: int, norm_topk: bool):
         return moe_route(router_logits, top_k, norm_topk)

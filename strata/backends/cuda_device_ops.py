@@ -15,6 +15,10 @@ dequantizes the weight (bit-exact, in row chunks of at most WEIGHT_SCRATCH_BYTES
 GEMM. `moe` with T <= GEMV_MAX_T runs one GEMV per (token, active expert) slot, the expert read from
 the device-side ids; prompt chunks group the tokens by expert on the host (one small download), then
 gather, GEMM per expert over its dequantized matrices, SwiGLU, down and a weighted combine.
+
+The model's composites run cuda/decode_fused.cu: `add_rms_norm` (a residual add and the norm after
+it), `qkv` (the three projections in one GEMV launch where they share a quant type and T <= 8) and
+`qk_norm_rope_attention` (QK-norm, RoPE and the K/V append in one launch, then attention).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import numpy as np
 from ..errors import InvalidArgument, UnsupportedError
 from ..model import rope
 from ..quant import qtype as qtype_of
+from .cuda import CudaOps
 from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
 from .cuda_moe import moe_decode, moe_grouped
 
@@ -34,6 +39,7 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")     # cuda/embed.cu's type
 ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
 ATTENTION_MAX_SPLITS = 1024
 MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
+QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/decode_fused.cu kMaxPairs
 
 class DeviceOps:
     """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
@@ -245,18 +251,23 @@ class DeviceOps:
 
     def attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv, positions) -> DeviceTensor:
         """K/V appended at their positions into kv's layer, then causal attention -> [T, H * Dh]."""
-        T, H, dh = q.shape
+        T, _, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
         kc, vc = kv.layer(layer)
         self.launch("attention", "strata_kv_append_f16", "PPPPPii", T, 128, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
+        return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+
+    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
+        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
+        T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
             self.launch("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", (H, T), 128,
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T == 1:
-            self._attention_decode(q, Hk, kc, vc, pos, out, kv.max_cells, scale)
+            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
@@ -283,6 +294,55 @@ class DeviceOps:
                     (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale))
         self.launch("attention", "strata_attention_decode_combine_f32", "PPPiii", (H, 1), 128,
                     (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+
+    # ---- composites, fused (cuda/decode_fused.cu) ---------------------------------------------
+    def add_rms_norm(self, x: DeviceTensor, y: DeviceTensor, name: str, eps: float):
+        """(x + y, rms_norm(x + y) * w) in one launch: a residual add and the norm after it."""
+        if x.shape != y.shape:
+            raise InvalidArgument(f"add_rms_norm: shapes {x.shape} and {y.shape} differ")
+        n = x.shape[-1]
+        rows = x.size // n
+        x_out, out = self.alloc(x.shape), self.alloc(x.shape)
+        self.launch("decode_fused", "strata_add_rms_norm_f32", "PPPPPiif", max(rows, 1), 256,
+                    (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
+        return x_out, out
+
+    def qkv(self, x: DeviceTensor, prefix: str):
+        """The attention projections -> (q, k, v): one strata_gemv3 launch when the three share a
+        quant type and the GEMV path applies, else three `linear`s. Same numbers either way."""
+        names = [f"{prefix}attn_{p}.weight" for p in "qkv"]
+        ws = [self.w.tensor(name) for name in names]
+        n = x.shape[-1]
+        T = x.size // n
+        if (T > GEMV_MAX_T or len({w.qtype for w in ws}) > 1 or any(w.shape[-1] != n for w in ws)
+                or (T > 1 and n % 8)):
+            return tuple(self.linear(x, name) for name in names)
+        x = self._aligned(x)
+        ys = [self.alloc((*x.shape[:-1], w.rows)) for w in ws]
+        q = ws[0].qtype
+        per_set = 4 if T > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp
+        sets = sum(-(-w.rows // per_set) for w in ws)
+        self.launch("decode_fused", f"strata_gemv3_{q.lower()}", "PPPPPPPiiiii", max(1, -(-sets // 4)), 128,
+                    (*(w.ptr for w in ws), x.ptr, *(y.ptr for y in ys), *(w.rows for w in ws), n, T))
+        return tuple(ys)
+
+    def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
+                               eps: float, layer: int, kv, positions) -> DeviceTensor:
+        """QK-norm, RoPE and the K/V append in one launch (strata_qk_norm_rope_kv_f32), then attention."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS:
+            q = self.rope(self.rms_norm(q, q_norm, eps), positions)
+            k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+            return self.attention(q, k, v, layer, kv, positions)
+        pos = self._positions(positions)
+        kc, vc = kv.layer(layer)
+        q_out = self.alloc(q.shape)
+        grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
+        self.launch("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPiiiiff", grid, 128,
+                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                     self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
+        return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)
 
     def moe_route(self, router_logits: DeviceTensor, top_k: int, norm_topk: bool):
         T, E = router_logits.shape

@@ -32,34 +32,36 @@ class Qwen3Moe:
         own = f"blk.{args.num_hidden_layers}.nextn.shared_head_norm.weight"
         self.mtp_norm = own if args.num_mtp_layers and ops.has_weight(own) else "output_norm.weight"
 
-    def layer(self, l: int, x, positions: np.ndarray, kv, record: Recorder = _no_record):
-        """One decoder layer over x [T, D] at these positions; K/V are appended to kv's layer l."""
+    def layer(self, l: int, x, attn_norm, positions: np.ndarray, kv, next_norm: str,
+              record: Recorder = _no_record):
+        """One decoder layer over x [T, D] at these positions; K/V are appended to kv's layer l.
+
+        attn_norm is this layer's input norm of x (the previous layer computed it with its residual
+        add); returns (layer_out, rms_norm(layer_out) with the weight next_norm): the residual adds
+        and the norms after them are composite ops, so a backend can fuse each pair.
+        """
         a, ops = self.args, self.ops
         T = x.shape[0]
-        H, Hk, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        H, Hk, Dh, eps = a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
         p = f"blk.{l}."
 
-        attn_norm = ops.rms_norm(x, p + "attn_norm.weight", a.rms_norm_eps)
-        q = ops.reshape(ops.linear(attn_norm, p + "attn_q.weight"), (T, H, Dh))
-        k = ops.reshape(ops.linear(attn_norm, p + "attn_k.weight"), (T, Hk, Dh))
-        v = ops.reshape(ops.linear(attn_norm, p + "attn_v.weight"), (T, Hk, Dh))
-        q = ops.rope(ops.rms_norm(q, p + "attn_q_norm.weight", a.rms_norm_eps), positions)
-        k = ops.rope(ops.rms_norm(k, p + "attn_k_norm.weight", a.rms_norm_eps), positions)
-        attn = ops.attention(q, k, v, l, kv, positions)                     # [T, H*Dh]
+        q, k, v = ops.qkv(attn_norm, p)                                      # attn_q/k/v projections
+        q, k, v = ops.reshape(q, (T, H, Dh)), ops.reshape(k, (T, Hk, Dh)), ops.reshape(v, (T, Hk, Dh))
+        attn = ops.qk_norm_rope_attention(q, k, v, p + "attn_q_norm.weight", p + "attn_k_norm.weight", eps,
+                                          l, kv, positions)              # [T, H*Dh]
         attn_out = ops.linear(attn, p + "attn_output.weight")
-        x = ops.add(x, attn_out)
+        x, ffn_norm = ops.add_rms_norm(x, attn_out, p + "ffn_norm.weight", eps)
         record("attn_norm", l, attn_norm)
         record("attn_out", l, attn_out)
 
-        ffn_norm = ops.rms_norm(x, p + "ffn_norm.weight", a.rms_norm_eps)
         router_logits = ops.linear(ffn_norm, p + "ffn_gate_inp.weight")     # [T, E]
         expert_ids, expert_weights = ops.moe_route(router_logits, a.num_experts_per_tok, a.norm_topk_prob)
         moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights)          # [T, D]
-        x = ops.add(x, moe_out)
+        x, normed = ops.add_rms_norm(x, moe_out, next_norm, eps)
         record("router_logits", l, router_logits)
         record("moe_out", l, moe_out)
         record("layer_out", l, x)
-        return x
+        return x, normed
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record,
                 logits_rows: slice | None = None):
@@ -68,11 +70,14 @@ class Qwen3Moe:
         hidden is the last layer's output before the final norm: the MTP draft layer's input.
         """
         a, ops = self.args, self.ops
+        L = a.num_hidden_layers
         x = ops.embed("token_embd.weight", ids)
-        for l in range(a.num_hidden_layers):
-            x = self.layer(l, x, positions, kv, record)
-        rows = x if logits_rows is None else x[logits_rows]
-        logits = ops.linear(ops.rms_norm(rows, "output_norm.weight", a.rms_norm_eps), self.head)
+        normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
+        for l in range(L):
+            next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L else "output_norm.weight"
+            x, normed = self.layer(l, x, normed, positions, kv, next_norm, record)
+        rows = normed if logits_rows is None else normed[logits_rows]      # the norm is per row
+        logits = ops.linear(rows, self.head)
         return logits, x
 
     def mtp_forward(self, hidden, next_ids: np.ndarray, positions: np.ndarray, kv,
@@ -87,6 +92,6 @@ class Qwen3Moe:
         emb = ops.rms_norm(ops.embed("token_embd.weight", next_ids), p + "enorm.weight", a.rms_norm_eps)
         hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
         x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
-        x = self.layer(L, x, positions, kv, record)
-        logits = ops.linear(ops.rms_norm(x, self.mtp_norm, a.rms_norm_eps), self.head)
-        return logits
+        attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
+        _, normed = self.layer(L, x, attn_norm, positions, kv, self.mtp_norm, record)
+        return ops.linear(normed, self.head)

@@ -191,6 +191,11 @@ SIGNATURES = {
     r"strata_moe_route_f32": "PPPiiii", r"strata_swiglu_f32": "PPPiiqqq", r"strata_moe_combine_f32": "PPPPPiii",
 }
 
+SIGNATURES.update({     # cuda/decode_fused.cu
+    r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
+    r"strata_gemv3_\w+": "PPPPPPPiiiii",
+})
+
 
 def _dims(v) -> tuple:
     v = (v,) if isinstance(v, int) else tuple(v)
@@ -215,7 +220,7 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_batch", "gemv", "moe_gemv", "dequant", "embed"):   # per quant type
+        for prefix in ("gemv_batch", "gemv", "gemv3", "moe_gemv", "dequant", "embed"):   # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
         m = re.search(r"_d(\d+)(_g\d+)?$", base)                              # per head dim
@@ -376,6 +381,45 @@ _EMULATE = {
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
 }
+
+
+# ---- cuda/decode_fused.cu ---------------------------------------------------------------------------
+
+def _add_rms_norm(grid, x, y, x_out, w, out, rows, n, eps):
+    assert grid[0] >= rows
+    s = (view(x, rows * n) + view(y, rows * n)).reshape(rows, n)
+    view(x_out, rows * n)[:] = s.reshape(-1)
+    view(out, rows * n).reshape(rows, n)[:] = rms_norm(s, view(w, n), eps)
+
+
+def _qk_norm_rope_kv(grid, q, k, v, q_w, k_w, pos, inv, q_out, kc, vc, T, H, Hk, dh, eps, scale):
+    assert grid[0] >= T and dh % 2 == 0 and dh // 2 <= 512
+    p = view(pos, T, np.int32).astype(np.int64)
+    cos, sin = rope.cos_sin(p, view(inv, dh // 2), scale)
+
+    def norm_rope(ptr, heads, w):
+        return rope.apply(rms_norm(view(ptr, T * heads * dh).reshape(T, heads, dh), view(w, dh), eps),
+                          cos, sin).astype(np.float32)
+    qs, ks = norm_rope(q, H, q_w), norm_rope(k, Hk, k_w).reshape(T, Hk * dh)
+    vs = view(v, T * Hk * dh).reshape(T, Hk * dh).copy()
+    view(q_out, T * H * dh)[:] = qs.reshape(-1)
+    for t, c in enumerate(p):
+        view(kc + int(c) * Hk * dh * 2, Hk * dh, np.float16)[:] = ks[t]
+        view(vc + int(c) * Hk * dh * 2, Hk * dh, np.float16)[:] = vs[t]
+
+
+def _gemv3(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
+    from strata.backends.cuda import CudaOps
+    assert 1 <= batch <= 8 and (batch == 1 or n % 8 == 0)
+    per_set = 4 if batch > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4
+    assert grid[0] * 4 * per_set >= sum(-(-r // per_set) * per_set for r in (rows0, rows1, rows2))
+    xs = view(x, batch * n).reshape(batch, n)
+    for W, y, rows in ((W0, y0, rows0), (W1, y1, rows1), (W2, y2, rows2)):
+        _aligned("gemv3", W, x, y)
+        view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
+
+
+_EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_norm_rope_kv, "gemv3": _gemv3})
 
 
 def read_manifest(directory=None) -> dict:
