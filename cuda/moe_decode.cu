@@ -31,11 +31,11 @@
 // its block's chunk. When a lane's units of a row fit in registers (kHold; always at Qwen3-30B
 // sizes) the lane loads its x values once and keeps them for every row; the first set's weight
 // loads are issued before the staging barrier, and each next set's right after the current one's
-// dot products, so a warp has a set's weights (4 Q4_K rows: 4.5 KB) in flight while it computes.
+// dot products, so a warp has a set's weights in flight while it computes (a Q4_K gate/up pair: 2.3 KB).
 // Down: warps write their A partial results of a round of sets to shared memory; after a barrier
 // the block sums them per row in the fixed order a = 0..A-1.
 //
-// Launch: block = (256, 1, 1); grid = (any gx >= 1, T, 1), every gx is complete and gives the
+// Launch: block = (256, 1, 1), at most 128 registers a thread (2 blocks per SM); grid = (any gx >= 1, T, 1), every gx is complete and gives the
 // same bits; strata/backends/cuda_moe_decode.py picks gx (about 2 blocks per SM). Dynamic shared
 // memory: staged_floats * 4 bytes (staged_floats = D for gate_up, A * I for down, each row padded
 // 4 floats per unit of 8/32/64 weights; not padded for a float type with n % 8 != 0). With less
@@ -75,21 +75,21 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 template <class U> struct Tile;
 #define STRATA_TILE(Unit, pairs, hold)                                                                 \
     template <> struct Tile<Unit> { static constexpr int kPairs = pairs, kHold = hold; };
-STRATA_TILE(UnitQ4_0, 2, 2)
-STRATA_TILE(UnitQ4_1, 2, 2)
-STRATA_TILE(UnitQ5_0, 2, 2)
-STRATA_TILE(UnitQ5_1, 2, 2)
+STRATA_TILE(UnitQ4_0, 1, 2)
+STRATA_TILE(UnitQ4_1, 1, 2)
+STRATA_TILE(UnitQ5_0, 1, 2)
+STRATA_TILE(UnitQ5_1, 1, 2)
 STRATA_TILE(UnitQ8_0, 1, 2)
-STRATA_TILE(UnitIQ4_NL, 2, 2)
-STRATA_TILE(UnitQ2_K, 2, 1)
-STRATA_TILE(UnitQ3_K, 2, 1)
-STRATA_TILE(UnitQ4_K, 2, 1)
+STRATA_TILE(UnitIQ4_NL, 1, 2)
+STRATA_TILE(UnitQ2_K, 1, 1)
+STRATA_TILE(UnitQ3_K, 1, 1)
+STRATA_TILE(UnitQ4_K, 1, 1)
 STRATA_TILE(UnitQ5_K, 1, 1)
 STRATA_TILE(UnitQ6_K, 1, 1)
-STRATA_TILE(UnitIQ4_XS, 2, 1)
+STRATA_TILE(UnitIQ4_XS, 1, 1)
 STRATA_TILE(UnitFloat8<BlockF32x8>, 1, 4)
-STRATA_TILE(UnitFloat8<BlockF16x8>, 1, 8)
-STRATA_TILE(UnitFloat8<BlockBF16x8>, 1, 8)
+STRATA_TILE(UnitFloat8<BlockF16x8>, 1, 4)
+STRATA_TILE(UnitFloat8<BlockBF16x8>, 1, 4)
 STRATA_TILE(UnitFloat1<ElemF32>, 2, 0)
 STRATA_TILE(UnitFloat1<ElemF16>, 2, 0)
 STRATA_TILE(UnitFloat1<ElemBF16>, 2, 0)
@@ -459,13 +459,13 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
         float *out, int A, int D, int I
 
 #define STRATA_MOE_DECODE(name, GateUpUnit, DownUnit)                                                  \
-    extern "C" __global__ void __launch_bounds__(kThreads) strata_moe_gate_up_##name(STRATA_GATE_UP_ARGS) { \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_gate_up_##name(STRATA_GATE_UP_ARGS) { \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
         const GateUp k{ptrs, gate_off, up_off, ids, x, h, A, I, D};                                    \
         GateUpUnit;                                                                                    \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(kThreads) strata_moe_down_##name(STRATA_DOWN_ARGS) {  \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_down_##name(STRATA_DOWN_ARGS) {  \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
         const Down k{ptrs, down_off, ids, h, weights, out, A, D, I};                                   \
