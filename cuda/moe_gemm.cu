@@ -71,27 +71,30 @@ __device__ __forceinline__ uint4 halves8(const float* v) {
     return make_uint4(half2_bits(v[0], v[1]), half2_bits(v[2], v[3]), half2_bits(v[4], v[5]), half2_bits(v[6], v[7]));
 }
 
-// Weights k .. k + 15 of one row as 16 f16 (two uint4); k past K (float types' tail) reads zeros.
+// Weights k .. k + 15 of one row as 16 f16 (two uint4). k past K (the float types' tail) reads the
+// row's last 8 weights and zeros them: no branch, so the whole k-step stays one basic block and
+// the scheduler can overlap these loads with the tensor-core work.
 template <class B>
 __device__ __forceinline__ void decode_w(const uint8_t* row, int k, int K, uint4 (&out)[2]) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-        const int kc = k + 8 * c;
-        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (B::kWeights >= kBK || kc < K)
-            B::decode8(row + static_cast<long long>(kc / B::kWeights) * B::kBytes, (kc % B::kWeights) / 8, v);
+        const int kc = B::kWeights >= kBK ? k + 8 * c : min(k + 8 * c, K - 8);
+        float v[8];
+        B::decode8(row + static_cast<long long>(kc / B::kWeights) * B::kBytes, (kc % B::kWeights) / 8, v);
+        if (B::kWeights < kBK && k + 8 * c >= K)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = 0.f;
         out[c] = halves8(v);
     }
 }
 
-// X values k .. k + 7 of one row as 8 f16; rows past m and k past K read zeros.
-__device__ __forceinline__ uint4 load_x(const float* row, bool valid) {
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (valid) {
-        const float4 lo = __ldg(reinterpret_cast<const float4*>(row));
-        const float4 hi = __ldg(reinterpret_cast<const float4*>(row) + 1);
-        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-    }
+// X values k .. k + 7 of a row as 8 f16; invalid (a row past m, k past K) reads in bounds, gives zeros.
+__device__ __forceinline__ uint4 load_x(const float* row, int k, int K, bool valid) {
+    const float4* p = reinterpret_cast<const float4*>(row + min(k, K - 8));
+    const float4 lo = __ldg(p), hi = __ldg(p + 1);
+    const float z = 0.f;
+    const float v[8] = {valid ? lo.x : z, valid ? lo.y : z, valid ? lo.z : z, valid ? lo.w : z,
+                        valid ? hi.x : z, valid ? hi.y : z, valid ? hi.z : z, valid ? hi.w : z};
     return halves8(v);
 }
 
@@ -144,7 +147,7 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     const long long row_bytes = static_cast<long long>(K / B::kWeights) * B::kBytes;
     const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset) +
                            static_cast<long long>(min(n0 + wr, N - 1)) * row_bytes;
-    const float* x_row = X + static_cast<long long>(s0 + min(xr, m - 1)) * ldx + xk;
+    const float* x_row = X + static_cast<long long>(s0 + min(xr, m - 1)) * ldx;
     const bool x_ok = xr < m;
 
     const int wm = kWarpM * (warp / kWarpsN), wn = kWarpN * (warp % kWarpsN);
@@ -152,27 +155,23 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
 
     uint4 w_next[2], x_next;
     decode_w<B>(w_row, wk, K, w_next);
-    x_next = load_x(x_row, x_ok && xk < K);
+    x_next = load_x(x_row, xk, K, x_ok && xk < K);
     *reinterpret_cast<uint4*>(&sm.b[0][wr][wk]) = w_next[0];
     *reinterpret_cast<uint4*>(&sm.b[0][wr][wk + 8]) = w_next[1];
     *reinterpret_cast<uint4*>(&sm.a[0][xr][xk]) = x_next;
     __syncthreads();
 
+    // The last step decodes its own tile again into the idle buffer (read by nobody): no branch.
     const int steps = (K + kBK - 1) / kBK;
     for (int step = 0; step < steps; ++step) {
         const int cur = step & 1;
-        const bool more = step + 1 < steps;
-        const int k_next = (step + 1) * kBK;
-        if (more) {  // loads in flight while the tensor cores run
-            decode_w<B>(w_row, k_next + wk, K, w_next);
-            x_next = load_x(x_row + k_next, x_ok && k_next + xk < K);
-        }
+        const int k_next = min(step + 1, steps - 1) * kBK;
+        decode_w<B>(w_row, k_next + wk, K, w_next);
+        x_next = load_x(x_row, k_next + xk, K, x_ok && k_next + xk < K);
         mma_step(sm.a[cur], sm.b[cur], wm, wn, lane, acc);
-        if (more) {
-            *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk]) = w_next[0];
-            *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk + 8]) = w_next[1];
-            *reinterpret_cast<uint4*>(&sm.a[cur ^ 1][xr][xk]) = x_next;
-        }
+        *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk]) = w_next[0];
+        *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk + 8]) = w_next[1];
+        *reinterpret_cast<uint4*>(&sm.a[cur ^ 1][xr][xk]) = x_next;
         __syncthreads();
     }
 

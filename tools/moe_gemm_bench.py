@@ -1,6 +1,6 @@
 """Time strata_moe_gemm_<q> (cuda/moe_gemm.cu) on Qwen3-30B-A3B prompt shapes.
 
-    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--json PATH]
+    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--json PATH]
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
+    ap.add_argument("--only", metavar="TEXT", help="only shapes whose label or type contains TEXT")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     ops = CudaOps()
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
     results = []
     print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'groups':>6} {'rows':>6} {'ms':>8} {'TFLOP/s':>8} {'W GB/s':>7}")
     for label, name, N, K, rows in shapes(args.tokens, rng):
+        if args.only and args.only not in f"{label} {name}":
+            continue
         r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats)}
         results.append(r)
         print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "

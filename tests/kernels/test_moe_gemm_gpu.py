@@ -3,7 +3,7 @@
 Reference: each group's weight dequantized by strata.quant (bit-exact with the kernel's decoders),
 W and X rounded to f16 as the kernel rounds them, the product in float64. Then only the kernel's
 f32 accumulation differs: elementwise |Y - ref| <= K * 2^-22 * (|x16| @ |w16|^T) (a worst case),
-and over all outputs ||Y - ref|| / ||ref|| < 1e-5 (measured far lower). The header's bound against
+and over a case's outputs (64 or more) ||Y - ref|| / ||ref|| < 1e-5 (measured far lower). The header's bound against
 the unrounded product, (2^-10 + K * 2^-22) P + 2^-25 (sum |x| + sum |w|), is checked too. Rows
 outside every tile must stay NaN (the wrapper poisons Y). Determinism: the same data at other
 addresses, behind a part offset, cut into other tiles or among more rows gives identical bits.
@@ -19,6 +19,7 @@ from strata.quant.random import random_qtensor_bytes
 
 gpu = pytest.mark.gpu
 RTOL = 1e-5
+MIN_OUTPUTS = 64
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,9 @@ def check(name, Y, weights, ranges, X, what=""):
     assert np.isfinite(y).all(), f"{name} {what}: non-finite outputs"
     assert (np.abs(y - r16) <= acc_bound[~untouched]).all(), f"{name} {what}: accumulation bound exceeded"
     assert (np.abs(y - ref[~untouched]) <= bound[~untouched]).all(), f"{name} {what}: stated bound exceeded"
-    err = float(np.linalg.norm(y - r16) / np.linalg.norm(r16))
-    assert err < RTOL, f"{name} {what}: rel err {err:.2e}"
+    if y.size >= MIN_OUTPUTS:   # one dot product of random data can be near zero: no relative error
+        err = float(np.linalg.norm(y - r16) / np.linalg.norm(r16))
+        assert err < RTOL, f"{name} {what}: rel err {err:.2e}"
 
 
 def awkward_k(name):
