@@ -1,16 +1,18 @@
 // Decode GEMV over routed experts, the expert picked by ids in DEVICE memory: routing never waits
 // for the host, so one launch shape serves every step (and a CUDA graph can replay it).
 //
-// strata_moe_gemv_<qtype>(base, ids, expert_stride, x, x_div, y, rows, n)
+// strata_moe_gemv_<qtype>(ptrs, part_offset, ids, x, x_div, y, rows, n)
 //   for slot s = blockIdx.y (one per (token, active expert) pair, s = t * A + a):
-//     W_s = base + ids[s] * expert_stride          the expert's [rows, n] matrix in block bytes
+//     W_s = ptrs[ids[s]] + part_offset             the expert's [rows, n] matrix in block bytes
 //     y[s * rows + r] = sum_k W_s[r, k] * x[(s / x_div) * n + k]
-//   base = experts.bin on the device + the layer's offset + the part's offset (pack layout), so
+//   ptrs is the layer's row of the expert table in DEVICE memory: each expert's blob, in VRAM (a
+//   cache slot) or in mapped pinned host memory (read over the bus, zero-copy); the engine changes
+//   entries between steps and a captured graph follows. part_offset places the part in a blob, so
 //   gate and up (x_div = A: every slot of token t reads x row t) and down (x_div = 1: slot s reads
 //   the SwiGLU row s) are the same kernel. With gate and up stored back to back in one type, rows
 //   = 2I computes both at once.
 // Layout: as strata_gemv_<qtype> (cuda/gemv.cu): W rows of n / block_size blocks, 16-byte aligned
-// (expert_stride and the part offset are multiples of 16); x [*, n] and y [slots, rows] f32,
+// (blob addresses and the part offset are multiples of 16); x [*, n] and y [slots, rows] f32,
 // 16-byte aligned; n a multiple of the block size. ids [slots] int32 < the layer's expert count.
 //
 // Algorithm: gemv.cu's unit scheme (gemv_units*.cuh): a lane owns units (32 or 64 weights of a
@@ -82,21 +84,23 @@ struct Slot {
     float* y;
 };
 
-__device__ __forceinline__ Slot slot_of(const uint8_t* base, const int* ids, long long expert_stride,
+__device__ __forceinline__ Slot slot_of(const unsigned long long* ptrs, long long part_offset, const int* ids,
                                         const float* x, int x_div, float* y, int rows, int n) {
     const int s = blockIdx.y;
-    return {base + static_cast<long long>(ids[s]) * expert_stride, x + static_cast<long long>(s / x_div) * n,
+    const uint8_t* blob = reinterpret_cast<const uint8_t*>(ptrs[ids[s]]);
+    return {blob + part_offset, x + static_cast<long long>(s / x_div) * n,
             y + static_cast<long long>(s) * rows};
 }
 
 }  // namespace
 
 #define STRATA_MOE_GEMV_ARGS                                                                           \
-    const uint8_t *base, const int *ids, long long expert_stride, const float *x, int x_div, float *y, int rows, int n
+    const unsigned long long *ptrs, long long part_offset, const int *ids, const float *x, int x_div, float *y, \
+        int rows, int n
 
 #define STRATA_MOE_GEMV(name, Unit)                                                                    \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_moe_gemv_##name(STRATA_MOE_GEMV_ARGS) { \
-        const Slot s = slot_of(base, ids, expert_stride, x, x_div, y, rows, n);                        \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
         expert_gemv<Unit>(s.W, s.x, s.y, rows, n, nullptr);                                            \
     }
 
@@ -117,7 +121,7 @@ STRATA_MOE_GEMV(q6_k, UnitQ6_K)
         __shared__ float table[16];                                                                    \
         if (threadIdx.x < 16) table[threadIdx.x] = static_cast<float>(iq4_value(threadIdx.x));         \
         __syncthreads();                                                                               \
-        const Slot s = slot_of(base, ids, expert_stride, x, x_div, y, rows, n);                        \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
         expert_gemv<Unit>(s.W, s.x, s.y, rows, n, table);                                              \
     }
 
@@ -127,7 +131,7 @@ STRATA_MOE_GEMV_IQ4(iq4_xs, UnitIQ4_XS)
 // Float types: 8 weights per unit when n % 8 == 0, else one; the branch is uniform.
 #define STRATA_MOE_GEMV_FLOAT(name, Block, Elem)                                                       \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_moe_gemv_##name(STRATA_MOE_GEMV_ARGS) { \
-        const Slot s = slot_of(base, ids, expert_stride, x, x_div, y, rows, n);                        \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
         if (n % 8 == 0)                                                                                \
             expert_gemv<UnitFloat8<Block>>(s.W, s.x, s.y, rows, n, nullptr);                          \
         else                                                                                           \

@@ -77,6 +77,10 @@ class EngineConfig:
     gpus: str = field(default="0", metadata={"help": "GPU ordinals to use, comma-separated"})
     vram_budget_gib: float = field(default=0.0, metadata={"help": "cap on VRAM Strata uses; 0 = all free VRAM"})
     expert_cache: str = field(default="auto", metadata={"help": "expert cache slots: auto or N"})
+    expert_policy: str = field(default="lru", metadata={"help": "expert cache admission: lru (every miss, over the "
+                                                                   "least recently used) or lfu (over a colder expert)"})
+    expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
+                                                                 "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
     kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
@@ -101,6 +105,8 @@ class EngineConfig:
             raise InvalidArgument(f"max_context must be positive, got {self.max_context}")
         if self.kv_resident < 0 or self.spec < 0:
             raise InvalidArgument("kv_resident and spec must be >= 0")
+        if self.expert_policy not in ("lru", "lfu"):
+            raise InvalidArgument(f"expert_policy must be lru or lfu, got {self.expert_policy!r}")
         if self.expert_cache != "auto" and not self.expert_cache.isdigit():
             raise InvalidArgument(f"expert_cache must be auto or a number of slots, got {self.expert_cache!r}")
         p = self.prefill

@@ -19,7 +19,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
-    CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+    CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     CUdevice_attribute,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
@@ -27,14 +27,14 @@ from cuda.bindings.cydriver cimport (
     cuEventQuery, cuEventRecord, cuEventSynchronize, cuGetErrorName, cuGetErrorString, cuInit,
     cuKernelGetFunction, cuKernelGetParamInfo, cuLaunchKernel, cuLibraryGetKernel, cuLibraryLoadData,
     cuLibraryUnload, cuMemAlloc, cuMemFree, cuMemFreeHost, cuMemGetInfo, cuMemHostAlloc,
-    cuMemcpyDtoH, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
+    cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
     cuStreamCreateWithPriority, cuStreamDestroy, cuStreamSynchronize, cuStreamWaitEvent,
 )
 
 from strata.errors import DeviceError, InvalidArgument
 
 __all__ = ["init", "driver_version", "device_count", "Device", "Stream", "Event", "DeviceBuffer",
-           "HostBuffer", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
+           "HostBuffer", "copy_h2d", "copy_d2d", "copy_h2d_batch", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
 
 
 cdef str _error_text(CUresult err):
@@ -353,9 +353,11 @@ cdef class DeviceBuffer:
 @cython.no_gc_clear
 cdef class HostBuffer:
     """`nbytes` of page-locked host memory, usable by every context; exposes the buffer protocol,
-    so np.frombuffer(buf, dtype) views it without a copy. Copies from it are truly asynchronous."""
+    so np.frombuffer(buf, dtype) views it without a copy. Copies from it are truly asynchronous.
+    With mapped=True kernels can also read it in place over the bus, at device_ptr (zero-copy)."""
 
-    def __cinit__(self, Device device not None, size_t nbytes):
+    def __cinit__(self, Device device not None, size_t nbytes, bint mapped=False):
+        cdef unsigned int flags = CU_MEMHOSTALLOC_PORTABLE | (CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0)
         self.hptr = NULL
         self.device = device
         self.nbytes = nbytes
@@ -365,7 +367,18 @@ cdef class HostBuffer:
         if nbytes:
             with nogil:
                 device.activate()
-                check(cuMemHostAlloc(&self.hptr, nbytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc")
+                check(cuMemHostAlloc(&self.hptr, nbytes, flags), "cuMemHostAlloc")
+
+    @property
+    def device_ptr(self) -> int:
+        """The address kernels read this memory at (a buffer allocated with mapped=True)."""
+        cdef CUdeviceptr d = 0
+        if self.hptr == NULL:
+            raise InvalidArgument("HostBuffer.device_ptr: buffer already freed")
+        with nogil:
+            self.device.activate()
+            check(cuMemHostGetDevicePointer(&d, self.hptr, 0), "cuMemHostGetDevicePointer")
+        return d
 
     def __dealloc__(self):
         if self.hptr != NULL:
@@ -403,6 +416,42 @@ cdef class HostBuffer:
 
     def __releasebuffer__(self, Py_buffer* buffer):
         self.num_exports -= 1
+
+
+# ---- raw copies (addresses as integers: pool blocks, arena ranges, cache slots) -------------------
+
+def copy_h2d(uint64_t dst, uint64_t src, size_t nbytes, Stream stream not None):
+    """Queue nbytes from host address src (pinned memory, for a truly asynchronous copy) to device dst."""
+    if nbytes:
+        with nogil:
+            stream.device.activate()
+            check(cuMemcpyHtoDAsync(<CUdeviceptr>dst, <const void*><uintptr_t>src, nbytes, stream.handle),
+                  "cuMemcpyHtoDAsync")
+
+
+def copy_d2d(uint64_t dst, uint64_t src, size_t nbytes, Stream stream not None):
+    """Queue a device-to-device copy (a memcpy node when the stream is capturing)."""
+    if nbytes:
+        with nogil:
+            stream.device.activate()
+            check(cuMemcpyDtoDAsync(<CUdeviceptr>dst, <CUdeviceptr>src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def copy_h2d_batch(const uint64_t[::1] dst, const uint64_t[::1] src, const uint64_t[::1] nbytes,
+                   Stream stream not None):
+    """Queue len(dst) host->device copies, dst[i] <- src[i] (nbytes[i] each), in one call: the
+    expert streamer's hot loop (a ring batch or a cache admission is tens to hundreds of blobs)."""
+    cdef Py_ssize_t i, n = dst.shape[0]
+    if src.shape[0] != n or nbytes.shape[0] != n:
+        raise InvalidArgument(f"copy_h2d_batch: {n} destinations, {src.shape[0]} sources, {nbytes.shape[0]} sizes")
+    with nogil:
+        stream.device.activate()
+        for i in range(n):
+            if nbytes[i]:
+                check(cuMemcpyHtoDAsync(<CUdeviceptr>dst[i], <const void*><uintptr_t>src[i], nbytes[i],
+                                        stream.handle), "cuMemcpyHtoDAsync")
 
 
 # ---- kernel libraries --------------------------------------------------------------------------

@@ -6,9 +6,9 @@
   shape has run, forwards allocate nothing from the driver. A CUDA graph's step gets a pool of its
   own, reserved up front and frozen (see strata.engine.cuda_graph).
 - `DeviceTensor`: a typed, shaped view of device memory (a pool block, or a weight).
-- `DeviceWeights`: dense.bin and experts.bin uploaded as they are, so every tensor keeps its native
-  block bytes at the pack's own offsets: tensor = dense base + offset; expert (l, e) part p =
-  experts base + layers[l].offset + e * stride + parts[p].offset.
+- `DeviceWeights`: dense.bin uploaded as it is, so every tensor keeps its native block bytes at the
+  pack's own offsets (tensor = dense base + offset); the routed experts are reached through the
+  expert table of strata.engine.expert_store (expert (l, e) part p = table[l][e] + part offset).
 - `DeviceKV`: f16 K and V, [layers, max_cells, Hk, Dh] each.
 """
 from __future__ import annotations
@@ -176,26 +176,62 @@ class Weight:
 
 @dataclass(frozen=True)
 class ExpertLayer:
-    """Where one layer's experts live: expert e's part p is at base + e * stride + parts[p].ptr - base."""
-    base: int
-    stride: int
-    parts: dict             # part -> Weight whose ptr is expert 0's
+    """One layer's routed experts: the device address of its [E] row of the expert table (each
+    expert's blob, wherever it lives now) and each part's offset inside a blob. parts[p].ptr is that
+    offset (a Weight for its type and shape)."""
+    layer: int
+    table: int
+    parts: dict             # part -> Weight(ptr = offset in the blob, qtype, shape)
     contiguous_gate_up: bool  # gate and up rows back to back in one type: one [2I, D] matrix
+
+    @classmethod
+    def from_meta(cls, layer: int, lay: dict, table: int) -> "ExpertLayer":
+        parts = {p: Weight(int(v["offset"]), v["qtype"], tuple(v["shape"])) for p, v in lay["parts"].items()}
+        g, u = lay["parts"]["gate"], lay["parts"]["up"]
+        fused = g["qtype"] == u["qtype"] and u["offset"] == g["offset"] + g["nbytes"] and g["shape"] == u["shape"]
+        return cls(layer, table, parts, fused)
+
+
+def upload_file(rt, device, stream, path, dst, progress: bool = True) -> None:
+    """Copy a whole file into the device buffer dst through two pinned staging buffers: filling one
+    from the memory map overlaps the DMA of the other."""
+    size = dst.nbytes
+    if size == 0:
+        return
+    src = memmap(path)
+    chunk = min(STAGE_BYTES, size)
+    stages = [rt.HostBuffer(device, chunk) for _ in range(2)]
+    views = [np.frombuffer(s, np.uint8) for s in stages]
+    done = [rt.Event(device) for _ in range(2)]
+    show = progress and size >= PROGRESS_MIN_BYTES
+    t0 = last = time.perf_counter()
+    for i, off in enumerate(range(0, size, chunk)):
+        j, n = i % 2, min(chunk, size - off)
+        if i >= 2:
+            done[j].synchronize()
+        views[j][:n] = src[off:off + n]
+        dst.copy_from_host(views[j][:n], stream, off)
+        done[j].record(stream)
+        now = time.perf_counter()
+        if show and (now - last > 1.0 or off + n == size):
+            last = now
+            sys.stderr.write(f"strata: uploading {path.name}: {(off + n) / 1e9:.1f} / {size / 1e9:.1f} GB "
+                             f"({(off + n) / 1e9 / max(now - t0, 1e-9):.1f} GB/s)\n")
+    stream.synchronize()
 
 
 class DeviceWeights:
-    """Every weight of a pack resident on one GPU (see the module doc)."""
+    """The dense weights resident on one GPU, and the expert layers of an ExpertStore (module doc)."""
 
-    def __init__(self, rt, device, stream, pack, progress: bool = True):
+    def __init__(self, rt, device, stream, pack, store, progress: bool = True):
         self.pack = pack
-        self.bytes_h2d = 0
-        sizes = {name: int(pack.meta["files"][name]["bytes"]) for name in ("dense.bin", "experts.bin")}
+        self.store = store
         self._check_alignment(pack)
-        self.dense = rt.DeviceBuffer(device, sizes["dense.bin"])
-        self.experts = rt.DeviceBuffer(device, sizes["experts.bin"])
-        for name, buf in (("dense.bin", self.dense), ("experts.bin", self.experts)):
-            self._upload(rt, device, stream, pack.path / name, buf, progress)
-        self.layers = [self._expert_layer(lay) for lay in pack.meta["experts"]["layers"]]
+        self.dense = rt.DeviceBuffer(device, int(pack.meta["files"]["dense.bin"]["bytes"]))
+        upload_file(rt, device, stream, pack.path / "dense.bin", self.dense, progress)
+        self.bytes_h2d = self.dense.nbytes
+        self.layers = [ExpertLayer.from_meta(l, lay, store.table_row(l))
+                       for l, lay in enumerate(pack.meta["experts"]["layers"])]
 
     @staticmethod
     def _check_alignment(pack) -> None:
@@ -206,34 +242,6 @@ class DeviceWeights:
                     raise UnsupportedError(f"{pack.path}: expert part {part} of layer {lay['layer']} is not "
                                            f"16-byte aligned in experts.bin; the GPU engine needs it")
 
-    def _upload(self, rt, device, stream, path, dst, progress: bool) -> None:
-        """Copy a whole file into dst through two pinned staging buffers: filling one from the
-        memory map overlaps the DMA of the other."""
-        size = dst.nbytes
-        if size == 0:
-            return
-        src = memmap(path)
-        chunk = min(STAGE_BYTES, size)
-        stages = [rt.HostBuffer(device, chunk) for _ in range(2)]
-        views = [np.frombuffer(s, np.uint8) for s in stages]
-        done = [rt.Event(device) for _ in range(2)]
-        show = progress and size >= PROGRESS_MIN_BYTES
-        t0 = last = time.perf_counter()
-        for i, off in enumerate(range(0, size, chunk)):
-            j, n = i % 2, min(chunk, size - off)
-            if i >= 2:
-                done[j].synchronize()
-            views[j][:n] = src[off:off + n]
-            dst.copy_from_host(views[j][:n], stream, off)
-            done[j].record(stream)
-            now = time.perf_counter()
-            if show and (now - last > 1.0 or off + n == size):
-                last = now
-                sys.stderr.write(f"strata: uploading {path.name}: {(off + n) / 1e9:.1f} / {size / 1e9:.1f} GB "
-                                 f"({(off + n) / 1e9 / max(now - t0, 1e-9):.1f} GB/s)\n")
-        stream.synchronize()
-        self.bytes_h2d += size
-
     def tensor(self, name: str) -> Weight:
         t = self.pack.meta["dense"].get(name)
         if t is None:
@@ -242,13 +250,6 @@ class DeviceWeights:
 
     def has(self, name: str) -> bool:
         return name in self.pack.meta["dense"]
-
-    def _expert_layer(self, lay: dict) -> ExpertLayer:
-        base = self.experts.ptr + lay["offset"]
-        parts = {p: Weight(base + v["offset"], v["qtype"], tuple(v["shape"])) for p, v in lay["parts"].items()}
-        g, u = lay["parts"]["gate"], lay["parts"]["up"]
-        fused = g["qtype"] == u["qtype"] and u["offset"] == g["offset"] + g["nbytes"] and g["shape"] == u["shape"]
-        return ExpertLayer(base, lay["stride"], parts, fused)
 
 
 class DeviceKV:

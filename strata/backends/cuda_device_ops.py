@@ -31,12 +31,17 @@ from ..model import rope
 from ..quant import qtype as qtype_of
 from .cuda import CudaOps
 from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
+from .cuda_attention_tc import LIBRARY as TC_LIBRARY
+from .cuda_attention_tc import SIGNATURE as TC_SIGNATURE
+from .cuda_attention_tc import kernel_name as tc_kernel_name
+from .cuda_attention_tc import prefill_tc_launch_shape
 from .cuda_moe import moe_decode, moe_grouped
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
 EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")     # cuda/embed.cu's types
 ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
+TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.cu's prompt kernels
 ATTENTION_MAX_SPLITS = 1024
 MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/decode_fused.cu kMaxPairs
@@ -56,6 +61,8 @@ class DeviceOps:
         self._pos_host, self._pos_dev = None, None
         self.expert_uses = 0
         self.bytes_h2d = 0
+        self.experts = weights.store         # the expert table and what stands behind it
+        self.route_log = None                # device int32 [layers, GEMV_MAX_T * A]: a decode step's routing
         inv, self.rope_scale = rope.inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
                                              args.max_position_embeddings)
         self.inv_freq = self.upload(inv.astype(np.float32))
@@ -268,6 +275,10 @@ class DeviceOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T == 1:
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
+        elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
+            grid, block = prefill_tc_launch_shape(T, H, Hk, dh)
+            self.launch(TC_LIBRARY, tc_kernel_name(dh), TC_SIGNATURE, grid, block,
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
@@ -357,5 +368,8 @@ class DeviceOps:
     def moe(self, x: DeviceTensor, layer: int, expert_ids: DeviceTensor, expert_weights: DeviceTensor) -> DeviceTensor:
         self.expert_uses += expert_ids.size
         if x.shape[0] <= GEMV_MAX_T:
+            if self.route_log is not None:   # the step's routing goes back to the host with the logits
+                row = self.route_log.ptr + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
+                self.rt.copy_d2d(row, expert_ids.ptr, expert_ids.nbytes, self.stream)
             return moe_decode(self, x, self.w.layers[layer], expert_ids, expert_weights)
         return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights)

@@ -1,10 +1,14 @@
-"""Routed SwiGLU experts on the GPU, every expert resident: the decode path and the prompt path.
+"""Routed SwiGLU experts on the GPU: the decode path and the prompt path.
 
-Decode (a few tokens): one GEMV launch per matrix over all (token, active expert) slots, each slot
-reading its expert from the device-side ids (cuda/moe_gemv.cu), so routing never waits for the
-host. Prompt chunks: the ids come to the host once, tokens are grouped by expert with numpy, the
-rows gathered into expert order, and each active expert runs f32 GEMMs over its dequantized
-matrices; SwiGLU over all rows at once, then a weighted combine back into token order.
+Every expert is reached through the layer's row of the expert table (strata.engine.expert_store):
+its blob is a resident copy, a VRAM cache slot, a prompt ring slot or (decode only) the pinned host
+arena read in place. Decode (a few tokens): one GEMV launch per matrix over all (token, active
+expert) slots, each slot reading its expert's address from the table at its device-side id
+(cuda/moe_gemv.cu), so routing never waits for the host. Prompt chunks: the ids come to the host
+once, tokens are grouped by expert with numpy, the rows gathered into expert order, and the
+store hands out the experts in batches (waiting for the ring's copies where they stream); each
+batch runs f32 GEMMs over its experts' dequantized matrices, SwiGLU over its rows, and the down
+GEMMs, then one weighted combine puts the rows back into token order.
 Slot s = t * A + a is token t's a-th expert everywhere.
 """
 from __future__ import annotations
@@ -14,12 +18,12 @@ import numpy as np
 from .cuda_device import DeviceTensor, ExpertLayer, Weight, gemv_grid
 
 
-def _moe_gemv(ops, w: Weight, stride: int, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
-    """y [S, rows] = expert_ids[s]'s matrix (rows of w, at w.ptr + id * stride) times x row s // x_div."""
+def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
+    """y [S, rows] = part of expert ids[s] (rows x n at table[ids[s]] + offset) times x row s // x_div."""
+    w = lay.parts[part]
     n = w.shape[-1]
-    S = ids.size
-    ops.launch("moe_gemv", f"strata_moe_gemv_{w.qtype.lower()}", "PPqPiPii", (gemv_grid(w.qtype, rows, n), S), 128,
-               (w.ptr, ids.ptr, stride, x, x_div, y, rows, n))
+    ops.launch("moe_gemv", f"strata_moe_gemv_{w.qtype.lower()}", "PqPPiPii", (gemv_grid(w.qtype, rows, n), ids.size),
+               128, (lay.table, w.ptr, ids.ptr, x, x_div, y, rows, n))
 
 
 def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int) -> None:
@@ -41,20 +45,19 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     T, D = x.shape
     A = ids.shape[1]
     S = T * A
-    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
-    I = gate.rows
+    I = lay.parts["gate"].rows
     h = ops.alloc((S, I))
     if lay.contiguous_gate_up:
         gu = ops.alloc((S, 2 * I))
-        _moe_gemv(ops, gate, lay.stride, ids, x.ptr, A, gu.ptr, 2 * I)
+        _moe_gemv(ops, lay, "gate", ids, x.ptr, A, gu.ptr, 2 * I)
         _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
     else:
         g, u = ops.alloc((S, I)), ops.alloc((S, I))
-        _moe_gemv(ops, gate, lay.stride, ids, x.ptr, A, g.ptr, I)
-        _moe_gemv(ops, up, lay.stride, ids, x.ptr, A, u.ptr, I)
+        _moe_gemv(ops, lay, "gate", ids, x.ptr, A, g.ptr, I)
+        _moe_gemv(ops, lay, "up", ids, x.ptr, A, u.ptr, I)
         _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
     y = ops.alloc((S, D))
-    _moe_gemv(ops, down, lay.stride, ids, h.ptr, 1, y.ptr, D)
+    _moe_gemv(ops, lay, "down", ids, h.ptr, 1, y.ptr, D)
     return _combine(ops, y, 0, weights, T, A, D)
 
 
@@ -69,12 +72,14 @@ def group_by_expert(ids: np.ndarray):
     return order, experts, starts, counts, rows
 
 
-def _expert_part(w: Weight, e: int, stride: int, rows: int | None = None) -> Weight:
-    return Weight(w.ptr + e * stride, w.qtype, (rows or w.rows, w.shape[-1]))
+def _at(blob: int, w: Weight, rows: int | None = None) -> Weight:
+    """Part w of the expert whose blob is at address blob."""
+    return Weight(blob + w.ptr, w.qtype, (rows or w.rows, w.shape[-1]))
 
 
 def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
-    """x [T, D] -> [T, D] for a prompt chunk: per active expert, GEMMs over its rows only."""
+    """x [T, D] -> [T, D] for a prompt chunk: per active expert, GEMMs over its rows only, batch by
+    batch as the expert store makes the experts readable."""
     T, D = x.shape
     A = ids.shape[1]
     S = T * A
@@ -85,20 +90,26 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
     h = ops.alloc((S, I))
-    groups = list(zip(experts.tolist(), starts.tolist(), counts.tolist()))
-    if lay.contiguous_gate_up:
-        gu = ops.alloc((S, 2 * I))
-        for e, s0, c in groups:
-            ops._gemm_weight(_expert_part(gate, e, lay.stride, 2 * I), xs.ptr + s0 * D * 4, gu.ptr + s0 * 2 * I * 4,
-                             c, 2 * I)
-        _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
-    else:
-        g, u = ops.alloc((S, I)), ops.alloc((S, I))
-        for e, s0, c in groups:
-            ops._gemm_weight(_expert_part(gate, e, lay.stride), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
-            ops._gemm_weight(_expert_part(up, e, lay.stride), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
-        _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
+    fused = lay.contiguous_gate_up
+    gu = ops.alloc((S, 2 * I)) if fused else None
+    g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
     y = ops.alloc((S, D))
-    for e, s0, c in groups:
-        ops._gemm_weight(_expert_part(down, e, lay.stride), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
+    where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
+    for batch, blobs in ops.experts.prompt_layer(lay.layer, list(where)):
+        r0 = where[batch[0]][0]
+        r1 = where[batch[-1]][0] + where[batch[-1]][1]
+        for e, blob in zip(batch, blobs):
+            s0, c = where[e]
+            if fused:
+                ops._gemm_weight(_at(blob, gate, 2 * I), xs.ptr + s0 * D * 4, gu.ptr + s0 * 2 * I * 4, c, 2 * I)
+            else:
+                ops._gemm_weight(_at(blob, gate), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
+                ops._gemm_weight(_at(blob, up), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
+        if fused:
+            _swiglu(ops, gu.ptr + r0 * 2 * I * 4, gu.ptr + (r0 * 2 * I + I) * 4, h.ptr + r0 * I * 4, r1 - r0, I, 2 * I)
+        else:
+            _swiglu(ops, g.ptr + r0 * I * 4, u.ptr + r0 * I * 4, h.ptr + r0 * I * 4, r1 - r0, I, I)
+        for e, blob in zip(batch, blobs):
+            s0, c = where[e]
+            ops._gemm_weight(_at(blob, down), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)

@@ -1,17 +1,24 @@
-"""The GPU runner: every weight resident in VRAM, one sequence's f16 KV cache, the model on DeviceOps.
+"""The GPU runner: the dense weights and one sequence's f16 KV cache in VRAM, the routed experts
+where the VRAM plan puts them, the model on DeviceOps.
 
 Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode,
-logits_all, status), plus measure_limits() for the bench. Prompt chunks launch their kernels one by
-one from Python. Decode steps read the token, position and KV length from a fixed device buffer
-(one small host->device copy per step); with EngineConfig.cuda_graphs the first step of a shape
-runs eagerly (loading kernels, growing the pool, measuring the step's memory), the second is
-captured into a CUDA graph (strata.engine.cuda_graph) and every later step is one graph launch.
+logits_all, status), plus measure_limits() for the bench. The plan (strata.engine.planner) comes
+from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
+otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
+streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
+Prompt chunks launch their kernels one by one from Python. Decode steps read the token, position
+and KV length from a fixed device buffer (one small host->device copy per step); with
+EngineConfig.cuda_graphs the first step of a shape runs eagerly (loading kernels, growing the pool,
+measuring the step's memory), the second is captured into a CUDA graph (strata.engine.cuda_graph)
+and every later step is one graph launch. When experts stream, a step also writes its routing to a
+fixed log that comes back with the logits, for the cache's admissions.
 """
 from __future__ import annotations
 
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
@@ -21,21 +28,16 @@ from ..errors import DeviceError, InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
 from .runner import reusable_prefix
 
-DEFAULT_PREFILL_CHUNK = 512
 VRAM_RESERVE_BYTES = 1 << 30        # left free for the driver, other users and the launch overhead
 STEP_MAX_TOKENS = 8                 # tokens of a decode step (the GEMV path's limit)
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
 
 
-def prefill_chunk_of(setting: str) -> int:
-    """EngineConfig.prefill -> tokens per prompt chunk ("auto" is 512 until the planner lands)."""
-    if setting.isdigit():
-        if int(setting) <= 0:
-            raise InvalidArgument(f"prefill must be a positive number of tokens, got {setting!r}")
-        return int(setting)
-    if setting.startswith("auto:"):
-        return max(1, min(DEFAULT_PREFILL_CHUNK, int(setting[5:])))
-    return DEFAULT_PREFILL_CHUNK
+def stream_all_tokens(args) -> int:
+    """Prompt chunks of at least this many tokens stream every non-cached expert (they route to
+    nearly all: 1 - (1 - A/E)^T of a layer's experts is 86% at T = 2E/A); smaller chunks stage only
+    the experts they route to."""
+    return max(1, -(-2 * args.num_experts // args.num_experts_per_tok))
 
 
 class CudaRunner:
@@ -44,26 +46,37 @@ class CudaRunner:
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
         from ..backends.cuda import _runtime
         from ..backends.cuda_device import DeviceKV, DeviceWeights
-        from ..backends.cuda_device_ops import EMBED_QTYPES, DeviceOps
+        from ..backends.cuda_device_ops import EMBED_QTYPES, GEMV_MAX_T, DeviceOps
+        from .expert_store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context
-        self.prefill_chunk = prefill_chunk_of(config.prefill)
         self.dev = rt.Device(int(config.gpus.split(",")[0]))
         self.stream = rt.Stream(self.dev)
         self.vram_budget_bytes = self._budget(config)
+        self.plan = self._plan(pack, config, max_context)
+        self.prefill_chunk = self.plan.prefill_chunk
         num_layers = a.num_hidden_layers + a.num_mtp_layers
-        kv_bytes = 2 * num_layers * max_context * a.num_key_value_heads * a.head_dim * 2
-        need = sum(int(pack.meta["files"][n]["bytes"]) for n in ("dense.bin", "experts.bin")) + kv_bytes
-        if need > self.vram_budget_bytes:
-            raise DeviceError(f"{pack.path}: every weight plus the KV cache needs {need / 2**30:.2f} GiB of VRAM, "
-                              f"the budget is {self.vram_budget_bytes / 2**30:.2f} GiB (expert streaming is not "
-                              f"built yet; lower max_context or use device='cpu')")
-        self.weights = DeviceWeights(rt, self.dev, self.stream, pack)
+        resident = self.plan.cache_slots >= self.plan.total_experts and self.plan.prefill_ring == 0
+        self.profile_path = Path(config.expert_profile) if config.expert_profile else None
+        profile = self._profile = self._load_profile(num_layers, a.num_experts)
+        if self.profile_path is not None:
+            import atexit
+            atexit.register(self.save_profile)
+        self.store = ExpertStore(rt, self.dev, self.stream, pack,
+                                 cache_slots=None if resident else self.plan.prompt_cache_slots,
+                                 ring_slots=0 if resident else self.plan.prefill_ring,
+                                 policy=config.expert_policy, profile=profile)
+        self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
+        if not self.store.resident:
+            self.route_log = rt.DeviceBuffer(self.dev, num_layers * GEMV_MAX_T * a.num_experts_per_tok * 4)
+            self._route_host = np.frombuffer(rt.HostBuffer(self.dev, self.route_log.nbytes), np.int32).reshape(
+                num_layers, GEMV_MAX_T * a.num_experts_per_tok)
+            self.ops.route_log = self.route_log
         self.model = Qwen3Moe(a, self.ops)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self.total_experts = num_layers * a.num_experts
@@ -81,6 +94,38 @@ class CudaRunner:
             self.graph_error = f"token_embd.weight is {embd}: no embed kernel reads device-side ids"
         self._step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
         self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
+
+    def _plan(self, pack, config: EngineConfig, max_context: int):
+        """The VRAM plan for this pack and budget (InvalidArgument naming the bytes needed when the
+        budget is too small)."""
+        import dataclasses
+
+        from .planner import Bandwidths, PackSizes, make_plan
+        sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+        cfg = dataclasses.replace(config, max_context=max_context)
+        return make_plan(sizes, cfg, self.vram_budget_bytes, "runner",
+                         Bandwidths(55.4, 4267.0, "not measured"), self.dev.multiprocessor_count)
+
+    def _load_profile(self, num_layers: int, num_experts: int):
+        path = self.profile_path
+        if path is None or not path.exists():
+            return None
+        try:
+            profile = np.load(path)
+        except (OSError, ValueError) as exc:
+            raise InvalidArgument(f"{path}: not a routing profile ({exc})") from None
+        if profile.shape != (num_layers, num_experts):
+            raise InvalidArgument(f"{path}: routing profile of shape {profile.shape}, this model has "
+                                  f"{(num_layers, num_experts)} (layers, experts)")
+        return profile
+
+    def save_profile(self) -> None:
+        """Write the routing counts to --expert-profile (atomically), for a warm start next time."""
+        if self.profile_path is None:
+            return
+        tmp = self.profile_path.with_name(self.profile_path.name + ".tmp.npy")
+        np.save(tmp, self.store.uses + (0 if self._profile is None else self._profile))
+        tmp.replace(self.profile_path)
 
     def _budget(self, config: EngineConfig) -> int:
         free, _ = self.dev.memory_info()
@@ -111,6 +156,8 @@ class CudaRunner:
             raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
         positions = np.arange(lo, lo + len(ids))
         rows = slice(-1, None) if last_only else None
+        if len(ids) > STEP_MAX_TOKENS:
+            self.store.prompt_begin(len(ids), stream_all_tokens(self.args), self.args.num_hidden_layers)
         logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.kv, logits_rows=rows)
         return self.ops.to_host(logits)
 
@@ -194,10 +241,16 @@ class CudaRunner:
         sys.stderr.write(f"strata: CUDA graph capture failed ({why}); decoding without graphs\n")
 
     def _download(self, logits) -> np.ndarray:
-        """logits [T, V] through the pinned buffer, after the stream is done with them."""
+        """logits [T, V] through the pinned buffer, after the stream is done with them; with experts
+        streaming, the step's routing comes along for the cache."""
         host = self._logits_host[:logits.size]
         logits.buf.copy_to_host(host, self.stream, logits.offset)
+        if self.ops.route_log is not None:
+            self.route_log.copy_to_host(self._route_host, self.stream)
         self.stream.synchronize()
+        if self.ops.route_log is not None:
+            T = logits.shape[0]
+            self.store.after_step(self._route_host[:, :T * self.args.num_experts_per_tok])
         return host.reshape(logits.shape).copy()
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
@@ -211,20 +264,23 @@ class CudaRunner:
         return np.concatenate(out).astype(np.float32)
 
     def status(self) -> dict:
-        w, ops = self.weights, self.ops
-        dense, experts, prompt = w.dense.nbytes, w.experts.nbytes, ops.pool.capacity_bytes
-        uses = ops.expert_uses
+        w, ops, store = self.weights, self.ops, self.store
+        dense, prompt = w.dense.nbytes, ops.pool.capacity_bytes
+        cache = store.resident_buf.nbytes if store.resident else store.slots.nbytes
+        ring = 0 if store.resident else store.ring.nbytes
+        cache_status = store.status()
+        if store.resident:      # every routed expert is a hit; the ops count them, graphs included
+            cache_status.update(hits=ops.expert_uses, misses=0, hit_rate=1.0 if ops.expert_uses else 0.0)
         return {
             "device": "cuda",
             "gpu": {"name": self.dev.name, "vram_budget_bytes": self.vram_budget_bytes,
-                    "vram_used_bytes": dense + experts + self.kv.nbytes + prompt, "dense_bytes": dense,
-                    "expert_cache_bytes": experts, "kv_bytes": self.kv.nbytes, "prompt_bytes": prompt},
+                    "vram_used_bytes": dense + cache + ring + self.kv.nbytes + prompt, "dense_bytes": dense,
+                    "expert_cache_bytes": cache, "ring_bytes": ring, "kv_bytes": self.kv.nbytes,
+                    "prompt_bytes": prompt},
             "prefill_chunk": self.prefill_chunk,
-            "prefill_ring": 0,
-            "expert_cache": {"slots": self.total_experts, "resident": self.total_experts,
-                             "total_experts": self.total_experts, "hits": uses, "misses": 0,
-                             "hit_rate": 1.0 if uses else 0.0},
-            "bytes_h2d": w.bytes_h2d + ops.bytes_h2d,
+            "prefill_ring": store.ring_slots,
+            "expert_cache": cache_status,
+            "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
         }
 

@@ -163,9 +163,41 @@ class DeviceBuffer:
 
 
 class HostBuffer(bytearray):
-    def __init__(self, device, nbytes: int):
+    """Pinned memory: also at a fake address of its own (ptr, device_ptr), so copies by address and
+    kernels reading it zero-copy (mapped=True) resolve it like device memory."""
+
+    def __init__(self, device, nbytes: int, mapped: bool = False):
         super().__init__(nbytes)
-        self.device, self.nbytes = device, nbytes
+        self.device, self.nbytes, self.mapped = device, nbytes, mapped
+        self.ptr = _next[0]
+        _next[0] += -(-max(nbytes, 1) // 4096) * 4096 + 4096
+        _bases.append(self.ptr)
+        _arrays.append(np.frombuffer(self, np.uint8) if nbytes else np.zeros(0, np.uint8))
+
+    @property
+    def device_ptr(self) -> int:
+        assert self.mapped, "fake_cuda: device_ptr of a HostBuffer allocated without mapped=True"
+        return self.ptr
+
+
+def copy_h2d(dst: int, src: int, nbytes: int, stream) -> None:
+    _no_capture("cuMemcpyHtoDAsync", stream)
+    if nbytes:
+        _resolve(dst, nbytes)[:] = _resolve(src, nbytes)
+
+
+def copy_d2d(dst: int, src: int, nbytes: int, stream) -> None:
+    if stream is not None and stream.capture is not None:
+        stream.capture.append(("memcpy", dst, src, nbytes))
+        return
+    if nbytes:
+        _resolve(dst, nbytes)[:] = _resolve(src, nbytes)
+
+
+def copy_h2d_batch(dst, src, nbytes, stream) -> None:
+    assert len(dst) == len(src) == len(nbytes)
+    for d, s_, n in zip(dst, src, nbytes):
+        copy_h2d(int(d), int(s_), int(n), stream)
 
 
 class Library:
@@ -184,10 +216,10 @@ def load_library(name: str) -> Library:
 SIGNATURES = {
     r"strata_rms_norm_f32": "PPPiif", r"strata_gather_rows_f32": "PPPiqqq", r"strata_add_f32": "PPPq",
     r"strata_gemm_f32_nt": "PPPiiiqqq", r"strata_dequant_\w+": "PPq", r"strata_gemv_batch_\w+": "PPPiii",
-    r"strata_gemv_(?!batch)\w+": "PPPii", r"strata_moe_gemv_\w+": "PPqPiPii", r"strata_embed_\w+": "PPPii",
+    r"strata_gemv_(?!batch)\w+": "PPPii", r"strata_moe_gemv_\w+": "PqPPiPii", r"strata_embed_\w+": "PPPii",
     r"strata_rope_f32": "PPPiiif", r"strata_kv_append_f16": "PPPPPii",
     r"strata_attention_decode_f16_d\d+_g\d+": "PPPPPPiiiif", r"strata_attention_decode_combine_f32": "PPPiii",
-    r"strata_attention_prefill_f16_d\d+": "PPPPPiiif", r"strata_attention_rows_f16": "PPPPPiiiif",
+    r"strata_attention_prefill_f16_d\d+": "PPPPPiiif", r"strata_attention_prefill_tc_f16_d\d+": "PPPPPiiif", r"strata_attention_rows_f16": "PPPPPiiiif",
     r"strata_moe_route_f32": "PPPiiii", r"strata_swiglu_f32": "PPPiiqqq", r"strata_moe_combine_f32": "PPPPPiii",
 }
 
@@ -252,11 +284,11 @@ def _gemv_batch(q, grid, W, x, y, rows, n, batch):
     view(y, batch * rows).reshape(batch, rows)[:] = view(x, batch * n).reshape(batch, n) @ _weights(q, W, rows, n).T
 
 
-def _moe_gemv(q, grid, base, ids, stride, x, x_div, y, rows, n):
+def _moe_gemv(q, grid, ptrs, part_offset, ids, x, x_div, y, rows, n):
     slots = grid[1]
     for s in range(slots):
         e = int(view(ids, slots, np.int32)[s])
-        W = base + e * stride
+        W = int(view(ptrs + 8 * e, 1, np.uint64)[0]) + part_offset
         _aligned("moe_gemv", W, x, y)
         xs = view(x + (s // x_div) * n * 4, n)
         view(y + s * rows * 4, rows)[:] = _weights(q, W, rows, n) @ xs
@@ -376,7 +408,7 @@ def _moe_combine(grid, residual, expert_out, rows, weights, out, T, A, D):
 _EMULATE = {
     "gemv": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
-    "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill,
+    "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
@@ -479,6 +511,8 @@ class GraphExec:
         for node in self.nodes:
             if node[0] == "kernel":
                 node[1].run(node[2], node[3])
+            elif node[0] == "memcpy":
+                copy_d2d(*node[1:], None)
             else:
                 node[1].fill_bytes(node[2])
 

@@ -8,7 +8,8 @@ import strata.backends.cuda as cuda_backend
 from strata.backends.cuda_device import Pool, gemv_grid
 from strata.backends.cuda_moe import group_by_expert
 from strata.engine import llm as llm_module
-from strata.engine.cuda_runner import CudaRunner, prefill_chunk_of
+from strata.config import EngineConfig
+from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
@@ -45,7 +46,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
         assert_close(gpu.decode(t), cpu.decode(t))
     used = set(fake.launches)
     assert {"strata_moe_gemv_q8_0", "strata_gemm_f32_nt", "strata_gemv_batch_q8_0",
-            "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_f16_d64"} <= used
+            "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64"} <= used
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
@@ -80,9 +81,9 @@ def test_status_and_limits(fake):
     runner = CudaRunner(open_pack(DEMO), 64)
     runner.prefill([1, 2, 3], 0)
     s = runner.status()
-    assert s["device"] == "cuda" and s["prefill_ring"] == 0 and s["prefill_chunk"] == 512
+    assert s["device"] == "cuda" and s["prefill_ring"] == 0 and s["prefill_chunk"] == 64
     assert set(s["gpu"]) == {"name", "vram_budget_bytes", "vram_used_bytes", "dense_bytes", "expert_cache_bytes",
-                             "kv_bytes", "prompt_bytes"}
+                             "ring_bytes", "kv_bytes", "prompt_bytes"}
     cache = s["expert_cache"]
     assert cache["resident"] == cache["total_experts"] == 7 * 16 and cache["hits"] == 3 * 4 * 6
     assert s["bytes_h2d"] >= s["gpu"]["dense_bytes"] + s["gpu"]["expert_cache_bytes"]
@@ -91,7 +92,7 @@ def test_status_and_limits(fake):
 
 def test_too_big_for_the_budget_says_so(fake):
     from strata.config import EngineConfig
-    with pytest.raises(DeviceError, match="budget"):
+    with pytest.raises(InvalidArgument, match=r"budget of \d+ bytes .* too small: the plan needs at least \d+ bytes"):
         CudaRunner(open_pack(DEMO), 64, EngineConfig(device="cuda", vram_budget_gib=0.01))
 
 
@@ -127,10 +128,13 @@ def test_gemv_grid_covers_every_row(qtype, n):
         assert gemv_grid(qtype, rows, n) * 4 * (32 // lanes) * krows >= rows
 
 
-def test_prefill_chunk_setting():
-    assert prefill_chunk_of("auto") == 512 and prefill_chunk_of("96") == 96 and prefill_chunk_of("auto:128") == 128
-    with pytest.raises(InvalidArgument):
-        prefill_chunk_of("0")
+def test_prefill_chunk_comes_from_the_plan(fake):
+    pack = open_pack(DEMO)
+    assert CudaRunner(pack, 64, EngineConfig(device="cuda", prefill="24")).prefill_chunk == 24
+    assert CudaRunner(pack, 2048, EngineConfig(device="cuda", prefill="auto:512")).prefill_chunk == 512
+    assert CudaRunner(pack, 300, EngineConfig(device="cuda")).prefill_chunk == 300     # auto: the context
+    with pytest.raises(InvalidArgument, match="prefill must be a positive number"):
+        CudaRunner(pack, 64, EngineConfig(device="cuda", prefill="0"))
 
 
 def test_device_choice(monkeypatch):

@@ -1,0 +1,409 @@
+"""Where the GPU engine's routed experts live, and how they move: the expert table, the host arena,
+the VRAM expert cache with its decode admissions, and the streamed prompt ring.
+
+- The table: one device array [layers, E] of blob addresses, read by every expert kernel (decode
+  GEMVs and CUDA graphs included) instead of base + e * stride. An entry points at the expert's
+  blob in VRAM (the resident copy of experts.bin, or a cache slot) or at its bytes in the host
+  arena, which kernels read in place over the bus (zero-copy). Entries change only between steps,
+  on the compute stream, so a step never reads a half-written slot and a graph needs no recapture.
+- Resident (the budget holds every expert): experts.bin is uploaded once; the table points into it.
+- Streaming: the host arena holds experts.bin in mapped pinned memory; `cache_slots` slots of
+  max_blob bytes in VRAM hold the experts the policy keeps. A decode step never waits for the host
+  to learn its routing: a missed expert is read zero-copy. After the step the routing comes back
+  with the logits (a [layers, T * A] log the step writes), and `after_step` admits misses for later
+  tokens: victims are pointed back at the arena at once, the copy-engine stream fills their slots
+  while the next step runs, and the entries move to the slots once those copies have landed.
+  Policies: "lru" admits every miss over the least recently used; "lfu" keeps a decayed use count
+  per expert and admits a miss only over a colder victim.
+- Prompt chunks (`prompt_layer`): experts not in the cache go through a ring of `ring_slots` slots.
+  A chunk of at least `stream_all_tokens` tokens streams every non-cached expert of every layer
+  in a fixed order (layer by layer, ascending expert), issued as far ahead as free slots allow, so
+  layer l + 1's copies run while layer l computes; a smaller chunk stages only the experts its
+  routing names, layer by layer. Events order it: compute waits for a batch's copy before reading
+  its slots, and a copy waits for the compute that last read the slots it overwrites.
+"""
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DeviceError, InvalidArgument, PackError
+
+SLOT_ALIGN = 256                  # a slot starts on this (kernels need 16)
+READ_BYTES = 64 << 20             # arena fill: bytes per read() call
+PROGRESS_MIN_BYTES = 1 << 30      # an arena at least this big prints a progress line
+ADMIT_PER_STEP = 16               # cache admissions queued after one decode step
+LFU_DECAY = 0.98                  # per decode step
+
+
+def slot_bytes(max_blob: int) -> int:
+    return -(-max_blob // SLOT_ALIGN) * SLOT_ALIGN
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0                 # routed experts found in VRAM (decode and prompt)
+    misses: int = 0               # decode: read zero-copy; prompt: streamed through the ring
+    admitted: int = 0
+    evicted: int = 0
+    bytes_h2d: int = 0            # copied host -> device (arena fill excluded)
+    prompt_streamed: int = 0      # blobs copied into the ring
+    copy_seconds: float = 0.0     # host time spent queueing copies
+
+
+@dataclass
+class _Batch:
+    """Ring positions [start, start + len(experts)) of one layer's experts, copied together."""
+    layer: int
+    experts: list
+    start: int
+    copied: object = None         # Event on the copy stream
+    done: object = None           # Event on the compute stream: its slots may be overwritten
+    issued: bool = False
+
+
+@dataclass
+class _Chunk:
+    batches: list = field(default_factory=list)
+    by_layer: dict = field(default_factory=dict)   # layer -> [batch index]
+    stream_all: bool = False
+
+
+class ExpertStore:
+    """The expert table and the memory behind it (see the module doc)."""
+
+    def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
+                 policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None):
+        if policy not in ("lru", "lfu"):
+            raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
+        self.rt, self.device, self.stream = rt, device, stream
+        self.path = pack.path / "experts.bin"
+        self.layers_meta = pack.meta["experts"]["layers"]
+        self.num_layers = len(self.layers_meta)
+        self.num_experts = int(pack.args.num_experts)
+        self.max_blob = int(pack.meta["max_blob"])
+        self.slot_bytes = slot_bytes(self.max_blob)
+        self.policy = policy
+        self.stats = StoreStats()
+        self.total = self.num_layers * self.num_experts
+        self.file_bytes = int(pack.meta["files"]["experts.bin"]["bytes"])
+        L, E = self.num_layers, self.num_experts
+        self._offsets = np.array([[lay["offset"] + e * lay["stride"] for e in range(E)] for lay in self.layers_meta],
+                                 np.uint64)
+        self._blob = np.array([lay["blob_bytes"] for lay in self.layers_meta], np.uint64)
+        self._table_host_buf = rt.HostBuffer(device, L * E * 8)
+        self.table_host = np.frombuffer(self._table_host_buf, np.uint64).reshape(L, E)
+        self.table = rt.DeviceBuffer(device, L * E * 8)
+        self.resident = cache_slots is None or cache_slots >= self.total
+        self.slot_of = np.full((L, E), -1, np.int64)        # cache slot of (l, e), -1 when not cached
+        self.copy_stream = None
+        self.ring_slots = 0
+        if self.resident:
+            from ..backends.cuda_device import upload_file
+            self.arena = None
+            self.resident_buf = rt.DeviceBuffer(device, self.file_bytes)
+            upload_file(rt, device, stream, self.path, self.resident_buf, progress)
+            self.upload_bytes = self.file_bytes
+            self.table_host[:] = self.resident_buf.ptr + self._offsets
+            self.slot_of[:] = np.arange(self.total).reshape(L, E)
+            self.cache_slots = self.total
+        else:
+            self.arena = self._fill_arena(rt, device, progress)
+            self.host_read = self.arena.device_ptr        # what kernels read (zero-copy)
+            self.host_copy = self.arena.ptr               # what copies read
+            self.table_host[:] = self.host_read + self._offsets
+            self.cache_slots = int(cache_slots)
+            self.slots = rt.DeviceBuffer(device, max(1, self.cache_slots) * self.slot_bytes)
+            self.slot_owner = np.full(self.cache_slots, -1, np.int64)   # l * E + e in each slot
+            self.copy_stream = rt.Stream(device)
+            self.ring_slots = int(ring_slots)
+            self.ring = rt.DeviceBuffer(device, max(1, self.ring_slots) * self.slot_bytes)
+            self._fill_cache(profile)
+        self.last_use = np.zeros((L, E), np.int64)
+        self.freq = np.zeros((L, E), np.float64) if profile is None else profile.astype(np.float64).copy()
+        self.uses = np.zeros((L, E), np.int64)              # routing profile: uses since load
+        self.tick = 0
+        self._pending: list = []                           # [(l, e, slot)] copies in flight
+        self._pending_event = None
+        self._ring_pos = 0
+        self._ring_batches: list[_Batch] = []              # every batch the ring has held, oldest first
+        self._ring_starts: list[int] = []
+        self._computed_end = 0                             # ring positions whose compute has been queued
+        self._chunk: _Chunk | None = None
+        self.table.copy_from_host(self.table_host, stream)
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _fill_arena(self, rt, device, progress: bool):
+        """experts.bin read into mapped pinned memory. A read error or a short file is a PackError
+        naming the file: nothing computes from a partly filled arena."""
+        try:
+            arena = rt.HostBuffer(device, self.file_bytes, mapped=True)
+        except DeviceError as exc:
+            raise DeviceError(f"{self.path}: could not pin {self.file_bytes / 2**30:.2f} GiB of host memory for "
+                              f"the expert arena ({exc}); free host memory or raise the locked-memory limit") from None
+        view = memoryview(np.frombuffer(arena, np.uint8))
+        show = progress and self.file_bytes >= PROGRESS_MIN_BYTES
+        t0 = last = time.perf_counter()
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                off = 0
+                while off < self.file_bytes:
+                    n = f.readinto(view[off:off + READ_BYTES])
+                    if not n:
+                        raise PackError(f"{self.path}: ends at byte {off}, pack.json says {self.file_bytes}")
+                    off += n
+                    now = time.perf_counter()
+                    if show and (now - last > 1.0 or off == self.file_bytes):
+                        last = now
+                        sys.stderr.write(f"strata: pinning experts.bin: {off / 1e9:.1f} / {self.file_bytes / 1e9:.1f} "
+                                         f"GB ({off / 1e9 / max(now - t0, 1e-9):.1f} GB/s)\n")
+        except OSError as exc:
+            raise PackError(f"{self.path}: cannot read experts ({exc.strerror or exc})") from None
+        finally:
+            view.release()
+        self.arena_seconds = time.perf_counter() - t0
+        return arena
+
+    def _fill_cache(self, profile: np.ndarray | None) -> None:
+        """The first residents: the most used experts of a loaded routing profile, else the same
+        number of experts from every layer (round-robin over the layers)."""
+        L, E = self.num_layers, self.num_experts
+        if profile is not None:
+            order = np.argsort(-profile.reshape(-1), kind="stable")
+        else:
+            order = (np.arange(E)[:, None] + np.arange(L)[None, :] * E).reshape(-1)   # e-major: layer by layer
+        chosen = order[:self.cache_slots]
+        for slot, key in enumerate(chosen.tolist()):
+            self._place(key // E, key % E, slot)
+        self._copy_into_slots(chosen // E, chosen % E, np.arange(len(chosen)), self.stream)
+        self.stream.synchronize()
+        self.upload_bytes, self.stats.bytes_h2d = self.stats.bytes_h2d, 0   # the initial fill is setup, not traffic
+
+    def _place(self, l: int, e: int, slot: int) -> None:
+        self.slot_of[l, e] = slot
+        self.slot_owner[slot] = l * self.num_experts + e
+        self.table_host[l, e] = self.slots.ptr + slot * self.slot_bytes
+
+    def _copy_into_slots(self, ls, es, slots, stream) -> None:
+        ls, es = np.asarray(ls, np.int64), np.asarray(es, np.int64)
+        dst = (self.slots.ptr + np.asarray(slots, np.uint64) * np.uint64(self.slot_bytes)).astype(np.uint64)
+        self._copy(dst, ls, es, stream)
+
+    def _copy(self, dst: np.ndarray, ls: np.ndarray, es: np.ndarray, stream) -> None:
+        t0 = time.perf_counter()
+        src = (np.uint64(self.host_copy) + self._offsets[ls, es]).astype(np.uint64)
+        sizes = self._blob[ls].astype(np.uint64)
+        self.rt.copy_h2d_batch(np.ascontiguousarray(dst), np.ascontiguousarray(src), np.ascontiguousarray(sizes),
+                               stream)
+        self.stats.bytes_h2d += int(sizes.sum())
+        self.stats.copy_seconds += time.perf_counter() - t0
+
+    # ---- what kernels read -----------------------------------------------------------------------
+    def table_row(self, layer: int) -> int:
+        """Device address of layer's [E] row of blob addresses."""
+        return self.table.ptr + layer * self.num_experts * 8
+
+    @property
+    def cached(self) -> int:
+        return int((self.slot_of >= 0).sum())
+
+    def status(self) -> dict:
+        s = self.stats
+        uses = s.hits + s.misses
+        return {"slots": self.cache_slots, "resident": self.cached, "admitting": len(self._pending),
+                "total_experts": self.total,
+                "policy": self.policy, "hits": s.hits, "misses": s.misses, "hit_rate": s.hits / uses if uses else 0.0,
+                "admitted": s.admitted, "evicted": s.evicted, "prompt_streamed": s.prompt_streamed,
+                "arena_pinned_bytes": 0 if self.resident else self.file_bytes,
+                "arena_pinned_share": None if self.resident else 1.0,
+                "bytes_h2d": s.bytes_h2d}
+
+    # ---- decode: admissions ----------------------------------------------------------------------
+    def after_step(self, routed: np.ndarray) -> None:
+        """A decode step's routing [layers, T * A] (the step is done): count hits and misses, queue
+        admissions of missed experts for later steps (see the module doc)."""
+        self.tick += 1
+        L = routed.shape[0]
+        ls = np.repeat(np.arange(L), routed.shape[1])
+        es = routed.reshape(-1).astype(np.int64)
+        np.add.at(self.uses, (ls, es), 1)
+        if self.resident:
+            self.stats.hits += es.size
+            return
+        cached = self.slot_of[ls, es] >= 0
+        self.stats.hits += int(cached.sum())
+        self.stats.misses += int((~cached).sum())
+        self.last_use[ls, es] = self.tick
+        self.freq *= LFU_DECAY
+        np.add.at(self.freq, (ls, es), 1.0)
+        dirty = self._land_pending()
+        if self._pending or self.cache_slots == 0:
+            if dirty:
+                self.table.copy_from_host(self.table_host, self.stream)
+            return
+        keys = np.unique(ls[~cached] * self.num_experts + es[~cached])
+        keys = keys[self.slot_of.reshape(-1)[keys] < 0]     # not landed by _land_pending just now
+        dirty |= self._admit(keys, set((ls * self.num_experts + es).tolist()))
+        if dirty:
+            self.table.copy_from_host(self.table_host, self.stream)
+        if self._pending:
+            ready = self.rt.Event(self.device)
+            ready.record(self.stream)               # victims no longer in the table
+            self.copy_stream.wait_event(ready)
+            pl, pe, ps = (np.array(v) for v in zip(*self._pending))
+            self._copy_into_slots(pl, pe, ps, self.copy_stream)
+            self._pending_event = self.rt.Event(self.device)
+            self._pending_event.record(self.copy_stream)
+
+    def _land_pending(self) -> bool:
+        """Point the table at slots whose copies have landed; True when the table changed."""
+        if not self._pending or not self._pending_event.query():
+            return False
+        for l, e, slot in self._pending:
+            self._place(l, e, slot)
+        self.stats.admitted += len(self._pending)
+        self._pending, self._pending_event = [], None
+        return True
+
+    def _admit(self, keys: np.ndarray, used_now: set) -> bool:
+        """Choose victims for up to ADMIT_PER_STEP missed keys; True when the table changed."""
+        E = self.num_experts
+        if keys.size == 0:
+            return False
+        score = (self.last_use if self.policy == "lru" else self.freq).reshape(-1)
+        owners = self.slot_owner
+        candidates = np.flatnonzero(owners >= 0)
+        candidates = candidates[~np.isin(owners[candidates], np.fromiter(used_now, np.int64))]
+        if candidates.size == 0:
+            return False
+        if self.policy == "lfu":
+            keys = keys[np.argsort(-score[keys], kind="stable")]
+        keys = keys[:ADMIT_PER_STEP]
+        n = min(keys.size, candidates.size)
+        victims = candidates[np.argsort(score[owners[candidates]], kind="stable")[:n]]
+        changed = False
+        for key, slot in zip(keys[:n].tolist(), victims.tolist()):
+            old = int(owners[slot])
+            if self.policy == "lfu" and score[key] <= score[old]:
+                continue
+            ol, oe = divmod(old, E)
+            self.slot_of[ol, oe] = -1
+            self.table_host[ol, oe] = self.host_read + self._offsets[ol, oe]
+            owners[slot] = -1
+            self.stats.evicted += 1
+            self._pending.append((key // E, key % E, slot))
+            changed = True
+        return changed
+
+    # ---- prompts: the ring ---------------------------------------------------------------------
+    def prompt_begin(self, T: int, stream_all_tokens: int, layers: int) -> None:
+        """A chunk of T tokens through `layers` layers starts: in streaming mode with a big enough
+        chunk, queue every non-cached expert of those layers through the ring (copies start as
+        slots allow)."""
+        self._land_pending_sync()
+        self._retire_chunk()
+        self._chunk = _Chunk(stream_all=not self.resident and self.ring_slots > 0 and T >= stream_all_tokens)
+        if self._chunk.stream_all:
+            for l in range(layers):
+                missing = np.flatnonzero(self.slot_of[l] < 0).tolist()
+                self._add_batches(l, missing)
+            self._pump()
+
+    def _retire_chunk(self) -> None:
+        """Batches the last chunk queued but never computed (it stopped early) give their slots back."""
+        if self._chunk is None:
+            return
+        leftover = [b for b in self._chunk.batches if b.done is None]
+        if leftover:
+            for b in leftover:
+                b.done = self.rt.Event(self.device)
+                b.done.record(self.stream)
+            self._computed_end = self._ring_pos
+            self._pump()
+        self._chunk = None
+
+    def _land_pending_sync(self) -> None:
+        if self._pending:
+            self._pending_event.synchronize()
+            if self._land_pending():
+                self.table.copy_from_host(self.table_host, self.stream)
+
+    def _add_batches(self, layer: int, experts: list) -> None:
+        chunk = self._chunk
+        for i in range(0, len(experts), self.ring_slots):
+            part = experts[i:i + self.ring_slots]
+            chunk.by_layer.setdefault(layer, []).append(len(chunk.batches))
+            batch = _Batch(layer, part, self._ring_pos)
+            self._ring_pos += len(part)
+            chunk.batches.append(batch)
+            self._ring_batches.append(batch)
+            self._ring_starts.append(batch.start)
+
+    def _pump(self) -> None:
+        """Queue the copies of every batch whose slots are free of queued compute."""
+        R = self.ring_slots
+        for batch in self._chunk.batches:
+            if batch.issued:
+                continue
+            end = batch.start + len(batch.experts)
+            if end - R > self._computed_end:
+                return                                  # its slots still hold experts compute has yet to read
+            last_reader = end - R - 1
+            if last_reader >= 0:
+                owner = self._ring_batches[bisect.bisect_right(self._ring_starts, last_reader) - 1]
+                if owner.done is not None:
+                    self.copy_stream.wait_event(owner.done)
+            ls = np.full(len(batch.experts), batch.layer)
+            dst = self.ring.ptr + (np.arange(batch.start, end, dtype=np.uint64) % np.uint64(R)) * np.uint64(
+                self.slot_bytes)
+            self._copy(dst.astype(np.uint64), ls, np.asarray(batch.experts), self.copy_stream)
+            batch.copied = self.rt.Event(self.device)
+            batch.copied.record(self.copy_stream)
+            batch.issued = True
+            self.stats.prompt_streamed += len(batch.experts)
+
+    def prompt_layer(self, layer: int, active: list[int]):
+        """Yield (experts, addresses) batches that together cover `active` (ascending expert ids
+        of a chunk's routing at this layer), each after the compute stream waits for its copies.
+        The caller queues its kernels for a batch before asking for the next."""
+        self.stats.hits += int(sum(self.slot_of[layer, e] >= 0 for e in active))
+        if self.resident or self.ring_slots == 0:
+            if not self.resident:
+                self.stats.misses += int(sum(self.slot_of[layer, e] < 0 for e in active))
+            yield active, [int(self.table_host[layer, e]) for e in active]
+            return
+        chunk = self._chunk
+        if not chunk.stream_all:
+            missing = [e for e in active if self.slot_of[layer, e] < 0]
+            self._add_batches(layer, missing)
+            self._pump()
+        self.stats.misses += int(sum(self.slot_of[layer, e] < 0 for e in active))
+        batches = [chunk.batches[i] for i in chunk.by_layer.get(layer, [])]
+        if not batches:
+            yield active, [int(self.table_host[layer, e]) for e in active]
+            return
+        where = {}
+        for b in batches:
+            for i, e in enumerate(b.experts):
+                where[e] = self.ring.ptr + ((b.start + i) % self.ring_slots) * self.slot_bytes
+        bounds = [b.experts[-1] for b in batches]
+        bounds[-1] = self.num_experts
+        lo = 0
+        for b, bound in zip(batches, bounds):
+            mine = [e for e in active[lo:] if e <= bound]
+            lo += len(mine)
+            if mine:
+                if not b.issued:
+                    self._pump()
+                if not b.issued:
+                    raise AssertionError("expert ring: a batch's copies could not be queued before its compute")
+                self.stream.wait_event(b.copied)
+                yield mine, [where[e] if e in where else int(self.table_host[layer, e]) for e in mine]
+            b.done = self.rt.Event(self.device)
+            b.done.record(self.stream)
+            self._computed_end = max(self._computed_end, b.start + len(b.experts))
+            self._pump()

@@ -1,0 +1,109 @@
+"""Expert streaming's host logic on the CPU (CudaRunner over tests/engine/fake_cuda): a runner whose
+experts live in the pinned arena, a small VRAM cache and the prompt ring must give the resident
+runner's logits bit for bit, prompts and decode steps (graphs included), whatever the ring's batch
+cut, the chunk mode or the cache policy. The emulated kernels read whatever bytes the addresses in
+the expert table and the ring hold, so a wrong slot, a stale entry or an early reuse shows here."""
+import numpy as np
+import pytest
+
+import strata.backends.cuda as cuda_backend
+from strata.config import EngineConfig
+from strata.engine import cuda_runner as cuda_runner_module
+from strata.engine import planner
+from strata.engine.cuda_runner import CudaRunner
+from strata.engine.llm import demo_model_path
+from strata.errors import DeviceError, InvalidArgument
+from strata.pack import open_pack
+from tests.engine import fake_cuda
+
+DEMO = demo_model_path()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
+    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
+    fake_cuda.launches.clear()
+    return fake_cuda
+
+
+def _runner(pack, ctx=96, **config):
+    return CudaRunner(pack, ctx, EngineConfig(device="cuda", prefill="24", **config))
+
+
+def _same_run(resident, streamed, ids, decode_steps=8):
+    np.testing.assert_array_equal(streamed.logits_all(ids), resident.logits_all(ids))
+    np.testing.assert_array_equal(streamed.prefill(ids[:-decode_steps], 0), resident.prefill(ids[:-decode_steps], 0))
+    for t in ids[-decode_steps:]:
+        np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
+
+
+def test_streamed_equals_resident_bit_for_bit(fake, rng):
+    pack = open_pack(DEMO)
+    resident, streamed = _runner(pack), _runner(pack, expert_cache="20")
+    assert resident.store.resident and not streamed.store.resident
+    assert streamed.store.cache_slots == 20 and streamed.store.ring_slots == 6 * 16
+    ids = rng.integers(0, pack.args.vocab_size, 58).tolist()
+    _same_run(resident, streamed, ids)
+    s = streamed.status()
+    cache = s["expert_cache"]
+    assert s["prefill_ring"] == 96 and s["gpu"]["ring_bytes"] == 96 * streamed.store.slot_bytes
+    assert cache["misses"] > 0 and cache["hits"] > 0 and cache["prompt_streamed"] > 0
+    assert cache["admitted"] > 0 and cache["resident"] + cache["admitting"] == 20 and cache["arena_pinned_share"] == 1.0
+    assert s["bytes_h2d"] > cache["prompt_streamed"] * 0.5 * pack.meta["max_blob"]
+    assert streamed.decode_status()["host_ms"]["graph"]["steps"] >= 6      # the graph follows the table
+
+
+def test_ring_smaller_than_a_layer_and_routed_only_chunks(fake, rng, monkeypatch):
+    pack = open_pack(DEMO)
+    resident = _runner(pack)
+    monkeypatch.setattr(planner, "ring_slots", lambda max_blob, *a, **k: 5)    # 16 missing experts -> 4 batches
+    streamed = _runner(pack, expert_cache="7")
+    assert streamed.store.ring_slots == 5
+    ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
+    _same_run(resident, streamed, ids, decode_steps=4)
+    monkeypatch.setattr(cuda_runner_module, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
+    routed = _runner(pack, expert_cache="7", expert_policy="lfu")
+    _same_run(resident, routed, ids, decode_steps=4)
+    assert routed.store.stats.prompt_streamed < streamed.store.stats.prompt_streamed
+
+
+def test_no_expert_cached(fake, rng):
+    pack = open_pack(DEMO)
+    resident, streamed = _runner(pack), _runner(pack, expert_cache="0")
+    assert streamed.store.cache_slots == 0
+    _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 40).tolist(), decode_steps=3)
+    assert streamed.status()["expert_cache"]["hits"] == 0
+
+
+def test_routing_profile_starts_the_cache_warm(fake, rng, tmp_path):
+    pack = open_pack(DEMO)
+    path = tmp_path / "routing.npy"
+    first = _runner(pack, expert_cache="10", expert_profile=str(path))
+    for t in rng.integers(0, pack.args.vocab_size, 6).tolist():
+        first.decode(t)
+    first.save_profile()
+    counts = np.load(path)
+    assert counts.shape == (7, 16) and counts.sum() == 6 * 4 * 7
+    second = _runner(pack, expert_cache="10", expert_profile=str(path))
+    hottest = set(np.argsort(-counts.reshape(-1), kind="stable")[:10].tolist())
+    assert {int(k) for k in second.store.slot_owner} == hottest
+    np.save(path, np.zeros((3, 3)))
+    with pytest.raises(InvalidArgument, match="routing profile of shape"):
+        _runner(pack, expert_cache="10", expert_profile=str(path))
+
+
+def test_pinning_refused_says_so(fake, monkeypatch):
+    class NoPin(fake_cuda.HostBuffer):
+        def __init__(self, device, nbytes, mapped=False):
+            if mapped:
+                raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
+            super().__init__(device, nbytes, mapped)
+    monkeypatch.setattr(fake_cuda, "HostBuffer", NoPin)
+    with pytest.raises(DeviceError, match=r"experts.bin: could not pin .* GiB of host memory"):
+        _runner(open_pack(DEMO), expert_cache="10")
+
+
+def test_bad_policy_is_refused():
+    with pytest.raises(InvalidArgument, match="expert_policy"):
+        EngineConfig(expert_policy="fifo")
