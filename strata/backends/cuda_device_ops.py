@@ -68,11 +68,11 @@ class DeviceOps:
         self.inv_freq = self.upload(inv.astype(np.float32))
 
     # ---- plumbing ----------------------------------------------------------------------------
-    def launch(self, library: str, name: str, signature: str, grid, block, args) -> None:
+    def launch(self, library: str, name: str, signature: str, grid, block, args, shared_bytes: int = 0) -> None:
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self.rt.load_library(library).kernel(self.device, name, signature)
-        kernel.launch(grid, block, args, stream=self.stream)
+        kernel.launch(grid, block, args, shared_bytes, stream=self.stream)
 
     def alloc(self, shape, dtype=np.float32) -> DeviceTensor:
         shape = tuple(int(s) for s in shape)

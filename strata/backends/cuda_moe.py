@@ -16,6 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from .cuda_device import DeviceTensor, ExpertLayer, Weight, gemv_grid
+from .cuda_moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
+
+FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
 
 
 def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
@@ -40,8 +43,28 @@ def _combine(ops, y: DeviceTensor, rows: int, weights: DeviceTensor, T: int, A: 
 
 
 def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
-    """x [T, D] -> [T, D] for small T: three GEMV launches (two when gate|up are one matrix)."""
+    """x [T, D] -> [T, D] for small T: gate|up with SwiGLU, then down with the weighted sum over a
+    token's experts (cuda/moe_decode.cu, two launches); the GEMV path where those kernels do not apply."""
     x = ops._aligned(x)
+    T, D = x.shape
+    A = ids.shape[1]
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    I = gate.rows
+    if FUSED_DECODE and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
+        h = ops.alloc((T * A, I))
+        spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
+        ops.launch(LIBRARY, spec.name, spec.signature, spec.grid, spec.block,
+                   (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes)
+        out = ops.alloc((T, D))
+        spec = down_launch(down.qtype, T, A, D, I, ops.num_sms)
+        ops.launch(LIBRARY, spec.name, spec.signature, spec.grid, spec.block,
+                   (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I), spec.shared_bytes)
+        return out
+    return _moe_decode_gemv(ops, x, lay, ids, weights)
+
+
+def _moe_decode_gemv(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
+    """The GEMV path: three GEMV launches (two when gate|up are one matrix), SwiGLU, combine."""
     T, D = x.shape
     A = ids.shape[1]
     S = T * A

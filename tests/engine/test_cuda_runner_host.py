@@ -45,7 +45,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     for t in ids[15:18]:
         assert_close(gpu.decode(t), cpu.decode(t))
     used = set(fake.launches)
-    assert {"strata_moe_gemv_q8_0", "strata_gemm_f32_nt", "strata_gemv_batch_q8_0",
+    assert {"strata_moe_gate_up_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
             "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64"} <= used
 
 
@@ -59,7 +59,7 @@ def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids[:9], 0), cpu.prefill(ids[:9], 0))
     assert_close(gpu.decode(ids[9]), cpu.decode(ids[9]))
-    assert "strata_attention_rows_f16" in fake.launches and "strata_moe_gemv_f32" in fake.launches
+    assert "strata_attention_rows_f16" in fake.launches and "strata_moe_gate_up_f32" in fake.launches
 
 
 def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
@@ -74,7 +74,7 @@ def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert_close(gpu.decode(ids[0]), cpu.decode(ids[0]))
-    assert {"strata_moe_gemv_q6_k", "strata_moe_gemv_q4_k", "strata_dequant_q4_k"} <= set(fake.launches)
+    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k", "strata_dequant_q4_k"} <= set(fake.launches)
 
 
 def test_status_and_limits(fake):
@@ -159,10 +159,10 @@ def _attention_grids(runner) -> list:
     """Grids of the decode attention launches the runner makes from Python, in order."""
     grids, launch = [], runner.ops.launch
 
-    def spy(library, name, signature, grid, block, args):
+    def spy(library, name, signature, grid, block, args, shared_bytes=0):
         if name.startswith("strata_attention_decode_f16"):
             grids.append(grid)
-        launch(library, name, signature, grid, block, args)
+        launch(library, name, signature, grid, block, args, shared_bytes)
     runner.ops.launch = spy
     return grids
 

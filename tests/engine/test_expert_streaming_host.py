@@ -107,3 +107,12 @@ def test_pinning_refused_says_so(fake, monkeypatch):
 def test_bad_policy_is_refused():
     with pytest.raises(InvalidArgument, match="expert_policy"):
         EngineConfig(expert_policy="fifo")
+
+
+def test_gemv_decode_path_streams_too(fake, rng, monkeypatch):
+    from strata.backends import cuda_moe
+    monkeypatch.setattr(cuda_moe, "FUSED_DECODE", False)            # moe_gemv + swiglu + combine
+    pack = open_pack(DEMO)
+    resident, streamed = _runner(pack), _runner(pack, expert_cache="9")
+    _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 30).tolist(), decode_steps=3)
+    assert "strata_moe_gemv_q8_0" in fake.launches and "strata_moe_gate_up_q8_0" not in fake.launches
