@@ -18,9 +18,17 @@
 // (kSmemBytes = 30720 static, under the 48 KiB default: no opt-in attribute needed).
 //
 // Algorithm: a CTA computes a kBM x kBN tile of Y (m token rows x kBN weight rows) over K in steps
-// of kBK = 32. Per step every thread decodes 16 consecutive weights of one weight row with the exact
-// decoders of quant_blocks.cuh (decode8: bit-identical to strata.quant's float32 dequantization),
-// rounds them to f16 and stores them in shared memory, and rounds 8 values of X to f16 likewise.
+// of kBK = 32. Per step every thread decodes 8 consecutive weights of each of two weight rows with
+// the exact decoders of quant_blocks.cuh (decode8: bit-identical to strata.quant's float32
+// dequantization), rounds them to f16 and stores them in shared memory, and rounds 8 values of X to
+// f16 likewise. Four threads share a row, so one warp-wide load touches 8 rows' cache lines.
+//
+// Measured (H200, tools/moe_gemm_bench.py, 4096-token prompt): 81 TFLOP/s experts gate|up Q4_K,
+// 87 down Q4_K, 70 down Q6_K, 101-104 dense Q8_0, head Q8_0 (16 rows) 840 GB/s of weights. ncu:
+// L1/TEX ~96% busy, tensor pipes and issue slots mostly idle: the limit is the scattered weight
+// loads (every decode8 is 3-5 small __ldg, 8 rows a warp) and X's f32 loads, all through L1.
+// Next step: stage raw block bytes and X with coalesced 16-byte cp.async into shared memory and
+// decode from there (decoders reading shared memory), and a BM = 128 variant for big groups.
 // Shared memory is double-buffered: the next step's weights and X are loaded and decoded into
 // registers while the tensor cores work on the current buffers, then stored into the other buffer;
 // one barrier per step. 8 warps, 2 (M) x 4 (N), each a 32 x 32 sub-tile: 2 x 4 mma.sync
@@ -53,7 +61,7 @@ constexpr int kLds = kBK + 8;  // padded row of a shared tile, in halves
 constexpr int kWarpM = 32, kWarpN = 32, kWarpsN = kBN / kWarpN;
 constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 8;
 constexpr int kSmemBytes = 2 * (kBM + kBN) * kLds * 2;
-static_assert(kThreads == 2 * kBN && kThreads == 4 * kBM, "the decode and X staging maps below");
+static_assert(2 * kThreads == 4 * kBN && kThreads == 4 * kBM && kBK == 32, "the staging map below");
 static_assert((kBM / kWarpM) * kWarpsN * 32 == kThreads, "warp grid covers the tile");
 static_assert(kSmemBytes <= 48 * 1024, "static shared memory stays under the default limit");
 
@@ -71,21 +79,18 @@ __device__ __forceinline__ uint4 halves8(const float* v) {
     return make_uint4(half2_bits(v[0], v[1]), half2_bits(v[2], v[3]), half2_bits(v[4], v[5]), half2_bits(v[6], v[7]));
 }
 
-// Weights k .. k + 15 of one row as 16 f16 (two uint4). k past K (the float types' tail) reads the
-// row's last 8 weights and zeros them: no branch, so the whole k-step stays one basic block and
-// the scheduler can overlap these loads with the tensor-core work.
+// Weights k .. k + 7 of one row as 8 f16. k past K (the float types' tail) reads the row's last 8
+// weights and zeros them: no branch, so the whole k-step stays one basic block and the scheduler
+// overlaps these loads with the tensor-core work.
 template <class B>
-__device__ __forceinline__ void decode_w(const uint8_t* row, int k, int K, uint4 (&out)[2]) {
+__device__ __forceinline__ uint4 decode_w(const uint8_t* row, int k, int K) {
+    const int kc = B::kWeights >= kBK ? k : min(k, K - 8);
+    float v[8];
+    B::decode8(row + static_cast<long long>(kc / B::kWeights) * B::kBytes, (kc % B::kWeights) / 8, v);
+    if (B::kWeights < kBK && k >= K)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-        const int kc = B::kWeights >= kBK ? k + 8 * c : min(k + 8 * c, K - 8);
-        float v[8];
-        B::decode8(row + static_cast<long long>(kc / B::kWeights) * B::kBytes, (kc % B::kWeights) / 8, v);
-        if (B::kWeights < kBK && k + 8 * c >= K)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = 0.f;
-        out[c] = halves8(v);
-    }
+        for (int i = 0; i < 8; ++i) v[i] = 0.f;
+    return halves8(v);
 }
 
 // X values k .. k + 7 of a row as 8 f16; invalid (a row past m, k past K) reads in bounds, gives zeros.
@@ -141,24 +146,27 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     const int s0 = tile.y, m = tile.z;
     const int n0 = blockIdx.x * kBN;
 
-    // staging map: weight row n0 + wr, k offset wk; X row s0 + xr, k offset xk
-    const int wr = tid >> 1, wk = 16 * (tid & 1);
-    const int xr = tid >> 2, xk = 8 * (tid & 3);
+    // staging map: 4 threads per row, 8 k each (a warp's load touches 8 rows: L1 traffic, not
+    // arithmetic, bounds this kernel); weight rows n0 + r and n0 + r + kBN / 2, X row s0 + r
+    const int r = tid >> 2, ck = 8 * (tid & 3);
     const long long row_bytes = static_cast<long long>(K / B::kWeights) * B::kBytes;
-    const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset) +
-                           static_cast<long long>(min(n0 + wr, N - 1)) * row_bytes;
-    const float* x_row = X + static_cast<long long>(s0 + min(xr, m - 1)) * ldx;
-    const bool x_ok = xr < m;
+    const uint8_t* w_base = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset);
+    const uint8_t* w_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) w_row[h] = w_base + static_cast<long long>(min(n0 + r + h * kBN / 2, N - 1)) * row_bytes;
+    const float* x_row = X + static_cast<long long>(s0 + min(r, m - 1)) * ldx;
+    const bool x_ok = r < m;
 
     const int wm = kWarpM * (warp / kWarpsN), wn = kWarpN * (warp % kWarpsN);
     float acc[kFragM][kFragN][4] = {};
 
     uint4 w_next[2], x_next;
-    decode_w<B>(w_row, wk, K, w_next);
-    x_next = load_x(x_row, xk, K, x_ok && xk < K);
-    *reinterpret_cast<uint4*>(&sm.b[0][wr][wk]) = w_next[0];
-    *reinterpret_cast<uint4*>(&sm.b[0][wr][wk + 8]) = w_next[1];
-    *reinterpret_cast<uint4*>(&sm.a[0][xr][xk]) = x_next;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) w_next[h] = decode_w<B>(w_row[h], ck, K);
+    x_next = load_x(x_row, ck, K, x_ok && ck < K);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[0][r + h * kBN / 2][ck]) = w_next[h];
+    *reinterpret_cast<uint4*>(&sm.a[0][r][ck]) = x_next;
     __syncthreads();
 
     // The last step decodes its own tile again into the idle buffer (read by nobody): no branch.
@@ -166,12 +174,13 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     for (int step = 0; step < steps; ++step) {
         const int cur = step & 1;
         const int k_next = min(step + 1, steps - 1) * kBK;
-        decode_w<B>(w_row, k_next + wk, K, w_next);
-        x_next = load_x(x_row, k_next + xk, K, x_ok && k_next + xk < K);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) w_next[h] = decode_w<B>(w_row[h], k_next + ck, K);
+        x_next = load_x(x_row, k_next + ck, K, x_ok && k_next + ck < K);
         mma_step(sm.a[cur], sm.b[cur], wm, wn, lane, acc);
-        *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk]) = w_next[0];
-        *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk + 8]) = w_next[1];
-        *reinterpret_cast<uint4*>(&sm.a[cur ^ 1][xr][xk]) = x_next;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][r + h * kBN / 2][ck]) = w_next[h];
+        *reinterpret_cast<uint4*>(&sm.a[cur ^ 1][r][ck]) = x_next;
         __syncthreads();
     }
 
@@ -181,9 +190,9 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     for (int i = 0; i < kFragM; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int r = wm + 16 * i + g + 8 * h;
-            if (r >= m) continue;
-            float* y_row = Y + static_cast<long long>(s0 + r) * ldy;
+            const int row = wm + 16 * i + g + 8 * h;
+            if (row >= m) continue;
+            float* y_row = Y + static_cast<long long>(s0 + row) * ldy;
 #pragma unroll
             for (int j = 0; j < kFragN; ++j) {
                 const int n = n0 + wn + 8 * j + 2 * t;
