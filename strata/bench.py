@@ -27,6 +27,8 @@ class BenchResult:
     peak_host_bytes: int = 0
     limits: dict = field(default_factory=dict)      # measured ceilings (GPU: device copy GB/s, ...)
     config: dict = field(default_factory=dict)
+    vram_peak_bytes: int = 0                        # the device's used VRAM at its highest (GPU)
+    plan: dict = field(default_factory=dict)        # prefill_chunk, prefill_ring, cache slots (GPU)
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -79,15 +81,47 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0)
         ids = rng.integers(0, V, n).tolist()
         runner.reset()
         t0 = time.perf_counter()
+        before = _stream_counters(runner)
         logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
         dt = time.perf_counter() - t0
-        res.prompt[n] = {"tok_s": n / dt, "seconds": dt}
+        res.prompt[n] = {"tok_s": n / dt, "seconds": dt, **_stream_delta(runner, before, dt)}
+        _vram_peak(runner, res)
         line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
         if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
+            before = _stream_counters(runner)
             res.decode[n] = _decode(runner, logits, decode_tokens, res.bytes_per_token, line, n)
+            res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
+            _vram_peak(runner, res)
     line.done()
+    status = runner.status()
+    res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
+    if "expert_cache" in status:
+        res.plan["cache_slots"] = status["expert_cache"]["slots"]
+        res.plan["policy"] = status["expert_cache"].get("policy")
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return res
+
+
+def _stream_counters(runner) -> tuple:
+    """(hits, misses, bytes host -> device) of the GPU runner's expert store so far; None on the CPU."""
+    store = getattr(runner, "store", None)
+    if store is None:
+        return None
+    return store.stats.hits, store.stats.misses, store.stats.bytes_h2d
+
+
+def _stream_delta(runner, before, seconds: float) -> dict:
+    """Hit rate and host -> device traffic of one bench phase (GPU)."""
+    if before is None:
+        return {}
+    hits, misses, h2d = (a - b for a, b in zip(_stream_counters(runner), before))
+    return {"hit_rate": hits / (hits + misses) if hits + misses else None, "bytes_h2d": h2d,
+            "h2d_gb_s": h2d / seconds / 1e9}
+
+
+def _vram_peak(runner, res) -> None:
+    if hasattr(runner, "vram_used_bytes"):
+        res.vram_peak_bytes = max(res.vram_peak_bytes, runner.vram_used_bytes())
 
 
 def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int) -> dict:
@@ -107,14 +141,31 @@ def report(res: BenchResult) -> str:
     rows = [f"model {res.model} on {res.device}; a decoded token reads {res.bytes_per_token / 1e9:.3f} GB of weights"]
     if lim:
         rows.append(f"device copy (read + write), measured now: {lim:,.0f} GB/s")
-    rows.append(f"{'what':<26}{'tok/s':>12}{'seconds':>10}{'weights GB/s':>14}{'of copy rate':>14}")
+    h2d = res.limits.get("h2d_gb_s")
+    if h2d:
+        rows.append(f"pinned host -> device copy, measured now: {h2d:,.1f} GB/s")
+    if res.plan:
+        rows.append("plan: " + ", ".join(f"{k} {v}" for k, v in res.plan.items()))
+    rows.append(f"{'what':<26}{'tok/s':>12}{'seconds':>10}{'weights GB/s':>14}{'of copy rate':>14}"
+                f"{'hit rate':>10}{'PCIe GB/s':>11}{'of pinned':>11}")
     for n, r in res.prompt.items():
-        rows.append(f"{'prompt ' + str(n):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}")
+        rows.append(f"{'prompt ' + str(n):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{'':>28}{_stream_cols(r, h2d)}")
     for ctx, r in res.decode.items():
-        share = f"{r['gb_s'] / lim:>13.1%}" if lim else f"{'n/a':>14}"
-        rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}")
+        share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
+        rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"
+                    f"{_stream_cols(r, h2d)}")
+    if res.vram_peak_bytes:
+        rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")
     return "\n".join(rows)
+
+
+def _stream_cols(r: dict, h2d: float | None) -> str:
+    if "h2d_gb_s" not in r:
+        return ""
+    hit = f"{r['hit_rate']:>10.1%}" if r.get("hit_rate") is not None else f"{'-':>10}"
+    share = f"{r['h2d_gb_s'] / h2d:>11.1%}" if h2d else f"{'n/a':>11}"
+    return f"{hit}{r['h2d_gb_s']:>11.2f}{share}"
 
 
 def bench_main(args, engine_kwargs: dict) -> int:

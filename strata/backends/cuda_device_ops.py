@@ -35,7 +35,7 @@ from .cuda_attention_tc import LIBRARY as TC_LIBRARY
 from .cuda_attention_tc import SIGNATURE as TC_SIGNATURE
 from .cuda_attention_tc import kernel_name as tc_kernel_name
 from .cuda_attention_tc import prefill_tc_launch_shape
-from .cuda_moe import moe_decode, moe_grouped
+from .cuda_moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
@@ -235,6 +235,11 @@ class DeviceOps:
         rows, n = w.rows, w.shape[-1]
         if w.qtype == "F32":
             self._gemm(x, w.ptr, y, T, rows, n, n, n, ldc)
+            return
+        if tensor_core_gemm(w.qtype, n) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
+            table = GroupTable(self, 1, T)
+            grouped_gemm(self, table, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape), x, n, y, ldc,
+                         rows)
             return
         row_bytes = qtype_of(w.qtype).row_bytes(n)
         # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.

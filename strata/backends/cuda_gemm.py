@@ -39,12 +39,15 @@ def check_k(qtype_name: str, K: int) -> None:
 def tiles_for(groups) -> np.ndarray:
     """[n_tiles, 4] int32 (group, s0, rows, 0) cutting each (group, s0, rows) range into BM-row tiles.
     Ranges of 0 rows give no tile."""
-    out = []
-    for g, s0, rows in groups:
-        if g < 0 or s0 < 0 or rows < 0:
-            raise InvalidArgument(f"tiles_for: range {(g, s0, rows)} has a negative field")
-        out.extend((g, s, min(BM, s0 + rows - s), 0) for s in range(s0, s0 + rows, BM))
-    return np.array(out, np.int32).reshape(-1, 4)
+    r = np.asarray(groups, np.int64).reshape(-1, 3)
+    if (r < 0).any():
+        raise InvalidArgument(f"tiles_for: range {tuple(r[(r < 0).any(axis=1)][0])} has a negative field")
+    per = -(-r[:, 2] // BM)                                   # tiles of each range
+    which = np.repeat(np.arange(len(r)), per)
+    k = np.arange(which.size) - np.repeat(np.cumsum(per) - per, per)   # tile index inside its range
+    s = r[which, 1] + k * BM
+    out = np.stack([r[which, 0], s, np.minimum(BM, r[which, 1] + r[which, 2] - s), np.zeros_like(s)], axis=1)
+    return out.astype(np.int32).reshape(-1, 4)
 
 
 def grid_for(N: int, n_tiles: int) -> tuple[int, int]:

@@ -15,10 +15,56 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant import qtype as qtype_of
 from .cuda_device import DeviceTensor, ExpertLayer, Weight, gemv_grid
+from .cuda_gemm import BLOCK as GEMM_BLOCK
+from .cuda_gemm import BM as GEMM_BM
+from .cuda_gemm import QTYPE_NAMES as GEMM_QTYPES
+from .cuda_gemm import SIGNATURE as GEMM_SIGNATURE
+from .cuda_gemm import grid_for, kernel_name, tiles_for
 from .cuda_moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
 
 FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
+TENSOR_CORE_PROMPT = True   # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (False: dequant + f32 GEMM)
+
+
+def tensor_core_gemm(qtype: str, K: int) -> bool:
+    """Whether cuda/moe_gemm.cu takes a weight of this type with rows of K values. F32 weights keep
+    the f32 GEMM (they are test models' and exact there)."""
+    return (TENSOR_CORE_PROMPT and qtype != "F32" and qtype in GEMM_QTYPES
+            and K > 0 and K % max(qtype_of(qtype).block_size, 8) == 0)
+
+
+class GroupTable:
+    """A device block for cuda/moe_gemm.cu's launches: G blob addresses (uint64) then tiles
+    ([n, 4] int32), sized once for the worst case (max_groups groups over max_rows rows) so the
+    pool sees the same block whatever the routing; refilled per batch (the stream orders each
+    refill after the launches that read the last one)."""
+
+    def __init__(self, ops, max_groups: int, max_rows: int):
+        self.ops, self.max_groups = ops, max_groups
+        self.max_tiles = -(-max_rows // GEMM_BM) + max_groups
+        self.t = ops.alloc((8 * max_groups + 16 * self.max_tiles,), np.uint8)
+
+    def fill(self, ptrs: list, ranges: list) -> int:
+        """Upload blob addresses and the tiles of ranges [(group, s0, rows)]; -> number of tiles."""
+        tiles = tiles_for(ranges)
+        assert len(ptrs) <= self.max_groups and len(tiles) <= self.max_tiles
+        addrs = np.zeros(self.max_groups, np.uint64)
+        addrs[:len(ptrs)] = ptrs
+        data = np.concatenate([addrs.view(np.uint8), tiles.reshape(-1).view(np.uint8)])
+        self.t.buf.copy_from_host(data, self.ops.stream, self.t.offset)
+        self.ops.bytes_h2d += data.nbytes
+        self.tiles_ptr = self.t.ptr + 8 * self.max_groups
+        return len(tiles)
+
+
+def grouped_gemm(ops, table: GroupTable, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
+                 N: int) -> None:
+    """Y rows of every tile = X rows @ (group's matrix at its blob + w.ptr)^T, one launch."""
+    if n_tiles:
+        ops.launch("moe_gemm", kernel_name(w.qtype), GEMM_SIGNATURE, grid_for(N, n_tiles), GEMM_BLOCK,
+                   (table.t.ptr, w.ptr, table.tiles_ptr, X, ldx, Y, ldy, N, w.shape[-1]))
 
 
 def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
@@ -89,7 +135,9 @@ def group_by_expert(ids: np.ndarray):
     rows[s] is the sorted position of slot s (moe_combine's row of (t, a))."""
     flat = ids.reshape(-1)
     order = np.argsort(flat, kind="stable")
-    experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+    ordered = flat[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if flat.size else np.zeros(0, np.int64)
+    experts, counts = ordered[starts], np.diff(np.r_[starts, flat.size])
     rows = np.empty(flat.size, np.int32)
     rows[order] = np.arange(flat.size, dtype=np.int32)
     return order, experts, starts, counts, rows
@@ -101,8 +149,9 @@ def _at(blob: int, w: Weight, rows: int | None = None) -> Weight:
 
 
 def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
-    """x [T, D] -> [T, D] for a prompt chunk: per active expert, GEMMs over its rows only, batch by
-    batch as the expert store makes the experts readable."""
+    """x [T, D] -> [T, D] for a prompt chunk: the active experts' GEMMs over their rows only, batch
+    by batch as the expert store makes the experts readable (one tensor-core launch per matrix and
+    batch where cuda/moe_gemm.cu takes the types, else per expert over dequantized matrices)."""
     T, D = x.shape
     A = ids.shape[1]
     S = T * A
@@ -117,22 +166,35 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     gu = ops.alloc((S, 2 * I)) if fused else None
     g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
     y = ops.alloc((S, D))
+    tc = all(tensor_core_gemm(p.qtype, p.shape[-1]) for p in (gate, up, down))
+    table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
     for batch, blobs in ops.experts.prompt_layer(lay.layer, list(where)):
         r0 = where[batch[0]][0]
         r1 = where[batch[-1]][0] + where[batch[-1]][1]
-        for e, blob in zip(batch, blobs):
-            s0, c = where[e]
+        if tc:
+            n = table.fill(blobs, [(i, *where[e]) for i, e in enumerate(batch)])
             if fused:
-                ops._gemm_weight(_at(blob, gate, 2 * I), xs.ptr + s0 * D * 4, gu.ptr + s0 * 2 * I * 4, c, 2 * I)
+                grouped_gemm(ops, table, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr, 2 * I, 2 * I)
             else:
-                ops._gemm_weight(_at(blob, gate), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
-                ops._gemm_weight(_at(blob, up), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
+                grouped_gemm(ops, table, n, gate, xs.ptr, D, g.ptr, I, I)
+                grouped_gemm(ops, table, n, up, xs.ptr, D, u.ptr, I, I)
+        else:
+            for e, blob in zip(batch, blobs):
+                s0, c = where[e]
+                if fused:
+                    ops._gemm_weight(_at(blob, gate, 2 * I), xs.ptr + s0 * D * 4, gu.ptr + s0 * 2 * I * 4, c, 2 * I)
+                else:
+                    ops._gemm_weight(_at(blob, gate), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
+                    ops._gemm_weight(_at(blob, up), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
         if fused:
             _swiglu(ops, gu.ptr + r0 * 2 * I * 4, gu.ptr + (r0 * 2 * I + I) * 4, h.ptr + r0 * I * 4, r1 - r0, I, 2 * I)
         else:
             _swiglu(ops, g.ptr + r0 * I * 4, u.ptr + r0 * I * 4, h.ptr + r0 * I * 4, r1 - r0, I, I)
-        for e, blob in zip(batch, blobs):
-            s0, c = where[e]
-            ops._gemm_weight(_at(blob, down), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
+        if tc:
+            grouped_gemm(ops, table, n, down, h.ptr, I, y.ptr, D, D)
+        else:
+            for e, blob in zip(batch, blobs):
+                s0, c = where[e]
+                ops._gemm_weight(_at(blob, down), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)

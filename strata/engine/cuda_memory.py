@@ -1,229 +1,185 @@
-"""What the GPU engine's forward allocates, computed on the host from a pack's sizes (no device).
+"""What the GPU engine's forward allocates, found by running it with no device behind it.
 
-The functions here replay, block by block, what the CURRENT prompt and decode paths take from the
-activation pool and when they let go: strata.model.qwen3moe.Qwen3Moe.forward over
-strata.backends.cuda_device_ops.DeviceOps, with the resident grouped MoE of strata.backends.cuda_moe
-(every expert in VRAM, dequantized per expert into f32 scratch). The blocks go through a real Pool
-(first-fit, 256-byte blocks) with no memory behind it, so the allocator cannot drift either.
+The functions here run the real model (strata.model.qwen3moe.Qwen3Moe.forward) over the real
+strata.backends.cuda_device_ops.DeviceOps and its Pool, on a null runtime: buffers have addresses
+but no memory, launches and copies do nothing, and a routing read back by the prompt path is all
+zeros (the prompt path's allocations do not depend on the routing: its per-expert tables are sized
+for the worst case). So whatever the prompt and decode paths allocate, and in which order, is what
+is counted here: a change to either needs no change here.
 
 - prompt_pool_bytes(T): the live high-water mark (Pool.peak_bytes) of a prompt's first chunk of T
   tokens. A later chunk frees the previous chunk's positions block while it runs, so its peak is
   at most this.
 - prompt_arena_bytes(T): the smallest reserved (frozen) pool that reads a prompt in chunks of T
-  tokens, i.e. the address high-water mark of first-fit. Holes between blocks of different
-  lifetimes (scratch freed between longer-lived activations) put it 3-8% above the live mark: a
-  loan of the live mark alone would not hold the prompt path.
+  tokens, i.e. the address high-water mark of the pool's first-fit over one unbounded segment.
+  Holes between blocks of different lifetimes put it a few percent above the live mark.
 - decode_step_bytes(T): a decode step's live mark and the sum of its blocks (its graph's reserve).
 - Outside the pool: moe_combine's zeros buffer (zeros_bytes) and the f32 copies of norm weights
   stored in another type (norm_copies_bytes). Not modeled: the growing pool's 64 MiB segments.
 
-THIS FOLLOWS THE PROMPT PATH AND MUST CHANGE WITH IT: a new buffer, a buffer held longer or another
-scratch size there is another number here. tests/engine/test_planner.py runs the real CudaRunner on
-the emulated runtime (tests/engine/fake_cuda.py) and asserts that the pool's peak equals
-prompt_pool_bytes, that a pool reserved at prompt_arena_bytes reads a prompt and 256 bytes less
-does not, and that a decode step's blocks sum to decode_step_bytes, so a drift fails the suite.
+tests/engine/test_planner.py checks these against CudaRunner on the emulated runtime.
 """
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
 
-from ..backends.cuda_device import Pool
-from ..backends.cuda_device_ops import (ATTENTION_HEAD_DIMS, EMBED_QTYPES, GEMV_MAX_T, WEIGHT_SCRATCH_BYTES,
-                                        DeviceOps)
+import numpy as np
+
+from ..backends.cuda_device import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
+from ..backends.cuda_device_ops import EMBED_QTYPES, DeviceOps
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
 _UNBOUNDED = 1 << 60
-_NO_DEVICE = SimpleNamespace(DeviceBuffer=lambda device, nbytes: SimpleNamespace(nbytes=nbytes, ptr=0))
 
 
-class _Blocks:
-    """The path's blocks, taken and dropped in the order it does, in a real Pool (first-fit over one
-    unbounded segment, no device memory behind it): the live high-water mark (Pool.peak_bytes),
-    the address high-water mark (the arena a reserved pool needs for the same sequence) and the
-    sum of every block handed out (Pool.allocated_bytes)."""
+class _NullBuffer:
+    """Device or pinned memory with an address and no bytes."""
+    _next = [1 << 40]
 
-    def __init__(self):
-        self.pool = Pool(_NO_DEVICE, None, reserve_bytes=_UNBOUNDED)
-        self.live: dict = {}
+    def __init__(self, device=None, nbytes: int = 0, mapped: bool = False):
+        self.nbytes = nbytes
+        self.ptr = self.device_ptr = _NullBuffer._next[0]
+        _NullBuffer._next[0] += -(-max(nbytes, 1) // 4096) * 4096
+
+    def copy_from_host(self, src, stream=None, offset: int = 0):
+        pass
+
+    def copy_to_host(self, dst, stream=None, offset: int = 0):
+        np.frombuffer(memoryview(dst).cast("B"), np.uint8)[:] = 0
+
+    def fill_bytes(self, value: int, stream=None):
+        pass
+
+
+class _NullKernel:
+    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None):
+        pass
+
+
+class _NullRuntime:
+    DeviceBuffer = _NullBuffer
+
+    @staticmethod
+    def load_library(name: str):
+        return SimpleNamespace(kernel=lambda device, name, signature: _NullKernel())
+
+    @staticmethod
+    def copy_d2d(dst, src, nbytes, stream):
+        pass
+
+
+class _TracingPool(Pool):
+    """The real pool, over one unbounded segment: also records the address high-water mark."""
+
+    def __init__(self, rt, device):
         self.arena = 0
+        super().__init__(rt, device, reserve_bytes=_UNBOUNDED)
 
-    def take(self, name: str, nbytes: int) -> None:
-        block, _ = self.pool.alloc(max(1, nbytes))     # DeviceOps.alloc asks for one element at least
-        assert name not in self.live, name
-        self.live[name] = block
-        self.arena = max(self.arena, block.offset + block.size)
-
-    def drop(self, *names: str) -> None:
-        for name in names:
-            del self.live[name]                        # the block goes back to the pool, as in the engine
-
-    def scratch(self, nbytes: int) -> None:
-        """A block taken and released inside one call."""
-        if nbytes:
-            self.take("scratch", nbytes)
-            self.drop("scratch")
-
-    @property
-    def peak(self) -> int:
-        return self.pool.peak_bytes
-
-    @property
-    def total(self) -> int:
-        return self.pool.allocated_bytes
+    def _take(self, seg: int, off: int, size: int):
+        self.arena = max(self.arena, off + size)
+        return super()._take(seg, off, size)
 
 
-def weight_scratch_bytes(qtype: str, rows: int, n: int) -> int:
-    """DeviceOps._gemm_weight's dequantized row chunk for a [rows, n] weight (none for F32)."""
-    if qtype == "F32":
+class _NullStore:
+    """The expert store's prompt interface: every expert readable at once, at no address."""
+
+    @staticmethod
+    def prompt_layer(layer: int, active: list):
+        yield active, [0] * len(active)
+
+    @staticmethod
+    def table_row(layer: int) -> int:
         return 0
-    chunk = min(rows, max(16, WEIGHT_SCRATCH_BYTES // (4 * n) // 16 * 16))
-    return 4 * chunk * n
 
 
-def decode_splits(args, max_cells: int, num_sms: int) -> int:
-    """DeviceOps.decode_splits for a device of num_sms multiprocessors."""
-    return DeviceOps.decode_splits(SimpleNamespace(num_sms=num_sms), args.num_key_value_heads, max_cells,
-                                   args.head_dim)
+class _SizesWeights:
+    """DeviceWeights from pack sizes alone: tensors at null addresses."""
+
+    def __init__(self, sizes):
+        self.dense_meta = sizes.dense
+        self.store = _NullStore()
+        self.layers = [ExpertLayer.from_meta(l, lay, 0) for l, lay in enumerate(sizes.layers)]
+
+    def tensor(self, name: str) -> Weight:
+        t = self.dense_meta[name]
+        return Weight(1 << 36, t["qtype"], tuple(t["shape"]))
+
+    def has(self, name: str) -> bool:
+        return name in self.dense_meta
 
 
-def _linear(b: _Blocks, dense: dict, out: str, name: str, T: int) -> None:
-    t = dense[name]
-    rows, n = math.prod(t["shape"][:-1]), t["shape"][-1]
-    b.take(out, 4 * T * rows)
-    if T > GEMV_MAX_T:
-        b.scratch(weight_scratch_bytes(t["qtype"], rows, n))
-
-
-def _attention(b: _Blocks, args, T: int, max_cells: int, num_sms: int) -> None:
-    H, Hk, Dh = args.num_attention_heads, args.num_key_value_heads, args.head_dim
-    b.take("attn", 4 * T * H * Dh)
-    G = H // Hk
-    if T == 1 and Dh in ATTENTION_HEAD_DIMS and G <= (8 if Dh == 256 else 16):    # split-K decode
-        splits = decode_splits(args, max_cells, num_sms)
-        b.take("part_acc", 4 * H * splits * Dh)
-        b.take("part_ml", 4 * H * splits * 2)
-        b.drop("part_acc", "part_ml")
-
-
-def _moe(b: _Blocks, args, lay: dict, T: int) -> None:
-    """cuda_moe.moe_grouped (T > GEMV_MAX_T) or moe_decode; leaves "moe_out" alive."""
-    D, I, A = args.hidden_size, args.moe_intermediate_size, args.num_experts_per_tok
-    S = T * A
-    g, u, d = lay["parts"]["gate"], lay["parts"]["up"], lay["parts"]["down"]
-    fused = g["qtype"] == u["qtype"] and u["offset"] == g["offset"] + g["nbytes"] and g["shape"] == u["shape"]
-    grouped = T > GEMV_MAX_T
-    inner = ["h", "gu"] if fused else ["h", "g", "u"]
-    if grouped:
-        inner = ["index", "xs"] + inner
-        b.take("index", 8 * S)
-        b.take("xs", 4 * S * D)
-    b.take("h", 4 * S * I)
-    if fused:
-        b.take("gu", 8 * S * I)
-    else:
-        b.take("g", 4 * S * I)
-        b.take("u", 4 * S * I)
-    if grouped:
-        b.scratch(weight_scratch_bytes(g["qtype"], 2 * I, D) if fused else
-                  max(weight_scratch_bytes(g["qtype"], I, D), weight_scratch_bytes(u["qtype"], I, D)))
-    b.take("y", 4 * S * D)
-    if grouped:
-        b.scratch(weight_scratch_bytes(d["qtype"], D, I))
-    b.take("moe_out", 4 * T * D)
-    b.drop(*inner, "y")
-
-
-def _layer(b: _Blocks, sizes, l: int, T: int, positions, max_cells: int, num_sms: int) -> None:
-    """Qwen3Moe.layer: "x" (held by the caller) in, "x" out."""
-    a, dense = sizes.args, sizes.dense
-    D, H, Hk, Dh, A = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.num_experts_per_tok
-    p = f"blk.{l}."
-    b.take("attn_norm", 4 * T * D)
-    _linear(b, dense, "q", p + "attn_q.weight", T)
-    _linear(b, dense, "k", p + "attn_k.weight", T)
-    _linear(b, dense, "v", p + "attn_v.weight", T)
-    b.take("q_norm", 4 * T * H * Dh)
-    b.take("q_rope", 4 * T * H * Dh)
-    positions(b)                                    # rope's copy first, then the positions upload
-    b.drop("q_norm", "q")
-    b.take("k_norm", 4 * T * Hk * Dh)
-    b.take("k_rope", 4 * T * Hk * Dh)
-    b.drop("k_norm", "k")
-    _attention(b, a, T, max_cells, num_sms)
-    _linear(b, dense, "attn_out", p + "attn_output.weight", T)
-    b.take("x1", 4 * T * D)
-    b.take("ffn_norm", 4 * T * D)
-    _linear(b, dense, "router_logits", p + "ffn_gate_inp.weight", T)
-    b.take("expert_ids", 4 * T * A)
-    b.take("expert_weights", 4 * T * A)
-    _moe(b, a, sizes.layers[l], T)
-    b.take("x2", 4 * T * D)
-    b.drop("x1", "x", "attn_norm", "q_rope", "k_rope", "v", "attn", "attn_out", "ffn_norm", "router_logits",
-           "expert_ids", "expert_weights", "moe_out")
-    b.live["x"] = b.live.pop("x2")
-
-
-def _forward(b: _Blocks, sizes, T: int, prompt: bool, max_cells: int, num_sms: int) -> None:
-    """Qwen3Moe.forward of T tokens, then what CudaRunner drops after it. prompt: ids and
-    positions come from the host (uploaded here; the positions stay until the next chunk's replace
-    them) and only the last row's logits are computed (CudaRunner.prefill); else a decode step,
-    ids and positions already on the device, logits for every row."""
+def _ops(sizes, max_cells: int, num_sms: int):
+    from ..model.qwen3moe import Qwen3Moe
+    rt = _NullRuntime()
+    device = SimpleNamespace(multiprocessor_count=num_sms)
+    stream = SimpleNamespace(synchronize=lambda: None)
+    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), sizes.args)
+    ops.pool = _TracingPool(rt, device)     # after the RoPE table: what the engine's pool holds beyond it
     a = sizes.args
-    b.take("x", 4 * T * a.hidden_size)
-    if prompt and sizes.dense["token_embd.weight"]["qtype"] in EMBED_QTYPES:
-        b.scratch(4 * T)                            # the ids, uploaded for the embed kernel
-    uploaded = []
+    kv = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
+                  a.num_key_value_heads, a.head_dim)
+    return ops, Qwen3Moe(a, ops), kv
 
-    def positions(blocks: _Blocks) -> None:         # DeviceOps._positions: once a chunk, by the first rope
-        if prompt and not uploaded:
-            blocks.take("positions_new", 4 * (T + 1))
-            if "positions" in blocks.live:
-                blocks.drop("positions")            # the previous chunk's, released once replaced
-            blocks.live["positions"] = blocks.live.pop("positions_new")
-            uploaded.append(T)
-    for l in range(a.num_hidden_layers):
-        _layer(b, sizes, l, T, positions, max_cells, num_sms)
-    rows = 1 if prompt else T
-    b.take("head_norm", 4 * rows * a.hidden_size)
-    head = "token_embd.weight" if a.tie_word_embeddings else "output.weight"
-    _linear(b, sizes.dense, "logits", head, rows)
-    b.drop("x", "head_norm", "logits")
+
+_MEMO: dict = {}        # (id(sizes), T, chunks, ...) -> (sizes, (peak, arena, zeros)): the planner asks again and again
+_MEMO_MAX = 4096
+
+
+def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int) -> tuple[int, int, int]:
+    """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
+    key = (id(sizes), T, chunks, max_cells, num_sms)
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is sizes:
+        return hit[1]
+    ops = _run_prompt(sizes, T, chunks, max_cells, num_sms)
+    result = (ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES)
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = (sizes, result)
+    return result
+
+
+def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int):
+    """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
+    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms)
+    for c in range(chunks):
+        positions = np.arange(c * T, (c + 1) * T)
+        logits, hidden = model.forward(np.zeros(T, np.int64), positions, kv, logits_rows=slice(-1, None))
+        ops.to_host(logits)
+        del logits, hidden      # as CudaRunner._forward lets both go before the next chunk
+    return ops
 
 
 def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> int:
-    """Live high-water mark (Pool.peak_bytes) of the first prompt chunk of T tokens. For T >
-    GEMV_MAX_T (the grouped path, every real chunk) it is a max over phases of sums of blocks
-    linear in T, so it never falls as T grows; max_cells and num_sms matter only to a 1-token chunk
-    (split-K attention)."""
-    b = _Blocks()
-    _forward(b, sizes, T, True, max_cells, num_sms)
-    return b.peak
+    """Live high-water mark (Pool.peak_bytes) of the first prompt chunk of T tokens (module doc)."""
+    return _prompt(sizes, T, 1, max_cells, num_sms)[0]
 
 
 def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> int:
-    """The smallest reserved (frozen) pool that reads a prompt in chunks of T tokens: the address
-    high-water mark of Pool's first-fit over PROMPT_CHUNKS_SIMULATED chunks, the later ones starting
-    beside the previous chunk's positions block. Above prompt_pool_bytes by the holes first-fit
-    leaves (scratch blocks freed between longer-lived ones)."""
-    b = _Blocks()
-    for _ in range(PROMPT_CHUNKS_SIMULATED):
-        _forward(b, sizes, T, True, max_cells, num_sms)
-    return b.arena
+    """The smallest reserved (frozen) pool that reads a prompt in chunks of T tokens (module doc)."""
+    return _prompt(sizes, T, PROMPT_CHUNKS_SIMULATED, max_cells, num_sms)[1]
 
 
 def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int) -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
     what CudaRunner reserves for the step's CUDA graph (cuda_graph.capture_step)."""
-    b = _Blocks()
-    _forward(b, sizes, T, False, max_cells, num_sms)
-    return b.peak, b.total
+    ops, model, kv = _ops(sizes, max_cells, num_sms)
+    base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
+    if sizes.dense["token_embd.weight"]["qtype"] in EMBED_QTYPES:      # ids and positions read on the device
+        buf = _NullBuffer(None, 4 * (2 * 8 + 1))
+        ids, pos = DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)
+    else:                                                               # CudaRunner steps through _forward
+        ids, pos = np.zeros(T, np.int64), np.arange(T)
+    logits, _ = model.forward(ids, pos, kv)
+    del logits
+    return ops.pool.peak_bytes - base_peak, ops.pool.allocated_bytes - base_total
 
 
 def zeros_bytes(sizes, T: int) -> int:
-    """moe_combine's zeros buffer after a step of T tokens (outside the pool; it only grows)."""
-    return max(4 * T * sizes.args.hidden_size, ZEROS_MIN_BYTES)
+    """moe_combine's zeros buffer after a prompt chunk of T tokens (outside the pool; it only grows)."""
+    return _prompt(sizes, T, 1, T, 1)[2]
 
 
 def norm_copies_bytes(sizes) -> int:

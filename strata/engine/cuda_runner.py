@@ -299,9 +299,10 @@ class CudaRunner:
                 "host_ms": times}
 
     def measure_limits(self, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
-        """{"device_copy_gb_s": bytes read + written per second of a large device-to-device copy},
-        timed with events (median of `repeats` after a warm-up), the ceiling resident decode is
-        measured against."""
+        """{"device_copy_gb_s": bytes read + written per second of a large device-to-device copy (the
+        ceiling resident decode is measured against), "h2d_gb_s": pinned host -> device copy (what
+        streamed experts are measured against)}, timed with events (median of `repeats` after a
+        warm-up)."""
         free, _ = self.dev.memory_info()
         nbytes = max(1 << 24, min(nbytes, (free - VRAM_RESERVE_BYTES) // 2) // 4096 * 4096)
         src, dst = self.rt.DeviceBuffer(self.dev, nbytes), self.rt.DeviceBuffer(self.dev, nbytes)
@@ -315,4 +316,21 @@ class CudaRunner:
             end.synchronize()
             if i >= 2:
                 times.append(start.elapsed_ms(end))
-        return {"device_copy_gb_s": 2 * nbytes / (float(np.median(times)) * 1e-3) / 1e9}
+        limits = {"device_copy_gb_s": 2 * nbytes / (float(np.median(times)) * 1e-3) / 1e9}
+        del src
+        host = self.rt.HostBuffer(self.dev, min(nbytes, 1 << 30))
+        times = []
+        for i in range(repeats + 2):
+            start.record(self.stream)
+            self.rt.copy_h2d(dst.ptr, host.ptr, host.nbytes, self.stream)
+            end.record(self.stream)
+            end.synchronize()
+            if i >= 2:
+                times.append(start.elapsed_ms(end))
+        limits["h2d_gb_s"] = host.nbytes / (float(np.median(times)) * 1e-3) / 1e9
+        return limits
+
+    def vram_used_bytes(self) -> int:
+        """VRAM in use on the device now (every process), for the bench's peak."""
+        free, total = self.dev.memory_info()
+        return total - free

@@ -223,7 +223,8 @@ SIGNATURES = {
     r"strata_moe_route_f32": "PPPiiii", r"strata_swiglu_f32": "PPPiiqqq", r"strata_moe_combine_f32": "PPPPPiii",
 }
 
-SIGNATURES.update({r"strata_moe_gate_up_\w+": "PqqPPPiii", r"strata_moe_down_\w+": "PqPPPPiii"})  # moe_decode.cu
+SIGNATURES.update({r"strata_moe_gate_up_\w+": "PqqPPPiii", r"strata_moe_down_\w+": "PqPPPPiii",  # moe_decode.cu
+                   r"strata_moe_gemm_\w+": "PqPPqPqii"})                                             # moe_gemm.cu
 SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
@@ -253,7 +254,7 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_batch", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "dequant",
+        for prefix in ("gemv_batch", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -522,12 +523,13 @@ class GraphExec:
         self.nodes = None
 
 
-def _moe_decode_emulation(name: str):
+def _lazy_emulation(module: str, name: str):
     def run(*args):
-        from tests.engine import fake_moe_decode       # it imports this module: resolved at the first launch
-        return getattr(fake_moe_decode, name)(*args)
+        import importlib                                 # they import this module: resolved at the first launch
+        return getattr(importlib.import_module(f"tests.engine.{module}"), name)(*args)
     return run
 
 
-_EMULATE.update({"moe_gate_up": _moe_decode_emulation("emulate_moe_gate_up"),
-                 "moe_down": _moe_decode_emulation("emulate_moe_down")})
+_EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
+                 "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
+                 "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm")})

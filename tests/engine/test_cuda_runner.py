@@ -1,13 +1,16 @@
 """The GPU engine (every weight resident) against the numpy engine, on tiny packs and the demo model.
 
 Oracle: the numpy engine with K/V rounded through f16 before caching (tests/engine/cpu_f16_kv.py),
-the GPU cache's precision. Bound on every path (prompt chunks through dequant + f32 GEMM and the
-grouped experts, decode steps through the fused GEMVs and split-K attention):
-max |GPU - oracle| <= 3e-4 * max |oracle logit|. Both dequantize the same block bytes exactly and
-accumulate in f32; what remains is the f32 summation order, ~1 ulp sin/cos/exp/rsqrt, and the f16
-roundings those last bits can flip. Measured with numpy emulations of the kernels: <= 5e-5.
-Against the plain numpy engine (f32 K/V) the f16 cache alone moves the logits by up to 1.1e-3 of
-the largest one on these random models (2e-4 on the trained demo model): bound 1e-3 on the demo.
+the GPU cache's precision. Bound: max |GPU - oracle| <= REL * max |oracle logit|.
+- F32 weights (tiny, odd, mtp): prompt chunks through the f32 GEMM, decode through the fused GEMVs
+  and split-K attention, all exact dequantization and f32 accumulation; what remains is summation
+  order, ~1 ulp sin/cos/exp/rsqrt and the f16 roundings those bits flip (emulated: <= 5e-5), and the
+  tensor-core prompt attention's f16 Q and P (cuda/attention_tc.cu: <= 2e-3 of a head's output).
+- Quantized weights (demo, kquant, kquant-mixed): prompt GEMMs on tensor cores (cuda/moe_gemm.cu)
+  round X and the exactly decoded W to f16: 3.3e-4 measured on the demo in emulation.
+REL = 2e-3 covers both with margin. Against the plain numpy engine (f32 K/V) the f16 cache alone
+moves the logits by up to 1.1e-3 of the largest one on these random models (2e-4 on the trained
+demo model): bound 3e-3 on the demo.
 
 Decode through a CUDA graph against eager decode: bitwise. A replay runs the very kernels the eager
 step launches, with the same grids and scalar arguments (the attention splits follow the cache
@@ -28,8 +31,8 @@ from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
 
 pytestmark = pytest.mark.gpu
 
-REL = 3e-4          # against the f16-K/V oracle
-REL_F32_KV = 1e-3   # against the plain numpy engine, demo model
+REL = 2e-3          # against the f16-K/V oracle
+REL_F32_KV = 3e-3   # against the plain numpy engine, demo model
 PACKS = ["demo", "tiny", "odd", "mtp", "kquant", "kquant-mixed"]
 GGUF_QTYPES = {
     "kquant": {"attn": "Q8_0", "experts": "Q4_K", "embd": "Q6_K", "output": "Q8_0"},

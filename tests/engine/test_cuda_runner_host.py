@@ -28,8 +28,9 @@ def fake(monkeypatch):
     return fake_cuda
 
 
-def assert_close(ours, ref, rel=3e-4):
-    """Against the numpy engine with the same f16 K/V (the bound of test_cuda_runner.py)."""
+def assert_close(ours, ref, rel=2e-3):
+    """Against the numpy engine with the same f16 K/V (the bound of test_cuda_runner.py: prompt GEMMs
+    over quantized weights round X and W to f16 for the tensor cores; 3.3e-4 measured here)."""
     bound = rel * np.abs(ref).max()
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= bound, f"max err {np.abs(ours - ref).max():.3g} > {bound:.3g}"
@@ -74,7 +75,7 @@ def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert_close(gpu.decode(ids[0]), cpu.decode(ids[0]))
-    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k", "strata_dequant_q4_k"} <= set(fake.launches)
+    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k", "strata_moe_gemm_q4_k"} <= set(fake.launches)
 
 
 def test_status_and_limits(fake):
@@ -87,7 +88,8 @@ def test_status_and_limits(fake):
     cache = s["expert_cache"]
     assert cache["resident"] == cache["total_experts"] == 7 * 16 and cache["hits"] == 3 * 4 * 6
     assert s["bytes_h2d"] >= s["gpu"]["dense_bytes"] + s["gpu"]["expert_cache_bytes"]
-    assert runner.measure_limits(nbytes=1 << 24, repeats=2)["device_copy_gb_s"] > 0
+    limits = runner.measure_limits(nbytes=1 << 24, repeats=2)
+    assert limits["device_copy_gb_s"] > 0 and limits["h2d_gb_s"] > 0
 
 
 def test_too_big_for_the_budget_says_so(fake):

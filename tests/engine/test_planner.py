@@ -19,7 +19,8 @@ from strata.pack import open_pack
 from strata.plan import plan_sizes
 from tests.engine import fake_cuda
 
-GRID = list(range(256, 32768 + 1, 256))
+SCAN_STEP = 2048        # the scans' chunk grid (planner.CHUNK_GRID patched to it): bytes_needed is a dry
+GRID = list(range(SCAN_STEP, 32768 + 1, SCAN_STEP))   # run of the forward, ~0.5 s a point on this shape
 CONTEXT = 1024          # of the emulated runners
 
 
@@ -30,7 +31,7 @@ def q30():
 
 @pytest.fixture(scope="module")
 def q30_needs(q30):
-    """bytes_needed over the whole grid (about 2 s), for the brute-force scans."""
+    """bytes_needed over the scan grid, for the brute-force scans."""
     return {T: bytes_needed(q30, T) for T in GRID}
 
 
@@ -96,15 +97,15 @@ def test_expert_cache_counts_each_layer_at_its_own_blob(q30, rng):
 
 def test_bytes_needed_rises_with_T(q30, q30_needs):
     sizes = demo_sizes()
-    peaks = [cuda_memory.prompt_pool_bytes(sizes, T) for T in range(9, 700)]
+    peaks = [cuda_memory.prompt_pool_bytes(sizes, T) for T in range(9, 400)]
     assert all(b >= a for a, b in zip(peaks, peaks[1:]))          # every chunk past the GEMV path
     needs = list(q30_needs.values())
     assert all(b > a for a, b in zip(needs, needs[1:]))
     for s in (sizes, plan_sizes(None, "small")[1], plan_sizes(None, "tiny")[1]):
-        grid = [bytes_needed(s, T) for T in GRID[:48]]
+        grid = [bytes_needed(s, T) for T in range(256, 12 * 256 + 1, 256)]
         assert all(b > a for a, b in zip(grid, grid[1:]))
     # the reserved pool sits a few percent above the live mark
-    assert 1.0 < q30_needs[4096] / cuda_memory.prompt_pool_bytes(q30, 4096) < 1.1
+    assert 1.0 < q30_needs[4096] / cuda_memory.prompt_pool_bytes(q30, 4096) < 1.25     # first-fit holes
 
 
 def test_largest_fitting_is_the_scan(rng):
@@ -123,10 +124,11 @@ def test_largest_fitting_is_the_scan(rng):
 
 def test_auto_chunk_equals_a_scan_of_the_grid(q30, q30_needs, rng, monkeypatch):
     monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
+    monkeypatch.setattr(planner, "CHUNK_GRID", SCAN_STEP)
     cfg = config(prefill="auto:32768")
     fixed = mandatory(q30, cfg)
     full = ring_slots(q30.max_blob)
-    lo, hi = q30_needs[256] + full * q30.max_blob, q30_needs[32768] + full * q30.max_blob
+    lo, hi = q30_needs[SCAN_STEP] + full * q30.max_blob, q30_needs[32768] + full * q30.max_blob
     for room in rng.integers(lo, hi + (hi - lo) // 8, 25).tolist():
         plan = make_plan(q30, cfg, fixed + room)
         want = max(T for T in GRID if q30_needs[T] + full * q30.max_blob <= room)
@@ -136,16 +138,17 @@ def test_auto_chunk_equals_a_scan_of_the_grid(q30, q30_needs, rng, monkeypatch):
 
 def test_no_full_ring_falls_back_to_the_floor(q30, q30_needs, monkeypatch):
     monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
+    monkeypatch.setattr(planner, "CHUNK_GRID", SCAN_STEP)
     cfg = config(expert_cache="0")
     mb, full = q30.max_blob, ring_slots(q30.max_blob)
-    room = q30_needs[256] + (full - 1) * mb           # not even 256 tokens beside a full ring
+    room = q30_needs[SCAN_STEP] + (full - 1) * mb           # not even 256 tokens beside a full ring
     plan = make_plan(q30, cfg, mandatory(q30, cfg) + room)
     want = max(T for T in GRID if q30_needs[T] + RING_MIN_SLOTS * mb <= room)
-    assert want > 256 and plan.prefill_chunk == want and "floor" in plan.prefill_rule
+    assert want >= SCAN_STEP and plan.prefill_chunk == want and "floor" in plan.prefill_rule
     assert RING_MIN_SLOTS <= plan.prefill_ring == (room - q30_needs[want]) // mb < full
-    room = q30_needs[256] + RING_MIN_SLOTS * mb + 1
+    room = q30_needs[SCAN_STEP] + RING_MIN_SLOTS * mb + 1
     plan = make_plan(q30, cfg, mandatory(q30, cfg) + room)
-    assert (plan.prefill_chunk, plan.prefill_ring) == (256, RING_MIN_SLOTS)
+    assert (plan.prefill_chunk, plan.prefill_ring) == (SCAN_STEP, RING_MIN_SLOTS)
 
 
 def test_ceiling_fixed_chunk_and_context(q30):
@@ -229,7 +232,8 @@ def test_prompt_pool_bytes_is_the_pool_peak(fake, rng, T):
     sizes = demo_sizes(pack)
     runner, base = _prefill(pack, T, T, rng)
     assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8)
-    assert runner.ops._zeros.nbytes == cuda_memory.zeros_bytes(sizes, T)
+    zeros = runner.ops._zeros.nbytes if runner.ops._zeros is not None else cuda_memory.ZEROS_MIN_BYTES
+    assert zeros == cuda_memory.zeros_bytes(sizes, T)       # none below GEMV_MAX_T: decode's MoE needs none
 
 
 def test_later_chunks_stay_under_the_first(fake, rng):
