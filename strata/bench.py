@@ -95,7 +95,7 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0)
     line.done()
     status = runner.status()
     res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
-    if "expert_cache" in status:
+    if isinstance(status.get("expert_cache"), dict):
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
