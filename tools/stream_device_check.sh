@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Expert streaming and the fused/tensor-core paths in one device call, inside a deadline: the
+# synthetic pack is built on the CPUs while tools/device_check.sh builds and runs the GPU tests, then
+# the bit-identical check (tools/stream_check.py) and the benches, resident and under budgets.
+#
+#   tools/stream_device_check.sh [steps...]      default: tests identical resident b12 b8 nocache
+#     tests      build + GPU tests (TESTS overrides the pytest paths)
+#     identical  tools/stream_check.py --budget-gib 8 (4096-token prompt, 64 decoded tokens)
+#     resident   bench, every expert in VRAM: --prompt 4096,16384 --decode 64
+#     b12 / b8   bench at --vram-budget-gib 12 / 8: --prompt 16384 (b8: 4096) --decode 64
+#     nocache    bench with no expert cached (--expert-cache 0): --prompt 16384
+#     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
+# DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-stream-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+elapsed() { echo $(( $(date +%s) - T0 )); }
+budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests identical resident b12 b8 nocache)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+$PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/strata-pack-site \
+    $(ls .whl/*.whl 2>/dev/null | grep -v '/nvidia_') >/dev/null 2>&1
+( PYTHONPATH=/tmp/strata-pack-site timeout "$(budget 200)" $PY -c \
+    "from strata.synthetic import synthetic_pack; print(synthetic_pack('qwen3-30b-a3b', progress=False))"
+  echo "pack rc=$? at $(elapsed) s" ) >"$OUT/pack.log" 2>&1 &
+pack_pid=$!
+
+if has tests; then
+    TESTS=${TESTS:-"tests/kernels/test_decode_fused_gpu.py tests/kernels/test_moe_decode_gpu.py tests/kernels/test_moe_gemm_gpu.py tests/kernels/test_attention_tc_gpu.py tests/kernels/test_graphs_gpu.py tests/engine/test_cuda_runner.py"}
+    OUT=$OUT timeout "$(budget 300)" bash tools/device_check.sh $TESTS 2>&1 | tee "$OUT/tests.log" | tail -45
+else
+    OUT=$OUT timeout "$(budget 120)" bash tools/device_check.sh tests/kernels/test_runtime.py 2>&1 | tail -3
+fi
+export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+wait $pack_pid
+cat "$OUT/pack.log"
+
+bench() {  # bench NAME SECONDS ARGS...
+    local name=$1 secs=$2; shift 2
+    echo "== bench $name: $* ($(elapsed) s)"
+    timeout "$(budget "$secs")" $PY -m strata bench --synthetic qwen3-30b-a3b --device cuda --json "$OUT/$name.json" "$@" \
+        2>"$OUT/$name.err" | tee "$OUT/$name.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
+}
+if has identical; then
+    echo "== identical ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/stream_check.py --budget-gib 8 --json "$OUT/identical.json" 2>"$OUT/identical.err" \
+        | tee "$OUT/identical.log"
+    [ "${PIPESTATUS[0]}" -gt 1 ] && tail -8 "$OUT/identical.err"
+fi
+has resident && bench resident 100 --prompt 4096,16384 --decode 64
+has b12 && bench b12 80 --vram-budget-gib 12 --prompt 16384 --decode 64
+has b8 && bench b8 80 --vram-budget-gib 8 --prompt 4096 --decode 64
+has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 16384 --decode 0
+if has ab; then
+    bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
+    bench ab_slots 80 --vram-budget-gib 8 --prefill-rule slots --prompt 4096,16384 --decode 0
+fi
+echo "== done at $(elapsed) s"
