@@ -42,9 +42,10 @@ class GroupTable:
     refill after the launches that read the last one)."""
 
     def __init__(self, ops, max_groups: int, max_rows: int):
-        self.ops, self.max_groups = ops, max_groups
+        self.ops = ops
+        self.max_groups = -(-max_groups // 2) * 2            # the tiles start 16-byte aligned (int4 loads)
         self.max_tiles = -(-max_rows // GEMM_BM) + max_groups
-        self.t = ops.alloc((8 * max_groups + 16 * self.max_tiles,), np.uint8)
+        self.t = ops.alloc((8 * self.max_groups + 16 * self.max_tiles,), np.uint8)
 
     def fill(self, ptrs: list, ranges: list) -> int:
         """Upload blob addresses and the tiles of ranges [(group, s0, rows)]; -> number of tiles."""

@@ -21,6 +21,7 @@ def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
     assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"
     assert K > 0 and K % max(qtype(q).block_size, 8) == 0, f"moe_gemm: K {K} for {q}"
     assert X % 16 == 0 and ldx % 4 == 0 and Y % 4 == 0, f"moe_gemm: X 0x{X:x} ldx {ldx} Y 0x{Y:x}"
+    _aligned("moe_gemm tiles", tiles, ptrs)
     table = view(tiles, 4 * n_tiles, np.int32).reshape(n_tiles, 4)
     groups = int(table[:, 0].max()) + 1 if n_tiles else 0
     addrs = view(ptrs, groups, np.uint64) if groups else np.zeros(0, np.uint64)

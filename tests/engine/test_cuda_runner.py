@@ -201,3 +201,20 @@ def test_prefix_reuse_after_a_graph_was_captured(packs, rng):
         assert np.array_equal(ours, eager.decode(t))
         assert_close(ours, cpu.decode(t))
     assert graph.graphs[1] is captured and captured.launches == 5 + 8
+
+
+@pytest.mark.parametrize("cache", ["0", "20"])
+def test_streamed_experts_give_the_resident_logits_bit_for_bit(packs, rng, cache):
+    """Experts in pinned host memory (read zero-copy by decode, streamed through the prompt ring)
+    and a small VRAM cache: the same kernels on the same bytes as the resident run."""
+    pack = packs("demo")
+    cfg = dict(device="cuda", prefill="24")
+    resident = CudaRunner(pack, 128, EngineConfig(**cfg))
+    streamed = CudaRunner(pack, 128, EngineConfig(expert_cache=cache, **cfg))
+    assert resident.store.resident and not streamed.store.resident
+    ids = rng.integers(0, pack.args.vocab_size, 70).tolist()
+    np.testing.assert_array_equal(streamed.prefill(ids[:60], 0), resident.prefill(ids[:60], 0))
+    for t in ids[60:]:
+        np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
+    s = streamed.status()["expert_cache"]
+    assert s["misses"] > 0 and s["prompt_streamed"] > 0 and streamed.decode_status()["host_ms"]["graph"]["steps"] >= 7
