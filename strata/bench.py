@@ -68,7 +68,11 @@ class _Line:
             sys.stderr.write("\n")
 
 
-def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0) -> BenchResult:
+def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
+              random_tokens: bool = False) -> BenchResult:
+    """random_tokens: decode feeds random token ids instead of the greedy choice (for random-weight
+    models, whose greedy output soon repeats one token: the same experts every step would flatter
+    an expert cache)."""
     runner, line = llm.runner, _Line()
     rng = np.random.default_rng(seed)
     res = BenchResult(model=llm.model_name, device=llm.device, config=asdict(llm.config),
@@ -89,7 +93,8 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0)
         line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
         if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
             before = _stream_counters(runner)
-            res.decode[n] = _decode(runner, logits, decode_tokens, res.bytes_per_token, line, n)
+            res.decode[n] = _decode(runner, logits, decode_tokens, res.bytes_per_token, line, n,
+                                    rng if random_tokens else None)
             res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
             _vram_peak(runner, res)
     line.done()
@@ -124,11 +129,13 @@ def _vram_peak(runner, res) -> None:
         res.vram_peak_bytes = max(res.vram_peak_bytes, runner.vram_used_bytes())
 
 
-def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int) -> dict:
+def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int, rng=None) -> dict:
     token = int(np.argmax(logits))
+    V = logits.shape[-1]
     t0 = time.perf_counter()
     for i in range(n_tokens):
-        token = int(np.argmax(runner.decode(token)))
+        out = runner.decode(token)
+        token = int(rng.integers(0, V)) if rng is not None else int(np.argmax(out))
         if i % 8 == 0:
             line(f"bench: decode at {context}: {i + 1}/{n_tokens} tokens")
     dt = time.perf_counter() - t0
@@ -144,6 +151,8 @@ def report(res: BenchResult) -> str:
     h2d = res.limits.get("h2d_gb_s")
     if h2d:
         rows.append(f"pinned host -> device copy, measured now: {h2d:,.1f} GB/s")
+    if res.config.get("decode_tokens"):
+        rows.append(f"decode feeds {res.config['decode_tokens']}")
     if res.plan:
         rows.append("plan: " + ", ".join(f"{k} {v}" for k, v in res.plan.items()))
     rows.append(f"{'what':<26}{'tok/s':>12}{'seconds':>10}{'weights GB/s':>14}{'of copy rate':>14}"
@@ -181,7 +190,8 @@ def bench_main(args, engine_kwargs: dict) -> int:
     llm = LLM(model, **engine_kwargs)
     if args.synthetic:
         llm.model_name = f"synthetic {args.synthetic}"
-    res = run_bench(llm, lengths, args.decode)
+    res = run_bench(llm, lengths, args.decode, random_tokens=bool(args.synthetic))
+    res.config["decode_tokens"] = "random ids (random weights)" if args.synthetic else "greedy"
     print(report(res))
     if args.json:
         with open(args.json, "w") as f:

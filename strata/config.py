@@ -82,6 +82,10 @@ class EngineConfig:
     expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
                                                                  "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
+    prefill_rule: str = field(default="bytes", metadata={"help": "prompt ring and chunk rule: bytes (the ring a byte "
+                                                                 "budget, the largest chunk that leaves it full) or "
+                                                                 "slots (the older rule: 384 slots, the first chunk "
+                                                                 "of a fixed list that fits; for A/B runs)"})
     kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
     max_context: int = field(default=4096, metadata={"help": "longest sequence (prompt + output) in tokens"})
@@ -105,6 +109,8 @@ class EngineConfig:
             raise InvalidArgument(f"max_context must be positive, got {self.max_context}")
         if self.kv_resident < 0 or self.spec < 0:
             raise InvalidArgument("kv_resident and spec must be >= 0")
+        if self.prefill_rule not in ("bytes", "slots"):
+            raise InvalidArgument(f"prefill_rule must be bytes or slots, got {self.prefill_rule!r}")
         if self.expert_policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert_policy must be lru or lfu, got {self.expert_policy!r}")
         if self.expert_cache != "auto" and not self.expert_cache.isdigit():

@@ -95,7 +95,7 @@ class Pool:
                         return self._take(seg, off, size)
             if self.frozen:
                 raise DeviceError(f"device pool: {size} bytes do not fit the {self.capacity_bytes} reserved for "
-                                  f"a CUDA graph ({self.used_bytes} in use); it may not grow")
+                                  f"a CUDA graph or a prompt's loan ({self.used_bytes} in use); it may not grow")
             self._grow(max(size, SEGMENT_BYTES))
         raise AssertionError("unreachable: a fresh segment holds the block")
 

@@ -15,6 +15,7 @@ fixed log that comes back with the logits, for the cache's admissions.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections import deque
@@ -66,9 +67,11 @@ class CudaRunner:
             import atexit
             atexit.register(self.save_profile)
         self.store = ExpertStore(rt, self.dev, self.stream, pack,
-                                 cache_slots=None if resident else self.plan.prompt_cache_slots,
+                                 cache_slots=None if resident else self.plan.cache_slots,
                                  ring_slots=0 if resident else self.plan.prefill_ring,
-                                 policy=config.expert_policy, profile=profile)
+                                 policy=config.expert_policy, profile=profile,
+                                 kept_slots=None if resident else self.plan.prompt_cache_slots,
+                                 pool_bytes=self.plan.bytes_needed)
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
@@ -165,13 +168,36 @@ class CudaRunner:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]."""
         self.cached_ids = self.cached_ids[:start]
         logits = None
-        for lo in range(start, len(ids), self.prefill_chunk):
-            hi = min(len(ids), lo + self.prefill_chunk)
-            logits = self._forward(ids[lo:hi], lo, last_only=True)
-            self.cached_ids.extend(ids[lo:hi])
-            if on_progress is not None:
-                on_progress(hi - start, len(ids) - start)
+        with self._loan(len(ids) - start):
+            for lo in range(start, len(ids), self.prefill_chunk):
+                hi = min(len(ids), lo + self.prefill_chunk)
+                logits = self._forward(ids[lo:hi], lo, last_only=True)
+                self.cached_ids.extend(ids[lo:hi])
+                if on_progress is not None:
+                    on_progress(hi - start, len(ids) - start)
         return logits[-1]
+
+    @contextlib.contextmanager
+    def _loan(self, tokens: int, pool: bool = True):
+        """While a prompt of more than a decode step's tokens runs, the cache's tail slots are lent
+        to the ring and (pool) the activation pool (ExpertStore.lend), and given back after it.
+        logits_all keeps its own pool: every row's logits are more than the plan's loan holds."""
+        from ..backends.cuda_device import Pool
+        region = self.store.lend() if tokens > STEP_MAX_TOKENS else None
+        saved = self.ops.pool
+        if region is not None and pool:
+            pool = Pool(self.rt, self.dev)
+            pool.segments.append(region)
+            pool.free.append([[0, region.nbytes]])
+            pool.frozen = True
+            self.ops.pool = pool
+        try:
+            yield
+        finally:
+            self.ops.pool = saved
+            self.ops._pos_host = self.ops._pos_dev = None    # it lived in the loan
+            if self.store.lent:
+                self.store.give_back()
 
     def decode(self, token: int) -> np.ndarray:
         """Append one token at the next position; -> its logits [V]."""
@@ -257,10 +283,11 @@ class CudaRunner:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
         self.reset()
         out = []
-        for lo in range(0, len(ids), self.prefill_chunk):
-            hi = min(len(ids), lo + self.prefill_chunk)
-            out.append(self._forward(ids[lo:hi], lo, last_only=False))
-            self.cached_ids.extend(ids[lo:hi])
+        with self._loan(len(ids), pool=False):
+            for lo in range(0, len(ids), self.prefill_chunk):
+                hi = min(len(ids), lo + self.prefill_chunk)
+                out.append(self._forward(ids[lo:hi], lo, last_only=False))
+                self.cached_ids.extend(ids[lo:hi])
         return np.concatenate(out).astype(np.float32)
 
     def status(self) -> dict:

@@ -44,6 +44,23 @@ def slot_bytes(max_blob: int) -> int:
     return -(-max_blob // SLOT_ALIGN) * SLOT_ALIGN
 
 
+class BufferView:
+    """nbytes of a device buffer from offset: what DeviceTensor and Pool need of a buffer."""
+
+    def __init__(self, parent, offset: int, nbytes: int):
+        self.parent, self.offset, self.nbytes = parent, offset, nbytes
+
+    @property
+    def ptr(self) -> int:
+        return self.parent.ptr + self.offset
+
+    def copy_from_host(self, src, stream=None, offset: int = 0):
+        self.parent.copy_from_host(src, stream, self.offset + offset)
+
+    def copy_to_host(self, dst, stream=None, offset: int = 0):
+        self.parent.copy_to_host(dst, stream, self.offset + offset)
+
+
 @dataclass
 class StoreStats:
     hits: int = 0                 # routed experts found in VRAM (decode and prompt)
@@ -77,7 +94,12 @@ class ExpertStore:
     """The expert table and the memory behind it (see the module doc)."""
 
     def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
-                 policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None):
+                 policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None,
+                 kept_slots: int | None = None, pool_bytes: int = 0):
+        """kept_slots: cache slots kept while a prompt runs. The memory after them (the other cache
+        slots, and beyond them what the plan left beside the cache) is lent to the prompt: its ring
+        first, then pool_bytes for its activation pool; the slots come back empty after it. None:
+        the ring is a buffer of its own and nothing is lent."""
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
@@ -102,6 +124,7 @@ class ExpertStore:
         self.slot_of = np.full((L, E), -1, np.int64)        # cache slot of (l, e), -1 when not cached
         self.copy_stream = None
         self.ring_slots = 0
+        self.kept_slots, self.loan_pool_bytes, self.lent = None, 0, False
         if self.resident:
             from ..backends.cuda_device import upload_file
             self.arena = None
@@ -117,11 +140,20 @@ class ExpertStore:
             self.host_copy = self.arena.ptr               # what copies read
             self.table_host[:] = self.host_read + self._offsets
             self.cache_slots = int(cache_slots)
-            self.slots = rt.DeviceBuffer(device, max(1, self.cache_slots) * self.slot_bytes)
+            self.ring_slots = int(ring_slots)
+            lending = kept_slots is not None
+            self.kept_slots = min(int(kept_slots), self.cache_slots) if lending else self.cache_slots
+            loan = self.ring_slots * self.slot_bytes + pool_bytes if lending else 0
+            self.slots = rt.DeviceBuffer(device, max(1, self.cache_slots * self.slot_bytes,
+                                                     self.kept_slots * self.slot_bytes + loan))
             self.slot_owner = np.full(self.cache_slots, -1, np.int64)   # l * E + e in each slot
             self.copy_stream = rt.Stream(device)
-            self.ring_slots = int(ring_slots)
-            self.ring = rt.DeviceBuffer(device, max(1, self.ring_slots) * self.slot_bytes)
+            if lending:
+                self.ring = BufferView(self.slots, self.kept_slots * self.slot_bytes, self.ring_slots * self.slot_bytes)
+                self.loan_pool_bytes = self.slots.nbytes - self.ring.offset - self.ring.nbytes
+            else:
+                self.ring = rt.DeviceBuffer(device, max(1, self.ring_slots) * self.slot_bytes)
+            self.lent = False
             self._fill_cache(profile)
         self.last_use = np.zeros((L, E), np.int64)
         self.freq = np.zeros((L, E), np.float64) if profile is None else profile.astype(np.float64).copy()
@@ -276,16 +308,24 @@ class ExpertStore:
             return False
         score = (self.last_use if self.policy == "lru" else self.freq).reshape(-1)
         owners = self.slot_owner
+        pending_slots = {slot for _, _, slot in self._pending}
+        free = [s for s in self._free_slots().tolist() if s not in pending_slots][:min(ADMIT_PER_STEP, keys.size)]
+        changed = False
+        for key, slot in zip(keys[:len(free)].tolist(), free):      # empty slots (given back by a prompt) first
+            self._pending.append((key // E, key % E, slot))
+            changed = True
+        keys = keys[len(free):]
+        if keys.size == 0:
+            return changed
         candidates = np.flatnonzero(owners >= 0)
         candidates = candidates[~np.isin(owners[candidates], np.fromiter(used_now, np.int64))]
         if candidates.size == 0:
-            return False
+            return changed
         if self.policy == "lfu":
             keys = keys[np.argsort(-score[keys], kind="stable")]
-        keys = keys[:ADMIT_PER_STEP]
+        keys = keys[:ADMIT_PER_STEP - len(free)]
         n = min(keys.size, candidates.size)
         victims = candidates[np.argsort(score[owners[candidates]], kind="stable")[:n]]
-        changed = False
         for key, slot in zip(keys[:n].tolist(), victims.tolist()):
             old = int(owners[slot])
             if self.policy == "lfu" and score[key] <= score[old]:
@@ -298,6 +338,39 @@ class ExpertStore:
             self._pending.append((key // E, key % E, slot))
             changed = True
         return changed
+
+    # ---- prompts: the loan -----------------------------------------------------------------------
+    def lend(self):
+        """A prompt starts: the cache slots after kept_slots are emptied (their experts read from the
+        arena again) and lent to the ring and the prompt pool. -> the pool's region (a BufferView)
+        or None when nothing beyond the ring is lent."""
+        if self.resident or self.lent or not isinstance(self.ring, BufferView):
+            return None
+        self._land_pending_sync()
+        for slot in range(self.kept_slots, self.cache_slots):
+            key = int(self.slot_owner[slot])
+            if key >= 0:
+                l, e = divmod(key, self.num_experts)
+                self.slot_of[l, e] = -1
+                self.table_host[l, e] = self.host_read + self._offsets[l, e]
+                self.slot_owner[slot] = -1
+        self.table.copy_from_host(self.table_host, self.stream)
+        ready = self.rt.Event(self.device)
+        ready.record(self.stream)                 # decode steps done with the lent slots
+        self.copy_stream.wait_event(ready)        # before any ring copy lands in them
+        self.lent = True
+        if not self.loan_pool_bytes:
+            return None
+        return BufferView(self.slots, self.ring.offset + self.ring.nbytes, self.loan_pool_bytes)
+
+    def give_back(self) -> None:
+        """The prompt is done: the lent slots are empty cache slots again (admissions fill them)."""
+        self._retire_chunk()
+        self.lent = False
+
+    def _free_slots(self) -> np.ndarray:
+        usable = self.cache_slots if not self.lent else self.kept_slots
+        return np.flatnonzero(self.slot_owner[:usable] < 0)
 
     # ---- prompts: the ring ---------------------------------------------------------------------
     def prompt_begin(self, T: int, stream_all_tokens: int, layers: int) -> None:

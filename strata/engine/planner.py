@@ -51,6 +51,8 @@ RING_BUDGET_BYTES = 384 * Q2_0_BLOB_BYTES         # 530,841,600 B = 506.25 MiB
 RING_MIN_SLOTS = 16
 RING_CAP_SLOTS = 512
 CHUNK_GRID = 256
+LEGACY_RING_SLOTS = 384                            # --prefill-rule slots: seed 000's "before" arm
+LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024)
 AUTO_CHUNK_MAX = 32768                            # --prefill auto's ceiling
 DEFAULT_NUM_SMS = 132                             # an H200's, for decode attention splits without a GPU
 KV_BLOCK_BYTES = {"f16": (2, 1), "int8": (34, 32), "q4_0": (18, 32)}    # (bytes, values) per block
@@ -257,6 +259,17 @@ def _prompt_choice(cands, fixed, need, room, spare, resident, full, max_blob) ->
                                                          f"over a {RING_MIN_SLOTS}-slot floor")
 
 
+def _legacy_choice(config: EngineConfig, need, room: int, total_slots: int, max_blob: int) -> tuple[int, int, str]:
+    """The rule seed 000 replaced, kept for its A/B: a ring of LEGACY_RING_SLOTS slots whatever the
+    blob size, taken off the top, then the first chunk of LEGACY_CHUNKS (capped at the context)
+    that fits in what is left (the smallest when none does)."""
+    ring = min(LEGACY_RING_SLOTS, total_slots)
+    chunks = sorted({min(T, config.max_context) for T in LEGACY_CHUNKS}, reverse=True)
+    T = next((T for T in chunks if need(T) + ring * max_blob <= room), chunks[-1])
+    ring = min(ring, max(RING_MIN_SLOTS, (room - need(T)) // max_blob))
+    return T, ring, f"slots: a {LEGACY_RING_SLOTS}-slot ring, the first of a fixed chunk list that fits"
+
+
 def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
               bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS) -> Plan:
     """The plan for this pack, engine config and VRAM budget. InvalidArgument (naming the bytes
@@ -285,7 +298,10 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                                   f"bytes, {room} are left beside the mandatory {mandatory} bytes")
     spare = room - cache.nbytes(slots)
     full = min(ring_slots(mb), cache.total_slots)
-    T, ring, rule = _prompt_choice(cands, fixed, need, room, spare, slots == cache.total_slots, full, mb)
+    if config.prefill_rule == "slots" and slots < cache.total_slots:
+        T, ring, rule = _legacy_choice(config, need, room, cache.total_slots, mb)
+    else:
+        T, ring, rule = _prompt_choice(cands, fixed, need, room, spare, slots == cache.total_slots, full, mb)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)

@@ -116,3 +116,20 @@ def test_gemv_decode_path_streams_too(fake, rng, monkeypatch):
     resident, streamed = _runner(pack), _runner(pack, expert_cache="9")
     _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 30).tolist(), decode_steps=3)
     assert "strata_moe_gemv_q8_0" in fake.launches and "strata_moe_gate_up_q8_0" not in fake.launches
+
+
+def test_the_prompt_borrows_the_cache_tail_and_gives_it_back(fake, rng):
+    """A budget where the ring and the prompt pool come out of the cache (seed 000's loan): they
+    live in the tail slots while a prompt runs; decode gets every slot back (admissions refill them)."""
+    from strata.engine.expert_store import BufferView
+    pack = open_pack(DEMO)
+    resident = _runner(pack)
+    budget = (resident.plan.mandatory_bytes + 15_000_000) / 2**30
+    streamed = _runner(pack, vram_budget_gib=budget)
+    store = streamed.store
+    assert not store.resident and isinstance(store.ring, BufferView) and store.kept_slots < store.cache_slots
+    assert store.loan_pool_bytes >= streamed.plan.bytes_needed
+    ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
+    _same_run(resident, streamed, ids, decode_steps=10)
+    assert not store.lent and store.stats.admitted > 0
+    assert (store.slot_owner[store.kept_slots:] >= 0).any()        # decode refilled given-back slots

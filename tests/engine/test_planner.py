@@ -324,3 +324,16 @@ def test_cli_plan_measures_a_gpu(fake, capsys, monkeypatch):
     assert plan["bandwidth_source"] == "measured now on Fake GPU" and plan["h2d_gb_s"] > 0
     plan = _cli_json(capsys, "--vram-budget-gib", "2")
     assert plan["vram_budget_bytes"] == 2 << 30
+
+
+def test_legacy_slots_rule_for_the_ab(q30):
+    """--prefill-rule slots: 384 slots whatever the blob (1.02 GB of 2.65 MB blobs, twice the byte
+    budget's 200 slots) and the first chunk of the fixed list that fits beside them."""
+    budget = int(8 * 2**30)
+    new = make_plan(q30, config(prefill="auto:16384", max_context=16448), budget)
+    old = make_plan(q30, config(prefill="auto:16384", max_context=16448, prefill_rule="slots"), budget)
+    assert new.prefill_ring == 200 and old.prefill_ring == planner.LEGACY_RING_SLOTS
+    assert old.prefill_chunk in planner.LEGACY_CHUNKS and "fixed chunk list" in old.prefill_rule
+    assert new.prefill_chunk % planner.CHUNK_GRID == 0 and new.prefill_chunk >= old.prefill_chunk
+    with pytest.raises(InvalidArgument, match="prefill_rule"):
+        config(prefill_rule="rows")

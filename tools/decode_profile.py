@@ -1,0 +1,90 @@
+"""Where a decode step's GPU time goes, kernel by kernel, on a loaded model.
+
+    python tools/decode_profile.py [--synthetic qwen3-30b-a3b] [--context 4096] [--steps 4] [--json PATH]
+
+One eager decode step is launched with a timing event before and after every kernel, all queued
+behind long memsets so the GPU runs the kernels back to back (as a CUDA graph would) and no host
+gap lands inside an event pair. The table sums each kernel's time over the step (median of
+--steps steps) and compares the total with a graph step's time measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--synthetic", default="qwen3-30b-a3b")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--budget-gib", type=float, default=0.0)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from strata import LLM
+    from strata.synthetic import synthetic_pack
+    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 64,
+              vram_budget_gib=args.budget_gib)
+    runner, rt = llm.runner, llm.runner.rt
+    rng = np.random.default_rng(0)
+    runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
+    for _ in range(8):                                  # eager, capture, graph steps
+        runner.decode(int(rng.integers(0, 1000)))
+    t0 = time.perf_counter()
+    for _ in range(16):
+        runner.decode(int(rng.integers(0, 1000)))
+    graph_ms = (time.perf_counter() - t0) / 16 * 1e3
+
+    ops = runner.ops
+    launch = ops.launch
+    pending = []
+
+    def timed(library, name, signature, grid, block, a, shared_bytes=0):
+        start, end = rt.Event(runner.dev, timing=True), rt.Event(runner.dev, timing=True)
+        start.record(runner.stream)
+        launch(library, name, signature, grid, block, a, shared_bytes)
+        end.record(runner.stream)
+        pending.append((name, start, end))
+    blocker = rt.DeviceBuffer(runner.dev, 8 << 30)
+    per_step = []
+    for _ in range(args.steps):
+        for _ in range(4):
+            blocker.fill_bytes(0, runner.stream)      # ~10 ms of GPU work while the step is queued
+        ops.launch = timed
+        ids, pos = runner._stage([int(rng.integers(0, 1000))], len(runner.cached_ids))
+        logits, _ = runner.model.forward(ids, pos, runner.kv)
+        ops.launch = launch
+        runner.stream.synchronize()
+        totals = defaultdict(lambda: [0, 0.0])
+        for name, start, end in pending:
+            totals[name][0] += 1
+            totals[name][1] += start.elapsed_ms(end)
+        span = pending[0][1].elapsed_ms(pending[-1][2])
+        per_step.append((dict(totals), span))
+        pending.clear()
+    spans = [s for _, s in per_step]
+    med = per_step[int(np.argsort(spans)[len(spans) // 2])][0]
+    busy = sum(t for _, t in med.values())
+    print(f"decode step at context {args.context}: graph step {graph_ms:.3f} ms (host, logits on the host); "
+          f"eager kernels back to back: span {np.median(spans):.3f} ms, kernels {busy:.3f} ms, "
+          f"{sum(c for c, _ in med.values())} launches")
+    print(f"{'kernel':<46}{'count':>6}{'total us':>10}{'us each':>9}{'share':>8}")
+    rows = sorted(med.items(), key=lambda kv: -kv[1][1])
+    for name, (count, ms) in rows:
+        print(f"{name:<46}{count:>6}{ms * 1e3:>10.1f}{ms * 1e3 / count:>9.2f}{ms / busy:>8.1%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"graph_ms": graph_ms, "span_ms": float(np.median(spans)),
+                                               "kernels": {k: v for k, v in rows}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
