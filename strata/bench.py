@@ -100,6 +100,9 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
     line.done()
     status = runner.status()
     res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
+    host = (status.get("decode") or {}).get("host_ms", {}).get("graph")
+    if host:
+        res.limits["host_ms_per_token"] = host
     if isinstance(status.get("expert_cache"), dict):
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
@@ -163,6 +166,10 @@ def report(res: BenchResult) -> str:
         share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
         rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"
                     f"{_stream_cols(r, h2d)}")
+    host = res.limits.get("host_ms_per_token")
+    if host:
+        rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
+                    f"{host['host_step_ms']:.3f} ms until the logits are on the host")
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")

@@ -10,6 +10,8 @@
 #     b12 / b8   bench at --vram-budget-gib 12 / 8: --prompt 16384 (b8: 4096) --decode 64
 #     nocache    bench with no expert cached (--expert-cache 0): --prompt 16384
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
+#     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
+#     profile    tools/decode_profile.py: per-kernel GPU time of a resident decode step
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,12 +57,18 @@ if has identical; then
         | tee "$OUT/identical.log"
     [ "${PIPESTATUS[0]}" -gt 1 ] && tail -8 "$OUT/identical.err"
 fi
-has resident && bench resident 100 --prompt 4096,16384 --decode 64
-has b12 && bench b12 80 --vram-budget-gib 12 --prompt 16384 --decode 64
-has b8 && bench b8 80 --vram-budget-gib 8 --prompt 4096 --decode 64
+has resident && bench resident 100 --prompt 512,4096,16384 --decode 64
+has b12 && bench b12 80 --vram-budget-gib 12 --prompt 512,16384 --decode 64
+has b8 && bench b8 80 --vram-budget-gib 8 --prompt 512,4096 --decode 64
+has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64
 has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 16384 --decode 0
 if has ab; then
     bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
     bench ab_slots 80 --vram-budget-gib 8 --prefill-rule slots --prompt 4096,16384 --decode 0
+fi
+if has profile; then
+    echo "== decode profile ($(elapsed) s)"
+    timeout "$(budget 60)" $PY tools/decode_profile.py --context 4096 --json "$OUT/profile.json" 2>"$OUT/profile.err" \
+        | head -40 | tee "$OUT/profile.log"
 fi
 echo "== done at $(elapsed) s"
