@@ -13,28 +13,33 @@
 // Requirements: ptrs[g] + part_offset 16-byte aligned (a row is then as aligned as its block size
 // allows, see quant_blocks.cuh); K a multiple of the block size, and of 8 for the float types;
 // X 16-byte aligned with ldx % 4 == 0; Y 4-byte aligned; |X| and |W| below 65504 (f16 range).
+// Reads stay inside the aligned 16-byte chunks that hold the weights' bytes (up to 14 bytes past
+// a 2-byte aligned type's last row, never into another page).
 //
 // Launch: grid = (ceil(N / kBN), n_tiles), block = (kThreads, 1, 1), no dynamic shared memory
-// (kSmemBytes = 30720 static, under the 48 KiB default: no opt-in attribute needed).
+// (kSmemBytes = 40960 static, under the 48 KiB default: no opt-in attribute needed).
 //
-// Algorithm: a CTA computes a kBM x kBN tile of Y (m token rows x kBN weight rows) over K in steps
-// of kBK = 32. Per step every thread decodes 8 consecutive weights of each of two weight rows with
-// the exact decoders of quant_blocks.cuh (decode8: bit-identical to strata.quant's float32
-// dequantization), rounds them to f16 and stores them in shared memory, and rounds 8 values of X to
-// f16 likewise. Four threads share a row, so one warp-wide load touches 8 rows' cache lines.
+// Algorithm: a CTA computes a kBM x kBN (128 x 128) tile of Y (m token rows x kBN weight rows)
+// over K in steps of kBK = 32. Per step two threads share a weight row, each decoding 16
+// consecutive weights with a wide decoder (Wide<B>::decode16: one 16-byte load per field, e.g.
+// Q4_K's header and quant bytes; fields of 2-byte aligned blocks come from the one or two aligned
+// 16-byte chunks holding them; types without one fall back to two exact decode8 calls), rounds
+// them to f16 and stores them in shared memory; X is read as float4 by 8 threads per row (one
+// cache line a row), rounded to f16 once per tile and stored likewise. Shared memory is
+// double-buffered: the next step's weights and X are loaded and decoded into registers while the
+// tensor cores work on the current buffers, then stored into the other buffer; one barrier per
+// step. 8 warps, 4 (M) x 2 (N), each a 32 x 64 sub-tile: 2 x 8 mma.sync m16n8k16 (f16 x f16 ->
+// f32) per 16 k, operands from ldmatrix; a warp whose 32 rows all lie past m skips its mma (a
+// group's last, short tile costs its decode, not idle tensor work). Rows of shared memory are
+// padded to 40 halves (80 bytes) so ldmatrix's 8 row addresses hit distinct banks. Rows past m
+// read zeros (X is not read there), weight rows past N re-read row N - 1; neither is stored.
 //
-// Measured (H200, tools/moe_gemm_bench.py, 4096-token prompt): 81 TFLOP/s experts gate|up Q4_K,
-// 87 down Q4_K, 70 down Q6_K, 101-104 dense Q8_0, head Q8_0 (16 rows) 840 GB/s of weights. ncu:
-// L1/TEX ~96% busy, tensor pipes and issue slots mostly idle: the limit is the scattered weight
-// loads (every decode8 is 3-5 small __ldg, 8 rows a warp) and X's f32 loads, all through L1.
-// Next step: stage raw block bytes and X with coalesced 16-byte cp.async into shared memory and
-// decode from there (decoders reading shared memory), and a BM = 128 variant for big groups.
-// Shared memory is double-buffered: the next step's weights and X are loaded and decoded into
-// registers while the tensor cores work on the current buffers, then stored into the other buffer;
-// one barrier per step. 8 warps, 2 (M) x 4 (N), each a 32 x 32 sub-tile: 2 x 4 mma.sync
-// m16n8k16 (f16 x f16 -> f32) per 16 k, operands from ldmatrix. Rows of shared memory are padded
-// to 40 halves (80 bytes) so ldmatrix's 8 row addresses hit distinct banks. Rows past m read zeros,
-// weight rows past N re-read row N - 1; neither is stored.
+// Measured (H200, tools/moe_gemm_bench.py, 4096-token prompt, TFLOP/s; the first version, BM = 64
+// with 8 weights a thread through decode8's 3-5 small __ldg and L1/TEX ~96% busy, in brackets):
+// experts gate|up Q4_K 159 (81), down Q4_K 148 (87), down Q6_K 120 (70), dense q Q8_0 165, o 173
+// (101-104), k/v 99 (128 CTAs: under one wave), head Q8_0 (16 rows) 892 GB/s of weights (840).
+// Next step: cp.async staging of raw block bytes into shared memory (more than the 8 KiB left
+// under 48 KiB at this tile size, i.e. an opt-in dynamic size), then ncu to see what binds now.
 //
 // Precision: inputs are f16(X) and f16(W) (round to nearest even; W decoded exactly in f32 first),
 // their products are exact in f32, and the sum runs in the tensor cores' f32 accumulator. With
@@ -56,12 +61,13 @@ namespace {
 
 using namespace strata_q;
 
-constexpr int kBM = 64, kBN = 128, kBK = 32, kThreads = 256;
+constexpr int kBM = 128, kBN = 128, kBK = 32, kThreads = 256;
 constexpr int kLds = kBK + 8;  // padded row of a shared tile, in halves
-constexpr int kWarpM = 32, kWarpN = 32, kWarpsN = kBN / kWarpN;
+constexpr int kWarpM = 32, kWarpN = 64, kWarpsN = kBN / kWarpN;
 constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 8;
 constexpr int kSmemBytes = 2 * (kBM + kBN) * kLds * 2;
-static_assert(2 * kThreads == 4 * kBN && kThreads == 4 * kBM && kBK == 32, "the staging map below");
+static_assert(kThreads == 2 * kBN && kBK == 32, "W staging: two threads per weight row, 16 k each");
+static_assert(kThreads * 16 == kBM * kBK, "X staging: four float4 per thread");
 static_assert((kBM / kWarpM) * kWarpsN * 32 == kThreads, "warp grid covers the tile");
 static_assert(kSmemBytes <= 48 * 1024, "static shared memory stays under the default limit");
 
@@ -79,28 +85,188 @@ __device__ __forceinline__ uint4 halves8(const float* v) {
     return make_uint4(half2_bits(v[0], v[1]), half2_bits(v[2], v[3]), half2_bits(v[4], v[5]), half2_bits(v[6], v[7]));
 }
 
-// Weights k .. k + 7 of one row as 8 f16. k past K (the float types' tail) reads the row's last 8
-// weights and zeros them: no branch, so the whole k-step stays one basic block and the scheduler
-// overlaps these loads with the tensor-core work.
-template <class B>
-__device__ __forceinline__ uint4 decode_w(const uint8_t* row, int k, int K) {
-    const int kc = B::kWeights >= kBK ? k : min(k, K - 8);
-    float v[8];
-    B::decode8(row + static_cast<long long>(kc / B::kWeights) * B::kBytes, (kc % B::kWeights) / 8, v);
-    if (B::kWeights < kBK && k >= K)
+// ---- 16-weight decoders: weights k .. k + 15 of a row (k a multiple of 16) as 16 f16 ---------------
+// Each is f16(the exact float32 weight of quant_blocks.cuh's decode8), bit for bit: the same
+// products and differences in the same order; only the loads are wider (one 16-byte load where
+// decode8 made several small ones, the L1 limit of the first version) and the byte -> float
+// conversion works on four bytes of a word at a time.
+
+// The 16 bytes at the 2-byte aligned p, from the one or two aligned 16-byte chunks holding them.
+// The second chunk is read only when needed; it holds p + 15, so it never crosses into a page the
+// tensor does not touch (it may read up to 14 bytes past the tensor's end inside that chunk).
+__device__ __forceinline__ void ld128_a2(const uint8_t* p, uint32_t (&out)[4]) {
+    const uint32_t sh = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p)) & 15u;
+    const uint8_t* base = p - sh;
+    const uint4 lo = ld128(base);
+    const uint4 hi = sh ? ld128(base + 16) : lo;
+    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint32_t v[6], u[5];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = 0.f;
-    return halves8(v);
+    for (int i = 0; i < 6; ++i) v[i] = (sh & 8u) ? w[i + 2] : w[i];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) u[i] = (sh & 4u) ? v[i + 1] : v[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __funnelshift_r(u[i], u[i + 1], 8u * (sh & 3u));
 }
 
-// X values k .. k + 7 of a row as 8 f16; invalid (a row past m, k past K) reads in bounds, gives zeros.
-__device__ __forceinline__ uint4 load_x(const float* row, int k, int K, bool valid) {
-    const float4* p = reinterpret_cast<const float4*>(row + min(k, K - 8));
-    const float4 lo = __ldg(p), hi = __ldg(p + 1);
-    const float z = 0.f;
-    const float v[8] = {valid ? lo.x : z, valid ? lo.y : z, valid ? lo.z : z, valid ? lo.w : z,
-                        valid ? hi.x : z, valid ? hi.y : z, valid ? hi.z : z, valid ? hi.w : z};
-    return halves8(v);
+// Byte i (0..3) of w as the float 2^23 + byte: exact, one byte_perm; subtract 2^23 + bias after.
+__device__ __forceinline__ float biased_byte(uint32_t w, int i) {
+    return __int_as_float(static_cast<int>(__byte_perm(w, 0x4B000000u, 0x7440u | static_cast<uint32_t>(i))));
+}
+
+// out[0..7] = 16 halves of f(q) for the 16 bytes q of words w (each byte an unsigned quant):
+// f(q) = ((q - bias) * mul) - sub, with exactly decode8's roundings.
+template <bool kSub>
+__device__ __forceinline__ void scale16(const uint32_t (&w)[4], float bias, float mul, float sub, uint4 (&out)[2]) {
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float v[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const float q = __fsub_rn(biased_byte(w[i], b), bias);
+            v[b] = kSub ? __fsub_rn(__fmul_rn(mul, q), sub) : __fmul_rn(mul, q);
+        }
+        h[2 * i] = half2_bits(v[0], v[1]);
+        h[2 * i + 1] = half2_bits(v[2], v[3]);
+    }
+    out[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    out[1] = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+constexpr float kTwo23 = 8388608.0f;
+
+// Default: two decode8 calls (the types without a wide decoder).
+template <class B>
+struct Wide {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int, uint4 (&out)[2]) {
+        const uint8_t* blk = row + static_cast<long long>(k / B::kWeights) * B::kBytes;
+        float v[8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            B::decode8(blk, (k % B::kWeights) / 8 + h, v);
+            out[h] = halves8(v);
+        }
+    }
+};
+
+// Q4_K / Q5_K (16-byte aligned blocks): header (d, dmin, 12 scale bytes) and 16 quant bytes, one
+// load each (Q5_K: and 16 bytes of qh). Sub-block s = kb / 32, nibble (kb / 32) % 2 of qs[32c + l].
+template <bool kFifthBit>
+struct Wide<BlockK4<kFifthBit>> {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int, uint4 (&out)[2]) {
+        using B = BlockK4<kFifthBit>;
+        const uint8_t* blk = row + static_cast<long long>(k / 256) * B::kBytes;
+        const int kb = k % 256, c = kb >> 6, s = kb >> 5, l0 = kb & 31;
+        constexpr int kQs = kFifthBit ? 48 : 16;
+        const uint4 head = ld128(blk), q16 = ld128(blk + kQs + 32 * c + l0);
+        // six-bit scale and min of sub-block s from scales bytes S[j], S[j + 4], S[j + 8], j = s % 4
+        const uint32_t j = static_cast<uint32_t>(s & 3);
+        const int b1 = static_cast<int>(byte_at(head.y, j)), b2 = static_cast<int>(byte_at(head.z, j));
+        const int b3 = static_cast<int>(byte_at(head.w, j));
+        const int sc = s < 4 ? (b1 & 63) : ((b3 & 15) | ((b1 >> 6) << 4));
+        const int m = s < 4 ? (b2 & 63) : ((b3 >> 4) | ((b2 >> 6) << 4));
+        const float dl = __fmul_rn(f16_bits(head.x), exact_float(sc));
+        const float ml = __fmul_rn(f16_bits(head.x >> 16), exact_float(m));
+        const uint32_t qw[4] = {q16.x, q16.y, q16.z, q16.w};
+        uint32_t w[4];
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = (qw[i] >> shift) & 0x0F0F0F0Fu;
+        if (kFifthBit) {
+            const uint4 h16 = ld128(blk + 16 + l0);
+            const uint32_t hw[4] = {h16.x, h16.y, h16.z, h16.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[i] |= ((hw[i] >> s) & 0x01010101u) << 4;
+        }
+        scale16<true>(w, kTwo23, dl, ml, out);
+    }
+};
+
+// Q6_K (2-byte aligned): 16 weights share one int8 scale; ql and qh 16 bytes each.
+template <>
+struct Wide<BlockQ6_K> {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int, uint4 (&out)[2]) {
+        const uint8_t* blk = row + static_cast<long long>(k / 256) * BlockQ6_K::kBytes;
+        const int kb = k % 256, h = kb >> 7, p = (kb >> 5) & 3, l0 = kb & 31;
+        uint32_t ql[4], qh[4], w[4];
+        ld128_a2(blk + 64 * h + 32 * (p & 1) + l0, ql);
+        ld128_a2(blk + 128 + 32 * h + l0, qh);
+        const int sc = static_cast<int8_t>(ld8(blk + 192 + (kb >> 4)));
+        const float dl = __fmul_rn(ld_f16(blk + 208), exact_float(sc));
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            w[i] = ((ql[i] >> (4 * (p >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * p)) & 0x03030303u) << 4);
+        scale16<false>(w, kTwo23 + 32.0f, dl, 0.f, out);
+    }
+};
+
+// Q8_0 (2-byte aligned): half a block; int8 quants made unsigned by flipping the sign bit.
+template <>
+struct Wide<BlockQ8_0> {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int, uint4 (&out)[2]) {
+        const uint8_t* blk = row + static_cast<long long>(k / 32) * BlockQ8_0::kBytes;
+        uint32_t w[4];
+        ld128_a2(blk + 2 + 16 * ((k >> 4) & 1), w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] ^= 0x80808080u;
+        scale16<false>(w, kTwo23 + 128.0f, ld_f16(blk), 0.f, out);
+    }
+};
+
+// Q4_0 (2-byte aligned): nibble (k / 16) % 2 of the block's 16 quant bytes.
+template <>
+struct Wide<BlockQ4_0> {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int, uint4 (&out)[2]) {
+        const uint8_t* blk = row + static_cast<long long>(k / 32) * BlockQ4_0::kBytes;
+        uint32_t w[4];
+        ld128_a2(blk + 2, w);
+        const int shift = 4 * ((k >> 4) & 1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = (w[i] >> shift) & 0x0F0F0F0Fu;
+        scale16<false>(w, kTwo23 + 8.0f, ld_f16(blk), 0.f, out);
+    }
+};
+
+// Float types (rows of a multiple of 8 weights): two 8-weight loads; k past K reads the row's last
+// 8 weights and zeros them, without a branch.
+template <class B>
+struct WideFloat {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int K, uint4 (&out)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = k + 8 * h;
+            float v[8];
+            B::decode8(row + static_cast<long long>(min(kk, K - 8) / 8) * B::kBytes, 0, v);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = kk < K ? v[i] : 0.f;
+            out[h] = halves8(v);
+        }
+    }
+};
+template <>
+struct Wide<BlockF32x8> : WideFloat<BlockF32x8> {};
+template <>
+struct Wide<BlockBF16x8> : WideFloat<BlockBF16x8> {};
+
+// F16 weights are their own f16 rounding: the bits pass through.
+template <>
+struct Wide<BlockF16x8> {
+    static __device__ __forceinline__ void decode16(const uint8_t* row, int k, int K, uint4 (&out)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = k + 8 * h;
+            const uint4 w = ld128(row + static_cast<long long>(min(kk, K - 8)) * 2);
+            out[h] = kk < K ? w : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+};
+
+// X values k .. k + 3 of a row as 4 f16 (k past K or a row past m: zeros, nothing read).
+__device__ __forceinline__ uint2 load_x4(const float* row, int k, int K, bool valid) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (valid && k < K) v = __ldg(reinterpret_cast<const float4*>(row + k));
+    return make_uint2(half2_bits(v.x, v.y), half2_bits(v.z, v.w));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
@@ -117,7 +283,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One kBK step of the warp's 32 x 32 sub-tile from shared tiles a [kBM][kLds], b [kBN][kLds].
+// One kBK step of the warp's kWarpM x kWarpN sub-tile from shared tiles a [kBM][kLds], b [kBN][kLds].
 __device__ __forceinline__ void mma_step(const __half (*a)[kLds], const __half (*b)[kLds], int wm, int wn,
                                          int lane, float (&acc)[kFragM][kFragN][4]) {
 #pragma unroll
@@ -136,6 +302,9 @@ __device__ __forceinline__ void mma_step(const __half (*a)[kLds], const __half (
     }
 }
 
+constexpr int kXPerThread = kBM * kBK / 4 / kThreads;  // float4 loads of X per thread and step
+constexpr int kXRowsPerPass = kThreads / (kBK / 4);
+
 template <class B>
 __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
                                               const int* __restrict__ tiles, const float* __restrict__ X,
@@ -146,41 +315,47 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     const int s0 = tile.y, m = tile.z;
     const int n0 = blockIdx.x * kBN;
 
-    // staging map: 4 threads per row, 8 k each (a warp's load touches 8 rows: L1 traffic, not
-    // arithmetic, bounds this kernel); weight rows n0 + r and n0 + r + kBN / 2, X row s0 + r
-    const int r = tid >> 2, ck = 8 * (tid & 3);
+    // W staging: two threads per weight row (16 weights each: one decoder call, wide loads);
+    // X staging: 8 threads per row (one 128-byte line), rows xr + kXRowsPerPass * i.
+    const int wr = tid >> 1, wk = 16 * (tid & 1);
     const long long row_bytes = static_cast<long long>(K / B::kWeights) * B::kBytes;
-    const uint8_t* w_base = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset);
-    const uint8_t* w_row[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) w_row[h] = w_base + static_cast<long long>(min(n0 + r + h * kBN / 2, N - 1)) * row_bytes;
-    const float* x_row = X + static_cast<long long>(s0 + min(r, m - 1)) * ldx;
-    const bool x_ok = r < m;
+    const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset) +
+                           static_cast<long long>(min(n0 + wr, N - 1)) * row_bytes;
+    const int xr = tid >> 3, xk = 4 * (tid & 7);
+    const float* x_row = X + static_cast<long long>(s0 + min(xr, m - 1)) * ldx;
+    const long long x_pass = kXRowsPerPass * ldx;  // rows past m are never read: their pointers do not matter
 
+    // 4 (M) x 2 (N) warps; a warp whose rows all lie past m skips the tensor-core work
     const int wm = kWarpM * (warp / kWarpsN), wn = kWarpN * (warp % kWarpsN);
+    const bool busy = wm < m;
     float acc[kFragM][kFragN][4] = {};
 
-    uint4 w_next[2], x_next;
+    uint4 w_next[2];
+    uint2 x_next[kXPerThread];
+    Wide<B>::decode16(w_row, wk, K, w_next);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) w_next[h] = decode_w<B>(w_row[h], ck, K);
-    x_next = load_x(x_row, ck, K, x_ok && ck < K);
+    for (int i = 0; i < kXPerThread; ++i) x_next[i] = load_x4(x_row + i * x_pass, xk, K, xr + kXRowsPerPass * i < m);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[0][r + h * kBN / 2][ck]) = w_next[h];
-    *reinterpret_cast<uint4*>(&sm.a[0][r][ck]) = x_next;
+    for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[0][wr][wk + 8 * h]) = w_next[h];
+#pragma unroll
+    for (int i = 0; i < kXPerThread; ++i) *reinterpret_cast<uint2*>(&sm.a[0][xr + kXRowsPerPass * i][xk]) = x_next[i];
     __syncthreads();
 
-    // The last step decodes its own tile again into the idle buffer (read by nobody): no branch.
+    // The last step decodes its own tile again into the idle buffer (read by nobody).
     const int steps = (K + kBK - 1) / kBK;
     for (int step = 0; step < steps; ++step) {
         const int cur = step & 1;
         const int k_next = min(step + 1, steps - 1) * kBK;
+        Wide<B>::decode16(w_row, k_next + wk, K, w_next);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) w_next[h] = decode_w<B>(w_row[h], k_next + ck, K);
-        x_next = load_x(x_row, k_next + ck, K, x_ok && k_next + ck < K);
-        mma_step(sm.a[cur], sm.b[cur], wm, wn, lane, acc);
+        for (int i = 0; i < kXPerThread; ++i)
+            x_next[i] = load_x4(x_row + i * x_pass, k_next + xk, K, xr + kXRowsPerPass * i < m);
+        if (busy) mma_step(sm.a[cur], sm.b[cur], wm, wn, lane, acc);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][r + h * kBN / 2][ck]) = w_next[h];
-        *reinterpret_cast<uint4*>(&sm.a[cur ^ 1][r][ck]) = x_next;
+        for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&sm.b[cur ^ 1][wr][wk + 8 * h]) = w_next[h];
+#pragma unroll
+        for (int i = 0; i < kXPerThread; ++i)
+            *reinterpret_cast<uint2*>(&sm.a[cur ^ 1][xr + kXRowsPerPass * i][xk]) = x_next[i];
         __syncthreads();
     }
 

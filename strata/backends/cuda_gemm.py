@@ -13,10 +13,10 @@ from strata.backends.cuda import _runtime
 from strata.errors import InvalidArgument
 from strata.quant import QTYPES, qtype
 
-BM = 64                 # token rows per tile (cuda/moe_gemm.cu kBM)
+BM = 128                # token rows per tile (cuda/moe_gemm.cu kBM; a tile of fewer rows skips the idle warps' mma)
 BN = 128                # weight rows per CTA (kBN)
 BLOCK = 256             # threads per CTA (kThreads)
-SHARED_BYTES = 30720    # static shared memory per CTA; under 48 KiB, so no opt-in, none dynamic
+SHARED_BYTES = 40960    # static shared memory per CTA; under 48 KiB, so no opt-in, none dynamic
 SIGNATURE = "PqPPqPqii"  # ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K
 QTYPE_NAMES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                "Q6_K", "IQ4_NL", "IQ4_XS")
