@@ -13,19 +13,9 @@ from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
-from tests.engine import fake_cuda
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
 
 DEMO = demo_model_path()
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
-    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
-    fake_cuda.launches.clear()
-    fake_cuda.graph_launches.clear()
-    return fake_cuda
 
 
 def assert_close(ours, ref, rel=2e-3):

@@ -6,7 +6,6 @@ the expert table and the ring hold, so a wrong slot, a stale entry or an early r
 import numpy as np
 import pytest
 
-import strata.backends.cuda as cuda_backend
 from strata.config import EngineConfig
 from strata.engine import cuda_runner as cuda_runner_module
 from strata.engine import planner
@@ -17,14 +16,6 @@ from strata.pack import open_pack
 from tests.engine import fake_cuda
 
 DEMO = demo_model_path()
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
-    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
-    fake_cuda.launches.clear()
-    return fake_cuda
 
 
 def _runner(pack, ctx=96, **config):

@@ -17,7 +17,6 @@ from strata.engine.planner import (RING_BUDGET_BYTES, RING_MIN_SLOTS, ExpertCach
 from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
 from strata.plan import plan_sizes
-from tests.engine import fake_cuda
 
 SCAN_STEP = 2048        # the scans' chunk grid (planner.CHUNK_GRID patched to it): bytes_needed is a dry
 GRID = list(range(SCAN_STEP, 32768 + 1, SCAN_STEP))   # run of the forward, ~0.5 s a point on this shape
@@ -33,13 +32,6 @@ def q30():
 def q30_needs(q30):
     """bytes_needed over the scan grid, for the brute-force scans."""
     return {T: bytes_needed(q30, T) for T in GRID}
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setattr(cuda_backend, "_runtime", lambda: fake_cuda)
-    monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
-    return fake_cuda
 
 
 def demo_sizes(pack=None):
