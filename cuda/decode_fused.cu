@@ -5,7 +5,8 @@
 //   x_out[r, i] = x[r, i] + y[r, i]
 //   out[r, i]   = x_out[r, i] * rsqrt(mean_i(x_out[r, :]^2) + eps) * w[i]
 //   A residual add and the RMSNorm after it (strata_add_f32 + strata_rms_norm_f32 in one launch,
-//   with the same thread mapping and reduction, so the results are bit-identical to that pair).
+//   with the same thread mapping and the same code, cuda/norm_rope.cuh, so the results are
+//   bit-identical to that pair).
 //   Layout: x, y, x_out, out [rows, n] row-major f32, w [n] f32. x_out may alias x or y, and out
 //   may alias any of them: every element is read and written by one thread, the norm's reads of a
 //   row finish (block barrier) before the first write of out.
@@ -14,11 +15,12 @@
 // strata_qk_norm_rope_kv_f32(q, k, v, q_w, k_w, positions, inv_freq, q_out, k_cache, v_cache,
 //                            T, H, Hk, head_dim, eps, scale)
 //   For token t at position p = positions[t], every head of q [T, H, Dh] and k [T, Hk, Dh]:
-//     RMSNorm over the head's Dh values with q_w / k_w [Dh], then NEOX RoPE as cuda/rope.cu (the
-//     angle f32(p) * inv_freq[i] in f32, accurate sincosf, cos and sin times `scale`, products and
-//     sums rounded separately); q -> q_out [T, H, Dh] f32; k -> k_cache row p as f16; v [T, Hk, Dh]
-//     -> v_cache row p as f16 (round to nearest even, as strata_kv_append_f16). A row of the
-//     caches holds Hk * Dh halves. Replaces 2 rms_norm + 2 copies + 2 rope + kv_append.
+//     RMSNorm over the head's Dh values with q_w / k_w [Dh], then NEOX RoPE as cuda/rope.cu, the
+//     same code (cuda/norm_rope.cuh: the angle f32(p) * inv_freq[i] in f32, accurate sincosf, cos
+//     and sin times `scale`, products and sums rounded separately); q -> q_out [T, H, Dh] f32;
+//     k -> k_cache row p as f16; v [T, Hk, Dh] -> v_cache row p as f16 (round to nearest even, as
+//     strata_kv_append_f16). A row of the caches holds Hk * Dh halves. Replaces 2 rms_norm +
+//     2 copies + 2 rope + kv_append.
 //   q_out may alias q. positions [T] int32 in device memory (a CUDA graph replays one launch).
 //   Dh even, Dh / 2 <= kMaxPairs.
 //   Launch: grid = (T, any, 1), block = (128, 1, 1); warp w of block (t, b) takes heads
@@ -30,10 +32,10 @@
 //
 // strata_gemv3_<qtype>(W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch)
 //   y_i[b, r] = sum_k W_i[r, k] * x[b, k] for the three matrices W_i [rows_i, n] (one quant type,
-//   one n) and b < batch <= 8: the q, k and v projections in one launch. batch == 1 runs
-//   cuda/gemv.cu's single-token row body (strata_gemv_<qtype>), batch > 1 its batched body
-//   (strata_gemv_batch_<qtype>, n % 8 == 0); each row's arithmetic is that kernel's, so the
-//   outputs equal the three separate launches. Layout and alignment as cuda/gemv.cu.
+//   one n) and b < batch <= 8: the q, k and v projections in one launch. batch == 1 runs the
+//   single-token row body of strata_gemv_<qtype>, batch > 1 the batched body of
+//   strata_gemv_batch_<qtype> (n % 8 == 0); both are cuda/gemv_rows.cuh, shared with cuda/gemv.cu,
+//   so the outputs equal the three separate launches. Layout and alignment as cuda/gemv.cu.
 //   Launch: block = (128, 1, 1), any grid: warps stride over the row sets of the concatenated
 //   rows (a row set = gemv.cu's rows per warp, of one matrix); one set per warp is
 //   ceil(sum_i ceil(rows_i / rows_per_warp) / 4) blocks, rows_per_warp = 4 for batch > 1.
@@ -42,43 +44,19 @@
 
 #include <cstdint>
 
+#include "gemv_rows.cuh"
 #include "gemv_units.cuh"
 #include "gemv_units_k.cuh"
+#include "norm_rope.cuh"
 #include "quant_blocks.cuh"
 
 namespace {
 
 using namespace strata_q;
+using namespace strata_gemv;
+using namespace strata_norm;
 
-constexpr int kMaxWarps = 32;
-constexpr int kMaxPairs = 512;  // Dh up to 1024
-constexpr int kWarps = 4;       // GEMV and QK-norm blocks: 128 threads
-constexpr int kMaxBatch = 8;
-constexpr int kBatchRows = 4;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-// Sum of `v` over the block; every thread gets the result (cuda/rms_norm.cu's reduction).
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[kMaxWarps];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        const int num_warps = blockDim.x >> 5;
-        float s = lane < num_warps ? warp_sums[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
+constexpr int kWarps = 4;  // GEMV and QK-norm blocks: 128 threads
 
 }  // namespace
 
@@ -103,7 +81,7 @@ extern "C" __global__ void strata_add_rms_norm_f32(const float* x, const float* 
             const float4 a = x4[i], b = y4[i];
             const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
             s4[i] = v;
-            sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            sum_sq += sum_sq4(v);
         }
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -112,19 +90,8 @@ extern "C" __global__ void strata_add_rms_norm_f32(const float* x, const float* 
             sum_sq += v * v;
         }
     }
-    const float scale = rsqrtf(block_sum(sum_sq) / static_cast<float>(n) + eps);
     // Each thread reads back only the x_out elements it wrote itself.
-    if (vec) {
-        const float4* s4 = reinterpret_cast<const float4*>(x_out + off);
-        const float4* w4 = reinterpret_cast<const float4*>(w);
-        float4* o4 = reinterpret_cast<float4*>(out + off);
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = s4[i], g = w4[i];
-            o4[i] = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
-        }
-    } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = x_out[off + i] * scale * w[i];
-    }
+    rms_apply_row(x_out + off, w, out + off, n, rms_scale(block_sum(sum_sq), n, eps), vec);
 }
 
 // ---- QK-norm + RoPE + K/V append -----------------------------------------------------------------
@@ -142,12 +109,11 @@ __device__ __forceinline__ void norm_rope_head(const float* src, const float* __
         const float a = src[j], b = src[j + half];
         sum_sq += a * a + b * b;
     }
-    const float scale = rsqrtf(warp_sum(sum_sq) / static_cast<float>(2 * half) + eps);
+    const float scale = rms_scale(warp_sum(sum_sq), 2 * half, eps);
     for (int j = lane; j < half; j += 32) {
-        const float a = src[j] * scale * w[j], b = src[j + half] * scale * w[j + half];
-        const float c = cos_s[j], s = sin_s[j];
-        const float lo = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
-        const float hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+        const float a = rms_apply(src[j], scale, w[j]), b = rms_apply(src[j + half], scale, w[j + half]);
+        float lo, hi;
+        rope_rotate(a, b, cos_s[j], sin_s[j], lo, hi);
         if constexpr (sizeof(Out) == 2) {
             dst[j] = __float2half_rn(lo);
             dst[j + half] = __float2half_rn(hi);
@@ -171,14 +137,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
     if (t >= T) return;
     const int half = head_dim / 2;
     const int p = positions[t];
-    const float pos = static_cast<float>(p);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(__fmul_rn(pos, inv_freq[i]), &s, &c);
-        cos_s[i] = __fmul_rn(c, scale);
-        sin_s[i] = __fmul_rn(s, scale);
-    }
-    __syncthreads();
+    rope_table(cos_s, sin_s, static_cast<float>(p), inv_freq, half, scale);
     const int64_t kv_row = static_cast<int64_t>(Hk) * head_dim;
     const int num_heads = H + 2 * Hk;
     for (int g = blockIdx.y * kWarps + (threadIdx.x >> 5); g < num_heads; g += gridDim.y * kWarps) {
@@ -201,15 +160,6 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
 // ---- three GEMVs over one input ------------------------------------------------------------------
 
 namespace {
-
-__device__ __forceinline__ float sum_lanes(float v, int lanes) {  // within aligned groups of `lanes`
-    for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-__device__ __forceinline__ int lanes_per_row(int units) {
-    return units >= 32 ? 32 : 1 << (32 - __clz(max(units, 1) - 1));
-}
 
 // The three matrices; a warp-uniform index picks one (selects, not a local-memory array).
 struct Three {
@@ -235,96 +185,19 @@ struct Three {
     }
 };
 
-// cuda/gemv.cu's gemv_body for the one row set starting at `base` (rows base .. base + per_set - 1).
-template <class U>
-__device__ __forceinline__ void gemv_set(const uint8_t* __restrict__ W, const float* __restrict__ x,
-                                         float* __restrict__ y, int rows, int n, int base, const float* table) {
-    constexpr int R = U::kRows;
-    const int num_blocks = n / U::kBlockWeights;
-    const int units = num_blocks * U::kUnits;
-    const int lanes = lanes_per_row(units);
-    const int lane = threadIdx.x & 31, sub = lane / lanes, sl = lane & (lanes - 1);
-    const long long row_bytes = static_cast<long long>(num_blocks) * U::kBlockBytes;
-    const int row0 = base + sub * R;  // past the end: reads row rows - 1, writes nothing
-    const uint8_t* row_ptr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * row_bytes;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    for (int u = sl; u < units; u += lanes) {
-        const int b = u / U::kUnits, c = u - b * U::kUnits;
-        typename U::Raw raw[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) U::load(row_ptr[r] + static_cast<long long>(b) * U::kBlockBytes, c, raw[r]);
-        typename U::X xv;
-        U::load_x(x + static_cast<long long>(b) * U::kBlockWeights, c, xv);
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += U::dot(raw[r], c, xv, table);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = sum_lanes(acc[r], lanes);
-        if (sl == 0 && row0 + r < rows) y[row0 + r] = v;
-    }
-}
-
 template <class U>
 __device__ __forceinline__ void gemv3_body(const Three& m, const float* __restrict__ x, int n, const float* table) {
-    const int units = n / U::kBlockWeights * U::kUnits;
-    const int per_set = (32 / lanes_per_row(units)) * U::kRows;
+    const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
     const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
     const uint8_t* W;
     float* y;
     int rows, base;
-    for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps)
-        gemv_set<U>(W, x, y, rows, n, base, table);
-}
-
-// cuda/gemv.cu's gemv_batch_body for the kBatchRows rows from `base`.
-template <class B>
-__device__ __forceinline__ void gemv_batch_set(const uint8_t* __restrict__ W, const float* __restrict__ x,
-                                               float* __restrict__ y, int rows, int n, int batch, int base) {
-    constexpr int R = kBatchRows, kChunks = B::kWeights / 8;
-    const int chunks = n / 8, lane = threadIdx.x & 31;
-    const long long row_bytes = static_cast<long long>(n / B::kWeights) * B::kBytes;
-    const int row0 = base;
-    const uint8_t* row_ptr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * row_bytes;
-    float acc[kMaxBatch][R];
-#pragma unroll
-    for (int t = 0; t < kMaxBatch; ++t)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[t][r] = 0.f;
-    for (int ch = lane; ch < chunks; ch += 32) {
-        const int b = ch / kChunks, j = ch - b * kChunks;
-        float w[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) B::decode8(row_ptr[r] + static_cast<long long>(b) * B::kBytes, j, w[r]);
-#pragma unroll
-        for (int t = 0; t < kMaxBatch; ++t) {
-            if (t < batch) {
-                const float4* xp = reinterpret_cast<const float4*>(x + static_cast<long long>(t) * n + 8LL * ch);
-                const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-                const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[t][r] = fmaf(xv[i], w[r][i], acc[t][r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxBatch; ++t) {
-        if (t < batch) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float v = sum_lanes(acc[t][r], 32);
-                if (lane == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
-            }
-        }
+    for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
+        // Built per set, as before the row body moved to gemv_rows.cuh: hoisted, ptxas allocated
+        // 158 registers instead of 128 for Q2_K.
+        const UnitLanes<U> L(n);
+        gemv_rows<U>(W, x, y, rows, base + L.sub * U::kRows, L, table);
     }
 }
 
@@ -336,7 +209,7 @@ __device__ __forceinline__ void gemv3_batch_body(const Three& m, const float* __
     float* y;
     int rows, base;
     for (long long g = warp; m.find(g, kBatchRows, W, y, rows, base); g += num_warps)
-        gemv_batch_set<B>(W, x, y, rows, n, batch, base);
+        gemv_batch_rows<B>(W, x, y, rows, n, batch, base, ChunkLanes<B>(n));
 }
 
 }  // namespace
@@ -369,8 +242,7 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
 #define STRATA_GEMV3_IQ4(name, Unit, Block)                                                            \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
         __shared__ float table[16];                                                                    \
-        if (threadIdx.x < 16) table[threadIdx.x] = static_cast<float>(iq4_value(threadIdx.x));         \
-        __syncthreads();                                                                               \
+        fill_iq4_table(table);                                                                         \
         if (batch == 1)                                                                                \
             gemv3_body<Unit>(STRATA_GEMV3_THREE, x, n, table);                                         \
         else                                                                                           \

@@ -15,15 +15,16 @@
 // (blob addresses and the part offset are multiples of 16); x [*, n] and y [slots, rows] f32,
 // 16-byte aligned; n a multiple of the block size. ids [slots] int32 < the layer's expert count.
 //
-// Algorithm: gemv.cu's unit scheme (gemv_units*.cuh): a lane owns units (32 or 64 weights of a
-// quant type, 8 of a float type) of kRows rows at once and reuses its x values for all of them;
-// `lanes` lanes share one row set, partial sums meet through shuffles.
+// Algorithm: gemv.cu's single-token body, the same code (gemv_rows.cuh, gemv_units*.cuh): a lane
+// owns units (32 or 64 weights of a quant type, 8 of a float type) of kRows rows at once and reuses
+// its x values for all of them; `lanes` lanes share one row set, partial sums meet through shuffles.
 // Launch: grid = (row-set groups, slots, 1), block = (128, 1, 1); the warps of a slot stride over
 // row sets, so any grid.x is complete. strata/backends/cuda_device.py sizes grid.x to one row set
 // per warp.
 
 #include <cstdint>
 
+#include "gemv_rows.cuh"
 #include "gemv_units.cuh"
 #include "gemv_units_k.cuh"
 #include "quant_blocks.cuh"
@@ -31,51 +32,9 @@
 namespace {
 
 using namespace strata_q;
+using namespace strata_gemv;
 
 constexpr int kWarps = 4;
-
-__device__ __forceinline__ float sum_lanes(float v, int lanes) {  // within aligned groups of `lanes`
-    for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-template <class U>
-__device__ __forceinline__ void expert_gemv(const uint8_t* __restrict__ W, const float* __restrict__ x,
-                                            float* __restrict__ y, int rows, int n, const float* table) {
-    constexpr int R = U::kRows;
-    const int num_blocks = n / U::kBlockWeights;
-    const int units = num_blocks * U::kUnits;
-    const int lanes = units >= 32 ? 32 : 1 << (32 - __clz(max(units, 1) - 1));
-    const int lane = threadIdx.x & 31, sub = lane / lanes, sl = lane & (lanes - 1);
-    const long long rows_per_warp = (32 / lanes) * R;
-    const long long row_bytes = static_cast<long long>(num_blocks) * U::kBlockBytes;
-    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
-    for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp) {
-        const int row0 = static_cast<int>(base) + sub * R;  // past the end: reads row rows - 1, writes nothing
-        const uint8_t* row_ptr[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * row_bytes;
-        float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.f;
-        for (int u = sl; u < units; u += lanes) {
-            const int b = u / U::kUnits, c = u - b * U::kUnits;
-            typename U::Raw raw[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) U::load(row_ptr[r] + static_cast<long long>(b) * U::kBlockBytes, c, raw[r]);
-            typename U::X xv;
-            U::load_x(x + static_cast<long long>(b) * U::kBlockWeights, c, xv);
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] += U::dot(raw[r], c, xv, table);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float v = sum_lanes(acc[r], lanes);
-            if (sl == 0 && row0 + r < rows) y[row0 + r] = v;
-        }
-    }
-}
 
 // The slot's expert matrix, input row and output row.
 struct Slot {
@@ -100,8 +59,8 @@ __device__ __forceinline__ Slot slot_of(const unsigned long long* ptrs, long lon
 
 #define STRATA_MOE_GEMV(name, Unit)                                                                    \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_moe_gemv_##name(STRATA_MOE_GEMV_ARGS) { \
-        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
-        expert_gemv<Unit>(s.W, s.x, s.y, rows, n, nullptr);                                            \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                          \
+        gemv_body<kWarps, Unit>(s.W, s.x, s.y, rows, n, nullptr);                                      \
     }
 
 STRATA_MOE_GEMV(q4_0, UnitQ4_0)
@@ -119,10 +78,9 @@ STRATA_MOE_GEMV(q6_k, UnitQ6_K)
 #define STRATA_MOE_GEMV_IQ4(name, Unit)                                                                \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_moe_gemv_##name(STRATA_MOE_GEMV_ARGS) { \
         __shared__ float table[16];                                                                    \
-        if (threadIdx.x < 16) table[threadIdx.x] = static_cast<float>(iq4_value(threadIdx.x));         \
-        __syncthreads();                                                                               \
-        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
-        expert_gemv<Unit>(s.W, s.x, s.y, rows, n, table);                                              \
+        fill_iq4_table(table);                                                                         \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                          \
+        gemv_body<kWarps, Unit>(s.W, s.x, s.y, rows, n, table);                                        \
     }
 
 STRATA_MOE_GEMV_IQ4(iq4_nl, UnitIQ4_NL)
@@ -131,11 +89,11 @@ STRATA_MOE_GEMV_IQ4(iq4_xs, UnitIQ4_XS)
 // Float types: 8 weights per unit when n % 8 == 0, else one; the branch is uniform.
 #define STRATA_MOE_GEMV_FLOAT(name, Block, Elem)                                                       \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_moe_gemv_##name(STRATA_MOE_GEMV_ARGS) { \
-        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                        \
+        const Slot s = slot_of(ptrs, part_offset, ids, x, x_div, y, rows, n);                          \
         if (n % 8 == 0)                                                                                \
-            expert_gemv<UnitFloat8<Block>>(s.W, s.x, s.y, rows, n, nullptr);                          \
+            gemv_body<kWarps, UnitFloat8<Block>>(s.W, s.x, s.y, rows, n, nullptr);                     \
         else                                                                                           \
-            expert_gemv<UnitFloat1<Elem>>(s.W, s.x, s.y, rows, n, nullptr);                            \
+            gemv_body<kWarps, UnitFloat1<Elem>>(s.W, s.x, s.y, rows, n, nullptr);                      \
     }
 
 STRATA_MOE_GEMV_FLOAT(f32, BlockF32x8, ElemF32)

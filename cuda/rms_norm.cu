@@ -9,43 +9,18 @@
 // Launch: grid = (rows, 1, 1), one block per row; block = (256, 1, 1) is what the
 // binding uses, and any multiple of 32 up to 1024 is correct; no dynamic shared memory.
 //
-// Algorithm: each thread sums the squares of a strided slice of its row in f32
-// (16-byte loads when n % 4 == 0 and all three pointers are 16-byte aligned), the
-// block reduces those sums with warp shuffles and one shared-memory pass, then every
-// thread scales its slice. The second read of the row hits L1/L2 for n up to tens of
-// thousands, so the kernel moves about 2 * rows * n * 4 bytes through device memory.
+// Algorithm: each thread sums the squares of a strided slice of its row in f32 (16-byte loads
+// when n % 4 == 0 and all three pointers are 16-byte aligned), the block reduces those sums with
+// warp shuffles and one shared-memory pass, then every thread scales its slice. The second read of
+// the row hits L1/L2 for n up to tens of thousands, so the kernel moves about 2 * rows * n * 4
+// bytes through device memory. The arithmetic is cuda/norm_rope.cuh's, shared with the fused
+// strata_add_rms_norm_f32 (cuda/decode_fused.cu).
 
 #include <cstdint>
 
-namespace {
+#include "norm_rope.cuh"
 
-constexpr int kMaxWarps = 32;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-// Sum of `v` over the block; every thread gets the result.
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[kMaxWarps];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        const int num_warps = blockDim.x >> 5;
-        float s = lane < num_warps ? warp_sums[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
-
-}  // namespace
+using namespace strata_norm;
 
 extern "C" __global__ void strata_rms_norm_f32(const float* x, const float* __restrict__ w,
                                                float* y, int rows, int n, float eps) {
@@ -61,24 +36,9 @@ extern "C" __global__ void strata_rms_norm_f32(const float* x, const float* __re
     float sum_sq = 0.0f;
     if (vec) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = x4[i];
-            sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) sum_sq += sum_sq4(x4[i]);
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq += xr[i] * xr[i];
     }
-    const float scale = rsqrtf(block_sum(sum_sq) / static_cast<float>(n) + eps);
-
-    if (vec) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
-        const float4* w4 = reinterpret_cast<const float4*>(w);
-        float4* y4 = reinterpret_cast<float4*>(yr);
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = x4[i], g = w4[i];
-            y4[i] = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
-        }
-    } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
-    }
+    rms_apply_row(xr, w, yr, n, rms_scale(block_sum(sum_sq), n, eps), vec);
 }

@@ -15,15 +15,14 @@
 // 1024 is correct); no dynamic shared memory. The block computes the token's Dh/2 (cos, sin)
 // pairs once into shared memory (accurate sincosf: angles reach max_position radians), then
 // rotates all heads' pairs. Products and the sum are rounded separately (no FMA contraction), as
-// numpy computes them, so only sin/cos rounding differs from the reference (~1 ulp).
+// numpy computes them, so only sin/cos rounding differs from the reference (~1 ulp). The table and
+// the rotation are cuda/norm_rope.cuh's, shared with strata_qk_norm_rope_kv_f32.
 
 #include <cstdint>
 
-namespace {
+#include "norm_rope.cuh"
 
-constexpr int kMaxPairs = 512;  // Dh up to 1024
-
-}  // namespace
+using namespace strata_norm;
 
 extern "C" __global__ void strata_rope_f32(float* x, const int* __restrict__ positions,
                                            const float* __restrict__ inv_freq, int T, int heads,
@@ -32,20 +31,12 @@ extern "C" __global__ void strata_rope_f32(float* x, const int* __restrict__ pos
     const int t = blockIdx.x;
     if (t >= T) return;
     const int half = head_dim / 2;
-    const float pos = static_cast<float>(positions[t]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(__fmul_rn(pos, inv_freq[i]), &s, &c);
-        cos_s[i] = __fmul_rn(c, scale);
-        sin_s[i] = __fmul_rn(s, scale);
-    }
-    __syncthreads();
+    rope_table(cos_s, sin_s, static_cast<float>(positions[t]), inv_freq, half, scale);
     float* xt = x + static_cast<int64_t>(t) * heads * head_dim;
     for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
         const int h = j / half, i = j - h * half;
         float* xh = xt + static_cast<int64_t>(h) * head_dim;
-        const float a = xh[i], b = xh[i + half], c = cos_s[i], s = sin_s[i];
-        xh[i] = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, s));
-        xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+        const float a = xh[i], b = xh[i + half];
+        rope_rotate(a, b, cos_s[i], sin_s[i], xh[i], xh[i + half]);
     }
 }
