@@ -347,8 +347,8 @@ class CudaOps:
 
     DEQUANT_THREADS = 256
     GEMV_THREADS = 128               # cuda/gemv.cu kWarps * 32
-    GEMV_MAX_BATCH = 8               # cuda/gemv.cu kMaxBatch
-    GEMV_BATCH_ROWS = 4              # cuda/gemv.cu kBatchRows: rows per warp of strata_gemv_batch_*
+    GEMV_MAX_BATCH = 8               # cuda/gemv_rows.cuh kMaxBatch
+    GEMV_BATCH_ROWS = 4              # cuda/gemv_rows.cuh kBatchRows: rows per warp of strata_gemv_batch_*
     # (unit block weights, units per block, rows per lane) of each type's unit in cuda/gemv_units*.cuh;
     # float types take 8-weight units when n % 8 == 0, single weights otherwise. They only size the
     # grid (the kernels stride over row sets), so a stale entry costs speed, never correctness.

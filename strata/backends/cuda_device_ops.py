@@ -44,7 +44,7 @@ ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's
 TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.cu's prompt kernels
 ATTENTION_MAX_SPLITS = 1024
 MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
-QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/decode_fused.cu kMaxPairs
+QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
 class DeviceOps:
     """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
