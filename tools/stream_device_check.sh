@@ -60,12 +60,12 @@ fi
 has resident && bench resident 100 --prompt 512,4096,16384 --decode 64
 has b12 && bench b12 80 --vram-budget-gib 12 --prompt 512,16384 --decode 64
 has b8 && bench b8 80 --vram-budget-gib 8 --prompt 512,4096 --decode 64
-has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64
 has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 16384 --decode 0
 if has ab; then
     bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
     bench ab_slots 80 --vram-budget-gib 8 --prefill-rule slots --prompt 4096,16384 --decode 0
 fi
+has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64
 if has profile; then
     echo "== decode profile ($(elapsed) s)"
     timeout "$(budget 60)" $PY tools/decode_profile.py --context 4096 --json "$OUT/profile.json" 2>"$OUT/profile.err" \
