@@ -1,0 +1,64 @@
+"""Decode tok/s of the MoE decode variants on one loaded model: the fused kernels (cuda/moe_decode.cu)
+at several blocks-per-SM grid sizes (any grid gives the same bits), and the moe_gemv path.
+
+    python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
+
+Each variant drops the captured graphs, warms up (eager, capture) and times --decode graph steps
+fed random ids. One table, fastest first.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--synthetic", default="qwen3-30b-a3b")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from strata import LLM
+    from strata.backends import cuda_moe, cuda_moe_decode
+    from strata.synthetic import synthetic_pack
+    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 8 * args.decode + 64)
+    runner = llm.runner
+    rng = np.random.default_rng(0)
+    runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
+    variants = [("fused, 2 blocks/SM (default)", True, 2), ("fused, 1 block/SM", True, 1),
+                ("fused, 4 blocks/SM", True, 4), ("fused, 8 blocks/SM", True, 8), ("moe_gemv path", False, 2)]
+    rows = []
+    for name, fused, bps in variants:
+        try:
+            cuda_moe.FUSED_DECODE = fused
+            cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
+            cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
+            runner.drop_graphs()
+            runner._step_bytes.clear()
+            start = len(runner.cached_ids)
+            for _ in range(3):
+                runner.decode(int(rng.integers(0, 1000)))
+            t0 = time.perf_counter()
+            for _ in range(args.decode):
+                runner.decode(int(rng.integers(0, 1000)))
+            tok_s = args.decode / (time.perf_counter() - t0)
+            rows.append((name, tok_s))
+            print(f"{name:<32}{tok_s:>10.1f} tok/s  (context {start}..{len(runner.cached_ids)})", flush=True)
+        except Exception as exc:       # report and go on: one variant failing says nothing of the others
+            print(f"{name:<32} failed: {type(exc).__name__}: {exc}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
