@@ -19,6 +19,11 @@
 // times less often, and several independent loads are in flight per lane. Lane sums are reduced
 // with shuffles. Nothing is staged in shared memory except IQ4's 16-float codebook.
 //
+// Split (strata_gemv_split_<qtype>, same arguments): for matrices of few rows, a block covers one
+// warp's row set and its kWarps warps split the units of those rows (gemv_split_body); grid =
+// ceil(rows / ((32 / lanes) * kRows)), any grid correct. Sums in another order than the unsplit
+// kernel (a row's units go to 4 warps, then warp order), so it is not bitwise equal to it.
+//
 // Batched (gemv_batch_rows): each lane decodes 8 weights of each of 4 rows with the exact decoders
 // and multiplies them with the same 8 x values of every token; a warp covers 32 chunks of 8.
 //
@@ -72,6 +77,10 @@ __device__ __forceinline__ void gemv_batch_body(const uint8_t* __restrict__ W, c
         strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                            \
     }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        gemv_split_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                      \
+    }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 
 STRATA_GEMV(q4_0, UnitQ4_0, BlockQ4_0)
@@ -92,6 +101,12 @@ STRATA_GEMV(q6_k, UnitQ6_K, BlockQ6_K)
         fill_iq4_table(table);                                                                         \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, table);                                              \
     }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        __shared__ float table[16];                                                                    \
+        fill_iq4_table(table);                                                                         \
+        gemv_split_body<kWarps, Unit>(W, x, y, rows, n, table);                                        \
+    }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 
 STRATA_GEMV_IQ4(iq4_nl, UnitIQ4_NL, BlockIQ4_NL)
@@ -105,6 +120,13 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
             gemv_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                           \
         else                                                                                           \
             gemv_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr);                            \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        if (n % 8 == 0)                                                                                \
+            gemv_split_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                     \
+        else                                                                                           \
+            gemv_split_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr);                      \
     }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 

@@ -51,19 +51,19 @@ struct UnitLanes {
     }
 };
 
-// y[row0 + r] = W[row0 + r, :] . x for r < U::kRows: this lane's share of one row set.
+// This lane's partial sums acc[r] of W[row0 + r, :] . x for r < U::kRows over the units u_first,
+// u_first + u_step, ... (gemv_rows: the lane's own units; the split kernel: a warp's share of them).
 template <class U>
-__device__ __forceinline__ void gemv_rows(const uint8_t* __restrict__ W, const float* __restrict__ x,
-                                          float* __restrict__ y, int rows, int row0, const UnitLanes<U>& L,
-                                          const float* table) {
+__device__ __forceinline__ void gemv_rows_acc(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                              int rows, int row0, const UnitLanes<U>& L, const float* table,
+                                              int u_first, int u_step, float (&acc)[U::kRows]) {
     constexpr int R = U::kRows;
     const uint8_t* row_ptr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * L.row_bytes;
-    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    for (int u = L.sl; u < L.units; u += L.lanes) {
+    for (int u = u_first; u < L.units; u += u_step) {
         const int b = u / U::kUnits, c = u - b * U::kUnits;
         typename U::Raw raw[R];
 #pragma unroll
@@ -73,6 +73,16 @@ __device__ __forceinline__ void gemv_rows(const uint8_t* __restrict__ W, const f
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] += U::dot(raw[r], c, xv, table);
     }
+}
+
+// y[row0 + r] = W[row0 + r, :] . x for r < U::kRows: this lane's share of one row set.
+template <class U>
+__device__ __forceinline__ void gemv_rows(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                          float* __restrict__ y, int rows, int row0, const UnitLanes<U>& L,
+                                          const float* table) {
+    constexpr int R = U::kRows;
+    float acc[R];
+    gemv_rows_acc<U>(W, x, rows, row0, L, table, L.sl, L.lanes, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const float v = sum_lanes(acc[r], L.lanes);
@@ -91,6 +101,40 @@ __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ W, const f
     const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
     for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
         gemv_rows<U>(W, x, y, rows, static_cast<int>(base) + L.sub * U::kRows, L, table);
+}
+
+// y = W x for one token, K split over the block's kWarps warps: for matrices with too few rows to
+// give every SM a few blocks (an attention output projection, a router), a block covers only the
+// (32 / lanes) * kRows rows of one warp's row set, each warp sums every kWarps-th unit run of
+// them, and the warps' partials meet in shared memory in warp order (deterministic).
+template <int kWarps, class U>
+__device__ __forceinline__ void gemv_split_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int n, const float* table) {
+    constexpr int R = U::kRows;
+    __shared__ float part[kWarps][32 * R];
+    const UnitLanes<U> L(n);
+    const int warp = threadIdx.x >> 5;
+    const long long rows_per_block = (32 / L.lanes) * R;
+    for (long long base = blockIdx.x * rows_per_block; base < rows; base += gridDim.x * rows_per_block) {
+        const int row0 = static_cast<int>(base) + L.sub * R;
+        float acc[R];
+        gemv_rows_acc<U>(W, x, rows, row0, L, table, L.sl + warp * L.lanes, L.lanes * kWarps, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = sum_lanes(acc[r], L.lanes);
+            if (L.sl == 0) part[warp][L.sub * R + r] = v;
+        }
+        __syncthreads();
+        if (warp == 0 && L.sl == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float v = part[0][L.sub * R + r];
+                for (int w = 1; w < kWarps; ++w) v += part[w][L.sub * R + r];
+                if (row0 + r < rows) y[row0 + r] = v;
+            }
+        }
+        __syncthreads();
+    }
 }
 
 // How this lane works on rows of n weights (n % 8 == 0) in blocks of B: chunks of 8 weights. The

@@ -380,10 +380,12 @@ class CudaOps:
                 grid, self.DEQUANT_THREADS, (blocks, out, num_blocks), stream=stream or self.stream)
 
     def gemv_into(self, qtype_name: str, w, x, y, rows: int, n: int, batch: int | None = None,
-                  stream=None) -> None:
+                  stream=None, split: bool = False) -> None:
         """Queue y = W x with W [rows, n] in its block bytes at `w` (16-byte aligned): x [n] -> y [rows]
-        (strata_gemv_<qtype>); with batch B in 1..8, x [B, n] -> y [B, rows] (strata_gemv_batch_<qtype>,
-        n % 8 == 0). x is 16-byte aligned (4 for a float type with n % 8 != 0), y 4-byte aligned."""
+        (strata_gemv_<qtype>, or with split strata_gemv_split_<qtype>: the block's warps split each
+        row's units, for matrices of few rows); with batch B in 1..8, x [B, n] -> y [B, rows]
+        (strata_gemv_batch_<qtype>, n % 8 == 0). x is 16-byte aligned (4 for a float type with
+        n % 8 != 0), y 4-byte aligned."""
         qt = qtype(qtype_name)
         if not (0 < rows < 2**31 and 0 < n < 2**31 and n % qt.block_size == 0) or \
                 (batch is not None and not (1 <= batch <= self.GEMV_MAX_BATCH and n % 8 == 0)):
@@ -394,9 +396,9 @@ class CudaOps:
         _check_aligned(f"gemv_into {qt.name}", 4, y=y)
         name = qt.name.lower()
         if batch is None:
-            grid = -(-rows // self.gemv_rows_per_block(qt.name, n))
-            self._kernel("gemv", f"strata_gemv_{name}", "PPPii").launch(
-                grid, self.GEMV_THREADS, (w, x, y, rows, n), stream=stream or self.stream)
+            per_block = self.gemv_rows_per_block(qt.name, n) // (self.GEMV_THREADS // 32 if split else 1)
+            self._kernel("gemv", f"strata_gemv_{'split_' if split else ''}{name}", "PPPii").launch(
+                -(-rows // per_block), self.GEMV_THREADS, (w, x, y, rows, n), stream=stream or self.stream)
         else:
             grid = -(-rows // (self.GEMV_THREADS // 32 * self.GEMV_BATCH_ROWS))
             self._kernel("gemv", f"strata_gemv_batch_{name}", "PPPiii").launch(
@@ -412,9 +414,9 @@ class CudaOps:
         self.dequantize_into(qt.name, self._upload(data), out, data.size // qt.type_size)
         return self._download(out, shape, np.float32)
 
-    def gemv(self, qtype_name: str, data: np.ndarray, shape: tuple, x: np.ndarray) -> np.ndarray:
-        """W x in float32, W [rows, n] given as flat block bytes: x [n] -> [rows]; x [B, n] (B <= 8,
-        the batched kernel) -> [B, rows]."""
+    def gemv(self, qtype_name: str, data: np.ndarray, shape: tuple, x: np.ndarray, split: bool = False) -> np.ndarray:
+        """W x in float32, W [rows, n] given as flat block bytes: x [n] -> [rows] (split: the split-K
+        kernel); x [B, n] (B <= 8, the batched kernel) -> [B, rows]."""
         qt, shape, data = _quant_tensor("gemv", qtype_name, data, shape)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if len(shape) != 2 or x.ndim not in (1, 2) or x.shape[-1] != shape[1] or \
@@ -427,7 +429,7 @@ class CudaOps:
             return np.zeros(out_shape, np.float32)
         w_dev, x_dev, y = self._upload(data), self._upload(x), self._output(x.size // n * rows * 4)
         if x.ndim == 1:
-            self.gemv_into(qt.name, w_dev, x_dev, y, rows, n)
+            self.gemv_into(qt.name, w_dev, x_dev, y, rows, n, split=split)
         elif n % 8 == 0:
             self.gemv_into(qt.name, w_dev, x_dev, y, rows, n, batch=x.shape[0])
         else:  # float types with odd rows have no batched kernel: one launch per token

@@ -38,6 +38,7 @@ from .cuda_attention_tc import prefill_tc_launch_shape
 from .cuda_moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
+SPLIT_GEMV = True                    # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
 EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")     # cuda/embed.cu's types
 ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
@@ -226,8 +227,11 @@ class DeviceOps:
             grid = max(1, -(-rows // 16))          # 4 rows per warp, 4 warps per block
             self.launch("gemv", f"strata_gemv_batch_{q}", "PPPiii", grid, 128, (w.ptr, x, y, rows, n, T))
             return
+        grid = gemv_grid(w.qtype, rows, n)
+        split = SPLIT_GEMV and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
+        name = f"strata_gemv_split_{q}" if split else f"strata_gemv_{q}"
         for t in range(T):
-            self.launch("gemv", f"strata_gemv_{q}", "PPPii", gemv_grid(w.qtype, rows, n), 128,
+            self.launch("gemv", name, "PPPii", grid * 4 if split else grid, 128,
                         (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n))
 
     def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:

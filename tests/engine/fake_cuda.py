@@ -254,7 +254,7 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_batch", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
+        for prefix in ("gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -409,7 +409,7 @@ def _moe_combine(grid, residual, expert_out, rows, weights, out, T, A, D):
 
 
 _EMULATE = {
-    "gemv": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
+    "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,

@@ -35,13 +35,13 @@ def rel_err(y, ref) -> float:
     return float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
-def check_gemv(ops, rng, name, data, shape, batch=None):
+def check_gemv(ops, rng, name, data, shape, batch=None, split=False):
     rows, n = shape
     w64 = dequantize(name, data, shape).astype(np.float64)
     ys, refs = [], []
     for _ in range(-(-MIN_OUTPUTS // (rows * (batch or 1)))):
         x = rng.standard_normal((batch, n) if batch else n).astype(np.float32)
-        y = ops.gemv(name, data, shape, x)
+        y = ops.gemv(name, data, shape, x, split=split)
         assert y.shape == (*x.shape[:-1], rows) and np.isfinite(y).all()
         ys.append(y.reshape(-1))
         refs.append((x.astype(np.float64) @ w64.T).reshape(-1))
@@ -61,6 +61,22 @@ def test_gemv_matches_float64(ops, rng, name):
     for shape in awkward_shapes(name) + PRODUCTION_SHAPES:
         data = random_qtensor_bytes(name, shape, rng, std=float(rng.uniform(1e-3, 1.0)))
         check_gemv(ops, rng, name, data, shape)
+
+
+@pytest.mark.parametrize("name", list(QTYPES))
+def test_gemv_split_matches_float64(ops, rng, name):
+    """strata_gemv_split_<qtype>: the units of a row over 4 warps (few-row matrices: an attention
+    output projection 2048 x 4096, a router 128 x 2048)."""
+    for shape in awkward_shapes(name) + PRODUCTION_SHAPES + [(2048, 4096), (128, 2048)]:
+        data = random_qtensor_bytes(name, shape, rng, std=float(rng.uniform(1e-3, 1.0)))
+        check_gemv(ops, rng, name, data, shape, split=True)
+
+
+def test_gemv_split_is_deterministic(ops, rng):
+    data = random_qtensor_bytes("Q8_0", (2048, 4096), rng)
+    x = rng.standard_normal(4096).astype(np.float32)
+    first = ops.gemv("Q8_0", data, (2048, 4096), x, split=True)
+    assert all(np.array_equal(first, ops.gemv("Q8_0", data, (2048, 4096), x, split=True)) for _ in range(3))
 
 
 @pytest.mark.parametrize("name", list(F16_FIELDS))
