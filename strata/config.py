@@ -79,6 +79,11 @@ class EngineConfig:
     expert_cache: str = field(default="auto", metadata={"help": "expert cache slots: auto or N"})
     expert_policy: str = field(default="lru", metadata={"help": "expert cache admission: lru (every miss, over the "
                                                                    "least recently used) or lfu (over a colder expert)"})
+    decode_misses: str = field(default="zero-copy", metadata={"help": "how a decode step reads experts not in VRAM: "
+                                                                       "zero-copy (in place over the bus, routing stays "
+                                                                       "on the device, CUDA graphs) or staged (each "
+                                                                       "layer's routing read on the host, missed experts "
+                                                                       "copied first; eager; for comparison)"})
     expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
                                                                  "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
@@ -109,6 +114,8 @@ class EngineConfig:
             raise InvalidArgument(f"max_context must be positive, got {self.max_context}")
         if self.kv_resident < 0 or self.spec < 0:
             raise InvalidArgument("kv_resident and spec must be >= 0")
+        if self.decode_misses not in ("zero-copy", "staged"):
+            raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
         if self.prefill_rule not in ("bytes", "slots"):
             raise InvalidArgument(f"prefill_rule must be bytes or slots, got {self.prefill_rule!r}")
         if self.expert_policy not in ("lru", "lfu"):

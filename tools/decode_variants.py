@@ -1,5 +1,6 @@
-"""Decode tok/s of the MoE decode variants on one loaded model: the fused kernels (cuda/moe_decode.cu)
-at several blocks-per-SM grid sizes (any grid gives the same bits), and the moe_gemv path.
+"""Decode tok/s of the decode variants on one loaded model: the fused MoE kernels (cuda/moe_decode.cu)
+at several blocks-per-SM grid sizes (any grid gives the same bits), the moe_gemv path, and the
+one-token GEMVs with and without the split-K kernel.
 
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
 
@@ -28,18 +29,20 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from strata import LLM
-    from strata.backends import cuda_moe, cuda_moe_decode
+    from strata.backends import cuda_device_ops, cuda_moe, cuda_moe_decode
     from strata.synthetic import synthetic_pack
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 8 * args.decode + 64)
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
-    variants = [("fused, 2 blocks/SM (default)", True, 2), ("fused, 1 block/SM", True, 1),
-                ("fused, 4 blocks/SM", True, 4), ("fused, 8 blocks/SM", True, 8), ("moe_gemv path", False, 2)]
+    variants = [("fused, 2 blocks/SM, split GEMV", True, 2, True), ("fused, 2 blocks/SM, no split", True, 2, False),
+                ("fused, 1 block/SM, split GEMV", True, 1, True), ("fused, 4 blocks/SM, split GEMV", True, 4, True),
+                ("moe_gemv path, split GEMV", False, 2, True)]
     rows = []
-    for name, fused, bps in variants:
+    for name, fused, bps, split in variants:
         try:
             cuda_moe.FUSED_DECODE = fused
+            cuda_device_ops.SPLIT_GEMV = split
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
             runner.drop_graphs()

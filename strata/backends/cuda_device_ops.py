@@ -22,6 +22,7 @@ it), `qkv` (the three projections in one GEMV launch where they share a quant ty
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -380,5 +381,8 @@ class DeviceOps:
             if self.route_log is not None:   # the step's routing goes back to the host with the logits
                 row = self.route_log.ptr + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
                 self.rt.copy_d2d(row, expert_ids.ptr, expert_ids.nbytes, self.stream)
-            return moe_decode(self, x, self.w.layers[layer], expert_ids, expert_weights)
+            lay = self.w.layers[layer]
+            if getattr(self.experts, "staged_decode", False):     # the comparison arm: routing to the host
+                lay = dataclasses.replace(lay, table=self.experts.stage_layer(layer, self.to_host(expert_ids)))
+            return moe_decode(self, x, lay, expert_ids, expert_weights)
         return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights)

@@ -90,11 +90,16 @@ class CudaRunner:
         self.use_graphs = config.cuda_graphs
         self.graphs: dict = {}               # T -> DecodeGraph
         self.graph_error: str | None = None  # why graphs were turned off in this runner
+        if config.decode_misses == "staged" and not self.store.resident:
+            self.store.staged_decode = True
+            self.use_graphs = False
+            self.graph_error = "--decode-misses staged reads each layer's routing on the host"
         embd = self.weights.tensor("token_embd.weight").qtype
         self._ids_on_device = embd in EMBED_QTYPES      # else the embedding needs the ids on the host
         if not self._ids_on_device:
             self.use_graphs = False
             self.graph_error = f"token_embd.weight is {embd}: no embed kernel reads device-side ids"
+        self.decode_misses = "resident" if self.store.resident else config.decode_misses
         self._step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
         self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
 

@@ -125,6 +125,7 @@ class ExpertStore:
         self.copy_stream = None
         self.ring_slots = 0
         self.kept_slots, self.loan_pool_bytes, self.lent = None, 0, False
+        self.staged_decode = False                          # set by the runner for --decode-misses staged
         if self.resident:
             from ..backends.cuda_device import upload_file
             self.arena = None
@@ -338,6 +339,27 @@ class ExpertStore:
             self._pending.append((key // E, key % E, slot))
             changed = True
         return changed
+
+    # ---- decode: staged misses (the comparison arm of zero-copy) ---------------------------------
+    def stage_layer(self, layer: int, routed: np.ndarray) -> int:
+        """A decode step's routing at `layer` (read on the host): copy the missed experts into
+        staging slots on the compute stream and -> the device address of a table row [E] that
+        points them there (the others as the table does)."""
+        E = self.num_experts
+        if getattr(self, "_stage_row", None) is None:
+            self._stage_row = self.rt.DeviceBuffer(self.device, self.num_layers * E * 8)
+            self._stage_slots = None
+        missed = [int(e) for e in np.unique(routed) if self.slot_of[layer, int(e)] < 0]
+        row = self.table_host[layer].copy()
+        if missed:
+            if self._stage_slots is None or self._stage_slots.nbytes < len(missed) * self.slot_bytes:
+                self.stream.synchronize()
+                self._stage_slots = self.rt.DeviceBuffer(self.device, max(len(missed), routed.size) * self.slot_bytes)
+            dst = self._stage_slots.ptr + np.arange(len(missed), dtype=np.uint64) * np.uint64(self.slot_bytes)
+            self._copy(dst.astype(np.uint64), np.full(len(missed), layer), np.asarray(missed), self.stream)
+            row[missed] = dst
+        self._stage_row.copy_from_host(row, self.stream, layer * E * 8)
+        return self._stage_row.ptr + layer * E * 8
 
     # ---- prompts: the loan -----------------------------------------------------------------------
     def lend(self):

@@ -124,3 +124,13 @@ def test_the_prompt_borrows_the_cache_tail_and_gives_it_back(fake, rng):
     _same_run(resident, streamed, ids, decode_steps=10)
     assert not store.lent and store.stats.admitted > 0
     assert (store.slot_owner[store.kept_slots:] >= 0).any()        # decode refilled given-back slots
+
+
+def test_staged_decode_misses_give_the_same_logits(fake, rng):
+    """--decode-misses staged (each layer's routing on the host, missed experts copied into staging
+    slots first; eager): the comparison arm of zero-copy, the same logits bit for bit."""
+    pack = open_pack(DEMO)
+    resident, staged = _runner(pack), _runner(pack, expert_cache="9", decode_misses="staged")
+    assert not staged.use_graphs and "staged" in staged.graph_error
+    _same_run(resident, staged, rng.integers(0, pack.args.vocab_size, 40).tolist(), decode_steps=5)
+    assert staged.status()["expert_cache"]["misses"] > 0
