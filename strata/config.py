@@ -84,6 +84,11 @@ class EngineConfig:
                                                                        "on the device, CUDA graphs) or staged (each "
                                                                        "layer's routing read on the host, missed experts "
                                                                        "copied first; eager; for comparison)"})
+    pin_limit_gib: float = field(default=0.0, metadata={"help": "cap on the host memory pinned for streamed experts "
+                                                                 "(a prefix of whole layers of experts.bin); the rest "
+                                                                 "is staged through small pinned buffers, decode "
+                                                                 "misses staged, no CUDA graphs; 0 = all the system "
+                                                                 "allows"})
     expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
                                                                  "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
@@ -108,6 +113,8 @@ class EngineConfig:
             raise InvalidArgument(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.vram_budget_gib < 0:
             raise InvalidArgument(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        if not self.pin_limit_gib >= 0:
+            raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
         if self.kv not in ("f16", "int8", "q4_0"):
             raise InvalidArgument(f"kv must be f16, int8 or q4_0, got {self.kv!r}")
         if self.max_context <= 0:

@@ -382,7 +382,7 @@ class DeviceOps:
                 row = self.route_log.ptr + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
                 self.rt.copy_d2d(row, expert_ids.ptr, expert_ids.nbytes, self.stream)
             lay = self.w.layers[layer]
-            if getattr(self.experts, "staged_decode", False):     # the comparison arm: routing to the host
+            if getattr(self.experts, "staged_decode", False):     # routing to the host: staged, or unpinned
                 lay = dataclasses.replace(lay, table=self.experts.stage_layer(layer, self.to_host(expert_ids)))
             return moe_decode(self, x, lay, expert_ids, expert_weights)
         return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights)

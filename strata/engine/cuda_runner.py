@@ -6,6 +6,8 @@ logits_all, status), plus measure_limits() for the bench. The plan (strata.engin
 from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
 otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
 streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
+Where the system refuses or EngineConfig.pin_limit_gib limits pinning, part of experts.bin stays
+unpinned: decode misses are then staged (routing read on the host per layer) and graphs are off.
 Prompt chunks launch their kernels one by one from Python. Decode steps read the token, position
 and KV length from a fixed device buffer (one small host->device copy per step); with
 EngineConfig.cuda_graphs the first step of a shape runs eagerly (loading kernels, growing the pool,
@@ -71,7 +73,8 @@ class CudaRunner:
                                  ring_slots=0 if resident else self.plan.prefill_ring,
                                  policy=config.expert_policy, profile=profile,
                                  kept_slots=None if resident else self.plan.prompt_cache_slots,
-                                 pool_bytes=self.plan.bytes_needed)
+                                 pool_bytes=self.plan.bytes_needed,
+                                 pin_limit_bytes=int(config.pin_limit_gib * 2**30))
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
@@ -94,12 +97,19 @@ class CudaRunner:
             self.store.staged_decode = True
             self.use_graphs = False
             self.graph_error = "--decode-misses staged reads each layer's routing on the host"
+        elif not self.store.pinned.all():     # unpinned experts cannot be read in place: stage them
+            self.store.staged_decode, self.store.stage_pinned_misses = True, False
+            self.use_graphs = False
+            self.graph_error = (f"{self.store.pinned_bytes / self.store.file_bytes:.0%} of experts.bin is pinned "
+                                f"({self.store.pin_reason}): decode misses of the rest are staged, each "
+                                f"layer's routing read on the host")
         embd = self.weights.tensor("token_embd.weight").qtype
         self._ids_on_device = embd in EMBED_QTYPES      # else the embedding needs the ids on the host
         if not self._ids_on_device:
             self.use_graphs = False
             self.graph_error = f"token_embd.weight is {embd}: no embed kernel reads device-side ids"
-        self.decode_misses = "resident" if self.store.resident else config.decode_misses
+        staged = self.store.staged_decode
+        self.decode_misses = "resident" if self.store.resident else "staged" if staged else config.decode_misses
         self._step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
         self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
 

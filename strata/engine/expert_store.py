@@ -21,21 +21,26 @@ the VRAM expert cache with its decode admissions, and the streamed prompt ring.
   layer l + 1's copies run while layer l computes; a smaller chunk stages only the experts its
   routing names, layer by layer. Events order it: compute waits for a batch's copy before reading
   its slots, and a copy waits for the compute that last read the slots it overwrites.
+- The unpinned share (strata.engine.expert_host): where the system refuses or --pin-limit-gib
+  limits pinning, the arena holds a prefix of whole layers and the rest is read from a memmap of
+  experts.bin. Their table entries are 0 (nothing may read them in place). Every copy of one (cache
+  fill, admission, ring, staged miss) goes through a ring of pinned staging buffers that helper
+  threads fill ahead of use, the ring's copies announced in its fixed order, so the same bytes land
+  in the same slots. Decode steps then run staged (the runner turns graphs off): each layer's
+  routing is read on the host and its unpinned misses copied into staging slots first; pinned
+  misses are still read zero-copy (unless --decode-misses staged asks to copy them too).
 """
 from __future__ import annotations
 
 import bisect
-import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import DeviceError, InvalidArgument, PackError
+from ..errors import InvalidArgument, PackError
 
 SLOT_ALIGN = 256                  # a slot starts on this (kernels need 16)
-READ_BYTES = 64 << 20             # arena fill: bytes per read() call
-PROGRESS_MIN_BYTES = 1 << 30      # an arena at least this big prints a progress line
 ADMIT_PER_STEP = 16               # cache admissions queued after one decode step
 LFU_DECAY = 0.98                  # per decode step
 
@@ -95,11 +100,12 @@ class ExpertStore:
 
     def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
                  policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None,
-                 kept_slots: int | None = None, pool_bytes: int = 0):
+                 kept_slots: int | None = None, pool_bytes: int = 0, pin_limit_bytes: int = 0):
         """kept_slots: cache slots kept while a prompt runs. The memory after them (the other cache
         slots, and beyond them what the plan left beside the cache) is lent to the prompt: its ring
         first, then pool_bytes for its activation pool; the slots come back empty after it. None:
-        the ring is a buffer of its own and nothing is lent."""
+        the ring is a buffer of its own and nothing is lent. pin_limit_bytes: most of experts.bin
+        to pin (0: all the system allows)."""
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
@@ -125,7 +131,11 @@ class ExpertStore:
         self.copy_stream = None
         self.ring_slots = 0
         self.kept_slots, self.loan_pool_bytes, self.lent = None, 0, False
-        self.staged_decode = False                          # set by the runner for --decode-misses staged
+        self.staged_decode = False                          # set by the runner: decode misses staged
+        self.stage_pinned_misses = True                     # staged: pinned misses copied too (else zero-copy)
+        self.pinned = np.ones((L, E), bool)                 # (l, e) in the pinned arena (or resident)
+        self.pinned_bytes, self.pin_reason, self.staging = self.file_bytes, None, None
+        self._stage_row = self._stage_slots = None
         if self.resident:
             from ..backends.cuda_device import upload_file
             self.arena = None
@@ -136,10 +146,8 @@ class ExpertStore:
             self.slot_of[:] = np.arange(self.total).reshape(L, E)
             self.cache_slots = self.total
         else:
-            self.arena = self._fill_arena(rt, device, progress)
-            self.host_read = self.arena.device_ptr        # what kernels read (zero-copy)
-            self.host_copy = self.arena.ptr               # what copies read
-            self.table_host[:] = self.host_read + self._offsets
+            self._host_setup(rt, device, progress, pin_limit_bytes)
+            self.table_host[:] = self._home(np.arange(L)[:, None], np.arange(E)[None, :])
             self.cache_slots = int(cache_slots)
             self.ring_slots = int(ring_slots)
             lending = kept_slots is not None
@@ -170,36 +178,29 @@ class ExpertStore:
         self.table.copy_from_host(self.table_host, stream)
 
     # ---- setup ---------------------------------------------------------------------------------
-    def _fill_arena(self, rt, device, progress: bool):
-        """experts.bin read into mapped pinned memory. A read error or a short file is a PackError
-        naming the file: nothing computes from a partly filled arena."""
-        try:
-            arena = rt.HostBuffer(device, self.file_bytes, mapped=True)
-        except DeviceError as exc:
-            raise DeviceError(f"{self.path}: could not pin {self.file_bytes / 2**30:.2f} GiB of host memory for "
-                              f"the expert arena ({exc}); free host memory or raise the locked-memory limit") from None
-        view = memoryview(np.frombuffer(arena, np.uint8))
-        show = progress and self.file_bytes >= PROGRESS_MIN_BYTES
-        t0 = last = time.perf_counter()
-        try:
-            with open(self.path, "rb", buffering=0) as f:
-                off = 0
-                while off < self.file_bytes:
-                    n = f.readinto(view[off:off + READ_BYTES])
-                    if not n:
-                        raise PackError(f"{self.path}: ends at byte {off}, pack.json says {self.file_bytes}")
-                    off += n
-                    now = time.perf_counter()
-                    if show and (now - last > 1.0 or off == self.file_bytes):
-                        last = now
-                        sys.stderr.write(f"strata: pinning experts.bin: {off / 1e9:.1f} / {self.file_bytes / 1e9:.1f} "
-                                         f"GB ({off / 1e9 / max(now - t0, 1e-9):.1f} GB/s)\n")
-        except OSError as exc:
-            raise PackError(f"{self.path}: cannot read experts ({exc.strerror or exc})") from None
-        finally:
-            view.release()
+    def _host_setup(self, rt, device, progress: bool, pin_limit_bytes: int) -> None:
+        """The pinned arena (a prefix of whole layers, all of experts.bin where allowed) and, for
+        the rest, a memmap of the file and the staging ring."""
+        from ..pack.source import memmap
+        from .expert_host import StagingRing, pin_arena
+        t0 = time.perf_counter()
+        starts = sorted(int(lay["offset"]) for lay in self.layers_meta)
+        self.arena, self.pinned_bytes, self.pin_reason = pin_arena(
+            rt, device, self.path, starts[1:] + [self.file_bytes], self.file_bytes, pin_limit_bytes, progress)
         self.arena_seconds = time.perf_counter() - t0
-        return arena
+        self.host_read = self.arena.device_ptr if self.arena is not None else 0   # what kernels read (zero-copy)
+        self.host_copy = self.arena.ptr if self.arena is not None else 0          # what copies read
+        self.pinned = self._offsets + self._blob[:, None] <= np.uint64(self.pinned_bytes)
+        if self.pinned.all():
+            return
+        source = memmap(self.path)
+        if source.size < self.file_bytes:
+            raise PackError(f"{self.path}: ends at byte {source.size}, pack.json says {self.file_bytes}")
+        self.staging = StagingRing(rt, device, source, self._offsets, self._blob, self.slot_bytes)
+
+    def _home(self, ls, es):
+        """Table entries of experts not in VRAM: their arena bytes (read zero-copy), 0 when unpinned."""
+        return np.where(self.pinned[ls, es], np.uint64(self.host_read) + self._offsets[ls, es], np.uint64(0))
 
     def _fill_cache(self, profile: np.ndarray | None) -> None:
         """The first residents: the most used experts of a loaded routing profile, else the same
@@ -226,12 +227,19 @@ class ExpertStore:
         dst = (self.slots.ptr + np.asarray(slots, np.uint64) * np.uint64(self.slot_bytes)).astype(np.uint64)
         self._copy(dst, ls, es, stream)
 
-    def _copy(self, dst: np.ndarray, ls: np.ndarray, es: np.ndarray, stream) -> None:
+    def _copy(self, dst: np.ndarray, ls: np.ndarray, es: np.ndarray, stream, expected: bool = False) -> None:
+        """Blobs (ls, es) to device addresses dst on stream: from the arena, or (unpinned) through
+        the staging ring; expected: the ring was told of the unpinned ones in this order."""
         t0 = time.perf_counter()
-        src = (np.uint64(self.host_copy) + self._offsets[ls, es]).astype(np.uint64)
+        dst, ls, es = np.asarray(dst, np.uint64), np.asarray(ls, np.int64), np.asarray(es, np.int64)
         sizes = self._blob[ls].astype(np.uint64)
-        self.rt.copy_h2d_batch(np.ascontiguousarray(dst), np.ascontiguousarray(src), np.ascontiguousarray(sizes),
-                               stream)
+        pinned = self.pinned[ls, es]
+        if pinned.any():
+            src = (np.uint64(self.host_copy) + self._offsets[ls[pinned], es[pinned]]).astype(np.uint64)
+            self.rt.copy_h2d_batch(np.ascontiguousarray(dst[pinned]), np.ascontiguousarray(src),
+                                   np.ascontiguousarray(sizes[pinned]), stream)
+        if not pinned.all():
+            self.staging.copy(dst[~pinned], ls[~pinned], es[~pinned], stream, expected)
         self.stats.bytes_h2d += int(sizes.sum())
         self.stats.copy_seconds += time.perf_counter() - t0
 
@@ -251,8 +259,9 @@ class ExpertStore:
                 "total_experts": self.total,
                 "policy": self.policy, "hits": s.hits, "misses": s.misses, "hit_rate": s.hits / uses if uses else 0.0,
                 "admitted": s.admitted, "evicted": s.evicted, "prompt_streamed": s.prompt_streamed,
-                "arena_pinned_bytes": 0 if self.resident else self.file_bytes,
-                "arena_pinned_share": None if self.resident else 1.0,
+                "arena_pinned_bytes": 0 if self.resident else self.pinned_bytes,
+                "arena_pinned_share": None if self.resident else self.pinned_bytes / max(1, self.file_bytes),
+                "staged_blobs": 0 if self.staging is None else self.staging.staged_blobs,
                 "bytes_h2d": s.bytes_h2d}
 
     # ---- decode: admissions ----------------------------------------------------------------------
@@ -333,7 +342,7 @@ class ExpertStore:
                 continue
             ol, oe = divmod(old, E)
             self.slot_of[ol, oe] = -1
-            self.table_host[ol, oe] = self.host_read + self._offsets[ol, oe]
+            self.table_host[ol, oe] = self._home(ol, oe)
             owners[slot] = -1
             self.stats.evicted += 1
             self._pending.append((key // E, key % E, slot))
@@ -342,24 +351,34 @@ class ExpertStore:
 
     # ---- decode: staged misses (the comparison arm of zero-copy) ---------------------------------
     def stage_layer(self, layer: int, routed: np.ndarray) -> int:
-        """A decode step's routing at `layer` (read on the host): copy the missed experts into
-        staging slots on the compute stream and -> the device address of a table row [E] that
-        points them there (the others as the table does)."""
+        """A decode step's routing at `layer` (read on the host): copy the missed experts (the
+        unpinned ones only, unless stage_pinned_misses) into staging slots on the compute stream
+        and -> the device address of a table row [E] that points them there (the others as the
+        table does)."""
         E = self.num_experts
-        if getattr(self, "_stage_row", None) is None:
+        if self._stage_row is None:
             self._stage_row = self.rt.DeviceBuffer(self.device, self.num_layers * E * 8)
-            self._stage_slots = None
-        missed = [int(e) for e in np.unique(routed) if self.slot_of[layer, int(e)] < 0]
         row = self.table_host[layer].copy()
-        if missed:
-            if self._stage_slots is None or self._stage_slots.nbytes < len(missed) * self.slot_bytes:
-                self.stream.synchronize()
-                self._stage_slots = self.rt.DeviceBuffer(self.device, max(len(missed), routed.size) * self.slot_bytes)
-            dst = self._stage_slots.ptr + np.arange(len(missed), dtype=np.uint64) * np.uint64(self.slot_bytes)
-            self._copy(dst.astype(np.uint64), np.full(len(missed), layer), np.asarray(missed), self.stream)
-            row[missed] = dst
+        experts = np.unique(routed).tolist()
+        for e, addr in self._stage_misses(layer, experts, self.stage_pinned_misses, routed.size).items():
+            row[e] = addr
         self._stage_row.copy_from_host(row, self.stream, layer * E * 8)
         return self._stage_row.ptr + layer * E * 8
+
+    def _stage_misses(self, layer: int, experts: list, pinned_too: bool, reserve: int = 0) -> dict:
+        """Copy the experts of `layer` not in VRAM (pinned ones only if pinned_too) into staging
+        slots (at least `reserve` of them) on the compute stream, where their last readers are
+        too; -> {e: address}."""
+        missed = [e for e in experts if self.slot_of[layer, e] < 0 and (pinned_too or not self.pinned[layer, e])]
+        if not missed:
+            return {}
+        if self._stage_slots is None or self._stage_slots.nbytes < len(missed) * self.slot_bytes:
+            self.stream.synchronize()
+            self._stage_slots = self.rt.DeviceBuffer(self.device, max(len(missed), reserve) * self.slot_bytes)
+        dst = self._stage_slots.ptr + np.arange(len(missed), dtype=np.uint64) * np.uint64(self.slot_bytes)
+        dst = dst.astype(np.uint64)
+        self._copy(dst, np.full(len(missed), layer), np.asarray(missed), self.stream)
+        return dict(zip(missed, dst.tolist()))
 
     # ---- prompts: the loan -----------------------------------------------------------------------
     def lend(self):
@@ -374,7 +393,7 @@ class ExpertStore:
             if key >= 0:
                 l, e = divmod(key, self.num_experts)
                 self.slot_of[l, e] = -1
-                self.table_host[l, e] = self.host_read + self._offsets[l, e]
+                self.table_host[l, e] = self._home(l, e)
                 self.slot_owner[slot] = -1
         self.table.copy_from_host(self.table_host, self.stream)
         ready = self.rt.Event(self.device)
@@ -433,6 +452,8 @@ class ExpertStore:
             part = experts[i:i + self.ring_slots]
             chunk.by_layer.setdefault(layer, []).append(len(chunk.batches))
             batch = _Batch(layer, part, self._ring_pos)
+            if self.staging is not None:        # helpers read them ahead, in the order _pump copies them
+                self.staging.expect([(layer, e) for e in part if not self.pinned[layer, e]])
             self._ring_pos += len(part)
             chunk.batches.append(batch)
             self._ring_batches.append(batch)
@@ -455,7 +476,7 @@ class ExpertStore:
             ls = np.full(len(batch.experts), batch.layer)
             dst = self.ring.ptr + (np.arange(batch.start, end, dtype=np.uint64) % np.uint64(R)) * np.uint64(
                 self.slot_bytes)
-            self._copy(dst.astype(np.uint64), ls, np.asarray(batch.experts), self.copy_stream)
+            self._copy(dst.astype(np.uint64), ls, np.asarray(batch.experts), self.copy_stream, expected=True)
             batch.copied = self.rt.Event(self.device)
             batch.copied.record(self.copy_stream)
             batch.issued = True
@@ -469,7 +490,8 @@ class ExpertStore:
         if self.resident or self.ring_slots == 0:
             if not self.resident:
                 self.stats.misses += int(sum(self.slot_of[layer, e] < 0 for e in active))
-            yield active, [int(self.table_host[layer, e]) for e in active]
+            staged = self._stage_misses(layer, active, False, len(active)) if self.staging is not None else {}
+            yield active, [staged.get(e, int(self.table_host[layer, e])) for e in active]
             return
         chunk = self._chunk
         if not chunk.stream_all:

@@ -84,15 +84,41 @@ def test_routing_profile_starts_the_cache_warm(fake, rng, tmp_path):
         _runner(pack, expert_cache="10", expert_profile=str(path))
 
 
-def test_pinning_refused_says_so(fake, monkeypatch):
+def test_pinning_refused_falls_back_to_a_partial_pin(fake, rng, monkeypatch, capsys):
+    """The system refuses to pin more than 5 MB: the arena pins the layers that fit (one of seven
+    here), the rest is staged through pinned buffers, the same logits bit for bit."""
+    class SomePin(fake_cuda.HostBuffer):
+        def __init__(self, device, nbytes, mapped=False):
+            if mapped and nbytes > 5_000_000:
+                raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
+            super().__init__(device, nbytes, mapped)
+    pack = open_pack(DEMO)
+    resident = _runner(pack)
+    monkeypatch.setattr(fake_cuda, "HostBuffer", SomePin)
+    streamed = _runner(pack, expert_cache="10")
+    assert "pinning 0.009 GiB was refused" in capsys.readouterr().err
+    cache = streamed.status()["expert_cache"]
+    assert cache["arena_pinned_bytes"] == pack.meta["experts"]["layers"][1]["offset"]
+    assert cache["arena_pinned_share"] == pytest.approx(1 / 7)
+    assert not streamed.use_graphs and "refused" in streamed.graph_error
+    _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 40).tolist(), decode_steps=3)
+    assert streamed.status()["expert_cache"]["staged_blobs"] > 0
+
+
+def test_no_pin_at_all_still_runs(fake, rng, monkeypatch):
+    """Every mapped allocation refused: nothing is pinned, every expert copy goes through staging."""
     class NoPin(fake_cuda.HostBuffer):
         def __init__(self, device, nbytes, mapped=False):
             if mapped:
                 raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
             super().__init__(device, nbytes, mapped)
+    pack = open_pack(DEMO)
+    resident = _runner(pack)
     monkeypatch.setattr(fake_cuda, "HostBuffer", NoPin)
-    with pytest.raises(DeviceError, match=r"experts.bin: could not pin .* GiB of host memory"):
-        _runner(open_pack(DEMO), expert_cache="10")
+    streamed = _runner(pack, expert_cache="10")
+    assert streamed.store.arena is None and streamed.status()["expert_cache"]["arena_pinned_share"] == 0.0
+    assert streamed.decode_misses == "staged" and "0% of experts.bin is pinned" in streamed.graph_error
+    _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 30).tolist(), decode_steps=3)
 
 
 def test_bad_policy_is_refused():
