@@ -1,17 +1,53 @@
-"""The numpy engine with the GPU engine's cache precision: K and V rounded through float16 before
-they are cached. The GPU runner's tests compare with it, so the f16 cache's own rounding (up to
-1e-3 of the largest logit on the tiny random models) does not hide behind the bound."""
+"""The numpy engine with the GPU engine's declared precision, the oracle of the GPU runner's tests:
+
+- K and V rounded through float16 before they are cached (the f16 KV cache; alone it moves the
+  logits of the tiny random models by up to 1e-3 of the largest one);
+- prompt GEMMs that the GPU runs on tensor cores (cuda/moe_gemm.cu: more than GEMV_MAX_T rows and a
+  weight type it takes) with X and the exactly decoded W rounded to float16, products summed in
+  float32, as the kernel does: the dense projections, and the routed experts' gate/up (on the
+  gathered rows) and down (on the SwiGLU output).
+
+With both modeled, what is left between GPU and oracle is summation order and ~1 ulp transcendental
+differences, so a bound can stay tight, and a router whose top-k is decided by a hair sees the same
+inputs on both sides (without the f16 GEMMs in the oracle, such ties flip on random models and move
+logits by 10x the bound)."""
 import numpy as np
 
-from strata.backends.cpu import CpuOps
+from strata.backends.cpu import CpuOps, swiglu
+from strata.backends.cuda_device_ops import GEMV_MAX_T
+from strata.backends.cuda_moe import tensor_core_gemm
 from strata.engine.runner import CpuRunner
+
+
+def f16(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
 
 
 class F16KVOps(CpuOps):
     def attention(self, q, k, v, layer, kv, positions):
-        def f16(a):
-            return a.astype(np.float16).astype(np.float32)
         return super().attention(q, f16(k), f16(v), layer, kv, positions)
+
+    def linear(self, x, name):
+        t = self.pack.meta["dense"][name]
+        rows = int(np.prod(x.shape[:-1]))
+        # DeviceOps._gemm_weight: the tensor-core path when the weight starts 16-byte aligned
+        if rows > GEMV_MAX_T and tensor_core_gemm(t["qtype"], t["shape"][-1]) and t["offset"] % 16 == 0:
+            return f16(x) @ f16(self.weight(name)).T
+        return super().linear(x, name)
+
+    def moe(self, x, layer, expert_ids, expert_weights):
+        parts = self.pack.meta["experts"]["layers"][layer]["parts"]
+        tc = x.shape[0] > GEMV_MAX_T and all(tensor_core_gemm(p["qtype"], p["shape"][-1]) for p in parts.values())
+        if not tc:
+            return super().moe(x, layer, expert_ids, expert_weights)
+        out = np.zeros_like(x)
+        for e in np.unique(expert_ids):
+            rows, slot = np.nonzero(expert_ids == e)
+            gate, up, down = (f16(w) for w in self.expert_weights(layer, int(e)))
+            h = f16(x[rows])
+            y = f16(swiglu(h @ gate.T, h @ up.T)) @ down.T
+            np.add.at(out, rows, y * expert_weights[rows, slot][:, None])
+        return out
 
 
 def cpu_runner_f16_kv(pack, max_context: int) -> CpuRunner:

@@ -1,16 +1,16 @@
 """The GPU engine (every weight resident) against the numpy engine, on tiny packs and the demo model.
 
-Oracle: the numpy engine with K/V rounded through f16 before caching (tests/engine/cpu_f16_kv.py),
-the GPU cache's precision. Bound: max |GPU - oracle| <= REL * max |oracle logit|.
-- F32 weights (tiny, odd, mtp): prompt chunks through the f32 GEMM, decode through the fused GEMVs
-  and split-K attention, all exact dequantization and f32 accumulation; what remains is summation
-  order, ~1 ulp sin/cos/exp/rsqrt and the f16 roundings those bits flip (emulated: <= 5e-5), and the
-  tensor-core prompt attention's f16 Q and P (cuda/attention_tc.cu: <= 2e-3 of a head's output).
-- Quantized weights (demo, kquant, kquant-mixed): prompt GEMMs on tensor cores (cuda/moe_gemm.cu)
-  round X and the exactly decoded W to f16: 3.3e-4 measured on the demo in emulation.
-REL = 2e-3 covers both with margin. Against the plain numpy engine (f32 K/V) the f16 cache alone
-moves the logits by up to 1.1e-3 of the largest one on these random models (2e-4 on the trained
-demo model): bound 3e-3 on the demo.
+Oracle: the numpy engine at the GPU's declared precision (tests/engine/cpu_f16_kv.py): K/V rounded
+through f16 before caching, and the prompt GEMMs that run on tensor cores (cuda/moe_gemm.cu, weights
+of a quantized or half type) with X and W rounded to f16. Bound: max |GPU - oracle| <= REL * max
+|oracle logit|. What remains is the f32 summation order, ~1 ulp sin/cos/exp/rsqrt, the f16 roundings
+those last bits can flip, and the tensor-core prompt attention's f16 Q and P (cuda/attention_tc.cu:
+<= 2e-3 of a head's output): up to 4.5e-4 measured over 8 seeds with the numpy emulations of the
+kernels (bound 1e-3 there); REL = 2e-3 here, on the device, whose tensor-core and reduction orders
+differ from numpy's more than the emulations' do (it passed at 2e-3 against the oracle without the
+f16 GEMMs). Without the f16 GEMMs in the oracle, a router whose top-k is decided by a hair
+flips on these random models and moves logits by 10x that. Against the plain numpy engine (f32 K/V,
+f32 GEMMs) on the trained demo model: bound 3e-3.
 
 Decode through a CUDA graph against eager decode: bitwise. A replay runs the very kernels the eager
 step launches, with the same grids and scalar arguments (the attention splits follow the cache
@@ -31,7 +31,7 @@ from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
 
 pytestmark = pytest.mark.gpu
 
-REL = 2e-3          # against the f16-K/V oracle
+REL = 2e-3          # against the oracle at the GPU's precision
 REL_F32_KV = 3e-3   # against the plain numpy engine, demo model
 PACKS = ["demo", "tiny", "odd", "mtp", "kquant", "kquant-mixed"]
 GGUF_QTYPES = {

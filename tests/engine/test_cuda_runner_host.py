@@ -18,9 +18,10 @@ from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
 DEMO = demo_model_path()
 
 
-def assert_close(ours, ref, rel=2e-3):
-    """Against the numpy engine with the same f16 K/V (the bound of test_cuda_runner.py: prompt GEMMs
-    over quantized weights round X and W to f16 for the tensor cores; 3.3e-4 measured here)."""
+def assert_close(ours, ref, rel=1e-3):
+    """Against the numpy engine at the GPU's declared precision (f16 K/V, f16 inputs of the tensor-core
+    prompt GEMMs: tests/engine/cpu_f16_kv.py), the bound of test_cuda_runner.py: what is left is
+    summation order and the f16 roundings it flips, up to 4.5e-4 measured here over 8 seeds."""
     bound = rel * np.abs(ref).max()
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= bound, f"max err {np.abs(ours - ref).max():.3g} > {bound:.3g}"
