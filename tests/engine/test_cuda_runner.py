@@ -218,3 +218,18 @@ def test_streamed_experts_give_the_resident_logits_bit_for_bit(packs, rng, cache
         np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
     s = streamed.status()["expert_cache"]
     assert s["misses"] > 0 and s["prompt_streamed"] > 0 and streamed.decode_status()["host_ms"]["graph"]["steps"] >= 7
+
+
+def test_partly_pinned_arena_gives_the_resident_logits_bit_for_bit(packs, rng):
+    """--pin-limit-gib pins a prefix of whole layers; the rest goes through the staging ring (helper
+    threads, pinned buffers, events) and decode misses of it are staged: the same bytes, the same logits."""
+    pack = packs("demo")
+    half = int(pack.meta["files"]["experts.bin"]["bytes"]) / 2 / 2**30
+    resident = CudaRunner(pack, 128, EngineConfig(device="cuda", prefill="24"))
+    partial = CudaRunner(pack, 128, EngineConfig(device="cuda", prefill="24", expert_cache="20", pin_limit_gib=half))
+    share = partial.status()["expert_cache"]["arena_pinned_share"]
+    assert 0 < share < 1 and not partial.use_graphs
+    ids = rng.integers(0, pack.args.vocab_size, 70).tolist()
+    np.testing.assert_array_equal(partial.prefill(ids[:60], 0), resident.prefill(ids[:60], 0))
+    for t in ids[60:]:
+        np.testing.assert_array_equal(partial.decode(t), resident.decode(t))
