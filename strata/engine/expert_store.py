@@ -481,6 +481,20 @@ class ExpertStore:
             batch.copied.record(self.copy_stream)
             batch.issued = True
             self.stats.prompt_streamed += len(batch.experts)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the batches no later copy can wait for (and their events): those ending a whole ring
+        before the first batch not yet copied, once computed. A later batch's copy waits for the
+        batch holding its position minus the ring size, which is never before that point."""
+        first = next((b.start for b in self._chunk.batches if not b.issued), self._ring_pos)
+        floor, k = first - self.ring_slots, 0
+        for b in self._ring_batches:
+            if b.done is None or b.start + len(b.experts) > floor:
+                break
+            k += 1
+        if k:
+            del self._ring_batches[:k], self._ring_starts[:k]
 
     def prompt_layer(self, layer: int, active: list[int]):
         """Yield (experts, addresses) batches that together cover `active` (ascending expert ids

@@ -160,3 +160,14 @@ def test_staged_decode_misses_give_the_same_logits(fake, rng):
     assert not staged.use_graphs and "staged" in staged.graph_error
     _same_run(resident, staged, rng.integers(0, pack.args.vocab_size, 40).tolist(), decode_steps=5)
     assert staged.status()["expert_cache"]["misses"] > 0
+
+
+def test_the_ring_forgets_old_batches(fake, rng):
+    """A server reads prompt after prompt: the ring's batch history (and its events) stays bounded."""
+    pack = open_pack(DEMO)
+    streamed = _runner(pack, expert_cache="7")
+    sizes = []
+    for _ in range(6):
+        streamed.prefill(rng.integers(0, pack.args.vocab_size, 50).tolist(), 0)
+        sizes.append(len(streamed.store._ring_batches))
+    assert max(sizes) <= 2 * pack.args.num_hidden_layers + 2 and sizes[-1] <= sizes[1]
