@@ -74,7 +74,6 @@ class StoreStats:
     evicted: int = 0
     bytes_h2d: int = 0            # copied host -> device (arena fill excluded)
     prompt_streamed: int = 0      # blobs copied into the ring
-    copy_seconds: float = 0.0     # host time spent queueing copies
 
 
 @dataclass
@@ -222,6 +221,13 @@ class ExpertStore:
         self.slot_owner[slot] = l * self.num_experts + e
         self.table_host[l, e] = self.slots.ptr + slot * self.slot_bytes
 
+    def _evict(self, slot: int) -> None:
+        """Empty a slot: its expert is read from its home (the arena, or staged) again."""
+        l, e = divmod(int(self.slot_owner[slot]), self.num_experts)
+        self.slot_of[l, e] = -1
+        self.table_host[l, e] = self._home(l, e)
+        self.slot_owner[slot] = -1
+
     def _copy_into_slots(self, ls, es, slots, stream) -> None:
         ls, es = np.asarray(ls, np.int64), np.asarray(es, np.int64)
         dst = (self.slots.ptr + np.asarray(slots, np.uint64) * np.uint64(self.slot_bytes)).astype(np.uint64)
@@ -230,7 +236,6 @@ class ExpertStore:
     def _copy(self, dst: np.ndarray, ls: np.ndarray, es: np.ndarray, stream, expected: bool = False) -> None:
         """Blobs (ls, es) to device addresses dst on stream: from the arena, or (unpinned) through
         the staging ring; expected: the ring was told of the unpinned ones in this order."""
-        t0 = time.perf_counter()
         dst, ls, es = np.asarray(dst, np.uint64), np.asarray(ls, np.int64), np.asarray(es, np.int64)
         sizes = self._blob[ls].astype(np.uint64)
         pinned = self.pinned[ls, es]
@@ -241,7 +246,6 @@ class ExpertStore:
         if not pinned.all():
             self.staging.copy(dst[~pinned], ls[~pinned], es[~pinned], stream, expected)
         self.stats.bytes_h2d += int(sizes.sum())
-        self.stats.copy_seconds += time.perf_counter() - t0
 
     # ---- what kernels read -----------------------------------------------------------------------
     def table_row(self, layer: int) -> int:
@@ -289,7 +293,7 @@ class ExpertStore:
             return
         keys = np.unique(ls[~cached] * self.num_experts + es[~cached])
         keys = keys[self.slot_of.reshape(-1)[keys] < 0]     # not landed by _land_pending just now
-        dirty |= self._admit(keys, set((ls * self.num_experts + es).tolist()))
+        dirty |= self._admit(keys, np.unique(ls * self.num_experts + es))
         if dirty:
             self.table.copy_from_host(self.table_host, self.stream)
         if self._pending:
@@ -311,25 +315,23 @@ class ExpertStore:
         self._pending, self._pending_event = [], None
         return True
 
-    def _admit(self, keys: np.ndarray, used_now: set) -> bool:
-        """Choose victims for up to ADMIT_PER_STEP missed keys; True when the table changed."""
+    def _admit(self, keys: np.ndarray, used_now: np.ndarray) -> bool:
+        """Queue up to ADMIT_PER_STEP missed keys (nothing is pending when this runs): empty slots
+        first, then victims not routed in this step (used_now: its keys); True when the table changed
+        (a victim pointed back at the arena; an empty slot changes nothing yet)."""
         E = self.num_experts
         if keys.size == 0:
             return False
         score = (self.last_use if self.policy == "lru" else self.freq).reshape(-1)
         owners = self.slot_owner
-        pending_slots = {slot for _, _, slot in self._pending}
-        free = [s for s in self._free_slots().tolist() if s not in pending_slots][:min(ADMIT_PER_STEP, keys.size)]
-        changed = False
+        free = self._free_slots()[:min(ADMIT_PER_STEP, keys.size)].tolist()
         for key, slot in zip(keys[:len(free)].tolist(), free):      # empty slots (given back by a prompt) first
             self._pending.append((key // E, key % E, slot))
-            changed = True
         keys = keys[len(free):]
-        if keys.size == 0:
-            return changed
         candidates = np.flatnonzero(owners >= 0)
-        candidates = candidates[~np.isin(owners[candidates], np.fromiter(used_now, np.int64))]
-        if candidates.size == 0:
+        candidates = candidates[~np.isin(owners[candidates], used_now)]
+        changed = False
+        if keys.size == 0 or candidates.size == 0:
             return changed
         if self.policy == "lfu":
             keys = keys[np.argsort(-score[keys], kind="stable")]
@@ -337,13 +339,9 @@ class ExpertStore:
         n = min(keys.size, candidates.size)
         victims = candidates[np.argsort(score[owners[candidates]], kind="stable")[:n]]
         for key, slot in zip(keys[:n].tolist(), victims.tolist()):
-            old = int(owners[slot])
-            if self.policy == "lfu" and score[key] <= score[old]:
+            if self.policy == "lfu" and score[key] <= score[owners[slot]]:
                 continue
-            ol, oe = divmod(old, E)
-            self.slot_of[ol, oe] = -1
-            self.table_host[ol, oe] = self._home(ol, oe)
-            owners[slot] = -1
+            self._evict(slot)
             self.stats.evicted += 1
             self._pending.append((key // E, key % E, slot))
             changed = True
@@ -389,12 +387,8 @@ class ExpertStore:
             return None
         self._land_pending_sync()
         for slot in range(self.kept_slots, self.cache_slots):
-            key = int(self.slot_owner[slot])
-            if key >= 0:
-                l, e = divmod(key, self.num_experts)
-                self.slot_of[l, e] = -1
-                self.table_host[l, e] = self._home(l, e)
-                self.slot_owner[slot] = -1
+            if self.slot_owner[slot] >= 0:
+                self._evict(slot)
         self.table.copy_from_host(self.table_host, self.stream)
         ready = self.rt.Event(self.device)
         ready.record(self.stream)                 # decode steps done with the lent slots
