@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .config import SamplingParams
 from .errors import InvalidArgument
 
 
@@ -133,12 +134,17 @@ def _vram_peak(runner, res) -> None:
 
 
 def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int, rng=None) -> dict:
+    """Greedy decode as a generation runs it: the step's logits stay where they are, the runner
+    picks the token (on the GPU: 4 bytes come back); random-weight models then get a random id."""
+    greedy = SamplingParams()
     token = int(np.argmax(logits))
     V = logits.shape[-1]
     t0 = time.perf_counter()
     for i in range(n_tokens):
-        out = runner.decode(token)
-        token = int(rng.integers(0, V)) if rng is not None else int(np.argmax(out))
+        runner.decode(token, logits=False)
+        token = runner.pick(greedy, 0.0)
+        if rng is not None:
+            token = int(rng.integers(0, V))
         if i % 8 == 0:
             line(f"bench: decode at {context}: {i + 1}/{n_tokens} tokens")
     dt = time.perf_counter() - t0

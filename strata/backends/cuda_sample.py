@@ -74,7 +74,9 @@ def _row_reference(row, temperature, top_k, top_p, u):
         keep = np.zeros(V, bool)
         keep[order[:cut + 1]] = True
         m = np.where(keep, m, np.uint64(0))
-        margin = min(abs(float(cum[cut]) - top_p * S), abs(top_p * S - (float(cum[cut - 1]) if cut else 0.0))) / S
+        margin = abs(float(cum[cut]) - top_p * S) / S
+        if cut:                                         # the first entry is always kept: no lower boundary
+            margin = min(margin, abs(top_p * S - float(cum[cut - 1])) / S)
     SN = int(m.sum())
     thr = min(int(np.floor(np.float64(u) * np.float64(SN))), SN - 1)
     cum = np.cumsum(m)

@@ -90,6 +90,12 @@ class CudaRunner:
         self.step_in = rt.DeviceBuffer(self.dev, 4 * (2 * STEP_MAX_TOKENS + 1))
         self._step_host = np.frombuffer(rt.HostBuffer(self.dev, self.step_in.nbytes), np.int32)
         self._logits_host = np.frombuffer(rt.HostBuffer(self.dev, 4 * STEP_MAX_TOKENS * a.vocab_size), np.float32)
+        # pick(): the last logits row a prefill left, and [T f32 | k i32 | p f32 | pad | u f64 | token i32]
+        self._last_row = rt.DeviceBuffer(self.dev, 4 * a.vocab_size)
+        self._pick_io = rt.DeviceBuffer(self.dev, 32)
+        self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
+        self._last = None            # device logits [1, V] pick() reads, or None
+        self._route_pending = 0      # tokens of a step whose routing log is on its way to the host
         self.use_graphs = config.cuda_graphs
         self.graphs: dict = {}               # T -> DecodeGraph
         self.graph_error: str | None = None  # why graphs were turned off in this runner
@@ -168,8 +174,9 @@ class CudaRunner:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
         return reusable_prefix(self.cached_ids, ids)
 
-    def _forward(self, ids: list[int], lo: int, last_only: bool) -> np.ndarray:
-        """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V])."""
+    def _forward(self, ids: list[int], lo: int, last_only: bool, download: bool = True) -> np.ndarray | None:
+        """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V]); without
+        `download` the last row is copied to the runner's own buffer for pick() instead."""
         if lo + len(ids) > self.max_context:
             raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
         positions = np.arange(lo, lo + len(ids))
@@ -177,20 +184,26 @@ class CudaRunner:
         if len(ids) > STEP_MAX_TOKENS:
             self.store.prompt_begin(len(ids), stream_all_tokens(self.args), self.args.num_hidden_layers)
         logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.kv, logits_rows=rows)
-        return self.ops.to_host(logits)
+        # pick() reads the last row from the runner's own buffer: a chunk's memory may be lent back
+        # to the expert cache before then
+        V = self.args.vocab_size
+        self.ops._copy_rows(logits.ptr + (logits.shape[0] - 1) * V * 4, 0, self._last_row.ptr, 1, V, 0, 0)
+        self._last = self._last_row
+        return self.ops.to_host(logits) if download else None
 
-    def prefill(self, ids: list[int], start: int, on_progress=None) -> np.ndarray:
-        """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]."""
+    def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
+        """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
+        (None without `logits`: they stay on the device for pick())."""
         self.cached_ids = self.cached_ids[:start]
-        logits = None
+        out = None
         with self._loan(len(ids) - start):
             for lo in range(start, len(ids), self.prefill_chunk):
                 hi = min(len(ids), lo + self.prefill_chunk)
-                logits = self._forward(ids[lo:hi], lo, last_only=True)
+                out = self._forward(ids[lo:hi], lo, last_only=True, download=logits or hi < len(ids))
                 self.cached_ids.extend(ids[lo:hi])
                 if on_progress is not None:
                     on_progress(hi - start, len(ids) - start)
-        return logits[-1]
+        return out[-1] if logits else None
 
     @contextlib.contextmanager
     def _loan(self, tokens: int, pool: bool = True):
@@ -214,18 +227,41 @@ class CudaRunner:
             if self.store.lent:
                 self.store.give_back()
 
-    def decode(self, token: int) -> np.ndarray:
-        """Append one token at the next position; -> its logits [V]."""
-        logits = self._decode_step([token], len(self.cached_ids))
+    def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
+        """Append one token at the next position; -> its logits [V] (None without `logits`: they
+        stay on the device for pick())."""
+        out = self._decode_step([token], len(self.cached_ids), download=logits)
         self.cached_ids.append(token)
-        return logits[-1]
+        return out[-1] if logits else None
 
-    def _decode_step(self, ids: list[int], lo: int) -> np.ndarray:
+    def pick(self, params, u: float) -> int:
+        """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
+        cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits."""
+        from ..backends.cuda_sample import SAMPLE_SIGNATURE, SAMPLE_THREADS
+        if self._last is None:
+            raise InvalidArgument("pick() needs the logits of a prefill or decode first")
+        V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
+        if params.temperature == 0.0:
+            self.ops.launch("argmax", "strata_argmax_f32", "PPi", 1, 1024, (ptr, io.ptr + 24, V))
+        else:
+            h = self._pick_host
+            h[:4].view(np.float32)[0], h[4:8].view(np.int32)[0] = params.temperature, params.top_k
+            h[8:12].view(np.float32)[0], h[16:24].view(np.float64)[0] = params.top_p, u
+            io.copy_from_host(h[:24], self.stream)
+            self.ops.launch("sample", "strata_sample_f32", SAMPLE_SIGNATURE, 1, SAMPLE_THREADS,
+                            (ptr, io.ptr, io.ptr + 4, io.ptr + 8, io.ptr + 16, io.ptr + 24, 0, V))
+        io.copy_to_host(self._pick_host[24:28], self.stream, 24)
+        self.stream.synchronize()
+        self._after_route()
+        return int(self._pick_host[24:28].view(np.int32)[0])
+
+    def _decode_step(self, ids: list[int], lo: int, download: bool = True) -> np.ndarray | None:
         """Logits [T, V] of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is
-        captured for T, else the model's launches from Python (capturing them on the second step)."""
+        captured for T, else the model's launches from Python (capturing them on the second step).
+        Without `download` they stay on the device (the last row for pick())."""
         T = len(ids)
         if not self._ids_on_device:
-            return self._forward(ids, lo, last_only=False)
+            return self._forward(ids, lo, last_only=False, download=download)
         if lo + T > self.max_context:
             raise InvalidArgument(f"positions up to {lo + T - 1} do not fit the context of {self.max_context}")
         t0 = time.perf_counter()
@@ -242,7 +278,12 @@ class CudaRunner:
             logits, _ = self.model.forward(ids_dev, pos_dev, self.kv)
             self._step_bytes[T] = self.ops.pool.allocated_bytes - before
         t1 = time.perf_counter()
-        out = self._download(logits)
+        if download:
+            out = self._download(logits)
+        else:
+            out, self._last = None, DeviceTensor(logits.buf, logits.offset + (T - 1) * logits.shape[1] * 4,
+                                                 (1, logits.shape[1]), np.float32, logits)
+            self._route_copy(T)
         self.step_times[mode].append((t1 - t0, time.perf_counter() - t0))
         return out
 
@@ -286,13 +327,24 @@ class CudaRunner:
         streaming, the step's routing comes along for the cache."""
         host = self._logits_host[:logits.size]
         logits.buf.copy_to_host(host, self.stream, logits.offset)
+        self._route_copy(logits.shape[0])
+        self.stream.synchronize()
+        self._after_route()
+        self._last = DeviceTensor(logits.buf, logits.offset + (logits.shape[0] - 1) * logits.shape[1] * 4,
+                                  (1, logits.shape[1]), np.float32, logits)
+        return host.reshape(logits.shape).copy()
+
+    def _route_copy(self, T: int = 1) -> None:
+        """Queue the step's routing log to the host (experts streaming); _after_route() reads it
+        once the stream has been synchronized."""
         if self.ops.route_log is not None:
             self.route_log.copy_to_host(self._route_host, self.stream)
-        self.stream.synchronize()
-        if self.ops.route_log is not None:
-            T = logits.shape[0]
-            self.store.after_step(self._route_host[:, :T * self.args.num_experts_per_tok])
-        return host.reshape(logits.shape).copy()
+            self._route_pending = T
+
+    def _after_route(self) -> None:
+        if self._route_pending:
+            self.store.after_step(self._route_host[:, :self._route_pending * self.args.num_experts_per_tok])
+            self._route_pending = 0
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""

@@ -137,7 +137,7 @@ class Generation:
             t0 = time.perf_counter()
             llm.state = "reading"
             cached = runner.reusable_prefix(self.ids)
-            logits = runner.prefill(self.ids, cached, self.on_progress)
+            runner.prefill(self.ids, cached, self.on_progress, logits=False)   # pick() reads them where they are
             timings.prompt_ms = (time.perf_counter() - t0) * 1e3
             timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
             llm.state = "generating"
@@ -147,7 +147,7 @@ class Generation:
                 if self._cancelled:
                     finish = "cancelled"
                     break
-                token = sampler(logits)
+                token = runner.pick(self.params, sampler.draw())
                 if token in eos:
                     finish = "stop"
                     break
@@ -160,7 +160,7 @@ class Generation:
                     break
                 yield Delta(delta, token)
                 if len(out) < self.max_tokens:
-                    logits = runner.decode(token)
+                    runner.decode(token, logits=False)
             rest = text.finish()
             if text.stopped and finish == "length":
                 finish = "stop"        # the stop string was in the last, held-back text

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
 from ..model.qwen3moe import Qwen3Moe
+from .sampler import pick_host
 
 
 def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
@@ -29,6 +30,7 @@ class CpuRunner:
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
+        self._last = None                    # logits [V] of the last prefill or decode
 
     def _new_kv(self) -> KVCache:
         a = self.args
@@ -43,25 +45,32 @@ class CpuRunner:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
         return reusable_prefix(self.cached_ids, ids)
 
-    def prefill(self, ids: list[int], start: int, on_progress=None) -> np.ndarray:
-        """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]."""
+    def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
+        """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
+        (None without `logits`: pick() reads them)."""
         self.cached_ids = self.cached_ids[:start]
-        logits = None
+        out = None
         for lo in range(start, len(ids), self.prefill_chunk):
             hi = min(len(ids), lo + self.prefill_chunk)
             chunk = np.asarray(ids[lo:hi], dtype=np.int64)
-            logits, _ = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
+            out, _ = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
             self.cached_ids.extend(ids[lo:hi])
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
-        return logits[-1]
+        self._last = out[-1]
+        return self._last if logits else None
 
-    def decode(self, token: int) -> np.ndarray:
-        """Append one token at the next position; -> its logits [V]."""
+    def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
+        """Append one token at the next position; -> its logits [V] (None without `logits`)."""
         pos = len(self.cached_ids)
-        logits, _ = self.model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
+        out, _ = self.model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
         self.cached_ids.append(token)
-        return logits[-1]
+        self._last = out[-1]
+        return self._last if logits else None
+
+    def pick(self, params, u: float) -> int:
+        """The next token from the last prefill's or decode's logits (strata.engine.sampler)."""
+        return pick_host(self._last, params, u)
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""

@@ -1,4 +1,11 @@
-"""Next-token choice from one row of logits: greedy, or temperature with top-k and top-p."""
+"""Next-token choice from one row of logits: greedy, or temperature with top-k and top-p.
+
+The randomness is one uniform double u per sampled token from the request's seeded generator, drawn
+by the generation loop whatever the device: pick_host() turns (logits, params, u) into a token on
+the host, cuda/sample.cu does the same on the GPU (integer masses, f32 exp: the two agree on every
+draw that does not fall within ~1e-6 of a boundary, tests/kernels/test_sample_gpu.py), so a seed
+means the same tokens on either device.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -6,26 +13,39 @@ import numpy as np
 from ..config import SamplingParams
 
 
+def pick_host(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+    """The token of logits [V] for params p and the uniform draw u in [0, 1): argmax when greedy,
+    else the smallest id whose cumulative probability (ids in order) passes u, numpy's choice rule."""
+    if p.temperature == 0.0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / p.temperature
+    if 0 < p.top_k < z.shape[-1]:
+        kth = np.partition(z, -p.top_k)[-p.top_k]
+        z = np.where(z < kth, -np.inf, z)
+    probs = np.exp(z - np.max(z))
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        keep = order[: int(np.searchsorted(cum, p.top_p)) + 1]   # smallest set reaching top_p
+        mask = np.zeros_like(probs)
+        mask[keep] = probs[keep]
+        probs = mask / mask.sum()
+    cdf = np.cumsum(probs)
+    cdf /= cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[-1] - 1))
+
+
 class Sampler:
+    """A request's draws: draw() gives the next u; calling it on logits picks on the host."""
+
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
+    def draw(self) -> float:
+        """The next uniform draw (one per sampled token; greedy steps take one too, unused)."""
+        return float(self.rng.random())
+
     def __call__(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.temperature == 0.0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
-        if 0 < p.top_k < z.shape[-1]:
-            kth = np.partition(z, -p.top_k)[-p.top_k]
-            z = np.where(z < kth, -np.inf, z)
-        probs = np.exp(z - np.max(z))
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cum, p.top_p)) + 1]   # smallest set reaching top_p
-            mask = np.zeros_like(probs)
-            mask[keep] = probs[keep]
-            probs = mask / mask.sum()
-        return int(self.rng.choice(probs.shape[-1], p=probs))
+        return pick_host(logits, self.params, self.draw())

@@ -229,6 +229,7 @@ SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
 })
+SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi"})   # sample.cu, argmax.cu
 
 
 def _dims(v) -> tuple:
@@ -532,4 +533,14 @@ def _lazy_emulation(module: str, name: str):
 
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
-                 "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm")})
+                 "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
+                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample")})
+
+
+def _argmax(grid, logits, out, V):
+    """out[b] = numpy's argmax of row b (the first NaN, else the lowest id of the max)."""
+    B = grid[0]
+    view(out, B, np.int32)[:] = np.argmax(view(logits, B * V).reshape(B, V), axis=1)
+
+
+_EMULATE["argmax_f32"] = _argmax

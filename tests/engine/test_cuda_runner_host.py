@@ -333,3 +333,36 @@ def test_emulated_embedding_without_a_kernel_decodes_eagerly(fake, tmp_path, rng
         assert_close(gpu.decode(t), cpu.decode(t))
     d = gpu.decode_status()
     assert not d["cuda_graphs"] and "Q4_K" in d["graph_error"] and not fake.graph_launches
+
+
+def test_pick_on_the_device_equals_the_host_pick(fake, rng):
+    """runner.pick (argmax / sample kernels, emulated) against strata.engine.sampler.pick_host on the
+    same logits and draws; the two differ only for a draw within 1e-5 of a boundary."""
+    from strata.backends.cuda_sample import sample_reference
+    from strata.config import SamplingParams
+    from strata.engine.sampler import pick_host
+    pack = open_pack(DEMO)
+    runner = CudaRunner(pack, 64)
+    ids = rng.integers(0, pack.args.vocab_size, 9).tolist()
+    for step in (lambda: runner.prefill(ids, 0), lambda: runner.decode(ids[0])):
+        logits = step()
+        for params in (SamplingParams(), SamplingParams(temperature=0.7, top_k=40, top_p=0.9),
+                       SamplingParams(temperature=1.3, top_p=0.5), SamplingParams(temperature=1.0, top_k=3)):
+            for u in rng.random(6):
+                _, _, margin = sample_reference(logits[None], params.temperature, params.top_k, params.top_p, u,
+                                                margins=True)
+                if margin[0] > 1e-5:
+                    assert runner.pick(params, u) == pick_host(logits, params, u), (params, u)
+    assert {"strata_argmax_f32", "strata_sample_f32"} <= set(fake.launches)
+
+
+def test_generation_picks_on_the_device_without_downloading_logits(fake, monkeypatch):
+    """The generation loop never brings a step's logits to the host on the GPU: only the 4-byte pick."""
+    calls = []
+    real = CudaRunner._download
+    monkeypatch.setattr(CudaRunner, "_download", lambda self, logits: calls.append(1) or real(self, logits))
+    llm = llm_module.LLM(device="cuda")
+    cpu = llm_module.LLM(device="cpu")
+    out = llm.generate("def f(x):", max_tokens=6, temperature=0.0)
+    assert calls == [] and len(out.token_ids) > 0
+    assert out.token_ids == cpu.generate("def f(x):", max_tokens=6, temperature=0.0).token_ids

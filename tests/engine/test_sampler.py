@@ -32,3 +32,22 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 def test_bad_sampling_params(kw):
     with pytest.raises(InvalidArgument):
         SamplingParams(**kw)
+
+
+def test_pick_host_equals_numpy_choice_on_the_same_draws(rng):
+    """pick_host's draw rule is numpy's Generator.choice: same seed, same tokens."""
+    logits = (rng.standard_normal(300) * 3).astype(np.float32)
+    p = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=int(rng.integers(1 << 30)))
+    z = logits.astype(np.float64) / p.temperature
+    kth = np.partition(z, -p.top_k)[-p.top_k]
+    probs = np.exp(np.where(z < kth, -np.inf, z) - z.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    keep = order[: int(np.searchsorted(np.cumsum(probs[order]), p.top_p)) + 1]
+    masked = np.zeros_like(probs)
+    masked[keep] = probs[keep]
+    ref = np.random.default_rng(p.seed)
+    want = [int(ref.choice(300, p=masked / masked.sum())) for _ in range(200)]
+    s = Sampler(p)
+    assert [s(logits) for _ in range(200)] == want
+    assert len(set(want)) > 3

@@ -86,12 +86,13 @@ def _check(sampler, logits, T, k, p, u):
 @pytest.mark.gpu
 @pytest.mark.parametrize("V", [1, 5, 1000, 4093, 32000, 151936, 151937])
 def test_sample_random(sampler, rng, V):
-    checked = 0
+    checked = rows = 0
     for _ in range(6):
         B = int(rng.integers(1, 9))
         logits = (rng.standard_normal((B, V)) * rng.choice([1.0, 4.0, 10.0])).astype(np.float32)
         checked += _check(sampler, logits, *_params(rng, B, V))
-    assert checked >= 20
+        rows += B
+    assert checked >= 0.8 * rows      # near-boundary draws are rare; most rows must be compared
 
 
 @pytest.mark.gpu
