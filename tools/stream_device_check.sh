@@ -12,6 +12,7 @@
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
 #     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
 #     profile    tools/decode_profile.py: per-kernel GPU time of a resident decode step
+#     pvariants  tools/prompt_variants.py: resident prompts, routing grouped on the device vs the host
 #     partpin    bench at 12 GiB with --pin-limit-gib 8 (the unpinned share staged by helper threads)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
@@ -65,6 +66,11 @@ has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 1
 if has ab; then
     bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
     bench ab_slots 80 --vram-budget-gib 8 --prefill-rule slots --prompt 4096,16384 --decode 0
+fi
+if has pvariants; then
+    echo "== prompt variants ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/prompt_variants.py 2>"$OUT/pvariants.err" | tee "$OUT/pvariants.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/pvariants.err"
 fi
 has partpin && bench partpin 90 --vram-budget-gib 12 --pin-limit-gib 8 --prompt 4096 --decode 32
 has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64

@@ -243,8 +243,8 @@ class DeviceOps:
             return
         if tensor_core_gemm(w.qtype, n) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
             table = GroupTable(self, 1, T)
-            grouped_gemm(self, table, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape), x, n, y, ldc,
-                         rows)
+            grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
+                         x, n, y, ldc, rows)
             return
         row_bytes = qtype_of(w.qtype).row_bytes(n)
         # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.

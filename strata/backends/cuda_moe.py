@@ -26,6 +26,8 @@ from .cuda_moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
 
 FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
 TENSOR_CORE_PROMPT = True   # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (False: dequant + f32 GEMM)
+GROUP_ON_DEVICE = True      # resident experts: cuda/moe_group.cu groups a chunk's slots (False: on the host)
+GROUP_SIGNATURE = "PiiiPPPii"
 
 
 def tensor_core_gemm(qtype: str, K: int) -> bool:
@@ -46,6 +48,7 @@ class GroupTable:
         self.max_groups = -(-max_groups // 2) * 2            # the tiles start 16-byte aligned (int4 loads)
         self.max_tiles = -(-max_rows // GEMM_BM) + max_groups
         self.t = ops.alloc((8 * self.max_groups + 16 * self.max_tiles,), np.uint8)
+        self.tiles_ptr = self.t.ptr + 8 * self.max_groups
 
     def fill(self, ptrs: list, ranges: list) -> int:
         """Upload blob addresses and the tiles of ranges [(group, s0, rows)]; -> number of tiles."""
@@ -56,16 +59,28 @@ class GroupTable:
         data = np.concatenate([addrs.view(np.uint8), tiles.reshape(-1).view(np.uint8)])
         self.t.buf.copy_from_host(data, self.ops.stream, self.t.offset)
         self.ops.bytes_h2d += data.nbytes
-        self.tiles_ptr = self.t.ptr + 8 * self.max_groups
         return len(tiles)
 
 
-def grouped_gemm(ops, table: GroupTable, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
+def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
                  N: int) -> None:
-    """Y rows of every tile = X rows @ (group's matrix at its blob + w.ptr)^T, one launch."""
+    """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
+    and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
     if n_tiles:
         ops.launch("moe_gemm", kernel_name(w.qtype), GEMM_SIGNATURE, grid_for(N, n_tiles), GEMM_BLOCK,
-                   (table.t.ptr, w.ptr, table.tiles_ptr, X, ldx, Y, ldy, N, w.shape[-1]))
+                   (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]))
+
+
+def group_on_device(ops, ids: DeviceTensor, E: int):
+    """ids [T, A] (ids in [0, E)) -> (index [2S] int32: the token of each sorted row | the sorted row
+    of each slot, tiles [n, 4] int32, n) with n = E + S // BM, the worst case (cuda/moe_group.cu);
+    the order is group_by_expert's."""
+    S, A = ids.size, ids.shape[1]
+    n = E + S // GEMM_BM
+    index, tiles = ops.alloc((2 * S,), np.int32), ops.alloc((n, 4), np.int32)
+    ops.launch("moe_group", "strata_moe_group", GROUP_SIGNATURE, E + 1, 256,
+               (ids.ptr, S, A, E, index.ptr, index.ptr + 4 * S, tiles.ptr, n, GEMM_BM))
+    return index, tiles, n
 
 
 def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div: int, y: int, rows: int) -> None:
@@ -156,18 +171,20 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     T, D = x.shape
     A = ids.shape[1]
     S = T * A
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    tc = all(tensor_core_gemm(p.qtype, p.shape[-1]) for p in (gate, up, down))
+    if GROUP_ON_DEVICE and tc and ops.experts.resident:
+        return _moe_grouped_resident(ops, x, lay, ids, weights)
     order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
     xs = ops.alloc((S, D))
     ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
-    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
     h = ops.alloc((S, I))
     fused = lay.contiguous_gate_up
     gu = ops.alloc((S, 2 * I)) if fused else None
     g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
     y = ops.alloc((S, D))
-    tc = all(tensor_core_gemm(p.qtype, p.shape[-1]) for p in (gate, up, down))
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
     for batch, blobs in ops.experts.prompt_layer(lay.layer, list(where)):
@@ -176,10 +193,11 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
         if tc:
             n = table.fill(blobs, [(i, *where[e]) for i, e in enumerate(batch)])
             if fused:
-                grouped_gemm(ops, table, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr, 2 * I, 2 * I)
+                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)),
+                             xs.ptr, D, gu.ptr, 2 * I, 2 * I)
             else:
-                grouped_gemm(ops, table, n, gate, xs.ptr, D, g.ptr, I, I)
-                grouped_gemm(ops, table, n, up, xs.ptr, D, u.ptr, I, I)
+                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, gate, xs.ptr, D, g.ptr, I, I)
+                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, up, xs.ptr, D, u.ptr, I, I)
         else:
             for e, blob in zip(batch, blobs):
                 s0, c = where[e]
@@ -193,9 +211,36 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
         else:
             _swiglu(ops, g.ptr + r0 * I * 4, u.ptr + r0 * I * 4, h.ptr + r0 * I * 4, r1 - r0, I, I)
         if tc:
-            grouped_gemm(ops, table, n, down, h.ptr, I, y.ptr, D, D)
+            grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, down, h.ptr, I, y.ptr, D, D)
         else:
             for e, blob in zip(batch, blobs):
                 s0, c = where[e]
                 ops._gemm_weight(_at(blob, down), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)
+
+
+def _moe_grouped_resident(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
+                          weights: DeviceTensor) -> DeviceTensor:
+    """moe_grouped for a layer whose every expert is in VRAM: grouped on the device, the whole layer
+    in one tensor-core launch per matrix over the worst-case tile grid, nothing read back."""
+    T, D = x.shape
+    S = ids.size
+    index, tiles, n = group_on_device(ops, ids, ops.args.num_experts)
+    xs = ops.alloc((S, D))
+    ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    I = gate.rows
+    h = ops.alloc((S, I))
+    if lay.contiguous_gate_up:
+        gu = ops.alloc((S, 2 * I))
+        grouped_gemm(ops, lay.table, tiles.ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr,
+                     2 * I, 2 * I)
+        _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
+    else:
+        g, u = ops.alloc((S, I)), ops.alloc((S, I))
+        grouped_gemm(ops, lay.table, tiles.ptr, n, gate, xs.ptr, D, g.ptr, I, I)
+        grouped_gemm(ops, lay.table, tiles.ptr, n, up, xs.ptr, D, u.ptr, I, I)
+        _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
+    y = ops.alloc((S, D))
+    grouped_gemm(ops, lay.table, tiles.ptr, n, down, h.ptr, I, y.ptr, D, D)
+    return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)

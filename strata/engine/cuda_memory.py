@@ -83,7 +83,12 @@ class _TracingPool(Pool):
 
 
 class _NullStore:
-    """The expert store's prompt interface: every expert readable at once, at no address."""
+    """The expert store's prompt interface: every expert readable at once, at no address. Not
+    resident (the default): the streamed prompt path, whose memory the planner's loan must hold;
+    resident: the path of a runner with every expert in VRAM (grouped on the device)."""
+
+    def __init__(self, resident: bool = False):
+        self.resident = resident
 
     @staticmethod
     def prompt_layer(layer: int, active: list):
@@ -97,9 +102,9 @@ class _NullStore:
 class _SizesWeights:
     """DeviceWeights from pack sizes alone: tensors at null addresses."""
 
-    def __init__(self, sizes):
+    def __init__(self, sizes, resident: bool = False):
         self.dense_meta = sizes.dense
-        self.store = _NullStore()
+        self.store = _NullStore(resident)
         self.layers = [ExpertLayer.from_meta(l, lay, 0) for l, lay in enumerate(sizes.layers)]
 
     def tensor(self, name: str) -> Weight:
@@ -110,12 +115,12 @@ class _SizesWeights:
         return name in self.dense_meta
 
 
-def _ops(sizes, max_cells: int, num_sms: int):
+def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False):
     from ..model.qwen3moe import Qwen3Moe
     rt = _NullRuntime()
     device = SimpleNamespace(multiprocessor_count=num_sms)
     stream = SimpleNamespace(synchronize=lambda: None)
-    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), sizes.args)
+    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes, resident), sizes.args)
     ops.pool = _TracingPool(rt, device)     # after the RoPE table: what the engine's pool holds beyond it
     a = sizes.args
     kv = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
@@ -127,13 +132,14 @@ _MEMO: dict = {}        # (id(sizes), T, chunks, ...) -> (sizes, (peak, arena, z
 _MEMO_MAX = 4096
 
 
-def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int) -> tuple[int, int, int]:
+def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
+            resident: bool = False) -> tuple[int, int, int]:
     """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
-    key = (id(sizes), T, chunks, max_cells, num_sms)
+    key = (id(sizes), T, chunks, max_cells, num_sms, resident)
     hit = _MEMO.get(key)
     if hit is not None and hit[0] is sizes:
         return hit[1]
-    ops = _run_prompt(sizes, T, chunks, max_cells, num_sms)
+    ops = _run_prompt(sizes, T, chunks, max_cells, num_sms, resident)
     result = (ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES)
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
@@ -141,9 +147,9 @@ def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int) -> tuple[i
     return result
 
 
-def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int):
+def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
-    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms)
+    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident)
     for c in range(chunks):
         positions = np.arange(c * T, (c + 1) * T)
         logits, hidden = model.forward(np.zeros(T, np.int64), positions, kv, logits_rows=slice(-1, None))
@@ -152,9 +158,10 @@ def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int):
     return ops
 
 
-def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> int:
-    """Live high-water mark (Pool.peak_bytes) of the first prompt chunk of T tokens (module doc)."""
-    return _prompt(sizes, T, 1, max_cells, num_sms)[0]
+def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, resident: bool = False) -> int:
+    """Live high-water mark (Pool.peak_bytes) of the first prompt chunk of T tokens (module doc);
+    resident: of a runner holding every expert in VRAM."""
+    return _prompt(sizes, T, 1, max_cells, num_sms, resident)[0]
 
 
 def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> int:

@@ -229,7 +229,8 @@ SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
 })
-SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi"})   # sample.cu, argmax.cu
+SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
+                   r"strata_moe_group": "PiiiPPPii"})                                  # moe_group.cu
 
 
 def _dims(v) -> tuple:
@@ -544,3 +545,26 @@ def _argmax(grid, logits, out, V):
 
 
 _EMULATE["argmax_f32"] = _argmax
+
+
+
+def _moe_group(grid, ids, S, A, E, tokens, rows, tiles, max_tiles, bm):
+    """cuda/moe_group.cu's tables from a stable numpy sort; the tile layout from its header's rule."""
+    assert grid == (E + 1, 1, 1), f"fake_cuda: moe_group grid {grid} must be (E + 1, 1, 1)"
+    assert max_tiles >= E + S // bm, f"fake_cuda: moe_group max_tiles {max_tiles} < E + S // bm"
+    assert tiles % 16 == 0, "fake_cuda: moe_group tiles must be 16-byte aligned"
+    flat = view(ids, S, np.int32)
+    assert flat.min() >= 0 and flat.max() < E, f"fake_cuda: moe_group ids outside [0, {E})"
+    order = np.argsort(flat, kind="stable")
+    view(tokens, S, np.int32)[:] = order // A
+    view(rows, S, np.int32)[order] = np.arange(S, dtype=np.int32)
+    counts = np.bincount(flat, minlength=E)
+    starts = np.cumsum(counts) - counts
+    out = view(tiles, 4 * max_tiles, np.int32).reshape(max_tiles, 4)
+    out[:] = 0
+    for e in range(E):
+        for j in range(-(-int(counts[e]) // bm)):
+            out[e + starts[e] // bm + j] = (e, starts[e] + j * bm, min(bm, counts[e] - j * bm), 0)
+
+
+_EMULATE["moe_group"] = _moe_group

@@ -233,3 +233,36 @@ def test_partly_pinned_arena_gives_the_resident_logits_bit_for_bit(packs, rng):
     np.testing.assert_array_equal(partial.prefill(ids[:60], 0), resident.prefill(ids[:60], 0))
     for t in ids[60:]:
         np.testing.assert_array_equal(partial.decode(t), resident.decode(t))
+
+
+def test_device_pick_equals_the_host_pick(packs, rng):
+    """runner.pick on the GPU (cuda/argmax.cu greedy, cuda/sample.cu otherwise) against
+    strata.engine.sampler.pick_host on the same logits and draws, after a prompt and after decode
+    steps; only a draw within 1e-5 of a boundary may differ (f32 exp and integer masses there)."""
+    from strata.backends.cuda_sample import sample_reference
+    from strata.config import SamplingParams
+    from strata.engine.sampler import pick_host
+    pack = packs("demo")
+    runner = CudaRunner(pack, 96, EngineConfig(device="cuda", cuda_graphs=True))
+    ids = rng.integers(0, pack.args.vocab_size, 40).tolist()
+    params = [SamplingParams(), SamplingParams(temperature=0.7, top_k=40, top_p=0.9),
+              SamplingParams(temperature=1.3, top_p=0.5), SamplingParams(temperature=1.0, top_k=3),
+              SamplingParams(temperature=0.9)]
+    compared = 0
+    steps = [lambda: runner.prefill(ids, 0)] + [lambda t=t: runner.decode(t) for t in ids[:4]]   # eager, capture, graph
+    for step in steps:
+        logits = step()
+        for p in params:
+            for u in rng.random(4):
+                margin = sample_reference(logits[None], p.temperature, p.top_k, p.top_p, u, margins=True)[2][0]
+                if margin > 1e-5:
+                    assert runner.pick(p, u) == pick_host(logits, p, u), (p, u)
+                    compared += 1
+    assert compared >= 0.8 * len(steps) * len(params) * 4
+
+
+def test_seeded_generation_is_reproducible_on_the_device():
+    llm = strata.LLM(device="cuda")
+    a = llm.generate("def add(a, b):", max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=11)
+    b = llm.generate("def add(a, b):", max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=11)
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0

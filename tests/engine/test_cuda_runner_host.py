@@ -38,7 +38,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
         assert_close(gpu.decode(t), cpu.decode(t))
     used = set(fake.launches)
     assert {"strata_moe_gate_up_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
-            "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64"} <= used
+            "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64", "strata_moe_group"} <= used
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):

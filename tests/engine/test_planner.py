@@ -5,6 +5,7 @@ import json
 import pytest
 
 import strata.backends.cuda as cuda_backend
+from strata.backends import cuda_moe
 from strata import cli
 from strata.backends.cuda_device import Pool
 from strata.config import EngineConfig
@@ -223,13 +224,15 @@ def test_prompt_pool_bytes_is_the_pool_peak(fake, rng, T):
     pack = open_pack(demo_model_path())
     sizes = demo_sizes(pack)
     runner, base = _prefill(pack, T, T, rng)
-    assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8)
+    assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
     zeros = runner.ops._zeros.nbytes if runner.ops._zeros is not None else cuda_memory.ZEROS_MIN_BYTES
     assert zeros == cuda_memory.zeros_bytes(sizes, T)       # none below GEMV_MAX_T: decode's MoE needs none
 
 
-def test_later_chunks_stay_under_the_first(fake, rng):
-    """A later chunk frees the previous chunk's positions while it runs: at most the first's peak."""
+def test_later_chunks_stay_under_the_first(fake, rng, monkeypatch):
+    """A later chunk frees the previous chunk's positions while it runs: at most the first's peak.
+    (The streamed path's grouping, on the host, on this resident runner: the path the plan sizes.)"""
+    monkeypatch.setattr(cuda_moe, "GROUP_ON_DEVICE", False)
     pack = open_pack(demo_model_path())
     runner, base = _prefill(pack, 64, 2 * 64 + 3, rng)
     assert runner.ops.pool.peak_bytes - base <= cuda_memory.prompt_pool_bytes(demo_sizes(pack), 64, CONTEXT, 8)
@@ -240,14 +243,16 @@ def test_prompt_pool_bytes_other_packs(fake, rng, odd_packs):
         sizes = PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
         for T in (3, 12, 40):
             runner, base = _prefill(pack, T, T, rng)
-            assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8)
+            assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
     assert cuda_memory.norm_copies_bytes(sizes) > 0 and len(runner.ops._f32_weights) > 0
 
 
 @pytest.mark.parametrize("T", [9, 100])
-def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T):
+def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T, monkeypatch):
     """A frozen pool of bytes_needed's pool part reads a prompt of several chunks; 256 bytes less
-    does not (first-fit's holes: the live peak alone would not do)."""
+    does not (first-fit's holes: the live peak alone would not do). The streamed path's grouping
+    (on the host) on this resident runner: the path bytes_needed sizes."""
+    monkeypatch.setattr(cuda_moe, "GROUP_ON_DEVICE", False)
     pack = open_pack(demo_model_path())
     sizes = demo_sizes(pack)
     arena = cuda_memory.prompt_arena_bytes(sizes, T)
