@@ -175,7 +175,7 @@ def report(res: BenchResult) -> str:
     host = res.limits.get("host_ms_per_token")
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
-                    f"{host['host_step_ms']:.3f} ms until the logits are on the host")
+                    f"{host['host_step_ms']:.3f} ms until the token is on the host")
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")

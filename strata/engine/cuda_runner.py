@@ -96,6 +96,7 @@ class CudaRunner:
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
         self._route_pending = 0      # tokens of a step whose routing log is on its way to the host
+        self._step_timing = None     # (mode, start, submit seconds) of a step whose pick() is to come
         self.use_graphs = config.cuda_graphs
         self.graphs: dict = {}               # T -> DecodeGraph
         self.graph_error: str | None = None  # why graphs were turned off in this runner
@@ -252,6 +253,10 @@ class CudaRunner:
                             (ptr, io.ptr, io.ptr + 4, io.ptr + 8, io.ptr + 16, io.ptr + 24, 0, V))
         io.copy_to_host(self._pick_host[24:28], self.stream, 24)
         self.stream.synchronize()
+        if self._step_timing is not None:
+            mode, t0, submit = self._step_timing
+            self.step_times[mode].append((submit, time.perf_counter() - t0))
+            self._step_timing = None
         self._after_route()
         return int(self._pick_host[24:28].view(np.int32)[0])
 
@@ -280,11 +285,12 @@ class CudaRunner:
         t1 = time.perf_counter()
         if download:
             out = self._download(logits)
-        else:
+            self.step_times[mode].append((t1 - t0, time.perf_counter() - t0))
+        else:                   # the step's host time ends when pick() has the token
             out, self._last = None, DeviceTensor(logits.buf, logits.offset + (T - 1) * logits.shape[1] * 4,
                                                  (1, logits.shape[1]), np.float32, logits)
             self._route_copy(T)
-        self.step_times[mode].append((t1 - t0, time.perf_counter() - t0))
+            self._step_timing = (mode, t0, t1 - t0)
         return out
 
     def _stage(self, ids: list[int], lo: int):
@@ -380,7 +386,8 @@ class CudaRunner:
 
     def decode_status(self) -> dict:
         """Graphs on or off (and why), the graphs held, and host time per decode step by mode:
-        submit = staging copy + launches queued; step = until the logits are on the host."""
+        submit = staging copy + launches queued; step = until the logits (or, for a step that
+        keeps them on the device, pick()'s token) are on the host."""
         times = {}
         for mode, steps in self.step_times.items():
             if steps:

@@ -366,3 +366,5 @@ def test_generation_picks_on_the_device_without_downloading_logits(fake, monkeyp
     out = llm.generate("def f(x):", max_tokens=6, temperature=0.0)
     assert calls == [] and len(out.token_ids) > 0
     assert out.token_ids == cpu.generate("def f(x):", max_tokens=6, temperature=0.0).token_ids
+    steps = {m: t["steps"] for m, t in llm.status()["decode"]["host_ms"].items()}
+    assert sum(steps.values()) == len(out.token_ids) - 1     # each step timed until pick() had its token
