@@ -11,6 +11,7 @@
 // ties to the lower index. One row is 0.6 MB at V = 151936: one block moves it in a few us.
 
 #include <cstdint>
+#include "pdl.cuh"
 
 namespace {
 
@@ -27,7 +28,7 @@ __device__ __forceinline__ bool beats(float a, int ia, float b, int ib) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(1024) strata_argmax_f32(const float* __restrict__ logits,
-                                                                     int* __restrict__ out, int V) {
+                                                                     int* __restrict__ out, int V) { STRATA_PDL_ENTRY();
     __shared__ float best_s[32];
     __shared__ int idx_s[32];
     const float* x = logits + static_cast<int64_t>(blockIdx.x) * V;

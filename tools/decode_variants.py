@@ -1,6 +1,7 @@
-"""Decode tok/s of the decode variants on one loaded model: the fused MoE kernels (cuda/moe_decode.cu)
-at several blocks-per-SM grid sizes (any grid gives the same bits), the moe_gemv path, and the
-one-token GEMVs with and without the split-K kernel.
+"""Decode tok/s of the decode variants on one loaded model: programmatic dependent launches on and
+off (cuda/pdl.cuh), the fused MoE kernels (cuda/moe_decode.cu) at other blocks-per-SM grid sizes
+(any grid gives the same bits), the moe_gemv path, and the one-token GEMVs with and without the
+split-K kernel.
 
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
 
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.backends import cuda_device_ops, cuda_moe, cuda_moe_decode
@@ -35,14 +37,17 @@ def main(argv=None) -> int:
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
-    variants = [("fused, 2 blocks/SM, split GEMV", True, 2, True), ("fused, 2 blocks/SM, no split", True, 2, False),
-                ("fused, 1 block/SM, split GEMV", True, 1, True), ("fused, 4 blocks/SM, split GEMV", True, 4, True),
-                ("moe_gemv path, split GEMV", False, 2, True)]
+    variants = [("fused, split GEMV, PDL", True, 2, True, True), ("fused, split GEMV, no PDL", True, 2, True, False),
+                ("fused, no split, PDL", True, 2, False, True), ("fused, 1 block/SM, PDL", True, 1, True, True),
+                ("moe_gemv path, PDL", False, 2, True, True)]
+    if args.quick:
+        variants = variants[:2]
     rows = []
-    for name, fused, bps, split in variants:
+    for name, fused, bps, split, pdl in variants:
         try:
             cuda_moe.FUSED_DECODE = fused
             cuda_device_ops.SPLIT_GEMV = split
+            runner.ops.pdl = pdl and cuda_device_ops.PDL
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
             runner.drop_graphs()

@@ -12,6 +12,7 @@
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
 #     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
 #     profile    tools/decode_profile.py: per-kernel GPU time of a resident decode step
+#     dvariants  tools/decode_variants.py: resident decode, PDL on/off and the other decode variants
 #     pvariants  tools/prompt_variants.py: resident prompts, routing grouped on the device vs the host
 #     partpin    bench at 12 GiB with --pin-limit-gib 8 (the unpinned share staged by helper threads)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -66,6 +67,12 @@ has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 1
 if has ab; then
     bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
     bench ab_slots 80 --vram-budget-gib 8 --prefill-rule slots --prompt 4096,16384 --decode 0
+fi
+if has dvariants; then
+    echo "== decode variants ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/decode_variants.py --context 512 --decode 64 ${DVARIANTS_ARGS:-} \
+        2>"$OUT/dvariants.err" | tee "$OUT/dvariants.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/dvariants.err"
 fi
 if has pvariants; then
     echo "== prompt variants ($(elapsed) s)"

@@ -20,12 +20,12 @@ from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
-    CUdevice_attribute,
+    CUdevice_attribute, CUlaunchAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
     cuDeviceTotalMem, cuDriverGetVersion, cuEventCreate, cuEventDestroy, cuEventElapsedTime,
     cuEventQuery, cuEventRecord, cuEventSynchronize, cuGetErrorName, cuGetErrorString, cuInit,
-    cuKernelGetFunction, cuKernelGetParamInfo, cuLaunchKernel, cuLibraryGetKernel, cuLibraryLoadData,
+    cuKernelGetFunction, cuKernelGetParamInfo, cuLaunchKernel, cuLaunchKernelEx, cuLibraryGetKernel, cuLibraryLoadData,
     cuLibraryUnload, cuMemAlloc, cuMemFree, cuMemFreeHost, cuMemGetInfo, cuMemHostAlloc,
     cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
     cuStreamCreateWithPriority, cuStreamDestroy, cuStreamSynchronize, cuStreamWaitEvent,
@@ -601,13 +601,17 @@ cdef class Kernel:
             raise InvalidArgument(f"kernel {self.name}: has more parameters than signature {self.signature!r}")
         return 0
 
-    def launch(self, grid, block, args, unsigned int shared_bytes=0, Stream stream=None):
+    def launch(self, grid, block, args, unsigned int shared_bytes=0, Stream stream=None, bint pdl=False):
         """Queue the kernel on `stream` (None: the legacy default stream). grid and block are an int
-        or a tuple of 1 to 3 ints; args has one value per signature letter."""
+        or a tuple of 1 to 3 ints; args has one value per signature letter. pdl: a programmatic
+        dependent launch (sm_90+), which may start while the stream's previous kernel runs: only
+        for kernels that wait for it first (cuda/pdl.cuh)."""
         cdef unsigned int g[3]
         cdef unsigned int b[3]
         cdef ArgSlot slots[MAX_PARAMS]
         cdef void* params[MAX_PARAMS]
+        cdef CUlaunchConfig config
+        cdef CUlaunchAttribute attr
         cdef CUstream h = _stream_handle(stream, self.device)
         _dims(grid, g, "grid")
         _dims(block, b, "block")
@@ -621,6 +625,16 @@ cdef class Kernel:
                 raise InvalidArgument(f"kernel {self.name}: argument {i} {args[i]!r} does not fit "
                                       f"{self.signature[i]!r} ({exc})") from None
             params[i] = &slots[i]
+        if pdl:
+            attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.gridDimX, config.gridDimY, config.gridDimZ = g[0], g[1], g[2]
+            config.blockDimX, config.blockDimY, config.blockDimZ = b[0], b[1], b[2]
+            config.sharedMemBytes, config.hStream, config.attrs, config.numAttrs = shared_bytes, h, &attr, 1
+            with nogil:
+                self.device.activate()
+                check(cuLaunchKernelEx(&config, self.func, params, NULL), "cuLaunchKernelEx")
+            return
         with nogil:
             self.device.activate()
             check(cuLaunchKernel(self.func, g[0], g[1], g[2], b[0], b[1], b[2], shared_bytes, h, params, NULL),

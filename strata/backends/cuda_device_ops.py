@@ -47,6 +47,11 @@ TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.c
 ATTENTION_MAX_SPLITS = 1024
 MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
+PDL = True                           # programmatic dependent launches (sm_90+) for PDL_LIBRARIES
+# Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
+# checks): the decode path's. A kernel launched so may start while the one before it runs.
+PDL_LIBRARIES = frozenset({"decode_fused", "attention", "embed", "gemv", "moe_decode", "moe_route", "rms_norm",
+                           "argmax", "sample"})
 
 class DeviceOps:
     """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
@@ -57,6 +62,7 @@ class DeviceOps:
         self.rt, self.device, self.stream, self.w, self.args = rt, device, stream, weights, args
         self.pool = Pool(rt, device)
         self.num_sms = device.multiprocessor_count
+        self.pdl = PDL and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
         self._kernels: dict = {}
         self._f32_weights: dict = {}
         self._zeros = None
@@ -74,7 +80,10 @@ class DeviceOps:
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self.rt.load_library(library).kernel(self.device, name, signature)
-        kernel.launch(grid, block, args, shared_bytes, stream=self.stream)
+        if self.pdl and library in PDL_LIBRARIES:
+            kernel.launch(grid, block, args, shared_bytes, stream=self.stream, pdl=True)
+        else:
+            kernel.launch(grid, block, args, shared_bytes, stream=self.stream)
 
     def alloc(self, shape, dtype=np.float32) -> DeviceTensor:
         shape = tuple(int(s) for s in shape)

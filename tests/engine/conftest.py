@@ -12,4 +12,5 @@ def fake(monkeypatch):
     monkeypatch.setattr(cuda_backend, "_graphs", lambda: fake_cuda)
     fake_cuda.launches.clear()
     fake_cuda.graph_launches.clear()
+    fake_cuda.pdl_launches.clear()
     return fake_cuda

@@ -208,6 +208,9 @@ class Library:
         return Kernel(self.name, name, signature)
 
 
+pdl_launches: list = []     # names of kernels launched as programmatic dependent launches
+
+
 def load_library(name: str) -> Library:
     return Library(name)
 
@@ -245,8 +248,12 @@ class Kernel:
         assert signature == want, f"fake_cuda: {name} takes {want!r}, launched as {signature!r}"
         self.library, self.name, self.signature = library, name, signature
 
-    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None):
+    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None, pdl: bool = False):
         assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
+        if pdl:
+            from strata.backends.cuda_device_ops import PDL_LIBRARIES
+            assert self.library in PDL_LIBRARIES, f"fake_cuda: {self.name} launched as PDL, {self.library} is not"
+            pdl_launches.append(self.name)
         args = [a.ptr if hasattr(a, "ptr") else a for a in args]     # values, as cuLaunchKernel copies them
         if stream is not None and stream.capture is not None:
             stream.capture.append(("kernel", self, grid, args))

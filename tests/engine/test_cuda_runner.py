@@ -266,3 +266,16 @@ def test_seeded_generation_is_reproducible_on_the_device():
     a = llm.generate("def add(a, b):", max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=11)
     b = llm.generate("def add(a, b):", max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=11)
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+
+
+def test_programmatic_dependent_launches_change_no_bit(packs, rng):
+    """PDL (cuda/pdl.cuh) only lets a kernel be scheduled early; it waits for the previous grid
+    before anything else, so graph decode with and without it must agree bitwise."""
+    pack = packs("kquant-mixed")
+    on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True)) for _ in range(2))
+    off.ops.pdl = False
+    assert on.ops.pdl      # an sm_90+ device (the test machine's H200)
+    ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
+    for t in ids[12:]:
+        assert np.array_equal(on.decode(t), off.decode(t))

@@ -39,6 +39,9 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     used = set(fake.launches)
     assert {"strata_moe_gate_up_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
             "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64", "strata_moe_group"} <= used
+    pdl = set(fake.pdl_launches)       # the decode path's libraries only (cuda/pdl.cuh)
+    assert {"strata_gemv3_q8_0", "strata_moe_gate_up_q8_0", "strata_add_rms_norm_f32"} <= pdl
+    assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):

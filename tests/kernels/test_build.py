@@ -4,6 +4,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,20 @@ def test_fatbin_hash_is_checked(tmp_path, rng):
         runtime.read_fatbin("toy", tmp_path)
     with pytest.raises(DeviceError, match="no kernel library 'other'"):
         runtime.read_fatbin("other", tmp_path)
+
+
+def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
+    """A programmatic dependent launch may start before the previous kernel ends: each kernel of
+    the libraries launched so must begin with STRATA_PDL_ENTRY() (cuda/pdl.cuh), before any read."""
+    import re
+
+    from strata.backends.cuda_device_ops import PDL_LIBRARIES
+    root = Path(__file__).resolve().parents[2] / "cuda"
+    for lib in sorted(PDL_LIBRARIES):
+        src = (root / f"{lib}.cu").read_text()
+        assert '#include "pdl.cuh"' in src, lib
+        kernels = [m.start() for m in re.finditer(r"__global__", src)]
+        assert kernels, lib
+        for at in kernels:
+            body = src[src.index("{", at) + 1:]
+            assert re.match(r"\s*STRATA_PDL_ENTRY\(\);", body), f"{lib}.cu: a kernel at offset {at} does not begin with it"
