@@ -274,7 +274,8 @@ def test_programmatic_dependent_launches_change_no_bit(packs, rng):
     pack = packs("kquant-mixed")
     on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True)) for _ in range(2))
     off.ops.pdl = False
-    assert on.ops.pdl      # an sm_90+ device (the test machine's H200)
+    if not on.ops.pdl:
+        pytest.skip("programmatic dependent launches need sm_90 or later")
     ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
     assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
     for t in ids[12:]:
