@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--budget-gib", type=float, default=0.0)
     ap.add_argument("--json")
+    ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
+    ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.synthetic import synthetic_pack
@@ -42,6 +44,15 @@ def main(argv=None) -> int:
     for _ in range(16):
         runner.decode(int(rng.integers(0, 1000)))
     graph_ms = (time.perf_counter() - t0) / 16 * 1e3
+    if args.no_pdl:
+        runner.ops.pdl = False
+        runner.drop_graphs()
+    if args.graphs_only:
+        print(f"decode step at context {args.context}: graph step {graph_ms:.3f} ms (host, logits on the host)")
+        in_graphs = graph_breakdown(runner, rng)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"graph_ms": graph_ms, "in_graphs": in_graphs}, indent=1))
+        return 0
 
     ops = runner.ops
     launch = ops.launch
@@ -80,10 +91,74 @@ def main(argv=None) -> int:
     rows = sorted(med.items(), key=lambda kv: -kv[1][1])
     for name, (count, ms) in rows:
         print(f"{name:<46}{count:>6}{ms * 1e3:>10.1f}{ms * 1e3 / count:>9.2f}{ms / busy:>8.1%}")
+    in_graphs = graph_breakdown(runner, rng)
     if args.json:
         Path(args.json).write_text(json.dumps({"graph_ms": graph_ms, "span_ms": float(np.median(spans)),
-                                               "kernels": {k: v for k, v in rows}}, indent=1))
+                                               "kernels": {k: v for k, v in rows}, "in_graphs": in_graphs},
+                                              indent=1))
     return 0
+
+
+def graph_breakdown(runner, rng, replays: int = 20) -> dict:
+    """Each kernel's share of a graph step, measured in graphs: the step is captured as the engine
+    captures it (strata.engine.cuda_graph.capture_step, PDL as the engine launches), once whole and
+    once per kernel name with every other kernel left out, and each graph is timed over replays.
+    The kernels' sum against the whole step says what the split misses (overlap across kernels)."""
+    from strata.backends.cuda import _graphs
+    from strata.engine.cuda_graph import capture_step
+    ops, rt, stream = runner.ops, runner.rt, runner.stream
+    launch, names = ops.launch, []
+
+    def note(library, name, signature, grid, block, a, shared_bytes=0):
+        names.append(name)
+        launch(library, name, signature, grid, block, a, shared_bytes)
+    ops.launch = note
+    runner.decode(int(rng.integers(0, 1000)))           # eager or replayed: the names of one step
+    ops.launch = launch
+    if not names:                                        # a replayed graph launched nothing from Python
+        runner.drop_graphs()
+        ops.launch = note
+        runner.decode(int(rng.integers(0, 1000)))
+        ops.launch = launch
+    ids, pos = runner._stage([int(rng.integers(0, 1000))], len(runner.cached_ids))
+
+    # The routing kernels always run: the expert kernels index the expert table with their ids (a
+    # graph without them would read ids from whatever the pool block held before).
+    base = {n for n in names if n.startswith("strata_moe_route")}
+    base |= {n for n in names if n.startswith("strata_gemv") and n.endswith("_f32")}     # the F32 router
+
+    def time_step(only) -> float:
+        def filtered(library, name, signature, grid, block, a, shared_bytes=0):
+            if only is None or name in only:
+                launch(library, name, signature, grid, block, a, shared_bytes)
+        ops.launch = filtered
+        try:
+            graph = capture_step(_graphs(), runner, 1, ids, pos, runner._step_bytes[1])
+        finally:
+            ops.launch = launch
+        start, end = rt.Event(runner.dev, timing=True), rt.Event(runner.dev, timing=True)
+        graph.launch(stream)
+        start.record(stream)
+        for _ in range(replays):
+            graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        graph.destroy()
+        return start.elapsed_ms(end) / replays * 1e3
+    whole = time_step(None)
+    routing = time_step(base)
+    per = {"routing (" + " + ".join(sorted(base)) + ")": (sum(names.count(n) for n in base), routing)}
+    for n in sorted(set(names) - base):
+        print(f"  timing {n} ...", file=sys.stderr, flush=True)
+        per[n] = (names.count(n), time_step(base | {n}) - routing)
+    total = sum(us for _, us in per.values())
+    print(f"in graphs (PDL {'on' if ops.pdl else 'off'}): whole step {whole:.1f} us, {len(names)} kernels; "
+          f"sum of the kernels' own graphs {total:.1f} us (each kernel: its graph with the routing, less the "
+          f"routing's)")
+    print(f"{'kernel':<46}{'count':>6}{'total us':>10}{'us each':>9}{'share':>8}")
+    for name, (count, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:<46}{count:>6}{us:>10.1f}{us / count:>9.2f}{us / total:>8.1%}")
+    return {"whole_us": whole, "kernels": {n: list(v) for n, v in per.items()}}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
 #     nocache    bench with no expert cached (--expert-cache 0): --prompt 16384
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
 #     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
-#     profile    tools/decode_profile.py: per-kernel GPU time of a resident decode step
+#     profile    tools/decode_profile.py --graphs-only: each kernel's time in the step's graph, contexts 512 and 4096
 #     dvariants  tools/decode_variants.py: resident decode, PDL on/off and the other decode variants
 #     pvariants  tools/prompt_variants.py: resident prompts, routing grouped on the device vs the host
 #     partpin    bench at 12 GiB with --pin-limit-gib 8 (the unpinned share staged by helper threads)
@@ -83,7 +83,9 @@ has partpin && bench partpin 90 --vram-budget-gib 12 --pin-limit-gib 8 --prompt 
 has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64
 if has profile; then
     echo "== decode profile ($(elapsed) s)"
-    timeout "$(budget 60)" $PY tools/decode_profile.py --context 4096 --json "$OUT/profile.json" 2>"$OUT/profile.err" \
-        | head -40 | tee "$OUT/profile.log"
+    for ctx in ${PROFILE_CONTEXTS:-512 4096}; do
+        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context $ctx --json "$OUT/profile$ctx.json" \
+            2>"$OUT/profile$ctx.err" | head -30 | tee "$OUT/profile$ctx.log"
+    done
 fi
 echo "== done at $(elapsed) s"
