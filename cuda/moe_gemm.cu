@@ -4,7 +4,8 @@
 // strata_moe_gemm_<q>(ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K)       signature "PqPPqPqii"
 //   W_g = the [N, K] matrix at ptrs[g] + part_offset: ggml rows of the type's blocks, row n at
 //         n * row_bytes(K); groups live anywhere (device or host-mapped memory), one pointer each.
-//   tiles [n_tiles, 4] int32: (g, s0, m, unused), 0 <= m <= kBM (m = 0: the CTA returns at once)
+//   tiles [n_tiles, 4] int32: (g, s0, m, unused), 0 <= m <= kBM (m = 0: the CTA returns at once,
+//   as it does for a group whose address ptrs[g] is 0: an expert another launch computes)
 //   Y[s0 + i, n] = sum_k f16(X[s0 + i, k]) * f16(W_g[n, k])      i < m, n < N
 //   X [S, K] f32 (row stride ldx floats), Y [S, N] f32 (row stride ldy); rows of Y outside every
 //   tile are not touched. <q>: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k
@@ -314,6 +315,7 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     const int4 tile = __ldg(reinterpret_cast<const int4*>(tiles) + blockIdx.y);
     const int s0 = tile.y, m = tile.z;
     if (m <= 0) return;  // an empty tile of a worst-case grid (cuda/moe_group.cu leaves the unused ones so)
+    if (ptrs[tile.x] == 0) return;  // a group outside this launch's batch of experts (null blob address)
     const int n0 = blockIdx.x * kBN;
 
     // W staging: two threads per weight row (16 weights each: one decoder call, wide loads);

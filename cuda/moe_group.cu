@@ -2,11 +2,12 @@
 // grouped expert GEMMs (cuda/moe_gemm.cu) and the combine (cuda/moe_combine.cu) read, so a resident
 // layer's experts run without the routing coming to the host.
 //
-// strata_moe_group(ids, S, A, E, tokens, rows, tiles, max_tiles, bm)        signature "PiiiPPPii"
+// strata_moe_group(ids, S, A, E, tokens, rows, starts, tiles, max_tiles, bm)  signature "PiiiPPPPii"
 //   ids [S] int32, slot s = t * A + a holds token t's a-th expert, every id in [0, E).
 //   Sorted order: the slots by expert, ascending, and by slot inside an expert (a stable sort).
 //   tokens [S] int32: tokens[r] = the token (s / A) of the slot at sorted row r.
 //   rows [S] int32:   rows[s] = the sorted row of slot s (moe_combine's `rows`).
+//   starts [E + 1] int32: expert e's sorted rows are [starts[e], starts[e + 1]) (starts[E] = S).
 //   tiles [max_tiles] int4 (g, s0, m, 0): expert e's rows [start_e, start_e + count_e) cut into
 //     bm-row tiles at tile indices e + floor(start_e / bm) + j, j < ceil(count_e / bm); every
 //     other index below max_tiles is (0, 0, 0, 0), a tile moe_gemm skips (m = 0). The indices of
@@ -36,12 +37,13 @@ __device__ __forceinline__ int warp_sum(int v) {
 
 extern "C" __global__ void __launch_bounds__(kThreads) strata_moe_group(const int* __restrict__ ids, int S, int A,
                                                                         int E, int* __restrict__ tokens,
-                                                                        int* __restrict__ rows, int4* __restrict__ tiles,
-                                                                        int max_tiles, int bm) {
+                                                                        int* __restrict__ rows, int* __restrict__ starts,
+                                                                        int4* __restrict__ tiles, int max_tiles, int bm) {
     __shared__ int part[2][kWarps];
     __shared__ int warp_hits[kWarps];
     const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (e == E) {
+        if (tid == 0) starts[E] = S;
         for (int i = E + S / bm + tid; i < max_tiles; i += kThreads) tiles[i] = make_int4(0, 0, 0, 0);
         return;
     }
@@ -57,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) strata_moe_group(const in
     __syncthreads();
     int start = 0, count = 0;
     for (int w = 0; w < kWarps; ++w) start += part[0][w], count += part[1][w];
+    if (tid == 0) starts[e] = start;
 
     int placed = 0;
     for (int s0 = 0; s0 < S && placed < count; s0 += kThreads) {   // placed and count: block-uniform

@@ -22,3 +22,21 @@ extern "C" __global__ void __launch_bounds__(256) strata_swiglu_f32(const float*
         out[t * out_ld + i] = g / (1.0f + expf(-g)) * u;
     }
 }
+
+// strata_swiglu_rows_f32(gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld)
+//   the same for the rows t in [bounds[lo], bounds[hi]) only: bounds is a device int32 array (the
+//   expert offsets cuda/moe_group.cu writes), so the rows of a batch of experts grouped on the
+//   device are known to the kernel, not the host. Launch: grid = (ceil(I / 256), any G, 1),
+//   block = (256, 1, 1); the G row blocks stride over the range.
+extern "C" __global__ void __launch_bounds__(256) strata_swiglu_rows_f32(const float* gate, const float* up, float* out,
+                                                                         const int* __restrict__ bounds, int lo, int hi,
+                                                                         int I, int64_t gate_ld, int64_t up_ld,
+                                                                         int64_t out_ld) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const int64_t end = bounds[hi];
+    for (int64_t t = bounds[lo] + blockIdx.y; t < end; t += gridDim.y) {
+        const float g = gate[t * gate_ld + i], u = up[t * up_ld + i];
+        out[t * out_ld + i] = g / (1.0f + expf(-g)) * u;
+    }
+}

@@ -57,7 +57,8 @@ def grid_for(N: int, n_tiles: int) -> tuple[int, int]:
 def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
              tiles: np.ndarray | None = None) -> np.ndarray:
     """Y [S, N] float32 with Y[s] = f16(X[s]) @ f16(W_g)^T for s in each range (g, s0, rows); rows
-    outside every range stay NaN (the output is poisoned). weights[g]: raw bytes of an [N, K] matrix.
+    outside every range stay NaN (the output is poisoned). weights[g]: raw bytes of an [N, K] matrix,
+    or None for a group at address 0, which the kernel skips (its rows stay NaN).
 
     offsets[g] (a multiple of 16) places group g's bytes that far into its own device buffer, so
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
@@ -73,14 +74,17 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     S, K = X.shape
     check_k(qtype_name, K)
     row_bytes = qtype(qtype_name).row_bytes(K)
-    sizes = {int(np.asarray(w).nbytes) for w in weights}
-    if len(sizes) != 1 or sizes.pop() % row_bytes:
+    sizes = {int(np.asarray(w).nbytes) for w in weights if w is not None}
+    if len(sizes) != 1 or next(iter(sizes)) % row_bytes:
         raise InvalidArgument(f"moe_gemm: every weight must hold the same whole number of {row_bytes}-byte rows")
-    N = int(np.asarray(weights[0]).nbytes) // row_bytes
+    N = next(iter(sizes)) // row_bytes
     tiles = tiles_for(ranges) if tiles is None else np.ascontiguousarray(tiles, np.int32)
     offsets = offsets or [0] * len(weights)
     bufs, ptrs = [], []
     for w, off in zip(weights, offsets):
+        if w is None:
+            ptrs.append(0)
+            continue
         data = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
         buf = rt.DeviceBuffer(ops.device, off + part_offset + data.size)
         buf.copy_from_host(data, ops.stream, offset=off + part_offset)

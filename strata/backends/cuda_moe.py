@@ -27,7 +27,7 @@ from .cuda_moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
 FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
 TENSOR_CORE_PROMPT = True   # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (False: dequant + f32 GEMM)
 GROUP_ON_DEVICE = True      # resident experts: cuda/moe_group.cu groups a chunk's slots (False: on the host)
-GROUP_SIGNATURE = "PiiiPPPii"
+GROUP_SIGNATURE = "PiiiPPPPii"
 
 
 def tensor_core_gemm(qtype: str, K: int) -> bool:
@@ -72,14 +72,14 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):
-    """ids [T, A] (ids in [0, E)) -> (index [2S] int32: the token of each sorted row | the sorted row
-    of each slot, tiles [n, 4] int32, n) with n = E + S // BM, the worst case (cuda/moe_group.cu);
-    the order is group_by_expert's."""
+    """ids [T, A] (ids in [0, E)) -> (index [2S + E + 1] int32: the token of each sorted row | the
+    sorted row of each slot | each expert's first sorted row (and S), tiles [n, 4] int32, n) with
+    n = E + S // BM, the worst case (cuda/moe_group.cu); the order is group_by_expert's."""
     S, A = ids.size, ids.shape[1]
     n = E + S // GEMM_BM
-    index, tiles = ops.alloc((2 * S,), np.int32), ops.alloc((n, 4), np.int32)
+    index, tiles = ops.alloc((2 * S + E + 1,), np.int32), ops.alloc((n, 4), np.int32)
     ops.launch("moe_group", "strata_moe_group", GROUP_SIGNATURE, E + 1, 256,
-               (ids.ptr, S, A, E, index.ptr, index.ptr + 4 * S, tiles.ptr, n, GEMM_BM))
+               (ids.ptr, S, A, E, index.ptr, index.ptr + 4 * S, index.ptr + 8 * S, tiles.ptr, n, GEMM_BM))
     return index, tiles, n
 
 
@@ -173,8 +173,8 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     S = T * A
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     tc = all(tensor_core_gemm(p.qtype, p.shape[-1]) for p in (gate, up, down))
-    if GROUP_ON_DEVICE and tc and ops.experts.resident:
-        return _moe_grouped_resident(ops, x, lay, ids, weights)
+    if GROUP_ON_DEVICE and tc and (ops.experts.resident or ops.experts.streams_all()):
+        return _moe_grouped_on_device(ops, x, lay, ids, weights)
     order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
     xs = ops.alloc((S, D))
@@ -219,28 +219,50 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)
 
 
-def _moe_grouped_resident(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
-                          weights: DeviceTensor) -> DeviceTensor:
-    """moe_grouped for a layer whose every expert is in VRAM: grouped on the device, the whole layer
-    in one tensor-core launch per matrix over the worst-case tile grid, nothing read back."""
+def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
+                           weights: DeviceTensor) -> DeviceTensor:
+    """moe_grouped with the routing grouped on the device (nothing read back), for a layer whose
+    every expert the store hands out without the routing: all resident (one batch, the layer's
+    table row as the addresses), or a chunk that streams every non-cached expert (the store's
+    batches in expert order; each batch's launches see an address table with zeros for the other
+    experts, whose tiles moe_gemm skips, and SwiGLU takes the batch's rows from the device)."""
     T, D = x.shape
-    S = ids.size
-    index, tiles, n = group_on_device(ops, ids, ops.args.num_experts)
+    S, E = ids.size, ops.args.num_experts
+    index, tiles, n = group_on_device(ops, ids, E)
+    starts = index.ptr + 8 * S
     xs = ops.alloc((S, D))
     ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
-    h = ops.alloc((S, I))
-    if lay.contiguous_gate_up:
-        gu = ops.alloc((S, 2 * I))
-        grouped_gemm(ops, lay.table, tiles.ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr,
-                     2 * I, 2 * I)
-        _swiglu(ops, gu.ptr, gu.ptr + I * 4, h.ptr, S, I, 2 * I)
-    else:
-        g, u = ops.alloc((S, I)), ops.alloc((S, I))
-        grouped_gemm(ops, lay.table, tiles.ptr, n, gate, xs.ptr, D, g.ptr, I, I)
-        grouped_gemm(ops, lay.table, tiles.ptr, n, up, xs.ptr, D, u.ptr, I, I)
-        _swiglu(ops, g.ptr, u.ptr, h.ptr, S, I, I)
-    y = ops.alloc((S, D))
-    grouped_gemm(ops, lay.table, tiles.ptr, n, down, h.ptr, I, y.ptr, D, D)
+    fused = lay.contiguous_gate_up
+    h, y = ops.alloc((S, I)), ops.alloc((S, D))
+    gu = ops.alloc((S, 2 * I)) if fused else None
+    g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
+    table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
+    ptrs = table.ptr
+    addrs = np.zeros(E, np.uint64)
+    for batch, blobs in ops.experts.prompt_layer(lay.layer, list(range(E))):
+        if ops.experts.resident:                # one batch: the layer's row of the expert table
+            ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)
+        else:
+            addrs[:] = 0
+            addrs[batch] = blobs
+            table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
+            ops.bytes_h2d += addrs.nbytes
+        lo, hi = batch[0], batch[-1] + 1
+        if fused:
+            grouped_gemm(ops, ptrs, tiles.ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr,
+                         2 * I, 2 * I)
+            _swiglu_rows(ops, gu.ptr, gu.ptr + I * 4, h.ptr, starts, lo, hi, I, 2 * I)
+        else:
+            grouped_gemm(ops, ptrs, tiles.ptr, n, gate, xs.ptr, D, g.ptr, I, I)
+            grouped_gemm(ops, ptrs, tiles.ptr, n, up, xs.ptr, D, u.ptr, I, I)
+            _swiglu_rows(ops, g.ptr, u.ptr, h.ptr, starts, lo, hi, I, I)
+        grouped_gemm(ops, ptrs, tiles.ptr, n, down, h.ptr, I, y.ptr, D, D)
     return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
+
+
+def _swiglu_rows(ops, gate: int, up: int, out: int, starts: int, lo: int, hi: int, I: int, ld: int) -> None:
+    """SwiGLU over the sorted rows of experts lo..hi-1, whose bounds only the device knows."""
+    ops.launch("swiglu", "strata_swiglu_rows_f32", "PPPPiiiqqq", (-(-I // 256), 2 * ops.num_sms), 256,
+               (gate, up, out, starts, lo, hi, I, ld, ld, I))

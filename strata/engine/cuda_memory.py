@@ -89,6 +89,10 @@ class _NullStore:
 
     def __init__(self, resident: bool = False):
         self.resident = resident
+        self.stream_all = False             # set per prompt chunk, as ExpertStore.prompt_begin decides
+
+    def streams_all(self) -> bool:
+        return self.stream_all
 
     @staticmethod
     def prompt_layer(layer: int, active: list):
@@ -149,7 +153,9 @@ def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
 
 def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
+    from .cuda_runner import stream_all_tokens
     ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident)
+    ops.experts.stream_all = not resident and T >= stream_all_tokens(sizes.args)
     for c in range(chunks):
         positions = np.arange(c * T, (c + 1) * T)
         logits, hidden = model.forward(np.zeros(T, np.int64), positions, kv, logits_rows=slice(-1, None))

@@ -490,6 +490,11 @@ class ExpertStore:
         if k:
             del self._ring_batches[:k], self._ring_starts[:k]
 
+    def streams_all(self) -> bool:
+        """Whether the chunk now running streams every non-cached expert through the ring, so its
+        batches do not depend on the routing (the prompt path may then group on the device)."""
+        return self._chunk is not None and self._chunk.stream_all
+
     def prompt_layer(self, layer: int, active: list[int]):
         """Yield (experts, addresses) batches that together cover `active` (ascending expert ids
         of a chunk's routing at this layer), each after the compute stream waits for its copies.

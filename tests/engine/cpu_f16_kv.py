@@ -24,6 +24,18 @@ def f16(a):
 
 
 class F16KVOps(CpuOps):
+    """Also records the router's smallest top-k margin seen (min_router_gap: the gap between the
+    k-th and the (k+1)-th largest router logit of any token in any layer), so a test can tell a
+    near-tied routing, which a rounding difference may flip, from an engine error."""
+
+    min_router_gap = np.inf
+
+    def moe_route(self, router_logits, top_k, norm_topk):
+        z = np.sort(np.asarray(router_logits, np.float32), axis=-1)[:, ::-1]
+        if z.shape[-1] > top_k:
+            self.min_router_gap = min(self.min_router_gap, float((z[:, top_k - 1] - z[:, top_k]).min()))
+        return super().moe_route(router_logits, top_k, norm_topk)
+
     def attention(self, q, k, v, layer, kv, positions):
         return super().attention(q, f16(k), f16(v), layer, kv, positions)
 

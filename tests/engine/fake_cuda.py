@@ -233,7 +233,7 @@ SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
 })
 SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
-                   r"strata_moe_group": "PiiiPPPii"})                                  # moe_group.cu
+                   r"strata_moe_group": "PiiiPPPPii", r"strata_swiglu_rows_f32": "PPPPiiiqqq"})
 
 
 def _dims(v) -> tuple:
@@ -555,7 +555,7 @@ _EMULATE["argmax_f32"] = _argmax
 
 
 
-def _moe_group(grid, ids, S, A, E, tokens, rows, tiles, max_tiles, bm):
+def _moe_group(grid, ids, S, A, E, tokens, rows, starts_out, tiles, max_tiles, bm):
     """cuda/moe_group.cu's tables from a stable numpy sort; the tile layout from its header's rule."""
     assert grid == (E + 1, 1, 1), f"fake_cuda: moe_group grid {grid} must be (E + 1, 1, 1)"
     assert max_tiles >= E + S // bm, f"fake_cuda: moe_group max_tiles {max_tiles} < E + S // bm"
@@ -567,6 +567,7 @@ def _moe_group(grid, ids, S, A, E, tokens, rows, tiles, max_tiles, bm):
     view(rows, S, np.int32)[order] = np.arange(S, dtype=np.int32)
     counts = np.bincount(flat, minlength=E)
     starts = np.cumsum(counts) - counts
+    view(starts_out, E + 1, np.int32)[:] = np.r_[starts, S]
     out = view(tiles, 4 * max_tiles, np.int32).reshape(max_tiles, 4)
     out[:] = 0
     for e in range(E):
@@ -575,3 +576,14 @@ def _moe_group(grid, ids, S, A, E, tokens, rows, tiles, max_tiles, bm):
 
 
 _EMULATE["moe_group"] = _moe_group
+
+
+def _swiglu_rows(grid, gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld):
+    """cuda/swiglu.cu strata_swiglu_rows_f32: rows [bounds[lo], bounds[hi]) only."""
+    b = view(bounds, hi + 1, np.int32)
+    for t in range(int(b[lo]), int(b[hi])):
+        g, u = view(gate + t * gate_ld * 4, I), view(up + t * up_ld * 4, I)
+        view(out + t * out_ld * 4, I)[:] = swiglu(g, u)
+
+
+_EMULATE["swiglu_rows_f32"] = _swiglu_rows

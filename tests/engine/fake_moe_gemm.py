@@ -28,7 +28,7 @@ def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
     cache: dict[int, np.ndarray] = {}
     for g, s0, m, _ in table.tolist():
         assert 0 <= m <= BM and s0 >= 0 and g >= 0, f"moe_gemm: tile {(g, s0, m)}"
-        if m == 0:                                    # an empty tile of a worst-case grid: skipped
+        if m == 0 or int(addrs[g]) == 0:              # an empty tile, or an expert outside the batch: skipped
             continue
         if g not in cache:
             w = int(addrs[g]) + part_offset

@@ -52,10 +52,14 @@ def test_ring_smaller_than_a_layer_and_routed_only_chunks(fake, rng, monkeypatch
     streamed = _runner(pack, expert_cache="7")
     assert streamed.store.ring_slots == 5
     ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
+    fake.launches.clear()
     _same_run(resident, streamed, ids, decode_steps=4)
+    assert {"strata_moe_group", "strata_swiglu_rows_f32"} <= set(fake.launches)     # grouped on the device
     monkeypatch.setattr(cuda_runner_module, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
     routed = _runner(pack, expert_cache="7", expert_policy="lfu")
+    fake.launches.clear()
     _same_run(resident, routed, ids, decode_steps=4)
+    assert "strata_swiglu_f32" in fake.launches             # the routing read on the host, per batch
     assert routed.store.stats.prompt_streamed < streamed.store.stats.prompt_streamed
 
 

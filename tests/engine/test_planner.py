@@ -5,7 +5,6 @@ import json
 import pytest
 
 import strata.backends.cuda as cuda_backend
-from strata.backends import cuda_moe
 from strata import cli
 from strata.backends.cuda_device import Pool
 from strata.config import EngineConfig
@@ -229,10 +228,9 @@ def test_prompt_pool_bytes_is_the_pool_peak(fake, rng, T):
     assert zeros == cuda_memory.zeros_bytes(sizes, T)       # none below GEMV_MAX_T: decode's MoE needs none
 
 
-def test_later_chunks_stay_under_the_first(fake, rng, monkeypatch):
+def test_later_chunks_stay_under_the_first(fake, rng):
     """A later chunk frees the previous chunk's positions while it runs: at most the first's peak.
-    (The streamed path's grouping, on the host, on this resident runner: the path the plan sizes.)"""
-    monkeypatch.setattr(cuda_moe, "GROUP_ON_DEVICE", False)
+    (Chunks of at least stream_all_tokens group on the device, resident or streamed: one allocation plan.)"""
     pack = open_pack(demo_model_path())
     runner, base = _prefill(pack, 64, 2 * 64 + 3, rng)
     assert runner.ops.pool.peak_bytes - base <= cuda_memory.prompt_pool_bytes(demo_sizes(pack), 64, CONTEXT, 8)
@@ -248,11 +246,10 @@ def test_prompt_pool_bytes_other_packs(fake, rng, odd_packs):
 
 
 @pytest.mark.parametrize("T", [9, 100])
-def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T, monkeypatch):
+def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T):
     """A frozen pool of bytes_needed's pool part reads a prompt of several chunks; 256 bytes less
-    does not (first-fit's holes: the live peak alone would not do). The streamed path's grouping
-    (on the host) on this resident runner: the path bytes_needed sizes."""
-    monkeypatch.setattr(cuda_moe, "GROUP_ON_DEVICE", False)
+    does not (first-fit's holes: the live peak alone would not do). A resident runner's chunks of at
+    least stream_all_tokens allocate as a streamed runner's (both group on the device)."""
     pack = open_pack(demo_model_path())
     sizes = demo_sizes(pack)
     arena = cuda_memory.prompt_arena_bytes(sizes, T)

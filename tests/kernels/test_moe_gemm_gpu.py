@@ -174,3 +174,28 @@ def test_fake_emulation_matches_reference(rng, name):
     Y = np.empty((X.shape[0], N), np.float32)
     y_dev.copy_to_host(Y)
     check(name, Y, weights, ranges, X, "fake")
+
+
+@gpu
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+def test_moe_gemm_skips_empty_tiles_and_null_groups(ops, rng, name):
+    """A worst-case grid as device-side grouping launches it: tiles with m = 0 and groups at address 0
+    (experts another batch computes) do nothing; the rest is bit for bit the plain launch."""
+    from strata.backends.cuda_gemm import moe_gemm, tiles_for
+
+    K = 512
+    weights, ranges, X = make_case(rng, name, BN + 40, K, [150, 7, 64, 90])
+    base = moe_gemm(name, weights, ranges, X, ops=ops)
+    null = int(rng.integers(0, 4))
+    tiles = tiles_for(ranges)
+    empty = np.zeros((5, 4), np.int32)
+    empty[:, 0] = rng.integers(0, 4, 5)         # m = 0 whatever the group
+    tiles = np.concatenate([tiles, empty])[rng.permutation(len(tiles) + 5)]
+    skipped = [None if g == null else w for g, w in enumerate(weights)]
+    Y = moe_gemm(name, skipped, ranges, X, ops=ops, tiles=tiles)
+    for g, s0, rows in ranges:
+        got, want = Y[s0:s0 + rows], base[s0:s0 + rows]
+        if g == null:
+            assert np.isnan(got).all(), "a null group's rows were written"
+        else:
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -26,11 +26,11 @@ def run(gpu, ids: np.ndarray, E: int, extra_tiles: int = 0, timed: bool = False)
     rt, dev, stream, kernel = gpu
     S, A = ids.size, ids.shape[1]
     n = E + S // BM + extra_tiles
-    d_ids, out, tiles = rt.DeviceBuffer(dev, 4 * S), rt.DeviceBuffer(dev, 8 * S), rt.DeviceBuffer(dev, 16 * n)
+    d_ids, out, tiles = rt.DeviceBuffer(dev, 4 * S), rt.DeviceBuffer(dev, 4 * (2 * S + E + 1)), rt.DeviceBuffer(dev, 16 * n)
     d_ids.copy_from_host(np.ascontiguousarray(ids, np.int32), stream)
     out.fill_bytes(0xAB, stream)
     tiles.fill_bytes(0xAB, stream)           # every tile must be written, the unused ones as zeros
-    args = (d_ids, S, A, E, out, out.ptr + 4 * S, tiles, n, BM)
+    args = (d_ids, S, A, E, out, out.ptr + 4 * S, out.ptr + 8 * S, tiles, n, BM)
     kernel.launch(E + 1, 256, args, stream=stream)
     ms = None
     if timed:
@@ -41,19 +41,21 @@ def run(gpu, ids: np.ndarray, E: int, extra_tiles: int = 0, timed: bool = False)
         end.record(stream)
         end.synchronize()
         ms = start.elapsed_ms(end) / 20
-    host, host_tiles = np.empty(2 * S, np.int32), np.empty((n, 4), np.int32)
+    host, host_tiles = np.empty(2 * S + E + 1, np.int32), np.empty((n, 4), np.int32)
     out.copy_to_host(host, stream)
     tiles.copy_to_host(host_tiles, stream)
     stream.synchronize()
-    return host[:S], host[S:], host_tiles, ms
+    return host[:S], host[S:2 * S], host[2 * S:], host_tiles, ms
 
 
 def check(gpu, ids, E, extra_tiles=0):
-    tokens, rows, tiles, _ = run(gpu, ids, E, extra_tiles)
+    tokens, rows, bounds, tiles, _ = run(gpu, ids, E, extra_tiles)
     order, experts, starts, counts, want_rows = group_by_expert(ids)
     A = ids.shape[1]
     np.testing.assert_array_equal(tokens, order // A)
     np.testing.assert_array_equal(rows, want_rows)
+    per_expert = np.bincount(ids.reshape(-1), minlength=E)
+    np.testing.assert_array_equal(bounds, np.r_[0, np.cumsum(per_expert)])
     want = np.zeros_like(tiles)
     for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
         for j in range(-(-c // BM)):
@@ -86,6 +88,6 @@ def test_timing(gpu, rng):
     """Time of one grouping at Qwen3-30B-A3B's routing (A 8 of E 128), chunks of 4096 and 16384."""
     for T in (4096, 16384):
         ids = np.argsort(rng.random((T, 128)), axis=1)[:, :8].astype(np.int32)
-        ms = run(gpu, ids, 128, timed=True)[3]
+        ms = run(gpu, ids, 128, timed=True)[4]
         print(f"moe_group T={T} A=8 E=128: {ms * 1e3:.1f} us")
         assert ms < 2.0

@@ -50,3 +50,28 @@ def test_swiglu_extreme_gates(ops, rng):
     y = ops.swiglu(gate, up)
     assert np.isfinite(y).all()
     np.testing.assert_allclose(y, swiglu_ref(gate, up), rtol=RTOL, atol=1e-30)
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 5), (2, 3), (4, 4), (1, 5)])
+def test_swiglu_rows_takes_its_rows_from_the_device(rng, lo, hi):
+    """strata_swiglu_rows_f32: rows [bounds[lo], bounds[hi]) of a fused gate|up buffer, nothing else."""
+    from strata.backends.cuda import _runtime
+
+    rt = _runtime()
+    dev = rt.Device(0)
+    stream = rt.Stream(dev)
+    kernel = rt.load_library("swiglu").kernel(dev, "strata_swiglu_rows_f32", "PPPPiiiqqq")
+    I, bounds = 768, np.array([0, 3, 130, 131, 131, 400], np.int32)
+    T = int(bounds[-1])
+    gu = np.concatenate([(rng.standard_normal((T, I)) * 3), rng.standard_normal((T, I))], axis=1).astype(np.float32)
+    d_gu, d_out, d_b = rt.DeviceBuffer(dev, gu.nbytes), rt.DeviceBuffer(dev, T * I * 4), rt.DeviceBuffer(dev, bounds.nbytes)
+    d_gu.copy_from_host(gu, stream)
+    d_b.copy_from_host(bounds, stream)
+    d_out.fill_bytes(0xFF, stream)              # NaN: rows outside the range must stay so
+    kernel.launch((-(-I // 256), 7), 256, (d_gu, d_gu.ptr + 4 * I, d_out, d_b, lo, hi, I, 2 * I, 2 * I, I), stream=stream)
+    out = np.empty((T, I), np.float32)
+    d_out.copy_to_host(out, stream)
+    stream.synchronize()
+    r0, r1 = int(bounds[lo]), int(bounds[hi])
+    np.testing.assert_allclose(out[r0:r1], swiglu_ref(gu[r0:r1, :I], gu[r0:r1, I:]), rtol=RTOL, atol=0)
+    assert np.isnan(out[:r0]).all() and np.isnan(out[r1:]).all()
