@@ -66,3 +66,20 @@ def cpu_runner_f16_kv(pack, max_context: int) -> CpuRunner:
     runner = CpuRunner(pack, max_context)
     runner.ops = runner.model.ops = F16KVOps(pack, pack.args)
     return runner
+
+
+def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int = 40) -> list[int]:
+    """n random token ids whose oracle run (read in chunks of `chunk`) routes every token with a
+    top-k margin of at least `gap` in router logit (F16KVOps.min_router_gap). Rounding differences
+    that a correct engine may have (summation order; an f16 rounding tipped by the last f32 bit)
+    reach ~3e-4 in a router logit on these random models, and a top-k decided by less flips with
+    them and moves the logits by 10-100x any bound: such draws say nothing about the engine, so
+    they are drawn again (about half are, at 20 tokens)."""
+    for _ in range(tries):
+        ids = rng.integers(0, pack.args.vocab_size, n).tolist()
+        oracle = cpu_runner_f16_kv(pack, n + 1)
+        oracle.prefill_chunk = chunk
+        oracle.logits_all(ids)
+        if oracle.ops.min_router_gap >= gap:
+            return ids
+    return ids

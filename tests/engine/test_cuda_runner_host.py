@@ -13,7 +13,7 @@ from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
-from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
+from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids
 
 DEMO = demo_model_path()
 
@@ -31,7 +31,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     pack = open_pack(DEMO)
     gpu, cpu = CudaRunner(pack, 64), cpu_runner_f16_kv(pack, 64)
     gpu.prefill_chunk = cpu.prefill_chunk = 12          # a grouped-MoE chunk of 12, then a GEMV chunk of 8
-    ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    ids = oracle_ids(pack, rng, 20, chunk=12)
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids[:15], 0), cpu.prefill(ids[:15], 0))
     for t in ids[15:18]:
@@ -50,7 +50,7 @@ def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     path, _ = make_pack(tmp_path, SHAPES["odd"], seed=2)        # Dh 24: the generic attention kernel
     pack = open_pack(path)
     gpu, cpu = CudaRunner(pack, 32), cpu_runner_f16_kv(pack, 32)
-    ids = rng.integers(0, pack.args.vocab_size, 11).tolist()
+    ids = oracle_ids(pack, rng, 11)
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids[:9], 0), cpu.prefill(ids[:9], 0))
     assert_close(gpu.decode(ids[9]), cpu.decode(ids[9]))
@@ -65,7 +65,7 @@ def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
     path, _ = make_gguf_pack(tmp_path, SHAPES["kquant"], qtypes, seed=4)
     pack = open_pack(path)
     gpu, cpu = CudaRunner(pack, 32), cpu_runner_f16_kv(pack, 32)
-    ids = rng.integers(0, pack.args.vocab_size, 10).tolist()
+    ids = oracle_ids(pack, rng, 10)
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert_close(gpu.decode(ids[0]), cpu.decode(ids[0]))
@@ -205,7 +205,7 @@ def test_emulated_replay_runs_no_python_per_layer(fake, rng):
 def test_emulated_graphs_turned_off_after_a_capture_launch_from_python(fake, rng):
     pack = open_pack(DEMO)
     runner, cpu = CudaRunner(pack, 64), cpu_runner_f16_kv(pack, 64)
-    ids = rng.integers(0, pack.args.vocab_size, 12).tolist()
+    ids = oracle_ids(pack, rng, 12)
     runner.prefill(ids[:5], 0)
     cpu.prefill(ids[:5], 0)
     for t in ids[5:8]:
@@ -219,17 +219,16 @@ def test_emulated_graphs_turned_off_after_a_capture_launch_from_python(fake, rng
 
 def test_emulated_graph_survives_prefix_reuse_and_prompts(fake, rng):
     pack = open_pack(DEMO)
+    V = pack.args.vocab_size
     eager, graph = _runners(pack, 96)
-    a = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    seq = oracle_ids(pack, rng, 38)            # b = seq[:35] and the 3 tokens decoded after it
+    a, b, after = seq[:20], seq[:35], seq[35:]
+    steps = seq[20:22] + [(seq[22] + 1) % V, int(rng.integers(0, V))]       # steps[2] is not b[22]
     for r in (eager, graph):
         r.prefill(a, 0)
-    steps = rng.integers(0, pack.args.vocab_size, 4).tolist()
     for t in steps:
         assert np.array_equal(eager.decode(t), graph.decode(t))
     captured = graph.graphs[1]
-    turn = rng.integers(0, pack.args.vocab_size, 13).tolist()
-    turn[0] = (steps[2] + 1) % pack.args.vocab_size
-    b = a + steps[:2] + turn                                               # shares 22 tokens
     starts = [r.reusable_prefix(b) for r in (eager, graph)]
     assert starts == [22, 22]
     assert np.array_equal(eager.prefill(b, 22), graph.prefill(b, 22))       # a prompt chunk on the main pool
@@ -238,14 +237,10 @@ def test_emulated_graph_survives_prefix_reuse_and_prompts(fake, rng):
     for t in steps[:2]:
         cpu.decode(t)
     cpu.prefill(b, 22)
-    for t in rng.integers(0, pack.args.vocab_size, 3).tolist():
+    for t in after:
         ours = graph.decode(t)
         assert np.array_equal(eager.decode(t), ours)
-        # A sanity bound only: after decode steps (f32 GEMVs) a prompt chunk (f16 GEMMs) reads cells
-        # the oracle's numpy order rounds differently, and a near-tied router in a later layer flips
-        # at some seeds (4.8e-3 seen at seed 3979509259, every cache cell within 7e-4 before the chunk).
-        # The tight comparisons are in the tests above; this one is about the graph.
-        assert_close(ours, cpu.decode(t), rel=2e-2)
+        assert_close(ours, cpu.decode(t))
     assert graph.graphs[1] is captured and len(fake.graph_launches) == 6
 
 
@@ -253,7 +248,7 @@ def test_emulated_graph_memory_is_its_own_and_dies_with_it(fake, rng):
     from strata.backends.cuda_device import DeviceKV
     pack = open_pack(DEMO)
     runner = CudaRunner(pack, 64)
-    ids = rng.integers(0, pack.args.vocab_size, 8).tolist()
+    ids = oracle_ids(pack, rng, 8)
     runner.prefill(ids, 0)
     for t in ids[:2]:
         runner.decode(t)
@@ -284,7 +279,7 @@ def test_emulated_graph_memory_is_its_own_and_dies_with_it(fake, rng):
 def test_emulated_capture_failure_decodes_eagerly(fake, rng, capsys):
     pack = open_pack(DEMO)
     runner, cpu = CudaRunner(pack, 64), cpu_runner_f16_kv(pack, 64)
-    ids = rng.integers(0, pack.args.vocab_size, 10).tolist()
+    ids = oracle_ids(pack, rng, 10)
     runner.prefill(ids[:6], 0)
     cpu.prefill(ids[:6], 0)
     assert_close(runner.decode(ids[6]), cpu.decode(ids[6]))
@@ -337,7 +332,7 @@ def test_emulated_embedding_without_a_kernel_decodes_eagerly(fake, tmp_path, rng
     path, _ = make_gguf_pack(tmp_path, SHAPES["kquant"], qtypes, seed=5)
     pack = open_pack(path)
     gpu, cpu = CudaRunner(pack, 32), cpu_runner_f16_kv(pack, 32)
-    ids = rng.integers(0, pack.args.vocab_size, 9).tolist()
+    ids = oracle_ids(pack, rng, 9)
     assert_close(gpu.prefill(ids[:6], 0), cpu.prefill(ids[:6], 0))
     for t in ids[6:]:
         assert_close(gpu.decode(t), cpu.decode(t))
