@@ -9,6 +9,7 @@
 #     resident   bench, every expert in VRAM: --prompt 4096,16384 --decode 64
 #     b12 / b8   bench at --vram-budget-gib 12 / 8: --prompt 16384 (b8: 4096) --decode 64
 #     nocache    bench with no expert cached (--expert-cache 0): --prompt 16384
+#     r16k       bench, every expert in VRAM: --prompt 16384 only (nocache's reference in the same call)
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
 #     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
 #     profile    tools/decode_profile.py --graphs-only: each kernel's time in the step's graph, contexts 512 and 4096
@@ -63,6 +64,7 @@ fi
 has resident && bench resident 100 --prompt 512,4096,16384 --decode 64
 has b12 && bench b12 80 --vram-budget-gib 12 --prompt 512,16384 --decode 64
 has b8 && bench b8 80 --vram-budget-gib 8 --prompt 512,4096 --decode 64
+has r16k && bench r16k 60 --prompt 16384 --decode 0
 has nocache && bench nocache 60 --vram-budget-gib 12 --expert-cache 0 --prompt 16384 --decode 0
 if has ab; then
     bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
