@@ -79,7 +79,10 @@ class CudaRunner:
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
         if not self.store.resident:
+            # one row per main layer: a decode step runs those (an MTP layer only under speculation,
+            # which reads no row here; the rows past them would be whatever the memory held)
             self.route_log = rt.DeviceBuffer(self.dev, num_layers * GEMV_MAX_T * a.num_experts_per_tok * 4)
+            self.route_log.fill_bytes(0, self.stream)
             self._route_host = np.frombuffer(rt.HostBuffer(self.dev, self.route_log.nbytes), np.int32).reshape(
                 num_layers, GEMV_MAX_T * a.num_experts_per_tok)
             self.ops.route_log = self.route_log
@@ -349,7 +352,8 @@ class CudaRunner:
 
     def _after_route(self) -> None:
         if self._route_pending:
-            self.store.after_step(self._route_host[:, :self._route_pending * self.args.num_experts_per_tok])
+            self.store.after_step(self._route_host[:self.args.num_hidden_layers,
+                                                   :self._route_pending * self.args.num_experts_per_tok])
             self._route_pending = 0
 
     def logits_all(self, ids: list[int]) -> np.ndarray:

@@ -127,7 +127,9 @@ class DeviceBuffer:
         self.ptr = _next[0]
         _next[0] += -(-max(nbytes, 1) // 4096) * 4096 + 4096
         _bases.append(self.ptr)
-        _arrays.append(np.full(nbytes, 0xFF, np.uint8))    # poisoned, as fresh memory may be
+        # poisoned, as fresh memory may be: read as float32 every word is a NaN, as int32 it is -128
+        # (an out-of-range index for numpy too, where -1 would quietly wrap)
+        _arrays.append(np.resize(np.array([0x80, 0xFF, 0xFF, 0xFF], np.uint8), nbytes))
 
     def _range(self, offset: int, n: int) -> np.ndarray:
         if offset + n > self.nbytes:

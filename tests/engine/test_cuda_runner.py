@@ -98,8 +98,15 @@ def test_prefill_equals_shorter_prefill_plus_decode_steps(packs, name, rng):
     step = gpu.prefill(ids[:-5], 0)
     for t in ids[-5:]:
         step = gpu.decode(t)
-    assert_close(step, whole)
     assert_close(whole, cpu.prefill(ids, 0))
+    # The last 5 tokens through decode steps (f32 GEMVs) against the same steps in the oracle: the
+    # prompt path's f16 GEMM inputs differ from the steps' f32 by more than REL (3.1e-3 seen).
+    cpu.reset()
+    ref = cpu.prefill(ids[:-5], 0)
+    for t in ids[-5:]:
+        ref = cpu.decode(t)
+    assert_close(step, ref)
+    assert_close(step, whole, rel=1e-2)
 
 
 def test_long_prompt_over_chunks_and_decode_splits(packs, rng):
