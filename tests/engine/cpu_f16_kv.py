@@ -74,7 +74,9 @@ def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int
     that a correct engine may have (summation order; an f16 rounding tipped by the last f32 bit)
     reach ~3e-4 in a router logit on these random models, and a top-k decided by less flips with
     them and moves the logits by 10-100x any bound: such draws say nothing about the engine, so
-    they are drawn again (about half are, at 20 tokens)."""
+    they are drawn again (about half are, at 20 tokens; after `tries`, the widest margin drawn).
+    On the GPU (tensor-core attention with f16 Q and P besides) the margin asked is larger.""" 
+    best, best_gap = None, -1.0
     for _ in range(tries):
         ids = rng.integers(0, pack.args.vocab_size, n).tolist()
         oracle = cpu_runner_f16_kv(pack, n + 1)
@@ -82,4 +84,6 @@ def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int
         oracle.logits_all(ids)
         if oracle.ops.min_router_gap >= gap:
             return ids
-    return ids
+        if oracle.ops.min_router_gap > best_gap:
+            best, best_gap = ids, oracle.ops.min_router_gap
+    return best

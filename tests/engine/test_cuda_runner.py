@@ -27,12 +27,14 @@ from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.engine.runner import CpuRunner
 from strata.pack import open_pack
-from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
+from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids
 
 pytestmark = pytest.mark.gpu
 
 REL = 3e-3          # against the oracle at the GPU's precision
 REL_F32_KV = 3e-3   # against the plain numpy engine, demo model
+GAP = 2e-3          # router top-k margin the oracle's draws must keep (tests/engine/cpu_f16_kv.oracle_ids):
+                    # a near-tied router flips with rounding and moves logits 10-100x REL (0.6 seen, demo)
 PACKS = ["demo", "tiny", "odd", "mtp", "kquant", "kquant-mixed"]
 GGUF_QTYPES = {
     "kquant": {"attn": "Q8_0", "experts": "Q4_K", "embd": "Q6_K", "output": "Q8_0"},
@@ -76,7 +78,7 @@ def test_logits_match_cpu(packs, name, rng):
     pack = packs(name)
     gpu, cpu = CudaRunner(pack, 128), cpu_runner_f16_kv(pack, 128)
     gpu.prefill_chunk = cpu.prefill_chunk = 16       # chunks of 16, 16 and 5: GEMM and GEMV paths
-    ids = rng.integers(0, pack.args.vocab_size, 37).tolist()
+    ids = oracle_ids(pack, rng, 37, chunk=16, gap=GAP)
     ours = gpu.logits_all(ids)
     assert_close(ours, cpu.logits_all(ids))
     if name == "demo":
@@ -92,7 +94,7 @@ def test_logits_match_cpu(packs, name, rng):
 def test_prefill_equals_shorter_prefill_plus_decode_steps(packs, name, rng):
     pack = packs(name)
     gpu, cpu = CudaRunner(pack, 128), cpu_runner_f16_kv(pack, 128)
-    ids = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    ids = oracle_ids(pack, rng, 30, chunk=30, gap=GAP)
     whole = gpu.prefill(ids, 0)
     gpu.reset()
     step = gpu.prefill(ids[:-5], 0)
