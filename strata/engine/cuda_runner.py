@@ -128,9 +128,10 @@ class CudaRunner:
         budget is too small)."""
         import dataclasses
 
-        from .planner import Bandwidths, PackSizes, make_plan
+        from .planner import Bandwidths, PackSizes, kv_cells, make_plan
         sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
         cfg = dataclasses.replace(config, max_context=max_context)
+        self._sizes, self._cells = sizes, kv_cells(cfg)      # for the loan of each prompt (_loan_pool_bytes)
         return make_plan(sizes, cfg, self.vram_budget_bytes, "runner",
                          Bandwidths(55.4, 4267.0, "not measured"), self.dev.multiprocessor_count)
 
@@ -215,7 +216,7 @@ class CudaRunner:
         to the ring and (pool) the activation pool (ExpertStore.lend), and given back after it.
         logits_all keeps its own pool: every row's logits are more than the plan's loan holds."""
         from ..backends.cuda_device import Pool
-        region = self.store.lend() if tokens > STEP_MAX_TOKENS else None
+        region = self.store.lend(self._loan_pool_bytes(tokens) if pool else 0) if tokens > STEP_MAX_TOKENS else None
         saved = self.ops.pool
         if region is not None and pool:
             pool = Pool(self.rt, self.dev)
@@ -230,6 +231,16 @@ class CudaRunner:
             self.ops._pos_host = self.ops._pos_dev = None    # it lived in the loan
             if self.store.lent:
                 self.store.give_back()
+
+    def _loan_pool_bytes(self, tokens: int) -> int:
+        """The pool a prompt of `tokens` tokens needs: bytes_needed of its largest chunk (the plan's
+        chunk, or the prompt rounded up to a power of two, so few sizes are ever computed;
+        bytes_needed is monotone), so a short prompt leaves more of the cache in place."""
+        from .planner import bytes_needed
+        if self.store.resident:
+            return 0
+        T = min(self.prefill_chunk, 1 << max(4, (tokens - 1).bit_length()))
+        return bytes_needed(self._sizes, T, self._cells, self.dev.multiprocessor_count)
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`: they

@@ -100,11 +100,12 @@ class ExpertStore:
     def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
                  policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None,
                  kept_slots: int | None = None, pool_bytes: int = 0, pin_limit_bytes: int = 0):
-        """kept_slots: cache slots kept while a prompt runs. The memory after them (the other cache
-        slots, and beyond them what the plan left beside the cache) is lent to the prompt: its ring
-        first, then pool_bytes for its activation pool; the slots come back empty after it. None:
-        the ring is a buffer of its own and nothing is lent. pin_limit_bytes: most of experts.bin
-        to pin (0: all the system allows)."""
+        """kept_slots: cache slots kept while the plan's largest prompt chunk runs. The memory after
+        them (the other cache slots, and beyond them what the plan left beside the cache) is lent
+        to the prompt: the ring at its end, and before the ring up to pool_bytes for its activation
+        pool (a shorter prompt takes less, lend(), and keeps more slots); the slots come back empty
+        after it. None: the ring is a buffer of its own and nothing is lent. pin_limit_bytes: most
+        of experts.bin to pin (0: all the system allows)."""
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
@@ -130,6 +131,7 @@ class ExpertStore:
         self.copy_stream = None
         self.ring_slots = 0
         self.kept_slots, self.loan_pool_bytes, self.lent = None, 0, False
+        self.lent_from = None                # the first slot lent to the prompt running now
         self.staged_decode = False                          # set by the runner: decode misses staged
         self.stage_pinned_misses = True                     # staged: pinned misses copied too (else zero-copy)
         self.pinned = np.ones((L, E), bool)                 # (l, e) in the pinned arena (or resident)
@@ -152,13 +154,14 @@ class ExpertStore:
             lending = kept_slots is not None
             self.kept_slots = min(int(kept_slots), self.cache_slots) if lending else self.cache_slots
             loan = self.ring_slots * self.slot_bytes + pool_bytes if lending else 0
-            self.slots = rt.DeviceBuffer(device, max(1, self.cache_slots * self.slot_bytes,
-                                                     self.kept_slots * self.slot_bytes + loan))
+            self.slots = rt.DeviceBuffer(device, -(-max(1, self.cache_slots * self.slot_bytes,
+                                                        self.kept_slots * self.slot_bytes + loan) // 256) * 256)
             self.slot_owner = np.full(self.cache_slots, -1, np.int64)   # l * E + e in each slot
             self.copy_stream = rt.Stream(device)
             if lending:
-                self.ring = BufferView(self.slots, self.kept_slots * self.slot_bytes, self.ring_slots * self.slot_bytes)
-                self.loan_pool_bytes = self.slots.nbytes - self.ring.offset - self.ring.nbytes
+                ring_bytes = self.ring_slots * self.slot_bytes
+                self.ring = BufferView(self.slots, (self.slots.nbytes - ring_bytes) // 256 * 256, ring_bytes)
+                self.loan_pool_bytes = self.ring.offset - self.kept_slots * self.slot_bytes   # the most a pool may take
             else:
                 self.ring = rt.DeviceBuffer(device, max(1, self.ring_slots) * self.slot_bytes)
             self.lent = False
@@ -379,14 +382,17 @@ class ExpertStore:
         return dict(zip(missed, dst.tolist()))
 
     # ---- prompts: the loan -----------------------------------------------------------------------
-    def lend(self):
-        """A prompt starts: the cache slots after kept_slots are emptied (their experts read from the
-        arena again) and lent to the ring and the prompt pool. -> the pool's region (a BufferView)
-        or None when nothing beyond the ring is lent."""
+    def lend(self, pool_bytes: int | None = None):
+        """A prompt starts: the cache slots that overlap the ring and a pool of pool_bytes before it
+        (None: the most the plan allows, loan_pool_bytes) are emptied (their experts read from the
+        arena again) and lent. -> the pool's region (a BufferView) or None when no pool is lent."""
         if self.resident or self.lent or not isinstance(self.ring, BufferView):
             return None
         self._land_pending_sync()
-        for slot in range(self.kept_slots, self.cache_slots):
+        pool_bytes = self.loan_pool_bytes if pool_bytes is None else min(max(0, int(pool_bytes)), self.loan_pool_bytes)
+        start = (self.ring.offset - pool_bytes) // 256 * 256
+        self.lent_from = min(self.cache_slots, start // self.slot_bytes)
+        for slot in range(self.lent_from, self.cache_slots):
             if self.slot_owner[slot] >= 0:
                 self._evict(slot)
         self.table.copy_from_host(self.table_host, self.stream)
@@ -394,9 +400,9 @@ class ExpertStore:
         ready.record(self.stream)                 # decode steps done with the lent slots
         self.copy_stream.wait_event(ready)        # before any ring copy lands in them
         self.lent = True
-        if not self.loan_pool_bytes:
+        if not pool_bytes:
             return None
-        return BufferView(self.slots, self.ring.offset + self.ring.nbytes, self.loan_pool_bytes)
+        return BufferView(self.slots, start, self.ring.offset - start)
 
     def give_back(self) -> None:
         """The prompt is done: the lent slots are empty cache slots again (admissions fill them)."""
@@ -404,7 +410,7 @@ class ExpertStore:
         self.lent = False
 
     def _free_slots(self) -> np.ndarray:
-        usable = self.cache_slots if not self.lent else self.kept_slots
+        usable = self.cache_slots if not self.lent else self.lent_from
         return np.flatnonzero(self.slot_owner[:usable] < 0)
 
     # ---- prompts: the ring ---------------------------------------------------------------------

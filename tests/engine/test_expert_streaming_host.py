@@ -155,6 +155,18 @@ def test_the_prompt_borrows_the_cache_tail_and_gives_it_back(fake, rng):
     _same_run(resident, streamed, ids, decode_steps=10)
     assert not store.lent and store.stats.admitted > 0
     assert (store.slot_owner[store.kept_slots:] >= 0).any()        # decode refilled given-back slots
+    lent_from, lend = [], store.lend
+
+    def recording(pool_bytes=None):
+        region = lend(pool_bytes)
+        lent_from.append((store.lent_from, 0 if region is None else region.nbytes))
+        return region
+    store.lend = recording
+    streamed.prefill(ids[:12], 0)                                   # a short prompt borrows less
+    streamed.prefill(ids, 0)                                        # a prompt of the plan's chunk or more
+    (short_from, short_pool), (long_from, long_pool) = lent_from
+    assert long_from == store.kept_slots and long_pool >= streamed.plan.bytes_needed
+    assert short_from > long_from and 0 < short_pool < long_pool
 
 
 def test_staged_decode_misses_give_the_same_logits(fake, rng):
