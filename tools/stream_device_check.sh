@@ -11,6 +11,7 @@
 #     nocache    bench with no expert cached (--expert-cache 0): --prompt 16384
 #     r16k       bench, every expert in VRAM: --prompt 16384 only (nocache's reference in the same call)
 #     ab         seed 000's A/B at 8 GiB: --prefill-rule bytes against slots, prompts 4096 and 16384
+#     abbytes    the byte-budget half of ab only
 #     lfu        bench at 8 GiB with --expert-policy lfu (against b8's lru)
 #     profile    tools/decode_profile.py --graphs-only: each kernel's time in the step's graph, contexts 512 and 4096
 #     dvariants  tools/decode_variants.py: resident decode, PDL on/off and the other decode variants
@@ -81,6 +82,7 @@ if has pvariants; then
     timeout "$(budget 120)" $PY tools/prompt_variants.py 2>"$OUT/pvariants.err" | tee "$OUT/pvariants.log"
     [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/pvariants.err"
 fi
+has abbytes && bench ab_bytes 80 --vram-budget-gib 8 --prefill-rule bytes --prompt 4096,16384 --decode 0
 has partpin && bench partpin 90 --vram-budget-gib 12 --pin-limit-gib 8 --prompt 4096 --decode 32
 has lfu && bench lfu 60 --vram-budget-gib 8 --expert-policy lfu --prompt 512 --decode 64
 if has profile; then
