@@ -2,14 +2,16 @@
 
 Every expert is reached through the layer's row of the expert table (strata.engine.expert_store):
 its blob is a resident copy, a VRAM cache slot, a prompt ring slot or (decode only) the pinned host
-arena read in place. Decode (a few tokens): one GEMV launch per matrix over all (token, active
-expert) slots, each slot reading its expert's address from the table at its device-side id
-(cuda/moe_gemv.cu), so routing never waits for the host. Prompt chunks: the ids come to the host
-once, tokens are grouped by expert with numpy, the rows gathered into expert order, and the
-store hands out the experts in batches (waiting for the ring's copies where they stream); each
-batch runs f32 GEMMs over its experts' dequantized matrices, SwiGLU over its rows, and the down
-GEMMs, then one weighted combine puts the rows back into token order.
-Slot s = t * A + a is token t's a-th expert everywhere.
+arena read in place. Decode (a few tokens): cuda/moe_decode.cu, two launches (gate|up with SwiGLU,
+down with the weighted sum), each slot reading its expert's address from the table at its
+device-side id, so routing never waits for the host. Prompt chunks, where the store hands out
+experts without needing the routing (all resident, or a chunk that streams every non-cached
+expert): the routing is grouped on the device (cuda/moe_group.cu), the rows gathered into expert
+order, and each of the store's batches is one tensor-core launch per matrix over a worst-case tile
+grid (experts outside the batch have address 0 and are skipped), SwiGLU over the batch's rows, then
+one weighted combine puts the rows back into token order. Smaller streamed chunks stage only the
+experts they route to: their ids come to the host, are grouped with numpy, and the batches get
+tables uploaded per batch. Slot s = t * A + a is token t's a-th expert everywhere.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The GPU runner: the dense weights and one sequence's f16 KV cache in VRAM, the routed experts
 where the VRAM plan puts them, the model on DeviceOps.
 
-Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode,
-logits_all, status), plus measure_limits() for the bench. The plan (strata.engine.planner) comes
+Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode, pick,
+logits_all, status), plus measure_limits() for the bench. pick() chooses the next token on the
+device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back. The plan (strata.engine.planner) comes
 from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
 otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
 streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
