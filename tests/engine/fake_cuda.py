@@ -129,7 +129,7 @@ class DeviceBuffer:
         _bases.append(self.ptr)
         # poisoned, as fresh memory may be: read as float32 every word is a NaN, as int32 it is -128
         # (an out-of-range index for numpy too, where -1 would quietly wrap)
-        _arrays.append(np.resize(np.array([0x80, 0xFF, 0xFF, 0xFF], np.uint8), nbytes))
+        _arrays.append(np.full(-(-nbytes // 4), 0xFFFFFF80, np.uint32).view(np.uint8)[:nbytes])
 
     def _range(self, offset: int, n: int) -> np.ndarray:
         if offset + n > self.nbytes:
