@@ -80,10 +80,7 @@ class DeviceOps:
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self.rt.load_library(library).kernel(self.device, name, signature)
-        if self.pdl and library in PDL_LIBRARIES:
-            kernel.launch(grid, block, args, shared_bytes, stream=self.stream, pdl=True)
-        else:
-            kernel.launch(grid, block, args, shared_bytes, stream=self.stream)
+        kernel.launch(grid, block, args, shared_bytes, stream=self.stream, pdl=self.pdl and library in PDL_LIBRARIES)
 
     def alloc(self, shape, dtype=np.float32) -> DeviceTensor:
         shape = tuple(int(s) for s in shape)

@@ -166,6 +166,34 @@ def _at(blob: int, w: Weight, rows: int | None = None) -> Weight:
     return Weight(blob + w.ptr, w.qtype, (rows or w.rows, w.shape[-1]))
 
 
+def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool):
+    """The prompt path's buffers: xs [S, D] (row r = x row index[r], rows in expert order), then h
+    [S, I] (SwiGLU out), the gate|up outputs (gu [S, 2I] when fused, else g and u [S, I]), y [S, D]."""
+    D = x.shape[1]
+    xs = ops.alloc((S, D))
+    ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D)
+    h = ops.alloc((S, I))
+    gu = ops.alloc((S, 2 * I)) if fused else None
+    g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
+    return xs, h, gu, g, u, ops.alloc((S, D))
+
+
+def _swiglu_in(gu, g, u, I: int) -> tuple[int, int, int]:
+    """(gate address, up address, row stride) of the gate|up outputs, fused or not."""
+    return (gu.ptr, gu.ptr + I * 4, 2 * I) if gu is not None else (g.ptr, u.ptr, I)
+
+
+def _gate_up_tc(ops, ptrs: int, tiles: int, n: int, lay: ExpertLayer, xs, gu, g, u) -> None:
+    """gate and up of every tile's expert on tensor cores: one launch for the fused [2I, D] matrix."""
+    gate, up = lay.parts["gate"], lay.parts["up"]
+    I, D = gate.rows, gate.shape[-1]
+    if gu is not None:
+        grouped_gemm(ops, ptrs, tiles, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr, 2 * I, 2 * I)
+    else:
+        grouped_gemm(ops, ptrs, tiles, n, gate, xs.ptr, D, g.ptr, I, I)
+        grouped_gemm(ops, ptrs, tiles, n, up, xs.ptr, D, u.ptr, I, I)
+
+
 def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
     """x [T, D] -> [T, D] for a prompt chunk: the active experts' GEMMs over their rows only, batch
     by batch as the expert store makes the experts readable (one tensor-core launch per matrix and
@@ -179,14 +207,10 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
         return _moe_grouped_on_device(ops, x, lay, ids, weights)
     order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
-    xs = ops.alloc((S, D))
-    ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
     I = gate.rows
-    h = ops.alloc((S, I))
     fused = lay.contiguous_gate_up
-    gu = ops.alloc((S, 2 * I)) if fused else None
-    g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
-    y = ops.alloc((S, D))
+    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, fused)
+    gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
     for batch, blobs in ops.experts.prompt_layer(lay.layer, list(where)):
@@ -194,12 +218,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
         r1 = where[batch[-1]][0] + where[batch[-1]][1]
         if tc:
             n = table.fill(blobs, [(i, *where[e]) for i, e in enumerate(batch)])
-            if fused:
-                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)),
-                             xs.ptr, D, gu.ptr, 2 * I, 2 * I)
-            else:
-                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, gate, xs.ptr, D, g.ptr, I, I)
-                grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, up, xs.ptr, D, u.ptr, I, I)
+            _gate_up_tc(ops, table.t.ptr, table.tiles_ptr, n, lay, xs, gu, g, u)
         else:
             for e, blob in zip(batch, blobs):
                 s0, c = where[e]
@@ -208,10 +227,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
                 else:
                     ops._gemm_weight(_at(blob, gate), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
                     ops._gemm_weight(_at(blob, up), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
-        if fused:
-            _swiglu(ops, gu.ptr + r0 * 2 * I * 4, gu.ptr + (r0 * 2 * I + I) * 4, h.ptr + r0 * I * 4, r1 - r0, I, 2 * I)
-        else:
-            _swiglu(ops, g.ptr + r0 * I * 4, u.ptr + r0 * I * 4, h.ptr + r0 * I * 4, r1 - r0, I, I)
+        _swiglu(ops, gate_in + r0 * ld * 4, up_in + r0 * ld * 4, h.ptr + r0 * I * 4, r1 - r0, I, ld)
         if tc:
             grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, down, h.ptr, I, y.ptr, D, D)
         else:
@@ -232,16 +248,10 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     S, E = ids.size, ops.args.num_experts
     index, tiles, n = group_on_device(ops, ids, E)
     starts = index.ptr + 8 * S
-    xs = ops.alloc((S, D))
-    ops._copy_rows(x.ptr, index.ptr, xs.ptr, S, D, D, D)
-    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
-    I = gate.rows
-    fused = lay.contiguous_gate_up
-    h, y = ops.alloc((S, I)), ops.alloc((S, D))
-    gu = ops.alloc((S, 2 * I)) if fused else None
-    g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
+    I = lay.parts["gate"].rows
+    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, lay.contiguous_gate_up)
+    gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
-    ptrs = table.ptr
     addrs = np.zeros(E, np.uint64)
     for batch, blobs in ops.experts.prompt_layer(lay.layer, list(range(E))):
         if ops.experts.resident:                # one batch: the layer's row of the expert table
@@ -251,16 +261,9 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
             addrs[batch] = blobs
             table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
             ops.bytes_h2d += addrs.nbytes
-        lo, hi = batch[0], batch[-1] + 1
-        if fused:
-            grouped_gemm(ops, ptrs, tiles.ptr, n, Weight(gate.ptr, gate.qtype, (2 * I, D)), xs.ptr, D, gu.ptr,
-                         2 * I, 2 * I)
-            _swiglu_rows(ops, gu.ptr, gu.ptr + I * 4, h.ptr, starts, lo, hi, I, 2 * I)
-        else:
-            grouped_gemm(ops, ptrs, tiles.ptr, n, gate, xs.ptr, D, g.ptr, I, I)
-            grouped_gemm(ops, ptrs, tiles.ptr, n, up, xs.ptr, D, u.ptr, I, I)
-            _swiglu_rows(ops, g.ptr, u.ptr, h.ptr, starts, lo, hi, I, I)
-        grouped_gemm(ops, ptrs, tiles.ptr, n, down, h.ptr, I, y.ptr, D, D)
+        _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
+        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld)
+        grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)
     return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
 
 

@@ -28,13 +28,12 @@ def _rows(logits, temperature, top_k, top_p, u):
         raise InvalidArgument(f"sample: logits {x.shape} must be [B, V] with 1 <= V < 2^31 - 1")
     B = x.shape[0]
 
-    def per_row(v, dtype, name):
-        a = np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=dtype), (B,)))
-        return a
+    def per_row(v, dtype):
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=dtype), (B,)))
 
     try:
-        params = (per_row(temperature, np.float32, "temperature"), per_row(top_k, np.int32, "top_k"),
-                  per_row(top_p, np.float32, "top_p"), per_row(u, np.float64, "u"))
+        params = (per_row(temperature, np.float32), per_row(top_k, np.int32), per_row(top_p, np.float32),
+                  per_row(u, np.float64))
     except ValueError as exc:
         raise InvalidArgument(f"sample: a parameter does not broadcast to the {B} rows ({exc})") from None
     uu = params[3]
@@ -130,12 +129,3 @@ class CudaSampler:
         self.stream.synchronize()
         return tokens, probs
 
-
-_samplers: dict[int, CudaSampler] = {}
-
-
-def sample(logits, temperature, top_k, top_p, u, device: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """One device draw per row of logits [B, V] (see cuda/sample.cu); a CudaSampler per device."""
-    if device not in _samplers:
-        _samplers[device] = CudaSampler(device)
-    return _samplers[device].sample(logits, temperature, top_k, top_p, u)

@@ -54,7 +54,7 @@ class _NullBuffer:
 
 
 class _NullKernel:
-    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None):
+    def launch(self, grid, block, args, shared_bytes: int = 0, stream=None, pdl: bool = False):
         pass
 
 

@@ -3,8 +3,8 @@ where the VRAM plan puts them, the model on DeviceOps.
 
 Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode, pick,
 logits_all, status), plus measure_limits() for the bench. pick() chooses the next token on the
-device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back. The plan (strata.engine.planner) comes
-from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
+device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back.
+The plan (strata.engine.planner) comes from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
 otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
 streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
 Where the system refuses or EngineConfig.pin_limit_gib limits pinning, part of experts.bin stays
@@ -42,6 +42,12 @@ def stream_all_tokens(args) -> int:
     nearly all: 1 - (1 - A/E)^T of a layer's experts is 86% at T = 2E/A); smaller chunks stage only
     the experts they route to."""
     return max(1, -(-2 * args.num_experts // args.num_experts_per_tok))
+
+
+def _last_row_of(logits: DeviceTensor) -> DeviceTensor:
+    """The last row [1, V] of device logits [T, V], a view that keeps their memory alive."""
+    T, V = logits.shape
+    return DeviceTensor(logits.buf, logits.offset + (T - 1) * V * 4, (1, V), np.float32, logits)
 
 
 class CudaRunner:
@@ -253,7 +259,7 @@ class CudaRunner:
     def pick(self, params, u: float) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
         cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits."""
-        from ..backends.cuda_sample import SAMPLE_SIGNATURE, SAMPLE_THREADS
+        from ..backends.cuda_sample import SAMPLE_SIGNATURE, launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
@@ -264,7 +270,7 @@ class CudaRunner:
             h[:4].view(np.float32)[0], h[4:8].view(np.int32)[0] = params.temperature, params.top_k
             h[8:12].view(np.float32)[0], h[16:24].view(np.float64)[0] = params.top_p, u
             io.copy_from_host(h[:24], self.stream)
-            self.ops.launch("sample", "strata_sample_f32", SAMPLE_SIGNATURE, 1, SAMPLE_THREADS,
+            self.ops.launch("sample", "strata_sample_f32", SAMPLE_SIGNATURE, *launch_shape(1),
                             (ptr, io.ptr, io.ptr + 4, io.ptr + 8, io.ptr + 16, io.ptr + 24, 0, V))
         io.copy_to_host(self._pick_host[24:28], self.stream, 24)
         self.stream.synchronize()
@@ -302,8 +308,7 @@ class CudaRunner:
             out = self._download(logits)
             self.step_times[mode].append((t1 - t0, time.perf_counter() - t0))
         else:                   # the step's host time ends when pick() has the token
-            out, self._last = None, DeviceTensor(logits.buf, logits.offset + (T - 1) * logits.shape[1] * 4,
-                                                 (1, logits.shape[1]), np.float32, logits)
+            out, self._last = None, _last_row_of(logits)
             self._route_copy(T)
             self._step_timing = (mode, t0, t1 - t0)
         return out
@@ -351,11 +356,10 @@ class CudaRunner:
         self._route_copy(logits.shape[0])
         self.stream.synchronize()
         self._after_route()
-        self._last = DeviceTensor(logits.buf, logits.offset + (logits.shape[0] - 1) * logits.shape[1] * 4,
-                                  (1, logits.shape[1]), np.float32, logits)
+        self._last = _last_row_of(logits)
         return host.reshape(logits.shape).copy()
 
-    def _route_copy(self, T: int = 1) -> None:
+    def _route_copy(self, T: int) -> None:
         """Queue the step's routing log to the host (experts streaming); _after_route() reads it
         once the stream has been synchronized."""
         if self.ops.route_log is not None:
