@@ -28,7 +28,8 @@ __device__ __forceinline__ bool beats(float a, int ia, float b, int ib) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(1024) strata_argmax_f32(const float* __restrict__ logits,
-                                                                     int* __restrict__ out, int V) { STRATA_PDL_ENTRY();
+                                                                     int* __restrict__ out, int V) {
+    STRATA_PDL_ENTRY();
     __shared__ float best_s[32];
     __shared__ int idx_s[32];
     const float* x = logits + static_cast<int64_t>(blockIdx.x) * V;

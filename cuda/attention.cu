@@ -106,7 +106,8 @@ __device__ __forceinline__ int reduce_scatter_index(int lane) {
 // Launch: grid = (T, 1, 1), block = (128, 1, 1); each thread converts pairs with half2 stores.
 extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, const float* __restrict__ v,
                                                 const int* __restrict__ cells, __half* __restrict__ k_cache,
-                                                __half* __restrict__ v_cache, int T, int row_elems) { STRATA_PDL_ENTRY();
+                                                __half* __restrict__ v_cache, int T, int row_elems) {
+    STRATA_PDL_ENTRY();
     const int t = blockIdx.x;
     if (t >= T) return;
     const int64_t dst = static_cast<int64_t>(cells[t]) * row_elems;
@@ -318,7 +319,8 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
 #define STRATA_DECODE(DH, GP)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_f16_d##DH##_g##GP(               \
         const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, float* part_acc,     \
-        float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) { STRATA_PDL_ENTRY();                           \
+        float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) {                            \
+        STRATA_PDL_ENTRY();                                                                                     \
         attention_decode<DH, GP>(q, k_cache, v_cache, lengths, part_acc, part_ml, H, Hk, max_cells, num_splits, \
                                  scale);                                                                       \
     }
@@ -336,7 +338,8 @@ STRATA_DECODE(256, 1) STRATA_DECODE(256, 2) STRATA_DECODE(256, 4) STRATA_DECODE(
 // split weights once (shared memory), then each thread sums its dims over the splits.
 extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combine_f32(
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, float* __restrict__ out, int H,
-    int head_dim, int num_splits) { STRATA_PDL_ENTRY();
+    int head_dim, int num_splits) {
+    STRATA_PDL_ENTRY();
     __shared__ float weight_s[kMaxSplits];
     __shared__ float red_s[4];
     const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -530,7 +533,8 @@ __device__ __forceinline__ void attention_prefill(const float* __restrict__ q, c
 #define STRATA_PREFILL(DH, ROWS, CELLS)                                                                       \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_prefill_f16_d##DH(                     \
         const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, int T, \
-        int H, int Hk, float scale) { STRATA_PDL_ENTRY();                                                                         \
+        int H, int Hk, float scale) {                                                                         \
+        STRATA_PDL_ENTRY();                                                                                   \
         attention_prefill<DH, ROWS, CELLS>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);             \
     }
 STRATA_PREFILL(64, 32, 32)

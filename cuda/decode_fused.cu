@@ -65,7 +65,8 @@ constexpr int kWarps = 4;  // GEMV and QK-norm blocks: 128 threads
 
 extern "C" __global__ void strata_add_rms_norm_f32(const float* x, const float* y, float* x_out,
                                                    const float* __restrict__ w, float* out, int rows, int n,
-                                                   float eps) { STRATA_PDL_ENTRY();
+                                                   float eps) {
+    STRATA_PDL_ENTRY();
     const int row = blockIdx.x;
     if (row >= rows) return;
     const int64_t off = static_cast<int64_t>(row) * n;
@@ -132,7 +133,8 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
                                const float* __restrict__ q_w, const float* __restrict__ k_w,
                                const int* __restrict__ positions, const float* __restrict__ inv_freq, float* q_out,
                                __half* __restrict__ k_cache, __half* __restrict__ v_cache, int T, int H, int Hk,
-                               int head_dim, float eps, float scale) { STRATA_PDL_ENTRY();
+                               int head_dim, float eps, float scale) {
+    STRATA_PDL_ENTRY();
     __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
     const int t = blockIdx.x;
     if (t >= T) return;
@@ -221,7 +223,8 @@ __device__ __forceinline__ void gemv3_batch_body(const Three& m, const float* __
 #define STRATA_GEMV3_THREE Three{W0, W1, W2, y0, y1, y2, rows0, rows1, rows2}
 
 #define STRATA_GEMV3(name, Unit, Block)                                                                \
-    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { STRATA_PDL_ENTRY(); \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
         if (batch == 1)                                                                                \
             gemv3_body<Unit>(STRATA_GEMV3_THREE, x, n, nullptr);                                       \
         else                                                                                           \
@@ -241,7 +244,8 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
 
 // IQ4 types: the 16-value codebook in shared memory; every thread reaches the barrier.
 #define STRATA_GEMV3_IQ4(name, Unit, Block)                                                            \
-    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { STRATA_PDL_ENTRY(); \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         if (batch == 1)                                                                                \
@@ -255,7 +259,8 @@ STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 
 // Float types, one token: 8 weights per unit when n % 8 == 0, else one (as strata_gemv_<type>).
 #define STRATA_GEMV3_FLOAT(name, Block, Elem)                                                          \
-    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { STRATA_PDL_ENTRY(); \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
         if (batch > 1)                                                                                 \
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
         else if (n % 8 == 0)                                                                           \

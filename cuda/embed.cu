@@ -81,7 +81,8 @@ __device__ __forceinline__ void embed_rows(const uint8_t* __restrict__ table, co
 
 #define STRATA_EMBED(NAME, TYPE)                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
-        strata_embed_##NAME(const uint8_t* table, const int* ids, float* out, int T, int n) { STRATA_PDL_ENTRY();        \
+        strata_embed_##NAME(const uint8_t* table, const int* ids, float* out, int T, int n) {          \
+        STRATA_PDL_ENTRY();                                                                            \
         embed_rows<TYPE>(table, ids, out, T, n);                                                       \
     }
 STRATA_EMBED(f32, F32)

@@ -69,17 +69,20 @@ __device__ __forceinline__ void gemv_batch_body(const uint8_t* __restrict__ W, c
 
 #define STRATA_GEMV_BATCH(name, Block)                                                                 \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_batch_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { STRATA_PDL_ENTRY(); \
+        strata_gemv_batch_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_batch_body<Block>(W, x, y, rows, n, batch);                                               \
     }
 
 #define STRATA_GEMV(name, Unit, Block)                                                                 \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();              \
+        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                            \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();        \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                      \
     }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
@@ -97,13 +100,15 @@ STRATA_GEMV(q6_k, UnitQ6_K, BlockQ6_K)
 
 #define STRATA_GEMV_IQ4(name, Unit, Block)                                                             \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();              \
+        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, table);                                              \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();        \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, table);                                        \
@@ -116,14 +121,16 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 // Float types: 8 weights per unit (16-byte loads) when n % 8 == 0, else one; the branch is uniform.
 #define STRATA_GEMV_FLOAT(name, Block, Elem)                                                           \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();              \
+        strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                           \
         else                                                                                           \
             gemv_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr);                            \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
-        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) { STRATA_PDL_ENTRY();        \
+        strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_split_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                     \
         else                                                                                           \

@@ -460,13 +460,15 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
         float *out, int A, int D, int I
 
 #define STRATA_MOE_DECODE(name, GateUpUnit, DownUnit)                                                  \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_gate_up_##name(STRATA_GATE_UP_ARGS) { STRATA_PDL_ENTRY(); \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_gate_up_##name(STRATA_GATE_UP_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
         const GateUp k{ptrs, gate_off, up_off, ids, x, h, A, I, D};                                    \
         GateUpUnit;                                                                                    \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_down_##name(STRATA_DOWN_ARGS) { STRATA_PDL_ENTRY();  \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_down_##name(STRATA_DOWN_ARGS) {  \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
         const Down k{ptrs, down_off, ids, h, weights, out, A, D, I};                                   \

@@ -39,7 +39,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 extern "C" __global__ void __launch_bounds__(128) strata_moe_route_f32(const float* __restrict__ logits,
                                                                        int* __restrict__ ids,
                                                                        float* __restrict__ weights, int T, int E,
-                                                                       int A, int norm_topk) { STRATA_PDL_ENTRY();
+                                                                       int A, int norm_topk) {
+    STRATA_PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T) return;  // the whole warp leaves together

@@ -24,7 +24,8 @@
 using namespace strata_norm;
 
 extern "C" __global__ void strata_rms_norm_f32(const float* x, const float* __restrict__ w,
-                                               float* y, int rows, int n, float eps) { STRATA_PDL_ENTRY();
+                                               float* y, int rows, int n, float eps) {
+    STRATA_PDL_ENTRY();
     const int row = blockIdx.x;
     if (row >= rows) return;
     const float* xr = x + static_cast<int64_t>(row) * n;

@@ -365,7 +365,8 @@ __device__ void nucleus_draw(const Src& src, uint32_t K, float T, float p, doubl
 extern "C" __global__ void __launch_bounds__(kThreads)
 strata_sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
                   const int* __restrict__ top_k, const float* __restrict__ top_p, const double* __restrict__ u,
-                  int* __restrict__ token, float* __restrict__ prob, int V) { STRATA_PDL_ENTRY();
+                  int* __restrict__ token, float* __restrict__ prob, int V) {
+    STRATA_PDL_ENTRY();
     __shared__ Smem sh;
     const int b = blockIdx.x;
     const GlobalSrc g{logits + static_cast<int64_t>(b) * V, V};
