@@ -120,6 +120,15 @@ QK_SHAPES = [(1, 32, 4, 128), (1, 32, 4, 64), (1, 4, 2, 64), (3, 5, 1, 62), (7, 
              (5, 16, 2, 256), (2, 3, 1, 1024), (1, 1, 1, 2), (128, 32, 4, 128), (33, 16, 4, 64)]
 
 
+def qk_inputs(rng, T, H, Hk, dh):
+    """Random q [T, H, dh], k and v [T, Hk, dh], and the q/k norm weights [dh]."""
+    q = rng.standard_normal((T, H, dh)).astype(np.float32)
+    k = rng.standard_normal((T, Hk, dh)).astype(np.float32)
+    v = rng.standard_normal((T, Hk, dh)).astype(np.float32)
+    qw, kw = rng.uniform(-2.0, 2.0, dh).astype(np.float32), rng.uniform(-2.0, 2.0, dh).astype(np.float32)
+    return q, k, v, qw, kw
+
+
 def qk_reference(q, k, qw, kw, positions, inv, scale, eps):
     cos, sin = rope.cos_sin(positions, inv, scale)
     return (rope.apply(rms_norm64(q, qw, eps), cos.astype(np.float64), sin.astype(np.float64)),
@@ -178,10 +187,7 @@ def test_qk_norm_rope_kv_far_positions(gpu, rng, T, H, Hk, dh):
     # positions up to 40960 (Qwen3's context): the angle reaches 4e4 radians
     eps = 1e-6
     inv, scale = rope.inv_freq(dh, 1e6, None, 40960)
-    q = rng.standard_normal((T, H, dh)).astype(np.float32)
-    k = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    v = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    qw, kw = rng.uniform(-2.0, 2.0, dh).astype(np.float32), rng.uniform(-2.0, 2.0, dh).astype(np.float32)
+    q, k, v, qw, kw = qk_inputs(rng, T, H, Hk, dh)
     positions = np.sort(rng.choice(np.arange(40000, 40960), T, replace=False))
     got = qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, 40960)
     q_ref, k_ref = qk_reference(q, k, qw, kw, positions, inv, scale, eps)
@@ -191,10 +197,7 @@ def test_qk_norm_rope_kv_far_positions(gpu, rng, T, H, Hk, dh):
 def test_qk_norm_rope_kv_any_grid_and_in_place(gpu, rng):
     T, H, Hk, dh, eps = 5, 32, 4, 128, 1e-6
     inv, scale = rope.inv_freq(dh, 1e6, None, 40960)
-    q = rng.standard_normal((T, H, dh)).astype(np.float32)
-    k = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    v = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    qw, kw = rng.uniform(-2.0, 2.0, dh).astype(np.float32), rng.uniform(-2.0, 2.0, dh).astype(np.float32)
+    q, k, v, qw, kw = qk_inputs(rng, T, H, Hk, dh)
     positions = rng.choice(64, T, replace=False)
     full = qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, 64)
     for grid_y, in_place in ((1, False), (3, True), (40, True)):      # warps stride over the heads
@@ -207,10 +210,7 @@ def test_qk_norm_rope_kv_equals_the_launches_it_replaces(gpu, rng):
     # rms_norm + rope of q and k, kv_append: same q to ~1 ulp (the norm's reduction order differs)
     T, H, Hk, dh, eps = 1, 32, 4, 128, 1e-6
     inv, scale = rope.inv_freq(dh, 1e6, None, 40960)
-    q = rng.standard_normal((T, H, dh)).astype(np.float32)
-    k = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    v = rng.standard_normal((T, Hk, dh)).astype(np.float32)
-    qw, kw = rng.uniform(-2.0, 2.0, dh).astype(np.float32), rng.uniform(-2.0, 2.0, dh).astype(np.float32)
+    q, k, v, qw, kw = qk_inputs(rng, T, H, Hk, dh)
     positions = np.array([17])
     fused_q, fused_k, fused_v = qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, 32)
     pb, ib = gpu.upload(positions.astype(np.int32)), gpu.upload(inv.astype(np.float32))
