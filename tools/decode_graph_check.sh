@@ -19,16 +19,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-265}
-elapsed() { echo $(( $(date +%s) - T0 )); }
-budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
-
-# The pack needs numpy and gguf only: its own site dir, so device_check's installs are untouched.
-$PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/strata-pack-site \
-    $(ls .whl/*.whl 2>/dev/null | grep -v '/nvidia_') >/dev/null 2>&1
-( PYTHONPATH=/tmp/strata-pack-site timeout "$(budget 240)" $PY -c \
-    "from strata.synthetic import synthetic_pack; print(synthetic_pack('$SHAPE', progress=False))"
-  echo "pack rc=$? at $(elapsed) s" ) >"$OUT/pack.log" 2>&1 &
-pack_pid=$!
+. tools/device_deadline.sh
+start_pack "$SHAPE" 240
 
 OUT=/tmp/strata-check timeout "$(budget 150)" tools/device_check.sh "${tests[@]}" >"$OUT/check.log" 2>&1
 echo "== build + tests rc=$? at $(elapsed) s"

@@ -26,18 +26,12 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-570}
-elapsed() { echo $(( $(date +%s) - T0 )); }
-budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+. tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests identical resident b12 b8 nocache)
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
-$PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/strata-pack-site \
-    $(ls .whl/*.whl 2>/dev/null | grep -v '/nvidia_') >/dev/null 2>&1
-( PYTHONPATH=/tmp/strata-pack-site timeout "$(budget 200)" $PY -c \
-    "from strata.synthetic import synthetic_pack; print(synthetic_pack('qwen3-30b-a3b', progress=False))"
-  echo "pack rc=$? at $(elapsed) s" ) >"$OUT/pack.log" 2>&1 &
-pack_pid=$!
+start_pack qwen3-30b-a3b 200
 
 if has tests; then
     TESTS=${TESTS:-"tests/kernels/test_decode_fused_gpu.py tests/kernels/test_moe_decode_gpu.py tests/kernels/test_moe_gemm_gpu.py tests/kernels/test_attention_tc_gpu.py tests/kernels/test_graphs_gpu.py tests/engine/test_cuda_runner.py"}
