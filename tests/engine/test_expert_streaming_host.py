@@ -89,17 +89,22 @@ def test_routing_profile_starts_the_cache_warm(fake, rng, tmp_path):
         _runner(pack, expert_cache="10", expert_profile=str(path))
 
 
+def _pinning_refused_over(limit: int):
+    """fake_cuda.HostBuffer as a system that refuses mapped pinned allocations over `limit` bytes."""
+    class Limited(fake_cuda.HostBuffer):
+        def __init__(self, device, nbytes, mapped=False):
+            if mapped and nbytes > limit:
+                raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
+            super().__init__(device, nbytes, mapped)
+    return Limited
+
+
 def test_pinning_refused_falls_back_to_a_partial_pin(fake, rng, monkeypatch, capsys):
     """The system refuses to pin more than 5 MB: the arena pins the layers that fit (one of seven
     here), the rest is staged through pinned buffers, the same logits bit for bit."""
-    class SomePin(fake_cuda.HostBuffer):
-        def __init__(self, device, nbytes, mapped=False):
-            if mapped and nbytes > 5_000_000:
-                raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
-            super().__init__(device, nbytes, mapped)
     pack = open_pack(DEMO)
     resident = _runner(pack)
-    monkeypatch.setattr(fake_cuda, "HostBuffer", SomePin)
+    monkeypatch.setattr(fake_cuda, "HostBuffer", _pinning_refused_over(5_000_000))
     streamed = _runner(pack, expert_cache="10")
     assert "pinning 0.009 GiB was refused" in capsys.readouterr().err
     cache = streamed.status()["expert_cache"]
@@ -112,14 +117,9 @@ def test_pinning_refused_falls_back_to_a_partial_pin(fake, rng, monkeypatch, cap
 
 def test_no_pin_at_all_still_runs(fake, rng, monkeypatch):
     """Every mapped allocation refused: nothing is pinned, every expert copy goes through staging."""
-    class NoPin(fake_cuda.HostBuffer):
-        def __init__(self, device, nbytes, mapped=False):
-            if mapped:
-                raise DeviceError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY (out of memory)")
-            super().__init__(device, nbytes, mapped)
     pack = open_pack(DEMO)
     resident = _runner(pack)
-    monkeypatch.setattr(fake_cuda, "HostBuffer", NoPin)
+    monkeypatch.setattr(fake_cuda, "HostBuffer", _pinning_refused_over(0))
     streamed = _runner(pack, expert_cache="10")
     assert streamed.store.arena is None and streamed.status()["expert_cache"]["arena_pinned_share"] == 0.0
     assert streamed.decode_misses == "staged" and "0% of experts.bin is pinned" in streamed.graph_error
