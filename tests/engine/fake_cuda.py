@@ -556,17 +556,17 @@ def _argmax(grid, logits, out, V):
 _EMULATE["argmax_f32"] = _argmax
 
 
-
 def _moe_group(grid, ids, S, A, E, tokens, rows, starts_out, tiles, max_tiles, bm):
     """cuda/moe_group.cu's tables from a stable numpy sort; the tile layout from its header's rule."""
     assert grid == (E + 1, 1, 1), f"fake_cuda: moe_group grid {grid} must be (E + 1, 1, 1)"
     assert max_tiles >= E + S // bm, f"fake_cuda: moe_group max_tiles {max_tiles} < E + S // bm"
     assert tiles % 16 == 0, "fake_cuda: moe_group tiles must be 16-byte aligned"
+    from strata.backends.cuda_moe import group_by_expert
     flat = view(ids, S, np.int32)
     assert flat.min() >= 0 and flat.max() < E, f"fake_cuda: moe_group ids outside [0, {E})"
-    order = np.argsort(flat, kind="stable")
+    order, _, _, _, sorted_rows = group_by_expert(flat.reshape(-1, A))
     view(tokens, S, np.int32)[:] = order // A
-    view(rows, S, np.int32)[order] = np.arange(S, dtype=np.int32)
+    view(rows, S, np.int32)[:] = sorted_rows
     counts = np.bincount(flat, minlength=E)
     starts = np.cumsum(counts) - counts
     view(starts_out, E + 1, np.int32)[:] = np.r_[starts, S]
@@ -582,10 +582,10 @@ _EMULATE["moe_group"] = _moe_group
 
 def _swiglu_rows(grid, gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld):
     """cuda/swiglu.cu strata_swiglu_rows_f32: rows [bounds[lo], bounds[hi]) only."""
-    b = view(bounds, hi + 1, np.int32)
-    for t in range(int(b[lo]), int(b[hi])):
-        g, u = view(gate + t * gate_ld * 4, I), view(up + t * up_ld * 4, I)
-        view(out + t * out_ld * 4, I)[:] = swiglu(g, u)
+    r0, r1 = (int(r) for r in view(bounds, hi + 1, np.int32)[[lo, hi]])
+    if r1 > r0:
+        _swiglu(grid, gate + r0 * gate_ld * 4, up + r0 * up_ld * 4, out + r0 * out_ld * 4, r1 - r0, I,
+                gate_ld, up_ld, out_ld)
 
 
 _EMULATE["swiglu_rows_f32"] = _swiglu_rows
