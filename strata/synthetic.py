@@ -1,7 +1,7 @@
 """Packs of random weights in a real model's shape, for measuring speed without a download.
 
 `synthetic_pack("qwen3-30b-a3b")` builds exactly the tensors, quant types and sizes of the model
-ANCHORS.md compares against (random valid block bytes, sane scales, so routing is near uniform),
+docs/PERF.md compares against (random valid block bytes, sane scales, so routing is near uniform),
 writes it once into the cache directory and reuses it after.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _args(**kw) -> ModelArgs:
 
 # name -> (ModelArgs, quant type per tensor group)
 SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
-    # Qwen3-30B-A3B as in ANCHORS.md: experts Q4_K; attention, embedding and head Q8_0; norms and router F32.
+    # Qwen3-30B-A3B as in docs/PERF.md: experts Q4_K; attention, embedding and head Q8_0; norms and router F32.
     "qwen3-30b-a3b": (_args(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
                             num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                             moe_intermediate_size=768),

@@ -1,5 +1,5 @@
 """Packs: Strata's model format (pack.json, dense.bin, experts.bin, tokenizer.json), its reader, and the
-converters from GGUF and Hugging Face checkpoints. See notes/pack_spec.md for the format."""
+converters from GGUF and Hugging Face checkpoints. docs/DESIGN.md describes the format."""
 from .cache import resolve_model
 from .converter import convert
 from .format import Pack, open_pack

@@ -2,7 +2,8 @@
 
 A pack directory holds pack.json, dense.bin (every non-expert tensor at a 256-byte-aligned offset),
 experts.bin (blob (l, e) = gate | up | down rows of one expert at layers[l].offset + e * stride, each
-blob 4096-aligned so one DMA moves one expert) and tokenizer.json. See notes/pack_spec.md.
+blob 4096-aligned so one DMA moves one expert) and tokenizer.json. docs/DESIGN.md has the
+whole format.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def test_qwen3_30b_shape_matches_the_anchor_numbers():
     plan = layout(src.dense, src.experts, src.args.num_experts)
     assert plan["max_blob"] == 2_654_208                      # 3 x 768 x 2048 weights in Q4_K
     total = plan["_sizes"]["dense.bin"] + plan["_sizes"]["experts.bin"]
-    assert abs(total / 2**30 - 16.75) < 0.1                   # ANCHORS.md: 16.75 GiB in all
+    assert abs(total / 2**30 - 16.75) < 0.1                   # docs/PERF.md: 16.75 GiB in all
 
 
 def test_bench_cli_reports_and_writes_json(tmp_path):

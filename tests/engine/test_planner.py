@@ -161,7 +161,7 @@ def test_every_expert_cached_needs_no_ring(q30):
     plan = make_plan(q30, config(max_context=4096), 24 << 30)
     assert plan.cache_slots == plan.total_experts == 6144 and plan.prefill_ring == 0
     assert plan.prompt_cache_slots == 6144 and plan.pcie_bytes_per_chunk == 0 and plan.prompt_tok_s is None
-    assert plan.decode_hit_rate == 1.0 and 1500 < plan.decode_tok_s < 2000     # ANCHORS: ~1,850
+    assert plan.decode_hit_rate == 1.0 and 1500 < plan.decode_tok_s < 2000     # docs/PERF.md: ~1,850
 
 
 def test_too_small_budget_names_the_bytes(q30):
