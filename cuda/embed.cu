@@ -1,93 +1,82 @@
 // Embedding lookup straight from the table's native block bytes: dequantize only the rows asked for.
 //
-// strata_embed_<type>(table, ids, out, T, n), type in f32, f16, bf16, q8_0, q6_k
+// strata_embed_<type>(table, ids, out, T, n), type: every type strata.quant reads (f32 f16 bf16
+// q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs)
 //   out[t, :] = dequantize(row ids[t] of the [rows, n] table), f32
 // Layout: table is the flat block bytes of a row-major [rows, n] matrix in ggml's layout for the
-// type (row r at r * row_bytes; row_bytes = n * 4, n * 2, n / 32 * 34, n / 256 * 210); ids [T]
-// int32 in device memory, 0 <= id < rows (the caller checks); out [T, n] f32.
-// Arithmetic is strata.quant.dequant's, product by product in f32, so results are bit-identical:
-//   Q8_0 (34 B / 32): d f16 | qs int8[32];            w = d * q
-//   Q6_K (210 B / 256): ql[128] | qh[64] | sc int8[16] | d f16; q = low4 | top2 << 4, w = (d * sc) * (q - 32)
-// Fields are read bytewise: blocks of 34 and 210 bytes leave 16-bit fields only 2-byte aligned.
+// type, 16-byte aligned (row r at r * row_bytes, row_bytes = n / block_size * type_size: a row of
+// a 2-byte aligned type such as Q3_K's 110 bytes may start anywhere 2-byte aligned, which the
+// decoders of quant_blocks.cuh take, since a block still starts a multiple of its size from the
+// table's start); ids [T] int32 in device memory, 0 <= id < rows (the caller checks); out [T, n]
+// f32, 16-byte aligned for the block types (n is then a multiple of 32).
+// Arithmetic: the block types decode with quant_blocks.cuh's exact decode8 (strata.quant.dequant's
+// float32 operations, bit for bit); the float types convert exactly.
 //
-// Launch: grid = (T, 1, 1), block = (256, 1, 1); one block per token, each thread writes the
-// weights j, j + 256, ... of the row (coalesced stores). No shared memory.
+// Launch: grid = (T, 1, 1), block = (256, 1, 1); one block per token. A float type's thread writes
+// the weights j, j + 256, ... of the row; a block type's thread decodes 8 weights c*8 .. c*8+7 for
+// c = thread, thread + 256, ... and stores them as two float4 (a warp's stores are 1 KiB
+// contiguous). No shared memory.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include "pdl.cuh"
+#include "quant_blocks.cuh"
 
 namespace {
 
-__device__ __forceinline__ float f16_at(const uint8_t* p) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
-}
+using namespace strata_q;
 
-__device__ __forceinline__ float q8_0_weight(const uint8_t* row, int j) {
-    const uint8_t* block = row + (j / 32) * 34;
-    return __fmul_rn(f16_at(block), static_cast<float>(static_cast<int8_t>(block[2 + j % 32])));
-}
-
-__device__ __forceinline__ float q6_k_weight(const uint8_t* row, int j) {
-    const uint8_t* block = row + (j / 256) * 210;
-    const int w = j % 256, half = w / 128, k = w % 128;        // k: weight within its half
-    const uint8_t* ql = block + 64 * half;
-    const uint8_t* qh = block + 128 + 32 * half;
-    const int low = k < 64 ? (ql[k] & 0x0F) : (ql[k - 64] >> 4);
-    const int top = (qh[k % 32] >> (2 * (k / 32))) & 0x3;
-    const float sc = static_cast<float>(static_cast<int8_t>(block[192 + w / 16]));
-    const float dl = __fmul_rn(f16_at(block + 208), sc);
-    return __fmul_rn(dl, static_cast<float>((low | (top << 4)) - 32));
-}
-
-struct F32 {
-    __device__ static constexpr int64_t row_bytes(int n) { return int64_t{4} * n; }
-    __device__ static float weight(const uint8_t* row, int j) { return reinterpret_cast<const float*>(row)[j]; }
-};
-struct F16 {
-    __device__ static constexpr int64_t row_bytes(int n) { return int64_t{2} * n; }
-    __device__ static float weight(const uint8_t* row, int j) {
-        return __half2float(reinterpret_cast<const __half*>(row)[j]);
-    }
-};
-struct BF16 {
-    __device__ static constexpr int64_t row_bytes(int n) { return int64_t{2} * n; }
-    __device__ static float weight(const uint8_t* row, int j) {
-        return __uint_as_float(static_cast<unsigned>(reinterpret_cast<const unsigned short*>(row)[j]) << 16);
-    }
-};
-struct Q8_0 {
-    __device__ static constexpr int64_t row_bytes(int n) { return int64_t{n / 32} * 34; }
-    __device__ static float weight(const uint8_t* row, int j) { return q8_0_weight(row, j); }
-};
-struct Q6_K {
-    __device__ static constexpr int64_t row_bytes(int n) { return int64_t{n / 256} * 210; }
-    __device__ static float weight(const uint8_t* row, int j) { return q6_k_weight(row, j); }
-};
-
-template <class Type>
-__device__ __forceinline__ void embed_rows(const uint8_t* __restrict__ table, const int* __restrict__ ids,
-                                           float* __restrict__ out, int T, int n) {
+template <class Elem>
+__device__ __forceinline__ void embed_elements(const uint8_t* __restrict__ table, const int* __restrict__ ids,
+                                               float* __restrict__ out, int T, int n) {
     const int t = blockIdx.x;
     if (t >= T) return;
-    const uint8_t* row = table + ids[t] * Type::row_bytes(n);
+    const uint8_t* row = table + static_cast<int64_t>(ids[t]) * n * Elem::kBytes;
     float* o = out + static_cast<int64_t>(t) * n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = Type::weight(row, j);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = Elem::value(Elem::load(row + j * Elem::kBytes));
+}
+
+template <class B>
+__device__ __forceinline__ void embed_blocks(const uint8_t* __restrict__ table, const int* __restrict__ ids,
+                                             float* __restrict__ out, int T, int n) {
+    constexpr int kChunks = B::kWeights / 8;          // 8-weight chunks per block
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    const int num_blocks = n / B::kWeights;
+    const uint8_t* row = table + static_cast<int64_t>(ids[t]) * num_blocks * B::kBytes;
+    float* o = out + static_cast<int64_t>(t) * n;
+    for (int c = threadIdx.x; c < num_blocks * kChunks; c += blockDim.x) {
+        float v[8];
+        B::decode8(row + (c / kChunks) * B::kBytes, c % kChunks, v);
+        float4* dst = reinterpret_cast<float4*>(o + 8 * c);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
 }
 
 }  // namespace
 
-#define STRATA_EMBED(NAME, TYPE)                                                                      \
+#define STRATA_EMBED(NAME, BODY, TYPE)                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
         strata_embed_##NAME(const uint8_t* table, const int* ids, float* out, int T, int n) {          \
         STRATA_PDL_ENTRY();                                                                            \
-        embed_rows<TYPE>(table, ids, out, T, n);                                                       \
+        BODY<TYPE>(table, ids, out, T, n);                                                             \
     }
-STRATA_EMBED(f32, F32)
-STRATA_EMBED(f16, F16)
-STRATA_EMBED(bf16, BF16)
-STRATA_EMBED(q8_0, Q8_0)
-STRATA_EMBED(q6_k, Q6_K)
+STRATA_EMBED(f32, embed_elements, ElemF32)
+STRATA_EMBED(f16, embed_elements, ElemF16)
+STRATA_EMBED(bf16, embed_elements, ElemBF16)
+STRATA_EMBED(q4_0, embed_blocks, BlockQ4_0)
+STRATA_EMBED(q4_1, embed_blocks, BlockQ4_1)
+STRATA_EMBED(q5_0, embed_blocks, BlockQ5_0)
+STRATA_EMBED(q5_1, embed_blocks, BlockQ5_1)
+STRATA_EMBED(q8_0, embed_blocks, BlockQ8_0)
+STRATA_EMBED(q2_k, embed_blocks, BlockQ2_K)
+STRATA_EMBED(q3_k, embed_blocks, BlockQ3_K)
+STRATA_EMBED(q4_k, embed_blocks, BlockQ4_K)
+STRATA_EMBED(q5_k, embed_blocks, BlockQ5_K)
+STRATA_EMBED(q6_k, embed_blocks, BlockQ6_K)
+STRATA_EMBED(iq4_nl, embed_blocks, BlockIQ4_NL)
+STRATA_EMBED(iq4_xs, embed_blocks, BlockIQ4_XS)
 #undef STRATA_EMBED

@@ -12,6 +12,10 @@ from strata.errors import DeviceError, FormatError, InvalidArgument
 from strata.quant import qtype, tensor_bytes
 
 RMS_NORM_BLOCK = 256  # threads per row; cuda/rms_norm.cu accepts any multiple of 32 up to 1024
+# cuda/embed.cu's strata_embed_<type>: every type strata.quant reads, so every pack's embedding is
+# read on the device from device-side ids (tests/kernels/test_embed_gpu.py checks the source's list)
+EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def _runtime():
@@ -113,7 +117,7 @@ class CudaOps:
     ATTENTION_HEAD_DIMS = (64, 128, 256)
     ATTENTION_MAX_SPLITS = 1024      # cuda/attention.cu kMaxSplits
     MOE_ROUTE_MAX_EXPERTS = 512      # cuda/moe_route.cu: 16 logits per lane
-    EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")
+    EMBED_QTYPES = EMBED_QTYPES
 
     def _kernel(self, library: str, name: str, signature: str):
         """Kernel `name` of cuda/<library>.cu on this device, looked up once."""
@@ -283,8 +287,6 @@ class CudaOps:
 
     def embed(self, qtype_name: str, table: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
         """Rows ids [T] of a [rows, n] table in its block bytes, dequantized to f32 [T, n]."""
-        from strata.quant import qtype
-
         qt = qtype(qtype_name)
         if qt.name not in self.EMBED_QTYPES:
             raise InvalidArgument(f"embed: quant type {qt.name} has no kernel (have {', '.join(self.EMBED_QTYPES)})")

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import InvalidArgument, UnsupportedError
 from ..model import rope
 from ..quant import qtype as qtype_of
-from .cuda import CudaOps
+from .cuda import EMBED_QTYPES, CudaOps
 from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
 from .cuda_attention_tc import LIBRARY as TC_LIBRARY
 from .cuda_attention_tc import SIGNATURE as TC_SIGNATURE
@@ -41,7 +41,6 @@ from .cuda_moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 SPLIT_GEMV = True                    # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
-EMBED_QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K")     # cuda/embed.cu's types
 ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.cu's prompt kernels
 ATTENTION_MAX_SPLITS = 1024
@@ -185,25 +184,15 @@ class DeviceOps:
 
     # ---- ops ---------------------------------------------------------------------------------
     def embed(self, name: str, ids) -> DeviceTensor:
-        """Rows ids of the table; ids numpy, or an int32 DeviceTensor [T] (read on the device)."""
+        """Rows ids of the table; ids numpy (uploaded), or an int32 DeviceTensor [T] (read on the device)."""
         w = self.w.tensor(name)
-        on_device = isinstance(ids, DeviceTensor)
-        if not on_device:
-            ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        if w.qtype not in EMBED_QTYPES:
+            raise UnsupportedError(f"embed: {name} is {w.qtype}, which cuda/embed.cu has no kernel for")
+        if not isinstance(ids, DeviceTensor):
+            ids = self.upload(np.asarray(ids, dtype=np.int32).reshape(-1))
         T, n = ids.shape[0], w.shape[-1]
         out = self.alloc((T, n))
-        if w.qtype in EMBED_QTYPES:
-            ids_dev = ids if on_device else self.upload(ids)
-            self.launch("embed", f"strata_embed_{w.qtype.lower()}", "PPPii", T, 256, (w.ptr, ids_dev.ptr, out.ptr, T, n))
-            return out
-        if on_device:
-            raise UnsupportedError(f"embed: {w.qtype} tables are dequantized per row on the host's ids; "
-                                   f"device-side ids need one of {', '.join(EMBED_QTYPES)}")
-        row_bytes = qtype_of(w.qtype).row_bytes(n)
-        if row_bytes % 16:
-            raise UnsupportedError(f"embed: {w.qtype} rows of {n} weights are not 16-byte aligned")
-        for t, r in enumerate(ids.tolist()):      # one dequant per token: types embed.cu lacks
-            self._dequant(w.qtype, w.ptr + r * row_bytes, out.ptr + t * n * 4, n)
+        self.launch("embed", f"strata_embed_{w.qtype.lower()}", "PPPii", T, 256, (w.ptr, ids.ptr, out.ptr, T, n))
         return out
 
     def rms_norm(self, x: DeviceTensor, name: str, eps: float) -> DeviceTensor:

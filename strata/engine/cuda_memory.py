@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..backends.cuda_device import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
-from ..backends.cuda_device_ops import EMBED_QTYPES, DeviceOps
+from ..backends.cuda_device_ops import DeviceOps
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
@@ -180,11 +180,8 @@ def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int) -> tuple[int,
     what CudaRunner reserves for the step's CUDA graph (cuda_graph.capture_step)."""
     ops, model, kv = _ops(sizes, max_cells, num_sms)
     base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
-    if sizes.dense["token_embd.weight"]["qtype"] in EMBED_QTYPES:      # ids and positions read on the device
-        buf = _NullBuffer(None, 4 * (2 * 8 + 1))
-        ids, pos = DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)
-    else:                                                               # CudaRunner steps through _forward
-        ids, pos = np.zeros(T, np.int64), np.arange(T)
+    buf = _NullBuffer(None, 4 * (2 * 8 + 1))                            # ids and positions read on the device
+    ids, pos = DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)
     logits, _ = model.forward(ids, pos, kv)
     del logits
     return ops.pool.peak_bytes - base_peak, ops.pool.allocated_bytes - base_total

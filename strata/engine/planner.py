@@ -8,6 +8,10 @@ DESIGN.md's "Memory plan" and seed 000 (#583):
   activation pool's first 64 MiB segment, or the decode step's peak if bigger, plus the zeros
   buffer and f32 norm copies), one CUDA graph pool per decode step shape, and the MTP draft
   layer's experts when --mtp uses it.
+- The context: `--max-context N` (capped at the model's trained context), or by default the
+  model's trained context (ModelArgs.max_position_embeddings), lowered on the CHUNK_GRID until the
+  mandatory items at that KV size leave room for the expert cache's minimum (a token's experts in
+  every layer, MIN_CACHE_SLOTS_PER_LAYER = A each) and the smallest prompt loan (`fit_context`).
 - The expert cache: `--expert-cache auto` takes what is left, N is fixed (an error if it does not
   fit). A slot holds one expert blob at its own layer's size, slots filled round-robin over the
   layers; on a pack whose layers share one blob size that is floor(room / max_blob) slots.
@@ -40,7 +44,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..backends.cuda_device import SEGMENT_BYTES, Pool
-from ..backends.cuda_device_ops import EMBED_QTYPES
 from ..config import EngineConfig, ModelArgs
 from ..errors import InvalidArgument
 from . import cuda_memory
@@ -178,21 +181,68 @@ def bytes_needed(sizes: PackSizes, T: int, max_cells: int = 1, num_sms: int = DE
             + cuda_memory.zeros_bytes(sizes, T) - cuda_memory.ZEROS_MIN_BYTES)
 
 
+def priced(config, what_if: dict | None = None, **fields) -> SimpleNamespace:
+    """The engine fields the planner prices, as a namespace: `config`'s, with `fields` (the context
+    being tried) and, test-only, `what_if`: values of fields EngineConfig refuses today (kv,
+    kv_resident, spec, mtp), so the pricing of features still to come stays tested meanwhile."""
+    unknown = set(what_if or ()) - {"kv", "kv_resident", "spec", "mtp"}
+    if unknown:
+        raise InvalidArgument(f"planner what_if: {sorted(unknown)} are not priced fields")
+    base = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+    return SimpleNamespace(**{**base, **(what_if or {}), **fields})
+
+
+def min_cache_slots(sizes: PackSizes) -> int:
+    """The expert cache's minimum for the context fit: one token's experts (A) in every main layer."""
+    a = sizes.args
+    return min(a.num_hidden_layers * a.num_experts, a.num_hidden_layers * a.num_experts_per_tok)
+
+
+def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFAULT_NUM_SMS) -> tuple[int, str]:
+    """(max_context, why): --max-context (capped at the trained context), or the model's trained
+    context when the plan holds its KV beside the expert cache's minimum (min_cache_slots, or a
+    fixed --expert-cache N) and the smallest prompt loan; else the largest context on the
+    CHUNK_GRID that does. Below one grid step it answers the grid step and make_plan says why."""
+    trained = sizes.args.max_position_embeddings
+    if config.max_context:
+        if config.max_context > trained:
+            return trained, f"--max-context {config.max_context} capped at the model's trained context {trained}"
+        return config.max_context, "--max-context"
+    cache, mb = ExpertCache(sizes), sizes.max_blob
+    floor_slots = (min_cache_slots(sizes) if config.expert_cache == "auto"
+                   else min(int(config.expert_cache), cache.total_slots))
+    floor_bytes = cache.nbytes(floor_slots)
+
+    def fits(c: int) -> bool:
+        cfg = priced(config, max_context=c)
+        room = budget_bytes - sum(mandatory_items(sizes, cfg, num_sms).values())
+        first = chunk_candidates(cfg.prefill, c)[0][0]
+        smallest_loan = bytes_needed(sizes, min(first, c), kv_cells(cfg), num_sms) + RING_MIN_SLOTS * mb
+        return room >= max(floor_bytes, smallest_loan)
+    if fits(trained):
+        return trained, "the model's trained context"
+    c = largest_fitting(list(range(CHUNK_GRID, trained, CHUNK_GRID)), fits) or min(CHUNK_GRID, trained)
+    kv = kv_bytes(sizes.args, trained, config.kv, sizes.args.num_hidden_layers + sizes.args.num_mtp_layers)
+    return c, (f"lowered from the model's trained {trained}: its KV ({kv / 2**30:.2f} GiB) does not fit in the "
+               f"{budget_bytes / 2**30:.2f} GiB budget beside the dense weights, the expert cache's minimum of "
+               f"{floor_slots} slots ({floor_bytes / 2**30:.2f} GiB) and the smallest prompt loan")
+
+
 def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAULT_NUM_SMS) -> dict[str, int]:
-    """Bytes that must stay resident: dense, kv, decode (scratch), graphs, mtp."""
+    """Bytes that must stay resident: dense, kv, decode (scratch), graphs, mtp. The KV covers
+    every layer the runners allocate it for (the MTP layer's too, drafting or not)."""
     a = sizes.args
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = kv_cells(config)
     steps = sorted({1, min(config.spec + 1, STEP_MAX_TOKENS)})    # a decode step, a draft-verify step
     step_bytes = [cuda_memory.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
-    graphs = config.cuda_graphs and sizes.dense["token_embd.weight"]["qtype"] in EMBED_QTYPES
     return {
         "dense": sizes.dense_bytes,
-        "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + len(mtp_layers)),
+        "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + a.num_mtp_layers),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + cuda_memory.ZEROS_MIN_BYTES
                    + cuda_memory.norm_copies_bytes(sizes)),
-        "graphs": sum(Pool.block_bytes(total) for _, total in step_bytes) if graphs else 0,
+        "graphs": sum(Pool.block_bytes(total) for _, total in step_bytes) if config.cuda_graphs else 0,
         "mtp": a.num_experts * sum(sizes.blob(l) for l in mtp_layers),
     }
 
@@ -229,6 +279,8 @@ class Plan:
     h2d_gb_s: float
     device_copy_gb_s: float
     bandwidth_source: str
+    max_context: int = 0            # the context the plan holds KV for
+    context_source: str = ""        # why that context (fit_context)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -259,7 +311,7 @@ def _prompt_choice(cands, fixed, need, room, spare, resident, full, max_blob) ->
                                                          f"over a {RING_MIN_SLOTS}-slot floor")
 
 
-def _legacy_choice(config: EngineConfig, need, room: int, total_slots: int, max_blob: int) -> tuple[int, int, str]:
+def _legacy_choice(config, need, room: int, total_slots: int, max_blob: int) -> tuple[int, int, str]:
     """The rule seed 000 replaced, kept for its A/B: a ring of LEGACY_RING_SLOTS slots whatever the
     blob size, taken off the top, then the first chunk of LEGACY_CHUNKS (capped at the context)
     that fits in what is left (the smallest when none does)."""
@@ -271,10 +323,15 @@ def _legacy_choice(config: EngineConfig, need, room: int, total_slots: int, max_
 
 
 def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
-              bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS) -> Plan:
-    """The plan for this pack, engine config and VRAM budget. InvalidArgument (naming the bytes
-    needed) when the budget cannot hold the mandatory items and the smallest prompt loan, or a
-    fixed --expert-cache N does not fit beside them."""
+              bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS,
+              what_if: dict | None = None) -> Plan:
+    """The plan for this pack, engine config and VRAM budget, at the context fit_context gives.
+    InvalidArgument (naming the bytes needed) when the budget cannot hold the mandatory items and
+    the smallest prompt loan, or a fixed --expert-cache N does not fit beside them. what_if: see
+    priced() (test-only)."""
+    config = priced(config, what_if)
+    context, context_source = fit_context(sizes, config, budget_bytes, num_sms)
+    config = priced(config, max_context=context)
     items = mandatory_items(sizes, config, num_sms)
     mandatory = sum(items.values())
     cache, mb, cells = ExpertCache(sizes), sizes.max_blob, kv_cells(config)
@@ -309,7 +366,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, cells, mb, cache.total_slots, slots,
                 cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 cuda_memory.prompt_pool_bytes(sizes, chunk, cells, num_sms), loan, kept, pcie, prompt_tps, hit,
-                decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source)
+                decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
+                context_source)
 
 
 def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths):

@@ -316,7 +316,10 @@ def _dequant(q, grid, blocks, out, n_blocks):
 
 
 def _embed(q, grid, table, ids, out, T, n):
-    assert grid[0] >= T
+    """cuda/embed.cu: rows of any type; the table 16-byte aligned, and out too for a block type."""
+    from strata.backends.cuda import EMBED_QTYPES
+    assert q in EMBED_QTYPES and grid[0] >= T, f"fake_cuda: embed {q} over grid {grid} for {T} tokens"
+    _aligned("embed", table, *([out] if qtype(q).block_size > 1 else []))
     row_bytes = qtype(q).row_bytes(n)
     for t, r in enumerate(view(ids, T, np.int32)):
         view(out + t * n * 4, n)[:] = _weights(q, table + int(r) * row_bytes, 1, n)[0]

@@ -324,7 +324,8 @@ def test_cuda_graphs_setting(fake, monkeypatch, rng):
     assert not fake.graph_launches and not runner.graphs and runner.status()["decode"]["cuda_graphs"] is False
 
 
-def test_emulated_embedding_without_a_kernel_decodes_eagerly(fake, tmp_path, rng):
+def test_emulated_k_quant_embedding_decodes_through_graphs(fake, tmp_path, rng):
+    """A Q4_K embedding (once read on the host's ids, so decode ran eagerly) takes device-side ids."""
     pytest.importorskip("torch")
     pytest.importorskip("gguf")
     from tests.fixtures import SHAPES, make_gguf_pack
@@ -337,7 +338,7 @@ def test_emulated_embedding_without_a_kernel_decodes_eagerly(fake, tmp_path, rng
     for t in ids[6:]:
         assert_close(gpu.decode(t), cpu.decode(t))
     d = gpu.decode_status()
-    assert not d["cuda_graphs"] and "Q4_K" in d["graph_error"] and not fake.graph_launches
+    assert d["cuda_graphs"] and fake.graph_launches and "strata_embed_q4_k" in fake.launches
 
 
 def test_pick_on_the_device_equals_the_host_pick(fake, rng):
