@@ -98,7 +98,9 @@ class EngineConfig:
                                                                  "of a fixed list that fits; for A/B runs)"})
     kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
-    max_context: int = field(default=4096, metadata={"help": "longest sequence (prompt + output) in tokens"})
+    max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
+                                                          "model's trained context, lowered to what VRAM (or host "
+                                                          "memory) holds beside the expert cache's minimum"})
     spec: int = field(default=0, metadata={"help": "speculative draft tokens per step (needs --mtp)"})
     mtp: bool = field(default=False, metadata={"help": "use the model's MTP draft layer"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
@@ -117,10 +119,12 @@ class EngineConfig:
             raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
         if self.kv not in ("f16", "int8", "q4_0"):
             raise InvalidArgument(f"kv must be f16, int8 or q4_0, got {self.kv!r}")
-        if self.max_context <= 0:
-            raise InvalidArgument(f"max_context must be positive, got {self.max_context}")
+        if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
+            raise InvalidArgument(f"max_context must be a number of tokens (0 = the model's trained context), "
+                                  f"got {self.max_context!r}")
         if self.kv_resident < 0 or self.spec < 0:
             raise InvalidArgument("kv_resident and spec must be >= 0")
+        _refuse_not_implemented(self)
         if self.decode_misses not in ("zero-copy", "staged"):
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
         if self.prefill_rule not in ("bytes", "slots"):
@@ -141,6 +145,33 @@ class EngineConfig:
         if unknown:
             raise InvalidArgument(f"unknown engine option {unknown[0]!r} (known: {', '.join(sorted(names))})")
         return cls(**{**kwargs, **env_overrides(cls)})
+
+
+def _gpu_ordinals(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InvalidArgument(f"--gpus must be GPU ordinals, comma-separated (like 0), got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _refuse_not_implemented(cfg: "EngineConfig") -> None:
+    """Flags the engine accepts in form but does not run yet: refused here, one line each, so none
+    silently does nothing. The issue that builds a feature lifts its own refusal."""
+    if cfg.kv != "f16":
+        raise InvalidArgument(f"--kv {cfg.kv}: a {cfg.kv} KV cache is not implemented yet (f16 is)")
+    if cfg.kv_resident:
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
+                              f"(0 keeps all of it in VRAM)")
+    if cfg.spec:
+        raise InvalidArgument("--spec: speculative decoding is not implemented yet")
+    if cfg.mtp:
+        raise InvalidArgument("--mtp: drafting with the model's MTP layer is not implemented yet")
+    if cfg.layer_split != "auto":
+        raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "
+                              f"yet (auto)")
+    if len(_gpu_ordinals(cfg.gpus)) > 1:
+        raise InvalidArgument(f"--gpus {cfg.gpus}: running on more than one GPU is not implemented yet; give "
+                              f"one ordinal")
 
 
 def _parse_field(f: dataclasses.Field, text: str) -> Any:

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from strata.config import EngineConfig, ModelArgs, env_overrides
@@ -6,9 +9,9 @@ from strata.errors import InvalidArgument
 
 def test_env_overrides_win_and_are_typed(monkeypatch):
     monkeypatch.setenv("STRATA_VRAM_BUDGET_GIB", "12.5")
-    monkeypatch.setenv("STRATA_MTP", "1")
-    cfg = EngineConfig.from_kwargs(vram_budget_gib=8)
-    assert cfg.vram_budget_gib == 12.5 and cfg.mtp is True
+    monkeypatch.setenv("STRATA_CUDA_GRAPHS", "0")
+    cfg = EngineConfig.from_kwargs(vram_budget_gib=8, cuda_graphs=True)
+    assert cfg.vram_budget_gib == 12.5 and cfg.cuda_graphs is False
 
 
 def test_bad_env_value_names_the_variable(monkeypatch):
@@ -18,7 +21,8 @@ def test_bad_env_value_names_the_variable(monkeypatch):
 
 
 @pytest.mark.parametrize("kw", [{"device": "tpu"}, {"prefill": "big"}, {"expert_cache": "many"},
-                                {"max_context": 0}, {"kv": "fp8"}, {"no_such_flag": 1}])
+                                {"max_context": -1}, {"kv": "fp8"}, {"no_such_flag": 1}, {"gpus": "x"},
+                                {"gpus": ""}])
 def test_bad_engine_options(kw):
     with pytest.raises(InvalidArgument):
         EngineConfig.from_kwargs(**kw)
@@ -27,3 +31,37 @@ def test_bad_engine_options(kw):
 def test_model_args_reject_unsupported_architecture():
     with pytest.raises(InvalidArgument, match="llama"):
         ModelArgs("llama", 10, 8, 1, 2, 1, 4, 4, 2, 8)
+
+
+# Flags the engine accepts in form but does not run yet: each refused with its own one-line reason.
+NOT_IMPLEMENTED = [({"kv": "int8"}, "--kv int8"), ({"kv": "q4_0"}, "--kv q4_0"), ({"kv_resident": 1024}, "--kv-resident"),
+                   ({"spec": 2}, "--spec: speculative decoding is not implemented yet"), ({"mtp": True}, "--mtp"),
+                   ({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
+
+
+@pytest.mark.parametrize("kw, match", NOT_IMPLEMENTED)
+def test_flags_that_would_do_nothing_are_refused(kw, match):
+    with pytest.raises(InvalidArgument, match="not implemented yet") as info:
+        EngineConfig.from_kwargs(**kw)
+    assert str(info.value).startswith(match) and "\n" not in str(info.value)
+
+
+def test_their_defaults_are_accepted():
+    cfg = EngineConfig.from_kwargs(kv="f16", kv_resident=0, spec=0, mtp=False, layer_split="auto", gpus="1")
+    assert (cfg.kv, cfg.kv_resident, cfg.spec, cfg.mtp, cfg.layer_split, cfg.gpus) == ("f16", 0, 0, False, "auto", "1")
+    assert EngineConfig().max_context == 0          # 0: the model's trained context, fitted to memory
+
+
+def test_refused_through_the_environment_too(monkeypatch):
+    monkeypatch.setenv("STRATA_SPEC", "3")
+    with pytest.raises(InvalidArgument, match="--spec"):
+        EngineConfig.from_kwargs()
+
+
+@pytest.mark.parametrize("flags, match", [(["--spec", "2"], "--spec: speculative decoding"), (["--mtp"], "--mtp"),
+                                          (["--kv", "int8"], "--kv int8"), (["--gpus", "0,1"], "--gpus")])
+def test_cli_refuses_them_in_one_line(flags, match):
+    r = subprocess.run([sys.executable, "-m", "strata", "plan", "--synthetic", "tiny", "--device", "cpu",
+                        "--vram-budget-gib", "1", *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"strata: error: {match}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

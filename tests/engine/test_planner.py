@@ -40,7 +40,7 @@ def demo_sizes(pack=None):
 
 
 def config(**kw):
-    return EngineConfig(**{"max_context": 65536, **kw})
+    return EngineConfig(**{"max_context": 40960, **kw})       # the shape's trained context
 
 
 def mandatory(sizes, cfg):
@@ -64,7 +64,8 @@ def test_kv_bytes_per_type(q30):
     assert kv_bytes(a, 1000, "f16", 48) == 2 * values
     assert kv_bytes(a, 1000, "int8", 48) == values // 32 * 34
     assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
-    small = make_plan(q30, config(max_context=8192, kv_resident=2048, kv="q4_0"), 8 << 30)
+    # kv and kv_resident are refused by EngineConfig until they run; the planner still prices them
+    small = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv_resident": 2048, "kv": "q4_0"})
     assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
 
 
@@ -288,8 +289,8 @@ def _cli_json(capsys, *args):
 
 
 def test_cli_plan_synthetic_budgets(capsys):
-    plans = [_cli_json(capsys, "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", str(g), "--device", "cpu")
-             for g in (8, 12, 24)]
+    plans = [_cli_json(capsys, "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", str(g), "--device", "cpu",
+                       "--max-context", "4096") for g in (8, 12, 24)]
     for key in ("max_blob", "cache_slots", "prefill_chunk", "prefill_ring", "bytes_needed", "vram_budget_bytes"):
         assert all(key in p for p in plans)
     slots = [p["cache_slots"] for p in plans]
@@ -331,3 +332,58 @@ def test_legacy_slots_rule_for_the_ab(q30):
     assert new.prefill_chunk % planner.CHUNK_GRID == 0 and new.prefill_chunk >= old.prefill_chunk
     with pytest.raises(InvalidArgument, match="prefill_rule"):
         config(prefill_rule="rows")
+
+
+# ---- the context: the model's trained one, fitted to the budget ---------------------------------------
+
+def test_default_context_at_8_gib_is_the_trained_40k(q30):
+    """serve on qwen3-30b-a3b at --vram-budget-gib 8 must take a 13K-token prompt by default."""
+    plan = make_plan(q30, EngineConfig(), 8 << 30)
+    assert q30.args.max_position_embeddings == 40960
+    assert plan.max_context == plan.kv_cells == 40960 and plan.context_source == "the model's trained context"
+    assert plan.max_context > 13000 + 1024
+    assert plan.cache_slots >= planner.min_cache_slots(q30) == 48 * 8
+    assert plan.mandatory["kv"] == kv_bytes(q30.args, 40960, "f16", 48)
+
+
+@pytest.mark.parametrize("gib", [3.5, 5])
+def test_context_is_lowered_to_what_the_budget_holds(q30, gib):
+    budget = int(gib * 2**30)
+    plan = make_plan(q30, EngineConfig(), budget)
+    c = plan.max_context
+    assert c < 40960 and c % planner.CHUNK_GRID == 0 and plan.context_source.startswith("lowered")
+    floor = ExpertCache(q30).nbytes(planner.min_cache_slots(q30))
+
+    def room_and_need(ctx):
+        cfg = EngineConfig(max_context=ctx)
+        loan = bytes_needed(q30, planner.CHUNK_GRID, ctx) + RING_MIN_SLOTS * q30.max_blob
+        return budget - mandatory(q30, cfg), max(floor, loan)
+    room, need = room_and_need(c)
+    assert room >= need and plan.cache_slots >= planner.min_cache_slots(q30)
+    room, need = room_and_need(c + planner.CHUNK_GRID)      # one grid step more no longer holds it
+    assert room < need
+
+
+def test_max_context_flag_overrides_and_is_capped_at_the_trained_context(q30):
+    assert make_plan(q30, EngineConfig(max_context=8192), 8 << 30).max_context == 8192
+    capped = make_plan(q30, EngineConfig(max_context=100000), 8 << 30)
+    assert capped.max_context == 40960 and "capped" in capped.context_source
+    with pytest.raises(InvalidArgument, match="too small"):      # asked for, not lowered
+        make_plan(q30, EngineConfig(max_context=40960), 2 << 30)
+
+
+def test_what_if_prices_refused_fields_only(q30):
+    with pytest.raises(InvalidArgument, match="kv"):
+        EngineConfig(kv="int8")
+    plan = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv": "int8"})
+    assert plan.kv == "int8" and plan.mandatory["kv"] == kv_bytes(q30.args, 8192, "int8", 48)
+    with pytest.raises(InvalidArgument, match="not priced"):
+        make_plan(q30, config(), 8 << 30, what_if={"prefill": "1024"})
+
+
+def test_cli_plan_says_the_context(capsys):
+    assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "5", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "context " in out and "lowered from the model's trained 40960" in out
+    assert _cli_json(capsys, "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8",
+                     "--device", "cpu")["max_context"] == 40960
