@@ -3,6 +3,9 @@
 Prompt tok/s for each --prompt length (read from scratch), decode tok/s over --decode tokens after
 the shortest prompt and after the longest one, the bytes a decoded token reads and the rate that
 implies, peak memory, and a JSON record. A progress line on stderr while it works.
+
+Prompt lengths past the context (less the decoded tokens that follow) are clipped to it, with a
+note. A failure part way prints what was measured before it, then one line naming the phase.
 """
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from .config import SamplingParams
-from .errors import InvalidArgument
+from .errors import InvalidArgument, StrataError
 
 
 @dataclass
@@ -30,6 +34,9 @@ class BenchResult:
     config: dict = field(default_factory=dict)
     vram_peak_bytes: int = 0                        # the device's used VRAM at its highest (GPU)
     plan: dict = field(default_factory=dict)        # prefill_chunk, prefill_ring, cache slots (GPU)
+    max_context: int = 0
+    notes: list = field(default_factory=list)       # prompt lengths clipped to the context
+    error: str | None = None                        # the phase that failed and why; results before it stand
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -40,6 +47,18 @@ def parse_lengths(text: str) -> list[int]:
     if not lengths or min(lengths) <= 0:
         raise InvalidArgument(f"--prompt needs positive token counts, got {text!r}")
     return lengths
+
+
+def clip_lengths(lengths: list[int], max_context: int, decode_tokens: int) -> tuple[list[int], list[str]]:
+    """(prompt lengths that fit, a note per clipped one): a prompt and the decode_tokens after it
+    take at most max_context positions, so longer prompts are clipped to max_context - decode_tokens."""
+    room = max_context - decode_tokens
+    if room < 1:
+        raise InvalidArgument(f"--decode {decode_tokens} leaves no room for a prompt in the context of "
+                              f"{max_context} tokens")
+    notes = [f"prompt {n} clipped to {room} tokens: the context holds {max_context} and {decode_tokens} decoded "
+             f"tokens follow the prompt" for n in sorted(set(lengths)) if n > room]
+    return sorted({min(n, room) for n in lengths}), notes
 
 
 def decode_bytes_per_token(pack) -> int:
@@ -73,33 +92,58 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
               random_tokens: bool = False) -> BenchResult:
     """random_tokens: decode feeds random token ids instead of the greedy choice (for random-weight
     models, whose greedy output soon repeats one token: the same experts every step would flatter
-    an expert cache)."""
+    an expert cache). An exception in a phase ends the run: res.error names the phase, the phases
+    before it keep their numbers."""
     runner, line = llm.runner, _Line()
     rng = np.random.default_rng(seed)
     res = BenchResult(model=llm.model_name, device=llm.device, config=asdict(llm.config),
-                      bytes_per_token=decode_bytes_per_token(llm.pack))
-    res.limits = runner.measure_limits() if hasattr(runner, "measure_limits") else {}
-    V = llm.args.vocab_size
-    runner.reset()                  # warm-up: module loads, weight caches, allocator
-    runner.decode(int(np.argmax(runner.prefill(rng.integers(0, V, 16).tolist(), 0))))
-    for n in sorted(set(prompt_lengths)):
-        ids = rng.integers(0, V, n).tolist()
-        runner.reset()
-        t0 = time.perf_counter()
-        before = _stream_counters(runner)
-        logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
-        dt = time.perf_counter() - t0
-        res.prompt[n] = {"tok_s": n / dt, "seconds": dt, **_stream_delta(runner, before, dt)}
-        _vram_peak(runner, res)
-        line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
-        if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
-            before = _stream_counters(runner)
-            res.decode[n] = _decode(runner, logits, decode_tokens, res.bytes_per_token, line, n,
-                                    rng if random_tokens else None)
-            res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
-            _vram_peak(runner, res)
+                      bytes_per_token=decode_bytes_per_token(llm.pack), max_context=llm.max_context)
+    phase = "measuring limits"
+    try:
+        res.limits = runner.measure_limits() if hasattr(runner, "measure_limits") else {}
+        phase = "warm-up"
+        V = llm.args.vocab_size
+        runner.reset()                  # warm-up: module loads, weight caches, allocator
+        runner.decode(int(np.argmax(runner.prefill(rng.integers(0, V, 16).tolist(), 0))))
+        for n in sorted(set(prompt_lengths)):
+            phase = f"prompt {n}"
+            _prompt_phase(runner, res, n, rng.integers(0, V, n).tolist(), line)
+            if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
+                phase = f"decode after {n}"
+                before = _stream_counters(runner)
+                res.decode[n] = _decode(runner, res.prompt[n].pop("_logits"), decode_tokens, res.bytes_per_token,
+                                        line, n, rng if random_tokens else None)
+                res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
+                _vram_peak(runner, res)
+            res.prompt[n].pop("_logits", None)
+    except (Exception, KeyboardInterrupt) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        res.error = f"{phase}: {type(exc).__name__}{': ' + text if text else ''}"
+        for r in res.prompt.values():
+            r.pop("_logits", None)
     line.done()
-    status = runner.status()
+    _finish(runner, res)
+    return res
+
+
+def _prompt_phase(runner, res: BenchResult, n: int, ids: list[int], line) -> None:
+    """One prompt of n tokens read from scratch; its logits stay in the row for the decode after it."""
+    runner.reset()
+    t0 = time.perf_counter()
+    before = _stream_counters(runner)
+    logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
+    dt = time.perf_counter() - t0
+    res.prompt[n] = {"tok_s": n / dt, "seconds": dt, **_stream_delta(runner, before, dt), "_logits": logits}
+    _vram_peak(runner, res)
+    line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
+
+
+def _finish(runner, res: BenchResult) -> None:
+    """The plan, host step times and peak memory, as far as the runner can still tell them."""
+    try:
+        status = runner.status()
+    except Exception:           # after a failure the numbers measured so far still count
+        status = {}
     res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
     host = (status.get("decode") or {}).get("host_ms", {}).get("graph")
     if host:
@@ -108,7 +152,6 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return res
 
 
 def _stream_counters(runner) -> tuple:
@@ -154,7 +197,8 @@ def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: 
 
 def report(res: BenchResult) -> str:
     lim = res.limits.get("device_copy_gb_s")
-    rows = [f"model {res.model} on {res.device}; a decoded token reads {res.bytes_per_token / 1e9:.3f} GB of weights"]
+    rows = [f"model {res.model} on {res.device}, context {res.max_context}; a decoded token reads "
+            f"{res.bytes_per_token / 1e9:.3f} GB of weights", *(f"note: {n}" for n in res.notes)]
     if lim:
         rows.append(f"device copy (read + write), measured now: {lim:,.0f} GB/s")
     h2d = res.limits.get("h2d_gb_s")
@@ -179,6 +223,8 @@ def report(res: BenchResult) -> str:
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")
+    if res.error:
+        rows.append(f"stopped at {res.error}")
     return "\n".join(rows)
 
 
@@ -190,6 +236,15 @@ def _stream_cols(r: dict, h2d: float | None) -> str:
     return f"{hit}{r['h2d_gb_s']:>11.2f}{share}"
 
 
+def _trained_context(model, cache_dir: str | None) -> int:
+    """The model's trained context, read from its pack.json before the model loads."""
+    from .engine.llm import demo_model_path
+    from .pack import resolve_model
+    path = demo_model_path() if model is None else resolve_model(model, cache_dir or None)
+    meta = json.loads((Path(path) / "pack.json").read_text())
+    return int(meta["model_args"].get("max_position_embeddings", 32768))
+
+
 def bench_main(args, engine_kwargs: dict) -> int:
     from .engine.llm import LLM
     from .synthetic import synthetic_pack
@@ -199,14 +254,23 @@ def bench_main(args, engine_kwargs: dict) -> int:
     if args.decode < 0:
         raise InvalidArgument(f"--decode must be >= 0, got {args.decode}")
     model = synthetic_pack(args.synthetic, engine_kwargs.get("cache_dir")) if args.synthetic else args.model
-    engine_kwargs.setdefault("max_context", max(lengths) + args.decode + 1)
+    if not engine_kwargs.get("max_context"):     # a KV no bigger than the longest run needs: more cache
+        trained = _trained_context(model, engine_kwargs.get("cache_dir"))
+        engine_kwargs["max_context"] = min(trained, max(lengths) + args.decode)
     llm = LLM(model, **engine_kwargs)
     if args.synthetic:
         llm.model_name = f"synthetic {args.synthetic}"
+    lengths, notes = clip_lengths(lengths, llm.max_context, args.decode)
+    for note in notes:
+        print(f"strata: bench: {note}", file=sys.stderr)
     res = run_bench(llm, lengths, args.decode, random_tokens=bool(args.synthetic))
+    res.notes = notes
     res.config["decode_tokens"] = "random ids (random weights)" if args.synthetic else "greedy"
-    print(report(res))
+    print(report(res), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(asdict(res), f, indent=1)
+    if res.error:
+        print(f"strata: error: bench stopped at {res.error}", file=sys.stderr)
+        return 130 if res.error.split(": ")[1].startswith("KeyboardInterrupt") else 1
     return 0

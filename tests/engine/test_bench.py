@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from strata import cli
+from strata.bench import clip_lengths
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
 from strata.synthetic import SHAPES, synthetic_pack
@@ -53,3 +55,64 @@ def test_bench_bad_arguments(tmp_path, argv, match):
     r = subprocess.run([sys.executable, "-m", "strata", "bench", *argv, "--device", "cpu", "--cache-dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr
+
+
+def test_clip_lengths_keeps_room_for_the_decoded_tokens():
+    assert clip_lengths([512, 4096, 16384], 4096, 128) == ([512, 3968], [
+        "prompt 4096 clipped to 3968 tokens: the context holds 4096 and 128 decoded tokens follow the prompt",
+        "prompt 16384 clipped to 3968 tokens: the context holds 4096 and 128 decoded tokens follow the prompt"])
+    assert clip_lengths([7, 3], 100, 0) == ([3, 7], [])
+    assert clip_lengths([100], 100, 0) == ([100], [])
+    with pytest.raises(InvalidArgument, match="--decode 100 leaves no room"):
+        clip_lengths([8], 100, 100)
+
+
+@pytest.mark.parametrize("model", [[], ["--synthetic", "tiny"]], ids=["demo", "tiny"])
+def test_bench_clips_prompts_to_the_context_and_exits_0(tmp_path, model):
+    """The defaults' shape (a prompt past the context) kept fast: a small context stands in for 4096."""
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "strata", "bench", *model, "--prompt", "8,500", "--decode", "3",
+                        "--max-context", "96", "--device", "cpu", "--cache-dir", str(tmp_path), "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "prompt 500 clipped to 93 tokens" in r.stderr and "note: prompt 500 clipped" in r.stdout
+    res = json.loads(out.read_text())
+    assert set(res["prompt"]) == {"8", "93"} and set(res["decode"]) == {"8", "93"}
+    assert res["max_context"] == 96 and res["error"] is None
+
+
+def test_bench_context_defaults_to_what_the_run_needs_up_to_the_trained_one(tmp_path, monkeypatch):
+    import strata.engine.llm as llm_module
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(model, **kw):
+        seen.append(kw["max_context"])
+        raise Stop()
+    monkeypatch.setattr(llm_module, "LLM", fake_llm)
+    for prompt, want in (("8,100", 104), ("512,4096,16384", 4096)):     # the demo is trained for 4096
+        with pytest.raises(Stop):
+            cli.main(["bench", "--prompt", prompt, "--decode", "4", "--device", "cpu"])
+        assert seen[-1] == want
+
+
+def test_a_failure_prints_what_was_measured_before_it(monkeypatch, capsys, tmp_path):
+    from strata.engine.runner import CpuRunner
+    real = CpuRunner.prefill
+
+    def prefill(self, ids, start, *a, **kw):
+        if len(ids) == 40:
+            raise RuntimeError("boom\nsecond line")
+        return real(self, ids, start, *a, **kw)
+    monkeypatch.setattr(CpuRunner, "prefill", prefill)
+    out = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--synthetic", "tiny", "--prompt", "8,40", "--decode", "2", "--device", "cpu",
+                   "--cache-dir", str(tmp_path), "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "prompt 8 " in captured.out and "decode after 8" in captured.out and "stopped at prompt 40" in captured.out
+    assert captured.err.strip().splitlines()[-1] == "strata: error: bench stopped at prompt 40: RuntimeError: boom"
+    res = json.loads(out.read_text())
+    assert set(res["prompt"]) == {"8"} and res["error"] == "prompt 40: RuntimeError: boom"
