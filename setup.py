@@ -1,16 +1,23 @@
 """Build steps pyproject.toml cannot express: nvcc fatbins for cuda/*.cu and the Cython runtime.
 
-Kernels: every cuda/<op>.cu becomes strata/kernels/<op>.fatbin (SASS for each arch in SASS_ARCHS,
-PTX for the lowest), recorded in strata/kernels/manifest.json with its sha256, archs, nvcc flags and
-nvcc version; the runtime refuses a fatbin whose hash differs. STRATA_CUDA_ARCHS narrows the archs
-("90", "80,90", "90a"; "none" skips the kernels). Without nvcc the package builds CPU-only.
+Kernels: every cuda/<op>.cu becomes strata/kernels/<op>.fatbin (SASS for each chosen arch, PTX for
+the lowest), recorded in strata/kernels/manifest.json with its sha256, archs, nvcc flags and nvcc
+version; the runtime refuses a fatbin whose hash differs. Which archs: STRATA_CUDA_ARCHS unset (or
+"auto") = the GPUs present at build time (nvidia-smi, else the driver API), none present = no
+kernels; "all" = every arch in SASS_ARCHS (distribution wheels); "90", "80,90", "90a" = those;
+"none" = no kernels. Without nvcc the package builds CPU-only.
 
 Runtime: strata/_ext/*.pyx (runtime; graphs, which cimports runtime.pxd) compile as C++ against
 cuda.bindings.cydriver, which needs cuda.h (CUDA toolkit, or the nvidia-cuda-runtime wheel) but never
 libcuda: cydriver finds the driver at run time. Without cuda.h, or if the compile fails, the package
 still installs CPU-only.
+
+pip hides a build backend's stdout and stderr, so what the build is doing (and how long it should
+take) goes to the terminal (/dev/tty) when one can be opened, else to stderr.
 """
 
+import ctypes
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -29,13 +36,31 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 CUDA_SRC = ROOT / "cuda"
-SASS_ARCHS = ("80", "86", "89", "90", "100", "120")
+SASS_ARCHS = ("80", "86", "89", "90", "100", "120")  # STRATA_CUDA_ARCHS=all
+OLDEST_ARCH = 80  # the kernels use sm_80 instructions (cp.async, bf16 MMA)
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
+# Core-seconds one nvcc target (every kernel for one SASS arch, or the PTX) took on a 2-core build
+# machine: STRATA_CUDA_ARCHS=all (7 targets) ran 573 s there with nvcc 13.0. The build prints
+# its estimate from this; moe_decode.cu alone is about a third of it.
+CPU_S_PER_TARGET = 164
+CYTHON_ESTIMATE_S = 60
+
+
+@functools.cache
+def build_output():
+    """The terminal when one can be opened (pip shows the backend's own output only on failure),
+    else stderr."""
+    try:
+        return open("/dev/tty", "w", buffering=1)
+    except OSError:
+        return sys.stderr
 
 
 def note(msg: str) -> None:
-    print(f"strata build: {msg}", file=sys.stderr, flush=True)
+    out = build_output()
+    out.write(f"strata build: {msg}\n")
+    out.flush()
 
 
 def cuda_home_candidates() -> list[Path]:
@@ -109,17 +134,112 @@ def nvcc_version(nvcc: str) -> str:
     return m.group(1) if m else out.strip().splitlines()[-1]
 
 
-def parse_archs(text: str | None) -> list[str]:
-    """STRATA_CUDA_ARCHS -> SASS archs; empty = the full list, [] for 'none'."""
-    if not text or not text.strip():
+def requested_archs(text: str | None) -> list[str] | None:
+    """STRATA_CUDA_ARCHS -> SASS archs: None = the GPUs present (unset, "" or "auto"), every arch
+    for "all", [] for "none"."""
+    word = (text or "").strip().lower()
+    if word in ("", "auto"):
+        return None
+    if word == "all":
         return list(SASS_ARCHS)
-    if text.strip().lower() in ("none", "off", "0"):
+    if word in ("none", "off", "0"):
         return []
-    archs = [a.strip().removeprefix("sm_") for a in text.split(",") if a.strip()]
+    archs = [a.strip().removeprefix("sm_") for a in word.split(",") if a.strip()]
     bad = [a for a in archs if not re.fullmatch(r"\d{2,3}[af]?", a)]
     if bad:
-        raise SystemExit(f"strata build: STRATA_CUDA_ARCHS={text!r}: {bad[0]!r} is not an arch like 90 or 90a")
-    return archs
+        raise SystemExit(f"strata build: STRATA_CUDA_ARCHS={text!r}: {bad[0]!r} is not an arch "
+                         f"like 90 or 90a (or all, auto, none)")
+    return list(dict.fromkeys(archs))
+
+
+def parse_compute_caps(text: str) -> list[str]:
+    """nvidia-smi --query-gpu=compute_cap output ("9.0" a line) -> archs ("90"), sorted, unique."""
+    caps = {f"{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", text, re.M)}
+    return sorted(caps, key=int)
+
+
+def smi_compute_caps() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_compute_caps(out.stdout) if out.returncode == 0 else []
+
+
+def driver_compute_caps() -> list[str]:
+    """The driver API's answer, for machines with a driver but no nvidia-smi (some containers)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    count, major, minor, dev = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    caps = set()
+    for i in range(count.value):  # attributes 75, 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR
+        if (cuda.cuDeviceGet(ctypes.byref(dev), i) == 0
+                and cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) == 0
+                and cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) == 0):
+            caps.add(f"{major.value}{minor.value}")
+    return sorted(caps, key=int)
+
+
+def gpu_archs_present() -> list[str]:
+    return smi_compute_caps() or driver_compute_caps()
+
+
+def choose_archs(text: str | None, present=None) -> tuple[list[str], str]:
+    """(SASS archs to build, why: a few words for the build's notes); present() lists the GPUs'
+    archs (default: gpu_archs_present, asked only when STRATA_CUDA_ARCHS leaves it to them)."""
+    archs = requested_archs(text)
+    if archs is not None:
+        return archs, f"STRATA_CUDA_ARCHS={text.strip()}"
+    found = (present or gpu_archs_present)()
+    usable = [a for a in found if int(a) >= OLDEST_ARCH]
+    if found and not usable:
+        return [], (f"the GPUs present ({', '.join('sm_' + a for a in found)}) are older than "
+                    f"sm_{OLDEST_ARCH}, the oldest the kernels support")
+    if not usable:
+        return [], "no NVIDIA GPU found (set STRATA_CUDA_ARCHS=all, or e.g. 90, to build the kernels)"
+    return usable, "the GPUs present"
+
+
+def fit_to_nvcc(archs: list[str], known: set[str], asked: bool) -> list[str]:
+    """A GPU newer than nvcc builds for the newest arch nvcc knows of the same major (its SASS runs
+    there); an arch asked for by name that nvcc does not know is an error."""
+    if not known:  # nvcc too old to list its archs: let nvcc itself judge
+        return archs
+    fitted = []
+    for arch in archs:
+        if arch.rstrip("af") in known:  # nvcc lists sm_90, not sm_90a
+            fitted.append(arch)
+            continue
+        plain = arch.rstrip("af")
+        same_major = [k for k in known if k.isdigit() and k[:-1] == plain[:-1] and int(k) <= int(plain)]
+        if asked or not same_major:
+            raise SystemExit(f"strata build: nvcc cannot compile for sm_{arch} (it knows "
+                             f"{', '.join('sm_' + k for k in sorted(known, key=lambda k: int(k.rstrip('af'))))}); "
+                             f"install a newer CUDA toolkit or set STRATA_CUDA_ARCHS")
+        fitted.append(max(same_major, key=int))
+        note(f"nvcc does not know sm_{arch}: building sm_{fitted[-1]}, which runs there")
+    return list(dict.fromkeys(fitted))
+
+
+def nvcc_known_archs(nvcc: str) -> set[str]:
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(re.findall(r"^sm_(\d+[af]?)\s*$", out.stdout, re.M)) if out.returncode == 0 else set()
+
+
+def estimate_s(num_targets: int, num_cpus: int) -> float:
+    return CPU_S_PER_TARGET * num_targets / max(1, num_cpus)
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def gencode_flags(archs: list[str]) -> tuple[list[str], list[str]]:
@@ -162,43 +282,66 @@ def compile_kernel(nvcc: str, version: str, cu: Path, out_dir: Path, archs: list
 
 
 def build_kernels(out_dir: Path) -> None:
-    """cuda/*.cu -> out_dir/<op>.fatbin + manifest.json; without nvcc, out_dir is left with no kernels."""
+    """cuda/*.cu -> out_dir/<op>.fatbin + manifest.json; with no archs or no nvcc, out_dir is left
+    with no kernels."""
     sources = sorted(CUDA_SRC.glob("*.cu"))
-    archs = parse_archs(os.environ.get("STRATA_CUDA_ARCHS"))
-    nvcc = find_nvcc()
+    env = os.environ.get("STRATA_CUDA_ARCHS")
+    archs, why = choose_archs(env)
+    nvcc = find_nvcc() if archs else None
+    if archs and nvcc is None:
+        why = "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
     manifest_path = out_dir / "manifest.json"
-    if not sources or not archs or nvcc is None:
-        why = "STRATA_CUDA_ARCHS=none" if not archs else "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if not sources or nvcc is None:
         if sources:
             note(f"{why}: GPU kernels not built, this install is CPU-only")
         for stale in [manifest_path, *out_dir.glob("*.fatbin")]:  # what an earlier build left
             stale.unlink(missing_ok=True)
         return
+    archs = fit_to_nvcc(archs, nvcc_known_archs(nvcc), asked=requested_archs(env) is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads(manifest_path.read_text()).get("kernels", {}) if manifest_path.is_file() else {}
     version, t0 = nvcc_version(nvcc), time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
-        entries = pool.map(lambda cu: compile_kernel(nvcc, version, cu, out_dir, archs, old.get(cu.stem, {})),
-                           sources)
-        kernels = dict(zip((cu.stem for cu in sources), entries))
+    targets = gencode_flags(archs)[1]
+    workers = min(len(sources), os.cpu_count() or 1)
+    note(f"compiling {len(sources)} CUDA kernel libraries for {', '.join(targets)} ({why}) with nvcc "
+         f"{version} on {os.cpu_count()} cores: about {minutes(estimate_s(len(targets), os.cpu_count() or 1))}"
+         f" (a rebuild keeps unchanged ones)")
+    kernels = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = {pool.submit(compile_kernel, nvcc, version, cu, out_dir, archs, old.get(cu.stem, {})): cu
+                for cu in sources}
+        for done in as_completed(jobs):
+            cu = jobs[done]
+            kernels[cu.stem] = done.result()
+            note(f"  [{len(kernels)}/{len(sources)}] {cu.name} ({time.perf_counter() - t0:.0f} s)")
+    kernels = dict(sorted(kernels.items()))
     for stale in set(p.stem for p in out_dir.glob("*.fatbin")) - set(kernels):
         (out_dir / f"{stale}.fatbin").unlink()
     manifest = {"format": MANIFEST_FORMAT, "kernels": kernels}
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    note(f"{len(kernels)} fatbin(s) for {','.join(archs)} with nvcc {version} "
+    note(f"{len(kernels)} fatbin(s) for {', '.join(targets)} with nvcc {version} "
          f"in {time.perf_counter() - t0:.1f} s")
 
 
 class BuildPyWithKernels(build_py):
     """Compile the kernels into the package: the source tree's strata/kernels for an editable
-    install, the build directory otherwise (so a wheel never picks up a stale local build)."""
+    install; for a wheel, build/kernels (kept, so cibuildwheel's builds for each Python version
+    compile them once; compile_kernel reuses a fatbin only when its hash, source hash, flags and
+    nvcc match) copied into the build directory, so a wheel never picks up the editable build's."""
 
     def run(self):
         if self.editable_mode:
-            out_dir = ROOT / "strata" / "kernels"
+            build_kernels(ROOT / "strata" / "kernels")
         else:
+            cache = ROOT / "build" / "kernels"
+            build_kernels(cache)
             out_dir = Path(self.build_lib) / "strata" / "kernels"
-        build_kernels(out_dir)
+            for stale in [out_dir / "manifest.json", *out_dir.glob("*.fatbin")]:
+                stale.unlink(missing_ok=True)
+            if (cache / "manifest.json").is_file():
+                out_dir.mkdir(parents=True, exist_ok=True)
+                for path in [cache / "manifest.json", *cache.glob("*.fatbin")]:
+                    shutil.copy2(path, out_dir / path.name)
         super().run()
 
 
@@ -212,7 +355,13 @@ class OptionalBuildExt(build_ext):
             return
         for ext in self.extensions:
             ext.include_dirs.extend(include_dirs)
+        if self.extensions:
+            note(f"compiling strata._ext ({', '.join(e.name.rsplit('.', 1)[1] for e in self.extensions)}: "
+                 f"Cython C++ against cuda.h in {include_dirs[0]}): about {minutes(CYTHON_ESTIMATE_S)}")
+        t0 = time.perf_counter()
         super().run()
+        if self.extensions:
+            note(f"strata._ext build finished in {time.perf_counter() - t0:.0f} s")
 
     def build_extension(self, ext):
         try:
@@ -245,7 +394,8 @@ def extensions() -> list[Extension]:
     return exts
 
 
-setup(
-    ext_modules=extensions(),
-    cmdclass={"build_py": BuildPyWithKernels, "build_ext": OptionalBuildExt},
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import its functions
+    setup(
+        ext_modules=extensions(),
+        cmdclass={"build_py": BuildPyWithKernels, "build_ext": OptionalBuildExt},
+    )
