@@ -30,10 +30,16 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             if getattr(args, f.name, None) is not None}
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, like every other start-up failure."""
+
+    def error(self, message: str):
+        self.exit(2, f"strata: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m strata",
-                                description="Strata: MoE language models on GPUs smaller than the model.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(prog="python -m strata", description="Strata: MoE language models on GPUs smaller than the model.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser("serve", help="OpenAI-compatible server with the Monitor web app")
     s.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
@@ -62,8 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--qtype", default=None, help="quantize HF weights to this type (e.g. Q8_0)")
     c.add_argument("--quiet", action="store_true", help="no progress output")
 
-    i = sub.add_parser("info", help="architecture, tensors, quant types and sizes of a model")
-    i.add_argument("model")
+    i = sub.add_parser("info", help="architecture, tensors, quant types and sizes of a model; --system: this "
+                                    "machine (driver, GPUs, kernel archs, pinned memory, CPU)")
+    i.add_argument("model", nargs="?", help="pack dir, .gguf or HF dir (default: the built-in demo model)")
+    i.add_argument("--system", action="store_true", help="what this machine offers Strata, and whether the GPU "
+                   "path is usable (with the fix when not)")
+    i.add_argument("--gpus", default="0", help="the GPU --system checks (default 0)")
 
     b = sub.add_parser("bench", help="prompt and decode speed, against limits measured in the same run")
     b.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
@@ -112,8 +122,17 @@ def cmd_convert(args) -> int:
 
 
 def cmd_info(args) -> int:
+    if args.system:
+        if args.model:
+            raise StrataError("info: give a MODEL or --system, not both")
+        from .config import EngineConfig
+        from .system import system_report
+        config = EngineConfig.from_kwargs(gpus=args.gpus)
+        print(system_report(int(config.gpus), config.pin_limit_gib))
+        return 0
+    from .engine.llm import demo_model_path
     from .pack import info_text
-    print(info_text(args.model))
+    print(info_text(args.model or demo_model_path()))
     return 0
 
 
@@ -150,3 +169,6 @@ def main(argv=None) -> int:
     except BrokenPipeError:       # `python -m strata info X | head`
         sys.stderr.close()
         return 0
+    except OSError as e:          # a path, port or device the system refused: the user's to fix
+        print(f"strata: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
+        return 2

@@ -1,6 +1,7 @@
 """strata.LLM: load a model and generate from it."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,15 +23,52 @@ def demo_model_path() -> Path:
     return DEMO_PACK
 
 
-def _pick_device(wanted: str) -> str:
-    """The device for `wanted`: cpu; cuda (DeviceError without a usable GPU); auto: the GPU when usable."""
+HOST_KV_SHARE = 0.5         # of the available host memory the CPU runner's float32 KV may grow to
+
+
+def _pick_device(wanted: str, ordinal: int) -> str:
+    """The device for `wanted`: cpu; cuda (DeviceError without a usable GPU); auto: the GPU when
+    usable, else the CPU (saying why on stderr where an NVIDIA driver is present)."""
     if wanted == "cpu":
         return "cpu"
-    from ..backends.cuda import unavailable_reason
-    reason = unavailable_reason()
+    from ..system import gpu_unusable_reason, note_cpu_fallback
+    reason = gpu_unusable_reason(ordinal)
     if wanted == "cuda" and reason is not None:
         raise DeviceError(f"device 'cuda': {reason}")
+    if reason is not None:
+        note_cpu_fallback(reason)
     return "cuda" if reason is None else "cpu"
+
+
+def host_context(args, context: int, available_bytes: int | None) -> tuple[int, str | None]:
+    """(context, why lowered or None) for the CPU runner: its float32 KV of every layer may grow to
+    HOST_KV_SHARE of the available host memory."""
+    cell_bytes = 2 * (args.num_hidden_layers + args.num_mtp_layers) * args.num_key_value_heads * args.head_dim * 4
+    if available_bytes is None or context * cell_bytes <= HOST_KV_SHARE * available_bytes:
+        return context, None
+    fit = max(1, int(HOST_KV_SHARE * available_bytes // cell_bytes))
+    return fit, (f"the KV of {context} tokens ({context * cell_bytes / 2**30:.1f} GiB in float32) would not fit "
+                 f"in half of the {available_bytes / 2**30:.1f} GiB of available host memory")
+
+
+def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
+    """(max_context, why): --max-context or the model's trained context, fitted to the device's memory."""
+    from .planner import PackSizes, fit_context, vram_budget
+    trained = pack.args.max_position_embeddings
+    if device == "cuda":
+        from ..backends.cuda import device_info
+        ordinal = int(config.gpus.split(",")[0])
+        d = device_info(ordinal)
+        budget, _ = vram_budget(config, d["free_memory_bytes"])
+        sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+        return fit_context(sizes, config, budget, d["multiprocessor_count"])
+    asked = min(config.max_context or trained, trained)
+    why = ("--max-context" if config.max_context and config.max_context <= trained else
+           f"--max-context {config.max_context} capped at the model's trained context {trained}"
+           if config.max_context else "the model's trained context")
+    from ..system import host_memory
+    context, lowered = host_context(pack.args, asked, host_memory()[1])
+    return context, why if lowered is None else f"lowered from {asked}: {lowered}"
 
 
 def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
@@ -54,10 +92,31 @@ class LLM:
         self.args = self.pack.args
         self.model_name = "strata-demo" if model is None else Path(path).name
         self.tokenizer = Tokenizer(self.pack.tokenizer_path, self.pack.tokenizer_meta)
-        self.max_context = min(self.config.max_context, self.args.max_position_embeddings)
-        self.device = _pick_device(self.config.device)
+        self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
+        self.max_context, self.context_source = _context(self.device, self.pack, self.config)
+        if self.context_source.startswith(("lowered", "--max-context ")):
+            print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
         self.state = "idle"
+        self._warm_text()
+
+    def warm_up(self) -> float:
+        """Pay the first request's one-time costs now (the chat template, the tokenizer, and on the
+        CPU the weights' dequantization and numpy's first calls) without leaving anything behind:
+        no cached prefix, no counters. -> seconds it took."""
+        t0 = time.perf_counter()
+        self._warm_text()
+        if hasattr(self.runner, "warm_up"):
+            self.runner.warm_up()
+        return time.perf_counter() - t0
+
+    def _warm_text(self) -> None:
+        """Compile the chat template and run the tokenizer once (tens of ms, paid at load)."""
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+        except Exception:   # a template that wants other messages fails its requests, not the load
+            text = "Hello"
+        self.tokenizer.decode(self.tokenizer.encode(text))
 
     # -- the public surface ------------------------------------------------------------------
     def logits(self, token_ids) -> np.ndarray:
@@ -91,7 +150,7 @@ class LLM:
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
-                **self.runner.status()}
+                "context_source": self.context_source, **self.runner.status()}
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_ids(self, token_ids) -> list[int]:

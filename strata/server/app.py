@@ -35,7 +35,9 @@ class ClientGone(Exception):
 
 
 def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, warm_up: bool = True) -> FastAPI:
+    """warm_up: run llm.warm_up() before serving (the first request then costs what later ones do;
+    serve_main does it itself, before printing that it serves)."""
     metrics = ServerMetrics()
     worker = EngineWorker(llm, queue_size, metrics)
     metrics.bind(worker)
@@ -43,6 +45,8 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        if warm_up and hasattr(llm, "warm_up"):
+            await asyncio.to_thread(llm.warm_up)
         worker.start()
         try:
             yield
