@@ -25,7 +25,7 @@ from strata.config import SamplingParams
 from strata.engine.cuda_runner import CudaRunner
 from strata.pack import open_pack
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
-from tests.pack.quant_presets import PRESETS, preset_qtypes
+from tests.pack.quant_presets import OTHER_PRESETS, PRESETS, preset_qtypes
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
@@ -44,15 +44,27 @@ def _shape():
 
 def _cases():
     """Every preset, then the `--pure` files whose types no earlier case has (the head in the
-    default type too: Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS)."""
+    default type too: Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS), then the other types' --pure
+    files (Q4_1, Q5_0, Q5_1, F16, BF16 in every tensor kind but the router and norms)."""
     seen, cases = [], []
-    for pure in (False, True):
-        for preset in PRESETS:
+    for presets, pure in ((PRESETS, False), (PRESETS, True), (OTHER_PRESETS, True)):
+        for preset in presets:
             q = preset_qtypes(preset, _shape(), pure)
             if q not in seen:
                 seen.append(q)
                 cases.append(f"{preset}{'-pure' if pure else ''}")
-    return cases
+    return cases + ["Q4_K_M-tensor-type"]
+
+
+# `llama-quantize --tensor-type ffn_up_exps=q6_k --tensor-type ffn_down_exps=q8_0 ... Q4_K_M` of an
+# F16 file, whose router stays F16: gate, up and down of one expert in three types, two block sizes
+TENSOR_TYPE = ("Q4_K_M", {"ffn_up_exps": "Q6_K", "ffn_down_exps": "Q8_0", "ffn_gate_inp": "F16"})
+
+
+def _qtypes(case):
+    if case == "Q4_K_M-tensor-type":
+        return {**preset_qtypes(TENSOR_TYPE[0], _shape()), **TENSOR_TYPE[1]}
+    return preset_qtypes(case.removesuffix("-pure"), _shape(), case.endswith("-pure"))
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +74,7 @@ def packs(tmp_path_factory):
 
     def get(case):
         if case not in built:
-            preset, pure = case.removesuffix("-pure"), case.endswith("-pure")
-            qtypes = preset_qtypes(preset, _shape(), pure)
+            qtypes = _qtypes(case)
             path, _ = make_gguf_pack(tmp_path_factory.mktemp(case), _shape(), qtypes, seed=11)
             built[case] = (open_pack(path), qtypes)
         return built[case]
@@ -79,14 +90,20 @@ def device(request):
 
 def _run(runner, ids):
     """(logits of every prompt position, greedy tokens, each greedy step's logits), the tokens
-    picked by runner.pick (on the device for the GPU runner)."""
+    picked by runner.pick: on the device for the GPU runner, after a prefill of its own (its
+    prompt's last logits stay on the device); the oracle decodes on from logits_all's cache."""
     runner.prefill_chunk = CHUNK
     every = runner.logits_all(ids)
-    runner.reset()
-    steps = [runner.prefill(ids, 0)]
+    if isinstance(runner, CudaRunner):
+        runner.reset()
+        steps = [runner.prefill(ids, 0)]
+        pick = lambda: runner.pick(SamplingParams(temperature=0.0), 0.0)      # noqa: E731
+    else:
+        steps = [every[-1]]
+        pick = lambda: int(np.argmax(steps[-1]))                              # noqa: E731
     tokens = []
     for _ in range(STEPS):
-        tokens.append(runner.pick(SamplingParams(temperature=0.0), 0.0))
+        tokens.append(pick())
         steps.append(runner.decode(tokens[-1]))
     return every, tokens, np.stack(steps)
 

@@ -16,8 +16,9 @@ the tensors a qwen3moe GGUF has, without an importance matrix:
 - a row length the chosen type's blocks do not divide falls back (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0,
   Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL, then F16).
 
-`pure=True` is `llama-quantize --pure`: every quantized tensor, output and embedding included,
-in the default type (then the fallback).
+Besides those: Q4_1, Q5_0, Q5_1, F16 and BF16 (OTHER_PRESETS). `pure=True` is `llama-quantize
+--pure`: every quantized tensor, output and embedding included, in the default type (then the
+fallback).
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ DEFAULT_TYPE = {"Q2_K": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q
                 "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K",
                 "Q8_0": "Q8_0", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS"}
 PRESETS = tuple(DEFAULT_TYPE)
+# The presets of the other types Strata reads: their files differ from a --pure one only in the head
+# (Q6_K, or the float type itself for F16 and BF16, which llama-quantize does not requantize by rule)
+OTHER_PRESETS = {"Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "F16": "F16", "BF16": "BF16"}
+DEFAULT_TYPE.update(OTHER_PRESETS)
 UNQUANTIZED = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm", "output_norm", "ffn_gate_inp")
 FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 
@@ -97,7 +102,7 @@ def tensor_type(preset: str, kind: str, layer: int, ncols: int, shape: Mapping, 
     n = shape["num_hidden_layers"]
     n_gqa = shape["num_attention_heads"] // shape["num_key_value_heads"]
     n_expert = shape["num_experts"]
-    if pure:
+    if pure or qtype(t).block_size == 1:     # the rules apply to quantized default types only
         pass
     elif kind == "output":
         t = "Q8_0" if ncols % qtype(t).block_size or t == "Q8_0" else "Q6_K"
