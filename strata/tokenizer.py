@@ -17,14 +17,19 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         try:
             self._tok = HFTokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception on a bad file
-            raise PackError(f"{path}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
+        except BaseException as e:  # a bare Exception on a bad file; a PanicException (BaseException) on worse
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise PackError(f"{path}: cannot load the tokenizer ({first})") from None
         self.bos_token_id = meta.get("bos_token_id")
         self.eos_token_ids = list(meta.get("eos_token_ids") or [])
         self.add_bos = bool(meta.get("add_bos_token")) and self.bos_token_id is not None
         self.chat_template = meta.get("chat_template") or CHATML_TEMPLATE
+        if not isinstance(self.chat_template, str):
+            raise PackError(f"{path}: the chat template is a {type(self.chat_template).__name__}, not a string")
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._template = None
+        self._template = compile_chat_template(self.chat_template)    # at load, not at the first chat
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -40,16 +45,26 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """Render the model's own chat template over [{role, content}, ...]."""
-        if self._template is None:
-            self._template = _compile(self.chat_template)
         bos = self.token_text(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else ""
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=bos or "", eos_token=eos or "", **extra)
+        return render_chat_template(self._template, messages, add_generation_prompt=add_generation_prompt,
+                                    bos_token=bos or "", eos_token=eos or "", **extra)
 
 
-def _compile(source: str):
-    import jinja2
+def render_chat_template(template, messages: list[dict], **variables) -> str:
+    """template.render(); InvalidArgument (one line) when the template fails on these messages."""
+    try:
+        return template.render(messages=messages, **variables)
+    except InvalidArgument:
+        raise
+    except Exception as e:  # jinja2's TemplateError, or whatever the template's own code raised
+        raise InvalidArgument(f"chat template: fails on these messages ({type(e).__name__}: "
+                              f"{str(e)[:200]})") from None
+
+
+def compile_chat_template(source: str):
+    """The jinja2 template (sandboxed, HF's whitespace rules); PackError if it does not compile or
+    fails on a one-message chat."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -59,6 +74,14 @@ def _compile(source: str):
                                         extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(source)
-    except jinja2.TemplateError as e:
-        raise PackError(f"the model's chat template does not compile: {e}") from None
+        template = env.from_string(source)
+    except Exception as e:  # a TemplateError, or RecursionError from a template nested past Python's stack
+        raise PackError(f"the model's chat template does not compile: {str(e)[:200]}") from None
+    # one plain user turn must render: a template that fails on it fails on every chat
+    try:
+        render_chat_template(template, [{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                             bos_token="", eos_token="")
+    except InvalidArgument as e:
+        why = str(e).removeprefix("chat template: ").removeprefix("fails on these messages ")
+        raise PackError(f"the model's chat template fails on a one-message chat: {why}") from None
+    return template

@@ -18,6 +18,7 @@ from ..config import ModelArgs
 from ..errors import InvalidArgument, PackError
 from ..quant import QTensor, tensor_bytes
 from .source import EXPERT_PARTS, ExpertSpec, TensorSpec, memmap
+from .validate import check_meta
 
 FORMAT = "strata-pack"
 VERSION = 1
@@ -73,7 +74,7 @@ def file_sha256(path: Path, chunk_bytes: int = 16 << 20) -> str:
 
 
 def read_meta(path: Path) -> dict:
-    """pack.json of a pack directory, checked for format and version."""
+    """pack.json of a pack directory, checked for format and version, then in full (validate.py)."""
     meta_path = path / "pack.json"
     if not path.is_dir():
         raise PackError(f"{path}: not a directory")
@@ -92,6 +93,7 @@ def read_meta(path: Path) -> dict:
     for key in ("model_args", "tokenizer", "dense", "experts", "max_blob", "files"):
         if key not in meta:
             raise PackError(f"{meta_path}: missing key {key!r}")
+    check_meta(meta_path, meta)
     return meta
 
 

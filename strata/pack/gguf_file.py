@@ -73,7 +73,14 @@ def ggml_type_name(type_id: int) -> str:
         return f"ggml type {type_id}"
 
 
+MAX_DIMS = 4                # ggml's GGML_MAX_DIMS
+MAX_NESTING = 3             # arrays of arrays: Strata reads none, llama.cpp writes none this deep
+MAX_KEY_BYTES = 65535       # the GGUF spec's bound on a key
+
+
 class _Cursor:
+    """Reads little-endian fields; every length and count is bounded by the bytes left first."""
+
     def __init__(self, buf: bytes | memoryview, path: Path):
         self.buf, self.pos, self.path = buf, 0, path
 
@@ -82,36 +89,69 @@ class _Cursor:
         self.pos += struct.calcsize("<" + fmt)
         return v[0] if len(v) == 1 else v
 
-    def string(self) -> str:
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def string(self, what: str) -> str:
         n = self.take("Q")
-        if self.pos + n > len(self.buf):
-            raise struct.error("string past the end")
+        if n > self.left():
+            raise FormatError(f"{self.path}: {what}: a string of {n} bytes runs past the end of the file")
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="surrogateescape")
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, key: str, depth: int = 0):
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == 8:
-            return self.string()
-        if vtype == 9:
-            item_type, count = self.take("I"), self.take("Q")
-            if item_type in _NUMPY:
-                nbytes = count * np.dtype(_NUMPY[item_type]).itemsize
-                if self.pos + nbytes > len(self.buf):
-                    raise struct.error("array past the end")
-                arr = np.frombuffer(self.buf, dtype=_NUMPY[item_type], count=count, offset=self.pos)
-                self.pos += nbytes
-                return arr.tolist()
-            if count > len(self.buf):
-                raise struct.error("array longer than the file")
-            return [self.value(item_type) for _ in range(count)]
-        raise FormatError(f"{self.path}: unknown metadata value type {vtype} at byte {self.pos}")
+            return self.string(f"metadata key {key}")
+        if vtype != 9:
+            raise FormatError(f"{self.path}: metadata key {key}: unknown value type {vtype} at byte {self.pos}")
+        if depth >= MAX_NESTING:
+            raise FormatError(f"{self.path}: metadata key {key}: arrays nested more than {MAX_NESTING} deep")
+        item_type, count = self.take("I"), self.take("Q")
+        if item_type in _NUMPY:
+            nbytes = count * np.dtype(_NUMPY[item_type]).itemsize
+            if nbytes > self.left():
+                raise FormatError(f"{self.path}: metadata key {key}: an array of {count} items runs past "
+                                  f"the end of the file")
+            arr = np.frombuffer(self.buf, dtype=_NUMPY[item_type], count=count, offset=self.pos)
+            self.pos += nbytes
+            return arr.tolist()
+        # a string item takes at least its 8-byte length, an array item its 12-byte header
+        if count * (8 if item_type == 8 else 12) > self.left():
+            raise FormatError(f"{self.path}: metadata key {key}: an array of {count} items runs past "
+                              f"the end of the file")
+        return [self.value(item_type, key, depth + 1) for _ in range(count)]
+
+
+def _alignment(kv: dict, path: Path) -> int:
+    align = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise FormatError(f"{path}: metadata key general.alignment = {align!r} is not a power of two")
+    return align
+
+
+def _tensor_info(cur: _Cursor, size: int):
+    name = cur.string("a tensor name")
+    n_dims = cur.take("I")
+    if n_dims > MAX_DIMS:
+        raise FormatError(f"{cur.path}: tensor {name} has {n_dims} dimensions (ggml allows at most {MAX_DIMS})")
+    ne = [cur.take("Q") for _ in range(n_dims)]
+    elements = 1
+    for d in ne:
+        elements *= d
+    # no ggml type stores fewer than one bit per weight
+    if 0 in ne or elements > 8 * size:
+        raise FormatError(f"{cur.path}: tensor {name} has dimensions {ne}, impossible in a file of {size} bytes")
+    return name, ne, cur.take("I"), cur.take("Q")
 
 
 def read_gguf(path) -> GGUFFile:
-    """Parse a GGUF file's header, metadata and tensor table; FormatError on anything malformed."""
+    """Parse a GGUF file's header, metadata and tensor table; FormatError on anything malformed.
+
+    Every count and length is checked against the bytes left before anything is allocated, so a
+    flipped bit costs a clear error, never gigabytes or minutes."""
     path = Path(path)
     try:
         size = os.path.getsize(path)
@@ -132,21 +172,24 @@ def read_gguf(path) -> GGUFFile:
             hint = " (big-endian files are not supported)" if version > 0xFFFF else ""
             raise UnsupportedError(f"{path}: GGUF version {version} is not supported{hint}")
         n_tensors, n_kv = cur.take("Q"), cur.take("Q")
-        if n_tensors > size or n_kv > size:
+        # a key-value pair takes at least 13 bytes, a tensor info at least 25
+        if n_tensors * 25 > size or n_kv * 13 > size:
             raise FormatError(f"{path}: corrupt header ({n_tensors} tensors, {n_kv} keys in {size} bytes)")
         kv = {}
         for _ in range(n_kv):
-            key = cur.string()
-            kv[key] = cur.value(cur.take("I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            ne = [cur.take("Q") for _ in range(cur.take("I"))]
-            infos.append((name, ne, cur.take("I"), cur.take("Q")))
-    except (struct.error, IndexError, ValueError):
+            key = cur.string("a metadata key")
+            if len(key) > MAX_KEY_BYTES or key in kv:
+                raise FormatError(f"{path}: metadata key {key[:80]!r} is repeated or too long")
+            kv[key] = cur.value(cur.take("I"), key)
+        infos = [_tensor_info(cur, size) for _ in range(n_tensors)]
+    except struct.error:
         raise FormatError(f"{path}: truncated (the header ends past the end of the file at {size} bytes)") from None
-    align = int(kv.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT)
+    align = _alignment(kv, path)
     data_start = -(-cur.pos // align) * align
+    misaligned = next((name for name, _, _, off in infos if off % align), None)
+    if misaligned is not None:
+        raise FormatError(f"{path}: tensor {misaligned} starts at a data offset that is not a multiple of "
+                          f"the alignment {align}")
     tensors = {name: TensorInfo(name, ggml, tuple(int(d) for d in reversed(ne)) or (1,), data_start + off)
                for name, ne, ggml, off in infos}
     if len(tensors) != len(infos):
@@ -162,3 +205,11 @@ def check_extents(g: GGUFFile, names) -> None:
         if end > g.size:
             raise FormatError(f"{g.path}: truncated: tensor {name} ends at byte {end} "
                               f"but the file has {g.size} bytes")
+
+
+def check_no_overlap(g: GGUFFile, names) -> None:
+    """FormatError when two tensors share bytes (a corrupted offset would read another's weights)."""
+    spans = sorted((g.tensors[n].offset, g.tensors[n].offset + g.tensors[n].nbytes, n) for n in names)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise FormatError(f"{g.path}: tensors {a} and {b} overlap (corrupt tensor offsets)")

@@ -11,7 +11,9 @@ from pathlib import Path
 from ..config import ModelArgs
 from ..errors import FormatError, InvalidArgument, UnsupportedError
 from ..quant import QTYPES, tensor_bytes
-from .gguf_file import GGUFFile, TensorInfo, check_extents, ggml_type_name, read_gguf
+from .checks import is_int, is_number, model_args_problem
+from .gguf_file import (GGUFFile, TensorInfo, check_extents, check_no_overlap, ggml_type_name,
+                        read_gguf)
 from .source import EXPERT_PARTS, NEXTN_OPTIONAL, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes
 from .tokenizer_build import gguf_tokenizer
 
@@ -35,8 +37,8 @@ def split_paths(path: Path) -> list[Path]:
 def _merge_splits(files: list[GGUFFile]) -> dict[str, tuple[GGUFFile, TensorInfo]]:
     first = files[0]
     count = first.kv.get("split.count")
-    if count is not None and int(count) != len(files):
-        raise FormatError(f"{first.path}: split.count says {count} files, found {len(files)}")
+    if count is not None and count != len(files):
+        raise FormatError(f"{first.path}: split.count says {count!r:.80} files, found {len(files)}")
     tensors = {}
     for g in files:
         for name, info in g.tensors.items():
@@ -44,9 +46,13 @@ def _merge_splits(files: list[GGUFFile]) -> dict[str, tuple[GGUFFile, TensorInfo
                 raise FormatError(f"{g.path}: tensor {name} also appears in {tensors[name][0].path.name}")
             tensors[name] = (g, info)
     expected = first.kv.get("split.tensors.count")
-    if expected is not None and int(expected) != len(tensors):
-        raise FormatError(f"{first.path}: split.tensors.count says {expected} tensors, the files hold {len(tensors)}")
+    if expected is not None and expected != len(tensors):
+        raise FormatError(f"{first.path}: split.tensors.count says {expected!r:.80} tensors, "
+                          f"the files hold {len(tensors)}")
     return tensors
+
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 class _Meta:
@@ -63,13 +69,22 @@ class _Meta:
             return default
         v = self.g.kv[full]
         if isinstance(v, list):     # per-layer arrays (head counts): only uniform ones are supported
-            if not v or len(set(v)) != 1:
+            if not v or not all(type(x) is type(v[0]) and not isinstance(x, list) for x in v):
+                raise FormatError(f"{self.g.path}: metadata key {full} is an array of mixed or nested values")
+            if len(set(v)) != 1:
                 raise UnsupportedError(f"{self.g.path}: {full} varies across layers ({v[:8]}...)")
             v = v[0]
-        try:
-            return kind(v)
-        except (TypeError, ValueError):
-            raise FormatError(f"{self.g.path}: metadata key {full} = {v!r} is not a {kind.__name__}") from None
+        return typed(self.g.path, full, v, kind)
+
+
+def typed(path: Path, key: str, v, kind):
+    """v as `kind` (int: an integer >= 0; float: a finite number; str; bool), or FormatError naming key."""
+    ok = {int: is_int(v) and v >= 0, float: is_number(v), str: isinstance(v, str),
+          bool: isinstance(v, bool) or is_int(v)}[kind]
+    if not ok:
+        what = {int: "an integer >= 0", float: "a finite number", str: "a string", bool: "a boolean"}[kind]
+        raise FormatError(f"{path}: metadata key {key} = {v!r:.80} is not {what}")
+    return kind(v)
 
 
 def _rope_scaling(m: _Meta) -> dict | None:
@@ -87,37 +102,66 @@ def _rope_scaling(m: _Meta) -> dict | None:
     return rs
 
 
+def _block_count(g: GGUFFile, m: _Meta, tensors: dict) -> int:
+    """block_count, checked against the blocks the tensors name before any per-layer work is sized by it."""
+    block_count = m.get("block_count")
+    blocks = {int(mt.group(1)) for name in tensors if (mt := _BLOCK.match(name))}
+    if len(blocks) != block_count or max(blocks, default=-1) != block_count - 1:   # never range(block_count)
+        extra = sorted(b for b in blocks if b >= block_count)[:3]
+        missing = [b for b in range(min(block_count, len(blocks) + 1)) if b not in blocks][:3]
+        raise FormatError(f"{g.path}: metadata key {ARCH}.block_count = {block_count}, but the tensors name "
+                          f"{len(blocks)} blocks" + (f" (extra: {extra})" if extra else "")
+                          + (f" (missing: {missing})" if missing else ""))
+    return block_count
+
+
+def _dims(g: GGUFFile, tensors: dict, name: str, ndim: int) -> tuple | None:
+    """The shape of tensor `name` if present, after checking it has `ndim` dimensions."""
+    if name not in tensors:
+        return None
+    shape = tensors[name][1].shape
+    if len(shape) != ndim:
+        raise FormatError(f"{tensors[name][0].path}: tensor {name} has shape {list(shape)}, "
+                          f"expected {ndim} dimensions")
+    return shape
+
+
 def _model_args(g: GGUFFile, tensors: dict) -> ModelArgs:
     arch = g.kv.get("general.architecture")
     if arch != ARCH:
-        raise UnsupportedError(f"{g.path}: architecture {arch!r} is not supported (supported: {ARCH})")
+        raise UnsupportedError(f"{g.path}: architecture {str(arch)[:80]!r} is not supported (supported: {ARCH})")
     m = _Meta(g)
-    block_count, num_mtp = m.get("block_count"), m.get("nextn_predict_layers", 0)
+    block_count, num_mtp = _block_count(g, m, tensors), m.get("nextn_predict_layers", 0)
     if num_mtp > 1:
         raise UnsupportedError(f"{g.path}: {num_mtp} MTP layers; Strata supports at most 1")
     num_layers = block_count
     if num_mtp and f"blk.{block_count - 1}.nextn.eh_proj.weight" in tensors:
         num_layers = block_count - 1    # llama.cpp counts the nextn layers in block_count
-    if "token_embd.weight" not in tensors:
+    embd = _dims(g, tensors, "token_embd.weight", 2)
+    if embd is None:
         raise FormatError(f"{g.path}: missing tensor token_embd.weight")
     D, H = m.get("embedding_length"), m.get("attention.head_count")
-    gate = tensors.get("blk.0.ffn_gate_exps.weight")
-    q_norm = tensors.get("blk.0.attn_q_norm.weight")     # its length is the head dim when the key is absent
+    gate = _dims(g, tensors, "blk.0.ffn_gate_exps.weight", 3)
+    q_norm = _dims(g, tensors, "blk.0.attn_q_norm.weight", 1)     # its length is the head dim when the key is absent
     try:
-        return ModelArgs(
-            architecture=ARCH, vocab_size=tensors["token_embd.weight"][1].shape[0], hidden_size=D,
+        args = ModelArgs(
+            architecture=ARCH, vocab_size=embd[0], hidden_size=D,
             num_hidden_layers=num_layers, num_attention_heads=H,
             num_key_value_heads=m.get("attention.head_count_kv", H),
-            head_dim=m.get("attention.key_length", q_norm[1].shape[-1] if q_norm else D // H),
+            head_dim=m.get("attention.key_length", q_norm[0] if q_norm else D // max(H, 1)),
             num_experts=m.get("expert_count"), num_experts_per_tok=m.get("expert_used_count"),
-            moe_intermediate_size=m.get("expert_feed_forward_length", gate[1].shape[1] if gate else FormatError),
+            moe_intermediate_size=m.get("expert_feed_forward_length", gate[1] if gate else FormatError),
             rms_norm_eps=m.get("attention.layer_norm_rms_epsilon", 1e-6, float),
             rope_theta=m.get("rope.freq_base", 10000.0, float), rope_scaling=_rope_scaling(m),
-            norm_topk_prob=bool(g.kv.get(f"{ARCH}.expert_weights_norm", True)),
+            norm_topk_prob=m.get("expert_weights_norm", True, bool),
             max_position_embeddings=m.get("context_length", 32768),
             tie_word_embeddings="output.weight" not in tensors, num_mtp_layers=num_mtp)
     except InvalidArgument as e:
         raise FormatError(f"{g.path}: inconsistent metadata: {e}") from None
+    problem = model_args_problem(args)
+    if problem:
+        raise FormatError(f"{g.path}: unusable model numbers in the metadata: {problem}")
+    return args
 
 
 def _checked(g: GGUFFile, tensors: dict, name: str, shape: tuple) -> tuple[GGUFFile, TensorInfo]:
@@ -172,6 +216,9 @@ def open_gguf_source(path) -> Source:
             part, info = _checked(files[0], tensors, f"blk.{l}.ffn_{p}_exps.weight", stacked[p])
             specs[p] = _expert_spec(part, info, exp_shapes[p])
         experts.append(specs)
+    used = [s.name for s in dense] + [f"blk.{l}.ffn_{p}_exps.weight" for l in layers for p in EXPERT_PARTS]
+    for f in files:
+        check_no_overlap(f, [n for n in used if tensors[n][0] is f])
     tok_meta, tok_json = gguf_tokenizer(files[0].kv, files[0].path, args.vocab_size)
     src = Source("gguf", [f.path for f in files], args, dense, experts, tok_meta, tok_json)
     src._closers += [f.close for f in files]

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from ..errors import FormatError, UnsupportedError
+from ..errors import FormatError, PackError, UnsupportedError
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -23,38 +23,97 @@ PRE_TOKENIZERS = {"qwen2": QWEN2_REGEX, "llama-bpe": LLAMA3_REGEX, "llama3": LLA
                   "gpt-2": None, "gpt2": None, "default": None}   # None: GPT-2's own byte-level regex
 
 
+def _strings(kv: dict, key: str, path: Path) -> list[str]:
+    v = kv[key]
+    if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+        raise FormatError(f"{path}: metadata key {key} is not an array of strings")
+    bad = next((i for i, t in enumerate(v) if not _utf8(t)), None)
+    if bad is not None:
+        raise FormatError(f"{path}: metadata key {key}: item {bad} is not valid UTF-8")
+    return v
+
+
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")       # the reader keeps bad bytes as surrogates; tokenizers and JSON cannot
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def chat_template_problem(template) -> str | None:
+    """Why a chat template cannot be used (not a string, not UTF-8, does not compile), or None."""
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        return f"the chat template is a {type(template).__name__}, not a string"
+    if not _utf8(template):
+        return "the chat template is not valid UTF-8"
+    from ..tokenizer import compile_chat_template
+    try:
+        compile_chat_template(template)
+    except PackError as e:
+        return str(e)
+    return None
+
+
 def gguf_tokenizer(kv: dict, path: Path, vocab_size: int) -> tuple[dict, Callable[[], str]]:
     """Tokenizer meta and builder from GGUF `tokenizer.*` metadata (BPE "gpt2" models only)."""
     model = kv.get("tokenizer.ggml.model")
     if model is None:
         raise FormatError(f"{path}: missing metadata key tokenizer.ggml.model")
     if model != "gpt2":
-        raise UnsupportedError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2)")
+        raise UnsupportedError(f"{path}: tokenizer model {str(model)[:80]!r} is not supported (supported: gpt2)")
     pre = kv.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise UnsupportedError(f"{path}: pre-tokenizer {pre!r} is not supported "
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
+        raise UnsupportedError(f"{path}: pre-tokenizer {str(pre)[:80]!r} is not supported "
                                f"(supported: {', '.join(PRE_TOKENIZERS)})")
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         if key not in kv:
             raise FormatError(f"{path}: missing metadata key {key}")
-    tokens = kv["tokenizer.ggml.tokens"]
+    tokens, merges = _strings(kv, "tokenizer.ggml.tokens", path), _strings(kv, "tokenizer.ggml.merges", path)
     if len(tokens) > vocab_size:
         raise FormatError(f"{path}: {len(tokens)} tokens but token_embd.weight has only {vocab_size} rows")
+    types = kv.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    if (not isinstance(types, list) or len(types) != len(tokens)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in types)):
+        raise FormatError(f"{path}: metadata key tokenizer.ggml.token_type is not one integer per token")
 
     def token_id(key: str) -> int | None:
         v = kv.get(f"tokenizer.ggml.{key}")
-        return int(v) if v is not None and 0 <= int(v) < len(tokens) else None
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise FormatError(f"{path}: metadata key tokenizer.ggml.{key} = {v!r:.80} is not an integer")
+        return v if v is not None and 0 <= v < len(tokens) else None
 
+    add_bos = kv.get("tokenizer.ggml.add_bos_token", False)
+    if not isinstance(add_bos, (bool, int)):
+        raise FormatError(f"{path}: metadata key tokenizer.ggml.add_bos_token = {add_bos!r:.80} is not a boolean")
+    template = kv.get("tokenizer.chat_template")
+    problem = chat_template_problem(template)
+    if problem:
+        raise FormatError(f"{path}: metadata key tokenizer.chat_template: {problem}")
     eos = [i for i in (token_id("eos_token_id"), token_id("eot_token_id"), token_id("eom_token_id")) if i is not None]
     meta = {"bos_token_id": token_id("bos_token_id"), "eos_token_ids": list(dict.fromkeys(eos)),
-            "pad_token_id": token_id("padding_token_id"),
-            "add_bos_token": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
-            "chat_template": kv.get("tokenizer.chat_template")}
-    types = kv.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    return meta, lambda: _bpe_json(path, tokens, types, kv["tokenizer.ggml.merges"], pre)
+            "pad_token_id": token_id("padding_token_id"), "add_bos_token": bool(add_bos),
+            "chat_template": template}
+    return meta, lambda: _bpe_json(path, tokens, types, merges, pre)
 
 
 def _bpe_json(path: Path, tokens: list[str], types: list[int], merges: list[str], pre: str) -> str:
+    try:
+        return _build_bpe(path, tokens, types, merges, pre)
+    except FormatError:
+        raise
+    except BaseException as e:
+        # tokenizers raises a bare Exception for merges naming unknown tokens, and its Rust panics
+        # arrive as pyo3's PanicException, a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise FormatError(f"{path}: the tokenizer does not build ({first})") from None
+
+
+def _build_bpe(path: Path, tokens: list[str], types: list[int], merges: list[str], pre: str) -> str:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     vocab = {}
     for i, t in enumerate(tokens):
@@ -64,12 +123,9 @@ def _bpe_json(path: Path, tokens: list[str], types: list[int], merges: list[str]
     for m in merges:
         pair = m.split(" ")
         if len(pair) != 2:
-            raise FormatError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
+            raise FormatError(f"{path}: malformed merge {m[:80]!r} in tokenizer.ggml.merges")
         pairs.append((pair[0], pair[1]))
-    try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    except Exception as e:  # tokenizers raises a bare Exception for merges naming unknown tokens
-        raise FormatError(f"{path}: the tokenizer does not build ({str(e).splitlines()[0]})") from None
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     regex = PRE_TOKENIZERS[pre]
     if regex is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -115,8 +171,11 @@ def hf_tokenizer(src: Path, config: dict) -> tuple[dict, Callable[[], str]]:
     text = tok_path.read_text(encoding="utf-8")
     try:
         tok = Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises a bare Exception on a bad file
-        raise FormatError(f"{tok_path}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
+    except BaseException as e:  # a bare Exception on a bad file; a PanicException (BaseException) on worse
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise FormatError(f"{tok_path}: cannot load the tokenizer ({first})") from None
     tc = _read_json(src / "tokenizer_config.json")
     gen = _read_json(src / "generation_config.json")
 
@@ -131,6 +190,9 @@ def hf_tokenizer(src: Path, config: dict) -> tuple[dict, Callable[[], str]]:
         template = named.get("default") or next(iter(named.values()), None)
     if template is None and (src / "chat_template.jinja").is_file():
         template = (src / "chat_template.jinja").read_text(encoding="utf-8")
+    problem = chat_template_problem(template)
+    if problem:
+        raise FormatError(f"{src}: {problem}")
     eos = [token_id(tc.get("eos_token"))] + _ids(config.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
     pad = token_id(tc.get("pad_token"))
     meta = {"bos_token_id": token_id(tc.get("bos_token")),
