@@ -71,9 +71,9 @@ def kernels_reason(manifest: dict | None, major: int, minor: int, gpu_name: str 
     arch = f"{major}{minor}"
     fix = (f"reinstall with STRATA_CUDA_ARCHS={arch} (or STRATA_CUDA_ARCHS=all), e.g. "
            f"STRATA_CUDA_ARCHS={arch} pip install --force-reinstall .")
-    kernels = (manifest or {}).get("kernels", {})
-    if not kernels:
+    if manifest is None:
         return f"this install has no GPU kernels (built without nvcc or for no arch); {fix}"
+    kernels = manifest.get("kernels", {})      # a build that compiled nothing writes no manifest at all
     missing = sorted(n for n, e in kernels.items() if not any(arch_runs_on(a, major, minor) for a in e.get("archs", [])))
     if not missing:
         return None
@@ -106,7 +106,8 @@ def gpu_unusable_reason(ordinal: int = 0) -> str | None:
     except Exception as exc:      # a device that enumerates but cannot be queried
         return f"CUDA device {ordinal}: cannot be queried ({exc})"
     major, minor = (int(x) for x in info["compute_capability"].split("."))
-    return kernels_reason(read_kernel_manifest(), major, minor, info["name"])
+    manifest = cuda._runtime().read_manifest()      # the manifest unavailable_reason() just read
+    return kernels_reason(manifest, major, minor, info["name"])
 
 
 def note_cpu_fallback(reason: str) -> None:

@@ -28,16 +28,15 @@ def test_kernels_reason_names_the_arch_and_the_fix():
     assert "STRATA_CUDA_ARCHS=all" in why and "\n" not in why
     mixed = {"kernels": {"add": {"archs": ["sm_86"]}, "gemv": {"archs": ["sm_90"]}}}
     assert "1 of 2, e.g. gemv" in system.kernels_reason(mixed, 8, 6)
-    for empty in (None, {"kernels": {}}):
-        assert "no GPU kernels" in system.kernels_reason(empty, 9, 0)
+    assert "no GPU kernels" in system.kernels_reason(None, 9, 0)
 
 
-def test_gpu_unusable_reason_checks_the_kernels_past_the_runtime(monkeypatch):
+def test_gpu_unusable_reason_checks_the_kernels_past_the_runtime(fake, monkeypatch):
     monkeypatch.setattr(cuda_backend, "unavailable_reason", lambda ordinal=0: None)
     monkeypatch.setattr(cuda_backend, "device_info", lambda ordinal=0: {"name": "GPU X", "compute_capability": "8.9"})
-    monkeypatch.setattr(system, "read_kernel_manifest", lambda: SM90_ONLY)
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: SM90_ONLY)
     assert "GPU X is sm_89" in system.gpu_unusable_reason(0)
-    monkeypatch.setattr(system, "read_kernel_manifest", lambda: {"kernels": {"add": {"archs": ["sm_89"]}}})
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"kernels": {"add": {"archs": ["sm_89"]}}})
     assert system.gpu_unusable_reason(0) is None
     monkeypatch.setattr(cuda_backend, "unavailable_reason",
                         lambda ordinal=0: "manifest.json: not found; this install was built without nvcc")
