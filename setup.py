@@ -42,9 +42,10 @@ NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
 # Core-seconds one nvcc target (every kernel for one SASS arch, or the PTX) took on a 2-core build
 # machine: STRATA_CUDA_ARCHS=all (7 targets) ran 573 s there with nvcc 13.0. The build prints
-# its estimate from this; moe_decode.cu alone is about a third of it.
+# its estimate from this; moe_decode.cu alone is about a third of it. The Cython runtime took 35 s.
 CPU_S_PER_TARGET = 164
-CYTHON_ESTIMATE_S = 60
+LONGEST_TARGET_S = 60  # moe_decode.cu for one target: nvcc runs a file's targets on one thread each
+CYTHON_ESTIMATE_S = 40
 
 
 @functools.cache
@@ -235,7 +236,8 @@ def nvcc_known_archs(nvcc: str) -> set[str]:
 
 
 def estimate_s(num_targets: int, num_cpus: int) -> float:
-    return CPU_S_PER_TARGET * num_targets / max(1, num_cpus)
+    num_cpus = max(1, num_cpus)
+    return max(CPU_S_PER_TARGET * num_targets / num_cpus, LONGEST_TARGET_S * -(-num_targets // num_cpus))
 
 
 def minutes(seconds: float) -> str:
@@ -308,8 +310,9 @@ def build_kernels(out_dir: Path) -> None:
          f" (a rebuild keeps unchanged ones)")
     kernels = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
+        # the biggest sources first (the slowest to compile), so none starts last and runs alone
         jobs = {pool.submit(compile_kernel, nvcc, version, cu, out_dir, archs, old.get(cu.stem, {})): cu
-                for cu in sources}
+                for cu in sorted(sources, key=lambda cu: cu.stat().st_size, reverse=True)}
         for done in as_completed(jobs):
             cu = jobs[done]
             kernels[cu.stem] = done.result()

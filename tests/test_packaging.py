@@ -187,6 +187,7 @@ def test_no_gpu_builds_no_kernels_and_says_so(build, fake_nvcc, tmp_path, monkey
 def test_estimate_scales_with_targets_and_cores(build):
     assert build.estimate_s(7, 2) == pytest.approx(573, rel=0.05)  # the all-arch build measured
     assert build.estimate_s(2, 16) < build.estimate_s(2, 2) < build.estimate_s(7, 2)
+    assert build.estimate_s(2, 64) == build.LONGEST_TARGET_S  # many cores: the slowest kernel bounds it
     assert build.minutes(45) == "45 s" and build.minutes(600) == "10 min"
 
 
