@@ -26,7 +26,7 @@ def demo_model_path() -> Path:
 HOST_KV_SHARE = 0.5         # of the available host memory the CPU runner's float32 KV may grow to
 
 
-def _pick_device(wanted: str, ordinal: int) -> str:
+def _pick_device(wanted: str, ordinal: int = 0) -> str:
     """The device for `wanted`: cpu; cuda (DeviceError without a usable GPU); auto: the GPU when
     usable, else the CPU (saying why on stderr where an NVIDIA driver is present)."""
     if wanted == "cpu":
@@ -53,7 +53,7 @@ def host_context(args, context: int, available_bytes: int | None) -> tuple[int, 
 
 def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
     """(max_context, why): --max-context or the model's trained context, fitted to the device's memory."""
-    from .planner import PackSizes, fit_context, vram_budget
+    from .planner import PackSizes, asked_context, fit_context, vram_budget
     trained = pack.args.max_position_embeddings
     if device == "cuda":
         from ..backends.cuda import device_info
@@ -62,11 +62,9 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
         budget, _ = vram_budget(config, d["free_memory_bytes"])
         sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
         return fit_context(sizes, config, budget, d["multiprocessor_count"])
-    asked = min(config.max_context or trained, trained)
-    why = ("--max-context" if config.max_context and config.max_context <= trained else
-           f"--max-context {config.max_context} capped at the model's trained context {trained}"
-           if config.max_context else "the model's trained context")
     from ..system import host_memory
+    asked, why = (asked_context(config.max_context, trained) if config.max_context
+                  else (trained, "the model's trained context"))
     context, lowered = host_context(pack.args, asked, host_memory()[1])
     return context, why if lowered is None else f"lowered from {asked}: {lowered}"
 

@@ -198,6 +198,13 @@ def min_cache_slots(sizes: PackSizes) -> int:
     return min(a.num_hidden_layers * a.num_experts, a.num_hidden_layers * a.num_experts_per_tok)
 
 
+def asked_context(max_context: int, trained: int) -> tuple[int, str]:
+    """(context, why) for a context the user asked for: --max-context, capped at the trained one."""
+    if max_context > trained:
+        return trained, f"--max-context {max_context} capped at the model's trained context {trained}"
+    return max_context, "--max-context"
+
+
 def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFAULT_NUM_SMS) -> tuple[int, str]:
     """(max_context, why): --max-context (capped at the trained context), or the model's trained
     context when the plan holds its KV beside the expert cache's minimum (min_cache_slots, or a
@@ -205,9 +212,7 @@ def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFA
     CHUNK_GRID that does. Below one grid step it answers the grid step and make_plan says why."""
     trained = sizes.args.max_position_embeddings
     if config.max_context:
-        if config.max_context > trained:
-            return trained, f"--max-context {config.max_context} capped at the model's trained context {trained}"
-        return config.max_context, "--max-context"
+        return asked_context(config.max_context, trained)
     cache, mb = ExpertCache(sizes), sizes.max_blob
     floor_slots = (min_cache_slots(sizes) if config.expert_cache == "auto"
                    else min(int(config.expert_cache), cache.total_slots))
