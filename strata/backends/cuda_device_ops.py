@@ -324,23 +324,29 @@ class DeviceOps:
         return x_out, out
 
     def qkv(self, x: DeviceTensor, prefix: str):
-        """The attention projections -> (q, k, v): one strata_gemv3 launch when the three share a
-        quant type and the GEMV path applies, else three `linear`s. Same numbers either way."""
+        """The attention projections -> (q, k, v): one strata_gemv3 launch over q and those of k, v
+        that share its quant type, where the GEMV path applies (llama-quantize's presets often give
+        attn_v a type of its own: it is then a `linear` beside the launch), else three `linear`s.
+        Same numbers either way."""
         names = [f"{prefix}attn_{p}.weight" for p in "qkv"]
         ws = [self.w.tensor(name) for name in names]
         n = x.shape[-1]
         T = x.size // n
-        if (T > GEMV_MAX_T or len({w.qtype for w in ws}) > 1 or any(w.shape[-1] != n for w in ws)
-                or (T > 1 and n % 8)):
+        q = ws[0].qtype
+        fused = [i for i, w in enumerate(ws) if w.qtype == q]
+        if T > GEMV_MAX_T or len(fused) == 1 or any(w.shape[-1] != n for w in ws) or (T > 1 and n % 8):
             return tuple(self.linear(x, name) for name in names)
         x = self._aligned(x)
-        ys = [self.alloc((*x.shape[:-1], w.rows)) for w in ws]
-        q = ws[0].qtype
+        ys = [self.alloc((*x.shape[:-1], ws[i].rows)) for i in fused]
+        # a third matrix of no rows has no row sets: the kernel skips it
+        mats = [(ws[i].ptr, y.ptr, ws[i].rows) for i, y in zip(fused, ys)]
+        mats += [(ws[0].ptr, ys[0].ptr, 0)] * (3 - len(fused))
         per_set = 4 if T > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp
-        sets = sum(-(-w.rows // per_set) for w in ws)
+        sets = sum(-(-rows // per_set) for _, _, rows in mats)
         self.launch("decode_fused", f"strata_gemv3_{q.lower()}", "PPPPPPPiiiii", max(1, -(-sets // 4)), 128,
-                    (*(w.ptr for w in ws), x.ptr, *(y.ptr for y in ys), *(w.rows for w in ws), n, T))
-        return tuple(ys)
+                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T))
+        out = dict(zip(fused, ys))
+        return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))
 
     def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
                                eps: float, layer: int, kv, positions) -> DeviceTensor:

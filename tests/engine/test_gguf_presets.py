@@ -162,5 +162,8 @@ def test_preset_gpu_matches_cpu(packs, device, case, rng):
     assert gpu.decode_status()["cuda_graphs"]
     if device == "emulated":
         from tests.engine import fake_cuda
-        assert f"strata_embed_{qtypes['token_embd'].lower()}" in fake_cuda.launches
+        used = set(fake_cuda.launches)
+        assert f"strata_embed_{qtypes['token_embd'].lower()}" in used
+        assert f"strata_gemv3_{qtypes['attn_q'][0].lower()}" in used      # q and k in one launch, whatever v is
+        assert not {k for k in used if k.startswith("strata_dequant_")}  # no weight leaves the tensor-core GEMMs
         assert fake_cuda.graph_launches       # the steps after the first replay a graph
