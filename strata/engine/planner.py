@@ -11,7 +11,7 @@ DESIGN.md's "Memory plan" and seed 000 (#583):
 - The context: `--max-context N` (capped at the model's trained context), or by default the
   model's trained context (ModelArgs.max_position_embeddings), lowered on the CHUNK_GRID until the
   mandatory items at that KV size leave room for the expert cache's minimum (a token's experts in
-  every layer, MIN_CACHE_SLOTS_PER_LAYER = A each) and the smallest prompt loan (`fit_context`).
+  every layer: `min_cache_slots`, A x L) and the smallest prompt loan (`fit_context`).
 - The expert cache: `--expert-cache auto` takes what is left, N is fixed (an error if it does not
   fit). A slot holds one expert blob at its own layer's size, slots filled round-robin over the
   layers; on a pack whose layers share one blob size that is floor(room / max_blob) slots.
