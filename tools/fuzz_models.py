@@ -13,13 +13,12 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/ is not an installed package
 
-from tests.pack.fuzz import make_bases, run_cases  # noqa: E402
+from tests.pack.fuzz import make_bases, run_cases, scratch_dir  # noqa: E402
 
 BAD = ("other", "late", "hang", "crash", "nonfinite")
 
@@ -34,7 +33,7 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=3, help="examples printed per bad outcome and kind")
     ap.add_argument("--json", help="write every case's result here")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="strata-fuzz-") as tmp:
+    with scratch_dir() as tmp:
         root = Path(tmp)
         base = make_bases(root)
         half = a.cases // 2

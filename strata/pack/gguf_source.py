@@ -12,8 +12,7 @@ from ..config import ModelArgs
 from ..errors import FormatError, InvalidArgument, UnsupportedError
 from ..quant import QTYPES, tensor_bytes
 from .checks import is_int, is_number, model_args_problem
-from .gguf_file import (GGUFFile, TensorInfo, check_extents, check_no_overlap, ggml_type_name,
-                        read_gguf)
+from .gguf_file import GGUFFile, TensorInfo, check_extents, ggml_type_name, read_gguf
 from .source import EXPERT_PARTS, NEXTN_OPTIONAL, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes
 from .tokenizer_build import gguf_tokenizer
 
@@ -216,9 +215,6 @@ def open_gguf_source(path) -> Source:
             part, info = _checked(files[0], tensors, f"blk.{l}.ffn_{p}_exps.weight", stacked[p])
             specs[p] = _expert_spec(part, info, exp_shapes[p])
         experts.append(specs)
-    used = [s.name for s in dense] + [f"blk.{l}.ffn_{p}_exps.weight" for l in layers for p in EXPERT_PARTS]
-    for f in files:
-        check_no_overlap(f, [n for n in used if tensors[n][0] is f])
     tok_meta, tok_json = gguf_tokenizer(files[0].kv, files[0].path, args.vocab_size)
     src = Source("gguf", [f.path for f in files], args, dense, experts, tok_meta, tok_json)
     src._closers += [f.close for f in files]

@@ -20,6 +20,7 @@ import numpy as np
 from ..config import ModelArgs
 from ..errors import FormatError, InvalidArgument, UnsupportedError
 from ..quant import qtype as qtype_of
+from .checks import model_args_problem, rope_scaling_problem
 from .source import (EXPERT_PARTS, NEXTN_OPTIONAL, ExpertSpec, Source, TensorSpec, dense_shapes, expert_shapes,
                      memmap)
 from .tokenizer_build import _read_json, hf_tokenizer
@@ -147,9 +148,12 @@ def _model_args(src: Path, cfg: dict) -> ModelArgs:
                                           if rope.get("rope_type", "default") != "default" else None)
     if scaling and "rope_type" not in scaling and "type" in scaling:
         scaling = {"rope_type": scaling["type"], **{k: v for k, v in scaling.items() if k != "type"}}
+    problem = rope_scaling_problem(scaling)
+    if problem:
+        raise FormatError(f"{src}/config.json: {problem}")
     try:
         D, H = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        return ModelArgs(
+        args = ModelArgs(
             architecture="qwen3moe", vocab_size=int(cfg["vocab_size"]), hidden_size=D,
             num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=H,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or H),
@@ -166,6 +170,12 @@ def _model_args(src: Path, cfg: dict) -> ModelArgs:
         raise FormatError(f"{src}/config.json: missing key {e.args[0]}") from None
     except InvalidArgument as e:
         raise FormatError(f"{src}/config.json: {e}") from None
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:     # int(None), int(inf), D // 0
+        raise FormatError(f"{src}/config.json: a model number is not a number ({e})") from None
+    problem = model_args_problem(args)
+    if problem:
+        raise FormatError(f"{src}/config.json: {problem}")
+    return args
 
 
 def hf_name(pack_name: str, num_layers: int) -> str:

@@ -172,8 +172,9 @@ def check_meta(meta_path: Path, meta: dict) -> ModelArgs:
         files = _files(meta["files"])
         args = _model_args(meta["model_args"])
         _tokenizer(meta["tokenizer"], args.vocab_size)
-        _dense(meta["dense"], args, files["dense.bin"]["bytes"])
+        # experts first: its list's length bounds the layer count before dense_shapes builds names by it
         max_blob = _experts(meta["experts"], args, files["experts.bin"]["bytes"])
+        _dense(meta["dense"], args, files["dense.bin"]["bytes"])
         if meta["max_blob"] != max_blob or not is_int(meta["max_blob"]):
             raise _Bad(f"max_blob = {meta['max_blob']!r:.80}, the largest expert blob is {max_blob} bytes")
         if not isinstance(meta.get("source", {}), dict):

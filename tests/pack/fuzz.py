@@ -21,6 +21,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -472,6 +473,13 @@ def _tiny_gguf(path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory:
+    """A temporary directory in RAM where there is one: each case converts a pack, and the converter's
+    fsyncs on a disk would make the run wait on I/O, not on the code under test."""
+    shm = Path("/dev/shm")
+    return tempfile.TemporaryDirectory(prefix="strata-fuzz-", dir=shm if os.access(shm, os.W_OK) else None)
 
 
 def make_bases(root: Path) -> dict:
