@@ -56,7 +56,7 @@ class CudaRunner:
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
         from ..backends.cuda import _runtime
         from ..backends.cuda_device import DeviceKV, DeviceWeights
-        from ..backends.cuda_device_ops import EMBED_QTYPES, GEMV_MAX_T, DeviceOps
+        from ..backends.cuda_device_ops import GEMV_MAX_T, DeviceOps
         from .expert_store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
@@ -120,11 +120,6 @@ class CudaRunner:
             self.graph_error = (f"{self.store.pinned_bytes / self.store.file_bytes:.0%} of experts.bin is pinned "
                                 f"({self.store.pin_reason}): decode misses of the rest are staged, each "
                                 f"layer's routing read on the host")
-        embd = self.weights.tensor("token_embd.weight").qtype
-        self._ids_on_device = embd in EMBED_QTYPES      # else the embedding needs the ids on the host
-        if not self._ids_on_device:
-            self.use_graphs = False
-            self.graph_error = f"token_embd.weight is {embd}: no embed kernel reads device-side ids"
         staged = self.store.staged_decode
         self.decode_misses = "resident" if self.store.resident else "staged" if staged else config.decode_misses
         self._step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
@@ -286,8 +281,6 @@ class CudaRunner:
         captured for T, else the model's launches from Python (capturing them on the second step).
         Without `download` they stay on the device (the last row for pick())."""
         T = len(ids)
-        if not self._ids_on_device:
-            return self._forward(ids, lo, last_only=False, download=download)
         if lo + T > self.max_context:
             raise InvalidArgument(f"positions up to {lo + T - 1} do not fit the context of {self.max_context}")
         t0 = time.perf_counter()
