@@ -3,8 +3,8 @@
 Sizes come from the pack, or from a GGUF / Hugging Face source or a synthetic shape without
 writing any weights. With a GPU, the budget is min(free VRAM - 1 GiB, --vram-budget-gib) and the
 pinned host->device and device copy rates are measured now; without one, --vram-budget-gib is the
-budget and the rates are ANCHORS.md's (the output says which). `--device cpu` plans without
-touching a GPU even where there is one. The context is --max-context, or by default the model's
+budget and the rates are the H200 figures recorded in docs/PERF.md (the output says which).
+`--device cpu` plans without touching a GPU even where there is one. The context is --max-context, or by default the model's
 trained context lowered to what the budget holds beside the expert cache's minimum (the plan's first
 line says which, and why).
 """

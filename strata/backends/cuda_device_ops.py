@@ -2,19 +2,28 @@
 
 Same method names and meaning as strata.backends.cpu.CpuOps; inputs and outputs are DeviceTensors
 (f32 activations, int32 expert ids), weights stay in their native block bytes in VRAM. Every launch
-goes on one stream; nothing waits for the device except where the host needs a value (the prompt
-path's expert grouping, and downloads).
+goes on one stream; nothing waits for the device except where the host needs a value: downloads,
+a streamed prompt chunk that stages only the experts it routes to (its routing comes to the host),
+and staged decode misses (each layer's routing read on the host).
 
 Token ids and positions come as numpy arrays (uploaded here) or already on the device: ids an int32
 DeviceTensor [T], positions an int32 DeviceTensor [T + 1] (the positions, then the KV length). A
 decode step passes device tensors, and its launches then depend on no host value but T and the
 cache's size: the same launches serve every step, so they can be one CUDA graph.
 
-Paths: `linear` with T <= GEMV_MAX_T tokens runs the dequant-fused GEMV kernels; larger T
-dequantizes the weight (bit-exact, in row chunks of at most WEIGHT_SCRATCH_BYTES) and runs an f32
-GEMM. `moe` with T <= GEMV_MAX_T runs one GEMV per (token, active expert) slot, the expert read from
-the device-side ids; prompt chunks group the tokens by expert on the host (one small download), then
-gather, GEMM per expert over its dequantized matrices, SwiGLU, down and a weighted combine.
+Paths: `linear` with T <= GEMV_MAX_T tokens runs the dequant-fused GEMV kernels (one-token GEMVs of
+too few blocks to fill the GPU split K). Larger T runs one tensor-core GEMM launch over the native
+blocks (cuda/moe_gemm.cu, a group of one) where that kernel takes the type; F32 weights run the f32
+GEMM as they are; any other type is dequantized (bit-exact, in row chunks of at most
+WEIGHT_SCRATCH_BYTES) into an f32 GEMM. `moe` with T <= GEMV_MAX_T runs cuda/moe_decode.cu (gate|up
+with SwiGLU, then down with the weighted sum: two launches, each slot reading its expert's address
+from the table at its device-side id; the moe_gemv path where those kernels do not apply). Prompt
+chunks take strata.backends.cuda_moe.moe_grouped: the slots are grouped by expert on the device
+(cuda/moe_group.cu) when the layer's matrices take the tensor-core GEMM and the store hands out
+every expert without the routing (all resident, or a chunk that streams every non-cached expert),
+else on the host; the rows are gathered into expert order and each of the store's batches is one tensor-core
+grouped GEMM launch per matrix, SwiGLU over its rows, then one weighted combine back into token
+order (per-expert f32 GEMMs over dequantized matrices only for types cuda/moe_gemm.cu does not take).
 
 The model's composites run cuda/decode_fused.cu: `add_rms_norm` (a residual add and the norm after
 it), `qkv` (the three projections in one GEMV launch where they share a quant type and T <= 8) and

@@ -1,7 +1,7 @@
 """The VRAM plan: what stays resident, how big the expert cache is, and the prompt chunk and ring.
 
 Pure host logic from a pack's sizes (never touches a device; tested on the CPU). The rules are
-DESIGN.md's "Memory plan" and seed 000 (#583):
+docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier design it calls seed 000):
 
 - Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV type's
   bytes: f16 2 per value, int8 34 and q4_0 18 per block of 32 values), decode scratch (the
@@ -34,8 +34,8 @@ construction, the reserved pool did on the 256 grid of every shape tried (off th
 at an exact fit, e.g. T = 2^k - 1 -> 2^k). The bisection's answer always fits; a dip could only
 make it a step short.
 
-Not enforced yet: the current CudaRunner keeps every expert resident and reads prompts in its own
-fixed chunks; this plan is what expert streaming will run on.
+CudaRunner runs this plan: it keeps every expert resident where the cache holds them all, else
+streams them through the cache and the ring, and reads prompts in the plan's chunk.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class Bandwidths:
     source: str
 
 
-DEFAULT_BANDWIDTHS = Bandwidths(55.4, 4267.0, "ANCHORS.md defaults (no GPU measured)")
+DEFAULT_BANDWIDTHS = Bandwidths(55.4, 4267.0, "the H200 figures recorded in docs/PERF.md (no GPU measured)")
 
 
 def ring_slots(max_blob: int, budget_bytes: int = RING_BUDGET_BYTES, lo: int = RING_MIN_SLOTS,

@@ -298,10 +298,10 @@ def test_cli_plan_synthetic_budgets(capsys):
     assert [p["vram_budget_bytes"] for p in plans] == [8 << 30, 12 << 30, 24 << 30]
     assert plans[0]["max_blob"] == 2_654_208 and plans[0]["prefill_ring"] == 200 == plans[1]["prefill_ring"]
     assert plans[2]["prefill_ring"] == 0 and all(p["prefill_chunk"] == 4096 for p in plans)
-    assert "ANCHORS.md" in plans[0]["bandwidth_source"]
+    assert "H200 figures recorded in docs/PERF.md" in plans[0]["bandwidth_source"]
     assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
-    assert "200 slots" in text and "ANCHORS.md defaults" in text and "over PCIe" in text
+    assert "200 slots" in text and "the H200 figures recorded in docs/PERF.md (no GPU measured)" in text and "over PCIe" in text
 
 
 def test_cli_plan_impossible_budget_exits_2(capsys):
