@@ -37,7 +37,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 CUDA_SRC = ROOT / "cuda"
 SASS_ARCHS = ("80", "86", "89", "90", "100", "120")  # STRATA_CUDA_ARCHS=all
-OLDEST_ARCH = 80  # the kernels use sm_80 instructions (cp.async, bf16 MMA)
+OLDEST_ARCH = 80  # the kernels use sm_80 instructions (attention_tc.cu: cp.async)
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
 # Core-seconds one nvcc target (every kernel for one SASS arch, or the PTX) took on a 2-core build
