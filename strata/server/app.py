@@ -2,6 +2,9 @@
 
 `create_app(llm, ...)` builds one app around one loaded model; the engine thread starts and stops
 with the app's lifespan. Every error answer has the OpenAI shape {"error": {message, type, param, code}}.
+Requests are untrusted: a Host allow-list (for a loopback server, so no web page can reach it by DNS
+rebinding), JSON content types only on POST (a cross-site form cannot send one without a preflight),
+bounded bodies, and `app.state.drain()` ends every open request at once when the server shuts down.
 """
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import hmac
 import time
 from pathlib import Path
 
-import jinja2
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -19,9 +21,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import StrataError
+from . import schema
 from .metrics import ServerMetrics
 from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, error_body, new_id, \
     parse_json_object, parse_request
+from .security import HostCheck
 from .worker import EngineWorker, Job, QueueFull
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -34,14 +38,41 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+class Draining:
+    """The jobs whose answers are open, so that a shutdown can end each of them at once."""
+
+    def __init__(self, worker: EngineWorker):
+        self.worker, self.open, self.started = worker, set(), False
+
+    def __call__(self) -> None:
+        """On the event loop, as the server stops: every open request gets its 503 now."""
+        self.started = True
+        for job in list(self.open):
+            job.events.put_nowait(("shutdown", None))
+            self.worker.cancel(job)
+
+    def refuse_if_started(self) -> None:
+        if self.started:
+            raise _shutting_down()
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry on another instance or after it restarts",
+                    type="server_error", code="server_shutting_down")
+
+
 def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, warm_up: bool = True) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, warm_up: bool = True,
+               allowed_hosts: list[str] | None = None) -> FastAPI:
     """warm_up: run llm.warm_up() before serving (the first request then costs what later ones do;
-    serve_main does it itself, before printing that it serves)."""
+    serve_main does it itself, before printing that it serves). allowed_hosts: the Host header names
+    answered (any port; "*" any name); None answers every Host (serve_main passes the loopback names
+    for a loopback bind)."""
     metrics = ServerMetrics()
     worker = EngineWorker(llm, queue_size, metrics)
     metrics.bind(worker)
     started = time.time()
+    draining = Draining(worker)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -51,21 +82,25 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
         try:
             yield
         finally:
-            await asyncio.to_thread(worker.stop)
+            await asyncio.to_thread(worker.stop, 2.0)    # a drained job stops at its next token
 
-    app = FastAPI(title="Strata", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.llm, app.state.worker, app.state.metrics = llm, worker, metrics
+    app = FastAPI(title="Strata", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", responses=schema.errors(400, 404, 405, 500))
+    app.state.llm, app.state.worker, app.state.metrics, app.state.drain = llm, worker, metrics, draining
     _install_error_handlers(app, metrics)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=allowed_hosts, on_refusal=metrics.count_http_error)
+    check_key = Depends(_key_checker(api_key))
+    v1 = APIRouter(prefix="/v1", dependencies=[check_key])
+    post_errors = schema.errors(401, 413, 415, 503)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_key_checker(api_key))])
-
-    @v1.post("/chat/completions")
+    @v1.post("/chat/completions", openapi_extra=schema.request_body(schema.CHAT_REQUEST), responses=post_errors)
     async def chat_completions(request: Request):
-        return await _complete(request, "chat", llm, worker, max_body_bytes)
+        return await _complete(request, "chat", llm, worker, max_body_bytes, draining)
 
-    @v1.post("/completions")
+    @v1.post("/completions", openapi_extra=schema.request_body(schema.COMPLETION_REQUEST), responses=post_errors)
     async def completions(request: Request):
-        return await _complete(request, "completion", llm, worker, max_body_bytes)
+        return await _complete(request, "completion", llm, worker, max_body_bytes, draining)
 
     @v1.get("/models")
     async def models():
@@ -88,7 +123,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
             return JSONResponse({"status": "error", "message": "the engine thread is not running"}, 503)
         return {"status": "ok", "model": llm.model_name}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[check_key])
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
@@ -133,6 +168,12 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         return answer(400, error_body(f"{param}: {first.get('msg', 'invalid request')}", param=param))
 
+    @app.exception_handler(Exception)
+    async def server_error(_req, e: Exception):
+        # a bug: still the OpenAI shape (Starlette re-raises it afterwards, so it is logged with its traceback)
+        return answer(500, error_body(f"internal server error ({type(e).__name__})", "server_error",
+                                      code="internal_error"))
+
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
@@ -148,20 +189,32 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
+def _check_json_content_type(request: Request) -> None:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {media or 'none'!r}",
+                       code="unsupported_media_type")
+
+
 def _tokenize(llm, req: ParsedRequest) -> list[int]:
     if req.kind == "chat":
         try:
             text = llm.tokenizer.apply_chat_template(req.prompt, add_generation_prompt=True)
-        except (StrataError, jinja2.TemplateError) as e:
-            raise APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
+        except StrataError as e:    # the model's template failed or ran past its budget (strata/chat_template.py)
+            raise APIError(400, f"messages: the model's chat template rejected them: {e}", param="messages",
+                           code="chat_template_error") from None
         return llm.tokenizer.encode(text)
     return list(req.prompt) if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
 
 
-async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int):
+async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int,
+                    draining: Draining):
+    _check_json_content_type(request)
+    draining.refuse_if_started()
     body = parse_json_object(await _read_body(request, max_body_bytes))
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
     ids = await asyncio.to_thread(_tokenize, llm, req)
+    draining.refuse_if_started()
     field = "messages" if kind == "chat" else "prompt"
     if not ids:
         raise APIError(400, f"{field} is empty after tokenization", param=field)
@@ -177,14 +230,18 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     except QueueFull as e:
         raise APIError(503, str(e), type="server_error", code="queue_full",
                        headers={"Retry-After": str(e.retry_after_s)}) from None
+    draining.open.add(job)
     writer = ChunkWriter(new_id(kind), kind, llm.model_name)
     if req.stream:
-        return StreamingResponse(_sse(job, worker, writer, req.include_usage), media_type="text/event-stream",
+        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         completion = await _wait_done(job, worker, request)
     except ClientGone:
         return Response(status_code=499)
+    finally:
+        draining.open.discard(job)
     return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created)
 
 
@@ -209,13 +266,16 @@ async def _wait_done(job: Job, worker: EngineWorker, request: Request):
                 return payload
             if kind == "error":
                 raise _engine_error(payload)
+            if kind == "shutdown":
+                raise _shutting_down()
     except BaseException:
         worker.cancel(job)
         raise
 
 
-async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool):
-    """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job."""
+async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining):
+    """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job; a
+    shutdown ends it with an error event."""
     finished = False
     try:
         first = writer.start()
@@ -231,8 +291,9 @@ async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usag
                 return
             else:
                 finished = True
-                yield writer.error(_engine_error(payload))
+                yield writer.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
                 return
     finally:
+        draining.open.discard(job)
         if not finished:
             worker.cancel(job)

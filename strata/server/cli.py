@@ -10,6 +10,8 @@ import sys
 from ..config import env_value
 from ..errors import InvalidArgument
 from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_SIZE, create_app
+from .http import connection_cap, serve_on
+from .security import LOOPBACK_HOSTS, loopback
 
 
 def bind_address(host: str, port: int) -> socket.socket:
@@ -51,15 +53,32 @@ def _given(args, name: str, default: int) -> int:
     return default if value is None else value      # 0 is a value (refused below), not "unset"
 
 
+def api_key_from(args) -> str | None:
+    """--api-key, else $STRATA_API_KEY, else None; an empty key is refused rather than taken as no key."""
+    flag, env = getattr(args, "api_key", None), env_value("API_KEY")
+    if flag == "" or (flag is None and env == ""):
+        where = "--api-key" if flag == "" else "STRATA_API_KEY"
+        raise InvalidArgument(f"{where} is empty, which would leave the server open to anyone; give a key, "
+                              f"or leave it unset to serve without one")
+    return flag or env or None
+
+
+def allowed_hosts_from(args) -> list[str] | None:
+    """The Host allow-list: the loopback names (for a loopback bind) plus --allowed-hosts; None: any Host
+    (a server bound to a public address is reached by names it cannot know, unless they are given)."""
+    extra = [h.strip() for h in (getattr(args, "allowed_hosts", None) or "").split(",") if h.strip()]
+    if loopback(args.host):
+        return [*LOOPBACK_HOSTS, *extra]
+    return extra or None
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """Serve args.model (None: the demo model) on args.host:args.port; returns the exit status.
 
-    Reads model, host, port, api_key (else $STRATA_API_KEY), queue_size, max_body_bytes and the
-    EngineConfig fields from `args`. Every start-up failure is a StrataError (one line, exit 2),
+    Reads model, host, port, api_key (else $STRATA_API_KEY), allowed_hosts, queue_size, max_body_bytes
+    and the EngineConfig fields from `args`. Every start-up failure is a StrataError (one line, exit 2),
     raised before the model loads where it can be: the flags, then the address.
     """
-    import uvicorn
-
     from .. import LLM
     from ..cli import engine_kwargs
     from ..config import EngineConfig
@@ -68,7 +87,8 @@ def serve_main(args: argparse.Namespace) -> int:
     max_body_bytes = _given(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     if queue_size < 1 or max_body_bytes < 1:
         raise InvalidArgument("--queue-size and --max-body-bytes must be positive")
-    api_key = getattr(args, "api_key", None) or env_value("API_KEY") or None
+    api_key = api_key_from(args)
+    allowed_hosts = allowed_hosts_from(args)
     kwargs = engine_kwargs(args)
     EngineConfig.from_kwargs(**kwargs)          # bad engine flags fail before the address is taken
     sock = bind_address(args.host, args.port)
@@ -76,13 +96,11 @@ def serve_main(args: argparse.Namespace) -> int:
         llm = LLM(args.model, **kwargs)
         warm_s = llm.warm_up()
         app = create_app(llm, api_key=api_key, queue_size=queue_size, max_body_bytes=max_body_bytes,
-                         warm_up=False)
+                         warm_up=False, allowed_hosts=allowed_hosts)
         print(f"strata: serving {llm.model_name} on {llm.device} at {_url(sock)} "
               f"(OpenAI API under /v1{', API key required' if api_key else ''}); context {llm.max_context} "
               f"tokens ({llm.context_source}); warmed up in {warm_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, host=args.host, port=sock.getsockname()[1], log_level="info",
-                                timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        serve_on(app, sock, max_connections=connection_cap())
     finally:
         sock.close()
     return 0

@@ -46,14 +46,66 @@ def unsupported(param: str, what: str) -> APIError:
                     code="unsupported_parameter")
 
 
+MAX_JSON_DEPTH = 32            # a chat request nests 5 deep (messages, a message, content, a part)
+MAX_INT_DIGITS = 20            # any int64 (token ids, seeds); Python's own 4,300-digit limit fails as a 500
+MAX_FLOAT_CHARS = 40
+
+
+def _int_literal(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise APIError(400, f"request body: an integer literal of {len(text)} digits; at most {MAX_INT_DIGITS} "
+                            f"are accepted", code="invalid_json")
+    return int(text)
+
+
+def _float_literal(text: str) -> float:
+    value = float(text) if len(text) <= MAX_FLOAT_CHARS else math.nan
+    if not math.isfinite(value):
+        raise APIError(400, f"request body: the number {text[:MAX_FLOAT_CHARS]}{'...' if len(text) > MAX_FLOAT_CHARS else ''} "
+                            f"is out of range (at most {MAX_FLOAT_CHARS} characters, finite)", code="invalid_json")
+    return value
+
+
+def _constant(name: str):
+    raise APIError(400, f"request body: {name} is not JSON", code="invalid_json")
+
+
+def _check_tree(body) -> None:
+    """Depth at most MAX_JSON_DEPTH and no lone surrogate ("\ud800" parses, then fails every encoder)."""
+    stack = [(body, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"request body: nested deeper than {MAX_JSON_DEPTH} levels (at {where.lstrip('.')[:60]})",
+                           code="invalid_json")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            path = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
+            for text in (key, item):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError:
+                        name = path.lstrip(".")
+                        raise APIError(400, f"{name}: not valid Unicode (a lone surrogate escape such as \\ud800)",
+                                       param=name, code="invalid_value") from None
+            if isinstance(item, (dict, list)):
+                stack.append((item, depth + 1, path))
+
+
 def parse_json_object(raw: bytes) -> dict:
+    """The request body as a dict; APIError 400 for anything else, including bodies nested too deep
+    and numbers too long to be a parameter (both cost the parser time and memory for nothing)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=_int_literal, parse_float=_float_literal, parse_constant=_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, f"request body: nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}",
                        code="invalid_json")
+    _check_tree(body)
     return body
 
 

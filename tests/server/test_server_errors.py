@@ -94,12 +94,14 @@ def test_prompt_longer_than_the_context(server, llm):
 
 def test_body_size_limit(server):
     big = json.dumps({"prompt": "x" * (5 << 20)}).encode()
-    assert_error(httpx.post(server.url + COMPLETE, content=big), 413, code="request_too_large")
+    json_type = {"content-type": "application/json"}
+    assert_error(httpx.post(server.url + COMPLETE, content=big, headers=json_type), 413, code="request_too_large")
 
     def chunks():      # no Content-Length: the limit is enforced while reading
         for _ in range(6):
             yield b" " * (1 << 20)
-    assert_error(httpx.post(server.url + COMPLETE, content=chunks()), 413, code="request_too_large")
+    assert_error(httpx.post(server.url + COMPLETE, content=chunks(), headers=json_type), 413,
+                 code="request_too_large")
 
 
 def test_unknown_fields_are_ignored_and_server_keeps_serving(server, llm):
@@ -122,11 +124,12 @@ def test_api_key_required_on_v1_routes(llm):
     live = LiveServer(create_app(llm, api_key="s3cret"))
     try:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
-            for route in ("/v1/models", "/v1/status"):
+            for route in ("/v1/models", "/v1/status", "/metrics"):
                 assert_error(httpx.get(live.url + route, headers=headers), 401, code="invalid_api_key")
             assert_error(httpx.post(live.url + COMPLETE, json={"prompt": "x"}, headers=headers), 401)
         assert httpx.get(live.url + "/health").status_code == 200
-        assert httpx.get(live.url + "/metrics").status_code == 200
+        key = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(live.url + "/metrics", headers=key).text.startswith("# HELP")
         with pytest.raises(AuthenticationError):
             OpenAI(base_url=live.url + "/v1", api_key="nope", max_retries=0).models.list()
         good = OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
