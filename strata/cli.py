@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None, help="required on /v1 routes (env STRATA_API_KEY)")
     s.add_argument("--queue-size", type=int, default=64, help="requests waiting at most; more get 503")
     s.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit")
+    s.add_argument("--allowed-hosts", default=None, help="Host names answered besides localhost, 127.0.0.1, [::1] "
+                   "(comma list, any port; * for any)")
     add_engine_flags(s)
 
     g = sub.add_parser("generate", help="complete a prompt and print the text as it comes")
