@@ -120,6 +120,9 @@ class LLM:
     def logits(self, token_ids) -> np.ndarray:
         """[T, V] float32 logits at every position of one prompt (read from scratch)."""
         ids = self._check_ids(token_ids)
+        if len(ids) > self.max_context:
+            raise InvalidArgument(f"prompt of {len(ids)} tokens does not fit the context of {self.max_context} "
+                                  f"tokens (--max-context)")
         return self.runner.logits_all(ids)
 
     def generate(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,

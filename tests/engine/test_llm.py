@@ -77,6 +77,7 @@ def test_cancel_stops_at_the_next_token(llm):
     (lambda m: m.generate("hi", max_tokens=-1), "max_tokens"),
     (lambda m: m.logits([10**6]), "vocabulary"),
     (lambda m: m.generate("hi " * 3000, max_tokens=1), "context"),
+    (lambda m: m.logits([1] * (m.max_context + 1)), "context"),
 ])
 def test_bad_input_raises_one_clear_error(llm, call, match):
     with pytest.raises(InvalidArgument, match=match) as info:
