@@ -53,30 +53,19 @@ class Tokenizer:
 
 
 def render_chat_template(template, messages: list[dict], **variables) -> str:
-    """template.render(); InvalidArgument (one line) when the template fails on these messages."""
-    try:
-        return template.render(messages=messages, **variables)
-    except InvalidArgument:
-        raise
-    except Exception as e:  # jinja2's TemplateError, or whatever the template's own code raised
-        raise InvalidArgument(f"chat template: fails on these messages ({type(e).__name__}: "
-                              f"{str(e)[:200]})") from None
+    """template.render() under a step, time and size budget (strata/chat_template.py: the template is
+    the model's code); InvalidArgument (one line) when it fails on these messages or runs past the budget."""
+    from .chat_template import render
+    return render(template, messages=messages, **variables)
 
 
 @functools.lru_cache(maxsize=16)       # a Template is immutable; one compile (~20 ms) per distinct source
 def compile_chat_template(source: str):
     """The jinja2 template (sandboxed, HF's whitespace rules); PackError if it does not compile or
     fails on a one-message chat."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise InvalidArgument(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
+    from .chat_template import compile_template
     try:
-        template = env.from_string(source)
+        template = compile_template(source)
     except Exception as e:  # a TemplateError, or RecursionError from a template nested past Python's stack
         raise PackError(f"the model's chat template does not compile: {str(e)[:200]}") from None
     # one plain user turn must render: a template that fails on it fails on every chat
