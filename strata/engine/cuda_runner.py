@@ -2,8 +2,8 @@
 where the VRAM plan puts them, the model on DeviceOps.
 
 Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode, pick,
-logits_all, status), plus measure_limits() for the bench. pick() chooses the next token on the
-device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back.
+logits_all, status, warm_up), plus measure_limits() for the bench. pick() chooses the next token
+on the device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back.
 The plan (strata.engine.planner) comes from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
 otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
 streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
@@ -13,8 +13,10 @@ Prompt chunks launch their kernels one by one from Python. Decode steps read the
 and KV length from a fixed device buffer (one small host->device copy per step); with
 EngineConfig.cuda_graphs the first step of a shape runs eagerly (loading kernels, growing the pool,
 measuring the step's memory), the second is captured into a CUDA graph (strata.engine.cuda_graph)
-and every later step is one graph launch. When experts stream, a step also writes its routing to a
-fixed log that comes back with the logits, for the cache's admissions.
+and every later step is one graph launch. warm_up() (the server calls it at start) runs a short
+prompt and those first steps on scratch state, so the first request finds the kernels loaded and
+the graph captured. When experts stream, a step also writes its routing to a fixed log that comes
+back with the logits, for the cache's admissions.
 """
 from __future__ import annotations
 
@@ -169,6 +171,62 @@ class CudaRunner:
     def reset(self) -> None:
         self.cached_ids = []        # cells are rewritten before they are read again; no address moves,
                                     # so captured graphs stay valid
+
+    def warm_up(self, num_tokens: int = 19, steps: int = 3) -> None:
+        """Run what a first short chat turn runs, so that the first request pays none of its one-time
+        costs: a prompt of num_tokens through the prompt path (its kernels' first loads and launches,
+        the pool it grows, the expert ring), `steps` decode steps (the eager one that measures the
+        step, the CUDA graph's capture, a replay) and pick()'s sampling and greedy kernels; with
+        experts streaming, the loan's size of every prompt length class is computed too.
+
+        Nothing a request can observe stays: the KV cells it wrote get their bytes back, no prefix is
+        cached, pick() has no logits, the expert cache holds the experts it held before (the slots
+        the prompt lent and any admission are copied back: ExpertStore.restore), and the cache's
+        counters, the routing profile, the policy's scores, the host->device byte counters and the
+        decode timings read as they did. What stays is memory it allocated for good: the grown
+        activation pool and the captured graph (status() lists both, as after any request)."""
+        from ..config import SamplingParams
+        for k in range(4, max(4, (self.prefill_chunk - 1).bit_length()) + 1):
+            self._loan_pool_bytes(1 << k)       # every size class of a prompt's loan (a host replay, memoized)
+        n = max(1, min(num_tokens, self.max_context - steps))
+        steps = max(0, min(steps, self.max_context - n))
+        saved_cells = self._save_cells(n + steps)
+        ops, store = self.ops, self.store
+        saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
+                 {mode: list(times) for mode, times in self.step_times.items()}, store.snapshot())
+        params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
+        try:
+            self.cached_ids = []
+            self.prefill([t % self.args.vocab_size for t in range(n)], 0, logits=False)
+            token = self.pick(params[0], 0.5)
+            for i in range(steps):
+                self.decode(token, logits=False)
+                token = self.pick(params[(i + 1) % 2], 0.5)
+        finally:
+            self.stream.synchronize()
+            self._restore_cells(saved_cells)
+            self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d, times, snapshot = saved
+            for mode, steps_kept in self.step_times.items():
+                steps_kept.clear()
+                steps_kept.extend(times[mode])
+            self._route_pending, self._step_timing = 0, None
+            store.restore(snapshot)
+            self.stream.synchronize()
+
+    def _save_cells(self, cells: int):
+        """(a device copy of K and V cells 0..cells-1 of every layer, bytes per layer and K or V),
+        the copies queued on the stream; _restore_cells copies them back."""
+        nbytes = cells * self.kv.num_kv_heads * self.kv.head_dim * 2
+        starts = [ptr for layer in range(self.kv.num_layers) for ptr in self.kv.layer(layer)]
+        copy = self.rt.DeviceBuffer(self.dev, len(starts) * nbytes)
+        for i, ptr in enumerate(starts):
+            self.rt.copy_d2d(copy.ptr + i * nbytes, ptr, nbytes, self.stream)
+        return copy, nbytes, starts
+
+    def _restore_cells(self, saved) -> None:
+        copy, nbytes, starts = saved
+        for i, ptr in enumerate(starts):
+            self.rt.copy_d2d(ptr, copy.ptr + i * nbytes, nbytes, self.stream)
 
     def drop_graphs(self) -> None:
         """Forget every captured decode graph (the next steps run eagerly, then capture again)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -270,6 +270,46 @@ class ExpertStore:
                 "arena_pinned_share": None if self.resident else self.pinned_bytes / max(1, self.file_bytes),
                 "staged_blobs": 0 if self.staging is None else self.staging.staged_blobs,
                 "bytes_h2d": s.bytes_h2d}
+
+    # ---- a run that leaves no trace (CudaRunner.warm_up) -------------------------------------------
+    _KEPT = ("uses", "last_use", "freq", "slot_of", "table_host")
+
+    def snapshot(self) -> dict:
+        """What a request changes that a later one could observe: the counters, the routing profile,
+        the policy's scores and where every expert lives (restore() puts them back)."""
+        staging = self.staging
+        return {"stats": replace(self.stats), "tick": self.tick, "lent_from": self.lent_from,
+                "arrays": {n: getattr(self, n).copy() for n in self._KEPT},
+                "slot_owner": None if self.resident else self.slot_owner.copy(),
+                "staging": None if staging is None else (staging.staged_blobs, staging.late_fills,
+                                                         staging.wait_seconds)}
+
+    def restore(self, saved: dict) -> None:
+        """Back to a snapshot(), no prompt running: admissions in flight are dropped, every cache slot
+        whose expert changed gets the snapshot's expert copied back (a slot a prompt lent comes back
+        empty, an admission may have put another expert there), and the table, counters, routing
+        profile and policy scores read as they did. The copies are queued on the compute stream."""
+        self.stream.synchronize()
+        if self.copy_stream is not None:    # admissions and the ring's copies land before any slot is refilled
+            self.copy_stream.synchronize()
+        self._pending, self._pending_event = [], None
+        self._ring_pos, self._ring_batches, self._ring_starts, self._computed_end = 0, [], [], 0
+        self._chunk, self.lent, self.lent_from = None, False, saved["lent_from"]
+        if not self.resident:
+            owner = saved["slot_owner"]
+            # a slot that still holds its snapshot expert holds its bytes: only the loan and admission
+            # copies write slots, and an admission's slot gets its owner once the copy has landed
+            back = np.flatnonzero((self.slot_owner != owner) & (owner >= 0))
+            self.slot_owner[:] = owner
+            if back.size:
+                self._copy_into_slots(owner[back] // self.num_experts, owner[back] % self.num_experts, back,
+                                      self.stream)
+        for name, array in saved["arrays"].items():
+            getattr(self, name)[:] = array
+        self.tick, self.stats = saved["tick"], replace(saved["stats"])
+        if self.staging is not None:
+            self.staging.staged_blobs, self.staging.late_fills, self.staging.wait_seconds = saved["staging"]
+        self.table.copy_from_host(self.table_host, self.stream)
 
     # ---- decode: admissions ----------------------------------------------------------------------
     def after_step(self, routed: np.ndarray) -> None:
