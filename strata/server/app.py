@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import time
 from pathlib import Path
 
@@ -149,9 +150,10 @@ def _key_checker(api_key: str | None):
 
 
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    def answer(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
+    def answer(status: int, body: dict, headers: dict | None = None) -> Response:
         metrics.count_http_error(status)
-        return JSONResponse(body, status, headers=headers)
+        # json.dumps escapes to ASCII, so a message that quotes hostile text can never fail to encode
+        return Response(json.dumps(body), status, headers=headers, media_type="application/json")
 
     @app.exception_handler(APIError)
     async def api_error(_req, e: APIError):

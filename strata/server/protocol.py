@@ -86,7 +86,7 @@ def _check_tree(body) -> None:
                     try:
                         text.encode("utf-8")
                     except UnicodeEncodeError:
-                        name = path.lstrip(".")
+                        name = path.lstrip(".").encode("utf-8", "backslashreplace").decode()
                         raise APIError(400, f"{name}: not valid Unicode (a lone surrogate escape such as \\ud800)",
                                        param=name, code="invalid_value") from None
             if isinstance(item, (dict, list)):

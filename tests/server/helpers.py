@@ -10,17 +10,19 @@ import numpy as np
 
 
 class LiveServer:
-    """The app under real uvicorn on a free loopback port, in a thread."""
+    """The app under real uvicorn on a free loopback port, in a thread, as serve runs it (the guarded
+    protocol, the drain at shutdown); kwargs go to strata.server.http.server_config."""
 
-    def __init__(self, app):
-        import uvicorn
+    def __init__(self, app, **kwargs):
+        from strata.server.http import StrataServer, server_config
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        self.server = StrataServer(server_config(app, port=self.port, log_level="warning", **kwargs),
+                                   getattr(app.state, "drain", None))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
