@@ -16,7 +16,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from jinja2 import nodes
+from jinja2 import Template, nodes
 from jinja2.visitor import NodeTransformer
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -90,10 +90,19 @@ _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("strata_
 
 def _current() -> Budget:
     b = _budget.get()
-    if b is None:    # rendered outside render(): Template.render called directly gets the default budget
-        b = Budget(deadline=time.monotonic() + MAX_SECONDS)
-        _budget.set(b)
-    return b
+    # None only outside Template.render (a template's generate(), say): that call alone is bounded
+    return b if b is not None else Budget(deadline=time.monotonic() + MAX_SECONDS)
+
+
+class BudgetedTemplate(Template):
+    def render(self, *args, **kwargs) -> str:
+        """Template.render under the default budget, unless render() below set one."""
+        token = _budget.set(Budget(deadline=time.monotonic() + MAX_SECONDS)) if _budget.get() is None else None
+        try:
+            return super().render(*args, **kwargs)
+        finally:
+            if token is not None:
+                _budget.reset(token)
 
 
 def _estimate_replace(s, old, new, count=-1) -> int:
@@ -158,6 +167,7 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox, with HF's whitespace rules and every render step, call and string counted."""
 
     intercepted_binops = frozenset({"+", "*", "**", "%"})
+    template_class = BudgetedTemplate
 
     def __init__(self):
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
