@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -26,9 +27,11 @@ def call(port: int, path: str, body: dict | None = None, timeout: float = 600.0)
         return json.loads(resp.read())
 
 
-def wait_healthy(port: int, seconds: float) -> None:
+def wait_healthy(port: int, seconds: float, pid: int | None = None) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        if pid is not None and not os.path.exists(f"/proc/{pid}"):
+            raise SystemExit(f"server process {pid} ended before it was healthy")
         try:
             call(port, "/health", timeout=5)
             return
@@ -54,9 +57,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=13000)
     ap.add_argument("--pack", required=True, help="the pack the server runs (for its tokenizer)")
     ap.add_argument("--wait", type=float, default=180.0, help="seconds to wait for /health")
+    ap.add_argument("--server-pid", type=int, default=None, help="stop waiting if this process ends")
     a = ap.parse_args()
     text, n = long_prompt(a.pack, a.tokens)
-    wait_healthy(a.port, a.wait)
+    wait_healthy(a.port, a.wait, a.server_pid)
     models = call(a.port, "/v1/models")
     print(f"server: {json.dumps(models['data'][0])}")
     t0 = time.perf_counter()
