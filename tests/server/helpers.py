@@ -1,7 +1,10 @@
 """Test helpers: a live uvicorn server on 127.0.0.1, the tiny model, and wrappers that hold the engine."""
 from __future__ import annotations
 
+import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -103,3 +106,35 @@ def endless_llm(pack_path: Path, max_context: int = 1024):
     llm = strata.LLM(str(pack_path), device="cpu", max_context=max_context)
     llm.tokenizer.eos_token_ids = []
     return llm
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], log: Path, env=None, wait_s: float = 60.0):
+    """`python -m strata serve ARGS --port P` as a user runs it, its output in `log`; yields (proc, url)
+    once /health answers 200, and terminates it after."""
+    import httpx
+    port = free_port()
+    with open(log, "ab") as out:        # the child's own file offset; reading here must not move it
+        proc = subprocess.Popen([sys.executable, "-m", "strata", "serve", *args, "--port", str(port)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,13 +1,11 @@
 """A short soak of `python -m strata serve`: 200 requests from 8 clients, some streams dropped after
 their first chunk; every request that stayed gets its whole answer, and the server's RSS stays flat."""
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.server.test_server_cli import free_port
+from tests.server.helpers import serve_process
 
 NUM_REQUESTS, NUM_CLIENTS, WARM_UP = 200, 8, 40
 SOAK_LIMIT_S = 60
@@ -38,23 +36,8 @@ def one_request(url: str, i: int) -> str:
 
 
 def test_soak(tmp_path, llm):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "strata", "serve", str(llm.pack.path), "--port", str(port),
-                                 "--device", "cpu", "--max-context", "256", "--queue-size", "16"],
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+    args = [str(llm.pack.path), "--device", "cpu", "--max-context", "256", "--queue-size", "16"]
+    with serve_process(args, tmp_path / "serve.log") as (proc, url):
         t0 = time.monotonic()
         with ThreadPoolExecutor(NUM_CLIENTS) as pool:
             warm = list(pool.map(lambda i: one_request(url, i), range(WARM_UP)))
@@ -72,6 +55,4 @@ def test_soak(tmp_path, llm):
         rss_end = rss_bytes(proc.pid)
         assert rss_end <= rss_warm * 1.05, (rss_warm, rss_end)
         assert httpx.get(url + "/health").status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(10)
+
