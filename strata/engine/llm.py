@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams
-from ..errors import DeviceError, InvalidArgument, StrataError
+from ..errors import DeviceError, InvalidArgument, PackError, StrataError
 from .sampler import Sampler
 from .textstream import TextStream
 from .types import Completion, Delta, Timings, Usage
@@ -90,6 +90,9 @@ class LLM:
         self.args = self.pack.args
         self.model_name = "strata-demo" if model is None else Path(path).name
         self.tokenizer = Tokenizer(self.pack.tokenizer_path, self.pack.tokenizer_meta)
+        if self.tokenizer.vocab_size > self.args.vocab_size:   # its ids would index past the embedding
+            raise PackError(f"{path}: the tokenizer has {self.tokenizer.vocab_size} tokens, more than the model's "
+                            f"vocabulary of {self.args.vocab_size}")
         self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):

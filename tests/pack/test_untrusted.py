@@ -134,3 +134,26 @@ def test_bad_pack_json_fails_at_open(bases, tmp_path, edit, patterns):
 def test_valid_pack_still_opens(bases):
     with open_pack(bases["pack"]) as p:
         assert p.args.num_hidden_layers == 2 and p.expert(1, 3)["down"].shape == (64, 32)
+
+
+def test_tokenizer_larger_than_the_vocabulary_fails_at_load(bases, tmp_path):
+    """A tokenizer whose ids run past the embedding (tokenizer.json rewritten, its hash updated to match)
+    is refused when the model loads, not at the first prompt that encodes such a token."""
+    import hashlib
+    import shutil
+
+    from strata import LLM
+    dst = tmp_path / "pack"
+    shutil.copytree(bases["pack"], dst)
+    meta = json.loads((dst / "pack.json").read_text())
+    tok = json.loads((dst / "tokenizer.json").read_text())
+    vocab = meta["model_args"]["vocab_size"]
+    tok["added_tokens"].append({"id": vocab + 5, "content": "<|beyond|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    raw = json.dumps(tok).encode()
+    (dst / "tokenizer.json").write_bytes(raw)
+    meta["files"]["tokenizer.json"] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    (dst / "pack.json").write_text(json.dumps(meta))
+    with pytest.raises(PackError, match="more than the model's vocabulary") as info:
+        LLM(dst, device="cpu")
+    assert "\n" not in str(info.value)
