@@ -18,18 +18,11 @@ from ..config import ModelArgs
 from ..errors import InvalidArgument, PackError
 from ..quant import QTensor, tensor_bytes
 from .source import EXPERT_PARTS, ExpertSpec, TensorSpec, memmap
-from .validate import check_meta
+from .validate import BLOB_ALIGN, DATA_FILES, DENSE_ALIGN, check_meta, round_up  # noqa: F401 (part of the format)
 
 FORMAT = "strata-pack"
 VERSION = 1
-DENSE_ALIGN = 256
-BLOB_ALIGN = 4096
-DATA_FILES = ("dense.bin", "experts.bin", "tokenizer.json")
 STAMP = ".verified.json"
-
-
-def round_up(n: int, align: int) -> int:
-    return -(-n // align) * align
 
 
 def layout(dense: list[TensorSpec], experts: list[dict[str, ExpertSpec]], num_experts: int) -> dict:

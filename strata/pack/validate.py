@@ -19,6 +19,17 @@ from ..quant import QTYPES, tensor_bytes
 from .checks import is_int, is_number, model_args_problem, rope_scaling_problem
 from .source import EXPERT_PARTS, NEXTN_OPTIONAL, dense_shapes, expert_shapes
 
+# The layout rules format.layout writes by and this module checks by. They live here, not in
+# format.py, because format.py reads packs through check_meta: this module may not import it back.
+DENSE_ALIGN = 256
+BLOB_ALIGN = 4096
+DATA_FILES = ("dense.bin", "experts.bin", "tokenizer.json")
+
+
+def round_up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FIELD_KINDS = {int: is_int, float: is_number, bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
 
@@ -65,7 +76,6 @@ def _model_args(d) -> ModelArgs:
 
 
 def _files(files) -> dict:
-    from .format import DATA_FILES
     files = _dict(files, "files")
     for name in DATA_FILES:
         if name not in files:
@@ -119,7 +129,6 @@ def _tensor(entry, what: str, shape: tuple, offset: int) -> int:
 
 
 def _dense(table, args: ModelArgs, file_bytes: int) -> None:
-    from .format import DENSE_ALIGN, round_up
     table = _dict(table, "dense")
     shapes = dense_shapes(args)
     optional = f"blk.{args.num_hidden_layers}.{NEXTN_OPTIONAL}.weight"
@@ -139,7 +148,6 @@ def _dense(table, args: ModelArgs, file_bytes: int) -> None:
 
 
 def _experts(experts, args: ModelArgs, file_bytes: int) -> int:
-    from .format import BLOB_ALIGN, round_up
     layers = _dict(experts, "experts").get("layers")
     num = args.num_hidden_layers + args.num_mtp_layers
     if not isinstance(layers, list) or len(layers) != num:
