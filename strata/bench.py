@@ -61,18 +61,6 @@ def clip_lengths(lengths: list[int], max_context: int, decode_tokens: int) -> tu
     return sorted({min(n, room) for n in lengths}), notes
 
 
-def decode_bytes_per_token(pack) -> int:
-    """Weight bytes one decoded token reads: every dense matrix, one embedding row, A experts a layer."""
-    args, meta = pack.args, pack.meta
-    dense = sum(t["nbytes"] for n, t in meta["dense"].items() if n != "token_embd.weight")
-    embd = meta["dense"]["token_embd.weight"]
-    dense += embd["nbytes"] // embd["shape"][0]
-    if args.tie_word_embeddings:
-        dense += embd["nbytes"]
-    layers = meta["experts"]["layers"][: args.num_hidden_layers]
-    return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
-
-
 class _Line:
     """One progress line on stderr (rewritten in place on a terminal)."""
 
@@ -94,6 +82,7 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
     models, whose greedy output soon repeats one token: the same experts every step would flatter
     an expert cache). An exception in a phase ends the run: res.error names the phase, the phases
     before it keep their numbers."""
+    from .engine.planner import decode_bytes_per_token
     runner, line = llm.runner, _Line()
     rng = np.random.default_rng(seed)
     res = BenchResult(model=llm.model_name, device=llm.device, config=asdict(llm.config),

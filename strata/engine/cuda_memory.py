@@ -32,6 +32,17 @@ from ..backends.cuda_device_ops import DeviceOps
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
 _UNBOUNDED = 1 << 60
+# The GPU runner's limits, here (not in cuda_runner.py) so that the planner and this module, which
+# the runner imports, read them without importing the runner back.
+VRAM_RESERVE_BYTES = 1 << 30        # left free for the driver, other users and the launch overhead
+STEP_MAX_TOKENS = 8                 # tokens of a decode step (the GEMV path's limit)
+
+
+def stream_all_tokens(args) -> int:
+    """Prompt chunks of at least this many tokens stream every non-cached expert (they route to
+    nearly all: 1 - (1 - A/E)^T of a layer's experts is 86% at T = 2E/A); smaller chunks stage only
+    the experts they route to."""
+    return max(1, -(-2 * args.num_experts // args.num_experts_per_tok))
 
 
 class _NullBuffer:
@@ -153,7 +164,6 @@ def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
 
 def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
-    from .cuda_runner import stream_all_tokens
     ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident)
     ops.experts.stream_all = not resident and T >= stream_all_tokens(sizes.args)
     for c in range(chunks):

@@ -32,18 +32,11 @@ from ..backends.cuda_device import DeviceTensor
 from ..config import EngineConfig
 from ..errors import DeviceError, InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
+from . import cuda_memory
+from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 from .runner import reusable_prefix
 
-VRAM_RESERVE_BYTES = 1 << 30        # left free for the driver, other users and the launch overhead
-STEP_MAX_TOKENS = 8                 # tokens of a decode step (the GEMV path's limit)
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
-
-
-def stream_all_tokens(args) -> int:
-    """Prompt chunks of at least this many tokens stream every non-cached expert (they route to
-    nearly all: 1 - (1 - A/E)^T of a layer's experts is 86% at T = 2E/A); smaller chunks stage only
-    the experts they route to."""
-    return max(1, -(-2 * args.num_experts // args.num_experts_per_tok))
 
 
 def _last_row_of(logits: DeviceTensor) -> DeviceTensor:
@@ -247,7 +240,7 @@ class CudaRunner:
         positions = np.arange(lo, lo + len(ids))
         rows = slice(-1, None) if last_only else None
         if len(ids) > STEP_MAX_TOKENS:
-            self.store.prompt_begin(len(ids), stream_all_tokens(self.args), self.args.num_hidden_layers)
+            self.store.prompt_begin(len(ids), cuda_memory.stream_all_tokens(self.args), self.args.num_hidden_layers)
         logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.kv, logits_rows=rows)
         # pick() reads the last row from the runner's own buffer: a chunk's memory may be lent back
         # to the expert cache before then

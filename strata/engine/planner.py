@@ -47,7 +47,7 @@ from ..backends.cuda_device import SEGMENT_BYTES, Pool
 from ..config import EngineConfig, ModelArgs
 from ..errors import InvalidArgument
 from . import cuda_memory
-from .cuda_runner import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 
 Q2_0_BLOB_BYTES = 1_382_400                       # the blob the 384-slot ring was measured on (seed 000)
 RING_BUDGET_BYTES = 384 * Q2_0_BLOB_BYTES         # 530,841,600 B = 506.25 MiB
@@ -375,13 +375,24 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                 context_source)
 
 
+def decode_bytes_per_token(pack) -> int:
+    """Weight bytes one decoded token reads: every dense matrix, one embedding row, A experts a layer."""
+    args, meta = pack.args, pack.meta
+    dense = sum(t["nbytes"] for n, t in meta["dense"].items() if n != "token_embd.weight")
+    embd = meta["dense"]["token_embd.weight"]
+    dense += embd["nbytes"] // embd["shape"][0]
+    if args.tie_word_embeddings:
+        dense += embd["nbytes"]
+    layers = meta["experts"]["layers"][: args.num_hidden_layers]
+    return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
+
+
 def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths):
     """(PCIe bytes per prompt chunk, prompt tok/s, decode hit rate, decode tok/s): bandwidth
     ceilings under uniform routing. A chunk streams every expert it touches that is not cached
     while the prompt runs (1 - (1 - A/E)^T of a layer's experts: all of them for large chunks); a
     decoded token reads the dense weights and A experts a layer, cached ones at the device's copy
     rate and the rest over PCIe. Compute and KV reads are not modeled."""
-    from ..bench import decode_bytes_per_token
     a = sizes.args
     E, A = a.num_experts, a.num_experts_per_tok
     touched = 1.0 - (1.0 - A / E) ** chunk

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig
-from strata.engine import cuda_runner as cuda_runner_module
+from strata.engine import cuda_memory
 from strata.engine import planner
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
@@ -55,7 +55,7 @@ def test_ring_smaller_than_a_layer_and_routed_only_chunks(fake, rng, monkeypatch
     fake.launches.clear()
     _same_run(resident, streamed, ids, decode_steps=4)
     assert {"strata_moe_group", "strata_swiglu_rows_f32"} <= set(fake.launches)     # grouped on the device
-    monkeypatch.setattr(cuda_runner_module, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
+    monkeypatch.setattr(cuda_memory, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
     routed = _runner(pack, expert_cache="7", expert_policy="lfu")
     fake.launches.clear()
     _same_run(resident, routed, ids, decode_steps=4)
