@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backends import cpu
+from strata.backends import cpu, rope
 from strata.backends.cuda import CudaOps
-from strata.model import rope
 from strata.quant.dequant import dequantize_rows
 from strata.quant.random import random_qtensor_bytes
 

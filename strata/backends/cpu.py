@@ -10,7 +10,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..config import ModelArgs
-from ..model import rope
+from . import rope
 
 
 class DequantCache:

@@ -37,8 +37,8 @@ import math
 import numpy as np
 
 from ..errors import InvalidArgument, UnsupportedError
-from ..model import rope
 from ..quant import qtype as qtype_of
+from . import rope
 from .cuda import EMBED_QTYPES, CudaOps
 from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
 from .cuda_attention_tc import LIBRARY as TC_LIBRARY

@@ -1,4 +1,8 @@
-"""Rotary position embedding tables (NEOX style: the two halves of each head rotate together)."""
+"""Rotary position embedding tables (NEOX style: the two halves of each head rotate together).
+
+Here, with the backends, because the ops apply RoPE (ops.rope); the model only calls them, and
+the model and the backends never import each other (docs/DESIGN.md, Layering).
+"""
 from __future__ import annotations
 
 import math

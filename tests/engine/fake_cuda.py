@@ -24,9 +24,9 @@ import re
 
 import numpy as np
 
+from strata.backends import rope
 from strata.backends.cpu import causal_attention, moe_route, rms_norm, swiglu
 from strata.errors import DeviceError, InvalidArgument
-from strata.model import rope
 from strata.quant import QTensor, qtype
 
 _bases: list[int] = []

@@ -15,7 +15,7 @@ Outputs are poisoned with 0xFF bytes (NaN) before each launch, so an element a k
 import numpy as np
 import pytest
 
-from strata.model import rope
+from strata.backends import rope
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from strata.quant.random import random_qtensor_bytes

@@ -1,4 +1,4 @@
-"""strata_rope_f32 (cuda/rope.cu) against strata.model.rope, and QK-norm + RoPE as the model chains them.
+"""strata_rope_f32 (cuda/rope.cu) against strata.backends.rope, and QK-norm + RoPE as the model chains them.
 
 Tolerance, f32: |err| <= 1e-6 * max|x| + 1e-6 * |ref|. The angle is the same f32 product on both
 sides and the rotation rounds each product like numpy, so only sin/cos differ (~1 ulp each): errors
@@ -8,8 +8,7 @@ stay near 2e-7 of the row's scale. QK-norm reuses strata_rms_norm_f32 on rows [T
 import numpy as np
 import pytest
 
-from strata.backends import cpu
-from strata.model import rope
+from strata.backends import cpu, rope
 
 pytestmark = pytest.mark.gpu
 
