@@ -6,7 +6,7 @@ import dataclasses
 import sys
 import time
 
-from .config import EngineConfig
+from .config import EngineConfig, engine_kwargs
 from .errors import StrataError
 
 NOT_BUILT: dict[str, str] = {}
@@ -23,11 +23,6 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         else:
             kind = {"int": int, "float": float}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
             group.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-            if getattr(args, f.name, None) is not None}
 
 
 class _Parser(argparse.ArgumentParser):

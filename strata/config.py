@@ -197,6 +197,13 @@ def env_overrides(cls=EngineConfig, environ=None) -> dict[str, Any]:
     return out
 
 
+def engine_kwargs(args) -> dict[str, Any]:
+    """The EngineConfig fields set on parsed flags (`args`; an unset flag is None). Here, beside
+    EngineConfig, so that strata.cli and strata.server.cli both read it and neither imports the other."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+            if getattr(args, f.name, None) is not None}
+
+
 def env_value(name: str, default: str | None = None) -> str | None:
     """A non-field STRATA_<NAME> setting (paths, debug switches), read through the same one place."""
     return os.environ.get("STRATA_" + name.upper(), default)

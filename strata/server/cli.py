@@ -80,8 +80,7 @@ def serve_main(args: argparse.Namespace) -> int:
     raised before the model loads where it can be: the flags, then the address.
     """
     from .. import LLM
-    from ..cli import engine_kwargs
-    from ..config import EngineConfig
+    from ..config import EngineConfig, engine_kwargs
 
     queue_size = _given(args, "queue_size", DEFAULT_QUEUE_SIZE)
     max_body_bytes = _given(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
