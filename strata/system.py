@@ -189,7 +189,6 @@ def _gpu_lines() -> tuple[list[str], str | None]:
 def system_report(ordinal: int = 0, pin_limit_gib: float = 0.0) -> str:
     import numpy as np
 
-    from . import __file__ as package_file
     manifest = read_kernel_manifest()
     driver = nvidia_driver()
     gpus, no_gpus = _gpu_lines()
@@ -198,7 +197,7 @@ def system_report(ordinal: int = 0, pin_limit_gib: float = 0.0) -> str:
     total, avail = host_memory()
     reason = gpu_unusable_reason(ordinal)
     rows = [
-        f"strata at {Path(package_file).parent} (Python {platform.python_version()}, numpy {np.__version__}, "
+        f"strata at {Path(__file__).parent} (Python {platform.python_version()}, numpy {np.__version__}, "
         f"{platform.system()} {platform.machine()})",
         f"NVIDIA driver: {driver or 'not found (no /proc/driver/nvidia/version, no libcuda)'}",
         *(gpus or [f"GPUs: none ({no_gpus})"]),
