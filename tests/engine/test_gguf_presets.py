@@ -32,9 +32,12 @@ pytest.importorskip("gguf")
 
 PROMPT, CHUNK, STEPS = 21, 16, 4
 REL = {"emulated": 1e-3, "gpu": 3e-3}
-GAP = {"emulated": 1e-3, "gpu": 2e-3}
+# Router margins: the oracle leaves out the prompt attention's f16 Q and P, which moved a router logit
+# by 1.9e-3 (emulated, seed 545365389, an F16 router) and by more than 3.8e-3 on the H200 (seed
+# 3765260694, IQ4_NL); a top-k decided by less flips and moves one row by 10-100x the bound.
+GAP = {"emulated": 5e-3, "gpu": 1e-2}
 MARGIN = 1e-2
-TRIES = 20
+TRIES = 40
 
 
 def _shape():
