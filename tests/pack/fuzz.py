@@ -62,25 +62,27 @@ def _skip_value(buf: bytes, pos: int, vtype: int, fields: list) -> int:
     raise ValueError(vtype)
 
 
+def _string(buf: bytes, pos: int, fields: list) -> tuple[str, int]:
+    """A GGUF string at pos (u64 length, bytes): (text, the position after it); its length field is
+    recorded among the fields a mutation may hit."""
+    fields.append((pos, "Q", "strlen"))
+    n = struct.unpack_from("<Q", buf, pos)[0]
+    return buf[pos + 8:pos + 8 + n].decode(), pos + 8 + n
+
+
 def parse_gguf(buf: bytes) -> Gguf:
     fields = [(4, "I", "version"), (8, "Q", "count"), (16, "Q", "count")]
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
     pos, kvs, tensors = 24, [], []
     for _ in range(n_kv):
-        fields.append((pos, "Q", "strlen"))
-        n = struct.unpack_from("<Q", buf, pos)[0]
-        key = buf[pos + 8:pos + 8 + n].decode()
-        pos += 8 + n
+        key, pos = _string(buf, pos, fields)
         fields.append((pos, "I", "vtype"))
         vtype = struct.unpack_from("<I", buf, pos)[0]
         end = _skip_value(buf, pos + 4, vtype, fields)
         kvs.append([key, vtype, buf[pos + 4:end]])
         pos = end
     for _ in range(n_tensors):
-        fields.append((pos, "Q", "strlen"))
-        n = struct.unpack_from("<Q", buf, pos)[0]
-        name = buf[pos + 8:pos + 8 + n].decode()
-        pos += 8 + n
+        name, pos = _string(buf, pos, fields)
         fields.append((pos, "I", "ndims"))
         nd = struct.unpack_from("<I", buf, pos)[0]
         ne = list(struct.unpack_from(f"<{nd}Q", buf, pos + 4))
