@@ -28,7 +28,7 @@
 // and multiplies them with the same 8 x values of every token; a warp covers 32 chunks of 8.
 //
 // Launch: block = (128, 1, 1) (kWarps warps); any grid is correct, since warps stride over row
-// sets. strata/backends/cuda.py sizes the grid to one row set per warp from the units' kUnits and
+// sets. strata/backends/cuda/memory.py (gemv_grid) sizes the grid to one row set per warp from the units' kUnits and
 // kRows (mirrored there as GEMV_UNITS); the batched kernel takes 4 rows per warp.
 //
 // Measured (H200, tools/quant_kernel_report.py, launches back to back; device copy 4250 GB/s read +

@@ -36,7 +36,7 @@
 // the block sums them per row in the fixed order a = 0..A-1.
 //
 // Launch: block = (256, 1, 1), at most 128 registers a thread (2 blocks per SM); grid = (any gx >= 1, T, 1), every gx is complete and gives the
-// same bits; strata/backends/cuda_moe_decode.py picks gx (about 2 blocks per SM). Dynamic shared
+// same bits; strata/backends/cuda/moe_decode.py picks gx (about 2 blocks per SM). Dynamic shared
 // memory: staged_floats * 4 bytes (staged_floats = D for gate_up, A * I for down, each row padded
 // 4 floats per unit of 8/32/64 weights; not padded for a float type with n % 8 != 0). With less
 // (0), the kernels read x straight from global memory (slower, same bits).
@@ -72,7 +72,7 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 
 // Per unit type: kPairs gate/up pairs per subgroup job (down: 2 * kPairs rows), kHold units per
 // lane kept in registers (0: x is read per unit). Registers per lane: rows * kHold raw units and
-// kHold X values; strata/backends/cuda_moe_decode.py mirrors this table (TILES).
+// kHold X values; strata/backends/cuda/moe_decode.py mirrors this table (TILES).
 template <class U> struct Tile;
 #define STRATA_TILE(Unit, pairs, hold)                                                                 \
     template <> struct Tile<Unit> { static constexpr int kPairs = pairs, kHold = hold; };

@@ -19,7 +19,7 @@
 // owns units (32 or 64 weights of a quant type, 8 of a float type) of kRows rows at once and reuses
 // its x values for all of them; `lanes` lanes share one row set, partial sums meet through shuffles.
 // Launch: grid = (row-set groups, slots, 1), block = (128, 1, 1); the warps of a slot stride over
-// row sets, so any grid.x is complete. strata/backends/cuda_device.py sizes grid.x to one row set
+// row sets, so any grid.x is complete. strata/backends/cuda/memory.py sizes grid.x to one row set
 // per warp.
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Programmatic dependent launch (sm_90 and later): a kernel of the decode path may be launched
 // while the kernel before it in the stream is still running (the runtime sets the launch
 // attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION for the libraries listed in
-// strata/backends/cuda_device_ops.py PDL_LIBRARIES), so its blocks are scheduled and set up during
+// strata/backends/cuda/ops.py PDL_LIBRARIES), so its blocks are scheduled and set up during
 // that kernel's tail instead of after it: a decode step is ~530 short kernels, and the gap between
 // two of them is a large share of each.
 //

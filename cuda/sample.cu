@@ -6,7 +6,7 @@
 //   prob [B] f32 or null (the drawn token's probability in the final, renormalized distribution).
 //
 // Semantics (strata/engine/sampler.py's order and draw rule; numpy reference:
-// strata/backends/cuda_sample.py sample_reference):
+// strata/backends/cuda/sample.py sample_reference):
 //   x = logits with NaN -> -inf and -0.0 -> +0.0 (the order is by value; ties go to the lower id).
 //   temperature <= 0 (or NaN): greedy, token = lowest id of max x, prob = 1.
 //   top-k: for 0 < k < V keep C = {i : x_i >= the k-th largest x} (every tie of the k-th value is

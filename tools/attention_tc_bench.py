@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backends.cuda import CudaOps
-from strata.backends.cuda_attention_tc import LIBRARY, SIGNATURE, kernel_name, prefill_tc_launch_shape
+from strata.backends.cuda.testing import CudaOps
+from strata.backends.cuda.attention_tc import LIBRARY, SIGNATURE, kernel_name, prefill_tc_launch_shape
 
 H, HK, DH, LAYERS, PROMPT = 32, 4, 128, 48, 16384
 CHUNKS = [(512, 0), (4096, 0), (4096, 12288)]

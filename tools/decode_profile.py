@@ -101,11 +101,11 @@ def main(argv=None) -> int:
 
 def graph_breakdown(runner, rng, replays: int = 20) -> dict:
     """Each kernel's share of a graph step, measured in graphs: the step is captured as the engine
-    captures it (strata.engine.cuda_graph.capture_step, PDL as the engine launches), once whole and
+    captures it (strata.engine.graphs.capture_step, PDL as the engine launches), once whole and
     once per kernel name with every other kernel left out, and each graph is timed over replays.
     The kernels' sum against the whole step says what the split misses (overlap across kernels)."""
     from strata.backends.cuda import _graphs
-    from strata.engine.cuda_graph import capture_step
+    from strata.engine.graphs import capture_step
     ops, rt, stream = runner.ops, runner.rt, runner.stream
     launch, names = ops.launch, []
 

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     args = ap.parse_args(argv)
     from strata import LLM
-    from strata.backends import cuda_device_ops, cuda_moe, cuda_moe_decode
+    from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode, ops as cuda_device_ops
     from strata.synthetic import synthetic_pack
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 8 * args.decode + 64)
     runner = llm.runner

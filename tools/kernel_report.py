@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.backends import cpu, rope
-from strata.backends.cuda import CudaOps
+from strata.backends.cuda.testing import CudaOps
 from strata.quant.dequant import dequantize_rows
 from strata.quant.random import random_qtensor_bytes
 

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from strata.backends import cuda as cuda_backend
-from strata.backends.cuda_moe_decode import MoeDecodeOps, down_launch, gate_up_launch
+from strata.backends.cuda.moe_decode import MoeDecodeOps, down_launch, gate_up_launch
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 from quant_kernel_report import copy_rate_gbps  # tools/ is on sys.path when run as a script

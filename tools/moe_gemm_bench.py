@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from strata.backends.cuda import CudaOps
-from strata.backends.cuda_gemm import BLOCK, SIGNATURE, grid_for, kernel_name, tiles_for
+from strata.backends.cuda.testing import CudaOps
+from strata.backends.cuda.moe_gemm import BLOCK, SIGNATURE, grid_for, kernel_name, tiles_for
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 

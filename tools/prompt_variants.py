@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     from strata import LLM
-    from strata.backends import cuda_moe
+    from strata.backends.cuda import moe as cuda_moe
     from strata.synthetic import synthetic_pack
     lengths = [int(n) for n in args.prompt.split(",")]
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=max(lengths) + 64)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backends.cuda import CudaOps
+from strata.backends.cuda.testing import CudaOps
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from strata.quant.random import random_qtensor_bytes

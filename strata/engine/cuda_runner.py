@@ -6,13 +6,13 @@ logits_all, status, warm_up), plus measure_limits() for the bench. pick() choose
 on the device from logits that stayed there (prefill/decode with logits=False): 4 bytes come back.
 The plan (strata.engine.planner) comes from the pack's sizes and the VRAM budget: when every expert fits, experts.bin is uploaded whole;
 otherwise the experts stay in pinned host memory with a VRAM cache of the plan's slots and a
-streamed prompt ring (strata.engine.expert_store), and prompts are read in the plan's chunks.
+streamed prompt ring (strata.engine.experts.store), and prompts are read in the plan's chunks.
 Where the system refuses or EngineConfig.pin_limit_gib limits pinning, part of experts.bin stays
 unpinned: decode misses are then staged (routing read on the host per layer) and graphs are off.
 Prompt chunks launch their kernels one by one from Python. Decode steps read the token, position
 and KV length from a fixed device buffer (one small host->device copy per step); with
 EngineConfig.cuda_graphs the first step of a shape runs eagerly (loading kernels, growing the pool,
-measuring the step's memory), the second is captured into a CUDA graph (strata.engine.cuda_graph)
+measuring the step's memory), the second is captured into a CUDA graph (strata.engine.graphs)
 and every later step is one graph launch. warm_up() (the server calls it at start) runs a short
 prompt and those first steps on scratch state, so the first request finds the kernels loaded and
 the graph captured. When experts stream, a step also writes its routing to a fixed log that comes
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.cuda_device import DeviceTensor
+from ..backends.cuda.memory import DeviceTensor
 from ..config import EngineConfig
 from ..errors import DeviceError, InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
-from . import cuda_memory
-from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from . import memory_model
+from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 from .runner import reusable_prefix
 
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
@@ -50,9 +50,9 @@ class CudaRunner:
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
         from ..backends.cuda import _runtime
-        from ..backends.cuda_device import DeviceKV, DeviceWeights
-        from ..backends.cuda_device_ops import GEMV_MAX_T, DeviceOps
-        from .expert_store import ExpertStore
+        from ..backends.cuda.memory import DeviceKV, DeviceWeights
+        from ..backends.cuda.ops import GEMV_MAX_T, DeviceOps
+        from .experts.store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
         rt = self.rt = _runtime()
@@ -240,7 +240,7 @@ class CudaRunner:
         positions = np.arange(lo, lo + len(ids))
         rows = slice(-1, None) if last_only else None
         if len(ids) > STEP_MAX_TOKENS:
-            self.store.prompt_begin(len(ids), cuda_memory.stream_all_tokens(self.args), self.args.num_hidden_layers)
+            self.store.prompt_begin(len(ids), memory_model.stream_all_tokens(self.args), self.args.num_hidden_layers)
         logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, self.kv, logits_rows=rows)
         # pick() reads the last row from the runner's own buffer: a chunk's memory may be lent back
         # to the expert cache before then
@@ -268,7 +268,7 @@ class CudaRunner:
         """While a prompt of more than a decode step's tokens runs, the cache's tail slots are lent
         to the ring and (pool) the activation pool (ExpertStore.lend), and given back after it.
         logits_all keeps its own pool: every row's logits are more than the plan's loan holds."""
-        from ..backends.cuda_device import Pool
+        from ..backends.cuda.memory import Pool
         region = self.store.lend(self._loan_pool_bytes(tokens) if pool else 0) if tokens > STEP_MAX_TOKENS else None
         saved = self.ops.pool
         if region is not None and pool:
@@ -305,7 +305,7 @@ class CudaRunner:
     def pick(self, params, u: float) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
         cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits."""
-        from ..backends.cuda_sample import SAMPLE_SIGNATURE, launch_shape
+        from ..backends.cuda.sample import SAMPLE_SIGNATURE, launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
@@ -381,7 +381,7 @@ class CudaRunner:
             graph = None
         if graph is None and T in self._step_bytes:
             from ..backends.cuda import _graphs
-            from .cuda_graph import capture_step
+            from .graphs import capture_step
             try:
                 graph = self.graphs[T] = capture_step(_graphs(), self, T, ids_dev, pos_dev, self._step_bytes[T])
             except (DeviceError, ImportError) as exc:

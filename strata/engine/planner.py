@@ -26,7 +26,7 @@ docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier desi
   `--prefill N` is fixed. A plan that caches every expert needs no ring when a chunk fits beside
   the cache.
 
-bytes_needed(T) follows the CURRENT GPU prompt path (strata.engine.cuda_memory replays its
+bytes_needed(T) follows the CURRENT GPU prompt path (strata.engine.memory_model replays its
 allocations in the real Pool) and must change with it; tests/engine/test_planner.py checks it
 against CudaRunner.prefill on the emulated runtime. It is the reserved pool that path needs, which
 first-fit holes put 3-8% above the live high-water mark; the live mark rises with T by
@@ -43,11 +43,11 @@ import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from ..backends.cuda_device import SEGMENT_BYTES, Pool
+from ..backends.cuda.memory import SEGMENT_BYTES, Pool
 from ..config import EngineConfig, ModelArgs
 from ..errors import InvalidArgument
-from . import cuda_memory
-from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from . import memory_model
+from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 
 Q2_0_BLOB_BYTES = 1_382_400                       # the blob the 384-slot ring was measured on (seed 000)
 RING_BUDGET_BYTES = 384 * Q2_0_BLOB_BYTES         # 530,841,600 B = 506.25 MiB
@@ -174,11 +174,11 @@ def chunk_candidates(setting: str, max_context: int) -> tuple[list[int], bool]:
 
 def bytes_needed(sizes: PackSizes, T: int, max_cells: int = 1, num_sms: int = DEFAULT_NUM_SMS) -> int:
     """VRAM a prompt read in chunks of T tokens borrows on the current prompt path: the reserved
-    pool its blocks need under the pool's first-fit (cuda_memory.prompt_arena_bytes, a few percent
+    pool its blocks need under the pool's first-fit (memory_model.prompt_arena_bytes, a few percent
     above the live high-water mark), plus the growth of moe_combine's zeros buffer past the 1 MiB
-    the decode scratch already holds. It follows the prompt path (see strata.engine.cuda_memory)."""
-    return (cuda_memory.prompt_arena_bytes(sizes, T, max_cells, num_sms)
-            + cuda_memory.zeros_bytes(sizes, T) - cuda_memory.ZEROS_MIN_BYTES)
+    the decode scratch already holds. It follows the prompt path (see strata.engine.memory_model)."""
+    return (memory_model.prompt_arena_bytes(sizes, T, max_cells, num_sms)
+            + memory_model.zeros_bytes(sizes, T) - memory_model.ZEROS_MIN_BYTES)
 
 
 def priced(config, what_if: dict | None = None, **fields) -> SimpleNamespace:
@@ -240,13 +240,13 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = kv_cells(config)
     steps = sorted({1, min(config.spec + 1, STEP_MAX_TOKENS)})    # a decode step, a draft-verify step
-    step_bytes = [cuda_memory.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
+    step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
     return {
         "dense": sizes.dense_bytes,
         "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + a.num_mtp_layers),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
-        "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + cuda_memory.ZEROS_MIN_BYTES
-                   + cuda_memory.norm_copies_bytes(sizes)),
+        "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
+                   + memory_model.norm_copies_bytes(sizes)),
         "graphs": sum(Pool.block_bytes(total) for _, total in step_bytes) if config.cuda_graphs else 0,
         "mtp": a.num_experts * sum(sizes.blob(l) for l in mtp_layers),
     }
@@ -370,7 +370,7 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, cells, mb, cache.total_slots, slots,
                 cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
-                cuda_memory.prompt_pool_bytes(sizes, chunk, cells, num_sms), loan, kept, pcie, prompt_tps, hit,
+                memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source)
 

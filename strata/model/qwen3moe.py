@@ -3,7 +3,7 @@
 The model never allocates caches, schedules or touches files: token ids, positions and a KV cache
 (owned by the runner) go in; logits and the final hidden states (which the MTP head needs) come out.
 `ops` is a backend (strata.backends.cpu.CpuOps, or the GPU engine's
-strata.backends.cuda_device_ops.DeviceOps) that resolves weight names and computes each op.
+strata.backends.cuda.ops.DeviceOps) that resolves weight names and computes each op.
 `record(name, layer, array)` may watch every named intermediate, so a GPU run can be diffed against
 the CPU run layer by layer.
 """

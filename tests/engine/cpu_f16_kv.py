@@ -14,8 +14,8 @@ logits by 10x the bound)."""
 import numpy as np
 
 from strata.backends.cpu import CpuOps, swiglu
-from strata.backends.cuda_device_ops import GEMV_MAX_T
-from strata.backends.cuda_moe import tensor_core_gemm
+from strata.backends.cuda.ops import GEMV_MAX_T
+from strata.backends.cuda.moe import tensor_core_gemm
 from strata.engine.runner import CpuRunner
 
 

@@ -5,7 +5,7 @@ from its contract in cuda/*.cu (the docstrings), in float32 numpy, and checks wh
 would need: the signature (as the runtime checks it against the kernel's parameters), pointer
 alignment, and the grid covering the work where that depends on the caller. It says nothing about
 the kernels themselves (tests/kernels does, on a GPU): it catches wrong addresses, strides, shapes,
-grouping and launch arguments in strata/backends/cuda_*.py and strata/engine/cuda_runner.py.
+grouping and launch arguments in strata/backends/cuda/*.py and strata/engine/cuda_runner.py.
 
     monkeypatch.setattr(strata.backends.cuda, "_runtime", lambda: fake_cuda)
     monkeypatch.setattr(strata.backends.cuda, "_graphs", lambda: fake_cuda)
@@ -253,7 +253,7 @@ class Kernel:
     def launch(self, grid, block, args, shared_bytes: int = 0, stream=None, pdl: bool = False):
         assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
         if pdl:
-            from strata.backends.cuda_device_ops import PDL_LIBRARIES
+            from strata.backends.cuda.ops import PDL_LIBRARIES
             assert self.library in PDL_LIBRARIES, f"fake_cuda: {self.name} launched as PDL, {self.library} is not"
             pdl_launches.append(self.name)
         args = [a.ptr if hasattr(a, "ptr") else a for a in args]     # values, as cuLaunchKernel copies them
@@ -317,7 +317,7 @@ def _dequant(q, grid, blocks, out, n_blocks):
 
 def _embed(q, grid, table, ids, out, T, n):
     """cuda/embed.cu: rows of any type; the table 16-byte aligned, and out too for a block type."""
-    from strata.backends.cuda import EMBED_QTYPES
+    from strata.backends.cuda.kernels import EMBED_QTYPES
     assert q in EMBED_QTYPES and grid[0] >= T, f"fake_cuda: embed {q} over grid {grid} for {T} tokens"
     _aligned("embed", table, *([out] if qtype(q).block_size > 1 else []))
     row_bytes = qtype(q).row_bytes(n)
@@ -458,7 +458,7 @@ def _qk_norm_rope_kv(grid, q, k, v, q_w, k_w, pos, inv, q_out, kc, vc, T, H, Hk,
 
 
 def _gemv3(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
     assert 1 <= batch <= 8 and (batch == 1 or n % 8 == 0)
     per_set = 4 if batch > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4
     assert grid[0] * 4 * per_set >= sum(-(-r // per_set) * per_set for r in (rows0, rows1, rows2))
@@ -564,7 +564,7 @@ def _moe_group(grid, ids, S, A, E, tokens, rows, starts_out, tiles, max_tiles, b
     assert grid == (E + 1, 1, 1), f"fake_cuda: moe_group grid {grid} must be (E + 1, 1, 1)"
     assert max_tiles >= E + S // bm, f"fake_cuda: moe_group max_tiles {max_tiles} < E + S // bm"
     assert tiles % 16 == 0, "fake_cuda: moe_group tiles must be 16-byte aligned"
-    from strata.backends.cuda_moe import group_by_expert
+    from strata.backends.cuda.moe import group_by_expert
     flat = view(ids, S, np.int32)
     assert flat.min() >= 0 and flat.max() < E, f"fake_cuda: moe_group ids outside [0, {E})"
     order, _, _, _, sorted_rows = group_by_expert(flat.reshape(-1, A))

@@ -13,7 +13,7 @@ import numpy as np
 from strata.quant import qtype
 from tests.engine.fake_cuda import _aligned, _weights, view
 
-BM, BN = 128, 128   # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda_gemm mirrors them)
+BM, BN = 128, 128   # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda.moe_gemm mirrors them)
 
 
 def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):

@@ -1,6 +1,6 @@
 """numpy emulation of cuda/sample.cu for tests/engine/fake_cuda.py (the fake runtime).
 
-Runs strata.backends.cuda_sample.sample_reference on the fake device memory and checks what a real
+Runs strata.backends.cuda.sample.sample_reference on the fake device memory and checks what a real
 launch needs: grid (B, 1, 1), block exactly (1024, 1, 1), V >= 1, u in [0, 1). Wiring, in fake_cuda.py:
 
     SIGNATURES: r"strata_sample_f32": "PPPPPPPi"
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.backends.cuda_sample import SAMPLE_THREADS, sample_reference
+from strata.backends.cuda.sample import SAMPLE_THREADS, sample_reference
 from tests.engine import fake_cuda
 
 

@@ -248,7 +248,7 @@ def test_device_pick_equals_the_host_pick(packs, rng):
     """runner.pick on the GPU (cuda/argmax.cu greedy, cuda/sample.cu otherwise) against
     strata.engine.sampler.pick_host on the same logits and draws, after a prompt and after decode
     steps; only a draw within 1e-5 of a boundary may differ (f32 exp and integer masses there)."""
-    from strata.backends.cuda_sample import sample_reference
+    from strata.backends.cuda.sample import sample_reference
     from strata.config import SamplingParams
     from strata.engine.sampler import pick_host
     pack = packs("demo")

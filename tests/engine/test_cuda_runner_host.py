@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import strata.backends.cuda as cuda_backend
-from strata.backends.cuda_device import Pool, gemv_grid
-from strata.backends.cuda_moe import group_by_expert
+from strata.backends.cuda.memory import Pool, gemv_grid
+from strata.backends.cuda.moe import group_by_expert
 from strata.engine import llm as llm_module
 from strata.config import EngineConfig
 from strata.engine.cuda_runner import CudaRunner
@@ -245,7 +245,7 @@ def test_emulated_graph_survives_prefix_reuse_and_prompts(fake, rng):
 
 
 def test_emulated_graph_memory_is_its_own_and_dies_with_it(fake, rng):
-    from strata.backends.cuda_device import DeviceKV
+    from strata.backends.cuda.memory import DeviceKV
     pack = open_pack(DEMO)
     runner = CudaRunner(pack, 64)
     ids = oracle_ids(pack, rng, 8)
@@ -344,7 +344,7 @@ def test_emulated_k_quant_embedding_decodes_through_graphs(fake, tmp_path, rng):
 def test_pick_on_the_device_equals_the_host_pick(fake, rng):
     """runner.pick (argmax / sample kernels, emulated) against strata.engine.sampler.pick_host on the
     same logits and draws; the two differ only for a draw within 1e-5 of a boundary."""
-    from strata.backends.cuda_sample import sample_reference
+    from strata.backends.cuda.sample import sample_reference
     from strata.config import SamplingParams
     from strata.engine.sampler import pick_host
     pack = open_pack(DEMO)

@@ -146,10 +146,10 @@ class Spy:
     captures, driver allocations (device and pinned)."""
 
     def __init__(self, monkeypatch, rt, graphs, runner):
-        from strata.engine import cuda_memory
+        from strata.engine import memory_model
         self.rt, self.runner, self.loads, self.captures, self.allocs, self.replays = rt, runner, [], [], [], []
-        replay = cuda_memory._run_prompt
-        monkeypatch.setattr(cuda_memory, "_run_prompt", lambda *a, **k: self.replays.append(a[1]) or replay(*a, **k))
+        replay = memory_model._run_prompt
+        monkeypatch.setattr(memory_model, "_run_prompt", lambda *a, **k: self.replays.append(a[1]) or replay(*a, **k))
         load, begin = rt.load_library, graphs.begin_capture
         monkeypatch.setattr(rt, "load_library", lambda name: self.loads.append(name) or load(name))
         monkeypatch.setattr(graphs, "begin_capture", lambda stream: self.captures.append(1) or begin(stream))

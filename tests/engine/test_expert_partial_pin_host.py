@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig
-from strata.engine import cuda_memory
+from strata.engine import memory_model
 from strata.engine import planner
-from strata.engine.expert_host import StagingRing
+from strata.engine.experts.host import StagingRing
 from strata.engine.llm import demo_model_path
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
@@ -54,7 +54,7 @@ def test_half_pinned_small_ring_routed_chunks(fake, rng, monkeypatch):
     assert streamed.store.ring_slots == 5 and 0.4 < streamed.status()["expert_cache"]["arena_pinned_share"] < 0.5
     ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
     _same_run(resident, streamed, ids, decode_steps=4)
-    monkeypatch.setattr(cuda_memory, "stream_all_tokens", lambda args: 10**9)
+    monkeypatch.setattr(memory_model, "stream_all_tokens", lambda args: 10**9)
     routed = _runner(pack, expert_cache="7", expert_policy="lfu", pin_limit_gib=limit)
     _same_run(resident, routed, ids, decode_steps=4)
 

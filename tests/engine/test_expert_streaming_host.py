@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig
-from strata.engine import cuda_memory
+from strata.engine import memory_model
 from strata.engine import planner
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
@@ -55,7 +55,7 @@ def test_ring_smaller_than_a_layer_and_routed_only_chunks(fake, rng, monkeypatch
     fake.launches.clear()
     _same_run(resident, streamed, ids, decode_steps=4)
     assert {"strata_moe_group", "strata_swiglu_rows_f32"} <= set(fake.launches)     # grouped on the device
-    monkeypatch.setattr(cuda_memory, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
+    monkeypatch.setattr(memory_model, "stream_all_tokens", lambda args: 10**9)   # stage routed experts only
     routed = _runner(pack, expert_cache="7", expert_policy="lfu")
     fake.launches.clear()
     _same_run(resident, routed, ids, decode_steps=4)
@@ -132,7 +132,7 @@ def test_bad_policy_is_refused():
 
 
 def test_gemv_decode_path_streams_too(fake, rng, monkeypatch):
-    from strata.backends import cuda_moe
+    from strata.backends.cuda import moe as cuda_moe
     monkeypatch.setattr(cuda_moe, "FUSED_DECODE", False)            # moe_gemv + swiglu + combine
     pack = open_pack(DEMO)
     resident, streamed = _runner(pack), _runner(pack, expert_cache="9")
@@ -143,7 +143,7 @@ def test_gemv_decode_path_streams_too(fake, rng, monkeypatch):
 def test_the_prompt_borrows_the_cache_tail_and_gives_it_back(fake, rng):
     """A budget where the ring and the prompt pool come out of the cache (seed 000's loan): they
     live in the tail slots while a prompt runs; decode gets every slot back (admissions refill them)."""
-    from strata.engine.expert_store import BufferView
+    from strata.engine.experts.store import BufferView
     pack = open_pack(DEMO)
     resident = _runner(pack)
     budget = (resident.plan.mandatory_bytes + 15_000_000) / 2**30

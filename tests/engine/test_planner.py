@@ -1,14 +1,14 @@
 """The VRAM planner (strata.engine.planner), its model of the prompt path's memory
-(strata.engine.cuda_memory) checked against CudaRunner on the emulated runtime, and `strata plan`."""
+(strata.engine.memory_model) checked against CudaRunner on the emulated runtime, and `strata plan`."""
 import json
 
 import pytest
 
 import strata.backends.cuda as cuda_backend
 from strata import cli
-from strata.backends.cuda_device import Pool
+from strata.backends.cuda.memory import Pool
 from strata.config import EngineConfig
-from strata.engine import cuda_memory, planner
+from strata.engine import memory_model, planner
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.engine.planner import (RING_BUDGET_BYTES, RING_MIN_SLOTS, ExpertCache, PackSizes, bytes_needed,
@@ -90,7 +90,7 @@ def test_expert_cache_counts_each_layer_at_its_own_blob(q30, rng):
 
 def test_bytes_needed_rises_with_T(q30, q30_needs):
     sizes = demo_sizes()
-    peaks = [cuda_memory.prompt_pool_bytes(sizes, T) for T in range(9, 400)]
+    peaks = [memory_model.prompt_pool_bytes(sizes, T) for T in range(9, 400)]
     assert all(b >= a for a, b in zip(peaks, peaks[1:]))          # every chunk past the GEMV path
     needs = list(q30_needs.values())
     assert all(b > a for a, b in zip(needs, needs[1:]))
@@ -98,7 +98,7 @@ def test_bytes_needed_rises_with_T(q30, q30_needs):
         grid = [bytes_needed(s, T) for T in range(256, 12 * 256 + 1, 256)]
         assert all(b > a for a, b in zip(grid, grid[1:]))
     # the reserved pool sits a few percent above the live mark
-    assert 1.0 < q30_needs[4096] / cuda_memory.prompt_pool_bytes(q30, 4096) < 1.25     # first-fit holes
+    assert 1.0 < q30_needs[4096] / memory_model.prompt_pool_bytes(q30, 4096) < 1.25     # first-fit holes
 
 
 def test_largest_fitting_is_the_scan(rng):
@@ -224,9 +224,9 @@ def test_prompt_pool_bytes_is_the_pool_peak(fake, rng, T):
     pack = open_pack(demo_model_path())
     sizes = demo_sizes(pack)
     runner, base = _prefill(pack, T, T, rng)
-    assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
-    zeros = runner.ops._zeros.nbytes if runner.ops._zeros is not None else cuda_memory.ZEROS_MIN_BYTES
-    assert zeros == cuda_memory.zeros_bytes(sizes, T)       # none below GEMV_MAX_T: decode's MoE needs none
+    assert runner.ops.pool.peak_bytes - base == memory_model.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
+    zeros = runner.ops._zeros.nbytes if runner.ops._zeros is not None else memory_model.ZEROS_MIN_BYTES
+    assert zeros == memory_model.zeros_bytes(sizes, T)       # none below GEMV_MAX_T: decode's MoE needs none
 
 
 def test_later_chunks_stay_under_the_first(fake, rng):
@@ -234,7 +234,7 @@ def test_later_chunks_stay_under_the_first(fake, rng):
     (Chunks of at least stream_all_tokens group on the device, resident or streamed: one allocation plan.)"""
     pack = open_pack(demo_model_path())
     runner, base = _prefill(pack, 64, 2 * 64 + 3, rng)
-    assert runner.ops.pool.peak_bytes - base <= cuda_memory.prompt_pool_bytes(demo_sizes(pack), 64, CONTEXT, 8)
+    assert runner.ops.pool.peak_bytes - base <= memory_model.prompt_pool_bytes(demo_sizes(pack), 64, CONTEXT, 8)
 
 
 def test_prompt_pool_bytes_other_packs(fake, rng, odd_packs):
@@ -242,8 +242,8 @@ def test_prompt_pool_bytes_other_packs(fake, rng, odd_packs):
         sizes = PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
         for T in (3, 12, 40):
             runner, base = _prefill(pack, T, T, rng)
-            assert runner.ops.pool.peak_bytes - base == cuda_memory.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
-    assert cuda_memory.norm_copies_bytes(sizes) > 0 and len(runner.ops._f32_weights) > 0
+            assert runner.ops.pool.peak_bytes - base == memory_model.prompt_pool_bytes(sizes, T, CONTEXT, 8, resident=True)
+    assert memory_model.norm_copies_bytes(sizes) > 0 and len(runner.ops._f32_weights) > 0
 
 
 @pytest.mark.parametrize("T", [9, 100])
@@ -253,9 +253,9 @@ def test_bytes_needed_is_the_smallest_reserved_pool(fake, rng, T):
     least stream_all_tokens allocate as a streamed runner's (both group on the device)."""
     pack = open_pack(demo_model_path())
     sizes = demo_sizes(pack)
-    arena = cuda_memory.prompt_arena_bytes(sizes, T)
-    assert bytes_needed(sizes, T) == arena + cuda_memory.zeros_bytes(sizes, T) - cuda_memory.ZEROS_MIN_BYTES
-    assert arena > cuda_memory.prompt_pool_bytes(sizes, T)
+    arena = memory_model.prompt_arena_bytes(sizes, T)
+    assert bytes_needed(sizes, T) == arena + memory_model.zeros_bytes(sizes, T) - memory_model.ZEROS_MIN_BYTES
+    assert arena > memory_model.prompt_pool_bytes(sizes, T)
 
     def reserved(nbytes):
         return lambda runner: Pool(fake, runner.dev, reserve_bytes=nbytes)
@@ -273,7 +273,7 @@ def test_decode_step_bytes_and_graph_reserve(fake, rng):
     pool = runner.ops.pool
     pool.peak_bytes = base = pool.used_bytes
     runner.decode(1)
-    peak, total = cuda_memory.decode_step_bytes(sizes, 1, 512, 8)
+    peak, total = memory_model.decode_step_bytes(sizes, 1, 512, 8)
     assert (pool.peak_bytes - base, runner._step_bytes[1]) == (peak, total)
     runner.decode(2)
     assert runner.graphs[1].keep[0].capacity_bytes == Pool.block_bytes(total)

@@ -11,7 +11,7 @@ SHAPES = [(1, 1), (1, 7), (3, 1000), (5, 4093), (1, 151936), (4, 151936), (2, 15
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

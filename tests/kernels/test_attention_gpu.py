@@ -20,7 +20,7 @@ F16_NAN = np.uint16(0x7E00).view(np.float16)
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

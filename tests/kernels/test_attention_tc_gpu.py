@@ -22,7 +22,7 @@ F16_NAN = np.uint16(0x7E00).view(np.float16)
 
 @pytest.fixture(scope="module")
 def prefill_tc():
-    from strata.backends.cuda_attention_tc import attention_prefill_tc
+    from strata.backends.cuda.attention_tc import attention_prefill_tc
 
     return attention_prefill_tc
 
@@ -111,7 +111,7 @@ def test_attention_prefill_tc_is_deterministic(prefill_tc, rng):
 
 def test_attention_prefill_tc_matches_ffma_kernel(prefill_tc, rng):
     # the kernel it replaces, at the production shape: same contract, so the same answer to ~TOL
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     q, k_cache, v_cache, positions, ref = case(rng, 256, 1500, 32, 4, 128)
     ffma = CudaOps().attention_prefill(q, k_cache, v_cache, positions)
@@ -119,7 +119,7 @@ def test_attention_prefill_tc_matches_ffma_kernel(prefill_tc, rng):
 
 
 def test_prefill_tc_launch_shape():
-    from strata.backends.cuda_attention_tc import prefill_tc_launch_shape
+    from strata.backends.cuda.attention_tc import prefill_tc_launch_shape
 
     assert prefill_tc_launch_shape(512, 32, 4, 128) == ((64, 4), 128)
     assert prefill_tc_launch_shape(1, 16, 1, 64) == ((1, 1), 128)

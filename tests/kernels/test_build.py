@@ -19,7 +19,8 @@ def test_import_touches_no_cuda():
 
 
 def test_cuda_available_never_raises():
-    from strata.backends.cuda import CudaOps, cuda_available, unavailable_reason
+    from strata.backends.cuda import cuda_available, unavailable_reason
+    from strata.backends.cuda.testing import CudaOps
 
     available = cuda_available()
     assert isinstance(available, bool) and (unavailable_reason() is None) == available
@@ -67,7 +68,7 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
     the libraries launched so must begin with STRATA_PDL_ENTRY() (cuda/pdl.cuh), before any read."""
     import re
 
-    from strata.backends.cuda_device_ops import PDL_LIBRARIES
+    from strata.backends.cuda.ops import PDL_LIBRARIES
     root = Path(__file__).resolve().parents[2] / "cuda"
     for lib in sorted(PDL_LIBRARIES):
         src = (root / f"{lib}.cu").read_text()

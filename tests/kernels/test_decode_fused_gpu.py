@@ -243,7 +243,7 @@ def gemv3_shapes(name):
 
 
 def gemv3(gpu, name, datas, rows, n, x, grid=None):
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
     batch = x.shape[0]
     wb = [gpu.upload(d) for d in datas]
     xb = gpu.upload(x)
@@ -256,7 +256,7 @@ def gemv3(gpu, name, datas, rows, n, x, grid=None):
 
 
 def separate(gpu, name, datas, rows, n, x):
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
     batch = x.shape[0]
     xb = gpu.upload(x)
     outs = []

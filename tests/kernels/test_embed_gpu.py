@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.backends.cuda import EMBED_QTYPES
+from strata.backends.cuda.kernels import EMBED_QTYPES
 from strata.quant import QTYPES, tensor_bytes
 from strata.quant.dequant import dequantize_rows
 from strata.quant.random import random_qtensor_bytes
@@ -21,7 +21,7 @@ FLOAT_CASES = [(3, 1, 2), (17, 97, 5), (300, 8, 9)]     # float types take any n
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

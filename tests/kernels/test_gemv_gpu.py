@@ -51,7 +51,7 @@ def check_gemv(ops, rng, name, data, shape, batch=None, split=False):
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

@@ -16,7 +16,7 @@ SHAPES = [(1, 1, 1), (1, 8, 2048), (3, 1, 257), (7, 8, 2048), (13, 10, 1000), (5
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

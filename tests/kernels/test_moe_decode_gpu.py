@@ -113,7 +113,7 @@ def awkward_cases(q):
 
 @pytest.fixture(scope="module")
 def mo():
-    from strata.backends.cuda_moe_decode import MoeDecodeOps
+    from strata.backends.cuda.moe_decode import MoeDecodeOps
 
     return MoeDecodeOps()
 
@@ -182,7 +182,7 @@ def test_deterministic_for_every_grid(mo, rng, q):
 
 
 def test_launch_shapes():
-    from strata.backends.cuda_moe_decode import MAX_SHARED_BYTES, down_launch, gate_up_launch
+    from strata.backends.cuda.moe_decode import MAX_SHARED_BYTES, down_launch, gate_up_launch
 
     g = gate_up_launch("Q4_K", 1, 8, 768, 2048)
     assert g.grid == (264, 1, 1) and g.shared_bytes == 4 * 2048 // 64 * 68 and g.signature == "PqqPPPiii"

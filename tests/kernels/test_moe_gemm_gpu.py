@@ -1,4 +1,4 @@
-"""strata_moe_gemm_<q> (cuda/moe_gemm.cu) through strata.backends.cuda_gemm against float64.
+"""strata_moe_gemm_<q> (cuda/moe_gemm.cu) through strata.backends.cuda.moe_gemm against float64.
 
 Reference: each group's weight dequantized by strata.quant (bit-exact with the kernel's decoders),
 W and X rounded to f16 as the kernel rounds them, the product in float64. Then only the kernel's
@@ -12,7 +12,7 @@ addresses, behind a part offset, cut into other tiles or among more rows gives i
 import numpy as np
 import pytest
 
-from strata.backends.cuda_gemm import BM, BN, QTYPE_NAMES, tiles_for
+from strata.backends.cuda.moe_gemm import BM, BN, QTYPE_NAMES, tiles_for
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from strata.quant.random import random_qtensor_bytes
@@ -24,7 +24,7 @@ MIN_OUTPUTS = 64
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 
@@ -91,7 +91,7 @@ def awkward_k(name):
 @pytest.mark.parametrize("name", QTYPE_NAMES)
 def test_moe_gemm_awkward_sizes(ops, rng, name):
     """K of one block and a few, N below / not a multiple of BN, m = 1, rows around BM, gaps."""
-    from strata.backends.cuda_gemm import moe_gemm
+    from strata.backends.cuda.moe_gemm import moe_gemm
 
     for K in awkward_k(name):
         for N, counts in [(1, [1]), (BN + 72, [1, 70, BM, 2 * BM + 1, 5]), (37, [BM - 1, 3, 130])]:
@@ -108,7 +108,7 @@ PRODUCTION = [("Q4_K", 1536, 2048, "experts"), ("Q4_K", 2048, 768, "experts"), (
 @gpu
 @pytest.mark.parametrize("name,N,K,rows", PRODUCTION)
 def test_moe_gemm_production_shapes(ops, rng, name, N, K, rows):
-    from strata.backends.cuda_gemm import moe_gemm
+    from strata.backends.cuda.moe_gemm import moe_gemm
 
     counts = rng.integers(32, 320, size=6) if rows == "experts" else rows
     weights, ranges, X = make_case(rng, name, N, K, counts, std=0.02)
@@ -120,7 +120,7 @@ def test_moe_gemm_production_shapes(ops, rng, name, N, K, rows):
 def test_moe_gemm_deterministic(ops, rng, name):
     """Identical bits when the weights move (other offsets, a part offset), when tiles are cut at
     other rows, and when the same rows sit among more rows (other S, other tile count)."""
-    from strata.backends.cuda_gemm import moe_gemm
+    from strata.backends.cuda.moe_gemm import moe_gemm
 
     K = 512
     weights, ranges, X = make_case(rng, name, BN + 40, K, [150, 7, 64, 90])
@@ -181,7 +181,7 @@ def test_fake_emulation_matches_reference(rng, name):
 def test_moe_gemm_skips_empty_tiles_and_null_groups(ops, rng, name):
     """A worst-case grid as device-side grouping launches it: tiles with m = 0 and groups at address 0
     (experts another batch computes) do nothing; the rest is bit for bit the plain launch."""
-    from strata.backends.cuda_gemm import moe_gemm, tiles_for
+    from strata.backends.cuda.moe_gemm import moe_gemm, tiles_for
 
     K = 512
     weights, ranges, X = make_case(rng, name, BN + 40, K, [150, 7, 64, 90])

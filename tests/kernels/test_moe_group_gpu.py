@@ -1,12 +1,12 @@
 """strata_moe_group (cuda/moe_group.cu): a prompt chunk's slots grouped by expert on the device.
 
-Exact: the tables must equal a stable numpy sort (strata.backends.cuda_moe.group_by_expert) and the
+Exact: the tables must equal a stable numpy sort (strata.backends.cuda.moe.group_by_expert) and the
 tile layout the kernel's header states, for routings as the router gives them (A distinct experts a
 token) and for arbitrary ids (repeats, experts never used, one expert taking everything)."""
 import numpy as np
 import pytest
 
-from strata.backends.cuda_moe import GROUP_SIGNATURE, group_by_expert
+from strata.backends.cuda.moe import GROUP_SIGNATURE, group_by_expert
 
 pytestmark = pytest.mark.gpu
 BM = 128

@@ -19,7 +19,7 @@ CASES = [(1, 1, 1), (1, 128, 8), (3, 7, 3), (7, 128, 8), (13, 60, 4), (5, 257, 1
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

@@ -25,7 +25,7 @@ def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

@@ -20,7 +20,7 @@ SHAPES = [(1, 1, 2), (1, 32, 128), (3, 5, 64), (7, 4, 128), (13, 7, 62), (5, 3, 
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

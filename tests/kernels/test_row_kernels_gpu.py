@@ -134,7 +134,7 @@ def test_attention_rows_matches_float64(dev, rng, T, H, Hk, Dh, S):
 def test_moe_gemv_matches_float64(dev, rng, name, T, A, E, rows, nblocks, gate_up):
     """Gate/up layout (x_div = A: slot s reads token s // A's row) and down layout (x_div = 1), each
     expert's matrix at a part offset inside its own blob, ids drawn with repeats."""
-    from strata.backends.cuda_device import gemv_grid
+    from strata.backends.cuda.memory import gemv_grid
     q = qtype(name)
     n = nblocks * (q.block_size if q.block_size > 1 else 24)     # float types: units of 8 weights
     mat_bytes = q.row_bytes(n) * rows

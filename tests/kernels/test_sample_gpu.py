@@ -5,7 +5,7 @@ may differ from numpy's by an ulp or two; sample_margins says how close each dra
 import numpy as np
 import pytest
 
-from strata.backends.cuda_sample import launch_shape, sample_reference
+from strata.backends.cuda.sample import launch_shape, sample_reference
 from strata.config import SamplingParams
 from strata.engine.sampler import Sampler
 
@@ -65,7 +65,7 @@ def test_launch_shape():
 
 @pytest.fixture(scope="module")
 def sampler():
-    from strata.backends.cuda_sample import CudaSampler
+    from strata.backends.cuda.sample import CudaSampler
 
     return CudaSampler()
 

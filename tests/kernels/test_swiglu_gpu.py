@@ -17,7 +17,7 @@ SHAPES = [(1, 1), (1, 768), (3, 257), (7, 768), (13, 1000), (64, 768), (2, 12289
 
 @pytest.fixture(scope="module")
 def ops():
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from ..backends.cuda_device import Pool
+from ..backends.cuda.memory import Pool
 
 
 class DecodeGraph:

@@ -64,7 +64,7 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
     kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
     whose device and stream are used (one is made if None)."""
-    from strata.backends.cuda import CudaOps
+    from strata.backends.cuda.testing import CudaOps
 
     ops = ops or CudaOps()
     rt = _runtime()

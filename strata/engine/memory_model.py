@@ -1,7 +1,7 @@
 """What the GPU engine's forward allocates, found by running it with no device behind it.
 
 The functions here run the real model (strata.model.qwen3moe.Qwen3Moe.forward) over the real
-strata.backends.cuda_device_ops.DeviceOps and its Pool, on a null runtime: buffers have addresses
+strata.backends.cuda.ops.DeviceOps and its Pool, on a null runtime: buffers have addresses
 but no memory, launches and copies do nothing, and a routing read back by the prompt path is all
 zeros (the prompt path's allocations do not depend on the routing: its per-expert tables are sized
 for the worst case). So whatever the prompt and decode paths allocate, and in which order, is what
@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..backends.cuda_device import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
-from ..backends.cuda_device_ops import DeviceOps
+from ..backends.cuda.memory import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
+from ..backends.cuda.ops import DeviceOps
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block

@@ -21,7 +21,7 @@ the VRAM expert cache with its decode admissions, and the streamed prompt ring.
   layer l + 1's copies run while layer l computes; a smaller chunk stages only the experts its
   routing names, layer by layer. Events order it: compute waits for a batch's copy before reading
   its slots, and a copy waits for the compute that last read the slots it overwrites.
-- The unpinned share (strata.engine.expert_host): where the system refuses or --pin-limit-gib
+- The unpinned share (strata.engine.experts.host): where the system refuses or --pin-limit-gib
   limits pinning, the arena holds a prefix of whole layers and the rest is read from a memmap of
   experts.bin. Their table entries are 0 (nothing may read them in place). Every copy of one (cache
   fill, admission, ring, staged miss) goes through a ring of pinned staging buffers that helper
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import InvalidArgument, PackError
+from ...errors import InvalidArgument, PackError
 
 SLOT_ALIGN = 256                  # a slot starts on this (kernels need 16)
 ADMIT_PER_STEP = 16               # cache admissions queued after one decode step
@@ -138,7 +138,7 @@ class ExpertStore:
         self.pinned_bytes, self.pin_reason, self.staging = self.file_bytes, None, None
         self._stage_row = self._stage_slots = None
         if self.resident:
-            from ..backends.cuda_device import upload_file
+            from ...backends.cuda.memory import upload_file
             self.arena = None
             self.resident_buf = rt.DeviceBuffer(device, self.file_bytes)
             upload_file(rt, device, stream, self.path, self.resident_buf, progress)
@@ -183,8 +183,8 @@ class ExpertStore:
     def _host_setup(self, rt, device, progress: bool, pin_limit_bytes: int) -> None:
         """The pinned arena (a prefix of whole layers, all of experts.bin where allowed) and, for
         the rest, a memmap of the file and the staging ring."""
-        from ..pack.source import memmap
-        from .expert_host import StagingRing, pin_arena
+        from ...pack.source import memmap
+        from .host import StagingRing, pin_arena
         t0 = time.perf_counter()
         starts = sorted(int(lay["offset"]) for lay in self.layers_meta)
         self.arena, self.pinned_bytes, self.pin_reason = pin_arena(

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import DeviceError, PackError
+from ...errors import DeviceError, PackError
 
 READ_BYTES = 64 << 20             # arena fill: bytes per read() call
 PROGRESS_MIN_BYTES = 1 << 30      # an arena at least this big prints a progress line

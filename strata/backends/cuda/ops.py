@@ -18,7 +18,7 @@ GEMM as they are; any other type is dequantized (bit-exact, in row chunks of at 
 WEIGHT_SCRATCH_BYTES) into an f32 GEMM. `moe` with T <= GEMV_MAX_T runs cuda/moe_decode.cu (gate|up
 with SwiGLU, then down with the weighted sum: two launches, each slot reading its expert's address
 from the table at its device-side id; the moe_gemv path where those kernels do not apply). Prompt
-chunks take strata.backends.cuda_moe.moe_grouped: the slots are grouped by expert on the device
+chunks take strata.backends.cuda.moe.moe_grouped: the slots are grouped by expert on the device
 (cuda/moe_group.cu) when the layer's matrices take the tensor-core GEMM and the store hands out
 every expert without the routing (all resident, or a chunk that streams every non-cached expert),
 else on the host; the rows are gathered into expert order and each of the store's batches is one tensor-core
@@ -36,16 +36,16 @@ import math
 
 import numpy as np
 
-from ..errors import InvalidArgument, UnsupportedError
-from ..quant import qtype as qtype_of
-from . import rope
-from .cuda import EMBED_QTYPES, CudaOps
-from .cuda_device import DeviceTensor, Pool, Weight, gemv_grid
-from .cuda_attention_tc import LIBRARY as TC_LIBRARY
-from .cuda_attention_tc import SIGNATURE as TC_SIGNATURE
-from .cuda_attention_tc import kernel_name as tc_kernel_name
-from .cuda_attention_tc import prefill_tc_launch_shape
-from .cuda_moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
+from ...errors import InvalidArgument, UnsupportedError
+from ...quant import qtype as qtype_of
+from .. import rope
+from .testing import EMBED_QTYPES, CudaOps
+from .memory import DeviceTensor, Pool, Weight, gemv_grid
+from .attention_tc import LIBRARY as TC_LIBRARY
+from .attention_tc import SIGNATURE as TC_SIGNATURE
+from .attention_tc import kernel_name as tc_kernel_name
+from .attention_tc import prefill_tc_launch_shape
+from .moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 SPLIT_GEMV = True                    # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM

@@ -105,7 +105,7 @@ class MoeDecodeOps:
     output downloaded. Outputs are poisoned with NaN first, so an element the kernel skips shows."""
 
     def __init__(self, ops=None, device: int = 0):
-        from .cuda import CudaOps
+        from .testing import CudaOps
 
         self.ops = ops or CudaOps(device)
         self.rt, self.device, self.stream = self.ops._rt, self.ops.device, self.ops.stream

@@ -4,11 +4,11 @@
   goes (every kernel runs on one stream, so a later kernel that reuses the block is ordered after
   the earlier readers). Blocks are first-fit ranges of a few large segments; once the largest step
   shape has run, forwards allocate nothing from the driver. A CUDA graph's step gets a pool of its
-  own, reserved up front and frozen (see strata.engine.cuda_graph).
+  own, reserved up front and frozen (see strata.engine.graphs).
 - `DeviceTensor`: a typed, shaped view of device memory (a pool block, or a weight).
 - `DeviceWeights`: dense.bin uploaded as it is, so every tensor keeps its native block bytes at the
   pack's own offsets (tensor = dense base + offset); the routed experts are reached through the
-  expert table of strata.engine.expert_store (expert (l, e) part p = table[l][e] + part offset).
+  expert table of strata.engine.experts.store (expert (l, e) part p = table[l][e] + part offset).
 - `DeviceKV`: f16 K and V, [layers, max_cells, Hk, Dh] each.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DeviceError, InvalidArgument, UnsupportedError
-from ..pack.source import memmap
+from ...errors import DeviceError, InvalidArgument, UnsupportedError
+from ...pack.source import memmap
 
 ALIGN_BYTES = 256               # pool blocks start on this, as cuMemAlloc's own buffers do
 SEGMENT_BYTES = 64 << 20        # smallest pool segment
@@ -32,8 +32,8 @@ PROGRESS_MIN_BYTES = 1 << 30    # files at least this big print an upload progre
 
 def gemv_grid(qtype: str, rows: int, n: int) -> int:
     """Blocks of strata_gemv_<qtype> / strata_moe_gemv_<qtype> (same unit scheme) for a [rows, n]
-    matrix: one row set per warp, from the unit table strata.backends.cuda.CudaOps keeps."""
-    from .cuda import CudaOps
+    matrix: one row set per warp, from the unit table strata.backends.cuda.testing.CudaOps keeps."""
+    from .testing import CudaOps
     return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n)))
 
 

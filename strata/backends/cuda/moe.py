@@ -1,6 +1,6 @@
 """Routed SwiGLU experts on the GPU: the decode path and the prompt path.
 
-Every expert is reached through the layer's row of the expert table (strata.engine.expert_store):
+Every expert is reached through the layer's row of the expert table (strata.engine.experts.store):
 its blob is a resident copy, a VRAM cache slot, a prompt ring slot or (decode only) the pinned host
 arena read in place. Decode (a few tokens): cuda/moe_decode.cu, two launches (gate|up with SwiGLU,
 down with the weighted sum), each slot reading its expert's address from the table at its
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import qtype as qtype_of
-from .cuda_device import DeviceTensor, ExpertLayer, Weight, gemv_grid
-from .cuda_gemm import BLOCK as GEMM_BLOCK
-from .cuda_gemm import BM as GEMM_BM
-from .cuda_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .cuda_gemm import SIGNATURE as GEMM_SIGNATURE
-from .cuda_gemm import grid_for, kernel_name, tiles_for
-from .cuda_moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
+from ...quant import qtype as qtype_of
+from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
+from .moe_gemm import BLOCK as GEMM_BLOCK
+from .moe_gemm import BM as GEMM_BM
+from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
+from .moe_gemm import SIGNATURE as GEMM_SIGNATURE
+from .moe_gemm import grid_for, kernel_name, tiles_for
+from .moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
 
 FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
 TENSOR_CORE_PROMPT = True   # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (False: dequant + f32 GEMM)

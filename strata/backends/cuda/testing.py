@@ -1,7 +1,8 @@
-"""CUDA ops over strata._ext.runtime: device buffers and launches of the kernels in cuda/.
+"""Numpy-in, numpy-out wrappers of the kernels in cuda/, for tests and tools (CudaOps).
 
-Importing this module touches no CUDA library; the runtime extension is imported on first use, so
-the package works (CPU-only) where it was built without the extension, the driver or a GPU.
+The engine never goes through here: it keeps its tensors on the device (strata.backends.cuda.ops).
+Each method uploads its inputs, launches one kernel and reads the result back, so every kernel can
+be checked against the numpy reference on its own.
 """
 
 from __future__ import annotations
@@ -11,65 +12,8 @@ import numpy as np
 from strata.errors import DeviceError, FormatError, InvalidArgument
 from strata.quant import qtype, tensor_bytes
 
-RMS_NORM_BLOCK = 256  # threads per row; cuda/rms_norm.cu accepts any multiple of 32 up to 1024
-# cuda/embed.cu's strata_embed_<type>: every type strata.quant reads, so every pack's embedding is
-# read on the device from device-side ids (tests/kernels/test_embed_gpu.py checks the source's list)
-EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                "Q6_K", "IQ4_NL", "IQ4_XS")
-
-
-def _runtime():
-    try:
-        from strata._ext import runtime
-    except ImportError as exc:
-        hint = " (pip install cuda-bindings)" if (exc.name or "").startswith("cuda") else ""
-        raise DeviceError(f"strata._ext.runtime not available ({exc}){hint}; this install is CPU-only") from None
-    return runtime
-
-
-def _graphs():
-    """strata._ext.graphs (stream capture, CUDA graphs), imported on first use like the runtime."""
-    try:
-        from strata._ext import graphs
-    except ImportError as exc:
-        raise DeviceError(f"strata._ext.graphs not available ({exc}); rebuild the package for CUDA graphs") from None
-    return graphs
-
-
-def unavailable_reason(device: int = 0) -> str | None:
-    """Why CudaOps cannot run here (no extension, driver, GPU or built kernels); None when it can."""
-    try:
-        rt = _runtime()
-        count = rt.device_count()
-        if device >= count:
-            return f"CUDA device {device} not found ({count} visible)"
-        rt.read_manifest()
-    except (DeviceError, ImportError, OSError, RuntimeError) as exc:
-        return str(exc)
-    return None
-
-
-def cuda_available(device: int = 0) -> bool:
-    """True when a GPU, its driver, the runtime extension and the kernels are all present."""
-    return unavailable_reason(device) is None
-
-
-def device_info(device: int = 0) -> dict:
-    """Name, compute capability, memory and driver version of one GPU; DeviceError if there is none."""
-    rt = _runtime()
-    dev = rt.Device(device)
-    free_bytes, total_bytes = dev.memory_info()
-    major, minor = dev.compute_capability
-    version = rt.driver_version()
-    return {
-        "device": device,
-        "name": dev.name,
-        "compute_capability": f"{major}.{minor}",
-        "multiprocessor_count": dev.multiprocessor_count,
-        "total_memory_bytes": total_bytes,
-        "free_memory_bytes": free_bytes,
-        "driver_cuda_version": f"{version // 1000}.{version % 1000 // 10}",
-    }
+from . import _graphs, _runtime
+from .kernels import EMBED_QTYPES, RMS_NORM_BLOCK
 
 
 class CudaOps:
