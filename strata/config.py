@@ -13,6 +13,9 @@ from typing import Any
 from .errors import InvalidArgument
 
 SUPPORTED_ARCHITECTURES = ("qwen3moe",)
+# The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
+# --kernels-off names those to turn off, for A/B runs of one path against its fallback.
+KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
 
 
 def _positive(obj, *names: str) -> None:
@@ -96,6 +99,8 @@ class EngineConfig:
                                                                  "budget, the largest chunk that leaves it full) or "
                                                                  "slots (the older rule: 384 slots, the first chunk "
                                                                  "of a fixed list that fits; for A/B runs)"})
+    kernels_off: str = field(default="", metadata={
+        "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
     kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
@@ -125,6 +130,10 @@ class EngineConfig:
         if self.kv_resident < 0 or self.spec < 0:
             raise InvalidArgument("kv_resident and spec must be >= 0")
         _refuse_not_implemented(self)
+        unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
+        if unknown:
+            raise InvalidArgument(f"kernels_off: unknown kernel path {unknown[0].strip()!r} "
+                                  f"(known: {', '.join(KERNEL_PATHS)})")
         if self.decode_misses not in ("zero-copy", "staged"):
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
         if self.prefill_rule not in ("bytes", "slots"):

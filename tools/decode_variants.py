@@ -11,6 +11,7 @@ fed random ids. One table, fastest first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     args = ap.parse_args(argv)
     from strata import LLM
-    from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode, ops as cuda_device_ops
+    from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode
     from strata.synthetic import synthetic_pack
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 8 * args.decode + 64)
     runner = llm.runner
@@ -45,9 +46,8 @@ def main(argv=None) -> int:
     rows = []
     for name, fused, bps, split, pdl in variants:
         try:
-            cuda_moe.FUSED_DECODE = fused
-            cuda_device_ops.SPLIT_GEMV = split
-            runner.ops.pdl = pdl and cuda_device_ops.PDL
+            runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl)
+            runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
             runner.drop_graphs()

@@ -10,6 +10,7 @@ Logits of the two variants are compared (they must be bit-identical: see cuda/mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,6 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     from strata import LLM
-    from strata.backends.cuda import moe as cuda_moe
     from strata.synthetic import synthetic_pack
     lengths = [int(n) for n in args.prompt.split(",")]
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=max(lengths) + 64)
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         ids = rng.integers(0, 1000, n).tolist()
         logits = {}
         for name, flag in (("host grouping", False), ("device grouping", True)):
-            cuda_moe.GROUP_ON_DEVICE = flag
+            runner.ops.paths = dataclasses.replace(runner.ops.paths, group_on_device=flag)
             best = np.inf
             for _ in range(args.repeats):
                 runner.reset()

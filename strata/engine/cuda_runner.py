@@ -50,6 +50,7 @@ class CudaRunner:
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
         from ..backends.cuda import _runtime
+        from ..backends.cuda.kernels import KernelPaths
         from ..backends.cuda.memory import DeviceKV, DeviceWeights
         from ..backends.cuda.ops import GEMV_MAX_T, DeviceOps
         from .experts.store import ExpertStore
@@ -79,7 +80,7 @@ class CudaRunner:
                                  pin_limit_bytes=int(config.pin_limit_gib * 2**30))
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
-        self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a)
+        self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a, KernelPaths.without(config.kernels_off))
         if not self.store.resident:
             # one row per main layer: a decode step runs those (an MTP layer only under speculation,
             # which reads no row here; the rows past them would be whatever the memory held)

@@ -65,3 +65,12 @@ def test_cli_refuses_them_in_one_line(flags, match):
                         "--vram-budget-gib", "1", *flags], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(f"strata: error: {match}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_kernel_paths_turn_off_by_name_and_refuse_unknown_ones():
+    from strata.backends.cuda.kernels import KernelPaths
+    paths = KernelPaths.without(EngineConfig(kernels_off="pdl, split-gemv").kernels_off)
+    assert (paths.pdl, paths.split_gemv, paths.fused_decode) == (False, False, True)
+    assert KernelPaths.without("") == KernelPaths()
+    with pytest.raises(InvalidArgument, match="kernels_off: unknown kernel path 'fast'"):
+        EngineConfig(kernels_off="pdl,fast")

@@ -131,11 +131,10 @@ def test_bad_policy_is_refused():
         EngineConfig(expert_policy="fifo")
 
 
-def test_gemv_decode_path_streams_too(fake, rng, monkeypatch):
-    from strata.backends.cuda import moe as cuda_moe
-    monkeypatch.setattr(cuda_moe, "FUSED_DECODE", False)            # moe_gemv + swiglu + combine
+def test_gemv_decode_path_streams_too(fake, rng):
     pack = open_pack(DEMO)
-    resident, streamed = _runner(pack), _runner(pack, expert_cache="9")
+    off = "fused-decode"                                             # moe_gemv + swiglu + combine
+    resident, streamed = _runner(pack, kernels_off=off), _runner(pack, expert_cache="9", kernels_off=off)
     _same_run(resident, streamed, rng.integers(0, pack.args.vocab_size, 30).tolist(), decode_steps=3)
     assert "strata_moe_gemv_q8_0" in fake.launches and "strata_moe_gate_up_q8_0" not in fake.launches
 

@@ -26,16 +26,14 @@ from .moe_gemm import SIGNATURE as GEMM_SIGNATURE
 from .moe_gemm import grid_for, kernel_name, tiles_for
 from .moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
 
-FUSED_DECODE = True         # cuda/moe_decode.cu for decode steps (False: the moe_gemv path)
-TENSOR_CORE_PROMPT = True   # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (False: dequant + f32 GEMM)
-GROUP_ON_DEVICE = True      # resident experts: cuda/moe_group.cu groups a chunk's slots (False: on the host)
 GROUP_SIGNATURE = "PiiiPPPPii"
 
 
-def tensor_core_gemm(qtype: str, K: int) -> bool:
-    """Whether cuda/moe_gemm.cu takes a weight of this type with rows of K values. F32 weights keep
-    the f32 GEMM (they are test models' and exact there)."""
-    return (TENSOR_CORE_PROMPT and qtype != "F32" and qtype in GEMM_QTYPES
+def tensor_core_gemm(qtype: str, K: int, on: bool = True) -> bool:
+    """Whether cuda/moe_gemm.cu takes a weight of this type with rows of K values (`on`: the
+    tensor-core-prompt path, KernelPaths). F32 weights keep the f32 GEMM (they are test models'
+    and exact there)."""
+    return (on and qtype != "F32" and qtype in GEMM_QTYPES
             and K > 0 and K % max(qtype_of(qtype).block_size, 8) == 0)
 
 
@@ -114,7 +112,7 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     A = ids.shape[1]
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
-    if FUSED_DECODE and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
+    if ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
         h = ops.alloc((T * A, I))
         spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
         ops.launch(LIBRARY, spec.name, spec.signature, spec.grid, spec.block,
@@ -202,8 +200,8 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     A = ids.shape[1]
     S = T * A
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
-    tc = all(tensor_core_gemm(p.qtype, p.shape[-1]) for p in (gate, up, down))
-    if GROUP_ON_DEVICE and tc and (ops.experts.resident or ops.experts.streams_all()):
+    tc = all(tensor_core_gemm(p.qtype, p.shape[-1], ops.paths.tensor_core_prompt) for p in (gate, up, down))
+    if ops.paths.group_on_device and tc and (ops.experts.resident or ops.experts.streams_all()):
         return _moe_grouped_on_device(ops, x, lay, ids, weights)
     order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows

@@ -39,7 +39,8 @@ import numpy as np
 from ...errors import InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
-from .testing import EMBED_QTYPES, CudaOps
+from .kernels import EMBED_QTYPES, KernelPaths
+from .testing import CudaOps
 from .memory import DeviceTensor, Pool, Weight, gemv_grid
 from .attention_tc import LIBRARY as TC_LIBRARY
 from .attention_tc import SIGNATURE as TC_SIGNATURE
@@ -48,14 +49,12 @@ from .attention_tc import prefill_tc_launch_shape
 from .moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
-SPLIT_GEMV = True                    # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
 ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.cu's prompt kernels
 ATTENTION_MAX_SPLITS = 1024
 MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
-PDL = True                           # programmatic dependent launches (sm_90+) for PDL_LIBRARIES
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
 PDL_LIBRARIES = frozenset({"decode_fused", "attention", "embed", "gemv", "moe_decode", "moe_route", "rms_norm",
@@ -66,11 +65,12 @@ class DeviceOps:
 
     name = "cuda"
 
-    def __init__(self, rt, device, stream, weights, args):
+    def __init__(self, rt, device, stream, weights, args, paths: KernelPaths = KernelPaths()):
         self.rt, self.device, self.stream, self.w, self.args = rt, device, stream, weights, args
         self.pool = Pool(rt, device)
         self.num_sms = device.multiprocessor_count
-        self.pdl = PDL and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
+        self.paths = paths
+        self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
         self._kernels: dict = {}
         self._f32_weights: dict = {}
         self._zeros = None
@@ -233,7 +233,7 @@ class DeviceOps:
             self.launch("gemv", f"strata_gemv_batch_{q}", "PPPiii", grid, 128, (w.ptr, x, y, rows, n, T))
             return
         grid = gemv_grid(w.qtype, rows, n)
-        split = SPLIT_GEMV and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
+        split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
         name = f"strata_gemv_split_{q}" if split else f"strata_gemv_{q}"
         for t in range(T):
             self.launch("gemv", name, "PPPii", grid * 4 if split else grid, 128,
@@ -245,7 +245,7 @@ class DeviceOps:
         if w.qtype == "F32":
             self._gemm(x, w.ptr, y, T, rows, n, n, n, ldc)
             return
-        if tensor_core_gemm(w.qtype, n) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
+        if tensor_core_gemm(w.qtype, n, self.paths.tensor_core_prompt) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
             table = GroupTable(self, 1, T)
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
                          x, n, y, ldc, rows)
