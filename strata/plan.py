@@ -43,34 +43,10 @@ def plan_sizes(model: str | None, synthetic: str | None) -> tuple[str, PackSizes
 
 
 def measure_bandwidths(rt, dev, nbytes: int, repeats: int = MEASURE_REPEATS) -> Bandwidths:
-    """Pinned host->device and device->device (bytes read + written) copy rates, timed with events,
-    the median of `repeats` after a warm-up."""
-    stream = rt.Stream(dev)
-    host, src, dst = rt.HostBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes)
-    view = np.frombuffer(host, np.uint8)
-    view[:] = 0x3C
-    kernel = rt.load_library("gather_rows").kernel(dev, "strata_gather_rows_f32", "PPPiqqq")
-    n = nbytes // 4
-    grid = (max(1, min(-(-n // 1024), 8 * dev.multiprocessor_count)), 1)
-
-    def h2d():
-        src.copy_from_host(view, stream)
-
-    def d2d():
-        kernel.launch(grid, 256, (src.ptr, 0, dst.ptr, 1, n, 0, 0), stream=stream)
-    start, end = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
-    rates = []
-    for op, moved in ((h2d, nbytes), (d2d, 2 * nbytes)):
-        times = []
-        for i in range(repeats + 1):
-            start.record(stream)
-            op()
-            end.record(stream)
-            end.synchronize()
-            if i:
-                times.append(start.elapsed_ms(end))
-        rates.append(moved / (float(np.median(times)) * 1e-3) / 1e9)
-    return Bandwidths(rates[0], rates[1], f"measured now on {dev.name}")
+    """Pinned host->device and device copy rates (strata.backends.cuda.bandwidth), measured now."""
+    from .backends.cuda.bandwidth import copy_rates
+    h2d, d2d = copy_rates(rt, dev, rt.Stream(dev), nbytes, repeats)
+    return Bandwidths(h2d, d2d, f"measured now on {dev.name}")
 
 
 def _gpu(config: EngineConfig):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -43,6 +44,16 @@ def _last_row_of(logits: DeviceTensor) -> DeviceTensor:
     """The last row [1, V] of device logits [T, V], a view that keeps their memory alive."""
     T, V = logits.shape
     return DeviceTensor(logits.buf, logits.offset + (T - 1) * V * 4, (1, V), np.float32, logits)
+
+
+PLAN_MEASURE_BYTES = 32 << 20      # the copy rates the plan's predicted speeds use, measured at load (a few ms)
+
+
+def _write_profile(path: Path, uses: np.ndarray, base: np.ndarray | None) -> None:
+    """Routing counts since load (plus the profile the run started from) to path, atomically."""
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, uses + (0 if base is None else base))
+    tmp.replace(path)
 
 
 class CudaRunner:
@@ -68,9 +79,6 @@ class CudaRunner:
         resident = self.plan.cache_slots >= self.plan.total_experts and self.plan.prefill_ring == 0
         self.profile_path = Path(config.expert_profile) if config.expert_profile else None
         profile = self._profile = self._load_profile(num_layers, a.num_experts)
-        if self.profile_path is not None:
-            import atexit
-            atexit.register(self.save_profile)
         self.store = ExpertStore(rt, self.dev, self.stream, pack,
                                  cache_slots=None if resident else self.plan.cache_slots,
                                  ring_slots=0 if resident else self.plan.prefill_ring,
@@ -78,6 +86,8 @@ class CudaRunner:
                                  kept_slots=None if resident else self.plan.prompt_cache_slots,
                                  pool_bytes=self.plan.bytes_needed,
                                  pin_limit_bytes=int(config.pin_limit_gib * 2**30))
+        if self.profile_path is not None:     # at exit, or when the runner goes; holds no reference to it
+            weakref.finalize(self, _write_profile, self.profile_path, self.store.uses, self._profile)
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a, KernelPaths.without(config.kernels_off))
@@ -126,12 +136,14 @@ class CudaRunner:
         budget is too small)."""
         import dataclasses
 
+        from ..backends.cuda.bandwidth import copy_rates
         from .planner import Bandwidths, PackSizes, kv_cells, make_plan
         sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
         cfg = dataclasses.replace(config, max_context=max_context)
         self._sizes, self._cells = sizes, kv_cells(cfg)      # for the loan of each prompt (_loan_pool_bytes)
+        h2d, d2d = copy_rates(self.rt, self.dev, self.stream, PLAN_MEASURE_BYTES, repeats=3)
         return make_plan(sizes, cfg, self.vram_budget_bytes, "runner",
-                         Bandwidths(55.4, 4267.0, "not measured"), self.dev.multiprocessor_count)
+                         Bandwidths(h2d, d2d, f"measured at load on {self.dev.name}"), self.dev.multiprocessor_count)
 
     def _load_profile(self, num_layers: int, num_experts: int):
         path = self.profile_path
@@ -148,11 +160,8 @@ class CudaRunner:
 
     def save_profile(self) -> None:
         """Write the routing counts to --expert-profile (atomically), for a warm start next time."""
-        if self.profile_path is None:
-            return
-        tmp = self.profile_path.with_name(self.profile_path.name + ".tmp.npy")
-        np.save(tmp, self.store.uses + (0 if self._profile is None else self._profile))
-        tmp.replace(self.profile_path)
+        if self.profile_path is not None:
+            _write_profile(self.profile_path, self.store.uses, self._profile)
 
     def _budget(self, config: EngineConfig) -> int:
         free, _ = self.dev.memory_info()
@@ -467,34 +476,13 @@ class CudaRunner:
     def measure_limits(self, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
         """{"device_copy_gb_s": bytes read + written per second of a large device-to-device copy (the
         ceiling resident decode is measured against), "h2d_gb_s": pinned host -> device copy (what
-        streamed experts are measured against)}, timed with events (median of `repeats` after a
-        warm-up)."""
+        streamed experts are measured against)}: strata.backends.cuda.bandwidth, over buffers as
+        large as the free VRAM allows up to nbytes."""
+        from ..backends.cuda.bandwidth import copy_rates
         free, _ = self.dev.memory_info()
         nbytes = max(1 << 24, min(nbytes, (free - VRAM_RESERVE_BYTES) // 2) // 4096 * 4096)
-        src, dst = self.rt.DeviceBuffer(self.dev, nbytes), self.rt.DeviceBuffer(self.dev, nbytes)
-        src.fill_bytes(0x3C, self.stream)
-        start, end = self.rt.Event(self.dev, timing=True), self.rt.Event(self.dev, timing=True)
-        times = []
-        for i in range(repeats + 2):
-            start.record(self.stream)
-            self.ops._copy_rows(src.ptr, 0, dst.ptr, 1, nbytes // 4, 0, 0)
-            end.record(self.stream)
-            end.synchronize()
-            if i >= 2:
-                times.append(start.elapsed_ms(end))
-        limits = {"device_copy_gb_s": 2 * nbytes / (float(np.median(times)) * 1e-3) / 1e9}
-        del src
-        host = self.rt.HostBuffer(self.dev, min(nbytes, 1 << 30))
-        times = []
-        for i in range(repeats + 2):
-            start.record(self.stream)
-            self.rt.copy_h2d(dst.ptr, host.ptr, host.nbytes, self.stream)
-            end.record(self.stream)
-            end.synchronize()
-            if i >= 2:
-                times.append(start.elapsed_ms(end))
-        limits["h2d_gb_s"] = host.nbytes / (float(np.median(times)) * 1e-3) / 1e9
-        return limits
+        h2d, d2d = copy_rates(self.rt, self.dev, self.stream, nbytes, repeats, warm=2)
+        return {"device_copy_gb_s": d2d, "h2d_gb_s": h2d}
 
     def vram_used_bytes(self) -> int:
         """VRAM in use on the device now (every process), for the bench's peak."""

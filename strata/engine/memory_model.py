@@ -143,22 +143,22 @@ def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False):
     return ops, Qwen3Moe(a, ops), kv
 
 
-_MEMO: dict = {}        # (id(sizes), T, chunks, ...) -> (sizes, (peak, arena, zeros)): the planner asks again and again
+_MEMO: dict = {}        # (sizes.key, T, chunks, ...) -> (peak, arena, zeros): the planner asks again and again
 _MEMO_MAX = 4096
 
 
 def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
             resident: bool = False) -> tuple[int, int, int]:
     """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
-    key = (id(sizes), T, chunks, max_cells, num_sms, resident)
+    key = (sizes.key, T, chunks, max_cells, num_sms, resident)
     hit = _MEMO.get(key)
-    if hit is not None and hit[0] is sizes:
-        return hit[1]
+    if hit is not None:
+        return hit
     ops = _run_prompt(sizes, T, chunks, max_cells, num_sms, resident)
     result = (ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES)
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
-    _MEMO[key] = (sizes, result)
+    _MEMO[key] = result
     return result
 
 

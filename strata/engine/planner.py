@@ -40,6 +40,9 @@ streams them through the cache and the ring, and reads prompts in the plan's chu
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -78,6 +81,14 @@ class PackSizes:
 
     def blob(self, layer: int) -> int:
         return int(self.layers[layer]["blob_bytes"])
+
+    @functools.cached_property
+    def key(self) -> str:
+        """A digest of everything here: equal sizes, equal keys (memory_model's memo is keyed by it)."""
+        text = json.dumps([dataclasses.asdict(self.args), self.dense_bytes, self.max_blob,
+                           {n: [t["qtype"], list(t["shape"])] for n, t in self.dense.items()},
+                           list(self.layers)], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ import numpy as np
 from ...errors import InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
-from .kernels import EMBED_QTYPES, KernelPaths
+from .kernels import (ATTENTION_HEAD_DIMS, EMBED_QTYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K,
+                      TC_ATTENTION_HEAD_DIMS, KernelPaths, decode_splits)
 from .testing import CudaOps
 from .memory import DeviceTensor, Pool, Weight, gemv_grid
 from .attention_tc import LIBRARY as TC_LIBRARY
@@ -50,10 +51,6 @@ from .moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
-ATTENTION_HEAD_DIMS = (64, 128, 256)                       # cuda/attention.cu's tiled kernels
-TC_ATTENTION_HEAD_DIMS = (64, 128)                         # cuda/attention_tc.cu's prompt kernels
-ATTENTION_MAX_SPLITS = 1024
-MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K = 512, 32
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
@@ -300,11 +297,8 @@ class DeviceOps:
         return out
 
     def decode_splits(self, num_kv_heads: int, max_cells: int, head_dim: int) -> int:
-        """Splits of decode attention, as CudaOps.decode_splits: sized for the cache, not the length,
-        so every step launches the same grid (the kernel sizes each split from the device-side
-        length; splits past the end are empty)."""
-        tiles = -(-max_cells // (4096 // head_dim))
-        return max(1, min(tiles, -(-2 * self.num_sms // num_kv_heads), ATTENTION_MAX_SPLITS))
+        """kernels.decode_splits for one sequence on this GPU."""
+        return decode_splits(1, num_kv_heads, max_cells, head_dim, self.num_sms)
 
     def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
                           scale: float) -> None:

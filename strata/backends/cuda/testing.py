@@ -13,6 +13,7 @@ from strata.errors import DeviceError, FormatError, InvalidArgument
 from strata.quant import qtype, tensor_bytes
 
 from . import _graphs, _runtime
+from . import kernels
 from .kernels import EMBED_QTYPES, RMS_NORM_BLOCK
 
 
@@ -58,9 +59,9 @@ class CudaOps:
     # Outputs are poisoned with 0xFF bytes (NaN, id -1) before each launch, so an element a kernel
     # fails to write shows in the result.
 
-    ATTENTION_HEAD_DIMS = (64, 128, 256)
-    ATTENTION_MAX_SPLITS = 1024      # cuda/attention.cu kMaxSplits
-    MOE_ROUTE_MAX_EXPERTS = 512      # cuda/moe_route.cu: 16 logits per lane
+    ATTENTION_HEAD_DIMS = kernels.ATTENTION_HEAD_DIMS
+    ATTENTION_MAX_SPLITS = kernels.ATTENTION_MAX_SPLITS
+    MOE_ROUTE_MAX_EXPERTS = kernels.MOE_ROUTE_MAX_EXPERTS
     EMBED_QTYPES = EMBED_QTYPES
 
     def _kernel(self, library: str, name: str, signature: str):
@@ -129,12 +130,9 @@ class CudaOps:
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: int,
                       blocks_per_sm: int = 2) -> int:
-        """Splits per (sequence, KV head) for decode attention: about `blocks_per_sm` blocks per
-        multiprocessor, never more than the tiles of max_cells. 2 beat 4 on an H200 (Hk 4, Dh 128:
-        16.0 vs 18.5 us a step at 4096 cells, 27.7 vs 29.6 at 16384, the combine included)."""
-        tiles = -(-max_cells // (4096 // head_dim))
-        want = -(-blocks_per_sm * self.device.multiprocessor_count // max(1, num_seqs * num_kv_heads))
-        return max(1, min(tiles, want, self.ATTENTION_MAX_SPLITS))
+        """kernels.decode_splits on this GPU."""
+        return kernels.decode_splits(num_seqs, num_kv_heads, max_cells, head_dim,
+                                     self.device.multiprocessor_count, blocks_per_sm)
 
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
