@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.backends.cuda import _runtime
+import strata.backends.cuda as _cuda     # _runtime() looked up per call, as tests patch it there
 from strata.errors import InvalidArgument
 from strata.quant import QTYPES, qtype
 
@@ -67,7 +67,7 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     from strata.backends.cuda.testing import CudaOps
 
     ops = ops or CudaOps()
-    rt = _runtime()
+    rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
     if X.ndim != 2:
         raise InvalidArgument(f"moe_gemm: X {X.shape} must be [S, K]")

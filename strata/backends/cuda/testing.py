@@ -12,7 +12,7 @@ import numpy as np
 from strata.errors import DeviceError, FormatError, InvalidArgument
 from strata.quant import qtype, tensor_bytes
 
-from . import _graphs, _runtime
+import strata.backends.cuda as _cuda     # _runtime() looked up per call, as tests patch it there
 from . import kernels
 from .kernels import EMBED_QTYPES, RMS_NORM_BLOCK
 
@@ -22,7 +22,7 @@ class CudaOps:
     from numpy to a kernel and back; the engine keeps its tensors on the device."""
 
     def __init__(self, device: int = 0):
-        rt = _runtime()
+        rt = _cuda._runtime()
         self.device = rt.Device(device)
         self.stream = rt.Stream(self.device)
         self._rt = rt
