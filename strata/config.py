@@ -87,6 +87,9 @@ class EngineConfig:
                                                                        "on the device, CUDA graphs) or staged (each "
                                                                        "layer's routing read on the host, missed experts "
                                                                        "copied first; eager; for comparison)"})
+    pcie_gbs: float = field(default=0.0, metadata={
+        "help": "cap host->device expert traffic at this many GB/s (0: the bus as it is), so a fast bus "
+                "stands in for a slower one (a PCIe 4.0 x16 slot moves about 25)"})
     pin_limit_gib: float = field(default=0.0, metadata={"help": "cap on the host memory pinned for streamed experts "
                                                                  "(a prefix of whole layers of experts.bin); the rest "
                                                                  "is staged through small pinned buffers, decode "
@@ -120,6 +123,8 @@ class EngineConfig:
             raise InvalidArgument(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.vram_budget_gib < 0:
             raise InvalidArgument(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        if not self.pcie_gbs >= 0:
+            raise InvalidArgument(f"pcie_gbs must be >= 0 (0: no cap), got {self.pcie_gbs}")
         if not self.pin_limit_gib >= 0:
             raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
         if self.kv not in ("f16", "int8", "q4_0"):

@@ -100,6 +100,9 @@ def plan_main(args, engine_kwargs: dict) -> int:
     name, sizes = plan_sizes(args.model, args.synthetic)
     gpu = _gpu(config)
     free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
+    if config.pcie_gbs and config.pcie_gbs < bandwidths.h2d_gb_s:
+        bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
+                                f"{bandwidths.source}; host->device capped by --pcie-gbs")
     budget, source = vram_budget(config, free)
     plan = make_plan(sizes, config, budget, source, bandwidths, num_sms)
     if args.json:

@@ -64,6 +64,7 @@ class CudaRunner:
         from ..backends.cuda.kernels import KernelPaths
         from ..backends.cuda.memory import DeviceKV, DeviceWeights
         from ..backends.cuda.ops import GEMV_MAX_T, DeviceOps
+        from .experts.bus_cap import BusCap
         from .experts.store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
@@ -85,7 +86,9 @@ class CudaRunner:
                                  policy=config.expert_policy, profile=profile,
                                  kept_slots=None if resident else self.plan.prompt_cache_slots,
                                  pool_bytes=self.plan.bytes_needed,
-                                 pin_limit_bytes=int(config.pin_limit_gib * 2**30))
+                                 pin_limit_bytes=int(config.pin_limit_gib * 2**30),
+                                 bus_cap=None if resident or not config.pcie_gbs else
+                                 BusCap(rt, self.dev, config.pcie_gbs, self._measured_h2d_gb_s))
         if self.profile_path is not None:     # at exit, or when the runner goes; holds no reference to it
             weakref.finalize(self, _write_profile, self.profile_path, self.store.uses, self._profile)
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
@@ -142,8 +145,12 @@ class CudaRunner:
         cfg = dataclasses.replace(config, max_context=max_context)
         self._sizes, self._cells = sizes, kv_cells(cfg)      # for the loan of each prompt (_loan_pool_bytes)
         h2d, d2d = copy_rates(self.rt, self.dev, self.stream, PLAN_MEASURE_BYTES, repeats=3)
-        return make_plan(sizes, cfg, self.vram_budget_bytes, "runner",
-                         Bandwidths(h2d, d2d, f"measured at load on {self.dev.name}"), self.dev.multiprocessor_count)
+        self._measured_h2d_gb_s = h2d
+        if config.pcie_gbs:
+            h2d = min(h2d, config.pcie_gbs)          # what the plan's predicted speeds see
+        self.plan_bandwidths = Bandwidths(h2d, d2d, f"measured at load on {self.dev.name}")
+        return make_plan(sizes, cfg, self.vram_budget_bytes, "runner", self.plan_bandwidths,
+                         self.dev.multiprocessor_count)
 
     def _load_profile(self, num_layers: int, num_experts: int):
         path = self.profile_path

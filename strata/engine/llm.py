@@ -73,6 +73,8 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     if device == "cuda":
         from .cuda_runner import CudaRunner
         return CudaRunner(pack, max_context, config)
+    if config.pcie_gbs:
+        raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     from .runner import CpuRunner
     return CpuRunner(pack, max_context)
 

@@ -13,4 +13,5 @@ def fake(monkeypatch):
     fake_cuda.launches.clear()
     fake_cuda.graph_launches.clear()
     fake_cuda.pdl_launches.clear()
+    fake_cuda.bus_calls.clear()
     return fake_cuda

@@ -592,3 +592,11 @@ def _swiglu_rows(grid, gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld)
 
 
 _EMULATE["swiglu_rows_f32"] = _swiglu_rows
+
+
+# cuda/throttle.cu (--pcie-gbs): the fake has no clock; it keeps what the store asked for.
+bus_calls: list = []
+SIGNATURES.update({r"strata_bus_stamp": "P", r"strata_bus_wait": "PQ", r"strata_bus_sleep": "Q"})
+_EMULATE.update({"bus_stamp": lambda grid, stamp: bus_calls.append(("stamp", stamp)),
+                 "bus_wait": lambda grid, stamp, ns: bus_calls.append(("wait", stamp, ns)),
+                 "bus_sleep": lambda grid, ns: bus_calls.append(("sleep", ns))})

@@ -99,13 +99,15 @@ class ExpertStore:
 
     def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
                  policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None,
-                 kept_slots: int | None = None, pool_bytes: int = 0, pin_limit_bytes: int = 0):
+                 kept_slots: int | None = None, pool_bytes: int = 0, pin_limit_bytes: int = 0,
+                 bus_cap=None):
         """kept_slots: cache slots kept while the plan's largest prompt chunk runs. The memory after
         them (the other cache slots, and beyond them what the plan left beside the cache) is lent
         to the prompt: the ring at its end, and before the ring up to pool_bytes for its activation
         pool (a shorter prompt takes less, lend(), and keeps more slots); the slots come back empty
         after it. None: the ring is a buffer of its own and nothing is lent. pin_limit_bytes: most
-        of experts.bin to pin (0: all the system allows)."""
+        of experts.bin to pin (0: all the system allows). bus_cap: a BusCap pacing the copies and the
+        zero-copy reads (--pcie-gbs), or None."""
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
@@ -117,6 +119,7 @@ class ExpertStore:
         self.slot_bytes = slot_bytes(self.max_blob)
         self.policy = policy
         self.stats = StoreStats()
+        self.bus_cap = bus_cap
         self.total = self.num_layers * self.num_experts
         self.file_bytes = int(pack.meta["files"]["experts.bin"]["bytes"])
         L, E = self.num_layers, self.num_experts
@@ -218,6 +221,8 @@ class ExpertStore:
         self._copy_into_slots(chosen // E, chosen % E, np.arange(len(chosen)), self.stream)
         self.stream.synchronize()
         self.upload_bytes, self.stats.bytes_h2d = self.stats.bytes_h2d, 0   # the initial fill is setup, not traffic
+        if self.bus_cap is not None:
+            self.bus_cap.paced_bytes = 0
 
     def _place(self, l: int, e: int, slot: int) -> None:
         self.slot_of[l, e] = slot
@@ -242,6 +247,8 @@ class ExpertStore:
         dst, ls, es = np.asarray(dst, np.uint64), np.asarray(ls, np.int64), np.asarray(es, np.int64)
         sizes = self._blob[ls].astype(np.uint64)
         pinned = self.pinned[ls, es]
+        if self.bus_cap is not None:
+            self.bus_cap.before(stream)
         if pinned.any():
             src = (np.uint64(self.host_copy) + self._offsets[ls[pinned], es[pinned]]).astype(np.uint64)
             self.rt.copy_h2d_batch(np.ascontiguousarray(dst[pinned]), np.ascontiguousarray(src),
@@ -249,6 +256,8 @@ class ExpertStore:
         if not pinned.all():
             self.staging.copy(dst[~pinned], ls[~pinned], es[~pinned], stream, expected)
         self.stats.bytes_h2d += int(sizes.sum())
+        if self.bus_cap is not None:
+            self.bus_cap.after(stream, int(sizes.sum()))
 
     # ---- what kernels read -----------------------------------------------------------------------
     def table_row(self, layer: int) -> int:
@@ -269,7 +278,7 @@ class ExpertStore:
                 "arena_pinned_bytes": 0 if self.resident else self.pinned_bytes,
                 "arena_pinned_share": None if self.resident else self.pinned_bytes / max(1, self.file_bytes),
                 "staged_blobs": 0 if self.staging is None else self.staging.staged_blobs,
-                "bytes_h2d": s.bytes_h2d}
+                "bytes_h2d": s.bytes_h2d, "bus_cap": None if self.bus_cap is None else self.bus_cap.status()}
 
     # ---- a run that leaves no trace (CudaRunner.warm_up) -------------------------------------------
     _KEPT = ("uses", "last_use", "freq", "slot_of", "table_host")
@@ -326,6 +335,9 @@ class ExpertStore:
         cached = self.slot_of[ls, es] >= 0
         self.stats.hits += int(cached.sum())
         self.stats.misses += int((~cached).sum())
+        if self.bus_cap is not None and not self.staged_decode:     # staged misses were paced as copies
+            read = np.unique(ls[~cached] * self.num_experts + es[~cached]) // self.num_experts
+            self.bus_cap.zero_copy(self.stream, int(self._blob[read].sum()))
         self.last_use[ls, es] = self.tick
         self.freq *= LFU_DECAY
         np.add.at(self.freq, (ls, es), 1.0)
