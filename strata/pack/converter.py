@@ -108,6 +108,10 @@ def open_source(src, qtype: str | None = None) -> Source:
     """The Source of a GGUF file (or any split of one) or a HF checkpoint directory."""
     src = Path(src)
     if src.is_dir():
+        from .hf_qwen3next import is_qwen3next, open_qwen3next_source
+        if is_qwen3next(src):
+            from .tokenizer_build import _read_json
+            return open_qwen3next_source(src, _read_json(src / "config.json", required=True), qtype)
         from .hf_source import open_hf_source
         return open_hf_source(src, qtype)
     if not src.exists():
