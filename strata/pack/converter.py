@@ -118,6 +118,9 @@ def open_source(src, qtype: str | None = None) -> Source:
         raise InvalidArgument(f"{src}: no such file or directory")
     if qtype is not None:
         raise InvalidArgument(f"{src}: qtype applies to Hugging Face sources; GGUF tensors keep their block bytes")
+    from .gguf_qwen3next import is_qwen3next_gguf, open_qwen3next_gguf
+    if is_qwen3next_gguf(src):
+        return open_qwen3next_gguf(src)
     from .gguf_source import open_gguf_source
     return open_gguf_source(src)
 
