@@ -30,7 +30,7 @@ import numpy as np
 
 from ..backends.cuda_device import DeviceTensor
 from ..config import EngineConfig
-from ..errors import DeviceError, InvalidArgument
+from ..errors import DeviceError, InvalidArgument, UnsupportedError
 from ..model.qwen3moe import Qwen3Moe
 from . import cuda_memory
 from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
@@ -49,6 +49,8 @@ class CudaRunner:
     device = "cuda"
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
+        if pack.args.architecture != "qwen3moe":
+            raise UnsupportedError(f"{pack.args.architecture} runs on the CPU backend only so far (--device cpu)")
         from ..backends.cuda import _runtime
         from ..backends.cuda_device import DeviceKV, DeviceWeights
         from ..backends.cuda_device_ops import GEMV_MAX_T, DeviceOps
