@@ -203,3 +203,46 @@ def test_unsupported_variants_are_refused_with_one_line(tmp_path):
     assert llm.device == "cpu"
     with pytest.raises(UnsupportedError, match="qwen3next runs on the CPU backend only"):
         CudaRunner(llm.pack, 64)
+
+
+def test_cli_convert_quantizes_hf_and_keeps_gguf_blocks(tmp_path, capsys):
+    from strata import cli
+    hf, _ = make_next_hf_dir(tmp_path, NEXT_SHAPES["kquant"], seed=9)
+    assert cli.main(["convert", str(hf), str(tmp_path / "q8"), "--qtype", "Q8_0", "--quiet"]) == 0
+    llm = LLM(tmp_path / "q8", device="cpu")
+    dense = llm.pack.meta["dense"]
+    assert dense["blk.0.attn_qkv.weight"]["qtype"] == dense["blk.1.attn_q.weight"]["qtype"] == "Q8_0"
+    assert dense["blk.0.ssm_conv1d.weight"]["qtype"] == dense["blk.0.ffn_gate_inp.weight"]["qtype"] == "F32"
+    f32 = LLM(convert(hf, tmp_path / "f32", progress=False), device="cpu").runner.ops
+    for name in ("blk.0.attn_qkv.weight", "blk.0.attn_gate.weight", "blk.1.attn_q.weight", "blk.0.ssm_out.weight"):
+        want, got = f32.weight(name), llm.runner.ops.weight(name)       # Q8_0: within a 127th of each block's max
+        assert 0 < np.abs(got - want).max() <= np.abs(want).max() / 127
+    ids = random_ids(20, llm.args.vocab_size)
+    assert np.isfinite(llm.logits(ids)).all()
+    assert llm.generate(ids, max_tokens=4).usage.completion_tokens > 0
+    path, _ = make_next_gguf(tmp_path, NEXT_SHAPES["kquant"], Q4_K_M_LIKE, seed=2, name="g")
+    assert cli.main(["convert", str(path), str(tmp_path / "g"), "--quiet"]) == 0
+    assert cli.main(["info", str(tmp_path / "g")]) == 0
+    assert "qwen3next" in capsys.readouterr().out
+
+
+def test_gguf_with_fused_gate_up_experts_is_refused(tmp_path):
+    import gguf
+    path, _ = make_next_gguf(tmp_path, NEXT_SHAPES["tiny"], {}, seed=1)
+    reader = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(tmp_path / "fused.gguf", "qwen3next")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0],
+                        field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        name = t.name.replace("ffn_gate_exps", "ffn_gate_up_exps")
+        if "ffn_up_exps" not in name:
+            w.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedError, match="ffn_gate_up_exps"):
+        convert(tmp_path / "fused.gguf", tmp_path / "pack", progress=False)
