@@ -547,7 +547,10 @@ def _lazy_emulation(module: str, name: str):
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
-                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample")})
+                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
+                 "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
+                 "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step")})
+SIGNATURES.update({r"strata_gdn_conv1d_step_f32": "PPPPii", r"strata_gdn_step_f32": "PPPPPPPiiiif"})  # gated_delta.cu
 
 
 def _argmax(grid, logits, out, V):
