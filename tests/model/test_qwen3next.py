@@ -228,7 +228,7 @@ def test_cli_convert_quantizes_hf_and_keeps_gguf_blocks(tmp_path, capsys):
 
 def test_gguf_with_fused_gate_up_experts_is_refused(tmp_path):
     import gguf
-    path, _ = make_next_gguf(tmp_path, NEXT_SHAPES["tiny"], {}, seed=1)
+    path, _ = make_next_gguf(tmp_path, NEXT_SHAPES["tiny"], {"ffn_down_shexp": "F16"}, seed=1)   # rows of 48
     reader = gguf.GGUFReader(path)
     w = gguf.GGUFWriter(tmp_path / "fused.gguf", "qwen3next")
     for field in reader.fields.values():
