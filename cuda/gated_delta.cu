@@ -9,6 +9,13 @@
 //   then state shifts one row up and its last row becomes x. out may alias x (each thread reads its
 //   x[c] first). Launch: grid = (ceil(C / 256), 1, 1), block = (256, 1, 1); one thread per channel.
 //
+// strata_gdn_conv1d_f32(x, state, w, out, T, C, K, x_ld)
+//   The same over a prompt of T tokens: x [T, C] with row stride x_ld (the conv input may be the first
+//   C columns of a wider projection), out [T, C] contiguous; token t's window is the K-1 inputs before
+//   it (from state for t < K-1), so T steps of strata_gdn_conv1d_step_f32 give the same out and state
+//   bit for bit. 1 <= K <= GDN_MAX_K; the window sits in registers. out must not alias x.
+//   Launch: grid = (ceil(C / 256), 1, 1), block = (256, 1, 1); one thread per channel walks the tokens.
+//
 // strata_gdn_step_f32(q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale)
 //   One token: q, k [Hg, Dk] (the conv output, not yet normalized), v [Hv, Dv], g and beta [Hv] (the
 //   log decay and the write strength), state S [Hv, Dk, Dv], out [Hv, Dv]. Value head h reads key head
@@ -22,6 +29,7 @@
 #include <cstdint>
 
 #define GDN_MAX_DK 256
+#define GDN_MAX_K 8
 
 extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(const float* x, float* state,
                                                                              const float* __restrict__ w, float* out,
@@ -36,6 +44,27 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(con
     for (int j = 0; j + 1 < K - 1; ++j) state[(int64_t)j * C + c] = state[(int64_t)(j + 1) * C + c];
     if (K > 1) state[(int64_t)(K - 2) * C + c] = xc;
     out[c] = acc / (1.0f + expf(-acc));
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_f32(const float* __restrict__ x, float* state,
+                                                                        const float* __restrict__ w,
+                                                                        float* __restrict__ out, int T, int C, int K,
+                                                                        int64_t x_ld) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float win[GDN_MAX_K], taps[GDN_MAX_K];
+    for (int j = 0; j < K; ++j) taps[j] = w[(int64_t)c * K + j];
+    for (int j = 0; j < K - 1; ++j) win[j] = state[(int64_t)j * C + c];
+    for (int t = 0; t < T; ++t) {
+        const float xc = x[(int64_t)t * x_ld + c];
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; ++j) acc = __fadd_rn(acc, __fmul_rn(taps[j], win[j]));
+        acc = __fadd_rn(acc, __fmul_rn(taps[K - 1], xc));
+        for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
+        if (K > 1) win[K - 2] = xc;
+        out[(int64_t)t * C + c] = acc / (1.0f + expf(-acc));
+    }
+    for (int j = 0; j < K - 1; ++j) state[(int64_t)j * C + c] = win[j];
 }
 
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.

@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import InvalidArgument
 
 GDN_MAX_DK = 256            # cuda/gated_delta.cu keeps q and k of a key head in shared memory
+GDN_MAX_K = 8               # and a prompt conv's window in registers
 
 
 def _f32(a) -> np.ndarray:
@@ -28,6 +29,23 @@ def gdn_conv1d_step(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tup
     ops._kernel("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii").launch(
         -(-C // 256), 256, (x_dev, s_dev, w_dev, out, C, K), stream=ops.stream)
     return ops._download(out, (C,), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_conv1d(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt's causal depthwise conv1d + SiLU: x [T, C], state [K-1, C], w [C, K] -> (out [T, C], new state)."""
+    x, state, w = _f32(x), _f32(state), _f32(w)
+    if x.ndim != 2 or w.ndim != 2 or w.shape[0] != x.shape[1] or state.shape != (w.shape[1] - 1, x.shape[1]) \
+            or not 1 <= w.shape[1] <= GDN_MAX_K:
+        raise InvalidArgument(f"gdn_conv1d: x {x.shape}, state {state.shape}, w {w.shape} are not [T, C], "
+                              f"[K-1, C], [C, K] with K <= {GDN_MAX_K}")
+    (T, C), K = x.shape, w.shape[1]
+    if T == 0 or C == 0:
+        return np.empty((T, C), np.float32), state.copy()
+    s_dev, out = ops._upload(state), ops._output(T * C * 4)
+    x_dev, w_dev = ops._upload(x), ops._upload(w)
+    ops._kernel("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq").launch(
+        -(-C // 256), 256, (x_dev, s_dev, w_dev, out, T, C, K, C), stream=ops.stream)
+    return ops._download(out, (T, C), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
 def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:

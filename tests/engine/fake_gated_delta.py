@@ -14,6 +14,15 @@ def emulate_conv1d_step(grid, x, state, w, out, C, K):
     view(out, C)[:] = y[0]
 
 
+def emulate_conv1d(grid, x, state, w, out, T, C, K, x_ld):
+    assert grid[0] * 256 >= C and grid[1] == grid[2] == 1 and 1 <= K <= 8
+    s = view(state, (K - 1) * C).reshape(K - 1, C)
+    xs = np.stack([view(x + t * x_ld * 4, C) for t in range(T)])
+    y, s_new = causal_conv1d(xs, s.copy(), view(w, C * K).reshape(C, K))
+    s[:] = s_new
+    view(out, T * C)[:] = y.reshape(-1)
+
+
 def emulate_gdn_step(grid, q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale):
     assert grid[0] * 128 >= Dv and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
     r = Hv // Hg

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize
-from strata.backends.cuda_linear_attn import gdn_conv1d_step, gdn_step
+from strata.backends.cuda_linear_attn import gdn_conv1d, gdn_conv1d_step, gdn_step
 from strata.errors import InvalidArgument
 
 
@@ -23,6 +23,20 @@ def test_conv1d_step_advances_the_state(ops, fake, rng, C, K):
     np.testing.assert_array_equal(out, want[0])
     np.testing.assert_array_equal(new, want_state)
     assert fake.launches[-1] == "strata_gdn_conv1d_step_f32"
+
+
+@pytest.mark.parametrize("T,C,K", [(1, 3, 4), (9, 257, 4), (5, 64, 2)])
+def test_prompt_conv1d_equals_its_steps(ops, fake, rng, T, C, K):
+    x, state = rng.standard_normal((T, C)).astype(np.float32), rng.standard_normal((K - 1, C)).astype(np.float32)
+    w = rng.standard_normal((C, K)).astype(np.float32)
+    out, new = gdn_conv1d(ops, x, state, w)
+    assert fake.launches[-1] == "strata_gdn_conv1d_f32"
+    s, rows = state, []
+    for t in range(T):
+        y, s = gdn_conv1d_step(ops, x[t], s, w)
+        rows.append(y)
+    np.testing.assert_array_equal(out, np.stack(rows))
+    np.testing.assert_array_equal(new, s)
 
 
 @pytest.mark.parametrize("Hv,Hg,Dk,Dv", [(1, 1, 1, 1), (4, 2, 16, 8), (6, 3, 33, 129)])

@@ -46,6 +46,23 @@ def test_conv1d_step(ops, rng, C, K):
     np.testing.assert_array_equal(new, want_state.astype(np.float32))
 
 
+@pytest.mark.parametrize("T,C,K", [(1, 1, 4), (3, 7, 2), (64, 257, 4), (130, 8192, 4), (17, 12289, 3)])
+def test_prompt_conv1d_equals_its_steps_bit_for_bit(ops, rng, T, C, K):
+    """The prompt kernel and T step kernels: same order of the same roundings, so equal bits."""
+    from strata.backends.cuda_linear_attn import gdn_conv1d, gdn_conv1d_step
+    x, state = rng.standard_normal((T, C)).astype(np.float32), rng.standard_normal((K - 1, C)).astype(np.float32)
+    w = (0.5 * rng.standard_normal((C, K))).astype(np.float32)
+    out, new = gdn_conv1d(ops, x, state, w)
+    s, rows = state, []
+    for t in range(T):
+        y, s = gdn_conv1d_step(ops, x[t], s, w)
+        rows.append(y)
+    np.testing.assert_array_equal(out, np.stack(rows))
+    np.testing.assert_array_equal(new, s)
+    want, _ = conv_ref(x[0], state, w)
+    np.testing.assert_allclose(out[0], want, rtol=1e-6, atol=1e-6)
+
+
 # (Hv, Hg, Dk, Dv): ones, primes, Dv past one 128-column block, GQA ratios 1..3, the 80B's 32/16/128/128,
 # the largest Dk the kernel takes
 @pytest.mark.parametrize("Hv,Hg,Dk,Dv", [(1, 1, 1, 1), (3, 3, 7, 5), (6, 2, 33, 129), (4, 4, 64, 257),
