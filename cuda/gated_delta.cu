@@ -25,6 +25,13 @@
 //   Launch: grid = (ceil(Dv / 128), Hv, 1), block = (128, 1, 1); 1 <= Dk <= 256 (q and k of the key head
 //   sit in shared memory). Each thread owns one column: two passes over its Dk rows (the second reads
 //   what L2 kept of the first), reads and writes coalesced across the block's columns.
+//
+// strata_gdn_prompt_f32(q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld)
+//   The same rule over a prompt of T tokens in one launch, token by token (the recurrent form: the
+//   oracle for a chunked WY-form kernel, and T times fewer launches than T steps): q and k of token t
+//   at q + t * qk_ld, k + t * qk_ld ([Hg, Dk] each), v at v + t * v_ld ([Hv, Dv]), g and beta [T, Hv],
+//   out [T, Hv, Dv]. Same arithmetic in the same order as strata_gdn_step_f32, so equal to T steps bit
+//   for bit. Launch as strata_gdn_step_f32.
 
 #include <cstdint>
 
@@ -79,18 +86,12 @@ __device__ float gdn_block_sum(float v, float* scratch) {
     return s;
 }
 
-extern "C" __global__ void __launch_bounds__(128) strata_gdn_step_f32(const float* __restrict__ q,
-                                                                      const float* __restrict__ k,
-                                                                      const float* __restrict__ v,
-                                                                      const float* __restrict__ g,
-                                                                      const float* __restrict__ beta, float* state,
-                                                                      float* out, int Hv, int Hg, int Dk, int Dv,
-                                                                      float q_scale) {
-    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
-    const int h = blockIdx.y, kh = h / (Hv / Hg);
+// q and k of key head kh into shared memory, L2-normalized, q scaled: the same for a step and a prompt.
+__device__ void gdn_load_qk(const float* q, const float* k, int Dk, float q_scale, float* qs, float* ks,
+                            float* scratch) {
     float q2 = 0.0f, k2 = 0.0f;
     for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
-        const float a = q[(int64_t)kh * Dk + i], b = k[(int64_t)kh * Dk + i];
+        const float a = q[i], b = k[i];
         qs[i] = a;
         ks[i] = b;
         q2 += a * a;
@@ -104,18 +105,58 @@ extern "C" __global__ void __launch_bounds__(128) strata_gdn_step_f32(const floa
         ks[i] *= k_inv;
     }
     __syncthreads();
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= Dv) return;
-    float* S = state + (int64_t)h * Dk * Dv + j;
-    const float decay = expf(g[h]);
+}
+
+// One token's update of column S[:, j] (stride Dv) -> out[j]: decay, predict, correct, read.
+__device__ float gdn_column(float* S, const float* qs, const float* ks, int Dk, int Dv, float decay, float b,
+                            float vj) {
     float pred = 0.0f;
     for (int i = 0; i < Dk; ++i) pred += S[(int64_t)i * Dv] * decay * ks[i];
-    const float d = beta[h] * (v[(int64_t)h * Dv + j] - pred);
+    const float d = b * (vj - pred);
     float o = 0.0f;
     for (int i = 0; i < Dk; ++i) {
         const float s = S[(int64_t)i * Dv] * decay + ks[i] * d;
         S[(int64_t)i * Dv] = s;
         o += s * qs[i];
     }
-    out[(int64_t)h * Dv + j] = o;
+    return o;
+}
+
+extern "C" __global__ void __launch_bounds__(128) strata_gdn_step_f32(const float* __restrict__ q,
+                                                                      const float* __restrict__ k,
+                                                                      const float* __restrict__ v,
+                                                                      const float* __restrict__ g,
+                                                                      const float* __restrict__ beta, float* state,
+                                                                      float* out, int Hv, int Hg, int Dk, int Dv,
+                                                                      float q_scale) {
+    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
+    const int h = blockIdx.y, kh = h / (Hv / Hg);
+    gdn_load_qk(q + (int64_t)kh * Dk, k + (int64_t)kh * Dk, Dk, q_scale, qs, ks, scratch);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= Dv) return;
+    float* S = state + (int64_t)h * Dk * Dv + j;
+    out[(int64_t)h * Dv + j] = gdn_column(S, qs, ks, Dk, Dv, expf(g[h]), beta[h], v[(int64_t)h * Dv + j]);
+}
+
+extern "C" __global__ void __launch_bounds__(128) strata_gdn_prompt_f32(const float* __restrict__ q,
+                                                                        const float* __restrict__ k,
+                                                                        const float* __restrict__ v,
+                                                                        const float* __restrict__ g,
+                                                                        const float* __restrict__ beta, float* state,
+                                                                        float* out, int T, int Hv, int Hg, int Dk,
+                                                                        int Dv, float q_scale, int64_t qk_ld,
+                                                                        int64_t v_ld) {
+    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
+    const int h = blockIdx.y, kh = h / (Hv / Hg);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    float* S = state + (int64_t)h * Dk * Dv + j;
+    for (int t = 0; t < T; ++t) {
+        gdn_load_qk(q + t * qk_ld + (int64_t)kh * Dk, k + t * qk_ld + (int64_t)kh * Dk, Dk, q_scale, qs, ks, scratch);
+        if (j < Dv) {
+            const float o = gdn_column(S, qs, ks, Dk, Dv, expf(g[(int64_t)t * Hv + h]), beta[(int64_t)t * Hv + h],
+                                       v[t * v_ld + (int64_t)h * Dv + j]);
+            out[((int64_t)t * Hv + h) * Dv + j] = o;
+        }
+        __syncthreads();                 // qs and ks are reloaded for the next token
+    }
 }

@@ -64,3 +64,24 @@ def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     ops._kernel("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif").launch(
         (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)), stream=ops.stream)
     return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
+    state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
+    q, k, v, g, beta, state = (_f32(a) for a in (q, k, v, g, beta, state))
+    T, Hg, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    if (k.shape != q.shape or v.shape[0] != T or g.shape != (T, Hv) or beta.shape != (T, Hv)
+            or state.shape != (Hv, Dk, Dv) or not 0 < Dk <= GDN_MAX_DK or Hv % Hg):
+        raise InvalidArgument(f"gdn_prompt: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                              f"state {state.shape} are not [T, Hg, Dk], [T, Hv, Dv], [T, Hv], [Hv, Dk, Dv] with "
+                              f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
+    if T == 0:
+        return np.empty((0, Hv, Dv), np.float32), state.copy()
+    s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
+    ins = [ops._upload(a) for a in (q, k, v, g, beta)]
+    ops._kernel("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq").launch(
+        (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv),
+        stream=ops.stream)
+    return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)

@@ -33,3 +33,17 @@ def emulate_gdn_step(grid, q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale
                                      view(g, Hv)[None], view(beta, Hv)[None], S)
     S[:] = S_new
     view(out, Hv * Dv)[:] = o.reshape(-1)
+
+
+def emulate_gdn_prompt(grid, q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld):
+    assert grid[0] * 128 >= Dv and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
+    assert qk_ld >= Hg * Dk and v_ld >= Hv * Dv
+    r = Hv // Hg
+    rows = lambda p, ld, n: np.stack([view(p + t * ld * 4, n) for t in range(T)])   # noqa: E731
+    qh = np.repeat(l2_normalize(rows(q, qk_ld, Hg * Dk).reshape(T, Hg, Dk)), r, axis=1) * np.float32(q_scale)
+    kh = np.repeat(l2_normalize(rows(k, qk_ld, Hg * Dk).reshape(T, Hg, Dk)), r, axis=1)
+    S = view(state, Hv * Dk * Dv).reshape(Hv, Dk, Dv)
+    o, S_new = gated_delta_recurrent(qh, kh, rows(v, v_ld, Hv * Dv).reshape(T, Hv, Dv),
+                                     view(g, T * Hv).reshape(T, Hv), view(beta, T * Hv).reshape(T, Hv), S)
+    S[:] = S_new
+    view(out, T * Hv * Dv)[:] = o.reshape(-1)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize
-from strata.backends.cuda_linear_attn import gdn_conv1d, gdn_conv1d_step, gdn_step
+from strata.backends.cuda_linear_attn import gdn_conv1d, gdn_conv1d_step, gdn_prompt, gdn_step
 from strata.errors import InvalidArgument
 
 
@@ -53,6 +53,22 @@ def test_gdn_step_matches_the_recurrence(ops, fake, rng, Hv, Hg, Dk, Dv):
     np.testing.assert_allclose(out, want[0], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(new, want_state, rtol=1e-6, atol=1e-6)
     assert fake.launches[-1] == "strata_gdn_step_f32"
+
+
+@pytest.mark.parametrize("T,Hv,Hg,Dk,Dv", [(1, 1, 1, 4, 4), (9, 4, 2, 16, 8), (3, 6, 3, 33, 129)])
+def test_prompt_delta_rule_equals_its_steps(ops, fake, rng, T, Hv, Hg, Dk, Dv):
+    q, k = rng.standard_normal((2, T, Hg, Dk)).astype(np.float32)
+    v = rng.standard_normal((T, Hv, Dv)).astype(np.float32)
+    g, beta = -rng.uniform(0, 2, (T, Hv)).astype(np.float32), rng.uniform(0, 1, (T, Hv)).astype(np.float32)
+    state = rng.standard_normal((Hv, Dk, Dv)).astype(np.float32)
+    out, new = gdn_prompt(ops, q, k, v, g, beta, state)
+    assert fake.launches[-1] == "strata_gdn_prompt_f32"
+    s, rows = state, []
+    for t in range(T):
+        o, s = gdn_step(ops, q[t], k[t], v[t], g[t], beta[t], s)
+        rows.append(o)
+    np.testing.assert_allclose(out, np.stack(rows), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(new, s, rtol=1e-6, atol=1e-6)
 
 
 def test_bad_shapes_are_refused(ops, rng):

@@ -98,3 +98,21 @@ def test_gdn_steps_chain_like_the_cpu_recurrence(ops, rng):
                                          np.zeros_like(S))
     np.testing.assert_allclose(np.stack(outs), want, rtol=0, atol=1e-4)
     np.testing.assert_allclose(S, want_S, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("T,Hv,Hg,Dk,Dv", [(1, 1, 1, 1, 1), (7, 6, 2, 33, 129), (64, 32, 16, 128, 128),
+                                           (130, 4, 4, 256, 64)])
+def test_prompt_delta_rule_equals_its_steps_bit_for_bit(ops, rng, T, Hv, Hg, Dk, Dv):
+    """strata_gdn_prompt_f32 does strata_gdn_step_f32's arithmetic in its order: equal bits."""
+    from strata.backends.cuda_linear_attn import gdn_prompt, gdn_step
+    q, k = rng.standard_normal((2, T, Hg, Dk)).astype(np.float32)
+    v = rng.standard_normal((T, Hv, Dv)).astype(np.float32)
+    g, beta = -rng.uniform(0.01, 1, (T, Hv)).astype(np.float32), rng.uniform(0.05, 1, (T, Hv)).astype(np.float32)
+    S0 = rng.standard_normal((Hv, Dk, Dv)).astype(np.float32)
+    out, new = gdn_prompt(ops, q, k, v, g, beta, S0)
+    S, rows = S0, []
+    for t in range(T):
+        o, S = gdn_step(ops, q[t], k[t], v[t], g[t], beta[t], S)
+        rows.append(o)
+    np.testing.assert_array_equal(out, np.stack(rows))
+    np.testing.assert_array_equal(new, S)
