@@ -110,8 +110,7 @@ def open_source(src, qtype: str | None = None) -> Source:
     if src.is_dir():
         from .hf_qwen3next import is_qwen3next, open_qwen3next_source
         if is_qwen3next(src):
-            from .tokenizer_build import _read_json
-            return open_qwen3next_source(src, _read_json(src / "config.json", required=True), qtype)
+            return open_qwen3next_source(src, qtype)
         from .hf_source import open_hf_source
         return open_hf_source(src, qtype)
     if not src.exists():

@@ -139,9 +139,10 @@ def _dense_spec(plan: _Plan, args: ModelArgs, name: str, shape: tuple) -> Tensor
     return TensorSpec(name, target, shape, read)
 
 
-def open_qwen3next_source(src, cfg: dict, qtype: str | None = None) -> Source:
+def open_qwen3next_source(src, qtype: str | None = None) -> Source:
     """The Source of a HF Qwen3NextForCausalLM checkpoint directory (config.json + *.safetensors)."""
     src = Path(src)
+    cfg = _read_json(src / "config.json", required=True)
     args = model_args(src, cfg)
     tensors, notes = _Tensors(src), []
     plan = _Plan(tensors, qtype, notes)
