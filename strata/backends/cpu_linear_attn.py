@@ -77,26 +77,27 @@ def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
     T = (I + strictly_lower(diag(beta) K K^T * G))^-1, U = T diag(beta) V, W = T diag(beta e^c) K;
     the chunk reads new values V' = U - W S, outputs (Q e^c) S + tril(Q K^T * G) V', and leaves
     S' = e^{c_last} S + (K e^{c_last - c})^T V'."""
-    q, k, v = (a.transpose(1, 0, 2) for a in (q, k, v))                 # [Hv, T, *]
-    g, beta = g.T, beta.T                                               # [Hv, T]
+    q, k, v = (np.ascontiguousarray(a.transpose(1, 0, 2)) for a in (q, k, v))   # [Hv, T, *]: BLAS-ready
+    g, beta = np.ascontiguousarray(g.T), np.ascontiguousarray(beta.T)            # [Hv, T]
     S = state.astype(np.float32, copy=True)
     out = np.empty_like(v)
     for lo in range(0, q.shape[1], chunk):
         hi = min(q.shape[1], lo + chunk)
         qc, kc, vc, bc = q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], beta[:, lo:hi]
+        kt = np.ascontiguousarray(kc.transpose(0, 2, 1))                # [Hv, Dk, C]
         c = np.cumsum(g[:, lo:hi], axis=-1)                              # [Hv, C]
         n = hi - lo
         lower = np.tril(np.ones((n, n), dtype=bool))
         decay = np.where(lower, np.exp(np.where(lower, c[:, :, None] - c[:, None, :], 0.0)), 0.0)
-        A = np.tril((bc[:, :, None] * (kc @ kc.transpose(0, 2, 1))) * decay, -1)
+        A = np.tril((bc[:, :, None] * (kc @ kt)) * decay, -1)
         Tinv = _unit_lower_inverse(A)
         U = Tinv @ (vc * bc[:, :, None])
         W = Tinv @ (kc * (bc * np.exp(c))[:, :, None])
         v_new = U - W @ S
-        attn = (qc @ kc.transpose(0, 2, 1)) * decay
+        attn = (qc @ kt) * decay
         out[:, lo:hi] = (qc * np.exp(c)[:, :, None]) @ S + attn @ v_new
         tail = np.exp(c[:, -1:] - c)[:, :, None]                        # decay from each token to the chunk end
-        S = S * np.exp(c[:, -1])[:, None, None] + (kc * tail).transpose(0, 2, 1) @ v_new
+        S = S * np.exp(c[:, -1])[:, None, None] + np.ascontiguousarray((kc * tail).transpose(0, 2, 1)) @ v_new
     return out.transpose(1, 0, 2).astype(np.float32), S.astype(np.float32)
 
 
