@@ -86,23 +86,29 @@ def _with_ids(shape: Mapping, tok):
     return cfg
 
 
-def make_next_hf_dir(tmp_path, shape: Mapping, seed: int = 0, name: str = "hf"):
+def make_next_hf_dir(tmp_path, shape: Mapping, seed: int = 0, name: str = "hf", dtype=None):
     """A random Qwen3NextForCausalLM saved by save_pretrained under tmp_path/name (with tokenizer
-    files); returns (path, float32 eval model)."""
+    files), stored in dtype (a torch dtype, default float32); returns (path, float32 eval model
+    holding exactly the stored, rounded, weights)."""
+    import torch
     from transformers import Qwen3NextForCausalLM
     path = Path(tmp_path) / name
     tok = make_tokenizer(shape["vocab_size"])
     model = Qwen3NextForCausalLM(_with_ids(shape, tok))
     _init_weights(model, seed)
     model.generation_config.eos_token_id = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    model.save_pretrained(path)
+    inv_freq = model.model.rotary_emb.inv_freq.clone()      # a buffer .to(dtype) would round too
+    model.to(dtype or torch.float32).save_pretrained(path)
     _tokenizer_files(path, tok)
-    return path, model.float().eval()
+    model = model.float().eval()
+    model.model.rotary_emb.inv_freq.copy_(inv_freq)
+    return path, model
 
 
-def make_next_pack(tmp_path, shape: Mapping, seed: int = 0, qtype: str | None = None, name: str = "pack"):
+def make_next_pack(tmp_path, shape: Mapping, seed: int = 0, qtype: str | None = None, name: str = "pack",
+                   dtype=None):
     from strata.pack import convert
-    hf, model = make_next_hf_dir(tmp_path, shape, seed=seed, name=name + "-hf")
+    hf, model = make_next_hf_dir(tmp_path, shape, seed=seed, name=name + "-hf", dtype=dtype)
     return convert(hf, Path(tmp_path) / name, qtype=qtype, progress=False), model
 
 

@@ -37,6 +37,16 @@ def test_hf_route_matches_transformers(tmp_path, shape):
     assert_close_to_hf(llm, model, random_ids(70, llm.args.vocab_size))     # 70: two delta-rule chunks
 
 
+def test_hf_route_bf16_checkpoint_matches_transformers(tmp_path):
+    """Real Qwen3-Next checkpoints are BF16: the rewritten tensors (qkv split, -exp(A_log), 1 + w) are
+    computed from the stored BF16 values, as transformers computes them."""
+    pack, model = make_next_pack(tmp_path, NEXT_SHAPES["odd"], seed=7, dtype=torch.bfloat16)
+    llm = LLM(pack, device="cpu")
+    dense = llm.pack.meta["dense"]
+    assert dense["blk.0.ssm_ba.weight"]["qtype"] == "BF16" and dense["blk.0.attn_qkv.weight"]["qtype"] == "F32"
+    assert_close_to_hf(llm, model, random_ids(40, llm.args.vocab_size))
+
+
 # A Q4_K_M-like mix as llama-quantize gives it (routed experts Q4_K with some ffn_down Q6_K, the
 # attention and DeltaNet projections and the shared expert Q8_0/Q6_K, norms, routers and ssm_* F32),
 # and a mix varying every group's type by layer.
