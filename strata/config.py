@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import InvalidArgument
 
-SUPPORTED_ARCHITECTURES = ("qwen3moe",)
+SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
@@ -27,7 +27,11 @@ def _positive(obj, *names: str) -> None:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """Hyperparameters of a qwen3moe-family model (names follow HF's Qwen3MoeConfig)."""
+    """Hyperparameters of a qwen3moe or qwen3next model (names follow HF's Qwen3MoeConfig / Qwen3NextConfig).
+
+    The fields after num_mtp_layers are qwen3next's (0 where unused): layer l is gated full attention
+    when (l + 1) % full_attention_interval == 0 and a Gated DeltaNet layer otherwise.
+    """
     architecture: str
     vocab_size: int                 # V
     hidden_size: int                # D
@@ -45,6 +49,14 @@ class ModelArgs:
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
     num_mtp_layers: int = 0         # MTP draft layers after the main stack (0 or 1)
+    full_attention_interval: int = 0
+    partial_rotary_factor: float = 1.0          # RoPE on the first head_dim * factor dims of each head
+    linear_num_key_heads: int = 0               # Hg: q/k heads of a Gated DeltaNet layer
+    linear_num_value_heads: int = 0             # Hv
+    linear_key_head_dim: int = 0                # Dk
+    linear_value_head_dim: int = 0              # Dv
+    linear_conv_kernel_dim: int = 0             # K of the causal depthwise conv1d
+    shared_expert_intermediate_size: int = 0    # Is; 0 = no shared expert
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -59,6 +71,15 @@ class ModelArgs:
         if self.num_experts_per_tok > self.num_experts:
             raise InvalidArgument(f"ModelArgs: top-{self.num_experts_per_tok} routing over only "
                                   f"{self.num_experts} experts")
+        if self.architecture == "qwen3next":
+            _positive(self, "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
+                      "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise InvalidArgument(f"ModelArgs: {self.linear_num_value_heads} linear-attention value heads are "
+                                      f"not a multiple of {self.linear_num_key_heads} key heads")
+            if not 0.0 < self.partial_rotary_factor <= 1.0 or int(self.head_dim * self.partial_rotary_factor) % 2:
+                raise InvalidArgument(f"ModelArgs: partial_rotary_factor {self.partial_rotary_factor} must give an "
+                                      f"even number of rotary dims of the {self.head_dim}")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in (None, "default", "linear", "yarn"):
@@ -66,6 +87,16 @@ class ModelArgs:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def is_full_attention(self, layer: int) -> bool:
+        """Whether layer l (an MTP layer too) is softmax attention rather than a Gated DeltaNet layer."""
+        if self.architecture != "qwen3next" or layer >= self.num_hidden_layers:
+            return True
+        return (layer + 1) % self.full_attention_interval == 0
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelArgs":

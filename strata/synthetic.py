@@ -31,6 +31,17 @@ SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
                             num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                             moe_intermediate_size=768),
                       {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
+    # Qwen3-Next-80B-A3B (its HF config, the MTP layer included): a typical Q4_K_M-style mix of our choosing,
+    # routed experts Q4_K; attention and DeltaNet projections Q8_0; shared expert and embedding Q6_K;
+    # head Q8_0; norms, routers, conv taps and ssm_a / ssm_dt F32.
+    "qwen3-next-80b-a3b": (_args(architecture="qwen3next", vocab_size=151936, hidden_size=2048,
+                                 num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                 num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                                 rope_theta=1e7, max_position_embeddings=262144, num_mtp_layers=1,
+                                 full_attention_interval=4, partial_rotary_factor=0.25, linear_num_key_heads=16,
+                                 linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                                 linear_conv_kernel_dim=4, shared_expert_intermediate_size=512),
+                           {"experts": "Q4_K", "attn": "Q8_0", "shexp": "Q6_K", "embd": "Q6_K", "output": "Q8_0"}),
     # The same kinds at about 1/20 of the bytes, for quick runs.
     "small": (_args(vocab_size=32768, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                     num_key_value_heads=2, head_dim=64, num_experts=32, num_experts_per_tok=4,
@@ -44,12 +55,23 @@ SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
 }
 
 _GROUP = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn", "token_embd": "embd",
-          "output": "output", "nextn.eh_proj": "attn"}
+          "output": "output", "nextn.eh_proj": "attn", "ffn_gate_shexp": "shexp", "ffn_up_shexp": "shexp",
+          "ffn_down_shexp": "shexp"}
+_F32 = ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d")      # routers and qwen3next's 4-tap conv
 
 
 def _kind(name: str) -> str:
-    stem = name[: -len(".weight")]
+    stem = name[: -len(".weight")] if name.endswith(".weight") else name
     return stem.split(".", 2)[2] if stem.startswith("blk.") else stem
+
+
+def _vector(kind: str, shape, rng) -> np.ndarray:
+    """1-D tensors: norms around 1, as trained models have them; ssm_a = -exp(A_log) < 0."""
+    if kind == "ssm_a":
+        return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
+    if kind == "ssm_dt.bias":
+        return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+    return (1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32)
 
 
 def _seed(*parts) -> np.random.Generator:
@@ -64,12 +86,11 @@ def synthetic_source(shape: str, seed: int = 0) -> Source:
     dense = []
     for i, (name, tshape) in enumerate(dense_shapes(args).items()):
         kind = _kind(name)
-        if len(tshape) == 1:                # norms: around 1, as trained models have them
-            read = (lambda s=tshape, i=i: (1.0 + 0.05 * _seed(seed, 1, i).standard_normal(s))
-                    .astype(np.float32).view(np.uint8).reshape(-1))
+        if len(tshape) == 1:
+            read = (lambda s=tshape, i=i, k=kind: _vector(k, s, _seed(seed, 1, i)).view(np.uint8).reshape(-1))
             dense.append(TensorSpec(name, "F32", tshape, read))
         else:
-            qt = "F32" if kind == "ffn_gate_inp" else qtypes.get(_GROUP.get(kind, "attn"), "Q8_0")
+            qt = "F32" if kind in _F32 else qtypes.get(_GROUP.get(kind, "attn"), "Q8_0")
             read = (lambda q=qt, s=tshape, i=i: random_qtensor_bytes(q, s, _seed(seed, 2, i), 0.02))
             dense.append(TensorSpec(name, qt, tshape, read))
     experts = []

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backends.cuda.memory import DeviceTensor
 from ..config import EngineConfig
-from ..errors import DeviceError, InvalidArgument
+from ..errors import DeviceError, InvalidArgument, UnsupportedError
 from ..model.qwen3moe import Qwen3Moe
 from . import memory_model
 from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
@@ -60,6 +60,8 @@ class CudaRunner:
     device = "cuda"
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
+        if pack.args.architecture != "qwen3moe":
+            raise UnsupportedError(f"{pack.args.architecture} runs on the CPU backend only so far (--device cpu)")
         from ..backends.cuda import _runtime
         from ..backends.cuda.kernels import KernelPaths
         from ..backends.cuda.memory import DeviceKV, DeviceWeights

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..backends.cuda.memory import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
 from ..backends.cuda.ops import DeviceOps
+from .hybrid_sizes import qwen3moe_stand_in
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
@@ -132,6 +133,7 @@ class _SizesWeights:
 
 def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False):
     from ..model.qwen3moe import Qwen3Moe
+    sizes = qwen3moe_stand_in(sizes)        # qwen3next: priced by a stand-in (engine/hybrid_sizes.py)
     rt = _NullRuntime()
     device = SimpleNamespace(multiprocessor_count=num_sms)
     stream = SimpleNamespace(synchronize=lambda: None)

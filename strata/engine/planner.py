@@ -51,6 +51,7 @@ from ..config import EngineConfig, ModelArgs
 from ..errors import InvalidArgument
 from . import memory_model
 from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from .hybrid_sizes import attention_layers, linear_state_bytes
 
 Q2_0_BLOB_BYTES = 1_382_400                       # the blob the 384-slot ring was measured on (seed 000)
 RING_BUDGET_BYTES = 384 * Q2_0_BLOB_BYTES         # 530,841,600 B = 506.25 MiB
@@ -111,6 +112,8 @@ def kv_bytes(args: ModelArgs, cells: int, kv: str, num_layers: int) -> int:
     """K and V of num_layers layers, cells each, at the KV type's block size."""
     nbytes, values = KV_BLOCK_BYTES[kv]
     row = args.num_key_value_heads * args.head_dim
+    if args.architecture == "qwen3next":        # K/V in the attention layers only, plus the fixed DeltaNet states
+        return 2 * attention_layers(args, num_layers) * cells * -(-row // values) * nbytes + linear_state_bytes(args)
     return 2 * num_layers * cells * -(-row // values) * nbytes
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
+from ..backends.cpu_linear_attn import HybridCache, Qwen3NextCpuOps
 from ..config import SamplingParams
-from ..model.qwen3moe import Qwen3Moe
+from ..model import build
 from .sampler import pick_host
 
 
@@ -25,8 +26,8 @@ class CpuRunner:
 
     def __init__(self, pack, max_context: int, prefill_chunk: int = 512):
         self.args = pack.args
-        self.ops = CpuOps(pack, self.args)
-        self.model = Qwen3Moe(self.args, self.ops)
+        self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
+        self.model = build(self.args, self.ops)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
@@ -35,8 +36,9 @@ class CpuRunner:
 
     def _new_kv(self) -> KVCache:
         a = self.args
-        return KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
-                       self.max_context)
+        kv = KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
+                     self.max_context)
+        return HybridCache(kv, a) if a.architecture == "qwen3next" else kv
 
     def warm_up(self, num_tokens: int = 16) -> None:
         """Dequantize the weights while the ops' cache can keep them all, then read a few tokens
@@ -73,12 +75,16 @@ class CpuRunner:
         self.cached_ids = []
 
     def reusable_prefix(self, ids: list[int]) -> int:
-        """How many leading tokens of ids already have K/V here (at least one token is always read)."""
-        return reusable_prefix(self.cached_ids, ids)
+        """How many leading tokens of ids already have K/V here (at least one token is always read);
+        a hybrid model resumes its DeltaNet states only from the live state or a snapshot (HybridCache)."""
+        n = reusable_prefix(self.cached_ids, ids)
+        return self.kv.resumable(n, len(self.cached_ids)) if isinstance(self.kv, HybridCache) else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
         (None without `logits`: pick() reads them)."""
+        if isinstance(self.kv, HybridCache):
+            self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
@@ -88,6 +94,8 @@ class CpuRunner:
             self.cached_ids.extend(ids[lo:hi])
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
+        if isinstance(self.kv, HybridCache):
+            self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
         self._last = out[-1]
         return self._last if logits else None
 

@@ -108,12 +108,18 @@ def open_source(src, qtype: str | None = None) -> Source:
     """The Source of a GGUF file (or any split of one) or a HF checkpoint directory."""
     src = Path(src)
     if src.is_dir():
+        from .hf_qwen3next import is_qwen3next, open_qwen3next_source
+        if is_qwen3next(src):
+            return open_qwen3next_source(src, qtype)
         from .hf_source import open_hf_source
         return open_hf_source(src, qtype)
     if not src.exists():
         raise InvalidArgument(f"{src}: no such file or directory")
     if qtype is not None:
         raise InvalidArgument(f"{src}: qtype applies to Hugging Face sources; GGUF tensors keep their block bytes")
+    from .gguf_qwen3next import is_qwen3next_gguf, open_qwen3next_gguf
+    if is_qwen3next_gguf(src):
+        return open_qwen3next_gguf(src)
     from .gguf_source import open_gguf_source
     return open_gguf_source(src)
 

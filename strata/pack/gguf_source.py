@@ -57,11 +57,11 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 class _Meta:
     """Typed access to `qwen3moe.*` keys with errors that name the file and key."""
 
-    def __init__(self, g: GGUFFile):
-        self.g = g
+    def __init__(self, g: GGUFFile, arch: str = ARCH):
+        self.g, self.arch = g, arch
 
     def get(self, key: str, default=FormatError, kind=int):
-        full = f"{ARCH}.{key}"
+        full = f"{self.arch}.{key}"
         if full not in self.g.kv:
             if default is FormatError:
                 raise FormatError(f"{self.g.path}: missing metadata key {full}")
@@ -108,7 +108,7 @@ def _block_count(g: GGUFFile, m: _Meta, tensors: dict) -> int:
     if len(blocks) != block_count or max(blocks, default=-1) != block_count - 1:   # never range(block_count)
         extra = sorted(b for b in blocks if b >= block_count)[:3]
         missing = [b for b in range(min(block_count, len(blocks) + 1)) if b not in blocks][:3]
-        raise FormatError(f"{g.path}: metadata key {ARCH}.block_count = {block_count}, but the tensors name "
+        raise FormatError(f"{g.path}: metadata key {m.arch}.block_count = {block_count}, but the tensors name "
                           f"{len(blocks)} blocks" + (f" (extra: {extra})" if extra else "")
                           + (f" (missing: {missing})" if missing else ""))
     return block_count
@@ -128,7 +128,8 @@ def _dims(g: GGUFFile, tensors: dict, name: str, ndim: int) -> tuple | None:
 def _model_args(g: GGUFFile, tensors: dict) -> ModelArgs:
     arch = g.kv.get("general.architecture")
     if arch != ARCH:
-        raise UnsupportedError(f"{g.path}: architecture {str(arch)[:80]!r} is not supported (supported: {ARCH})")
+        raise UnsupportedError(f"{g.path}: architecture {str(arch)[:80]!r} is not supported "
+                               f"(supported: {ARCH}, qwen3next)")
     m = _Meta(g)
     block_count, num_mtp = _block_count(g, m, tensors), m.get("nextn_predict_layers", 0)
     if num_mtp > 1:

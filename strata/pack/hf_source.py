@@ -133,7 +133,7 @@ def _model_args(src: Path, cfg: dict) -> ModelArgs:
     archs = cfg.get("architectures") or []
     if ARCHITECTURE not in archs and cfg.get("model_type") != "qwen3_moe":
         raise UnsupportedError(f"{src}: architecture {', '.join(archs) or cfg.get('model_type')!r} is not "
-                               f"supported (supported: {ARCHITECTURE})")
+                               f"supported (supported: {ARCHITECTURE}, Qwen3NextForCausalLM)")
     if cfg.get("mlp_only_layers"):
         raise UnsupportedError(f"{src}: dense MLP layers (mlp_only_layers={cfg['mlp_only_layers']}) are not supported")
     if int(cfg.get("decoder_sparse_step", 1)) != 1:

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..config import ModelArgs
+from . import qwen3next_names
 
 EXPERT_PARTS = ("gate", "up", "down")
 
@@ -87,6 +88,8 @@ def dense_names(args: ModelArgs) -> list[str]:
 
 def dense_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """The numpy shape of every dense tensor the pack spec names."""
+    if args.architecture == "qwen3next":
+        return qwen3next_names.dense_shapes(args)
     D, V, E = args.hidden_size, args.vocab_size, args.num_experts
     q_rows, kv_rows = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
     per_kind = {"attn_norm": (D,), "attn_q": (q_rows, D), "attn_k": (kv_rows, D), "attn_v": (kv_rows, D),

@@ -547,7 +547,13 @@ def _lazy_emulation(module: str, name: str):
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
-                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample")})
+                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
+                 "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
+                 "gdn_conv1d_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d"),
+                 "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step"),
+                 "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt")})
+SIGNATURES.update({r"strata_gdn_conv1d_step_f32": "PPPPii", r"strata_gdn_conv1d_f32": "PPPPiiiq",  # gated_delta.cu
+                   r"strata_gdn_step_f32": "PPPPPPPiiiif", r"strata_gdn_prompt_f32": "PPPPPPPiiiiifqq"})
 
 
 def _argmax(grid, logits, out, V):

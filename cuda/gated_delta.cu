@@ -1,0 +1,162 @@
+// Gated DeltaNet decode step (Qwen3-Next's linear-attention layers), f32: the causal depthwise conv1d
+// step and the gated delta rule step, each updating its per-sequence state in place in VRAM.
+// The numpy references are strata/backends/cpu_linear_attn.py causal_conv1d and gated_delta_recurrent.
+//
+// strata_gdn_conv1d_step_f32(x, state, w, out, C, K)
+//   One token: x [C], state [K-1, C] (the last K-1 inputs, oldest first), w [C, K] (row-major taps).
+//   acc[c] = sum_{j<K-1} w[c, j] * state[j, c] + w[c, K-1] * x[c], summed in that order with
+//   separate roundings (no FMA, as numpy adds the products); out[c] = acc / (1 + expf(-acc)) (SiLU);
+//   then state shifts one row up and its last row becomes x. out may alias x (each thread reads its
+//   x[c] first). Launch: grid = (ceil(C / 256), 1, 1), block = (256, 1, 1); one thread per channel.
+//
+// strata_gdn_conv1d_f32(x, state, w, out, T, C, K, x_ld)
+//   The same over a prompt of T tokens: x [T, C] with row stride x_ld (the conv input may be the first
+//   C columns of a wider projection), out [T, C] contiguous; token t's window is the K-1 inputs before
+//   it (from state for t < K-1), so T steps of strata_gdn_conv1d_step_f32 give the same out and state
+//   bit for bit. 1 <= K <= GDN_MAX_K; the window sits in registers. out must not alias x.
+//   Launch: grid = (ceil(C / 256), 1, 1), block = (256, 1, 1); one thread per channel walks the tokens.
+//
+// strata_gdn_step_f32(q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale)
+//   One token: q, k [Hg, Dk] (the conv output, not yet normalized), v [Hv, Dv], g and beta [Hv] (the
+//   log decay and the write strength), state S [Hv, Dk, Dv], out [Hv, Dv]. Value head h reads key head
+//   h / (Hv / Hg). q and k are L2-normalized (x / sqrtf(sum x^2 + 1e-6)), q then scaled by q_scale
+//   (1 / sqrt(Dk)); then per column j of S[h]:
+//     S[:, j] *= expf(g[h]);  d = beta[h] * (v[h, j] - k . S[:, j]);  S[:, j] += k * d;  out[h, j] = q . S[:, j]
+//   Launch: grid = (ceil(Dv / 128), Hv, 1), block = (128, 1, 1); 1 <= Dk <= 256 (q and k of the key head
+//   sit in shared memory). Each thread owns one column: two passes over its Dk rows (the second reads
+//   what L2 kept of the first), reads and writes coalesced across the block's columns.
+//
+// strata_gdn_prompt_f32(q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld)
+//   The same rule over a prompt of T tokens in one launch, token by token (the recurrent form: the
+//   oracle for a chunked WY-form kernel, and T times fewer launches than T steps): q and k of token t
+//   at q + t * qk_ld, k + t * qk_ld ([Hg, Dk] each), v at v + t * v_ld ([Hv, Dv]), g and beta [T, Hv],
+//   out [T, Hv, Dv]. Same arithmetic in the same order as strata_gdn_step_f32, so equal to T steps bit
+//   for bit. Launch as strata_gdn_step_f32.
+
+#include <cstdint>
+
+#define GDN_MAX_DK 256
+#define GDN_MAX_K 8
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(const float* x, float* state,
+                                                                             const float* __restrict__ w, float* out,
+                                                                             int C, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float xc = x[c];
+    const float* wc = w + (int64_t)c * K;
+    float acc = 0.0f;
+    for (int j = 0; j < K - 1; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], state[(int64_t)j * C + c]));
+    acc = __fadd_rn(acc, __fmul_rn(wc[K - 1], xc));
+    for (int j = 0; j + 1 < K - 1; ++j) state[(int64_t)j * C + c] = state[(int64_t)(j + 1) * C + c];
+    if (K > 1) state[(int64_t)(K - 2) * C + c] = xc;
+    out[c] = acc / (1.0f + expf(-acc));
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_f32(const float* __restrict__ x, float* state,
+                                                                        const float* __restrict__ w,
+                                                                        float* __restrict__ out, int T, int C, int K,
+                                                                        int64_t x_ld) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float win[GDN_MAX_K], taps[GDN_MAX_K];
+    for (int j = 0; j < K; ++j) taps[j] = w[(int64_t)c * K + j];
+    for (int j = 0; j < K - 1; ++j) win[j] = state[(int64_t)j * C + c];
+    for (int t = 0; t < T; ++t) {
+        const float xc = x[(int64_t)t * x_ld + c];
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; ++j) acc = __fadd_rn(acc, __fmul_rn(taps[j], win[j]));
+        acc = __fadd_rn(acc, __fmul_rn(taps[K - 1], xc));
+        for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
+        if (K > 1) win[K - 2] = xc;
+        out[(int64_t)t * C + c] = acc / (1.0f + expf(-acc));
+    }
+    for (int j = 0; j < K - 1; ++j) state[(int64_t)j * C + c] = win[j];
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+__device__ float gdn_block_sum(float v, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();                     // scratch may still be read from an earlier call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) s += scratch[i];
+    return s;
+}
+
+// q and k of key head kh into shared memory, L2-normalized, q scaled: the same for a step and a prompt.
+__device__ void gdn_load_qk(const float* q, const float* k, int Dk, float q_scale, float* qs, float* ks,
+                            float* scratch) {
+    float q2 = 0.0f, k2 = 0.0f;
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+        const float a = q[i], b = k[i];
+        qs[i] = a;
+        ks[i] = b;
+        q2 += a * a;
+        k2 += b * b;
+    }
+    const float q_inv = q_scale / sqrtf(gdn_block_sum(q2, scratch) + 1e-6f);
+    const float k_inv = 1.0f / sqrtf(gdn_block_sum(k2, scratch) + 1e-6f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+        qs[i] *= q_inv;
+        ks[i] *= k_inv;
+    }
+    __syncthreads();
+}
+
+// One token's update of column S[:, j] (stride Dv) -> out[j]: decay, predict, correct, read.
+__device__ float gdn_column(float* S, const float* qs, const float* ks, int Dk, int Dv, float decay, float b,
+                            float vj) {
+    float pred = 0.0f;
+    for (int i = 0; i < Dk; ++i) pred += S[(int64_t)i * Dv] * decay * ks[i];
+    const float d = b * (vj - pred);
+    float o = 0.0f;
+    for (int i = 0; i < Dk; ++i) {
+        const float s = S[(int64_t)i * Dv] * decay + ks[i] * d;
+        S[(int64_t)i * Dv] = s;
+        o += s * qs[i];
+    }
+    return o;
+}
+
+extern "C" __global__ void __launch_bounds__(128) strata_gdn_step_f32(const float* __restrict__ q,
+                                                                      const float* __restrict__ k,
+                                                                      const float* __restrict__ v,
+                                                                      const float* __restrict__ g,
+                                                                      const float* __restrict__ beta, float* state,
+                                                                      float* out, int Hv, int Hg, int Dk, int Dv,
+                                                                      float q_scale) {
+    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
+    const int h = blockIdx.y, kh = h / (Hv / Hg);
+    gdn_load_qk(q + (int64_t)kh * Dk, k + (int64_t)kh * Dk, Dk, q_scale, qs, ks, scratch);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= Dv) return;
+    float* S = state + (int64_t)h * Dk * Dv + j;
+    out[(int64_t)h * Dv + j] = gdn_column(S, qs, ks, Dk, Dv, expf(g[h]), beta[h], v[(int64_t)h * Dv + j]);
+}
+
+extern "C" __global__ void __launch_bounds__(128) strata_gdn_prompt_f32(const float* __restrict__ q,
+                                                                        const float* __restrict__ k,
+                                                                        const float* __restrict__ v,
+                                                                        const float* __restrict__ g,
+                                                                        const float* __restrict__ beta, float* state,
+                                                                        float* out, int T, int Hv, int Hg, int Dk,
+                                                                        int Dv, float q_scale, int64_t qk_ld,
+                                                                        int64_t v_ld) {
+    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
+    const int h = blockIdx.y, kh = h / (Hv / Hg);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    float* S = state + (int64_t)h * Dk * Dv + j;
+    for (int t = 0; t < T; ++t) {
+        gdn_load_qk(q + t * qk_ld + (int64_t)kh * Dk, k + t * qk_ld + (int64_t)kh * Dk, Dk, q_scale, qs, ks, scratch);
+        if (j < Dv) {
+            const float o = gdn_column(S, qs, ks, Dk, Dv, expf(g[(int64_t)t * Hv + h]), beta[(int64_t)t * Hv + h],
+                                       v[t * v_ld + (int64_t)h * Dv + j]);
+            out[((int64_t)t * Hv + h) * Dv + j] = o;
+        }
+        __syncthreads();                 // qs and ks are reloaded for the next token
+    }
+}

@@ -1,0 +1,87 @@
+"""numpy-in/out wrappers of cuda/gated_delta.cu (Qwen3-Next's DeltaNet decode step) over a CudaOps:
+what the kernel tests call. The state arrays are uploaded, updated in VRAM by the kernel, and
+returned; the engine will keep them on the device."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import InvalidArgument
+
+GDN_MAX_DK = 256            # cuda/gated_delta.cu keeps q and k of a key head in shared memory
+GDN_MAX_K = 8               # and a prompt conv's window in registers
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def gdn_conv1d_step(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One token's causal depthwise conv1d + SiLU: x [C], state [K-1, C], w [C, K] -> (out [C], new state)."""
+    x, state, w = _f32(x), _f32(state), _f32(w)
+    if x.ndim != 1 or w.ndim != 2 or w.shape[0] != x.shape[0] or state.shape != (w.shape[1] - 1, x.shape[0]):
+        raise InvalidArgument(f"gdn_conv1d_step: x {x.shape}, state {state.shape}, w {w.shape} are not "
+                              f"[C], [K-1, C], [C, K]")
+    C, K = w.shape
+    if C == 0:
+        return x.copy(), state.copy()
+    s_dev, out = ops._upload(state), ops._output(C * 4)
+    x_dev, w_dev = ops._upload(x), ops._upload(w)       # named: the buffers must outlive the launch
+    ops._kernel("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii").launch(
+        -(-C // 256), 256, (x_dev, s_dev, w_dev, out, C, K), stream=ops.stream)
+    return ops._download(out, (C,), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_conv1d(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt's causal depthwise conv1d + SiLU: x [T, C], state [K-1, C], w [C, K] -> (out [T, C], new state)."""
+    x, state, w = _f32(x), _f32(state), _f32(w)
+    if x.ndim != 2 or w.ndim != 2 or w.shape[0] != x.shape[1] or state.shape != (w.shape[1] - 1, x.shape[1]) \
+            or not 1 <= w.shape[1] <= GDN_MAX_K:
+        raise InvalidArgument(f"gdn_conv1d: x {x.shape}, state {state.shape}, w {w.shape} are not [T, C], "
+                              f"[K-1, C], [C, K] with K <= {GDN_MAX_K}")
+    (T, C), K = x.shape, w.shape[1]
+    if T == 0 or C == 0:
+        return np.empty((T, C), np.float32), state.copy()
+    s_dev, out = ops._upload(state), ops._output(T * C * 4)
+    x_dev, w_dev = ops._upload(x), ops._upload(w)
+    ops._kernel("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq").launch(
+        -(-C // 256), 256, (x_dev, s_dev, w_dev, out, T, C, K, C), stream=ops.stream)
+    return ops._download(out, (T, C), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """One token's gated delta rule: q, k [Hg, Dk] (raw), v [Hv, Dv], g, beta [Hv], state [Hv, Dk, Dv]
+    -> (out [Hv, Dv], new state); q and k are L2-normalized in the kernel, q scaled by 1/sqrt(Dk)."""
+    q, k, v, g, beta, state = (_f32(a) for a in (q, k, v, g, beta, state))
+    Hg, Dk = q.shape
+    Hv, Dv = v.shape
+    if (k.shape != q.shape or g.shape != (Hv,) or beta.shape != (Hv,) or state.shape != (Hv, Dk, Dv)
+            or not 0 < Dk <= GDN_MAX_DK or Hv % Hg):
+        raise InvalidArgument(f"gdn_step: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                              f"state {state.shape} are not [Hg, Dk], [Hv, Dv], [Hv], [Hv, Dk, Dv] with "
+                              f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
+    s_dev, out = ops._upload(state), ops._output(Hv * Dv * 4)
+    ins = [ops._upload(a) for a in (q, k, v, g, beta)]
+    ops._kernel("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif").launch(
+        (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)), stream=ops.stream)
+    return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
+    state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
+    q, k, v, g, beta, state = (_f32(a) for a in (q, k, v, g, beta, state))
+    T, Hg, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    if (k.shape != q.shape or v.shape[0] != T or g.shape != (T, Hv) or beta.shape != (T, Hv)
+            or state.shape != (Hv, Dk, Dv) or not 0 < Dk <= GDN_MAX_DK or Hv % Hg):
+        raise InvalidArgument(f"gdn_prompt: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                              f"state {state.shape} are not [T, Hg, Dk], [T, Hv, Dv], [T, Hv], [Hv, Dk, Dv] with "
+                              f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
+    if T == 0:
+        return np.empty((0, Hv, Dv), np.float32), state.copy()
+    s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
+    ins = [ops._upload(a) for a in (q, k, v, g, beta)]
+    ops._kernel("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq").launch(
+        (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv),
+        stream=ops.stream)
+    return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
