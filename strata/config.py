@@ -13,6 +13,7 @@ from typing import Any
 from .errors import InvalidArgument
 
 SUPPORTED_ARCHITECTURES = ("qwen3moe",)
+KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 
 
 def _positive(obj, *names: str) -> None:
@@ -96,7 +97,10 @@ class EngineConfig:
                                                                  "budget, the largest chunk that leaves it full) or "
                                                                  "slots (the older rule: 384 slots, the first chunk "
                                                                  "of a fixed list that fits; for A/B runs)"})
-    kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
+    kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
+                                                     "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
+                                                     "or auto (from the measured accuracy and the plan; "
+                                                     "docs/DESIGN.md)"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
@@ -117,8 +121,8 @@ class EngineConfig:
             raise InvalidArgument(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
         if not self.pin_limit_gib >= 0:
             raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
-        if self.kv not in ("f16", "int8", "q4_0"):
-            raise InvalidArgument(f"kv must be f16, int8 or q4_0, got {self.kv!r}")
+        if self.kv not in KV_CHOICES:
+            raise InvalidArgument(f"kv must be one of {', '.join(KV_CHOICES)}, got {self.kv!r}")
         if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
             raise InvalidArgument(f"max_context must be a number of tokens (0 = the model's trained context), "
                                   f"got {self.max_context!r}")
@@ -157,8 +161,6 @@ def _gpu_ordinals(text: str) -> list[int]:
 def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     """Flags the engine accepts in form but does not run yet: refused here, one line each, so none
     silently does nothing. The issue that builds a feature lifts its own refusal."""
-    if cfg.kv != "f16":
-        raise InvalidArgument(f"--kv {cfg.kv}: a {cfg.kv} KV cache is not implemented yet (f16 is)")
     if cfg.kv_resident:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
                               f"(0 keeps all of it in VRAM)")

@@ -74,7 +74,8 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
         from .cuda_runner import CudaRunner
         return CudaRunner(pack, max_context, config)
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context)
+    # the oracle keeps f16's cells exact (float32); the quantized formats as the GPU stores them
+    return CpuRunner(pack, max_context, kv="f32" if config.kv == "f16" else config.kv)
 
 
 class LLM:

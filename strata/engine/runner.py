@@ -23,8 +23,9 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
 class CpuRunner:
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32"):
         self.args = pack.args
+        self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = CpuOps(pack, self.args)
         self.model = Qwen3Moe(self.args, self.ops)
         self.max_context = max_context
@@ -36,7 +37,7 @@ class CpuRunner:
     def _new_kv(self) -> KVCache:
         a = self.args
         return KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
-                       self.max_context)
+                       self.max_context, self.kv_format)
 
     def warm_up(self, num_tokens: int = 16) -> None:
         """Dequantize the weights while the ops' cache can keep them all, then read a few tokens
