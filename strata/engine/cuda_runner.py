@@ -34,6 +34,7 @@ from ..errors import DeviceError, InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
 from . import cuda_memory
 from .cuda_memory import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from .kv_choice import GPU_KV_FORMATS
 from .runner import reusable_prefix
 
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
@@ -55,6 +56,9 @@ class CudaRunner:
         from .expert_store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
+        if config.kv not in GPU_KV_FORMATS:     # the numpy formats and the CPU run them; GPU kernels do not yet
+            raise InvalidArgument(f"--kv {config.kv}: the GPU runs an f16 KV cache only so far (--device cpu runs "
+                                  f"int8, q4_0 and k8v4)")
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context

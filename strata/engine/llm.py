@@ -95,6 +95,8 @@ class LLM:
             raise PackError(f"{path}: the tokenizer has {self.tokenizer.vocab_size} tokens, more than the model's "
                             f"vocabulary of {self.args.vocab_size}")
         self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
+        from .kv_choice import resolve
+        self.config, self.kv_source = resolve(self.device, self.pack, self.config)      # --kv auto
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
