@@ -450,6 +450,8 @@ class CudaRunner:
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
+            # every cell in VRAM for the whole context (no --kv-resident yet): none on the host or the bus
+            "kv": {"format": "f16", "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
         }
 
     def decode_status(self) -> dict:

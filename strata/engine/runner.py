@@ -117,4 +117,7 @@ class CpuRunner:
 
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
-                "expert_cache": None, "bytes_h2d": 0}
+                "expert_cache": None, "bytes_h2d": 0,
+                # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
+                "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
+                       "bus_bytes_per_token": 0}}

@@ -124,3 +124,12 @@ def test_cli_plan_prints_the_trade(capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["kv"] == "f16" and got["kv_auto"].startswith("auto: f16")
     assert [o["kv"] for o in got["kv_trade"]] == ["f16", "int8", "k8v4", "q4_0"]
+
+
+def test_status_reports_the_kv(fake):
+    llm = LLM(device="cpu", max_context=64, kv="k8v4")
+    llm.generate([5, 6, 7], max_tokens=2)
+    assert llm.runner.status()["kv"] == {"format": "k8v4", "cells_vram": 0, "cells_host": 4,
+                                         "bus_bytes_per_token": 0}
+    gpu = CudaRunner(open_pack(DEMO_PACK), 64).status()["kv"]
+    assert gpu == {"format": "f16", "cells_vram": 64, "cells_host": 0, "bus_bytes_per_token": 0}
