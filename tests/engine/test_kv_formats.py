@@ -133,3 +133,15 @@ def test_status_reports_the_kv(fake):
                                          "bus_bytes_per_token": 0}
     gpu = CudaRunner(open_pack(DEMO_PACK), 64).status()["kv"]
     assert gpu == {"format": "f16", "cells_vram": 64, "cells_host": 0, "bus_bytes_per_token": 0}
+
+
+def test_host_memory_holds_more_cells_of_a_smaller_format():
+    from strata.engine.llm import host_context
+    from strata.quant.kv import cell_bytes
+    args = open_pack(DEMO_PACK).args
+    layers = args.num_hidden_layers + args.num_mtp_layers
+    budget = 2 * 1000 * layers * cell_bytes("f32", args.num_key_value_heads, args.head_dim)
+    assert host_context(args, 10**6, budget)[0] == 1000
+    fit, why = host_context(args, 10**6, budget, "q4_0")
+    assert fit == budget // 2 // (layers * cell_bytes("q4_0", args.num_key_value_heads, args.head_dim))
+    assert fit > 7 * 1000 and "as q4_0" in why
