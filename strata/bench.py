@@ -134,6 +134,10 @@ def _finish(runner, res: BenchResult) -> None:
     except Exception:           # after a failure the numbers measured so far still count
         status = {}
     res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
+    if isinstance(status.get("kv"), dict):
+        kv = status["kv"]
+        res.plan.update(kv=kv["format"], kv_cells_vram=kv["cells_vram"], kv_cells_host=kv["cells_host"],
+                        kv_bus_bytes_per_token=kv["bus_bytes_per_token"])
     host = (status.get("decode") or {}).get("host_ms", {}).get("graph")
     if host:
         res.limits["host_ms_per_token"] = host

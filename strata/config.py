@@ -16,6 +16,7 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
+KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 
 
 def _positive(obj, *names: str) -> None:
@@ -135,7 +136,10 @@ class EngineConfig:
                                                                  "of a fixed list that fits; for A/B runs)"})
     kernels_off: str = field(default="", metadata={
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
-    kv: str = field(default="f16", metadata={"help": "KV cache type: f16, int8 or q4_0"})
+    kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
+                                                     "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
+                                                     "or auto (from the measured accuracy and the plan; "
+                                                     "docs/DESIGN.md)"})
     kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
@@ -158,8 +162,8 @@ class EngineConfig:
             raise InvalidArgument(f"pcie_gbs must be >= 0 (0: no cap), got {self.pcie_gbs}")
         if not self.pin_limit_gib >= 0:
             raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
-        if self.kv not in ("f16", "int8", "q4_0"):
-            raise InvalidArgument(f"kv must be f16, int8 or q4_0, got {self.kv!r}")
+        if self.kv not in KV_CHOICES:
+            raise InvalidArgument(f"kv must be one of {', '.join(KV_CHOICES)}, got {self.kv!r}")
         if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
             raise InvalidArgument(f"max_context must be a number of tokens (0 = the model's trained context), "
                                   f"got {self.max_context!r}")
@@ -202,8 +206,6 @@ def _gpu_ordinals(text: str) -> list[int]:
 def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     """Flags the engine accepts in form but does not run yet: refused here, one line each, so none
     silently does nothing. The issue that builds a feature lifts its own refusal."""
-    if cfg.kv != "f16":
-        raise InvalidArgument(f"--kv {cfg.kv}: a {cfg.kv} KV cache is not implemented yet (f16 is)")
     if cfg.kv_resident:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
                               f"(0 keeps all of it in VRAM)")

@@ -10,6 +10,7 @@ line says which, and why).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
+from .engine.kv_choice import kv_trade, resolve_gpu
 from .errors import InvalidArgument
 
 MEASURE_BYTES = 256 << 20
@@ -95,6 +97,21 @@ def plan_text(name: str, p) -> str:
     return "\n".join(rows)
 
 
+def trade_text(options, kv_why: str | None) -> str:
+    """The KV trade: each format's default context, KV bytes and the expert slots left beside it."""
+    rows = ["  KV trade            format  context  KV GiB  cache slots  decode ceiling  mean KL  top-1 (demo)"]
+    for o in options:
+        if not o.max_context:
+            rows.append(f"                      {o.kv:<6}  does not fit")
+            continue
+        rows.append(f"                      {o.kv:<6} {o.max_context:>8,} {o.kv_bytes / 2**30:>7.2f} "
+                    f"{o.cache_slots:>6} ({o.cache_slots / o.total_experts:>4.0%}) {o.decode_tok_s:>9,.1f} tok/s "
+                    f"{o.mean_kl:>8.1e} {o.top1_agree:>7.1%}")
+    if kv_why:
+        rows.append(f"  --kv auto           {kv_why}")
+    return "\n".join(rows)
+
+
 def plan_main(args, engine_kwargs: dict) -> int:
     config = EngineConfig.from_kwargs(**engine_kwargs)
     name, sizes = plan_sizes(args.model, args.synthetic)
@@ -104,9 +121,16 @@ def plan_main(args, engine_kwargs: dict) -> int:
         bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
                                 f"{bandwidths.source}; host->device capped by --pcie-gbs")
     budget, source = vram_budget(config, free)
+    kv_why = None
+    if config.kv == "auto":
+        kv, kv_why = resolve_gpu(sizes, config, budget, bandwidths, num_sms)
+        config = dataclasses.replace(config, kv=kv)
     plan = make_plan(sizes, config, budget, source, bandwidths, num_sms)
+    options = kv_trade(sizes, config, budget, bandwidths, num_sms)
     if args.json:
-        print(json.dumps({"model": name, **plan.to_dict()}, indent=1))
+        print(json.dumps({"model": name, **plan.to_dict(), "kv_auto": kv_why,
+                          "kv_trade": [dataclasses.asdict(o) for o in options]}, indent=1))
     else:
         print(plan_text(name, plan))
+        print(trade_text(options, kv_why))
     return 0

@@ -10,6 +10,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..config import ModelArgs
+from ..quant import kv as kv_formats
 from . import rope
 
 
@@ -36,31 +37,55 @@ class DequantCache:
 
 
 class KVCache:
-    """Per-layer K/V of one sequence, float32 [S, Hk, Dh]; grows on demand up to max_len cells."""
+    """Per-layer K/V of one sequence, [S, Hk, Dh] cells in a KV format's planes (strata.quant.kv: f32,
+    the exact default; f16, int8, q4_0, k8v4); grows on demand up to max_len cells. read() decodes;
+    a rotated codec's cells stay rotated, and query()/output() move attention into and out of that
+    domain."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, fmt: str = "f32"):
         self.max_len = max_len
+        self.fmt = fmt
+        self.codecs = kv_formats.codecs(fmt)
+        for c in self.codecs:
+            c.check(head_dim)
         self.shape = (num_kv_heads, head_dim)
-        self.k: list[np.ndarray | None] = [None] * num_layers
-        self.v: list[np.ndarray | None] = [None] * num_layers
+        # per layer: [(K values, K scales), (V values, V scales)], None until written
+        self.planes: list[list | None] = [None] * num_layers
+        self.cells = [0] * num_layers
 
     def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         need = int(positions.max()) + 1
         if need > self.max_len:
             raise IndexError(f"KV position {need - 1} is past the cache's {self.max_len} cells")
-        cur = self.k[layer]
-        if cur is None or cur.shape[0] < need:
-            size = min(self.max_len, max(need, 2 * (0 if cur is None else cur.shape[0]), 64))
-            for store in (self.k, self.v):
-                grown = np.zeros((size, *self.shape), np.float32)
-                if store[layer] is not None:
-                    grown[:store[layer].shape[0]] = store[layer]
-                store[layer] = grown
-        self.k[layer][positions] = k
-        self.v[layer][positions] = v
+        cur = self.cells[layer]
+        if cur < need:
+            size = min(self.max_len, max(need, 2 * cur, 64))
+            grown = [c.empty((size, self.shape[0]), self.shape[1]) for c in self.codecs]
+            for old, new in zip(self.planes[layer] or (), grown):
+                for a, b in zip(old, new):
+                    if a is not None:
+                        b[:cur] = a
+            self.planes[layer], self.cells[layer] = grown, size
+        for (values, scales), codec, x in zip(self.planes[layer], self.codecs, (k, v)):
+            qv, qs = codec.encode(x)
+            values[positions] = qv
+            if scales is not None:
+                scales[positions] = qs
 
     def read(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[layer][:length], self.v[layer][:length]
+        """(keys, values) float32 [length, Hk, Dh] as stored: in the rotated domain for a rotated codec."""
+        return tuple(c.decode(vals[:length], None if sc is None else sc[:length])
+                     for (vals, sc), c in zip(self.planes[layer], self.codecs))
+
+    def query(self, q: np.ndarray) -> np.ndarray:
+        """q [T, H, Dh] in the keys' domain (rotated when K is stored rotated)."""
+        return kv_formats.rotate(q) if self.codecs[0].rotated else q
+
+    def output(self, out: np.ndarray) -> np.ndarray:
+        """Attention output [T, H * Dh] back from the values' domain (un-rotated when V is stored rotated)."""
+        if not self.codecs[1].rotated:
+            return out
+        return kv_formats.rotate(out.reshape(out.shape[0], -1, self.shape[1])).reshape(out.shape)
 
 
 class CpuOps:
@@ -119,7 +144,7 @@ class CpuOps:
     def attention(self, q, k, v, layer: int, kv: KVCache, positions: np.ndarray) -> np.ndarray:
         kv.write(layer, positions, k, v)
         keys, values = kv.read(layer, int(positions.max()) + 1)
-        return causal_attention(q, keys, values, positions)
+        return kv.output(causal_attention(kv.query(q), keys, values, positions))
 
     # composites: a GPU backend fuses each into fewer launches; here the plain sequence -------------
     def add_rms_norm(self, x: np.ndarray, y: np.ndarray, name: str, eps: float):

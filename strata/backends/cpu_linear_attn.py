@@ -134,6 +134,12 @@ class HybridCache:
     def read(self, layer, length):
         return self.kv.read(layer, length)
 
+    def query(self, q):
+        return self.kv.query(q)       # the KV format's view of q (rotated where its K is)
+
+    def output(self, out):
+        return self.kv.output(out)    # and of the attention output (V un-rotated)
+
     def state_bytes(self) -> int:
         return 4 * len(self.layers) * (int(np.prod(self.conv_shape)) + int(np.prod(self.ssm_shape)))
 

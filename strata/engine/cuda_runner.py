@@ -35,6 +35,7 @@ from ..errors import DeviceError, InvalidArgument, UnsupportedError
 from ..model.qwen3moe import Qwen3Moe
 from . import memory_model
 from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
+from .kv_choice import GPU_KV_FORMATS
 from .runner import reusable_prefix
 
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
@@ -70,6 +71,9 @@ class CudaRunner:
         from .experts.store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
+        if config.kv not in GPU_KV_FORMATS:     # the numpy formats and the CPU run them; GPU kernels do not yet
+            raise InvalidArgument(f"--kv {config.kv}: the GPU runs an f16 KV cache only so far (--device cpu runs "
+                                  f"int8, q4_0 and k8v4)")
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context
@@ -465,6 +469,8 @@ class CudaRunner:
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
+            # every cell in VRAM for the whole context (no --kv-resident yet): none on the host or the bus
+            "kv": {"format": "f16", "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
         }
 
     def decode_status(self) -> dict:

@@ -40,14 +40,17 @@ def _pick_device(wanted: str, ordinal: int = 0) -> str:
     return "cuda" if reason is None else "cpu"
 
 
-def host_context(args, context: int, available_bytes: int | None) -> tuple[int, str | None]:
-    """(context, why lowered or None) for the CPU runner: its float32 KV of every layer may grow to
-    HOST_KV_SHARE of the available host memory."""
-    cell_bytes = 2 * (args.num_hidden_layers + args.num_mtp_layers) * args.num_key_value_heads * args.head_dim * 4
+def host_context(args, context: int, available_bytes: int | None, kv: str = "f32") -> tuple[int, str | None]:
+    """(context, why lowered or None) for the CPU runner: its KV of every layer, in the format it
+    stores (float32 for f16, else the --kv format's planes), may grow to HOST_KV_SHARE of the
+    available host memory."""
+    from ..quant.kv import cell_bytes as kv_cell_bytes
+    cell_bytes = (args.num_hidden_layers + args.num_mtp_layers) * kv_cell_bytes(kv, args.num_key_value_heads,
+                                                                                 args.head_dim)
     if available_bytes is None or context * cell_bytes <= HOST_KV_SHARE * available_bytes:
         return context, None
     fit = max(1, int(HOST_KV_SHARE * available_bytes // cell_bytes))
-    return fit, (f"the KV of {context} tokens ({context * cell_bytes / 2**30:.1f} GiB in float32) would not fit "
+    return fit, (f"the KV of {context} tokens ({context * cell_bytes / 2**30:.1f} GiB as {kv}) would not fit "
                  f"in half of the {available_bytes / 2**30:.1f} GiB of available host memory")
 
 
@@ -65,7 +68,7 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
     from ..system import host_memory
     asked, why = (asked_context(config.max_context, trained) if config.max_context
                   else (trained, "the model's trained context"))
-    context, lowered = host_context(pack.args, asked, host_memory()[1])
+    context, lowered = host_context(pack.args, asked, host_memory()[1], _cpu_kv(config.kv))
     return context, why if lowered is None else f"lowered from {asked}: {lowered}"
 
 
@@ -76,7 +79,13 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context)
+    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv))
+
+
+def _cpu_kv(kv: str) -> str:
+    """The CPU's cells for a --kv format: the oracle keeps f16's exact (float32), the quantized ones
+    as the GPU stores them."""
+    return "f32" if kv == "f16" else kv
 
 
 class LLM:
@@ -98,6 +107,8 @@ class LLM:
         self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
         if self.config.device == "auto" and self.args.architecture == "qwen3next":
             self.device = "cpu"      # no GPU path for it yet; an explicit --device cuda is refused by CudaRunner
+        from .kv_choice import resolve
+        self.config, self.kv_source = resolve(self.device, self.pack, self.config)      # --kv auto
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)

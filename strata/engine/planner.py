@@ -3,8 +3,9 @@
 Pure host logic from a pack's sizes (never touches a device; tested on the CPU). The rules are
 docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier design it calls seed 000):
 
-- Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV type's
-  bytes: f16 2 per value, int8 34 and q4_0 18 per block of 32 values), decode scratch (the
+- Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV format's
+  bytes, strata.quant.kv.cell_bytes: f16 2 per value, int8 66 per 64 values, q4_0 18 per 32, k8v4
+  int8 K and q4_0 V), decode scratch (the
   activation pool's first 64 MiB segment, or the decode step's peak if bigger, plus the zeros
   buffer and f32 norm copies), one CUDA graph pool per decode step shape, and the MTP draft
   layer's experts when --mtp uses it.
@@ -49,6 +50,7 @@ from types import SimpleNamespace
 from ..backends.cuda.memory import SEGMENT_BYTES, Pool
 from ..config import EngineConfig, ModelArgs
 from ..errors import InvalidArgument
+from ..quant import kv as kv_formats
 from . import memory_model
 from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 from .hybrid_sizes import attention_layers, linear_state_bytes
@@ -62,7 +64,6 @@ LEGACY_RING_SLOTS = 384                            # --prefill-rule slots: seed 
 LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024)
 AUTO_CHUNK_MAX = 32768                            # --prefill auto's ceiling
 DEFAULT_NUM_SMS = 132                             # an H200's, for decode attention splits without a GPU
-KV_BLOCK_BYTES = {"f16": (2, 1), "int8": (34, 32), "q4_0": (18, 32)}    # (bytes, values) per block
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,11 @@ def ring_slots(max_blob: int, budget_bytes: int = RING_BUDGET_BYTES, lo: int = R
 
 
 def kv_bytes(args: ModelArgs, cells: int, kv: str, num_layers: int) -> int:
-    """K and V of num_layers layers, cells each, at the KV type's block size."""
-    nbytes, values = KV_BLOCK_BYTES[kv]
-    row = args.num_key_value_heads * args.head_dim
+    """K and V of num_layers layers, cells each, in KV format kv (strata.quant.kv)."""
+    cell = kv_formats.cell_bytes(kv, args.num_key_value_heads, args.head_dim)
     if args.architecture == "qwen3next":        # K/V in the attention layers only, plus the fixed DeltaNet states
-        return 2 * attention_layers(args, num_layers) * cells * -(-row // values) * nbytes + linear_state_bytes(args)
-    return 2 * num_layers * cells * -(-row // values) * nbytes
+        return attention_layers(args, num_layers) * cells * cell + linear_state_bytes(args)
+    return num_layers * cells * cell
 
 
 def vram_budget(config: EngineConfig, free_bytes: int | None) -> tuple[int, str]:

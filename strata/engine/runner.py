@@ -24,8 +24,9 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
 class CpuRunner:
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32"):
         self.args = pack.args
+        self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
         self.model = build(self.args, self.ops)
         self.max_context = max_context
@@ -37,7 +38,7 @@ class CpuRunner:
     def _new_kv(self) -> KVCache:
         a = self.args
         kv = KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
-                     self.max_context)
+                     self.max_context, self.kv_format)
         return HybridCache(kv, a) if a.architecture == "qwen3next" else kv
 
     def warm_up(self, num_tokens: int = 16) -> None:
@@ -124,4 +125,7 @@ class CpuRunner:
 
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
-                "expert_cache": None, "bytes_h2d": 0}
+                "expert_cache": None, "bytes_h2d": 0,
+                # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
+                "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
+                       "bus_bytes_per_token": 0}}

@@ -234,6 +234,10 @@ SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
 })
+SIGNATURES.update({     # cuda/kv_quant.cu
+    r"strata_kv_append_int8": "PPPPiii", r"strata_kv_append_q4r": "PPPPiiif", r"strata_hadamard_f32": "Piif",
+    r"strata_attention_decode_(int8|q4_0|k8v4)_d\d+_g\d+": "PPPPPPPPiiiif",
+})
 SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
                    r"strata_moe_group": "PiiiPPPPii", r"strata_swiglu_rows_f32": "PPPPiiiqqq"})
 
@@ -422,7 +426,58 @@ def _moe_combine(grid, residual, expert_out, rows, weights, out, T, A, D):
     view(out, T * D).reshape(T, D)[:] = view(residual, T * D).reshape(T, D) + np.einsum("ta,tad->td", w, y[r])
 
 
+# ---- cuda/kv_quant.cu: strata.quant.kv's codecs over the emulated planes ------------------------------
+
+def _plane_views(codec, vals, scales, rows: int, Hk: int, dh: int):
+    values, sc = codec.empty((rows, Hk), dh)
+    return (view(vals, values.size, values.dtype).reshape(values.shape),
+            view(scales, sc.size, np.float16).reshape(sc.shape))
+
+
+def _kv_append_q(codec_name, grid, x, cells, vals, scales, T, Hk, dh, rot=None):
+    from strata.quant import kv as kvq
+    assert grid[:2] == (T, Hk) and dh in (64, 128, 256)
+    codec = kvq.CODECS[codec_name]
+    if rot is not None:
+        assert np.float32(rot) == np.float32(1 / np.sqrt(dh))
+    c = view(cells, T, np.int32)
+    values, sc = _plane_views(codec, vals, scales, int(c.max()) + 1, Hk, dh)
+    qv, qs = codec.encode(view(x, T * Hk * dh).reshape(T, Hk, dh))
+    values[c], sc[c] = qv, qs
+
+
+def _hadamard(grid, x, rows, dh, rot):
+    from strata.quant import kv as kvq
+    assert grid[0] >= rows and np.float32(rot) == np.float32(1 / np.sqrt(dh))
+    xs = view(x, rows * dh).reshape(rows, dh)
+    xs[:] = kvq.rotate(xs.copy())
+
+
+def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+    from strata.quant import kv as kvq
+    assert grid == (splits, Hk, 1)
+    n = int(view(lengths, 1, np.int32)[0])
+    kc, vc = kvq.codecs(fmt)
+    keys = kc.decode(*_plane_views(kc, kv_, ks, S, Hk, dh))[:n]
+    vals = vc.decode(*_plane_views(vc, vv, vs, S, Hk, dh))[:n]
+    G = H // Hk
+    qs = view(q, H * dh).reshape(H, dh)
+    acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
+    ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
+    acc[:], ml[:, :, 0], ml[:, :, 1] = 0, -np.inf, 0
+    for h in range(H):
+        s = keys[:, h // G] @ qs[h] * np.float32(scale * math.log2(math.e))
+        m = s.max()
+        p = np.exp2(s - m)
+        acc[h, 0], ml[h, 0] = p @ vals[:, h // G], (m, p.sum())
+
+
 _EMULATE = {
+    "kv_append_int8": lambda grid, *a: _kv_append_q("int8", grid, *a),
+    "kv_append_q4r": lambda grid, *a: _kv_append_q("q4r", grid, *a), "hadamard_f32": _hadamard,
+    "attention_decode_int8": lambda grid, *a, dh: _attention_decode_q("int8", grid, *a, dh=dh),
+    "attention_decode_q4_0": lambda grid, *a, dh: _attention_decode_q("q4_0", grid, *a, dh=dh),
+    "attention_decode_k8v4": lambda grid, *a, dh: _attention_decode_q("k8v4", grid, *a, dh=dh),
     "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,

@@ -34,7 +34,7 @@ def test_model_args_reject_unsupported_architecture():
 
 
 # Flags the engine accepts in form but does not run yet: each refused with its own one-line reason.
-NOT_IMPLEMENTED = [({"kv": "int8"}, "--kv int8"), ({"kv": "q4_0"}, "--kv q4_0"), ({"kv_resident": 1024}, "--kv-resident"),
+NOT_IMPLEMENTED = [({"kv_resident": 1024}, "--kv-resident"),
                    ({"spec": 2}, "--spec: speculative decoding is not implemented yet"), ({"mtp": True}, "--mtp"),
                    ({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
 
@@ -52,6 +52,11 @@ def test_their_defaults_are_accepted():
     assert EngineConfig().max_context == 0          # 0: the model's trained context, fitted to memory
 
 
+@pytest.mark.parametrize("kv", ["f16", "int8", "q4_0", "k8v4", "auto"])
+def test_kv_formats_are_accepted(kv):
+    assert EngineConfig.from_kwargs(kv=kv).kv == kv
+
+
 def test_refused_through_the_environment_too(monkeypatch):
     monkeypatch.setenv("STRATA_SPEC", "3")
     with pytest.raises(InvalidArgument, match="--spec"):
@@ -59,7 +64,7 @@ def test_refused_through_the_environment_too(monkeypatch):
 
 
 @pytest.mark.parametrize("flags, match", [(["--spec", "2"], "--spec: speculative decoding"), (["--mtp"], "--mtp"),
-                                          (["--kv", "int8"], "--kv int8"), (["--gpus", "0,1"], "--gpus")])
+                                          (["--kv-resident", "64"], "--kv-resident"), (["--gpus", "0,1"], "--gpus")])
 def test_cli_refuses_them_in_one_line(flags, match):
     r = subprocess.run([sys.executable, "-m", "strata", "plan", "--synthetic", "tiny", "--device", "cpu",
                         "--vram-budget-gib", "1", *flags], capture_output=True, text=True, timeout=120)

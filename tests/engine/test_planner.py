@@ -62,9 +62,10 @@ def test_kv_bytes_per_type(q30):
     a = q30.args
     values = 2 * 48 * 1000 * a.num_key_value_heads * a.head_dim
     assert kv_bytes(a, 1000, "f16", 48) == 2 * values
-    assert kv_bytes(a, 1000, "int8", 48) == values // 32 * 34
+    assert kv_bytes(a, 1000, "int8", 48) == values // 64 * 66
     assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
-    # kv and kv_resident are refused by EngineConfig until they run; the planner still prices them
+    assert kv_bytes(a, 1000, "k8v4", 48) == values // 2 // 64 * 66 + values // 2 // 32 * 18
+    # kv_resident is refused by EngineConfig until it runs; the planner still prices it
     small = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv_resident": 2048, "kv": "q4_0"})
     assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
 
@@ -373,8 +374,8 @@ def test_max_context_flag_overrides_and_is_capped_at_the_trained_context(q30):
 
 
 def test_what_if_prices_refused_fields_only(q30):
-    with pytest.raises(InvalidArgument, match="kv"):
-        EngineConfig(kv="int8")
+    with pytest.raises(InvalidArgument, match="kv-resident"):
+        EngineConfig(kv_resident=64)
     plan = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv": "int8"})
     assert plan.kv == "int8" and plan.mandatory["kv"] == kv_bytes(q30.args, 8192, "int8", 48)
     with pytest.raises(InvalidArgument, match="not priced"):
