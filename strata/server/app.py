@@ -27,6 +27,7 @@ from .metrics import ServerMetrics
 from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, error_body, new_id, \
     parse_json_object, parse_request
 from .security import HostCheck
+from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job, QueueFull
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -198,15 +199,44 @@ def _check_json_content_type(request: Request) -> None:
                        code="unsupported_media_type")
 
 
-def _tokenize(llm, req: ParsedRequest) -> list[int]:
+NO_TOOLS = ToolSpec((), "none")
+
+
+def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS) -> list[int]:
     if req.kind == "chat":
+        messages, extra = render_messages(req.prompt, tools, llm.tokenizer.chat_template)
         try:
-            text = llm.tokenizer.apply_chat_template(req.prompt, add_generation_prompt=True)
+            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
         except StrataError as e:    # the model's template failed or ran past its budget (strata/chat_template.py)
             raise APIError(400, f"messages: the model's chat template rejected them: {e}", param="messages",
                            code="chat_template_error") from None
         return llm.tokenizer.encode(text)
     return list(req.prompt) if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
+
+
+def _constraint(llm, tools: ToolSpec, fmt: tuple | None):
+    """The token constraint of a forced tool call or a response_format, or None; 400 naming the field
+    when the schema does not compile (or passes the grammar limits)."""
+    if not tools.forced and fmt is None:
+        return None
+    from ..engine.grammar import GrammarError, compiler_for
+    param = "tools" if tools.forced else "response_format"
+    try:
+        compiler = compiler_for(llm)
+        if tools.forced:
+            grammar = compiler.lark(forced_call_grammar(tools), "the tools' parameters schemas")
+        else:
+            grammar = compiler.json_schema(fmt[1], "response_format.json_schema.schema")
+    except GrammarError as e:
+        raise APIError(400, str(e), param=param, code="invalid_schema") from None
+    except StrataError as e:        # llguidance is not installed
+        raise APIError(400, str(e), param=param, code="unsupported_parameter") from None
+    return grammar.constraint()
+
+
+def _prepare(llm, req: ParsedRequest, tools: ToolSpec):
+    """(prompt ids, constraint), off the event loop: the template, the tokenizer and a grammar compile."""
+    return _tokenize(llm, req, tools), _constraint(llm, tools, req.response_format)
 
 
 async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int,
@@ -215,7 +245,8 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     draining.refuse_if_started()
     body = parse_json_object(await _read_body(request, max_body_bytes))
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
-    ids = await asyncio.to_thread(_tokenize, llm, req)
+    tools = parse_tools(body) if kind == "chat" else NO_TOOLS
+    ids, constraint = await asyncio.to_thread(_prepare, llm, req, tools)
     draining.refuse_if_started()
     field = "messages" if kind == "chat" else "prompt"
     if not ids:
@@ -226,7 +257,8 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
                        param=field, code="context_length_exceeded")
     room = llm.max_context - len(ids)
     max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-    job = Job(kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream)
+    job = Job(kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream,
+              constraint=constraint)
     try:
         worker.submit(job)
     except QueueFull as e:
@@ -235,7 +267,8 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     draining.open.add(job)
     writer = ChunkWriter(new_id(kind), kind, llm.model_name)
     if req.stream:
-        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining),
+        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining,
+                                      ToolCallReader() if tools.active else None),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
@@ -244,7 +277,8 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
         return Response(status_code=499)
     finally:
         draining.open.discard(job)
-    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created)
+    reply = split_calls(completion.text) if tools.active else None
+    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply)
 
 
 def _engine_error(e: Exception) -> APIError:
@@ -275,9 +309,26 @@ async def _wait_done(job: Job, worker: EngineWorker, request: Request):
         raise
 
 
-async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining):
+def _frames(writer: ChunkWriter, reader: ToolCallReader | None, text: str | None) -> bytes:
+    """The frames of a text delta (None: the reply's end), tool calls split out when reader is given."""
+    if reader is None:
+        return writer.delta(text) if text else b""
+    parts = reader.push(text) if text is not None else reader.finish()
+    out, index = b"", reader.num_calls - sum(k == "call" for k, _ in parts)
+    for k, part in parts:
+        if k == "text":
+            out += writer.delta(part) if part else b""
+        else:
+            out += writer.tool_call(part, index)
+            index += 1
+    return out
+
+
+async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining,
+               reader: ToolCallReader | None = None):
     """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job; a
-    shutdown ends it with an error event."""
+    shutdown ends it with an error event. reader: the request had tools; their calls go out as
+    tool_calls deltas."""
     finished = False
     try:
         first = writer.start()
@@ -286,10 +337,13 @@ async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usag
         while True:
             kind, payload = await job.events.get()
             if kind == "delta":
-                yield writer.delta(payload)
+                frames = _frames(writer, reader, payload)
+                if frames:
+                    yield frames
             elif kind == "done":
                 finished = True
-                yield writer.finish(payload, include_usage)
+                tail = _frames(writer, reader, None) if reader is not None else b""
+                yield tail + writer.finish(payload, include_usage, reader.num_calls if reader else 0)
                 return
             else:
                 finished = True
