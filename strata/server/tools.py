@@ -102,10 +102,7 @@ def function_def(f: dict, where: str) -> dict:
     params = f.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(params, dict):
         raise invalid(f"{where}.parameters", f"{where}.parameters must be a JSON schema object", "invalid_type")
-    out = {"name": name, "parameters": params}
-    if desc:
-        out["description"] = desc
-    return out
+    return {"name": name, **({"description": desc} if desc else {}), "parameters": params}
 
 
 # ---- rendering ----
