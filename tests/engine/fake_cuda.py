@@ -234,6 +234,7 @@ SIGNATURES.update({     # cuda/decode_fused.cu
     r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
     r"strata_gemv3_\w+": "PPPPPPPiiiii",
 })
+SIGNATURES.update({r"strata_mask_logits_f32": "PPi"})                                 # mask_logits.cu
 SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
                    r"strata_moe_group": "PiiiPPPPii", r"strata_swiglu_rows_f32": "PPPPiiiqqq"})
 
@@ -547,7 +548,8 @@ def _lazy_emulation(module: str, name: str):
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
-                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample")})
+                 "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
+                 "mask_logits_f32": _lazy_emulation("fake_sample", "emulate_mask_logits")})
 
 
 def _argmax(grid, logits, out, V):
