@@ -91,3 +91,33 @@ def test_json_object_mode_and_bad_grammars(compiler):
         comp.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
     with pytest.raises(GrammarError):
         comp.lark("start: undefined_rule")
+
+
+HOSTILE = {
+    "nested repeats": {"type": "string", "pattern": "^((a|b){1,200}){1,200}$"},
+    "long strings": {"type": "string", "minLength": 100000, "maxLength": 200000},
+    "counted array": {"type": "array", "items": {"type": "integer"}, "minItems": 5000, "maxItems": 100000},
+    "deep nesting": json.loads('{"type": "array", "items": ' * 30 + '{"type": "integer"}' + "}" * 30),
+    "many properties": {"type": "object", "required": [f"p{i}" for i in range(600)],
+                        "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{3,9}x"} for i in range(600)}},
+    "wide integers": {"type": "integer", "minimum": -10**15, "maximum": 10**15},
+    "backtracking regex": {"type": "string", "pattern": "(x+x+)+y"},
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_schemas_compile_or_fail_fast(compiler, name):
+    """Schemas from clients are untrusted: each compiles and gives its first masks, or is refused,
+    in well under a second (llguidance's parser limits, PARSER_LIMITS)."""
+    import time
+    comp, _ = compiler
+    t0 = time.perf_counter()
+    try:
+        c = comp.json_schema(HOSTILE[name]).constraint()
+        for _ in range(8):          # a few steps along the grammar, each token the first allowed one
+            allowed = allowed_ids(c.mask())
+            assert allowed.size
+            c.advance(int(allowed[-1]))
+    except GrammarError:
+        pass
+    assert time.perf_counter() - t0 < 1.0
