@@ -109,6 +109,16 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     async def messages(request: Request):
         return await _messages(request, llm, worker, max_body_bytes, draining)
 
+    @v1.post("/messages/count_tokens", openapi_extra=schema.request_body(schema.COUNT_TOKENS_REQUEST),
+             responses=schema.anthropic_errors(400, 401, 404, 413, 415))
+    async def count_tokens(request: Request):
+        """The prompt's size as /v1/messages would read it (Anthropic's token counting route)."""
+        body = await _read_request(request, max_body_bytes, draining)
+        anthropic.check_model(body, llm.model_name)
+        req = ParsedRequest("chat", anthropic.chat_messages(body), False, False, None, {})
+        ids, _ = await asyncio.to_thread(_prepare, llm, req, anthropic.tools(body), False)
+        return {"input_tokens": len(ids)}
+
     @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": llm.model_name, "object": "model", "created": int(started),
@@ -243,9 +253,9 @@ def _constraint(llm, tools: ToolSpec, fmt: tuple | None):
     return grammar.constraint()
 
 
-def _prepare(llm, req: ParsedRequest, tools: ToolSpec):
+def _prepare(llm, req: ParsedRequest, tools: ToolSpec, constrain: bool = True):
     """(prompt ids, constraint), off the event loop: the template, the tokenizer and a grammar compile."""
-    return _tokenize(llm, req, tools), _constraint(llm, tools, req.response_format)
+    return _tokenize(llm, req, tools), _constraint(llm, tools, req.response_format) if constrain else None
 
 
 async def _read_request(request: Request, max_body_bytes: int, draining: Draining) -> dict:

@@ -176,8 +176,6 @@ def _reject_unsupported(body: dict, kind: str) -> None:
             raise unsupported("logprobs", "logprobs")
         if body.get("functions"):
             raise unsupported("functions", "the deprecated functions parameter (use tools)")
-        if body.get("parallel_tool_calls") and _forced_choice(body.get("tool_choice")):
-            raise unsupported("parallel_tool_calls", "more than one forced tool call in a reply")
     else:
         if body.get("logprobs") is not None:
             raise unsupported("logprobs", "logprobs")

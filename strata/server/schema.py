@@ -84,6 +84,10 @@ MESSAGES_REQUEST = {
         "metadata": {"type": "object"},
     },
 }
+COUNT_TOKENS_REQUEST = {
+    "type": "object", "required": ["model", "messages"],
+    "properties": {k: MESSAGES_REQUEST["properties"][k] for k in ("model", "messages", "system", "tools", "tool_choice")},
+}
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
     "properties": {"prompt": {"oneOf": [{"type": "string", "minLength": 1},

@@ -35,6 +35,8 @@ def test_chat_and_stream_agree(aclient, demo_llm):
         [{"role": "system", "content": kw["system"]}, {"role": "user", "content": "What does `os.path.join` do?"}])
     n_prompt = len(demo_llm.tokenizer.encode(prompt))
     assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == n_prompt
+    counted = aclient.messages.count_tokens(model=kw["model"], system=kw["system"], messages=kw["messages"])
+    assert counted.input_tokens == n_prompt
 
     events = []
     with aclient.messages.stream(**kw) as stream:
