@@ -117,3 +117,28 @@ def test_api_key_by_x_api_key_and_bearer(demo_llm):
         assert "evil.example" in r.json()["error"]["message"]
     finally:
         live.close()
+
+
+def test_blocks_become_the_chat_messages_of_the_openai_route():
+    from strata.server.anthropic import chat_messages, tools
+    body = {"system": [{"type": "text", "text": "Be brief."}], "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Rome"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+                                     {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+                                      "content": [{"type": "text", "text": "timeout"}]},
+                                     {"type": "text", "text": "Thanks"}]}]}
+    assert chat_messages(body) == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "content": "18 C", "tool_call_id": "toolu_1"},
+        {"role": "tool", "content": "Error: timeout", "tool_call_id": "toolu_2"},
+        {"role": "user", "content": "Thanks"}]
+    spec = tools({"tools": [WEATHER], "tool_choice": {"type": "any"}})
+    assert spec.choice == "required" and spec.forced
+    assert spec.tools[0]["function"]["parameters"] == WEATHER["input_schema"]
+    assert tools({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}}).named
+    assert not tools({"tools": [WEATHER], "tool_choice": {"type": "none"}}).active
