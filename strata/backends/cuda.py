@@ -323,13 +323,14 @@ class CudaOps:
         x = np.ascontiguousarray(logits, dtype=np.float32)
         m = np.ascontiguousarray(mask, dtype=np.int32)
         if x.ndim != 2 or x.shape[1] == 0 or m.shape != (x.shape[0], (x.shape[1] + 31) // 32):
-            raise InvalidArgument(f"mask_logits: logits {x.shape} must be [B, V >= 1], mask {m.shape} [B, ceil(V / 32)]")
+            raise InvalidArgument(f"mask_logits: logits {x.shape} must be [B, V >= 1] and mask {m.shape} "
+                                  f"[B, ceil(V / 32)]")
         B, V = x.shape
         if B == 0:
             return x.copy()
         buf = self._upload(x)
-        self._kernel("mask_logits", "strata_mask_logits_f32", "PPi").launch(((V + 255) // 256, B, 1), 256,
-                                                                           (buf, self._upload(m), V), stream=self.stream)
+        kernel = self._kernel("mask_logits", "strata_mask_logits_f32", "PPi")
+        kernel.launch(((V + 255) // 256, B, 1), 256, (buf, self._upload(m), V), stream=self.stream)
         return self._download(buf, (B, V), np.float32)
 
     def moe_combine(self, residual: np.ndarray, expert_out: np.ndarray, weights: np.ndarray,

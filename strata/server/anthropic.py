@@ -124,7 +124,8 @@ def sampling(body: dict, max_context: int) -> tuple[int, dict]:
     max_tokens = _integer(body, "max_tokens", lo=1, hi=max_context)
     stop = body.get("stop_sequences") or []
     if not isinstance(stop, list) or any(not isinstance(s, str) or not s for s in stop) or len(stop) > MAX_STOP_STRINGS:
-        raise invalid("stop_sequences", f"stop_sequences must be a list of at most {MAX_STOP_STRINGS} non-empty strings")
+        raise invalid("stop_sequences", f"stop_sequences must be a list of at most {MAX_STOP_STRINGS} "
+                                        f"non-empty strings")
     temperature = _number(body, "temperature", 1.0, 0.0, 1.0)      # Anthropic's range and default
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:

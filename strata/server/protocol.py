@@ -429,7 +429,9 @@ class ChunkWriter:
                              "logprobs": None, "finish_reason": None}])
 
     def finish(self, completion, include_usage: bool, num_calls: int = 0) -> bytes:
-        reason = "tool_calls" if num_calls and completion.finish_reason != "length" else _finish(completion.finish_reason)
+        reason = _finish(completion.finish_reason)
+        if num_calls and completion.finish_reason != "length":
+            reason = "tool_calls"
         out = self._frame([self._choice(None, reason)], timings=timings_body(completion))
         if include_usage:
             out += self._frame([], usage=usage_body(completion))

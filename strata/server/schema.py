@@ -47,7 +47,8 @@ _TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"
                               "function": {"type": "object", "required": ["name"],
                                            "properties": {"name": {"type": "string"}}}}}]}
 _RESPONSE_FORMAT = {"oneOf": [
-    {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type"],
+     "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
     {"type": "object", "required": ["type", "json_schema"], "properties": {
         "type": {"type": "string", "enum": ["json_schema"]},
         "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "strict": {"type": "boolean"},
@@ -70,9 +71,9 @@ MESSAGES_REQUEST = {
     "properties": {
         "model": {"type": "string", "description": "the served model's name"},
         "max_tokens": {"type": "integer", "minimum": 1},
-        "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
-                                                               "properties": {"role": {"type": "string", "enum": ["user", "assistant"]},
-                                                                              "content": _CONTENT}}},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": _CONTENT}}},
         "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
         "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
         "temperature": {**_NUMBER, "minimum": 0, "maximum": 1}, "top_p": {**_NUMBER, "minimum": 0, "maximum": 1},
@@ -86,7 +87,8 @@ MESSAGES_REQUEST = {
 }
 COUNT_TOKENS_REQUEST = {
     "type": "object", "required": ["model", "messages"],
-    "properties": {k: MESSAGES_REQUEST["properties"][k] for k in ("model", "messages", "system", "tools", "tool_choice")},
+    "properties": {k: MESSAGES_REQUEST["properties"][k]
+                   for k in ("model", "messages", "system", "tools", "tool_choice")},
 }
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],

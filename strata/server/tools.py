@@ -64,7 +64,7 @@ def parse_tools(body: dict) -> ToolSpec:
     tools, names = [], set()
     for i, t in enumerate(raw):
         where = f"tools[{i}]"
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+        if not (isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)):
             raise invalid(where, f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", "invalid_type")
         f = function_def(t["function"], f"{where}.function")
         if f["name"] in names:
@@ -140,8 +140,8 @@ def render_messages(messages: list[dict], tools: ToolSpec, template_source: str)
         content = m["content"]
         calls = m.get("tool_calls") or []
         if calls:
-            content = "\n".join([content] * bool(content) + [call_text(c["function"]["name"], c["function"]["arguments"])
-                                                             for c in calls])
+            blocks = [call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+            content = "\n".join([content] * bool(content) + blocks)
         out.append({"role": m["role"], "content": content})
     if listed:
         preamble = TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in listed))

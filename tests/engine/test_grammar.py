@@ -55,9 +55,11 @@ def compiler():
 
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n", "tags", "kind"],
-          "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": -5, "maximum": 500},
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "n": {"type": "integer", "minimum": -5, "maximum": 500},
                          "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
-                         "kind": {"enum": ["module", "class", None]}, "opt": {"type": "integer", "minimum": 0, "maximum": 9}}}
+                         "kind": {"enum": ["module", "class", None]},
+                         "opt": {"type": "integer", "minimum": 0, "maximum": 9}}}
 
 
 def test_random_walks_through_the_mask_give_valid_json(compiler):

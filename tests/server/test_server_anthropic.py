@@ -1,7 +1,6 @@
 """POST /v1/messages with the official anthropic client against the live server: a chat, a stream,
 stop sequences, a tool use round trip on the demo model, and Anthropic-shaped errors. (This client
 version has no temperature argument; it goes in extra_body, which the server reads.)"""
-import json
 
 import httpx
 import pytest
@@ -70,7 +69,8 @@ def test_tool_use_round_trip(aclient, demo_llm):
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER["input_schema"])
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"}]}]
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                               "content": "18 C, sunny"}]}]
     reply = aclient.messages.create(model=demo_llm.model_name, max_tokens=12, extra_body={"temperature": 0},
                                     tools=[WEATHER], messages=messages)
     assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")

@@ -53,7 +53,8 @@ def test_rendering_for_a_template_without_tools():
     spec = parse_tools({"tools": [WEATHER]})
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo?"},
                 {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
                 {"role": "tool", "content": "21", "tool_call_id": "c1"}, {"role": "tool", "content": "22"}]
     out, extra = render_messages(messages, spec, chatml)
     assert extra == {} and [m["role"] for m in out] == ["system", "user", "assistant", "user"]
@@ -70,7 +71,8 @@ def test_a_template_with_tools_gets_them_itself():
     assert template_reads_tools(source)
     msgs = [{"role": "user", "content": "hi"}]
     assert render_messages(msgs, parse_tools({"tools": [WEATHER, TIME]}), source) == (msgs, {"tools": [WEATHER, TIME]})
-    spec = parse_tools({"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    named = {"type": "function", "function": {"name": "get_time"}}
+    spec = parse_tools({"tools": [WEATHER, TIME], "tool_choice": named})
     assert spec == ToolSpec((WEATHER, TIME), "get_time", named=True) and spec.forced
     assert [f["name"] for f in spec.functions()] == ["get_time"]
 
