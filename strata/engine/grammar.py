@@ -89,7 +89,11 @@ class GrammarCompiler:
         llg = _llguidance()
         self.num_words = (model_vocab + 31) // 32
         self.tokenizer_vocab = tokenizer_vocab
-        self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=model_vocab, eos_token=list(eos_token_ids) or None)
+        try:
+            self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=model_vocab, eos_token=list(eos_token_ids) or None)
+        except Exception as e:      # a tokenizer.json llguidance does not understand: no structured output for it
+            raise StrataError(f"structured output: llguidance cannot read this model's tokenizer "
+                              f"({str(e)[:200]})") from None
         self.limits = llg.LLParserLimits(**PARSER_LIMITS)
 
     def matcher(self, spec: str, what: str):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job, QueueFull
 
+log = logging.getLogger("strata.server")
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_QUEUE_SIZE = 64
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -80,6 +82,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     async def lifespan(_app):
         if warm_up and hasattr(llm, "warm_up"):
             await asyncio.to_thread(llm.warm_up)
+            await asyncio.to_thread(_warm_grammar, llm)
         worker.start()
         try:
             yield
@@ -150,6 +153,15 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
+
+
+def _warm_grammar(llm) -> None:
+    """Build llguidance's view of the tokenizer now (~50-250 ms), not in the first structured request."""
+    from ..engine.grammar import compiler_for
+    try:
+        compiler_for(llm)
+    except StrataError as e:    # no llguidance, or a tokenizer it cannot read: structured requests say so
+        log.warning("%s", e)
 
 
 def _key_checker(api_key: str | None):
@@ -248,7 +260,7 @@ def _constraint(llm, tools: ToolSpec, fmt: tuple | None):
             grammar = compiler.json_schema(fmt[1], "response_format.json_schema.schema")
     except GrammarError as e:
         raise APIError(400, str(e), param=param, code="invalid_schema") from None
-    except StrataError as e:        # llguidance is not installed
+    except StrataError as e:        # llguidance is not installed, or cannot read this model's tokenizer
         raise APIError(400, str(e), param=param, code="unsupported_parameter") from None
     return grammar.constraint()
 
