@@ -7,9 +7,10 @@ i // 32 is token i, llguidance's layout), and after it is told the token that wa
 is applied to the logits before argmax or sampling (engine/sampler.py on the host, cuda/mask_logits.cu
 on the device). Once the grammar is complete only the end-of-sequence tokens stay allowed.
 
-Why llguidance (over xgrammar): its masks cost ~10 us a token on the demo's 8192-token vocabulary
-(xgrammar ~2 us; both are far below a decode step), it has no runtime dependency on torch, and its
-parser limits bound the work an untrusted schema can cause at compile time and at every step.
+Why llguidance (over xgrammar): its masks cost 10-20 us a token on the demo's 8192-token vocabulary
+(xgrammar 2-4 us; both far below a decode step; tools/grammar_mask_bench.py), it has no runtime
+dependency on torch, and its parser limits bound the work an untrusted schema can cause at compile
+time and at every step.
 Grammars come from clients, so their size is capped here and llguidance runs under those limits.
 """
 from __future__ import annotations
