@@ -121,7 +121,8 @@ def sampling(body: dict, max_context: int) -> tuple[int, dict]:
     """(max_tokens, SamplingParams fields but max_tokens)."""
     if body.get("max_tokens") is None:
         raise invalid("max_tokens", "max_tokens is required", "missing_required_parameter")
-    max_tokens = _integer(body, "max_tokens", lo=1, hi=max_context)
+    # a ceiling, clamped to the context's room: agents send their own large default whatever the model
+    max_tokens = min(_integer(body, "max_tokens", lo=1), max_context)
     stop = body.get("stop_sequences") or []
     if not isinstance(stop, list) or any(not isinstance(s, str) or not s for s in stop) or len(stop) > MAX_STOP_STRINGS:
         raise invalid("stop_sequences", f"stop_sequences must be a list of at most {MAX_STOP_STRINGS} "

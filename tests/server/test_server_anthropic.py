@@ -142,3 +142,11 @@ def test_blocks_become_the_chat_messages_of_the_openai_route():
     assert spec.tools[0]["function"]["parameters"] == WEATHER["input_schema"]
     assert tools({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}}).named
     assert not tools({"tools": [WEATHER], "tool_choice": {"type": "none"}}).active
+
+
+def test_a_max_tokens_past_the_context_is_a_ceiling(aclient, demo_llm):
+    """Agents send their own large default; it is clamped to the context's room, as a ceiling."""
+    msg = aclient.messages.create(model=demo_llm.model_name, max_tokens=10**6, stop_sequences=["\n"],
+                                  messages=[{"role": "user", "content": "What does `os.getcwd` do?"}],
+                                  extra_body={"temperature": 0})
+    assert msg.stop_reason in ("end_turn", "stop_sequence", "max_tokens")
