@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -226,6 +227,32 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         return b.size(super().call(__context, __obj, *args, **kwargs), "a call's result")
 
 
+MAX_JSON_INDENT = 16
+
+
+def _json_depth(value) -> int:
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        level = [x for v in level if isinstance(v, (dict, list, tuple))
+                 for x in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """tojson as Hugging Face's chat templates have it: plain json.dumps, keys in their order, no HTML
+    escaping. (jinja2's own sorts keys and escapes <, >, & and ', which is not how a model trained
+    with HF's templates saw its tools.) An indent multiplies the size, so it is capped and priced first."""
+    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int)
+                               or not 0 <= indent <= MAX_JSON_INDENT):
+        raise ChatTemplateBudget(f"chat template: tojson's indent must be 0 to {MAX_JSON_INDENT}, got {indent!r}")
+    compact = json.dumps(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+    if not indent:
+        return compact
+    _current().count(len(compact) * (1 + indent * _json_depth(value)), "tojson's indented result")
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _raise_exception(message):
     raise ChatTemplateError(f"chat template: {message}")
 
@@ -234,6 +261,7 @@ def _raise_exception(message):
 def environment() -> BudgetedEnvironment:
     env = BudgetedEnvironment()
     env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _checked_filter("tojson", _tojson)
     return env
 
 

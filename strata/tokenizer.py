@@ -41,6 +41,10 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as HF tokenizer.json text (what llguidance builds its token masks from)."""
+        return self._tok.to_str()
+
     def token_text(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 

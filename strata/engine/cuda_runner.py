@@ -325,13 +325,17 @@ class CudaRunner:
         self.cached_ids.append(token)
         return out[-1] if logits else None
 
-    def pick(self, params, u: float) -> int:
+    def pick(self, params, u: float, mask=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
-        cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits."""
+        cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits.
+        mask: an allowed-token bitmask (strata.engine.grammar), uploaded and applied to the device
+        logits first (cuda/mask_logits.cu)."""
         from ..backends.cuda.sample import SAMPLE_SIGNATURE, launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
+        if mask is not None:
+            self._mask_logits(ptr, mask)
         if params.temperature == 0.0:
             self.ops.launch("argmax", "strata_argmax_f32", "PPi", 1, 1024, (ptr, io.ptr + 24, V))
         else:
@@ -349,6 +353,23 @@ class CudaRunner:
             self._step_timing = None
         self._after_route()
         return int(self._pick_host[24:28].view(np.int32)[0])
+
+    def _mask_logits(self, ptr: int, mask) -> None:
+        """Set the logits row at ptr to -inf where the bitmask [ceil(V / 32)] int32 is 0, in place (the
+        row is the last step's output, rewritten by the next one)."""
+        V = self.args.vocab_size
+        words = (V + 31) // 32
+        mask = np.asarray(mask)
+        if mask.shape != (words,) or mask.dtype.itemsize != 4:
+            raise InvalidArgument(f"pick(): the token mask must be {words} 32-bit words for V = {V}, got "
+                                  f"{mask.shape} {mask.dtype}")
+        if getattr(self, "_mask_dev", None) is None:      # the first constrained pick: 4 bytes per 32 tokens
+            self._mask_dev = self.rt.DeviceBuffer(self.dev, 4 * words)
+            self._mask_host = np.frombuffer(self.rt.HostBuffer(self.dev, 4 * words), np.int32)
+        self._mask_host[:] = mask.view(np.int32)
+        self._mask_dev.copy_from_host(self._mask_host, self.stream)
+        self.ops.launch("mask_logits", "strata_mask_logits_f32", "PPi", ((V + 255) // 256, 1, 1), (256, 1, 1),
+                        (ptr, self._mask_dev.ptr, V))
 
     def _decode_step(self, ids: list[int], lo: int, download: bool = True) -> np.ndarray | None:
         """Logits [T, V] of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is

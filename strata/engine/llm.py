@@ -158,14 +158,15 @@ class LLM:
                 yield delta.text
 
     def begin(self, prompt, params: SamplingParams | None = None,
-              on_progress: Callable[[int, int], None] | None = None) -> "Generation":
-        """Start a generation; iterate it for text deltas, read .completion when it ends."""
+              on_progress: Callable[[int, int], None] | None = None, constraint=None) -> "Generation":
+        """Start a generation; iterate it for text deltas, read .completion when it ends. constraint:
+        a strata.engine.grammar.TokenConstraint whose mask every pick obeys (structured output)."""
         params = params or SamplingParams()
         ids = self._check_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
         if len(ids) >= self.max_context:
             raise InvalidArgument(f"prompt of {len(ids)} tokens does not fit the context of "
                                   f"{self.max_context} tokens (max_context)")
-        return Generation(self, ids, params, on_progress)
+        return Generation(self, ids, params, on_progress, constraint)
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
@@ -187,8 +188,9 @@ class LLM:
 class Generation:
     """One request: the prompt is read on the first next(), then one token per next()."""
 
-    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress):
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress, constraint=None):
         self.llm, self.ids, self.params, self.on_progress = llm, ids, params, on_progress
+        self.constraint = constraint
         room = llm.max_context - len(ids)
         self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.completion: Completion | None = None
@@ -225,11 +227,14 @@ class Generation:
                 if self._cancelled:
                     finish = "cancelled"
                     break
-                token = runner.pick(self.params, sampler.draw())
+                mask = None if self.constraint is None else self.constraint.mask()
+                token = runner.pick(self.params, sampler.draw(), mask=mask)
                 if token in eos:
                     finish = "stop"
                     break
                 out.append(token)
+                if self.constraint is not None:
+                    self.constraint.advance(token)
                 delta = text.push(token)
                 if text.stopped:
                     finish = "stop"
@@ -237,6 +242,9 @@ class Generation:
                         yield Delta(delta, token)
                     break
                 yield Delta(delta, token)
+                if self.constraint is not None and self.constraint.complete:
+                    finish = "stop"        # the grammar allows nothing more (its end-of-sequence is implied)
+                    break
                 if len(out) < self.max_tokens:
                     runner.decode(token, logits=False)
             rest = text.finish()

@@ -108,9 +108,10 @@ class CpuRunner:
         self._last = out[-1]
         return self._last if logits else None
 
-    def pick(self, params, u: float) -> int:
-        """The next token from the last prefill's or decode's logits (strata.engine.sampler)."""
-        return pick_host(self._last, params, u)
+    def pick(self, params, u: float, mask=None) -> int:
+        """The next token from the last prefill's or decode's logits (strata.engine.sampler); mask:
+        an allowed-token bitmask (strata.engine.grammar) or None."""
+        return pick_host(self._last, params, u, mask)
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""

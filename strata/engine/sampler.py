@@ -13,9 +13,19 @@ import numpy as np
 from ..config import SamplingParams
 
 
-def pick_host(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+def mask_logits(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """logits [V] with every token the bitmask does not allow set to -inf (a copy). mask: int32
+    [ceil(V / 32)], bit i % 32 of word i // 32 allows token i (strata.engine.grammar's layout)."""
+    allowed = np.unpackbits(np.ascontiguousarray(mask, np.int32).view(np.uint8), bitorder="little")
+    return np.where(allowed[: logits.shape[-1]].astype(bool), logits, np.float32(-np.inf)).astype(logits.dtype)
+
+
+def pick_host(logits: np.ndarray, p: SamplingParams, u: float, mask: np.ndarray | None = None) -> int:
     """The token of logits [V] for params p and the uniform draw u in [0, 1): argmax when greedy,
-    else the smallest id whose cumulative probability (ids in order) passes u, numpy's choice rule."""
+    else the smallest id whose cumulative probability (ids in order) passes u, numpy's choice rule.
+    mask: only the tokens this bitmask allows can be picked (see mask_logits)."""
+    if mask is not None:
+        logits = mask_logits(logits, mask)
     if p.temperature == 0.0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / p.temperature

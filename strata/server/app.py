@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -22,13 +23,15 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import StrataError
-from . import schema
+from . import anthropic, schema
 from .metrics import ServerMetrics
 from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, error_body, new_id, \
     parse_json_object, parse_request
 from .security import HostCheck
+from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job, QueueFull
 
+log = logging.getLogger("strata.server")
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_QUEUE_SIZE = 64
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -79,6 +82,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     async def lifespan(_app):
         if warm_up and hasattr(llm, "warm_up"):
             await asyncio.to_thread(llm.warm_up)
+            await asyncio.to_thread(_warm_grammar, llm)
         worker.start()
         try:
             yield
@@ -102,6 +106,21 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     @v1.post("/completions", openapi_extra=schema.request_body(schema.COMPLETION_REQUEST), responses=post_errors)
     async def completions(request: Request):
         return await _complete(request, "completion", llm, worker, max_body_bytes, draining)
+
+    @v1.post("/messages", openapi_extra=schema.request_body(schema.MESSAGES_REQUEST),
+             responses=schema.anthropic_errors(400, 401, 404, 413, 415, 503))
+    async def messages(request: Request):
+        return await _messages(request, llm, worker, max_body_bytes, draining)
+
+    @v1.post("/messages/count_tokens", openapi_extra=schema.request_body(schema.COUNT_TOKENS_REQUEST),
+             responses=schema.anthropic_errors(400, 401, 404, 413, 415))
+    async def count_tokens(request: Request):
+        """The prompt's size as /v1/messages would read it (Anthropic's token counting route)."""
+        body = await _read_request(request, max_body_bytes, draining)
+        anthropic.check_model(body, llm.model_name)
+        req = ParsedRequest("chat", anthropic.chat_messages(body), False, False, None, {})
+        ids, _ = await asyncio.to_thread(_prepare, llm, req, anthropic.tools(body), False)
+        return {"input_tokens": len(ids)}
 
     @v1.get("/models")
     async def models():
@@ -136,45 +155,58 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     return app
 
 
+def _warm_grammar(llm) -> None:
+    """Build llguidance's view of the tokenizer now (~50-250 ms), not in the first structured request."""
+    from ..engine.grammar import compiler_for
+    try:
+        compiler_for(llm)
+    except StrataError as e:    # no llguidance, or a tokenizer it cannot read: structured requests say so
+        log.warning("%s", e)
+
+
 def _key_checker(api_key: str | None):
-    """A dependency that demands `Authorization: Bearer <api_key>`, compared in constant time."""
+    """A dependency that demands `Authorization: Bearer <api_key>` or `x-api-key: <api_key>` (Anthropic's
+    clients send that), compared in constant time."""
     def check_key(request: Request) -> None:
         if not api_key:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
-        if not ok:
-            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
+        bearer = token.strip() if scheme.lower() == "bearer" else None
+        offered = [t for t in (bearer, request.headers.get("x-api-key")) if t is not None]
+        if not any(hmac.compare_digest(t.encode(), api_key.encode()) for t in offered):
+            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>)",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return check_key
 
 
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    def answer(status: int, body: dict, headers: dict | None = None) -> Response:
+    def answer(req: Request, status: int, body: dict, headers: dict | None = None) -> Response:
         metrics.count_http_error(status)
+        if req.url.path.startswith(anthropic.ROUTE):     # Anthropic's clients read their own error shape
+            body = anthropic.error_body(status, body["error"]["message"])
         # json.dumps escapes to ASCII, so a message that quotes hostile text can never fail to encode
         return Response(json.dumps(body), status, headers=headers, media_type="application/json")
 
     @app.exception_handler(APIError)
-    async def api_error(_req, e: APIError):
-        return answer(e.status, e.body(), e.headers)
+    async def api_error(req, e: APIError):
+        return answer(req, e.status, e.body(), e.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_req, e: StarletteHTTPException):
+    async def http_error(req, e: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return answer(e.status_code, error_body(str(e.detail), code=code), getattr(e, "headers", None))
+        return answer(req, e.status_code, error_body(str(e.detail), code=code), getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_req, e: RequestValidationError):
+    async def validation_error(req, e: RequestValidationError):
         first = (e.errors() or [{}])[0]
         param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return answer(400, error_body(f"{param}: {first.get('msg', 'invalid request')}", param=param))
+        return answer(req, 400, error_body(f"{param}: {first.get('msg', 'invalid request')}", param=param))
 
     @app.exception_handler(Exception)
-    async def server_error(_req, e: Exception):
+    async def server_error(req, e: Exception):
         # a bug: still the OpenAI shape (Starlette re-raises it afterwards, so it is logged with its traceback)
-        return answer(500, error_body(f"internal server error ({type(e).__name__})", "server_error",
-                                      code="internal_error"))
+        return answer(req, 500, error_body(f"internal server error ({type(e).__name__})", "server_error",
+                                           code="internal_error"))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -198,10 +230,14 @@ def _check_json_content_type(request: Request) -> None:
                        code="unsupported_media_type")
 
 
-def _tokenize(llm, req: ParsedRequest) -> list[int]:
+NO_TOOLS = ToolSpec((), "none")
+
+
+def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS) -> list[int]:
     if req.kind == "chat":
+        messages, extra = render_messages(req.prompt, tools, llm.tokenizer.chat_template)
         try:
-            text = llm.tokenizer.apply_chat_template(req.prompt, add_generation_prompt=True)
+            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
         except StrataError as e:    # the model's template failed or ran past its budget (strata/chat_template.py)
             raise APIError(400, f"messages: the model's chat template rejected them: {e}", param="messages",
                            code="chat_template_error") from None
@@ -209,15 +245,43 @@ def _tokenize(llm, req: ParsedRequest) -> list[int]:
     return list(req.prompt) if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
 
 
-async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int,
-                    draining: Draining):
+def _constraint(llm, tools: ToolSpec, fmt: tuple | None):
+    """The token constraint of a forced tool call or a response_format, or None; 400 naming the field
+    when the schema does not compile (or passes the grammar limits)."""
+    if not tools.forced and fmt is None:
+        return None
+    from ..engine.grammar import GrammarError, compiler_for
+    param = "tools" if tools.forced else "response_format"
+    try:
+        compiler = compiler_for(llm)
+        if tools.forced:
+            grammar = compiler.lark(forced_call_grammar(tools), "the tools' parameters schemas")
+        else:
+            grammar = compiler.json_schema(fmt[1], "response_format.json_schema.schema")
+    except GrammarError as e:
+        raise APIError(400, str(e), param=param, code="invalid_schema") from None
+    except StrataError as e:        # llguidance is not installed, or cannot read this model's tokenizer
+        raise APIError(400, str(e), param=param, code="unsupported_parameter") from None
+    return grammar.constraint()
+
+
+def _prepare(llm, req: ParsedRequest, tools: ToolSpec, constrain: bool = True):
+    """(prompt ids, constraint), off the event loop: the template, the tokenizer and a grammar compile."""
+    return _tokenize(llm, req, tools), _constraint(llm, tools, req.response_format) if constrain else None
+
+
+async def _read_request(request: Request, max_body_bytes: int, draining: Draining) -> dict:
     _check_json_content_type(request)
     draining.refuse_if_started()
-    body = parse_json_object(await _read_body(request, max_body_bytes))
-    req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
-    ids = await asyncio.to_thread(_tokenize, llm, req)
+    return parse_json_object(await _read_body(request, max_body_bytes))
+
+
+async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequest, tools: ToolSpec) -> Job:
+    """The request tokenized (and its grammar compiled) off the event loop, checked against the
+    context, and queued for the engine thread."""
+    ids, constraint = await asyncio.to_thread(_prepare, llm, req, tools)
     draining.refuse_if_started()
-    field = "messages" if kind == "chat" else "prompt"
+    field = "messages" if req.kind == "chat" else "prompt"
     if not ids:
         raise APIError(400, f"{field} is empty after tokenization", param=field)
     if len(ids) >= llm.max_context:
@@ -226,25 +290,95 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
                        param=field, code="context_length_exceeded")
     room = llm.max_context - len(ids)
     max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-    job = Job(kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream)
+    job = Job(req.kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream,
+              constraint=constraint)
     try:
         worker.submit(job)
     except QueueFull as e:
         raise APIError(503, str(e), type="server_error", code="queue_full",
                        headers={"Retry-After": str(e.retry_after_s)}) from None
     draining.open.add(job)
+    return job
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int,
+                    draining: Draining):
+    body = await _read_request(request, max_body_bytes, draining)
+    req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
+    tools = parse_tools(body) if kind == "chat" else NO_TOOLS
+    job = await _submit(llm, worker, draining, req, tools)
     writer = ChunkWriter(new_id(kind), kind, llm.model_name)
     if req.stream:
-        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining,
+                                      ToolCallReader() if tools.active else None),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         completion = await _wait_done(job, worker, request)
     except ClientGone:
         return Response(status_code=499)
     finally:
         draining.open.discard(job)
-    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created)
+    reply = split_calls(completion.text) if tools.active else None
+    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply)
+
+
+async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining):
+    """POST /v1/messages (strata/server/anthropic.py)."""
+    body = await _read_request(request, max_body_bytes, draining)
+    anthropic.check_model(body, llm.model_name)
+    max_tokens, sampling = anthropic.sampling(body, llm.max_context)
+    tools = anthropic.tools(body)
+    req = ParsedRequest("chat", anthropic.chat_messages(body), body.get("stream") is True, False, max_tokens, sampling)
+    job = await _submit(llm, worker, draining, req, tools)
+    msg_id = anthropic.new_message_id()
+    if req.stream:
+        writer = anthropic.EventWriter(msg_id, llm.model_name, tools.active)
+        return StreamingResponse(_anthropic_events(job, worker, writer, llm, draining),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        completion = await _wait_done(job, worker, request)
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        draining.open.discard(job)
+    content, calls = split_calls(completion.text) if tools.active else (completion.text, [])
+    parts = [("text", content)] + [("call", c) for c in calls]
+    reason = anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), len(calls))
+    return anthropic.message_body(msg_id, llm.model_name, completion, parts, reason)
+
+
+def _full_text(llm, completion) -> str:
+    """The reply's tokens decoded whole: past the returned text when a stop string cut it."""
+    return llm.tokenizer.decode(completion.token_ids) if completion.finish_reason == "stop" else completion.text
+
+
+async def _anthropic_events(job: Job, worker: EngineWorker, writer, llm, draining: Draining):
+    finished = False
+    try:
+        yield writer.start(len(job.prompt_ids))
+        while True:
+            kind, payload = await job.events.get()
+            if kind == "delta":
+                events = writer.delta(payload)
+                if events:
+                    yield events
+            elif kind == "done":
+                finished = True
+                reason = anthropic.stop_reason(payload, job.params.stop, _full_text(llm, payload),
+                                               writer.num_calls)
+                yield writer.finish(payload, reason)
+                return
+            else:
+                finished = True
+                yield writer.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
+                return
+    finally:
+        draining.open.discard(job)
+        if not finished:
+            worker.cancel(job)
 
 
 def _engine_error(e: Exception) -> APIError:
@@ -275,9 +409,26 @@ async def _wait_done(job: Job, worker: EngineWorker, request: Request):
         raise
 
 
-async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining):
+def _frames(writer: ChunkWriter, reader: ToolCallReader | None, text: str | None) -> bytes:
+    """The frames of a text delta (None: the reply's end), tool calls split out when reader is given."""
+    if reader is None:
+        return writer.delta(text) if text else b""
+    parts = reader.push(text) if text is not None else reader.finish()
+    out, index = b"", reader.num_calls - sum(k == "call" for k, _ in parts)
+    for k, part in parts:
+        if k == "text":
+            out += writer.delta(part) if part else b""
+        else:
+            out += writer.tool_call(part, index)
+            index += 1
+    return out
+
+
+async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining,
+               reader: ToolCallReader | None = None):
     """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job; a
-    shutdown ends it with an error event."""
+    shutdown ends it with an error event. reader: the request had tools; their calls go out as
+    tool_calls deltas."""
     finished = False
     try:
         first = writer.start()
@@ -286,10 +437,13 @@ async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usag
         while True:
             kind, payload = await job.events.get()
             if kind == "delta":
-                yield writer.delta(payload)
+                frames = _frames(writer, reader, payload)
+                if frames:
+                    yield frames
             elif kind == "done":
                 finished = True
-                yield writer.finish(payload, include_usage)
+                tail = _frames(writer, reader, None) if reader is not None else b""
+                yield tail + writer.finish(payload, include_usage, reader.num_calls if reader else 0)
                 return
             else:
                 finished = True

@@ -174,13 +174,8 @@ def _reject_unsupported(body: dict, kind: str) -> None:
     if kind == "chat":
         if _boolean(body, "logprobs") or body.get("top_logprobs"):
             raise unsupported("logprobs", "logprobs")
-        if body.get("tools") and body.get("tool_choice") != "none":
-            raise unsupported("tools", "tool calling")
         if body.get("functions"):
-            raise unsupported("functions", "function calling")
-        fmt = body.get("response_format")
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
-            raise unsupported("response_format", f"response_format {fmt!r}")
+            raise unsupported("functions", "the deprecated functions parameter (use tools)")
     else:
         if body.get("logprobs") is not None:
             raise unsupported("logprobs", "logprobs")
@@ -195,8 +190,38 @@ def _reject_unsupported(body: dict, kind: str) -> None:
 
 # ---- prompts ----
 
+def _forced_choice(choice) -> bool:
+    return choice == "required" or isinstance(choice, dict)
+
+
+def response_format(body: dict) -> tuple[str, dict | None] | None:
+    """response_format -> None (text), ("json_object", None) or ("json_schema", schema)."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type", "text"), str):
+        raise invalid("response_format", "response_format must be an object with a type", "invalid_type")
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ("json_object", None)
+    if kind != "json_schema":
+        raise invalid("response_format.type", f"response_format.type must be text, json_object or json_schema, "
+                                              f"got {kind[:40]!r}")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise invalid("response_format.json_schema", "response_format.json_schema must be an object whose schema "
+                                                     "is a JSON schema object", "invalid_type")
+    if not isinstance(spec.get("name", ""), str):
+        raise invalid("response_format.json_schema.name", "response_format.json_schema.name must be a string",
+                      "invalid_type")
+    return ("json_schema", spec.get("schema", {}))
+
+
 def chat_messages(body: dict) -> list[dict]:
-    """messages -> [{"role", "content": str}], text parts joined; names the offending element."""
+    """messages -> [{"role", "content": str, and for an assistant "tool_calls", for a tool "tool_call_id"}],
+    text parts joined; names the offending element."""
     msgs = body.get("messages")
     if msgs is None:
         raise invalid("messages", "messages is required", "missing_required_parameter")
@@ -210,7 +235,35 @@ def chat_messages(body: dict) -> list[dict]:
         role = m.get("role")
         if role not in CHAT_ROLES:
             raise invalid(f"{where}.role", f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        out.append({"role": role, "content": _message_text(m.get("content"), f"{where}.content")})
+        msg = {"role": role, "content": _message_text(m.get("content"), f"{where}.content")}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise invalid(f"{where}.tool_call_id", f"{where}.tool_call_id must be a string", "invalid_type")
+            msg["tool_call_id"] = call_id or ""
+        out.append(msg)
+    return out
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant message's tool_calls, with each call's arguments parsed from their JSON text
+    (chat templates expect an object; text that is not JSON is passed as it is)."""
+    if not isinstance(calls, list):
+        raise invalid(where, f"{where} must be a list", "invalid_type")
+    out = []
+    for i, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments", ""), str):
+            raise invalid(f"{where}[{i}]", f"{where}[{i}] must be {{\"type\": \"function\", \"function\": "
+                                           f"{{\"name\": str, \"arguments\": str}}}}", "invalid_type")
+        try:
+            args = json.loads(f.get("arguments") or "{}")
+        except ValueError:
+            args = f["arguments"]
+        out.append({"id": c.get("id") if isinstance(c.get("id"), str) else "", "type": "function",
+                    "function": {"name": f["name"], "arguments": args}})
     return out
 
 
@@ -262,6 +315,7 @@ class ParsedRequest:
     include_usage: bool
     max_tokens: int | None
     sampling: dict = field(default_factory=dict)   # SamplingParams fields except max_tokens
+    response_format: tuple | None = None           # None, ("json_object", None) or ("json_schema", schema)
 
     def params(self, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
@@ -289,7 +343,10 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     seed = _integer(body, "seed")
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "stop": _stop(body),
                 "seed": None if seed is None else seed % 2**63}
-    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling)
+    fmt = response_format(body) if kind == "chat" else None
+    if fmt is not None and _forced_choice(body.get("tool_choice")):
+        raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
+    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling, fmt)
 
 
 # ---- response bodies ----
@@ -314,10 +371,22 @@ def _finish(reason: str) -> str:
     return reason if reason in ("stop", "length") else "stop"
 
 
-def completion_body(req_id: str, kind: str, model: str, completion, created: int) -> dict:
+def openai_tool_call(call: dict, index: int | None = None) -> dict:
+    """A call read from the model's text ({id, name, arguments}) in OpenAI's tool_calls shape."""
+    out = {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+    return out if index is None else {"index": index, **out}
+
+
+def completion_body(req_id: str, kind: str, model: str, completion, created: int,
+                    reply: tuple[str, list[dict]] | None = None) -> dict:
+    """reply: (content, tool calls) when the request had tools; else the whole text is the content."""
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                  "logprobs": None, "finish_reason": _finish(completion.finish_reason)}
+        content, calls = reply if reply is not None else (completion.text, [])
+        message = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = [openai_tool_call(c) for c in calls]
+        finish = "tool_calls" if calls and completion.finish_reason != "length" else _finish(completion.finish_reason)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": completion.text, "logprobs": None,
@@ -354,9 +423,16 @@ class ChunkWriter:
     def delta(self, text: str) -> bytes:
         return self._frame([self._choice(text, None)])
 
-    def finish(self, completion, include_usage: bool) -> bytes:
-        out = self._frame([self._choice(None, _finish(completion.finish_reason))],
-                          timings=timings_body(completion))
+    def tool_call(self, call: dict, index: int) -> bytes:
+        """One whole call as one delta (name and all its arguments: a client joins the pieces anyway)."""
+        return self._frame([{"index": 0, "delta": {"tool_calls": [openai_tool_call(call, index)]},
+                             "logprobs": None, "finish_reason": None}])
+
+    def finish(self, completion, include_usage: bool, num_calls: int = 0) -> bytes:
+        reason = _finish(completion.finish_reason)
+        if num_calls and completion.finish_reason != "length":
+            reason = "tool_calls"
+        out = self._frame([self._choice(None, reason)], timings=timings_body(completion))
         if include_usage:
             out += self._frame([], usage=usage_body(completion))
         return out + b"data: [DONE]\n\n"

@@ -22,17 +22,73 @@ _SAMPLING = {
 }
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+_NAME = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_.-]+$"}
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"},
+                                                                        "arguments": {"type": "string"}}}}}
 _MESSAGE = {
     "type": "object", "required": ["role"],
     "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART}]},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "an assistant's earlier calls"},
+        "tool_call_id": {"type": "string", "description": "on a tool message: the call it answers"},
     },
 }
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": _NAME, "description": {"type": "string"},
+        "parameters": {"type": "object", "description": "a JSON schema of the arguments"}}}}}
+_TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                          {"type": "object", "required": ["type", "function"], "properties": {
+                              "type": {"type": "string", "enum": ["function"]},
+                              "function": {"type": "object", "required": ["name"],
+                                           "properties": {"name": {"type": "string"}}}}}]}
+_RESPONSE_FORMAT = {"oneOf": [
+    {"type": "object", "required": ["type"],
+     "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"], "properties": {
+        "type": {"type": "string", "enum": ["json_schema"]},
+        "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "strict": {"type": "boolean"},
+                                                         "schema": {"type": "object"}}}}}]}
 CHAT_REQUEST = {
     "type": "object", "required": ["messages"],
     "properties": {"messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-                   "max_completion_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
+                   "max_completion_tokens": {"type": "integer", "minimum": 1},
+                   "tools": {"type": "array", "maxItems": 128, "items": _TOOL}, "tool_choice": _TOOL_CHOICE,
+                   "response_format": _RESPONSE_FORMAT, **_SAMPLING},
+}
+_BLOCK = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]}, "text": {"type": "string"},
+    "id": {"type": "string"}, "name": {"type": "string"}, "input": {"type": "object"},
+    "tool_use_id": {"type": "string"}, "is_error": {"type": "boolean"},
+    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}}}
+_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}]}
+MESSAGES_REQUEST = {
+    "type": "object", "required": ["model", "max_tokens", "messages"],
+    "properties": {
+        "model": {"type": "string", "description": "the served model's name"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": _CONTENT}}},
+        "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+        "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
+        "temperature": {**_NUMBER, "minimum": 0, "maximum": 1}, "top_p": {**_NUMBER, "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0}, "stream": {"type": "boolean"},
+        "tools": {"type": "array", "maxItems": 128, "items": {"type": "object", "required": ["name"], "properties": {
+            "name": _NAME, "description": {"type": "string"}, "input_schema": {"type": "object"}}}},
+        "tool_choice": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"}}},
+        "metadata": {"type": "object"},
+    },
+}
+COUNT_TOKENS_REQUEST = {
+    "type": "object", "required": ["model", "messages"],
+    "properties": {k: MESSAGES_REQUEST["properties"][k]
+                   for k in ("model", "messages", "system", "tools", "tool_choice")},
 }
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
@@ -47,11 +103,23 @@ ERROR = {
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
 }
 _ERROR_ANSWER = {"content": {"application/json": {"schema": ERROR}}}
+ANTHROPIC_ERROR = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"type": "string", "enum": ["error"]},
+                   "error": {"type": "object", "required": ["type", "message"],
+                             "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}},
+}
 
 
 def errors(*statuses: int) -> dict:
     """The `responses` entries for these error statuses, all in the OpenAI error shape."""
     return {s: {"description": "an OpenAI-style error", **_ERROR_ANSWER} for s in statuses}
+
+
+def anthropic_errors(*statuses: int) -> dict:
+    """The `responses` entries of /v1/messages: Anthropic's error shape."""
+    return {s: {"description": "an Anthropic-style error",
+                "content": {"application/json": {"schema": ANTHROPIC_ERROR}}} for s in statuses}
 
 
 def request_body(schema: dict) -> dict:

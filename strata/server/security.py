@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from . import anthropic
 from .protocol import error_body
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -44,9 +45,11 @@ class HostCheck:
         if self.on_refusal:
             self.on_refusal(400)
         names = ", ".join(sorted(self.allowed))
-        body = json.dumps(error_body(f"Host {header[:100]!r} is not one this server answers to ({names}, any port; "
-                                     f"serve --allowed-hosts adds names)", param="Host",
-                                     code="invalid_host")).encode()
+        message = (f"Host {header[:100]!r} is not one this server answers to ({names}, any port; "
+                   f"serve --allowed-hosts adds names)")
+        shaped = (anthropic.error_body(400, message) if scope.get("path", "").startswith(anthropic.ROUTE)
+                  else error_body(message, param="Host", code="invalid_host"))
+        body = json.dumps(shaped).encode()
         await send({"type": "http.response.start", "status": 400,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

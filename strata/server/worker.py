@@ -37,6 +37,7 @@ class Job:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     stream: bool = False            # only streamed jobs are sent their text deltas
+    constraint: Any = None          # a strata.engine.grammar.TokenConstraint (structured output, forced tool calls)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
@@ -142,7 +143,8 @@ class EngineWorker:
         if job.cancelled.is_set():
             return
         try:
-            gen = self.llm.begin(job.prompt_ids, job.params, on_progress=self._on_progress)
+            extra = {} if job.constraint is None else {"constraint": job.constraint}
+            gen = self.llm.begin(job.prompt_ids, job.params, on_progress=self._on_progress, **extra)
             for delta in gen:
                 if live.first_token is None:
                     live.first_token, live.state = time.monotonic(), "generating"

@@ -238,6 +238,7 @@ SIGNATURES.update({     # cuda/kv_quant.cu
     r"strata_kv_append_int8": "PPPPiii", r"strata_kv_append_q4r": "PPPPiiif", r"strata_hadamard_f32": "Piif",
     r"strata_attention_decode_(int8|q4_0|k8v4)_d\d+_g\d+": "PPPPPPPPiiiif",
 })
+SIGNATURES.update({r"strata_mask_logits_f32": "PPi"})                                 # mask_logits.cu
 SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
                    r"strata_moe_group": "PiiiPPPPii", r"strata_swiglu_rows_f32": "PPPPiiiqqq"})
 
@@ -606,7 +607,8 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
                  "gdn_conv1d_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d"),
                  "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step"),
-                 "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt")})
+                 "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt"),
+                 "mask_logits_f32": _lazy_emulation("fake_sample", "emulate_mask_logits")})
 SIGNATURES.update({r"strata_gdn_conv1d_step_f32": "PPPPii", r"strata_gdn_conv1d_f32": "PPPPiiiq",  # gated_delta.cu
                    r"strata_gdn_step_f32": "PPPPPPPiiiif", r"strata_gdn_prompt_f32": "PPPPPPPiiiiifqq"})
 

@@ -1,4 +1,4 @@
-"""numpy emulation of cuda/sample.cu for tests/engine/fake_cuda.py (the fake runtime).
+"""numpy emulation of cuda/sample.cu and cuda/mask_logits.cu for tests/engine/fake_cuda.py (the fake runtime).
 
 Runs strata.backends.cuda.sample.sample_reference on the fake device memory and checks what a real
 launch needs: grid (B, 1, 1), block exactly (1024, 1, 1), V >= 1, u in [0, 1). Wiring, in fake_cuda.py:
@@ -33,3 +33,15 @@ def emulate_sample(grid, logits, temperature, top_k, top_p, u, token, prob, V):
     fake_cuda.view(token, B, np.int32)[:] = tok
     if prob:
         fake_cuda.view(prob, B)[:] = pr
+
+
+def emulate_mask_logits(grid, logits, mask, V):
+    """logits[b, i] = -inf where bit i % 32 of mask[b, i // 32] is 0 (strata.engine.sampler.mask_logits)."""
+    from strata.engine.sampler import mask_logits
+    W = (V + 31) // 32
+    assert V >= 1 and grid[0] == (V + 255) // 256 and grid[2] == 1, f"fake_cuda: mask_logits grid {grid} for V = {V}"
+    B = grid[1]
+    x = fake_cuda.view(logits, B * V).reshape(B, V)
+    m = fake_cuda.view(mask, B * W, np.int32).reshape(B, W)
+    for b in range(B):
+        x[b] = mask_logits(x[b], m[b])

@@ -1,4 +1,5 @@
 """strata/chat_template.py: real templates render as before; runaway ones stop, fast, with a budget error."""
+import json
 import time
 
 import pytest
@@ -59,3 +60,13 @@ def test_template_errors_are_one_line():
         render(compile_template("{{ raise_exception('no system role') }}"), messages=MSGS)
     with pytest.raises(ChatTemplateError, match="SecurityError"):
         render(compile_template("{{ ''.__class__.__mro__ }}"), messages=MSGS)
+
+
+def test_tojson_is_hugging_faces():
+    """Tools reach a template as HF renders them: keys in order, nothing HTML-escaped, no sorting."""
+    t = compile_template("{% for tool in tools %}{{ tool | tojson }}{% endfor %}|{{ tools[0] | tojson(indent=2) }}")
+    tool = {"type": "function", "function": {"name": "f", "description": "x < y's \u00e9 & z"}}
+    flat, indented = render(t, tools=[tool]).split("|")
+    assert flat == json.dumps(tool, ensure_ascii=False) and indented == json.dumps(tool, ensure_ascii=False, indent=2)
+    with pytest.raises(ChatTemplateBudget, match="indent"):
+        render(compile_template("{{ x | tojson(indent=100000) }}"), x=[1])

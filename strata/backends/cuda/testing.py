@@ -260,6 +260,21 @@ class CudaOps:
         self._kernel("argmax", "strata_argmax_f32", "PPi").launch(B, 1024, (self._upload(x), out, V), stream=self.stream)
         return self._download(out, (B,), np.int32)
 
+    def mask_logits(self, logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """logits [B, V] with -inf where the bitmask [B, ceil(V / 32)] int32 has a 0 bit (strata_mask_logits_f32)."""
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        m = np.ascontiguousarray(mask, dtype=np.int32)
+        if x.ndim != 2 or x.shape[1] == 0 or m.shape != (x.shape[0], (x.shape[1] + 31) // 32):
+            raise InvalidArgument(f"mask_logits: logits {x.shape} must be [B, V >= 1] and mask {m.shape} "
+                                  f"[B, ceil(V / 32)]")
+        B, V = x.shape
+        if B == 0:
+            return x.copy()
+        buf = self._upload(x)
+        kernel = self._kernel("mask_logits", "strata_mask_logits_f32", "PPi")
+        kernel.launch(((V + 255) // 256, B, 1), 256, (buf, self._upload(m), V), stream=self.stream)
+        return self._download(buf, (B, V), np.float32)
+
     def moe_combine(self, residual: np.ndarray, expert_out: np.ndarray, weights: np.ndarray,
                     rows: np.ndarray | None = None) -> np.ndarray:
         """residual [T, D] + sum_a weights[t, a] * expert_out row (t, a) -> [T, D]. expert_out is
