@@ -13,6 +13,7 @@ from typing import Any
 from .errors import InvalidArgument
 
 SUPPORTED_ARCHITECTURES = ("qwen3moe",)
+SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 
 
 def _positive(obj, *names: str) -> None:
@@ -101,8 +102,9 @@ class EngineConfig:
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
-    spec: int = field(default=0, metadata={"help": "speculative draft tokens per step (needs --mtp)"})
-    mtp: bool = field(default=False, metadata={"help": "use the model's MTP draft layer"})
+    spec: int = field(default=0, metadata={"help": "speculative decoding: N tokens drafted per verify window of "
+                                                    "N + 1 rows (needs --mtp; 0 = off)"})
+    mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
@@ -162,10 +164,12 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.kv_resident:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
                               f"(0 keeps all of it in VRAM)")
-    if cfg.spec:
-        raise InvalidArgument("--spec: speculative decoding is not implemented yet")
-    if cfg.mtp:
-        raise InvalidArgument("--mtp: drafting with the model's MTP layer is not implemented yet")
+    if cfg.spec and not cfg.mtp:
+        raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
+    if cfg.mtp and not cfg.spec:
+        raise InvalidArgument("--mtp drafts only under --spec N (drafts per verify window)")
+    if cfg.spec > SPEC_MAX_DRAFTS:
+        raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.layer_split != "auto":
         raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "
                               f"yet (auto)")

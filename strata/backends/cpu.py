@@ -62,6 +62,12 @@ class KVCache:
     def read(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         return self.k[layer][:length], self.v[layer][:length]
 
+    def forget(self, layer: int, start: int, stop: int) -> None:
+        """Cells start..stop-1 no longer hold K/V (a rejected draft's): NaN, so a read of one shows."""
+        for store in (self.k, self.v):
+            if store[layer] is not None:
+                store[layer][start:stop] = np.nan
+
 
 class CpuOps:
     """The ops interface of strata.model over numpy, reading weights from a pack."""

@@ -55,6 +55,9 @@ class CudaRunner:
         from .expert_store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
+        if config.spec:
+            raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
+                                  f"(--device cpu); the GPU's verify window is not built")
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context

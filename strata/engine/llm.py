@@ -74,7 +74,7 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
         from .cuda_runner import CudaRunner
         return CudaRunner(pack, max_context, config)
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context)
+    return CpuRunner(pack, max_context, spec=config.spec if config.mtp else 0)
 
 
 class LLM:
@@ -206,11 +206,13 @@ class Generation:
             llm.state = "generating"
             t1 = time.perf_counter()
             eos = set(llm.tokenizer.eos_token_ids)
+            spec0 = _spec_counts(runner)
+            tokens = self._tokens(runner, sampler, lambda: self.max_tokens - len(out))
             while len(out) < self.max_tokens:
                 if self._cancelled:
                     finish = "cancelled"
                     break
-                token = runner.pick(self.params, sampler.draw())
+                token = next(tokens)
                 if token in eos:
                     finish = "stop"
                     break
@@ -222,8 +224,6 @@ class Generation:
                         yield Delta(delta, token)
                     break
                 yield Delta(delta, token)
-                if len(out) < self.max_tokens:
-                    runner.decode(token, logits=False)
             rest = text.finish()
             if text.stopped and finish == "length":
                 finish = "stop"        # the stop string was in the last, held-back text
@@ -231,7 +231,27 @@ class Generation:
                 yield Delta(rest, out[-1] if out else -1)
             timings.predicted_ms = (time.perf_counter() - t1) * 1e3
             timings.predicted_n = len(out)
+            timings.draft_n, timings.draft_n_accepted = (b - a for a, b in zip(spec0, _spec_counts(runner)))
         finally:
             llm.state = "idle"
         self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
                                      usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)
+
+    def _tokens(self, runner, sampler, left: Callable[[], int]) -> Iterator[int]:
+        """The request's tokens, computed only when asked for: the prompt's pick, then one decode
+        step per token, or one speculative verify window per few tokens (runner.spec drafts)."""
+        token = runner.pick(self.params, sampler.draw())
+        yield token
+        while True:
+            if getattr(runner, "spec", 0):
+                for token in runner.speculate(token, self.params, sampler, left()):
+                    yield token
+            else:
+                runner.decode(token, logits=False)
+                token = runner.pick(self.params, sampler.draw())
+                yield token
+
+
+def _spec_counts(runner) -> tuple[int, int]:
+    stats = getattr(runner, "spec_stats", None)
+    return (stats.draft_n, stats.draft_n_accepted) if stats is not None else (0, 0)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
+from ..backends.cpu_rows import RowOps
 from ..config import SamplingParams
+from ..errors import InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
 from .sampler import pick_host
+from .speculate import MtpDrafter, SpecStats, speculative_step
 
 
 def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
@@ -23,10 +26,17 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
 class CpuRunner:
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, spec: int = 0):
         self.args = pack.args
         self.ops = CpuOps(pack, self.args)
         self.model = Qwen3Moe(self.args, self.ops)
+        # decode steps and verify windows: every row computes what a one-row step does (cpu_rows)
+        self.step_model = Qwen3Moe(self.args, RowOps(self.ops))
+        if spec and not self.args.num_mtp_layers:
+            raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
+        self.spec = spec                     # drafts per verify window (0: plain decoding)
+        self.drafter = MtpDrafter() if spec else None
+        self.spec_stats = SpecStats()
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
@@ -44,7 +54,7 @@ class CpuRunner:
         allocator); nothing of it stays: the KV, the cached prefix and the last logits are as before."""
         a, ops = self.args, self.ops
         mtp = tuple(f"blk.{l}." for l in range(a.num_hidden_layers, a.num_hidden_layers + a.num_mtp_layers))
-        names = [n for n in ops.pack.meta["dense"] if not n.startswith(mtp)]    # no drafting runs here
+        names = [n for n in ops.pack.meta["dense"] if self.spec or not n.startswith(mtp)]  # drafting or not
         if self._weights_f32_bytes(names) <= ops.cache.max_bytes:
             for name in names:
                 ops.weight(name)
@@ -71,21 +81,29 @@ class CpuRunner:
     def reset(self) -> None:
         self.kv = self._new_kv()
         self.cached_ids = []
+        if self.drafter:
+            self.drafter.reset()
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
-        return reusable_prefix(self.cached_ids, ids)
+        n = reusable_prefix(self.cached_ids, ids)
+        return min(n, self.drafter.covered) if self.drafter else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
         (None without `logits`: pick() reads them)."""
         self.cached_ids = self.cached_ids[:start]
+        if self.drafter:
+            self.drafter.truncate(start)
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
             hi = min(len(ids), lo + self.prefill_chunk)
             chunk = np.asarray(ids[lo:hi], dtype=np.int64)
-            out, _ = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
+            out, hidden = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
             self.cached_ids.extend(ids[lo:hi])
+            if self.drafter:                 # the draft layer's K/V of this chunk, batched
+                self.drafter.extend(hidden)
+                self.drafter.flush(self, self.cached_ids)
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
         self._last = out[-1]
@@ -94,14 +112,34 @@ class CpuRunner:
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`)."""
         pos = len(self.cached_ids)
-        out, _ = self.model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
+        out, hidden = self.step_model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
         self.cached_ids.append(token)
+        if self.drafter:
+            self.drafter.extend(hidden)
         self._last = out[-1]
         return self._last if logits else None
 
     def pick(self, params, u: float) -> int:
         """The next token from the last prefill's or decode's logits (strata.engine.sampler)."""
         return pick_host(self._last, params, u)
+
+    # speculation (strata.engine.speculate) --------------------------------------------------------
+    def speculate(self, token: int, params, sampler, left: int) -> list[int]:
+        """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);
+        -> the tokens it emits after `token`."""
+        n = max(0, min(self.spec, left - 1, self.max_context - 1 - len(self.cached_ids)))
+        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw)
+
+    def verify(self, ids: list[int], start: int):
+        """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D])."""
+        return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)
+
+    def mtp(self, hidden, next_ids, positions, logits: bool = True):
+        return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits=logits)
+
+    def forget(self, layers, start: int, stop: int) -> None:
+        for layer in layers:
+            self.kv.forget(layer, start, stop)
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
@@ -116,4 +154,5 @@ class CpuRunner:
 
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
-                "expert_cache": None, "bytes_h2d": 0}
+                "expert_cache": None, "bytes_h2d": 0, "spec": self.spec,
+                "speculation": self.spec_stats.to_dict() if self.spec else None}

@@ -1,0 +1,172 @@
+"""MTP speculative decoding: the draft layer proposes N tokens, the main model verifies them in one
+window of N + 1 rows, the longest agreeing prefix is kept plus the target's own next token, and the
+K/V of the rejected positions is rolled back.
+
+Positions. The sequence's tokens x_0..x_{n-1} have main K/V (cells 0..n-1); the token x_n about to
+be verified sits at position n. The MTP layer's cell t holds the draft layer applied to the main
+model's hidden state h_t and the token x_{t+1}; it is final once both are known. The drafter keeps
+the main hidden states whose next token it has not read yet ("pending", positions done..n-1).
+
+One step (speculative_step): the draft layer reads the pending rows with their next tokens (the
+last of which is x_n), writing their final cells; its last row's logits give draft d_1 and its
+output hidden state chains on: d_k's state and d_k give d_{k+1} (cells n..n+N-2, provisional).
+The verify window runs the main model over [x_n, d_1..d_N] at n..n+N with row-invariant ops, so
+each row's logits are bitwise what a one-row step there would give. Acceptance keeps d_1..d_a
+and emits the target's token at row a. The main cells past n+a and the provisional draft cells
+are then rolled back (forgotten: the CPU cache writes NaN there, so a stale read would show), and
+the window's hidden states h_n..h_{n+a} become the next step's pending rows.
+
+Sampling keeps the target's distribution exactly: draft d_k is drawn from the drafter's q_k,
+accepted with probability min(1, p_k(d_k) / q_k(d_k)), and at the first rejection the emitted
+token is drawn from max(0, p_k - q_k) renormalized; when all N are accepted, the last row's p
+gives the extra token. p and q are the request's temperature/top-k/top-p distributions
+(strata.engine.sampler.probs_host); every draw comes from the request's seeded generator, in a
+fixed order, so a seed reproduces the tokens. Greedy compares argmaxes.
+
+A target (the runner) provides: cached_ids (tokens with main K/V), verify(ids, start) -> (logits
+[T, V], hidden [T, D]) over row-invariant ops, mtp(hidden, next_ids, positions, logits) -> (logits,
+hidden), forget(layers, start, stop) (roll K/V cells back) and args.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import SamplingParams
+from .sampler import choose, probs_host
+
+
+@dataclass
+class SpecStats:
+    """Cumulative counters of one runner's speculation (status() reports them)."""
+    verify_passes: int = 0
+    draft_n: int = 0                # drafts proposed
+    draft_n_accepted: int = 0       # drafts the target agreed with
+    tokens: int = 0                 # tokens emitted by verify passes (accepted + the target's own)
+    host_ms: float = 0.0            # host time of the speculation's own bookkeeping (not the model)
+
+    def to_dict(self) -> dict:
+        return {"verify_passes": self.verify_passes, "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted,
+                "acceptance": self.draft_n_accepted / self.draft_n if self.draft_n else None,
+                "tokens_per_verify": self.tokens / self.verify_passes if self.verify_passes else None,
+                "host_ms_per_verify": self.host_ms / self.verify_passes if self.verify_passes else None}
+
+
+class MtpDrafter:
+    """The MTP layer's bookkeeping for one sequence: which of its cells are final, and the main
+    hidden states still waiting for their next token."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.done = 0                               # cells 0..done-1 are final
+        self.pending: np.ndarray | None = None      # main hidden [P, D] of positions done..done+P-1
+
+    @property
+    def covered(self) -> int:
+        """Tokens from position 0 for which the drafter can go on (final cells + pending states)."""
+        return self.done + (0 if self.pending is None else self.pending.shape[0])
+
+    def truncate(self, length: int) -> None:
+        """The sequence is cut back to `length` tokens (a prompt read from there)."""
+        if length <= self.done:
+            self.done, self.pending = length, None
+        elif self.pending is not None:
+            self.pending = self.pending[:length - self.done]
+
+    def extend(self, hidden: np.ndarray) -> None:
+        """Main hidden states [T, D] of the next T positions after covered."""
+        self.pending = hidden.copy() if self.pending is None else np.concatenate([self.pending, hidden])
+
+    def flush(self, target, ids: list[int]) -> None:
+        """Write the final cells of every pending row whose next token ids holds (all but the
+        sequence's last): a prompt chunk's draft-layer K/V, batched."""
+        P = 0 if self.pending is None else self.pending.shape[0]
+        n = min(P, len(ids) - 1 - self.done)
+        if n <= 0:
+            return
+        target.mtp(self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
+                   np.arange(self.done, self.done + n), logits=False)
+        self.done += n
+        self.pending = self.pending[n:]
+
+    def draft(self, target, token: int, n: int, params: SamplingParams, draw) -> tuple[list[int], list]:
+        """Drafts d_1..d_n after `token` (at position len(target.cached_ids)) -> (drafts, q): q[k] the
+        distribution d_k was drawn from (None when greedy)."""
+        ids, start = target.cached_ids, self.done
+        P = self.pending.shape[0]
+        assert start + P == len(ids), "the drafter's pending states must reach the sequence's end"
+        nxt = np.asarray(ids[start + 1:] + [token], np.int64)
+        logits, hid = target.mtp(self.pending, nxt, np.arange(start, start + P), logits=True)
+        self.done, self.pending = start + P, None
+        drafts, qs = [], []
+        pos = start + P - 1
+        row, h = logits[-1], hid[-1:]
+        for k in range(n):
+            if params.temperature == 0.0:
+                d, q = int(np.argmax(row)), None
+            else:
+                q = probs_host(row, params)
+                d = choose(q, draw())
+            drafts.append(d)
+            qs.append(q)
+            if k + 1 < n:
+                pos += 1
+                logits, h = target.mtp(h, np.asarray([d], np.int64), np.asarray([pos]), logits=True)
+                row = logits[-1]
+        return drafts, qs
+
+
+def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingParams, draw) -> tuple[int, int]:
+    """Verify rows logits [N+1, V] against drafts -> (a, token): the first a drafts are kept and
+    `token` is the target's own at row a (a correction, or the extra token when a == N)."""
+    if params.temperature == 0.0:
+        for j, d in enumerate(drafts):
+            t = int(np.argmax(logits[j]))
+            if t != d:
+                return j, t
+        return len(drafts), int(np.argmax(logits[len(drafts)]))
+    for j, (d, q) in enumerate(zip(drafts, qs)):
+        p = probs_host(logits[j], params)
+        if draw() * q[d] < p[d]:          # u < p/q, without dividing (q[d] > 0: d was drawn from q)
+            continue
+        residual = np.maximum(p - q, 0.0)
+        return j, choose(residual if residual.sum() > 0 else p, draw())
+    return len(drafts), choose(probs_host(logits[len(drafts)], params), draw())
+
+
+def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, n: int,
+                     params: SamplingParams, draw) -> list[int]:
+    """One draft-verify-accept pass after `token` (already emitted, not yet in the K/V) with n drafts
+    (0: a plain step) -> the tokens it emits after `token`: the accepted drafts, then the target's own."""
+    t0 = time.perf_counter()
+    model_s = 0.0
+    start = len(target.cached_ids)
+    if n > 0:
+        m0 = time.perf_counter()
+        drafts, qs = drafter.draft(target, token, n, params, draw)
+        model_s += time.perf_counter() - m0
+    else:
+        drafts, qs = [], []
+    m0 = time.perf_counter()
+    logits, hidden = target.verify([token] + drafts, start)            # main K/V at start..start+n
+    model_s += time.perf_counter() - m0
+    a, nxt = accept(logits, drafts, qs, params, draw)
+    # rollback: main cells past the accepted prefix, and the chain's provisional draft-layer cells
+    # (the next draft rewrites cells start..start+a from the verified states before reading them)
+    L = target.args.num_hidden_layers
+    target.forget(range(L), start + a + 1, start + n + 1)
+    if n > 1:
+        target.forget([L], start, start + n - 1)
+    target.cached_ids.extend([token] + drafts[:a])
+    drafter.extend(hidden[:a + 1])
+    stats.verify_passes += 1
+    stats.draft_n += n
+    stats.draft_n_accepted += a
+    stats.tokens += a + 1
+    stats.host_ms += (time.perf_counter() - t0 - model_s) * 1e3
+    return drafts[:a] + [nxt]
