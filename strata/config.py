@@ -14,6 +14,12 @@ from .errors import InvalidArgument
 
 SUPPORTED_ARCHITECTURES = ("qwen3moe",)
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
+SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
+
+
+def spec_max_drafts(spec) -> int:
+    """Drafts per verify window at most for an EngineConfig.spec value: N, or auto's ceiling."""
+    return SPEC_AUTO_MAX_DRAFTS if str(spec) == "auto" else int(spec)
 
 
 def _positive(obj, *names: str) -> None:
@@ -102,8 +108,10 @@ class EngineConfig:
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
-    spec: int = field(default=0, metadata={"help": "speculative decoding: N tokens drafted per verify window of "
-                                                    "N + 1 rows (needs --mtp; 0 = off)"})
+    spec: str = field(default="0", metadata={"help": "speculative decoding: N tokens drafted per verify window of "
+                                                      "N + 1 rows, or auto (N from measured acceptance and step "
+                                                      "costs, drafting off where it does not pay); needs --mtp; "
+                                                      "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
@@ -124,8 +132,12 @@ class EngineConfig:
         if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
             raise InvalidArgument(f"max_context must be a number of tokens (0 = the model's trained context), "
                                   f"got {self.max_context!r}")
-        if self.kv_resident < 0 or self.spec < 0:
-            raise InvalidArgument("kv_resident and spec must be >= 0")
+        spec = str(self.spec).strip()
+        if isinstance(self.spec, bool) or not (spec == "auto" or spec.isdigit()):
+            raise InvalidArgument(f"spec must be a number of drafts (0 = off) or auto, got {self.spec!r}")
+        object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
+        if self.kv_resident < 0:
+            raise InvalidArgument("kv_resident must be >= 0")
         _refuse_not_implemented(self)
         if self.decode_misses not in ("zero-copy", "staged"):
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
@@ -164,11 +176,11 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.kv_resident:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
                               f"(0 keeps all of it in VRAM)")
-    if cfg.spec and not cfg.mtp:
+    if cfg.spec != "0" and not cfg.mtp:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
-    if cfg.mtp and not cfg.spec:
-        raise InvalidArgument("--mtp drafts only under --spec N (drafts per verify window)")
-    if cfg.spec > SPEC_MAX_DRAFTS:
+    if cfg.mtp and cfg.spec == "0":
+        raise InvalidArgument("--mtp drafts only under --spec N or --spec auto")
+    if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.layer_split != "auto":
         raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "

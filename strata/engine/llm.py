@@ -74,7 +74,7 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
         from .cuda_runner import CudaRunner
         return CudaRunner(pack, max_context, config)
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context, spec=config.spec if config.mtp else 0)
+    return CpuRunner(pack, max_context, spec=config.spec if config.mtp else "0")
 
 
 class LLM:

@@ -1,15 +1,17 @@
 """The CPU runner: owns the model, its ops and one sequence's KV cache, and runs prompt chunks and steps."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
 from ..backends.cpu_rows import RowOps
-from ..config import SamplingParams
+from ..config import SamplingParams, spec_max_drafts
 from ..errors import InvalidArgument
 from ..model.qwen3moe import Qwen3Moe
 from .sampler import pick_host
-from .speculate import MtpDrafter, SpecStats, speculative_step
+from .speculate import AutoDrafts, MtpDrafter, SpecStats, speculative_step
 
 
 def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
@@ -26,17 +28,19 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
 class CpuRunner:
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, spec: int = 0):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, spec: int | str = 0):
         self.args = pack.args
         self.ops = CpuOps(pack, self.args)
         self.model = Qwen3Moe(self.args, self.ops)
         # decode steps and verify windows: every row computes what a one-row step does (cpu_rows)
         self.step_model = Qwen3Moe(self.args, RowOps(self.ops))
+        spec = spec if spec == "auto" else int(spec)
         if spec and not self.args.num_mtp_layers:
             raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
-        self.spec = spec                     # drafts per verify window (0: plain decoding)
+        self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
         self.drafter = MtpDrafter() if spec else None
         self.spec_stats = SpecStats()
+        self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
@@ -127,15 +131,24 @@ class CpuRunner:
     def speculate(self, token: int, params, sampler, left: int) -> list[int]:
         """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);
         -> the tokens it emits after `token`."""
-        n = max(0, min(self.spec, left - 1, self.max_context - 1 - len(self.cached_ids)))
-        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw)
+        want = self.spec_auto.choose() if self.spec_auto else self.spec
+        n = max(0, min(want, left - 1, self.max_context - 1 - len(self.cached_ids)))
+        if n == 0:     # a plain step; the draft layer's K/V catches up in the next window that drafts
+            t0 = time.perf_counter()
+            self.decode(token, logits=False)
+            nxt = self.pick(params, sampler.draw())
+            if self.spec_auto:
+                self.spec_auto.observe(0, 0, (time.perf_counter() - t0) * 1e3)
+            return [nxt]
+        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw,
+                                self.spec_auto)
 
     def verify(self, ids: list[int], start: int):
         """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D])."""
         return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)
 
-    def mtp(self, hidden, next_ids, positions, logits: bool = True):
-        return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits=logits)
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+        return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits_rows=logits_rows)
 
     def forget(self, layers, start: int, stop: int) -> None:
         for layer in layers:
@@ -155,4 +168,6 @@ class CpuRunner:
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
                 "expert_cache": None, "bytes_h2d": 0, "spec": self.spec,
-                "speculation": self.spec_stats.to_dict() if self.spec else None}
+                "speculation": ({**self.spec_stats.to_dict(),
+                                 "auto": self.spec_auto.to_dict() if self.spec_auto else None}
+                                if self.spec else None)}

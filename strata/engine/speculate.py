@@ -24,8 +24,8 @@ gives the extra token. p and q are the request's temperature/top-k/top-p distrib
 fixed order, so a seed reproduces the tokens. Greedy compares argmaxes.
 
 A target (the runner) provides: cached_ids (tokens with main K/V), verify(ids, start) -> (logits
-[T, V], hidden [T, D]) over row-invariant ops, mtp(hidden, next_ids, positions, logits) -> (logits,
-hidden), forget(layers, start, stop) (roll K/V cells back) and args.
+[T, V], hidden [T, D]) over row-invariant ops, mtp(hidden, next_ids, positions, logits_rows) ->
+(logits of those rows or None, hidden), forget(layers, start, stop) (roll K/V cells back) and args.
 """
 from __future__ import annotations
 
@@ -53,6 +53,71 @@ class SpecStats:
                 "acceptance": self.draft_n_accepted / self.draft_n if self.draft_n else None,
                 "tokens_per_verify": self.tokens / self.verify_passes if self.verify_passes else None,
                 "host_ms_per_verify": self.host_ms / self.verify_passes if self.verify_passes else None}
+
+
+class AutoDrafts:
+    """--spec auto: the drafts per window that maximize measured tokens per second, 0 (drafting off)
+    where no N beats a plain step.
+
+    Per N it keeps the mean wall time of a window of N drafts (drafting, verify, acceptance: all of
+    it) and one acceptance rate alpha (the share of drafts the target agreed with, counting a
+    draft as tried only if every draft before it was kept; a Laplace prior). A window of N drafts
+    then yields (1 - alpha^(N+1)) / (1 - alpha) tokens. Every N in 0..max_n is measured twice
+    first (max_n first: 2 (max_n + 1) windows, once per runner); then a probe window runs the
+    neighbour of the choice measured longest ago, so costs that move (a cache warming, a longer context) are
+    followed. Probes come `probe` windows apart, twice as far after each probe that left the
+    choice as it was (up to max_probe), `probe` again after one that changed it: all other windows
+    run the best N, so a settled choice pays about one window in max_probe for its probes.
+    """
+
+    def __init__(self, max_n: int, probe: int = 32, max_probe: int = 1024, keep: int = 16):
+        self.max_n, self.probe, self.max_probe, self.keep = max_n, probe, max_probe, keep
+        self.gap, self.next_probe = probe, probe
+        self.probing = False
+        self.window_ms: dict[int, list[float]] = {}      # N -> recent window times
+        self.seen: dict[int, int] = {}                   # N -> window count when last measured
+        self.kept = self.tried = 0
+        self.windows = 0
+        self.n = max_n
+
+    @property
+    def alpha(self) -> float:
+        return (self.kept + 1) / (self.tried + 2)
+
+    def tokens_per_ms(self, n: int) -> float:
+        a = self.alpha
+        tokens = n + 1 if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+        times = self.window_ms[n]
+        return tokens / (sum(times) / len(times))
+
+    def choose(self) -> int:
+        unmeasured = [n for n in range(self.max_n, -1, -1) if len(self.window_ms.get(n, ())) < 2]
+        if unmeasured:                   # first every N twice, max_n first
+            return unmeasured[0]
+        best = max(self.window_ms, key=self.tokens_per_ms)
+        if self.probing:                 # the last window was a probe: did it move the choice?
+            self.probing = False
+            self.gap = self.probe if best != self.n else min(2 * self.gap, self.max_probe)
+            self.next_probe = self.windows + self.gap
+        self.n = best
+        if self.windows >= self.next_probe:
+            self.probing = True
+            near = [n for n in (best - 1, best + 1) if 0 <= n <= self.max_n]
+            return min(near, key=lambda n: self.seen[n])
+        return best
+
+    def observe(self, n: int, accepted: int, ms: float) -> None:
+        times = self.window_ms.setdefault(n, [])
+        times.append(ms)
+        del times[:-self.keep]
+        self.seen[n] = self.windows
+        self.windows += 1
+        self.kept += accepted
+        self.tried += accepted + (1 if accepted < n else 0)
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "alpha": self.alpha,
+                "window_ms": {n: sum(t) / len(t) for n, t in sorted(self.window_ms.items())}}
 
 
 class MtpDrafter:
@@ -90,7 +155,7 @@ class MtpDrafter:
         if n <= 0:
             return
         target.mtp(self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
-                   np.arange(self.done, self.done + n), logits=False)
+                   np.arange(self.done, self.done + n), logits_rows=None)
         self.done += n
         self.pending = self.pending[n:]
 
@@ -101,7 +166,7 @@ class MtpDrafter:
         P = self.pending.shape[0]
         assert start + P == len(ids), "the drafter's pending states must reach the sequence's end"
         nxt = np.asarray(ids[start + 1:] + [token], np.int64)
-        logits, hid = target.mtp(self.pending, nxt, np.arange(start, start + P), logits=True)
+        logits, hid = target.mtp(self.pending, nxt, np.arange(start, start + P), logits_rows=slice(-1, None))
         self.done, self.pending = start + P, None
         drafts, qs = [], []
         pos = start + P - 1
@@ -116,7 +181,7 @@ class MtpDrafter:
             qs.append(q)
             if k + 1 < n:
                 pos += 1
-                logits, h = target.mtp(h, np.asarray([d], np.int64), np.asarray([pos]), logits=True)
+                logits, h = target.mtp(h, np.asarray([d], np.int64), np.asarray([pos]))
                 row = logits[-1]
         return drafts, qs
 
@@ -140,7 +205,7 @@ def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingPara
 
 
 def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, n: int,
-                     params: SamplingParams, draw) -> list[int]:
+                     params: SamplingParams, draw, auto: AutoDrafts | None = None) -> list[int]:
     """One draft-verify-accept pass after `token` (already emitted, not yet in the K/V) with n drafts
     (0: a plain step) -> the tokens it emits after `token`: the accepted drafts, then the target's own."""
     t0 = time.perf_counter()
@@ -169,4 +234,6 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
     stats.draft_n_accepted += a
     stats.tokens += a + 1
     stats.host_ms += (time.perf_counter() - t0 - model_s) * 1e3
+    if auto is not None:
+        auto.observe(n, a, (time.perf_counter() - t0) * 1e3)
     return drafts[:a] + [nxt]

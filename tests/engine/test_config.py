@@ -47,7 +47,8 @@ def test_flags_that_would_do_nothing_are_refused(kw, match):
 
 # Speculation runs (strata/engine/speculate.py) but only in its one form: --mtp with --spec N.
 SPEC_REFUSED = [({"spec": 2}, "--spec 2 needs --mtp"), ({"mtp": True}, "--mtp drafts only under --spec N"),
-                ({"spec": 8, "mtp": True}, "--spec 8: at most 7 drafts")]
+                ({"spec": 8, "mtp": True}, "--spec 8: at most 7 drafts"), ({"spec": "auto"}, "--spec auto needs --mtp"),
+                ({"spec": "many", "mtp": True}, "spec must be a number of drafts (0 = off) or auto")]
 
 
 @pytest.mark.parametrize("kw, match", SPEC_REFUSED)
@@ -55,12 +56,13 @@ def test_spec_needs_mtp_and_a_window_size(kw, match):
     with pytest.raises(InvalidArgument) as info:
         EngineConfig.from_kwargs(**kw)
     assert str(info.value).startswith(match) and "\n" not in str(info.value)
-    assert EngineConfig.from_kwargs(spec=3, mtp=True).spec == 3
+    assert EngineConfig.from_kwargs(spec=3, mtp=True).spec == "3"
+    assert EngineConfig.from_kwargs(spec=" auto", mtp=True).spec == "auto"
 
 
 def test_their_defaults_are_accepted():
     cfg = EngineConfig.from_kwargs(kv="f16", kv_resident=0, spec=0, mtp=False, layer_split="auto", gpus="1")
-    assert (cfg.kv, cfg.kv_resident, cfg.spec, cfg.mtp, cfg.layer_split, cfg.gpus) == ("f16", 0, 0, False, "auto", "1")
+    assert (cfg.kv, cfg.kv_resident, cfg.spec, cfg.mtp, cfg.layer_split, cfg.gpus) == ("f16", 0, "0", False, "auto", "1")
     assert EngineConfig().max_context == 0          # 0: the model's trained context, fitted to memory
 
 

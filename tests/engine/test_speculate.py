@@ -171,8 +171,8 @@ class MarkovTarget:
     def verify(self, ids, start):
         return self.logP[ids], np.zeros((len(ids), 1), np.float32)
 
-    def mtp(self, hidden, next_ids, positions, logits=True):
-        return self.logQ[next_ids], np.zeros((len(next_ids), 1), np.float32)
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+        return self.logQ[next_ids][logits_rows], np.zeros((len(next_ids), 1), np.float32)
 
     def forget(self, layers, start, stop):
         pass
@@ -241,3 +241,51 @@ def test_sampled_tokens_keep_the_distribution_and_the_seed(tmp_path, rng):
     a = spec.generate(prompt, max_tokens=12, seed=123, **params).token_ids
     b = spec.generate(prompt, max_tokens=12, seed=123, **params).token_ids
     assert a == b
+
+
+def _simulate(auto, cost_ms, alpha, windows, rng):
+    """auto over `windows` windows of a drafter whose drafts each pass with probability alpha and
+    windows of n drafts taking cost_ms(n) -> tokens per ms."""
+    tokens = ms = 0.0
+    for _ in range(windows):
+        n = auto.choose()
+        a = 0
+        while a < n and rng.random() < alpha:
+            a += 1
+        t = cost_ms(n) * rng.uniform(0.95, 1.05)
+        auto.observe(n, a, t)
+        tokens, ms = tokens + a + 1, ms + t
+    return tokens / ms
+
+
+def test_spec_auto_never_slower_than_plain_and_close_to_the_best(rng):
+    """--spec auto's rule over random step costs and acceptance rates, 6000 windows each: within 2%
+    of plain decoding's rate at worst (its once-per-runner exploration, 10 windows, and rare probe
+    windows), within 10% of the best fixed N; drafting off where a window costs rows like the
+    CPU's, on where it is nearly flat."""
+    from strata.engine.speculate import AutoDrafts
+    for trial in range(25):
+        alpha = rng.uniform(0.0, 0.95)
+        base, per_row, per_draft = rng.uniform(5, 50), rng.uniform(0.0, 1.2), rng.uniform(0.0, 0.4)
+
+        def cost(n):
+            return base * (1 + per_row * n) + base * per_draft * n
+        auto = AutoDrafts(4)
+        rate = _simulate(auto, cost, alpha, 6000, rng)
+        expected = {n: (1 - alpha ** (n + 1)) / (1 - alpha) / cost(n) for n in range(5)}
+        assert rate >= 0.98 * expected[0], (trial, alpha, per_row, per_draft, auto.to_dict())
+        assert rate >= 0.9 * max(expected.values()), (trial, alpha, per_row, per_draft, auto.to_dict())
+    cpu_like = AutoDrafts(4)
+    _simulate(cpu_like, lambda n: 30.0 * (n + 1) + 5 * n, 0.7, 200, rng)
+    gpu_like = AutoDrafts(4)
+    _simulate(gpu_like, lambda n: 10.0 + 0.5 * n + 1.0 * n, 0.8, 200, rng)
+    assert cpu_like.n == 0 and gpu_like.n >= 2
+
+
+def test_spec_auto_keeps_greedy_identical(demo):
+    """Windows whose N --spec auto changes between them still give plain greedy's tokens."""
+    llm = LLM(device="cpu", mtp=True, spec="auto")
+    want = demo.generate(PROMPTS[0], max_tokens=48).token_ids
+    assert llm.generate(PROMPTS[0], max_tokens=48).token_ids == want
+    auto = llm.status()["speculation"]["auto"]
+    assert set(auto["window_ms"]) == {0, 1, 2, 3, 4} and 0 < auto["alpha"] < 1
