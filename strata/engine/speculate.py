@@ -204,6 +204,31 @@ def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingPara
     return len(drafts), choose(probs_host(logits[len(drafts)], params), draw())
 
 
+def time_windows(target, max_rows: int, repeats: int = 3) -> dict:
+    """Best-of-`repeats` milliseconds of a verify window of T = 1..max_rows rows after the sequence
+    and of one chained draft step (the draft layer over one row); everything written is forgotten
+    after, so the sequence is as before. -> {"verify_ms": {T: ms}, "draft_step_ms": ms}."""
+    start, L = len(target.cached_ids), target.args.num_hidden_layers
+    ids = list(target.cached_ids[-max_rows:]) or [0]
+    ids = (ids * max_rows)[:max_rows]
+    out = {}
+    for T in range(1, max_rows + 1):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            _, hidden = target.verify(ids[:T], start)
+            best = min(best, time.perf_counter() - t0)
+        out[T] = best * 1e3
+    target.forget(range(L), start, start + max_rows)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        target.mtp(hidden[:1], np.asarray(ids[:1], np.int64), np.asarray([start]))
+        best = min(best, time.perf_counter() - t0)
+    target.forget([L], start, start + 1)
+    return {"verify_ms": out, "draft_step_ms": best * 1e3}
+
+
 def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, n: int,
                      params: SamplingParams, draw, auto: AutoDrafts | None = None) -> list[int]:
     """One draft-verify-accept pass after `token` (already emitted, not yet in the K/V) with n drafts
