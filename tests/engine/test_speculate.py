@@ -289,3 +289,37 @@ def test_spec_auto_keeps_greedy_identical(demo):
     assert llm.generate(PROMPTS[0], max_tokens=48).token_ids == want
     auto = llm.status()["speculation"]["auto"]
     assert set(auto["window_ms"]) == {0, 1, 2, 3, 4} and 0 < auto["alpha"] < 1
+
+
+def test_prompt_chunks_fill_the_draft_layers_kv(demo_spec):
+    """Read in chunks of 5, a 23-token prompt leaves the MTP layer's cells 0..21 as the draft layer
+    over the whole prompt's hidden states computes them (batched per chunk, so within float
+    rounding), and one pending state (position 22) for the first decode step's draft."""
+    from strata.backends.cpu import KVCache
+    runner, a = demo_spec.runner, demo_spec.args
+    ids = (demo_spec.tokenizer.encode(PROMPTS[0] + " " + PROMPTS[1] + " " + PROMPTS[2]) * 3)[:23]
+    assert len(ids) == 23
+    runner.reset()
+    chunk, runner.prefill_chunk = runner.prefill_chunk, 5
+    try:
+        runner.prefill(ids, 0, logits=False)
+    finally:
+        runner.prefill_chunk = chunk
+    assert runner.drafter.done == 22 and runner.drafter.pending.shape == (1, a.hidden_size)
+    kv = KVCache(a.num_hidden_layers + 1, a.num_key_value_heads, a.head_dim, 64)
+    _, hidden = runner.model.forward(np.asarray(ids), np.arange(23), kv)
+    runner.model.mtp_forward(hidden[:-1], np.asarray(ids[1:]), np.arange(22), kv)
+    L = a.num_hidden_layers
+    np.testing.assert_allclose(runner.kv.read(L, 22)[0], kv.read(L, 22)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(runner.drafter.pending[0], hidden[-1], rtol=1e-4, atol=1e-5)
+    runner.reset()
+
+
+def test_gpu_runner_refuses_spec_in_one_line():
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from strata.engine.llm import demo_model_path
+    with pytest.raises(InvalidArgument) as info:
+        CudaRunner(open_pack(demo_model_path()), 64, EngineConfig(device="cuda", mtp=True, spec="2"))
+    assert str(info.value).startswith("--spec 2: speculative decoding runs on the CPU only") and "\n" not in str(info.value)
