@@ -55,7 +55,7 @@ class CudaRunner:
         from .expert_store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
-        if config.spec:
+        if config.spec != "0":
             raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
                                   f"(--device cpu); the GPU's verify window is not built")
         rt = self.rt = _runtime()

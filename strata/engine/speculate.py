@@ -129,12 +129,24 @@ class MtpDrafter:
 
     def reset(self) -> None:
         self.done = 0                               # cells 0..done-1 are final
-        self.pending: np.ndarray | None = None      # main hidden [P, D] of positions done..done+P-1
+        self._pending: list[np.ndarray] = []        # main hidden rows of positions done.., in pieces
+
+    @property
+    def pending(self) -> np.ndarray | None:
+        """Main hidden [P, D] of positions done..done+P-1 (None: P = 0); the pieces are joined when
+        read, so steps that draft nothing append in O(1)."""
+        if len(self._pending) > 1:
+            self._pending = [np.concatenate(self._pending)]
+        return self._pending[0] if self._pending else None
+
+    @pending.setter
+    def pending(self, rows: np.ndarray | None) -> None:
+        self._pending = [] if rows is None or rows.shape[0] == 0 else [rows]
 
     @property
     def covered(self) -> int:
         """Tokens from position 0 for which the drafter can go on (final cells + pending states)."""
-        return self.done + (0 if self.pending is None else self.pending.shape[0])
+        return self.done + sum(p.shape[0] for p in self._pending)
 
     def truncate(self, length: int) -> None:
         """The sequence is cut back to `length` tokens (a prompt read from there)."""
@@ -145,7 +157,7 @@ class MtpDrafter:
 
     def extend(self, hidden: np.ndarray) -> None:
         """Main hidden states [T, D] of the next T positions after covered."""
-        self.pending = hidden.copy() if self.pending is None else np.concatenate([self.pending, hidden])
+        self._pending.append(hidden.copy())
 
     def flush(self, target, ids: list[int]) -> None:
         """Write the final cells of every pending row whose next token ids holds (all but the
