@@ -106,7 +106,8 @@ def cmd_generate(args) -> int:
     t = gen.completion.timings
     print(f"[{t.prompt_n} prompt tokens, {t.prompt_n / max(t.prompt_ms, 1e-9) * 1e3:.1f} tok/s; "
           f"{t.predicted_n} generated, {t.predicted_n / max(t.predicted_ms, 1e-9) * 1e3:.1f} tok/s; "
-          f"finish: {gen.completion.finish_reason}; device {llm.device}]", file=sys.stderr)
+          + (f"{t.draft_n_accepted} of {t.draft_n} drafts kept; " if t.draft_n else "")
+          + f"finish: {gen.completion.finish_reason}; device {llm.device}]", file=sys.stderr)
     return 0
 
 
