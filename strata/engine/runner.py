@@ -91,7 +91,7 @@ class CpuRunner:
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
         n = reusable_prefix(self.cached_ids, ids)
-        return min(n, self.drafter.covered) if self.drafter else n
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]

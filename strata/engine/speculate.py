@@ -148,6 +148,15 @@ class MtpDrafter:
         """Tokens from position 0 for which the drafter can go on (final cells + pending states)."""
         return self.done + sum(p.shape[0] for p in self._pending)
 
+    def reusable(self, cached_ids: list[int], ids: list[int], n: int) -> int:
+        """The reusable prefix n of ids over cached_ids, cut where the drafter could not go on: past
+        its covered tokens, and by one where cell n-1 is final but was written with a next token
+        other than ids[n] (re-reading token n-1 recomputes it)."""
+        n = min(n, self.covered)
+        if 0 < n <= self.done and (n >= len(cached_ids) or cached_ids[n] != ids[n]):
+            n -= 1
+        return n
+
     def truncate(self, length: int) -> None:
         """The sequence is cut back to `length` tokens (a prompt read from there)."""
         if length <= self.done:

@@ -323,3 +323,29 @@ def test_gpu_runner_refuses_spec_in_one_line():
     with pytest.raises(InvalidArgument) as info:
         CudaRunner(open_pack(demo_model_path()), 64, EngineConfig(device="cuda", mtp=True, spec="2"))
     assert str(info.value).startswith("--spec 2: speculative decoding runs on the CPU only") and "\n" not in str(info.value)
+
+
+def test_a_prompt_diverging_inside_the_drafted_text_rewrites_the_draft_layers_cell(demo_spec):
+    """After a request, a prompt that leaves the cached sequence inside its final draft-layer cells
+    re-reads one more token, so cell n-1 is recomputed with the new next token: the MTP layer's K/V
+    then equals that of the new prompt read from scratch."""
+    from strata.backends.cpu import KVCache
+    runner, a = demo_spec.runner, demo_spec.args
+    runner.spec = 2
+    runner.reset()
+    ids = demo_spec.tokenizer.encode(PROMPTS[1])
+    first = demo_spec.generate(ids, max_tokens=24).token_ids
+    cut = len(ids) + 10
+    assert cut < runner.drafter.done
+    other = (ids + first)[:cut] + [t + 1 for t in (ids + first)[cut:cut + 3]]
+    n = runner.reusable_prefix(other)
+    assert n == cut - 1
+    runner.prefill(other, n, logits=False)
+    kv = KVCache(a.num_hidden_layers + 1, a.num_key_value_heads, a.head_dim, 64)
+    _, hidden = runner.model.forward(np.asarray(other), np.arange(len(other)), kv)
+    runner.model.mtp_forward(hidden[:-1], np.asarray(other[1:]), np.arange(len(other) - 1), kv)
+    L = a.num_hidden_layers
+    np.testing.assert_allclose(runner.kv.read(L, len(other) - 1)[0], kv.read(L, len(other) - 1)[0],
+                               rtol=1e-4, atol=1e-5)
+    runner.spec = 4
+    runner.reset()
