@@ -100,9 +100,10 @@ def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, cont
     t0 = time.perf_counter()
     while done < n_tokens:
         out = runner.speculate(token, greedy, sampler, n_tokens - done)[: n_tokens - done]
+        if done // 8 != (done + len(out)) // 8:
+            line(f"bench: decode at {context}: {done + len(out)}/{n_tokens} tokens")
         done += len(out)
         token = out[-1]
-        line(f"bench: decode at {context}: {done}/{n_tokens} tokens")
     dt = time.perf_counter() - t0
     drafts, kept, passes = stats.draft_n - d0, stats.draft_n_accepted - a0, stats.verify_passes - v0
     return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt, "gb_s": bytes_per_token * n_tokens / dt / 1e9,

@@ -62,9 +62,10 @@ class AutoDrafts:
     Per N it keeps the mean wall time of a window of N drafts (drafting, verify, acceptance: all of
     it) and one acceptance rate alpha (the share of drafts the target agreed with, counting a
     draft as tried only if every draft before it was kept; a Laplace prior). A window of N drafts
-    then yields (1 - alpha^(N+1)) / (1 - alpha) tokens. Every N in 0..max_n is measured twice
-    first (max_n first: 2 (max_n + 1) windows, once per runner); then a probe window runs the
-    neighbour of the choice measured longest ago, so costs that move (a cache warming, a longer context) are
+    then yields (1 - alpha^(N+1)) / (1 - alpha) tokens. First N = 0, 1, 2, ... are measured
+    twice each for as long as each N beats every one before it (once per runner: on a CPU, whose
+    windows cost a step per row, that is four windows); then a probe window runs the neighbour of
+    the choice measured longest ago, so costs that move (a cache warming, a longer context) are
     followed. Probes come `probe` windows apart, twice as far after each probe that left the
     choice as it was (up to max_probe), `probe` again after one that changed it: all other windows
     run the best N, so a settled choice pays about one window in max_probe for its probes.
@@ -74,6 +75,7 @@ class AutoDrafts:
         self.max_n, self.probe, self.max_probe, self.keep = max_n, probe, max_probe, keep
         self.gap, self.next_probe = probe, probe
         self.probing = False
+        self.climbing = True
         self.window_ms: dict[int, list[float]] = {}      # N -> recent window times
         self.seen: dict[int, int] = {}                   # N -> window count when last measured
         self.kept = self.tried = 0
@@ -91,9 +93,13 @@ class AutoDrafts:
         return tokens / (sum(times) / len(times))
 
     def choose(self) -> int:
-        unmeasured = [n for n in range(self.max_n, -1, -1) if len(self.window_ms.get(n, ())) < 2]
-        if unmeasured:                   # first every N twice, max_n first
-            return unmeasured[0]
+        if self.climbing:                # N = 0, 1, ... twice each, while each N beats the one before
+            n = len(self.window_ms) - 1
+            if len(self.window_ms.get(max(n, 0), ())) < 2:
+                return max(n, 0)
+            if n < self.max_n and max(self.window_ms, key=self.tokens_per_ms) == n:
+                return n + 1
+            self.climbing = False
         best = max(self.window_ms, key=self.tokens_per_ms)
         if self.probing:                 # the last window was a probe: did it move the choice?
             self.probing = False
@@ -103,7 +109,7 @@ class AutoDrafts:
         if self.windows >= self.next_probe:
             self.probing = True
             near = [n for n in (best - 1, best + 1) if 0 <= n <= self.max_n]
-            return min(near, key=lambda n: self.seen[n])
+            return min(near, key=lambda n: self.seen.get(n, -1))
         return best
 
     def observe(self, n: int, accepted: int, ms: float) -> None:

@@ -260,9 +260,9 @@ def _simulate(auto, cost_ms, alpha, windows, rng):
 
 def test_spec_auto_never_slower_than_plain_and_close_to_the_best(rng):
     """--spec auto's rule over random step costs and acceptance rates, 6000 windows each: within 2%
-    of plain decoding's rate at worst (its once-per-runner exploration, 10 windows, and rare probe
-    windows), within 10% of the best fixed N; drafting off where a window costs rows like the
-    CPU's, on where it is nearly flat."""
+    of plain decoding's rate at worst (its once-per-runner climb and rare probe windows), within
+    10% of the best fixed N; drafting off where a window costs rows like the CPU's, on where it is
+    nearly flat."""
     from strata.engine.speculate import AutoDrafts
     for trial in range(25):
         alpha = rng.uniform(0.0, 0.95)
@@ -288,7 +288,7 @@ def test_spec_auto_keeps_greedy_identical(demo):
     want = demo.generate(PROMPTS[0], max_tokens=48).token_ids
     assert llm.generate(PROMPTS[0], max_tokens=48).token_ids == want
     auto = llm.status()["speculation"]["auto"]
-    assert set(auto["window_ms"]) == {0, 1, 2, 3, 4} and 0 < auto["alpha"] < 1
+    assert {0, 1} <= set(auto["window_ms"]) and 0 < auto["alpha"] < 1
 
 
 def test_prompt_chunks_fill_the_draft_layers_kv(demo_spec):
