@@ -36,6 +36,7 @@ class BenchResult:
     plan: dict = field(default_factory=dict)        # prefill_chunk, prefill_ring, cache slots (GPU)
     max_context: int = 0
     notes: list = field(default_factory=list)       # prompt lengths clipped to the context
+    spec: dict = field(default_factory=dict)        # --mtp --spec: window costs, acceptance (speculate)
     error: str | None = None                        # the phase that failed and why; results before it stand
 
 
@@ -76,6 +77,40 @@ class _Line:
             sys.stderr.write("\n")
 
 
+SPEC_WINDOW_ROWS = 5         # verify windows of 1..5 rows are timed (drafts 0..4, --spec auto's range)
+
+
+def _window_costs(runner, repeats: int = 3) -> dict:
+    """After a prompt: the best of `repeats` times of a verify window of T rows for T = 1..5 and of
+    one chained draft step (the MTP layer over one row), each rolled back after (K/V forgotten)."""
+    from .engine.speculate import time_windows
+    return time_windows(runner, SPEC_WINDOW_ROWS, repeats)
+
+
+def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int) -> dict:
+    """Greedy decode through verify windows (random ids would reject every draft): tokens per
+    second, acceptance and tokens per verify pass over this phase."""
+    from .engine.sampler import Sampler
+    greedy = SamplingParams()
+    sampler = Sampler(greedy)
+    stats = runner.spec_stats
+    d0, a0, v0 = stats.draft_n, stats.draft_n_accepted, stats.verify_passes
+    token = int(np.argmax(logits))
+    done = 0
+    t0 = time.perf_counter()
+    while done < n_tokens:
+        out = runner.speculate(token, greedy, sampler, n_tokens - done)[: n_tokens - done]
+        if done // 8 != (done + len(out)) // 8:
+            line(f"bench: decode at {context}: {done + len(out)}/{n_tokens} tokens")
+        done += len(out)
+        token = out[-1]
+    dt = time.perf_counter() - t0
+    drafts, kept, passes = stats.draft_n - d0, stats.draft_n_accepted - a0, stats.verify_passes - v0
+    return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt, "gb_s": bytes_per_token * n_tokens / dt / 1e9,
+            "draft_n": drafts, "draft_n_accepted": kept, "acceptance": kept / drafts if drafts else None,
+            "tokens_per_verify": (kept + passes) / passes if passes else None}
+
+
 def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
               random_tokens: bool = False) -> BenchResult:
     """random_tokens: decode feeds random token ids instead of the greedy choice (for random-weight
@@ -100,8 +135,13 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
             if decode_tokens and n in (min(prompt_lengths), max(prompt_lengths)):
                 phase = f"decode after {n}"
                 before = _stream_counters(runner)
-                res.decode[n] = _decode(runner, res.prompt[n].pop("_logits"), decode_tokens, res.bytes_per_token,
-                                        line, n, rng if random_tokens else None)
+                if getattr(runner, "spec", 0):
+                    res.spec.setdefault("windows", {})[n] = _window_costs(runner)
+                    res.decode[n] = _decode_spec(runner, res.prompt[n].pop("_logits"), decode_tokens,
+                                                 res.bytes_per_token, line, n)
+                else:
+                    res.decode[n] = _decode(runner, res.prompt[n].pop("_logits"), decode_tokens,
+                                            res.bytes_per_token, line, n, rng if random_tokens else None)
                 res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
                 _vram_peak(runner, res)
             res.prompt[n].pop("_logits", None)
@@ -209,6 +249,15 @@ def report(res: BenchResult) -> str:
         share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
         rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"
                     f"{_stream_cols(r, h2d)}")
+    for ctx, r in res.decode.items():
+        if r.get("draft_n"):
+            rows.append(f"speculation after {ctx}: {r['draft_n_accepted']} of {r['draft_n']} drafts kept "
+                        f"({r['acceptance']:.1%}), {r['tokens_per_verify']:.2f} tokens per verify pass")
+    for ctx, w in (res.spec.get("windows") or {}).items():
+        one = w["verify_ms"][1]
+        rows.append(f"verify window after {ctx} (ms, x one row): " + ", ".join(
+            f"{T} rows {ms:.2f} ({ms / one:.2f}x)" for T, ms in w["verify_ms"].items())
+            + f"; draft step {w['draft_step_ms']:.2f} ms")
     host = res.limits.get("host_ms_per_token")
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
@@ -258,7 +307,8 @@ def bench_main(args, engine_kwargs: dict) -> int:
         print(f"strata: bench: {note}", file=sys.stderr)
     res = run_bench(llm, lengths, args.decode, random_tokens=bool(args.synthetic))
     res.notes = notes
-    res.config["decode_tokens"] = "random ids (random weights)" if args.synthetic else "greedy"
+    res.config["decode_tokens"] = ("greedy, through verify windows" if getattr(llm.runner, "spec", 0) else
+                                   "random ids (random weights)" if args.synthetic else "greedy")
     print(report(res), flush=True)
     if args.json:
         with open(args.json, "w") as f:

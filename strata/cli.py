@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="prompt and decode speed, against limits measured in the same run")
     b.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
-    b.add_argument("--synthetic", metavar="SHAPE", help="random weights of a real shape: qwen3-30b-a3b, small, tiny")
+    b.add_argument("--synthetic", metavar="SHAPE", help="random weights of a real shape: qwen3-30b-a3b, qwen3-30b-a3b-mtp (plus "
+                                                            "an MTP layer), small, tiny, tiny-mtp")
     b.add_argument("--prompt", default="512,4096,16384", help="prompt lengths in tokens, comma-separated")
     b.add_argument("--decode", type=int, default=128, help="tokens decoded after the shortest and longest prompt")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -105,7 +106,8 @@ def cmd_generate(args) -> int:
     t = gen.completion.timings
     print(f"[{t.prompt_n} prompt tokens, {t.prompt_n / max(t.prompt_ms, 1e-9) * 1e3:.1f} tok/s; "
           f"{t.predicted_n} generated, {t.predicted_n / max(t.predicted_ms, 1e-9) * 1e3:.1f} tok/s; "
-          f"finish: {gen.completion.finish_reason}; device {llm.device}]", file=sys.stderr)
+          + (f"{t.draft_n_accepted} of {t.draft_n} drafts kept; " if t.draft_n else "")
+          + f"finish: {gen.completion.finish_reason}; device {llm.device}]", file=sys.stderr)
     return 0
 
 

@@ -17,6 +17,13 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
+SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
+SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
+
+
+def spec_max_drafts(spec) -> int:
+    """Drafts per verify window at most for an EngineConfig.spec value: N, or auto's ceiling."""
+    return SPEC_AUTO_MAX_DRAFTS if str(spec) == "auto" else int(spec)
 
 
 def _positive(obj, *names: str) -> None:
@@ -144,8 +151,11 @@ class EngineConfig:
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
-    spec: int = field(default=0, metadata={"help": "speculative draft tokens per step (needs --mtp)"})
-    mtp: bool = field(default=False, metadata={"help": "use the model's MTP draft layer"})
+    spec: str = field(default="0", metadata={"help": "speculative decoding: N tokens drafted per verify window of "
+                                                      "N + 1 rows, or auto (N from measured acceptance and step "
+                                                      "costs, drafting off where it does not pay); needs --mtp; "
+                                                      "0 = off"})
+    mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
@@ -167,8 +177,12 @@ class EngineConfig:
         if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
             raise InvalidArgument(f"max_context must be a number of tokens (0 = the model's trained context), "
                                   f"got {self.max_context!r}")
-        if self.kv_resident < 0 or self.spec < 0:
-            raise InvalidArgument("kv_resident and spec must be >= 0")
+        spec = str(self.spec).strip()
+        if isinstance(self.spec, bool) or not (spec == "auto" or spec.isdigit()):
+            raise InvalidArgument(f"spec must be a number of drafts (0 = off) or auto, got {self.spec!r}")
+        object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
+        if self.kv_resident < 0:
+            raise InvalidArgument("kv_resident must be >= 0")
         _refuse_not_implemented(self)
         unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
         if unknown:
@@ -209,10 +223,12 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.kv_resident:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
                               f"(0 keeps all of it in VRAM)")
-    if cfg.spec:
-        raise InvalidArgument("--spec: speculative decoding is not implemented yet")
-    if cfg.mtp:
-        raise InvalidArgument("--mtp: drafting with the model's MTP layer is not implemented yet")
+    if cfg.spec != "0" and not cfg.mtp:
+        raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
+    if cfg.mtp and cfg.spec == "0":
+        raise InvalidArgument("--mtp drafts only under --spec N or --spec auto")
+    if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
+        raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.layer_split != "auto":
         raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "
                               f"yet (auto)")

@@ -42,6 +42,12 @@ SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
                                  linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
                                  linear_conv_kernel_dim=4, shared_expert_intermediate_size=512),
                            {"experts": "Q4_K", "attn": "Q8_0", "shexp": "Q6_K", "embd": "Q6_K", "output": "Q8_0"}),
+    # The 30B shape plus one MTP draft layer of the same layer shape (Qwen3-Next / DeepSeek style), so
+    # speculation's window costs and the drafter's VRAM can be measured at 30B sizes.
+    "qwen3-30b-a3b-mtp": (_args(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                                num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                                moe_intermediate_size=768, num_mtp_layers=1),
+                          {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
     # The same kinds at about 1/20 of the bytes, for quick runs.
     "small": (_args(vocab_size=32768, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                     num_key_value_heads=2, head_dim=64, num_experts=32, num_experts_per_tok=4,
@@ -52,6 +58,10 @@ SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
                    num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
                    moe_intermediate_size=256, max_position_embeddings=4096),
              {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
+    "tiny-mtp": (_args(vocab_size=8192, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=256, max_position_embeddings=4096, num_mtp_layers=1),
+                 {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
 }
 
 _GROUP = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn", "token_embd": "embd",

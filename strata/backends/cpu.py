@@ -87,6 +87,14 @@ class KVCache:
             return out
         return kv_formats.rotate(out.reshape(out.shape[0], -1, self.shape[1])).reshape(out.shape)
 
+    def forget(self, layer: int, start: int, stop: int) -> None:
+        """Cells start..stop-1 no longer hold K/V (a rejected draft's): NaN, so a read of one shows
+        (in the scales of a quantized plane, whose values are integers)."""
+        if self.planes[layer] is None:
+            return
+        for values, scales in self.planes[layer]:
+            (values if scales is None else scales)[start:stop] = np.nan
+
 
 class CpuOps:
     """The ops interface of strata.model over numpy, reading weights from a pack."""

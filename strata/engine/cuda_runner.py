@@ -74,6 +74,9 @@ class CudaRunner:
         if config.kv not in GPU_KV_FORMATS:     # the numpy formats and the CPU run them; GPU kernels do not yet
             raise InvalidArgument(f"--kv {config.kv}: the GPU runs an f16 KV cache only so far (--device cpu runs "
                                   f"int8, q4_0 and k8v4)")
+        if config.spec != "0":
+            raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
+                                  f"(--device cpu); the GPU's verify window is not built")
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context

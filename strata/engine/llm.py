@@ -79,7 +79,7 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv))
+    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0")
 
 
 def _cpu_kv(kv: str) -> str:
@@ -223,12 +223,13 @@ class Generation:
             llm.state = "generating"
             t1 = time.perf_counter()
             eos = set(llm.tokenizer.eos_token_ids)
+            spec0 = _spec_counts(runner)
+            tokens = self._tokens(runner, sampler, lambda: self.max_tokens - len(out))
             while len(out) < self.max_tokens:
                 if self._cancelled:
                     finish = "cancelled"
                     break
-                mask = None if self.constraint is None else self.constraint.mask()
-                token = runner.pick(self.params, sampler.draw(), mask=mask)
+                token = next(tokens)
                 if token in eos:
                     finish = "stop"
                     break
@@ -245,8 +246,6 @@ class Generation:
                 if self.constraint is not None and self.constraint.complete:
                     finish = "stop"        # the grammar allows nothing more (its end-of-sequence is implied)
                     break
-                if len(out) < self.max_tokens:
-                    runner.decode(token, logits=False)
             rest = text.finish()
             if text.stopped and finish == "length":
                 finish = "stop"        # the stop string was in the last, held-back text
@@ -254,7 +253,31 @@ class Generation:
                 yield Delta(rest, out[-1] if out else -1)
             timings.predicted_ms = (time.perf_counter() - t1) * 1e3
             timings.predicted_n = len(out)
+            timings.draft_n, timings.draft_n_accepted = (b - a for a, b in zip(spec0, _spec_counts(runner)))
         finally:
             llm.state = "idle"
         self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
                                      usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)
+
+    def _tokens(self, runner, sampler, left: Callable[[], int]) -> Iterator[int]:
+        """The request's tokens, computed only when asked for: the prompt's pick, then one decode
+        step per token, or one speculative verify window per few tokens (runner.spec drafts)."""
+        def mask():        # the grammar's allowed tokens after what it has advanced over (None: all)
+            return None if self.constraint is None else self.constraint.mask()
+
+        token = runner.pick(self.params, sampler.draw(), mask=mask())
+        yield token
+        while True:
+            # a constrained request decodes one token at a time: each draft would need its own mask
+            if getattr(runner, "spec", 0) and self.constraint is None:
+                for token in runner.speculate(token, self.params, sampler, left()):
+                    yield token
+            else:
+                runner.decode(token, logits=False)
+                token = runner.pick(self.params, sampler.draw(), mask=mask())
+                yield token
+
+
+def _spec_counts(runner) -> tuple[int, int]:
+    stats = getattr(runner, "spec_stats", None)
+    return (stats.draft_n, stats.draft_n_accepted) if stats is not None else (0, 0)

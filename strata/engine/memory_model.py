@@ -189,7 +189,7 @@ def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> i
 
 def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int) -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
-    what CudaRunner reserves for the step's CUDA graph (cuda_graph.capture_step)."""
+    what CudaRunner reserves for the step's CUDA graph (graphs.capture_step)."""
     ops, model, kv = _ops(sizes, max_cells, num_sms)
     base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
     buf = _NullBuffer(None, 4 * (2 * 8 + 1))                            # ids and positions read on the device

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..backends.cuda.memory import SEGMENT_BYTES, Pool
-from ..config import EngineConfig, ModelArgs
+from ..config import EngineConfig, ModelArgs, spec_max_drafts
 from ..errors import InvalidArgument
 from ..quant import kv as kv_formats
 from . import memory_model
@@ -253,7 +253,7 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     a = sizes.args
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = kv_cells(config)
-    steps = sorted({1, min(config.spec + 1, STEP_MAX_TOKENS)})    # a decode step, a draft-verify step
+    steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS)})   # a decode step, a verify window
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
     return {
         "dense": sizes.dense_bytes,

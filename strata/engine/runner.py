@@ -1,13 +1,18 @@
 """The CPU runner: owns the model, its ops and one sequence's KV cache, and runs prompt chunks and steps."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
 from ..backends.cpu_linear_attn import HybridCache, Qwen3NextCpuOps
-from ..config import SamplingParams
+from ..backends.cpu_rows import RowOps
+from ..config import SamplingParams, spec_max_drafts
+from ..errors import InvalidArgument
 from ..model import build
 from .sampler import pick_host
+from .speculate import AutoDrafts, MtpDrafter, SpecStats, speculative_step
 
 
 def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
@@ -24,11 +29,25 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
 class CpuRunner:
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32"):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0):
         self.args = pack.args
         self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
         self.model = build(self.args, self.ops)
+        # decode steps and verify windows: every row computes what a one-row step does (cpu_rows);
+        # qwen3next steps one token at a time (no speculation on it yet), through its own ops
+        hybrid = self.args.architecture == "qwen3next"
+        self.step_model = self.model if hybrid else build(self.args, RowOps(self.ops))
+        spec = spec if spec == "auto" else int(spec)
+        if spec and not self.args.num_mtp_layers:
+            raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
+        if spec and hybrid:
+            raise InvalidArgument("--spec: speculation on qwen3next needs its DeltaNet states rolled back, "
+                                  "which is not built yet")
+        self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
+        self.drafter = MtpDrafter() if spec else None
+        self.spec_stats = SpecStats()
+        self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
@@ -47,7 +66,7 @@ class CpuRunner:
         allocator); nothing of it stays: the KV, the cached prefix and the last logits are as before."""
         a, ops = self.args, self.ops
         mtp = tuple(f"blk.{l}." for l in range(a.num_hidden_layers, a.num_hidden_layers + a.num_mtp_layers))
-        names = [n for n in ops.pack.meta["dense"] if not n.startswith(mtp)]    # no drafting runs here
+        names = [n for n in ops.pack.meta["dense"] if self.spec or not n.startswith(mtp)]  # drafting or not
         if self._weights_f32_bytes(names) <= ops.cache.max_bytes:
             for name in names:
                 ops.weight(name)
@@ -74,12 +93,16 @@ class CpuRunner:
     def reset(self) -> None:
         self.kv = self._new_kv()
         self.cached_ids = []
+        if self.drafter:
+            self.drafter.reset()
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read);
         a hybrid model resumes its DeltaNet states only from the live state or a snapshot (HybridCache)."""
         n = reusable_prefix(self.cached_ids, ids)
-        return self.kv.resumable(n, len(self.cached_ids)) if isinstance(self.kv, HybridCache) else n
+        if isinstance(self.kv, HybridCache):
+            n = self.kv.resumable(n, len(self.cached_ids))
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
@@ -87,12 +110,17 @@ class CpuRunner:
         if isinstance(self.kv, HybridCache):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
+        if self.drafter:
+            self.drafter.truncate(start)
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
             hi = min(len(ids), lo + self.prefill_chunk)
             chunk = np.asarray(ids[lo:hi], dtype=np.int64)
-            out, _ = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
+            out, hidden = self.model.forward(chunk, np.arange(lo, hi), self.kv, logits_rows=slice(-1, None))
             self.cached_ids.extend(ids[lo:hi])
+            if self.drafter:                 # the draft layer's K/V of this chunk, batched
+                self.drafter.extend(hidden)
+                self.drafter.flush(self, self.cached_ids)
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
         if isinstance(self.kv, HybridCache):
@@ -103,8 +131,10 @@ class CpuRunner:
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`)."""
         pos = len(self.cached_ids)
-        out, _ = self.model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
+        out, hidden = self.step_model.forward(np.asarray([token]), np.asarray([pos]), self.kv)
         self.cached_ids.append(token)
+        if self.drafter:
+            self.drafter.extend(hidden)
         self._last = out[-1]
         return self._last if logits else None
 
@@ -112,6 +142,33 @@ class CpuRunner:
         """The next token from the last prefill's or decode's logits (strata.engine.sampler); mask:
         an allowed-token bitmask (strata.engine.grammar) or None."""
         return pick_host(self._last, params, u, mask)
+
+    # speculation (strata.engine.speculate) --------------------------------------------------------
+    def speculate(self, token: int, params, sampler, left: int) -> list[int]:
+        """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);
+        -> the tokens it emits after `token`."""
+        want = self.spec_auto.choose() if self.spec_auto else self.spec
+        n = max(0, min(want, left - 1, self.max_context - 1 - len(self.cached_ids)))
+        if n == 0:     # a plain step; the draft layer's K/V catches up in the next window that drafts
+            t0 = time.perf_counter()
+            self.decode(token, logits=False)
+            nxt = self.pick(params, sampler.draw())
+            if self.spec_auto:
+                self.spec_auto.observe(0, 0, (time.perf_counter() - t0) * 1e3)
+            return [nxt]
+        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw,
+                                self.spec_auto)
+
+    def verify(self, ids: list[int], start: int):
+        """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D])."""
+        return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)
+
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+        return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits_rows=logits_rows)
+
+    def forget(self, layers, start: int, stop: int) -> None:
+        for layer in layers:
+            self.kv.forget(layer, start, stop)
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
@@ -126,7 +183,10 @@ class CpuRunner:
 
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,
-                "expert_cache": None, "bytes_h2d": 0,
+                "expert_cache": None, "bytes_h2d": 0, "spec": self.spec,
+                "speculation": ({**self.spec_stats.to_dict(),
+                                 "auto": self.spec_auto.to_dict() if self.spec_auto else None}
+                                if self.spec else None),
                 # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
                 "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
                        "bus_bytes_per_token": 0}}

@@ -28,6 +28,12 @@ def pick_host(logits: np.ndarray, p: SamplingParams, u: float, mask: np.ndarray 
         logits = mask_logits(logits, mask)
     if p.temperature == 0.0:
         return int(np.argmax(logits))
+    return choose(probs_host(logits, p), u)
+
+
+def probs_host(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The distribution [V] (float64) that pick_host samples for a non-zero temperature: softmax of
+    logits / T, restricted to the top-k, then to the smallest set reaching top_p, renormalized."""
     z = logits.astype(np.float64) / p.temperature
     if 0 < p.top_k < z.shape[-1]:
         kth = np.partition(z, -p.top_k)[-p.top_k]
@@ -41,6 +47,11 @@ def pick_host(logits: np.ndarray, p: SamplingParams, u: float, mask: np.ndarray 
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
+    return probs
+
+
+def choose(probs: np.ndarray, u: float) -> int:
+    """The smallest id whose cumulative probability passes u (probs [V] >= 0, any positive sum)."""
     cdf = np.cumsum(probs)
     cdf /= cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[-1] - 1))

@@ -87,6 +87,13 @@ class Qwen3Moe:
 
         positions are those of the hidden states (t); the draft layer keeps its own K/V at layer L.
         """
+        return self.mtp_step(hidden, next_ids, positions, kv, record)[0]
+
+    def mtp_step(self, hidden, next_ids: np.ndarray, positions: np.ndarray, kv,
+                 record: Recorder = _no_record, logits_rows: slice | None = slice(None)):
+        """mtp_forward for logits_rows (None: no logits, only the K/V written), also returning the
+        draft layer's output before its final norm [T, D]: the hidden state a chained draft feeds
+        back in (draft k's state is draft k+1's input)."""
         a, ops = self.args, self.ops
         L = a.num_hidden_layers
         p = f"blk.{L}.nextn."
@@ -94,5 +101,5 @@ class Qwen3Moe:
         hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
         x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
         attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
-        _, normed = self.layer(L, x, attn_norm, positions, kv, self.mtp_norm, record)
-        return ops.linear(normed, self.head)
+        out, normed = self.layer(L, x, attn_norm, positions, kv, self.mtp_norm, record)
+        return (None if logits_rows is None else ops.linear(normed[logits_rows], self.head)), out

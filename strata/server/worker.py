@@ -193,6 +193,7 @@ class EngineWorker:
             "prefill_chunk": live.prompt_chunk or self.engine_status.get("prefill_chunk"),
             "prefill_ring": self.engine_status.get("prefill_ring"),
             "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
+            "draft_acceptance": t.draft_n_accepted / t.draft_n if t.draft_n else None,
         }
         with self._cond:
             self.recent.appendleft(row)

@@ -116,3 +116,33 @@ def test_a_failure_prints_what_was_measured_before_it(monkeypatch, capsys, tmp_p
     assert captured.err.strip().splitlines()[-1] == "strata: error: bench stopped at prompt 40: RuntimeError: boom"
     res = json.loads(out.read_text())
     assert set(res["prompt"]) == {"8"} and res["error"] == "prompt 40: RuntimeError: boom"
+
+
+def test_bench_spec_arm_reports_window_costs_and_drafts(tmp_path, capsys):
+    """--mtp --spec 2 on the synthetic shape with an MTP layer: decode runs through verify windows,
+    and the JSON holds the times of windows of 1..5 rows and of a draft step after each prompt."""
+    from strata import cli
+    out = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--synthetic", "tiny-mtp", "--prompt", "8,24", "--decode", "6", "--device", "cpu",
+                   "--mtp", "--spec", "2", "--cache-dir", str(tmp_path), "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    res = json.loads(out.read_text())
+    assert res["config"]["spec"] == "2" and res["config"]["mtp"] is True
+    for ctx in ("8", "24"):
+        w = res["spec"]["windows"][ctx]
+        assert sorted(w["verify_ms"]) == ["1", "2", "3", "4", "5"] and all(v > 0 for v in w["verify_ms"].values())
+        assert w["draft_step_ms"] > 0
+        d = res["decode"][ctx]
+        assert d["tokens"] == 6 and d["draft_n"] > 0 and d["tokens_per_verify"] >= 1
+    assert "verify window after 24" in captured.out and "speculation after 8" in captured.out
+
+
+def test_synthetic_mtp_shape_is_the_30b_shape_plus_one_layer():
+    a, q = SHAPES["qwen3-30b-a3b-mtp"]
+    b, r = SHAPES["qwen3-30b-a3b"]
+    import dataclasses
+    assert a.num_mtp_layers == 1 and dataclasses.replace(a, num_mtp_layers=0) == b and q == r
+    from strata.synthetic import synthetic_source
+    src = synthetic_source("qwen3-30b-a3b-mtp")
+    assert len(src.experts) == 49 and any(t.name == "blk.48.nextn.eh_proj.weight" for t in src.dense)

@@ -35,7 +35,6 @@ def test_model_args_reject_unsupported_architecture():
 
 # Flags the engine accepts in form but does not run yet: each refused with its own one-line reason.
 NOT_IMPLEMENTED = [({"kv_resident": 1024}, "--kv-resident"),
-                   ({"spec": 2}, "--spec: speculative decoding is not implemented yet"), ({"mtp": True}, "--mtp"),
                    ({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
 
 
@@ -46,9 +45,24 @@ def test_flags_that_would_do_nothing_are_refused(kw, match):
     assert str(info.value).startswith(match) and "\n" not in str(info.value)
 
 
+# Speculation runs (strata/engine/speculate.py) but only in its one form: --mtp with --spec N.
+SPEC_REFUSED = [({"spec": 2}, "--spec 2 needs --mtp"), ({"mtp": True}, "--mtp drafts only under --spec N"),
+                ({"spec": 8, "mtp": True}, "--spec 8: at most 7 drafts"), ({"spec": "auto"}, "--spec auto needs --mtp"),
+                ({"spec": "many", "mtp": True}, "spec must be a number of drafts (0 = off) or auto")]
+
+
+@pytest.mark.parametrize("kw, match", SPEC_REFUSED)
+def test_spec_needs_mtp_and_a_window_size(kw, match):
+    with pytest.raises(InvalidArgument) as info:
+        EngineConfig.from_kwargs(**kw)
+    assert str(info.value).startswith(match) and "\n" not in str(info.value)
+    assert EngineConfig.from_kwargs(spec=3, mtp=True).spec == "3"
+    assert EngineConfig.from_kwargs(spec=" auto", mtp=True).spec == "auto"
+
+
 def test_their_defaults_are_accepted():
     cfg = EngineConfig.from_kwargs(kv="f16", kv_resident=0, spec=0, mtp=False, layer_split="auto", gpus="1")
-    assert (cfg.kv, cfg.kv_resident, cfg.spec, cfg.mtp, cfg.layer_split, cfg.gpus) == ("f16", 0, 0, False, "auto", "1")
+    assert (cfg.kv, cfg.kv_resident, cfg.spec, cfg.mtp, cfg.layer_split, cfg.gpus) == ("f16", 0, "0", False, "auto", "1")
     assert EngineConfig().max_context == 0          # 0: the model's trained context, fitted to memory
 
 
@@ -59,11 +73,11 @@ def test_kv_formats_are_accepted(kv):
 
 def test_refused_through_the_environment_too(monkeypatch):
     monkeypatch.setenv("STRATA_SPEC", "3")
-    with pytest.raises(InvalidArgument, match="--spec"):
+    with pytest.raises(InvalidArgument, match="--spec 3 needs --mtp"):
         EngineConfig.from_kwargs()
 
 
-@pytest.mark.parametrize("flags, match", [(["--spec", "2"], "--spec: speculative decoding"), (["--mtp"], "--mtp"),
+@pytest.mark.parametrize("flags, match", [(["--spec", "2"], "--spec 2 needs --mtp"), (["--mtp"], "--mtp"),
                                           (["--kv-resident", "64"], "--kv-resident"), (["--gpus", "0,1"], "--gpus")])
 def test_cli_refuses_them_in_one_line(flags, match):
     r = subprocess.run([sys.executable, "-m", "strata", "plan", "--synthetic", "tiny", "--device", "cpu",

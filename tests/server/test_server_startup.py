@@ -51,7 +51,7 @@ def test_port_in_use_fails_before_the_model_loads(tmp_path, busy_port):
 @pytest.mark.parametrize("flags, match", [
     (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
     (["--queue-size", "0"], "--queue-size and --max-body-bytes must be positive"),
-    (["--spec", "2"], "--spec: speculative decoding is not implemented yet"),
+    (["--spec", "2"], "--spec 2 needs --mtp: the model's MTP layer is the only drafter"),
     (["--device", "tpu"], "device must be cpu, cuda or auto"),
     (["--max-context", "-5"], "max_context"),
 ])

@@ -156,7 +156,7 @@ function renderVram(s, g, ec) {
 
 function renderRequests(rows) {
   const body = $("requests").tBodies[0];
-  if (!rows.length) { body.innerHTML = '<tr class="empty-row"><td colspan="10">No requests yet.</td></tr>'; return; }
+  if (!rows.length) { body.innerHTML = '<tr class="empty-row"><td colspan="11">No requests yet.</td></tr>'; return; }
   body.innerHTML = rows.map((r) => `<tr>
     <td>${new Date(r.finished_at * 1000).toLocaleTimeString()}</td>
     <td>${r.kind === "chat" ? "chat" : "completion"}</td>
@@ -166,6 +166,7 @@ function renderRequests(rows) {
     <td class="num">${fmtRate(r.prompt_tps)}</td>
     <td class="num">${fmtRate(r.decode_tps)}</td>
     <td class="num">${fmtPct(r.hit_rate)}</td>
+    <td class="num">${r.draft_n ? `${fmtInt(r.draft_n_accepted)} / ${fmtInt(r.draft_n)}` : "—"}</td>
     <td class="num">${fmtMs(r.duration_ms)}</td>
     <td><span class="tag ${r.finish_reason}">${r.finish_reason}</span></td></tr>`).join("");
 }

@@ -1,0 +1,291 @@
+"""MTP speculative decoding: the draft layer proposes N tokens, the main model verifies them in one
+window of N + 1 rows, the longest agreeing prefix is kept plus the target's own next token, and the
+K/V of the rejected positions is rolled back.
+
+Positions. The sequence's tokens x_0..x_{n-1} have main K/V (cells 0..n-1); the token x_n about to
+be verified sits at position n. The MTP layer's cell t holds the draft layer applied to the main
+model's hidden state h_t and the token x_{t+1}; it is final once both are known. The drafter keeps
+the main hidden states whose next token it has not read yet ("pending", positions done..n-1).
+
+One step (speculative_step): the draft layer reads the pending rows with their next tokens (the
+last of which is x_n), writing their final cells; its last row's logits give draft d_1 and its
+output hidden state chains on: d_k's state and d_k give d_{k+1} (cells n..n+N-2, provisional).
+The verify window runs the main model over [x_n, d_1..d_N] at n..n+N with row-invariant ops, so
+each row's logits are bitwise what a one-row step there would give. Acceptance keeps d_1..d_a
+and emits the target's token at row a. The main cells past n+a and the provisional draft cells
+are then rolled back (forgotten: the CPU cache writes NaN there, so a stale read would show), and
+the window's hidden states h_n..h_{n+a} become the next step's pending rows.
+
+Sampling keeps the target's distribution exactly: draft d_k is drawn from the drafter's q_k,
+accepted with probability min(1, p_k(d_k) / q_k(d_k)), and at the first rejection the emitted
+token is drawn from max(0, p_k - q_k) renormalized; when all N are accepted, the last row's p
+gives the extra token. p and q are the request's temperature/top-k/top-p distributions
+(strata.engine.sampler.probs_host); every draw comes from the request's seeded generator, in a
+fixed order, so a seed reproduces the tokens. Greedy compares argmaxes.
+
+A target (the runner) provides: cached_ids (tokens with main K/V), verify(ids, start) -> (logits
+[T, V], hidden [T, D]) over row-invariant ops, mtp(hidden, next_ids, positions, logits_rows) ->
+(logits of those rows or None, hidden), forget(layers, start, stop) (roll K/V cells back) and args.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import SamplingParams
+from .sampler import choose, probs_host
+
+
+@dataclass
+class SpecStats:
+    """Cumulative counters of one runner's speculation (status() reports them)."""
+    verify_passes: int = 0
+    draft_n: int = 0                # drafts proposed
+    draft_n_accepted: int = 0       # drafts the target agreed with
+    tokens: int = 0                 # tokens emitted by verify passes (accepted + the target's own)
+    host_ms: float = 0.0            # host time of the speculation's own bookkeeping (not the model)
+
+    def to_dict(self) -> dict:
+        return {"verify_passes": self.verify_passes, "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted,
+                "acceptance": self.draft_n_accepted / self.draft_n if self.draft_n else None,
+                "tokens_per_verify": self.tokens / self.verify_passes if self.verify_passes else None,
+                "host_ms_per_verify": self.host_ms / self.verify_passes if self.verify_passes else None}
+
+
+class AutoDrafts:
+    """--spec auto: the drafts per window that maximize measured tokens per second, 0 (drafting off)
+    where no N beats a plain step.
+
+    Per N it keeps the mean wall time of a window of N drafts (drafting, verify, acceptance: all of
+    it) and one acceptance rate alpha (the share of drafts the target agreed with, counting a
+    draft as tried only if every draft before it was kept; a Laplace prior). A window of N drafts
+    then yields (1 - alpha^(N+1)) / (1 - alpha) tokens. First N = 0, 1, 2, ... are measured
+    twice each for as long as each N beats every one before it (once per runner: on a CPU, whose
+    windows cost a step per row, that is four windows); then a probe window runs the neighbour of
+    the choice measured longest ago, so costs that move (a cache warming, a longer context) are
+    followed. Probes come `probe` windows apart, twice as far after each probe that left the
+    choice as it was (up to max_probe), `probe` again after one that changed it: all other windows
+    run the best N, so a settled choice pays about one window in max_probe for its probes.
+    """
+
+    def __init__(self, max_n: int, probe: int = 32, max_probe: int = 1024, keep: int = 16):
+        self.max_n, self.probe, self.max_probe, self.keep = max_n, probe, max_probe, keep
+        self.gap, self.next_probe = probe, probe
+        self.probing = False
+        self.climbing = True
+        self.window_ms: dict[int, list[float]] = {}      # N -> recent window times
+        self.seen: dict[int, int] = {}                   # N -> window count when last measured
+        self.kept = self.tried = 0
+        self.windows = 0
+        self.n = max_n
+
+    @property
+    def alpha(self) -> float:
+        return (self.kept + 1) / (self.tried + 2)
+
+    def tokens_per_ms(self, n: int) -> float:
+        a = self.alpha
+        tokens = n + 1 if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
+        times = self.window_ms[n]
+        return tokens / (sum(times) / len(times))
+
+    def choose(self) -> int:
+        if self.climbing:                # N = 0, 1, ... twice each, while each N beats the one before
+            n = len(self.window_ms) - 1
+            if len(self.window_ms.get(max(n, 0), ())) < 2:
+                return max(n, 0)
+            if n < self.max_n and max(self.window_ms, key=self.tokens_per_ms) == n:
+                return n + 1
+            self.climbing = False
+        best = max(self.window_ms, key=self.tokens_per_ms)
+        if self.probing:                 # the last window was a probe: did it move the choice?
+            self.probing = False
+            self.gap = self.probe if best != self.n else min(2 * self.gap, self.max_probe)
+            self.next_probe = self.windows + self.gap
+        self.n = best
+        if self.windows >= self.next_probe:
+            self.probing = True
+            near = [n for n in (best - 1, best + 1) if 0 <= n <= self.max_n]
+            return min(near, key=lambda n: self.seen.get(n, -1))
+        return best
+
+    def observe(self, n: int, accepted: int, ms: float) -> None:
+        times = self.window_ms.setdefault(n, [])
+        times.append(ms)
+        del times[:-self.keep]
+        self.seen[n] = self.windows
+        self.windows += 1
+        self.kept += accepted
+        self.tried += accepted + (1 if accepted < n else 0)
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "alpha": self.alpha,
+                "window_ms": {n: sum(t) / len(t) for n, t in sorted(self.window_ms.items())}}
+
+
+class MtpDrafter:
+    """The MTP layer's bookkeeping for one sequence: which of its cells are final, and the main
+    hidden states still waiting for their next token."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.done = 0                               # cells 0..done-1 are final
+        self._pending: list[np.ndarray] = []        # main hidden rows of positions done.., in pieces
+
+    @property
+    def pending(self) -> np.ndarray | None:
+        """Main hidden [P, D] of positions done..done+P-1 (None: P = 0); the pieces are joined when
+        read, so steps that draft nothing append in O(1)."""
+        if len(self._pending) > 1:
+            self._pending = [np.concatenate(self._pending)]
+        return self._pending[0] if self._pending else None
+
+    @pending.setter
+    def pending(self, rows: np.ndarray | None) -> None:
+        self._pending = [] if rows is None or rows.shape[0] == 0 else [rows]
+
+    @property
+    def covered(self) -> int:
+        """Tokens from position 0 for which the drafter can go on (final cells + pending states)."""
+        return self.done + sum(p.shape[0] for p in self._pending)
+
+    def reusable(self, cached_ids: list[int], ids: list[int], n: int) -> int:
+        """The reusable prefix n of ids over cached_ids, cut where the drafter could not go on: past
+        its covered tokens, and by one where cell n-1 is final but was written with a next token
+        other than ids[n] (re-reading token n-1 recomputes it)."""
+        n = min(n, self.covered)
+        if 0 < n <= self.done and (n >= len(cached_ids) or cached_ids[n] != ids[n]):
+            n -= 1
+        return n
+
+    def truncate(self, length: int) -> None:
+        """The sequence is cut back to `length` tokens (a prompt read from there)."""
+        if length <= self.done:
+            self.done, self.pending = length, None
+        elif self.pending is not None:
+            self.pending = self.pending[:length - self.done]
+
+    def extend(self, hidden: np.ndarray) -> None:
+        """Main hidden states [T, D] of the next T positions after covered."""
+        self._pending.append(hidden.copy())
+
+    def flush(self, target, ids: list[int]) -> None:
+        """Write the final cells of every pending row whose next token ids holds (all but the
+        sequence's last): a prompt chunk's draft-layer K/V, batched."""
+        P = 0 if self.pending is None else self.pending.shape[0]
+        n = min(P, len(ids) - 1 - self.done)
+        if n <= 0:
+            return
+        target.mtp(self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
+                   np.arange(self.done, self.done + n), logits_rows=None)
+        self.done += n
+        self.pending = self.pending[n:]
+
+    def draft(self, target, token: int, n: int, params: SamplingParams, draw) -> tuple[list[int], list]:
+        """Drafts d_1..d_n after `token` (at position len(target.cached_ids)) -> (drafts, q): q[k] the
+        distribution d_k was drawn from (None when greedy)."""
+        ids, start = target.cached_ids, self.done
+        P = self.pending.shape[0]
+        assert start + P == len(ids), "the drafter's pending states must reach the sequence's end"
+        nxt = np.asarray(ids[start + 1:] + [token], np.int64)
+        logits, hid = target.mtp(self.pending, nxt, np.arange(start, start + P), logits_rows=slice(-1, None))
+        self.done, self.pending = start + P, None
+        drafts, qs = [], []
+        pos = start + P - 1
+        row, h = logits[-1], hid[-1:]
+        for k in range(n):
+            if params.temperature == 0.0:
+                d, q = int(np.argmax(row)), None
+            else:
+                q = probs_host(row, params)
+                d = choose(q, draw())
+            drafts.append(d)
+            qs.append(q)
+            if k + 1 < n:
+                pos += 1
+                logits, h = target.mtp(h, np.asarray([d], np.int64), np.asarray([pos]))
+                row = logits[-1]
+        return drafts, qs
+
+
+def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingParams, draw) -> tuple[int, int]:
+    """Verify rows logits [N+1, V] against drafts -> (a, token): the first a drafts are kept and
+    `token` is the target's own at row a (a correction, or the extra token when a == N)."""
+    if params.temperature == 0.0:
+        for j, d in enumerate(drafts):
+            t = int(np.argmax(logits[j]))
+            if t != d:
+                return j, t
+        return len(drafts), int(np.argmax(logits[len(drafts)]))
+    for j, (d, q) in enumerate(zip(drafts, qs)):
+        p = probs_host(logits[j], params)
+        if draw() * q[d] < p[d]:          # u < p/q, without dividing (q[d] > 0: d was drawn from q)
+            continue
+        residual = np.maximum(p - q, 0.0)
+        return j, choose(residual if residual.sum() > 0 else p, draw())
+    return len(drafts), choose(probs_host(logits[len(drafts)], params), draw())
+
+
+def time_windows(target, max_rows: int, repeats: int = 3) -> dict:
+    """Best-of-`repeats` milliseconds of a verify window of T = 1..max_rows rows after the sequence
+    and of one chained draft step (the draft layer over one row); everything written is forgotten
+    after, so the sequence is as before. -> {"verify_ms": {T: ms}, "draft_step_ms": ms}."""
+    start, L = len(target.cached_ids), target.args.num_hidden_layers
+    ids = list(target.cached_ids[-max_rows:]) or [0]
+    ids = (ids * max_rows)[:max_rows]
+    out = {}
+    for T in range(1, max_rows + 1):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            _, hidden = target.verify(ids[:T], start)
+            best = min(best, time.perf_counter() - t0)
+        out[T] = best * 1e3
+    target.forget(range(L), start, start + max_rows)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        target.mtp(hidden[:1], np.asarray(ids[:1], np.int64), np.asarray([start]))
+        best = min(best, time.perf_counter() - t0)
+    target.forget([L], start, start + 1)
+    return {"verify_ms": out, "draft_step_ms": best * 1e3}
+
+
+def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, n: int,
+                     params: SamplingParams, draw, auto: AutoDrafts | None = None) -> list[int]:
+    """One draft-verify-accept pass after `token` (already emitted, not yet in the K/V) with n drafts
+    (0: a plain step) -> the tokens it emits after `token`: the accepted drafts, then the target's own."""
+    t0 = time.perf_counter()
+    model_s = 0.0
+    start = len(target.cached_ids)
+    if n > 0:
+        m0 = time.perf_counter()
+        drafts, qs = drafter.draft(target, token, n, params, draw)
+        model_s += time.perf_counter() - m0
+    else:
+        drafts, qs = [], []
+    m0 = time.perf_counter()
+    logits, hidden = target.verify([token] + drafts, start)            # main K/V at start..start+n
+    model_s += time.perf_counter() - m0
+    a, nxt = accept(logits, drafts, qs, params, draw)
+    # rollback: main cells past the accepted prefix, and the chain's provisional draft-layer cells
+    # (the next draft rewrites cells start..start+a from the verified states before reading them)
+    L = target.args.num_hidden_layers
+    target.forget(range(L), start + a + 1, start + n + 1)
+    if n > 1:
+        target.forget([L], start, start + n - 1)
+    target.cached_ids.extend([token] + drafts[:a])
+    drafter.extend(hidden[:a + 1])
+    stats.verify_passes += 1
+    stats.draft_n += n
+    stats.draft_n_accepted += a
+    stats.tokens += a + 1
+    stats.host_ms += (time.perf_counter() - t0 - model_s) * 1e3
+    if auto is not None:
+        auto.observe(n, a, (time.perf_counter() - t0) * 1e3)
+    return drafts[:a] + [nxt]
