@@ -6,20 +6,25 @@
 # resident and at BUDGET GiB, with the prompt and decode speeds of each. Extra steps follow.
 #
 #   git archive PARENT -- . ':!strata/demo' | (mkdir -p ab_base && tar -x -C ab_base)   # here, once
-#   tools/ab_device_check.sh [steps...]          steps: tests ab pcie (default: all)
+#   tools/ab_device_check.sh [steps...]          steps: tests ab pcie kv (default: tests ab pcie)
 #     tests   build + GPU tests of this tree (TESTS overrides the pytest paths)
 #     ab      stream_check.py in the parent's tree and in this one
 #     pcie    bench at 12 GiB, prompts 512 and 2048, with and without --pcie-gbs 25
-# BASE (default ab_base), PROMPT (default 16384), BUDGET (default 8), DEADLINE_S (default 560).
+#     kv      tools/kv_attention_bench.py, and the bench at 12 GiB with --kv q4_0 and int8
+# BASE (default ab_base), PROMPT (default 16384), DECODE (default 64), BUDGET (default 8),
+# DEADLINE_S (default 560). Logs go to LOGS (default /tmp/strata-ab-check); with OUT set (the
+# device tool's folder, which returns at most 8 files) they come back as one OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/strata-ab-check}
+RETURN=${OUT:-}
+OUT=${LOGS:-/tmp/strata-ab-check}
 mkdir -p "$OUT"
+trap '[ -n "$RETURN" ] && tar -czf "$RETURN/logs.tgz" -C "$OUT" . 2>/dev/null' EXIT
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-560}
-BASE=${BASE:-ab_base} PROMPT=${PROMPT:-16384} BUDGET=${BUDGET:-8}
+BASE=${BASE:-ab_base} PROMPT=${PROMPT:-16384} DECODE=${DECODE:-64} BUDGET=${BUDGET:-8}
 . tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests ab pcie)
@@ -52,7 +57,7 @@ if has ab; then
             mkdir -p /tmp/ab_check/tools && cp "$BASE/tools/stream_check.py" $script
         else site=$PYTHONPATH; script=tools/stream_check.py; fi
         ( PYTHONPATH=$site timeout "$(budget 150)" $PY $script --prompt "$PROMPT" \
-            --decode 64 --budget-gib "$BUDGET" --json "$OUT/ab_$tree.json" 2>"$OUT/ab_$tree.err" ) | tee "$OUT/ab_$tree.log"
+            --decode "$DECODE" --budget-gib "$BUDGET" --json "$OUT/ab_$tree.json" 2>"$OUT/ab_$tree.err" ) | tee "$OUT/ab_$tree.log"
         [ "${PIPESTATUS[0]}" -gt 1 ] && tail -6 "$OUT/ab_$tree.err"
         [ $tree = base ] && PYTHONPATH=/tmp/strata-base-site:$PYTHONPATH $PY -c "import strata; print('base tree:', strata.__file__)"
     done
@@ -66,5 +71,15 @@ if has pcie; then
         [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/pcie_$cap.err"
     done
 fi
+if has kv; then
+    echo "== decode attention per KV format ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --json "$OUT/kv_attn.json" 2>"$OUT/kv_attn.err" | tee "$OUT/kv_attn.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/kv_attn.err"
+    for kv in q4_0 int8; do
+        echo "== bench at 12 GiB, --kv $kv ($(elapsed) s)"
+        timeout "$(budget 90)" $PY -m strata bench --synthetic qwen3-30b-a3b --device cuda --vram-budget-gib 12 \
+            --kv $kv --prompt 16384 --decode 64 --json "$OUT/kv_$kv.json" 2>"$OUT/kv_$kv.err" | tee "$OUT/kv_$kv.log"
+        [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/kv_$kv.err"
+    done
+fi
 echo "== done at $(elapsed) s"
-tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json *.err 2>/dev/null) 2>/dev/null
