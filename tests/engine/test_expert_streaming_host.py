@@ -185,5 +185,5 @@ def test_the_ring_forgets_old_batches(fake, rng):
     sizes = []
     for _ in range(6):
         streamed.prefill(rng.integers(0, pack.args.vocab_size, 50).tolist(), 0)
-        sizes.append(len(streamed.store._ring_batches))
+        sizes.append(len(streamed.store.prompts._history))
     assert max(sizes) <= 2 * pack.args.num_hidden_layers + 2 and sizes[-1] <= sizes[1]
