@@ -1,5 +1,5 @@
-"""The GPU runner: the dense weights and one sequence's KV cache (f16, or the --kv format) in VRAM, the routed experts
-where the VRAM plan puts them, the model on DeviceOps.
+"""The GPU runner: the dense weights and one sequence's KV cache (in the --kv format) in VRAM, the
+routed experts where the VRAM plan puts them, the model on DeviceOps.
 
 Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode, pick,
 logits_all, status, warm_up), plus measure_limits() for the bench. pick() chooses the next token
