@@ -166,3 +166,19 @@ def test_quantized_kv_refuses_head_dims_its_kernels_lack(fake, tmp_path):
     with pytest.raises(UnsupportedError, match="head dims"):
         _runner(pack, 32, "int8")
     assert _runner(pack, 32, "f16").kv.fmt == "f16"
+
+
+def test_emulated_streamed_experts_equal_resident_with_a_quantized_kv(fake, rng):
+    """Experts streaming: each prompt runs in the loan bytes_needed sized for the format (its f16
+    scratch inside), and the logits are the resident runner's bit for bit."""
+    pack = open_pack(DEMO)
+
+    def runner(**config):
+        return CudaRunner(pack, 96, EngineConfig(device="cuda", prefill="24", kv="q4_0", **config))
+    resident, streamed = runner(), runner(expert_cache="20")
+    assert resident.store.resident and not streamed.store.resident
+    ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
+    np.testing.assert_array_equal(streamed.prefill(ids[:52], 0), resident.prefill(ids[:52], 0))
+    for t in ids[52:]:
+        np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
+    assert streamed.status()["expert_cache"]["prompt_streamed"] > 0 and streamed.graphs
