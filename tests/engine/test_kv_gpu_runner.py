@@ -10,10 +10,10 @@ bounded apart: MAX_FLIPS (0.3% measured on the emulated runtime; the device's te
 differ more). With the cells shared, what is left is the f16 path's difference: REL = 3e-3 of the
 largest logit, test_cuda_runner.py's device bound for f16 KV.
 
-Without the swap, against the plain CPU runner of the format (f32 everywhere else): REL_UNSWAPPED
-per format, the flips' effect, 3x the largest seen on the emulated runtime (1.3e-3 int8, 4.9e-3
-k8v4, 1.9e-2 q4_0 over 5 steps): a loose bound that still catches a missed rotation or a wrong
-plane (errors of the order of the logits).
+Without the swap, against the plain CPU runner of the format (f32 K/V arithmetic and GEMMs):
+REL_UNSWAPPED per format, about 3x the flips' effect seen on the emulated runtime (9.7e-4 int8,
+1.3e-2 k8v4 against this plain runner; 1.9e-2 q4_0 against the f16-modelled one): loose, yet a
+missed un-rotation of V's output gives 0.7-0.9 there (k8v4).
 
 Graph decode against eager decode: bitwise, as test_cuda_runner.py argues for f16.
 """
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.gpu
 FORMATS = ["int8", "q4_0", "k8v4"]
 REL = 3e-3
 MAX_FLIPS = 0.03
-REL_UNSWAPPED = {"int8": 4e-3, "k8v4": 1.5e-2, "q4_0": 6e-2}
+REL_UNSWAPPED = {"int8": 1e-2, "k8v4": 5e-2, "q4_0": 1e-1}
 GAP = 2e-3          # router top-k margin of the oracle's draws (test_cuda_runner.py)
 
 
