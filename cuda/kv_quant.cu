@@ -19,6 +19,9 @@
 //   strata_kv_append_int8(x, cells, values, scales, T, Hk, Dh)             grid (T, Hk), block 32
 //   strata_kv_append_q4r(x, cells, values, scales, T, Hk, Dh, rot_scale)    grid (T, Hk), block 32
 //   strata_hadamard_f32(x, rows, Dh, rot_scale)                            grid (rows), block 32; in place
+//   strata_kv_dequant_int8_f16(values, scales, out, rows, Hk, Dh)          grid (rows, Hk), block 32
+//   strata_kv_dequant_q4r_f16(values, scales, out, rows, Hk, Dh)           grid (rows, Hk), block 32
+//     cells 0..rows-1 as f16 [rows, Hk, Dh] (q4r: still rotated), for the f16 prompt attention
 //   strata_attention_decode_<fmt>_d<Dh>_g<GP>(q, k_values, k_scales, v_values, v_scales, lengths,
 //       part_acc, part_ml, H, Hk, max_cells, num_splits, scale)            grid (splits, Hk, B), block 128
 //     fmt: int8 (int8 K and V), q4_0 (q4r K and V), k8v4 (int8 K, q4r V); GP = G = H / Hk rounded up
@@ -273,6 +276,29 @@ extern "C" __global__ void __launch_bounds__(32) strata_hadamard_f32(float* x, i
     else if (Dh == 128) hadamard_row<4>(x, rot_scale);
     else if (Dh == 256) hadamard_row<8>(x, rot_scale);
 }
+
+template <bool Q4, int PER>
+__device__ __forceinline__ void dequant_row(const void* values, const __half* scales, __half* out, int Hk) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * Hk + blockIdx.y;
+    float v[PER];
+    load_cell<Q4, PER>(values, scales, row, threadIdx.x, v);
+    __half* p = out + row * 32 * PER + threadIdx.x * PER;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) p[i] = __float2half_rn(v[i]);
+}
+
+#define STRATA_KV_DEQUANT(NAME, Q4)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32) NAME(const void* values, const __half* scales, __half* out, \
+                                                           int rows, int Hk, int Dh) {                          \
+        STRATA_PDL_ENTRY();                                                                                     \
+        if (blockIdx.x >= rows || blockIdx.y >= Hk) return;                                                     \
+        if (Dh == 64) dequant_row<Q4, 2>(values, scales, out, Hk);                                              \
+        else if (Dh == 128) dequant_row<Q4, 4>(values, scales, out, Hk);                                        \
+        else if (Dh == 256) dequant_row<Q4, 8>(values, scales, out, Hk);                                        \
+    }
+STRATA_KV_DEQUANT(strata_kv_dequant_int8_f16, false)
+STRATA_KV_DEQUANT(strata_kv_dequant_q4r_f16, true)
+#undef STRATA_KV_DEQUANT
 
 #define STRATA_DECODE_Q(FMT, KQ4, VQ4, DH, GP)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_##FMT##_d##DH##_g##GP(              \

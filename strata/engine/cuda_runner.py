@@ -1,5 +1,5 @@
-"""The GPU runner: the dense weights and one sequence's f16 KV cache in VRAM, the routed experts
-where the VRAM plan puts them, the model on DeviceOps.
+"""The GPU runner: the dense weights and one sequence's KV cache (in the --kv format) in VRAM, the
+routed experts where the VRAM plan puts them, the model on DeviceOps.
 
 Same interface as strata.engine.runner.CpuRunner (reset, reusable_prefix, prefill, decode, pick,
 logits_all, status, warm_up), plus measure_limits() for the bench. pick() chooses the next token
@@ -71,9 +71,16 @@ class CudaRunner:
         from .experts.store import ExpertStore
 
         config = config or EngineConfig(device="cuda")
-        if config.kv not in GPU_KV_FORMATS:     # the numpy formats and the CPU run them; GPU kernels do not yet
-            raise InvalidArgument(f"--kv {config.kv}: the GPU runs an f16 KV cache only so far (--device cpu runs "
-                                  f"int8, q4_0 and k8v4)")
+        if config.kv not in GPU_KV_FORMATS:
+            raise InvalidArgument(f"--kv {config.kv}: the GPU runs {', '.join(GPU_KV_FORMATS)}")
+        if config.kv != "f16":              # cuda/kv_quant.cu's kernels and the format's blocks
+            from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS
+            from ..quant import kv as kv_formats
+            if pack.args.head_dim not in ATTENTION_HEAD_DIMS:
+                raise UnsupportedError(f"--kv {config.kv}: the GPU's quantized KV kernels take head dims "
+                                       f"{ATTENTION_HEAD_DIMS}, this model's is {pack.args.head_dim} (--kv f16 runs it)")
+            for codec in kv_formats.codecs(config.kv):
+                codec.check(pack.args.head_dim)
         if config.spec != "0":
             raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
                                   f"(--device cpu); the GPU's verify window is not built")
@@ -101,7 +108,9 @@ class CudaRunner:
         if self.profile_path is not None:     # at exit, or when the runner goes; holds no reference to it
             weakref.finalize(self, _write_profile, self.profile_path, self.store.uses, self._profile)
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
-        self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim)
+        self.kv_format = config.kv
+        self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
+                           config.kv)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a, KernelPaths.without(config.kernels_off))
         if not self.store.resident:
             # one row per main layer: a decode step runs those (an MTP layer only under speculation,
@@ -233,19 +242,23 @@ class CudaRunner:
             self.stream.synchronize()
 
     def _save_cells(self, cells: int):
-        """(a device copy of K and V cells 0..cells-1 of every layer, bytes per layer and K or V),
-        the copies queued on the stream; _restore_cells copies them back."""
-        nbytes = cells * self.kv.num_kv_heads * self.kv.head_dim * 2
-        starts = [ptr for layer in range(self.kv.num_layers) for ptr in self.kv.layer(layer)]
-        copy = self.rt.DeviceBuffer(self.dev, len(starts) * nbytes)
-        for i, ptr in enumerate(starts):
-            self.rt.copy_d2d(copy.ptr + i * nbytes, ptr, nbytes, self.stream)
-        return copy, nbytes, starts
+        """(a device copy of cells 0..cells-1 of every layer's KV buffers (K and V, or the format's
+        values and scales planes), [(address, bytes)] of each range), the copies queued on the
+        stream; _restore_cells copies them back."""
+        ranges = [(ptr, cells * cell) for layer in range(self.kv.num_layers) for ptr, cell in self.kv.cell_ranges(layer)]
+        copy = self.rt.DeviceBuffer(self.dev, sum(n for _, n in ranges))
+        off = 0
+        for ptr, n in ranges:
+            self.rt.copy_d2d(copy.ptr + off, ptr, n, self.stream)
+            off += n
+        return copy, ranges
 
     def _restore_cells(self, saved) -> None:
-        copy, nbytes, starts = saved
-        for i, ptr in enumerate(starts):
-            self.rt.copy_d2d(ptr, copy.ptr + i * nbytes, nbytes, self.stream)
+        copy, ranges = saved
+        off = 0
+        for ptr, n in ranges:
+            self.rt.copy_d2d(ptr, copy.ptr + off, n, self.stream)
+            off += n
 
     def drop_graphs(self) -> None:
         """Forget every captured decode graph (the next steps run eagerly, then capture again)."""
@@ -319,7 +332,7 @@ class CudaRunner:
         if self.store.resident:
             return 0
         T = min(self.prefill_chunk, 1 << max(4, (tokens - 1).bit_length()))
-        return bytes_needed(self._sizes, T, self._cells, self.dev.multiprocessor_count)
+        return bytes_needed(self._sizes, T, self._cells, self.dev.multiprocessor_count, self.kv_format)
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`: they
@@ -494,7 +507,7 @@ class CudaRunner:
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
             # every cell in VRAM for the whole context (no --kv-resident yet): none on the host or the bus
-            "kv": {"format": "f16", "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
+            "kv": {"format": self.kv_format, "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
         }
 
     def decode_status(self) -> dict:

@@ -28,7 +28,7 @@ from .planner import kv_bytes, make_plan
 KV_QUALITY = {"f16": (0.0, 1.0), "int8": (4.62e-4, 0.9934), "k8v4": (5.27e-3, 0.9687), "q4_0": (1.60e-2, 0.9423)}
 AUTO_MAX_KL = 2e-3
 AUTO_MIN_GAIN = 1.05
-GPU_KV_FORMATS = ("f16",)          # what CudaRunner runs; the numpy formats and the CPU run all four
+GPU_KV_FORMATS = ("f16", "int8", "q4_0", "k8v4")    # what CudaRunner runs (the CPU runs them too)
 
 
 def by_accuracy(formats) -> list[str]:

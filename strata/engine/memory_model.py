@@ -14,6 +14,9 @@ is counted here: a change to either needs no change here.
   tokens, i.e. the address high-water mark of the pool's first-fit over one unbounded segment.
   Holes between blocks of different lifetimes put it a few percent above the live mark.
 - decode_step_bytes(T): a decode step's live mark and the sum of its blocks (its graph's reserve).
+- kv: the KV format of the DeviceKV the forward runs over (a quantized one's prompt chunks hold an
+  f16 scratch of the layer's max_cells cells, whatever the positions; its decode rotates and unfuses
+  the norm and RoPE).
 - Outside the pool: moe_combine's zeros buffer (zeros_bytes) and the f32 copies of norm weights
   stored in another type (norm_copies_bytes). Not modeled: the growing pool's 64 MiB segments.
 
@@ -131,7 +134,7 @@ class _SizesWeights:
         return name in self.dense_meta
 
 
-def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False):
+def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False, kv: str = "f16"):
     from ..model.qwen3moe import Qwen3Moe
     sizes = qwen3moe_stand_in(sizes)        # qwen3next: priced by a stand-in (engine/hybrid_sizes.py)
     rt = _NullRuntime()
@@ -140,23 +143,23 @@ def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False):
     ops = DeviceOps(rt, device, stream, _SizesWeights(sizes, resident), sizes.args)
     ops.pool = _TracingPool(rt, device)     # after the RoPE table: what the engine's pool holds beyond it
     a = sizes.args
-    kv = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
-                  a.num_key_value_heads, a.head_dim)
-    return ops, Qwen3Moe(a, ops), kv
+    cache = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
+                     a.num_key_value_heads, a.head_dim, kv)
+    return ops, Qwen3Moe(a, ops), cache
 
 
-_MEMO: dict = {}        # (sizes.key, T, chunks, ...) -> (peak, arena, zeros): the planner asks again and again
+_MEMO: dict = {}        # (sizes.key, T, chunks, ..., kv format) -> (peak, arena, zeros): the planner asks again and again
 _MEMO_MAX = 4096
 
 
 def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
-            resident: bool = False) -> tuple[int, int, int]:
+            resident: bool = False, kv: str = "f16") -> tuple[int, int, int]:
     """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
-    key = (sizes.key, T, chunks, max_cells, num_sms, resident)
+    key = (sizes.key, T, chunks, max_cells, num_sms, resident, kv)
     hit = _MEMO.get(key)
     if hit is not None:
         return hit
-    ops = _run_prompt(sizes, T, chunks, max_cells, num_sms, resident)
+    ops = _run_prompt(sizes, T, chunks, max_cells, num_sms, resident, kv)
     result = (ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES)
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
@@ -164,9 +167,10 @@ def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
     return result
 
 
-def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False):
+def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False,
+                kv: str = "f16"):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
-    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident)
+    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident, kv)
     ops.experts.stream_all = not resident and T >= stream_all_tokens(sizes.args)
     for c in range(chunks):
         positions = np.arange(c * T, (c + 1) * T)
@@ -176,21 +180,22 @@ def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, reside
     return ops
 
 
-def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, resident: bool = False) -> int:
+def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, resident: bool = False,
+                      kv: str = "f16") -> int:
     """Live high-water mark (Pool.peak_bytes) of the first prompt chunk of T tokens (module doc);
-    resident: of a runner holding every expert in VRAM."""
-    return _prompt(sizes, T, 1, max_cells, num_sms, resident)[0]
+    resident: of a runner holding every expert in VRAM; kv: the KV format."""
+    return _prompt(sizes, T, 1, max_cells, num_sms, resident, kv)[0]
 
 
-def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1) -> int:
+def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, kv: str = "f16") -> int:
     """The smallest reserved (frozen) pool that reads a prompt in chunks of T tokens (module doc)."""
-    return _prompt(sizes, T, PROMPT_CHUNKS_SIMULATED, max_cells, num_sms)[1]
+    return _prompt(sizes, T, PROMPT_CHUNKS_SIMULATED, max_cells, num_sms, kv=kv)[1]
 
 
-def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int) -> tuple[int, int]:
+def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
     what CudaRunner reserves for the step's CUDA graph (graphs.capture_step)."""
-    ops, model, kv = _ops(sizes, max_cells, num_sms)
+    ops, model, kv = _ops(sizes, max_cells, num_sms, kv=kv)
     base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
     buf = _NullBuffer(None, 4 * (2 * 8 + 1))                            # ids and positions read on the device
     ids, pos = DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)

@@ -186,12 +186,14 @@ def chunk_candidates(setting: str, max_context: int) -> tuple[list[int], bool]:
     return list(range(CHUNK_GRID, ceiling + 1, CHUNK_GRID)), False
 
 
-def bytes_needed(sizes: PackSizes, T: int, max_cells: int = 1, num_sms: int = DEFAULT_NUM_SMS) -> int:
+def bytes_needed(sizes: PackSizes, T: int, max_cells: int = 1, num_sms: int = DEFAULT_NUM_SMS,
+                 kv: str = "f16") -> int:
     """VRAM a prompt read in chunks of T tokens borrows on the current prompt path: the reserved
     pool its blocks need under the pool's first-fit (memory_model.prompt_arena_bytes, a few percent
     above the live high-water mark), plus the growth of moe_combine's zeros buffer past the 1 MiB
-    the decode scratch already holds. It follows the prompt path (see strata.engine.memory_model)."""
-    return (memory_model.prompt_arena_bytes(sizes, T, max_cells, num_sms)
+    the decode scratch already holds. It follows the prompt path (see strata.engine.memory_model) over
+    a KV cache of format kv."""
+    return (memory_model.prompt_arena_bytes(sizes, T, max_cells, num_sms, kv)
             + memory_model.zeros_bytes(sizes, T) - memory_model.ZEROS_MIN_BYTES)
 
 
@@ -236,7 +238,7 @@ def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFA
         cfg = priced(config, max_context=c)
         room = budget_bytes - sum(mandatory_items(sizes, cfg, num_sms).values())
         first = chunk_candidates(cfg.prefill, c)[0][0]
-        smallest_loan = bytes_needed(sizes, min(first, c), kv_cells(cfg), num_sms) + RING_MIN_SLOTS * mb
+        smallest_loan = bytes_needed(sizes, min(first, c), kv_cells(cfg), num_sms, cfg.kv) + RING_MIN_SLOTS * mb
         return room >= max(floor_bytes, smallest_loan)
     if fits(trained):
         return trained, "the model's trained context"
@@ -254,7 +256,7 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = kv_cells(config)
     steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS)})   # a decode step, a verify window
-    step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms) for T in steps]
+    step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, config.kv) for T in steps]
     return {
         "dense": sizes.dense_bytes,
         "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + a.num_mtp_layers),
@@ -359,7 +361,7 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
 
     def need(T: int) -> int:
         if T not in memo:
-            memo[T] = bytes_needed(sizes, min(T, config.max_context), cells, num_sms)
+            memo[T] = bytes_needed(sizes, min(T, config.max_context), cells, num_sms, config.kv)
         return memo[T]
     smallest = need(cands[0]) + RING_MIN_SLOTS * mb
     if budget_bytes < mandatory + smallest:
@@ -384,7 +386,7 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, cells, mb, cache.total_slots, slots,
                 cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
-                memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms), loan, kept, pcie, prompt_tps, hit,
+                memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=config.kv), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source)
 

@@ -13,7 +13,7 @@ inputs on both sides (without the f16 GEMMs in the oracle, such ties flip on ran
 logits by 10x the bound)."""
 import numpy as np
 
-from strata.backends.cpu import CpuOps, swiglu
+from strata.backends.cpu import CpuOps, causal_attention, swiglu
 from strata.backends.cuda.ops import GEMV_MAX_T
 from strata.backends.cuda.moe import tensor_core_gemm
 from strata.engine.runner import CpuRunner
@@ -62,13 +62,68 @@ class F16KVOps(CpuOps):
         return out
 
 
-def cpu_runner_f16_kv(pack, max_context: int) -> CpuRunner:
-    runner = CpuRunner(pack, max_context)
-    runner.ops = runner.model.ops = F16KVOps(pack, pack.args)
+class FormatKVOps(F16KVOps):
+    """The oracle of a GPU runner with a quantized KV format (the CpuRunner's KVCache of that format
+    holds the cells): a decode step reads the cells as decoded, in f32, as the format's split-K
+    kernel does; a prompt chunk (more than one query) reads them rounded to f16, as the GPU's f16
+    scratch of the layer's cells holds them for the prompt attention.
+
+    With `cells_from` (gpu_cells(runner)), the cells the oracle just encoded are replaced by the GPU
+    runner's own cells for those positions, counting the values that differ (mismatched, of
+    compared). A K or V a rounding away from a quantization boundary on the two sides lands one
+    level apart, and one level of a 4-bit block is 1/8 of its largest value: without the swap those
+    flips, not the engine, would set the bound. Swapped, what is left is the f16 path's difference."""
+
+    cells_from = None
+    mismatched = compared = 0
+
+    def attention(self, q, k, v, layer, kv, positions):
+        kv.write(layer, positions, k, v)
+        if self.cells_from is not None:
+            theirs = self.cells_from(layer, positions)
+            mine = [a for plane in kv.planes[layer] for a in plane]
+            for i, (a, b) in enumerate(zip(mine, theirs)):
+                if i % 2 == 0:
+                    self.mismatched += int((a[positions] != b).sum())
+                    self.compared += b.size
+                a[positions] = b
+        keys, values = kv.read(layer, int(positions.max()) + 1)
+        if q.shape[0] > 1:
+            keys, values = f16(keys), f16(values)
+        return kv.output(causal_attention(kv.query(q), keys, values, positions))
+
+
+def gpu_cells(runner):
+    """(layer, positions) -> the GPU runner's cells at those positions, [K values, K scales, V values,
+    V scales] as numpy planes [len(positions), Hk, ...] (strata.quant.kv's layout), copied to the host."""
+    kv = runner.kv
+    planes = [p for codec in kv.codecs for p in codec.empty((kv.num_kv_heads,), kv.head_dim)]
+
+    def read(layer, positions):
+        out = []
+        for (buf, cell), plane in zip(kv.buffers, planes):
+            n = int(np.max(positions)) + 1
+            host = np.empty((n, *plane.shape), plane.dtype)
+            buf.copy_to_host(host, runner.stream, layer * kv.max_cells * cell)
+            runner.stream.synchronize()
+            out.append(host[np.asarray(positions)])
+        return out
+    return read
+
+
+def cpu_runner_f16_kv(pack, max_context: int, kv: str = "f16") -> CpuRunner:
+    """The GPU runner's oracle for KV format kv (f16: the cells rounded through float16, in an exact
+    f32 cache; else the format's cells, FormatKVOps)."""
+    if kv == "f16":
+        runner = CpuRunner(pack, max_context)
+        runner.ops = runner.model.ops = F16KVOps(pack, pack.args)
+    else:
+        runner = CpuRunner(pack, max_context, kv=kv)
+        runner.ops = runner.model.ops = FormatKVOps(pack, pack.args)
     return runner
 
 
-def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int = 40) -> list[int]:
+def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int = 40, kv: str = "f16") -> list[int]:
     """n random token ids whose oracle run (read in chunks of `chunk`) routes every token with a
     top-k margin of at least `gap` in router logit (F16KVOps.min_router_gap). Rounding differences
     that a correct engine may have (summation order; an f16 rounding tipped by the last f32 bit)
@@ -79,7 +134,7 @@ def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int
     best, best_gap = None, -1.0
     for _ in range(tries):
         ids = rng.integers(0, pack.args.vocab_size, n).tolist()
-        oracle = cpu_runner_f16_kv(pack, n + 1)
+        oracle = cpu_runner_f16_kv(pack, n + 1, kv)
         oracle.prefill_chunk = chunk
         oracle.logits_all(ids)
         if oracle.ops.min_router_gap >= gap:

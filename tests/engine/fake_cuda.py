@@ -237,6 +237,7 @@ SIGNATURES.update({     # cuda/decode_fused.cu
 SIGNATURES.update({     # cuda/kv_quant.cu
     r"strata_kv_append_int8": "PPPPiii", r"strata_kv_append_q4r": "PPPPiiif", r"strata_hadamard_f32": "Piif",
     r"strata_attention_decode_(int8|q4_0|k8v4)_d\d+_g\d+": "PPPPPPPPiiiif",
+    r"strata_kv_dequant_(int8|q4r)_f16": "PPPiii",
 })
 SIGNATURES.update({r"strata_mask_logits_f32": "PPi"})                                 # mask_logits.cu
 SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
@@ -473,7 +474,17 @@ def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, part_acc, part_m
         acc[h, 0], ml[h, 0] = p @ vals[:, h // G], (m, p.sum())
 
 
+def _kv_dequant_f16(codec_name, grid, vals, scales, out, rows, Hk, dh):
+    from strata.quant import kv as kvq
+    assert grid[:2] == (rows, Hk) and dh in (64, 128, 256)
+    codec = kvq.CODECS[codec_name]
+    x = codec.decode(*_plane_views(codec, vals, scales, rows, Hk, dh))
+    view(out, rows * Hk * dh, np.float16)[:] = x.reshape(-1)
+
+
 _EMULATE = {
+    "kv_dequant_int8_f16": lambda grid, *a: _kv_dequant_f16("int8", grid, *a),
+    "kv_dequant_q4r_f16": lambda grid, *a: _kv_dequant_f16("q4r", grid, *a),
     "kv_append_int8": lambda grid, *a: _kv_append_q("int8", grid, *a),
     "kv_append_q4r": lambda grid, *a: _kv_append_q("q4r", grid, *a), "hadamard_f32": _hadamard,
     "attention_decode_int8": lambda grid, *a, dh: _attention_decode_q("int8", grid, *a, dh=dh),

@@ -6,7 +6,7 @@ import pytest
 
 from strata.errors import InvalidArgument
 from strata.quant import kv as kvq
-from tests.kernels.test_kv_quant_gpu import check_append, check_decode, check_hadamard
+from tests.kernels.test_kv_quant_gpu import check_append, check_decode, check_dequant, check_hadamard
 
 
 @pytest.fixture
@@ -20,6 +20,12 @@ def kvops(fake):
 def test_append_launches(kvops, fake, rng, codec):
     check_append(kvops, rng, codec, 5, 2, 128)
     assert fake.launches == [f"strata_kv_append_{codec}"]
+
+
+@pytest.mark.parametrize("codec", ["int8", "q4r"])
+def test_dequant_launches(kvops, fake, rng, codec):
+    check_dequant(kvops, rng, codec, 6, 2, 128)
+    assert fake.launches == [f"strata_kv_dequant_{codec}_f16"]
 
 
 def test_hadamard_launches(kvops, fake, rng):

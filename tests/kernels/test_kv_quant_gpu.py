@@ -2,6 +2,8 @@
 
 - Appends and the rotation: bit for bit (the kernels follow the reference's butterfly order, division
   and rounding; see the .cu header).
+- The dequantize to f16 (the prompt path's scratch): the reference's decoded cells rounded to f16,
+  bit for bit.
 - Decode attention over int8, q4_0 and k8v4 planes: against causal attention in float64 on the
   planes' dequantized cells (exact in f32), the query rotated and the output un-rotated as the
   format says. Tolerance as attention.cu's f16 decode: per (sequence, head) max|out - ref| <= 1e-5 *
@@ -58,6 +60,13 @@ def check_hadamard(kvops, rng, rows: int, dh: int) -> None:
     assert np.array_equal(kvops.hadamard(x).view(np.uint32), kvq.rotate(x).view(np.uint32))
 
 
+def check_dequant(kvops, rng, codec_name: str, rows: int, Hk: int, dh: int) -> None:
+    codec = kvq.CODECS[codec_name]
+    values, scales = codec.encode(heads(rng, (rows, Hk, dh)))
+    want = codec.decode(values, scales).astype(np.float16)
+    assert np.array_equal(kvops.dequant_f16(codec_name, values, scales).view(np.uint16), want.view(np.uint16))
+
+
 def check_decode(kvops, rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int, splits=None) -> None:
     kc, vc = kvq.codecs(fmt)
     lengths = rng.integers(1, S + 1, B).astype(np.int32)
@@ -86,6 +95,12 @@ def check_decode(kvops, rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int,
 @pytest.mark.parametrize("T, Hk, dh", [(1, 1, 64), (7, 4, 128), (13, 2, 256), (64, 8, 128)])
 def test_append(kvops, rng, codec, T, Hk, dh):
     check_append(kvops, rng, codec, T, Hk, dh)
+
+
+@pytest.mark.parametrize("codec", ["int8", "q4r"])
+@pytest.mark.parametrize("rows, Hk, dh", [(1, 1, 64), (37, 4, 128), (5, 2, 256)])
+def test_dequant(kvops, rng, codec, rows, Hk, dh):
+    check_dequant(kvops, rng, codec, rows, Hk, dh)
 
 
 @pytest.mark.parametrize("rows, dh", [(1, 64), (37, 128), (5, 256)])

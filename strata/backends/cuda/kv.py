@@ -1,5 +1,5 @@
-"""cuda/kv_quant.cu's launches: quantized KV appends, the head-vector rotation, and split-K decode
-attention over quantized planes (then attention.cu's combine), as numpy-in/out calls over a CudaOps
+"""cuda/kv_quant.cu's launches: quantized KV appends, the head-vector rotation, split-K decode
+attention over quantized planes (then attention.cu's combine) and the cells' dequantize to f16, as numpy-in/out calls over a CudaOps
 (strata.backends.cuda): the kernels' tests, and the launch shapes the runner will use.
 
 The planes are strata.quant.kv's: per codec (int8 or q4r) a values array and an f16 scales array,
@@ -62,6 +62,25 @@ class KVQuantOps:
                 ops._kernel(LIBRARY, "strata_kv_append_q4r", "PPPPiiif").launch(
                     (T, Hk), 32, (*args, rot_scale(dh)), stream=ops.stream)
         return ops._download(v_dev, vshape, vdtype), ops._download(s_dev, sshape, np.float16)
+
+    def dequant_f16(self, codec_name: str, values: np.ndarray, scales: np.ndarray) -> np.ndarray:
+        """Planes [rows, Hk, ...] of codec int8 or q4r -> their cells as f16 [rows, Hk, Dh], a q4r's still
+        rotated (strata_kv_dequant_int8_f16 / strata_kv_dequant_q4r_f16: the prompt path's scratch)."""
+        ops, codec = self.ops, kv_formats.CODECS[codec_name]
+        rows, Hk = values.shape[:2]
+        dh = scales.shape[-1] * codec.block
+        self._check_dh("kv_dequant", dh)
+        vshape, vdtype, sshape = _planes_shape(codec, (rows, Hk), dh)
+        if values.shape != vshape or scales.shape != sshape:
+            raise InvalidArgument(f"kv_dequant_{codec_name}: planes {values.shape} / {scales.shape}, "
+                                  f"want {vshape} / {sshape}")
+        v_dev = ops._upload(np.ascontiguousarray(values, vdtype))
+        s_dev = ops._upload(np.ascontiguousarray(scales, np.float16))
+        out = ops._output(rows * Hk * dh * 2)
+        if rows:
+            ops._kernel(LIBRARY, f"strata_kv_dequant_{codec_name}_f16", "PPPiii").launch(
+                (rows, Hk), 32, (v_dev, s_dev, out, rows, Hk, dh), stream=ops.stream)
+        return ops._download(out, (rows, Hk, dh), np.float16)
 
     def _hadamard(self, buf, rows: int, head_dim: int) -> None:
         self.ops._kernel(LIBRARY, "strata_hadamard_f32", "Piif").launch(

@@ -9,7 +9,8 @@
 - `DeviceWeights`: dense.bin uploaded as it is, so every tensor keeps its native block bytes at the
   pack's own offsets (tensor = dense base + offset); the routed experts are reached through the
   expert table of strata.engine.experts.store (expert (l, e) part p = table[l][e] + part offset).
-- `DeviceKV`: f16 K and V, [layers, max_cells, Hk, Dh] each.
+- `DeviceKV`: one sequence's K and V cells in a KV format (strata.quant.kv): f16 [layers, max_cells,
+  Hk, Dh] each, or a quantized format's values and scales planes, [layers, max_cells, Hk, ...] each.
 """
 from __future__ import annotations
 
@@ -253,25 +254,67 @@ class DeviceWeights:
 
 
 class DeviceKV:
-    """f16 K and V caches of one sequence: [num_layers, max_cells, Hk, Dh] each, zero-filled (the
-    tiled attention kernels may load cells past a sequence's length; zeros keep them finite)."""
+    """K and V cells of one sequence in KV format fmt, zero-filled (the tiled attention kernels may
+    load cells past a sequence's length; zeros keep them finite, and zero planes decode to zeros).
 
-    def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int):
+    f16: buffers k and v, [num_layers, max_cells, Hk, Dh] f16 each (layer() gives their addresses).
+    int8, q4_0, k8v4: per codec of K and V (strata.quant.kv.codecs) a values and a scales buffer,
+    [num_layers, max_cells, Hk, width] each as the codec lays them out (planes() gives them), so
+    nbytes is strata.engine.planner.kv_bytes of the format."""
+
+    def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
+                 fmt: str = "f16"):
+        from ...quant import kv as kv_formats
+        if fmt not in kv_formats.KV_FORMATS:
+            raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
         self.num_layers, self.max_cells = num_layers, max_cells
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.layer_bytes = max_cells * num_kv_heads * head_dim * 2
-        self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
-        self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
-        self.k.fill_bytes(0, stream)      # on the engine's stream: a non-blocking stream would not
-        self.v.fill_bytes(0, stream)      # wait for a memset on the legacy one
+        self.fmt = fmt
+        self.codecs = kv_formats.codecs(fmt)
+        if fmt == "f16":
+            self.layer_bytes = max_cells * num_kv_heads * head_dim * 2
+            self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
+            self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
+            self.buffers = [(self.k, num_kv_heads * head_dim * 2), (self.v, num_kv_heads * head_dim * 2)]
+        else:
+            self.buffers = []           # (buffer, bytes per cell): K values, K scales, V values, V scales
+            for codec in self.codecs:
+                codec.check(head_dim)
+                values, scales = codec.empty((num_kv_heads,), head_dim)
+                for plane in (values, scales):
+                    self.buffers.append((rt.DeviceBuffer(device, num_layers * max_cells * plane.nbytes), plane.nbytes))
+        for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
+            buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt != "f16"
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(buf.nbytes for buf, _ in self.buffers)
 
-    def layer(self, layer: int) -> tuple[int, int]:
-        """Device addresses of layer's K and V cells [max_cells, Hk, Dh]."""
+    def _check(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise InvalidArgument(f"KV layer {layer} out of range 0..{self.num_layers - 1}")
+
+    def layer(self, layer: int) -> tuple[int, int]:
+        """Device addresses of layer's f16 K and V cells [max_cells, Hk, Dh]."""
+        self._check(layer)
+        if self.quantized:
+            raise InvalidArgument(f"DeviceKV.layer: the cells are {self.fmt}, read them with planes()")
         off = layer * self.layer_bytes
         return self.k.ptr + off, self.v.ptr + off
+
+    def planes(self, layer: int) -> tuple[int, int, int, int]:
+        """Device addresses of layer's K values, K scales, V values, V scales (a quantized format)."""
+        self._check(layer)
+        if not self.quantized:
+            raise InvalidArgument("DeviceKV.planes: the cells are f16, read them with layer()")
+        return tuple(buf.ptr + layer * self.max_cells * cell for buf, cell in self.buffers)
+
+    def cell_ranges(self, layer: int) -> list[tuple[int, int]]:
+        """(address of cell 0, bytes per cell) of each of layer's buffers: cells c0..c1-1 of a buffer
+        are the bytes [addr + c0 * cell, addr + c1 * cell)."""
+        self._check(layer)
+        return [(buf.ptr + layer * self.max_cells * cell, cell) for buf, cell in self.buffers]

@@ -28,6 +28,10 @@ order (per-expert f32 GEMMs over dequantized matrices only for types cuda/moe_ge
 The model's composites run cuda/decode_fused.cu: `add_rms_norm` (a residual add and the norm after
 it), `qkv` (the three projections in one GEMV launch where they share a quant type and T <= 8) and
 `qk_norm_rope_attention` (QK-norm, RoPE and the K/V append in one launch, then attention).
+
+A quantized KV cache (DeviceKV of int8, q4_0 or k8v4) takes cuda/kv_quant.cu instead: the norm and
+RoPE unfused, the format's append kernels, its split-K decode attention for one query, and for a
+prompt chunk the layer's cells dequantized into an f16 scratch that the f16 prompt attention reads.
 """
 from __future__ import annotations
 
@@ -269,6 +273,8 @@ class DeviceOps:
 
     def attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv, positions) -> DeviceTensor:
         """K/V appended at their positions into kv's layer, then causal attention -> [T, H * Dh]."""
+        if getattr(kv, "quantized", False):
+            return self._attention_quantized(q, k, v, layer, kv, positions)
         T, _, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
@@ -295,6 +301,57 @@ class DeviceOps:
             self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
         return out
+
+    def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
+                             positions) -> DeviceTensor:
+        """attention() over a quantized DeviceKV (cuda/kv_quant.cu): K and V quantized into their cells
+        at their positions; q rotated where K is stored rotated; one query (a decode step) runs the
+        split-K kernel of the format over the planes, more (a prompt chunk) dequantize the layer's
+        cells into an f16 scratch the f16 prompt attention reads; the output un-rotated where V is
+        stored rotated. Every host value here is a shape, or a prompt's positions (already on the host)."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        pos = self._positions(positions)
+        (kc, vc), planes = kv.codecs, kv.planes(layer)
+        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+        for x, codec, (values, scales) in ((k, kc, planes[:2]), (v, vc, planes[2:])):
+            extra = (rot,) if codec.rotated else ()
+            self.launch("kv_quant", f"strata_kv_append_{codec.name}", "PPPPiii" + "f" * len(extra), (T, Hk), 32,
+                        (x.ptr, pos.ptr, values, scales, T, Hk, dh, *extra))
+        if kc.rotated:
+            q = self.copy(q)
+            self._hadamard(q.ptr, T * H, dh, rot)
+        G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if T == 1 and G <= (8 if dh == 256 else 16):
+            out = self.alloc((T, H * dh))
+            splits = self.decode_splits(Hk, kv.max_cells, dh)
+            part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+            gp = 1 << (G - 1).bit_length()
+            lengths = pos.ptr + 4 * T               # max(positions) + 1, after the positions
+            self.launch("kv_quant", f"strata_attention_decode_{kv.fmt}_d{dh}_g{gp}", "PPPPPPPPiiiif", (splits, Hk, 1),
+                        128, (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, kv.max_cells, splits, scale))
+            self.launch("attention", "strata_attention_decode_combine_f32", "PPPiii", (H, 1), 128,
+                        (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        else:
+            # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
+            # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
+            # all) and a step reading its positions on the device takes it too; the attention reads
+            # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
+            rows = kv.max_cells
+            scratch = []
+            for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
+                f16 = self.alloc((rows, Hk, dh), np.float16)
+                self.launch("kv_quant", f"strata_kv_dequant_{codec.name}_f16", "PPPiii", (rows, Hk), 32,
+                            (values, scales, f16.ptr, rows, Hk, dh))
+                scratch.append(f16)
+            out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
+        if vc.rotated:
+            self._hadamard(out.ptr, T * H, dh, rot)
+        return out
+
+    def _hadamard(self, ptr: int, rows: int, head_dim: int, rot: float) -> None:
+        """H x in place over rows head vectors of f32 at ptr (strata_hadamard_f32)."""
+        self.launch("kv_quant", "strata_hadamard_f32", "Piif", rows, 32, (ptr, rows, head_dim, rot))
 
     def decode_splits(self, num_kv_heads: int, max_cells: int, head_dim: int) -> int:
         """kernels.decode_splits for one sequence on this GPU."""
@@ -356,7 +413,8 @@ class DeviceOps:
         """QK-norm, RoPE and the K/V append in one launch (strata_qk_norm_rope_kv_f32), then attention."""
         T, H, dh = q.shape
         Hk = k.shape[1]
-        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS:
+        # the fused launch writes f16 cells; a quantized cache's append follows the unfused norm and RoPE
+        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or getattr(kv, "quantized", False):
             q = self.rope(self.rms_norm(q, q_norm, eps), positions)
             k = self.rope(self.rms_norm(k, k_norm, eps), positions)
             return self.attention(q, k, v, layer, kv, positions)
