@@ -11,7 +11,8 @@
 #     ab      stream_check.py in the parent's tree and in this one
 #     pcie    bench at 12 GiB, prompts 512 and 2048, with and without --pcie-gbs 25
 #     kv      tools/kv_attention_bench.py, and the bench at 12 GiB with --kv q4_0 and int8
-# BASE (default ab_base), PROMPT (default 16384), DECODE (default 64), BUDGET (default 8),
+# BASE (default ab_base), PROMPT (default 16384), DECODE (default 64), BUDGET (default 8), ORDER
+# (default "base this": which tree runs first),
 # DEADLINE_S (default 560). Logs go to LOGS (default /tmp/strata-ab-check); with OUT set (the
 # device tool's folder, which returns at most 8 files) they come back as one OUT/logs.tgz.
 set -uo pipefail
@@ -50,7 +51,7 @@ cat "$OUT/pack.log"
 if has ab; then
     wait $base_pid
     tail -2 "$OUT/base_build.log"
-    for tree in base this; do
+    for tree in ${ORDER:-base this}; do
         echo "== stream_check in the $tree tree ($(elapsed) s)"
         # the base's copy of the script runs from /tmp, so the path it puts first holds no strata
         if [ $tree = base ]; then site=/tmp/strata-base-site:$PYTHONPATH; script=/tmp/ab_check/tools/stream_check.py

@@ -23,6 +23,7 @@ logits are bitwise equal. What is left is device time: ~5 us a kernel, 11% of th
 """
 from __future__ import annotations
 
+import gc
 import time
 
 from ..backends.cuda.memory import Pool
@@ -61,15 +62,24 @@ def capture_step(graphs, runner, T: int, ids, positions, reserve_bytes: int) -> 
     pool = Pool(runner.rt, runner.dev, reserve_bytes=reserve_bytes)
     main_pool, ops.pool = ops.pool, pool
     uses = ops.expert_uses
-    graphs.begin_capture(runner.stream)
+    # No collection while capturing: the cyclic GC may free another object's device memory here
+    # (a dropped runner's buffers: cuMemFree), which in this thread invalidates the capture; that
+    # failed warm-up captures at random on the H200 and left decoding without graphs.
+    collect = gc.isenabled()
+    gc.disable()
     try:
-        logits, _ = runner.model.forward(ids, positions, runner.kv)
-    except BaseException:
-        _abandon(graphs, runner.stream)
-        raise
+        graphs.begin_capture(runner.stream)
+        try:
+            logits, _ = runner.model.forward(ids, positions, runner.kv)
+        except BaseException:
+            _abandon(graphs, runner.stream)
+            raise
+        finally:
+            ops.pool = main_pool
+        graph = graphs.end_capture(runner.stream)
     finally:
-        ops.pool = main_pool
-    graph = graphs.end_capture(runner.stream)
+        if collect:
+            gc.enable()
     try:
         exec_ = graph.instantiate()
         num_nodes = graph.num_nodes
