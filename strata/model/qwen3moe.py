@@ -22,6 +22,20 @@ def _no_record(name: str, layer: int, value) -> None:
     pass
 
 
+def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record):
+    """The MTP draft layer of `model` (Qwen3Moe or Qwen3Next: both keep its weights under
+    blk.L.nextn. and run it as their layer L): hidden [T, D] at positions t and the tokens at t+1 ->
+    (the layer's output before its final norm, that output normed with model.mtp_norm)."""
+    a, ops = model.args, model.ops
+    L = a.num_hidden_layers
+    p = f"blk.{L}.nextn."
+    emb = ops.rms_norm(ops.embed("token_embd.weight", next_ids), p + "enorm.weight", a.rms_norm_eps)
+    hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
+    x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
+    attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
+    return model.layer(L, x, attn_norm, positions, kv, model.mtp_norm, record)
+
+
 class Qwen3Moe:
     """Decoder stack of `args.num_hidden_layers` layers: GQA attention with QK-norm, routed SwiGLU experts."""
 
@@ -94,12 +108,5 @@ class Qwen3Moe:
         """mtp_forward for logits_rows (None: no logits, only the K/V written), also returning the
         draft layer's output before its final norm [T, D]: the hidden state a chained draft feeds
         back in (draft k's state is draft k+1's input)."""
-        a, ops = self.args, self.ops
-        L = a.num_hidden_layers
-        p = f"blk.{L}.nextn."
-        emb = ops.rms_norm(ops.embed("token_embd.weight", next_ids), p + "enorm.weight", a.rms_norm_eps)
-        hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
-        x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
-        attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
-        out, normed = self.layer(L, x, attn_norm, positions, kv, self.mtp_norm, record)
-        return (None if logits_rows is None else ops.linear(normed[logits_rows], self.head)), out
+        out, normed = draft_layer(self, hidden, next_ids, positions, kv, record)
+        return (None if logits_rows is None else self.ops.linear(normed[logits_rows], self.head)), out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelArgs
-from .qwen3moe import Recorder, _no_record
+from .qwen3moe import Recorder, _no_record, draft_layer
 
 
 class Qwen3Next:
@@ -92,12 +92,5 @@ class Qwen3Next:
                     record: Recorder = _no_record):
         """The MTP draft layer (a gated-attention layer with its own MoE, HF `mtp.*`): hidden [T, D]
         at position t and the token at t+1 -> logits for t+2; its K/V is layer L of the cache."""
-        a, ops = self.args, self.ops
-        L = a.num_hidden_layers
-        p = f"blk.{L}.nextn."
-        emb = ops.rms_norm(ops.embed("token_embd.weight", next_ids), p + "enorm.weight", a.rms_norm_eps)
-        hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
-        x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
-        attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
-        _, normed = self.layer(L, x, attn_norm, positions, cache, self.mtp_norm, record)
-        return ops.linear(normed, self.head)
+        _, normed = draft_layer(self, hidden, next_ids, positions, cache, record)
+        return self.ops.linear(normed, self.head)
