@@ -8,7 +8,8 @@
 #   git archive C -- strata ':!strata/demo/*.bin' | (mkdir -p ab_trees/C && tar -x -C ab_trees/C)
 #   tools/trees_device_check.sh [bench arguments...]
 #
-# Default bench arguments: --synthetic qwen3-30b-a3b --device cuda --vram-budget-gib 8 --prompt 16384
+# With --script PATH first, each tree runs `python PATH arguments...` (a tool of this tree, e.g.
+# tools/decode_steps.py) instead of `python -m strata bench`. Default bench arguments: --synthetic qwen3-30b-a3b --device cuda --vram-budget-gib 8 --prompt 16384
 # --decode 64. TREES (default ab_trees) holds the trees; this tree runs as "HEAD". ROUNDS (default 2),
 # DEADLINE_S (default 560). Each run's JSON and log go to LOGS (default /tmp/strata-trees); with OUT
 # set (the device tool's folder) they come back as one OUT/logs.tgz, and a table is printed last.
@@ -24,6 +25,8 @@ T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-560}
 TREES=${TREES:-ab_trees} ROUNDS=${ROUNDS:-2}
 . tools/device_deadline.sh
+script=
+[ "${1:-}" = --script ] && { script=$PWD/$2; shift 2; }
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--synthetic qwen3-30b-a3b --device cuda --vram-budget-gib 8 --prompt 16384 --decode 64)
 shape=qwen3-30b-a3b
@@ -50,7 +53,7 @@ for r in $(seq 1 "$ROUNDS"); do
         [ "$(budget 60)" -lt 60 ] && { echo "deadline: stopping before $t round $r"; break 2; }
         root=$PWD; [ "$t" != HEAD ] && root=$PWD/$TREES/$t
         echo "== round $r, $t ($(elapsed) s)"
-        ( cd /tmp && PYTHONPATH=$root:$PYTHONPATH timeout "$(budget 120)" $PY -m strata bench "${args[@]}" \
+        ( cd /tmp && PYTHONPATH=$root:$PYTHONPATH timeout "$(budget 120)" $PY ${script:--m strata bench} "${args[@]}" \
             --json "$OUT/$t.$r.json" >"$OUT/$t.$r.log" 2>"$OUT/$t.$r.err" ) || tail -5 "$OUT/$t.$r.err"
         tail -4 "$OUT/$t.$r.log"
     done
