@@ -26,7 +26,9 @@ DEADLINE_S=${DEADLINE_S:-560}
 TREES=${TREES:-ab_trees} ROUNDS=${ROUNDS:-2}
 . tools/device_deadline.sh
 script=
-[ "${1:-}" = --script ] && { script=$PWD/$2; shift 2; }
+# the script runs from a copy in /tmp: a tool that puts its repository first on sys.path (as
+# stream_check.py does) would otherwise import this tree's strata in every tree
+[ "${1:-}" = --script ] && { mkdir -p /tmp/trees_tools && cp "$2" /tmp/trees_tools/ && script=/tmp/trees_tools/$(basename "$2"); shift 2; }
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--synthetic qwen3-30b-a3b --device cuda --vram-budget-gib 8 --prompt 16384 --decode 64)
 shape=qwen3-30b-a3b
