@@ -22,6 +22,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.scheduler import DEFAULT_QUEUE_SIZE, QueueFull
 from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
@@ -29,11 +30,10 @@ from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, err
     parse_json_object, parse_request
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
-from .worker import EngineWorker, Job, QueueFull
+from .worker import EngineWorker, Job
 
 log = logging.getLogger("strata.server")
 STATIC_DIR = Path(__file__).parent / "static"
-DEFAULT_QUEUE_SIZE = 64
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DISCONNECT_POLL_S = 0.25
 
@@ -290,13 +290,14 @@ async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequ
                        param=field, code="context_length_exceeded")
     room = llm.max_context - len(ids)
     max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-    job = Job(req.kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream,
-              constraint=constraint)
+    job = Job(ids, req.params(max_tokens), constraint=constraint, kind=req.kind, loop=asyncio.get_running_loop(),
+              stream=req.stream)
     try:
         worker.submit(job)
-    except QueueFull as e:
-        raise APIError(503, str(e), type="server_error", code="queue_full",
-                       headers={"Retry-After": str(e.retry_after_s)}) from None
+    except QueueFull:
+        retry_after_s = worker.retry_after_s()
+        raise APIError(503, f"the request queue is full; retry in {retry_after_s} s", type="server_error",
+                       code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
     draining.open.add(job)
     return job
 
