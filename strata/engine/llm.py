@@ -162,9 +162,10 @@ class LLM:
     def begin(self, prompt, params: SamplingParams | None = None,
               on_progress: Callable[[int, int], None] | None = None, constraint=None,
               speculate: bool = True) -> "Generation":
-        """Start a generation outside the queue (the scheduler's slots start theirs so); iterate it for
-        text deltas, read .completion when it ends. constraint: a strata.engine.grammar.TokenConstraint
-        whose mask every pick obeys (structured output). speculate=False: plain decode steps."""
+        """Start one generation outside the queue: iterate it for text deltas (the prompt is read on
+        the first next()), read .completion when it ends; the scheduler's slots start their work with
+        it. constraint: a strata.engine.grammar.TokenConstraint whose mask every pick obeys (structured
+        output). speculate=False: plain decode steps where the runner would draft."""
         params = params or SamplingParams()
         return Generation(self, self._prompt_ids(prompt), params, on_progress, constraint, speculate)
 

@@ -46,7 +46,7 @@ class Request:
     created: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # written by the scheduler
-    state: str = "queued"           # queued | reading | generating | done | cancelled
+    state: str = "queued"           # queued | reading | generating, then done | cancelled | error
     admitted: float | None = None
     first_token: float | None = None
     finished: float | None = None
@@ -202,7 +202,7 @@ class Scheduler:
             return self._free(slot, "done")
         except BaseException as e:                       # an engine fault ends this request only
             self._emit(request, "error", e)
-            self._free(slot, "done")
+            self._free(slot, "error")
             if not isinstance(e, Exception):
                 raise
             return

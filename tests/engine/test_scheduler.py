@@ -128,7 +128,7 @@ def test_an_engine_error_ends_that_request_only():
     a, b, c = (s.submit(request(f)) for f in (10, 20, 30))
     run_all(s)
     assert calls == [10, 20, 30]
-    assert b.inbox[-1][0] == "error" and isinstance(b.inbox[-1][1], InvalidArgument)
+    assert b.inbox[-1][0] == "error" and isinstance(b.inbox[-1][1], InvalidArgument) and b.state == "error"
     assert a.completion.token_ids == [10, 11, 12] and c.completion.token_ids == [30, 31, 32]
     assert (20, "error") in seen and seen.count((10, "done")) == 1      # the hook sees every event
 
