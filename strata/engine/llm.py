@@ -11,6 +11,7 @@ import numpy as np
 from ..config import EngineConfig, SamplingParams
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError
 from .sampler import Sampler
+from .scheduler import Request, Scheduler
 from .textstream import TextStream
 from .types import Completion, Delta, Timings, Usage
 
@@ -114,6 +115,7 @@ class LLM:
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
         self.state = "idle"
+        self.scheduler = Scheduler(self.begin)        # generate() and stream() queue here
         self._warm_text()
 
     def warm_up(self) -> float:
@@ -145,34 +147,52 @@ class LLM:
 
     def generate(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop=None) -> Completion:
-        gen = self.begin(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
-        for _ in gen:
+        request = self._submit(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+        for _ in self._events(request):
             pass
-        return gen.completion
+        return request.completion
 
     def stream(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int | None = None, stop=None) -> Iterator[str]:
-        gen = self.begin(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
-        for delta in gen:
+        request = self._submit(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+        for delta in self._events(request):
             if delta.text:
                 yield delta.text
 
     def begin(self, prompt, params: SamplingParams | None = None,
-              on_progress: Callable[[int, int], None] | None = None, constraint=None) -> "Generation":
-        """Start a generation; iterate it for text deltas, read .completion when it ends. constraint:
-        a strata.engine.grammar.TokenConstraint whose mask every pick obeys (structured output)."""
+              on_progress: Callable[[int, int], None] | None = None, constraint=None,
+              speculate: bool = True) -> "Generation":
+        """Start one generation outside the queue: iterate it for text deltas (the prompt is read on
+        the first next()), read .completion when it ends; the scheduler's slots start their work with
+        it. constraint: a strata.engine.grammar.TokenConstraint whose mask every pick obeys (structured
+        output). speculate=False: plain decode steps where the runner would draft."""
         params = params or SamplingParams()
-        ids = self._check_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
-        if len(ids) >= self.max_context:
-            raise InvalidArgument(f"prompt of {len(ids)} tokens does not fit the context of "
-                                  f"{self.max_context} tokens (max_context)")
-        return Generation(self, ids, params, on_progress, constraint)
+        return Generation(self, self._prompt_ids(prompt), params, on_progress, constraint, speculate)
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
                 "context_source": self.context_source, **self.runner.status()}
 
     # -- helpers -----------------------------------------------------------------------------
+    def _submit(self, prompt, params: SamplingParams) -> Request:
+        """The prompt checked here (a bad one raises in the caller) and queued for the step loop."""
+        return self.scheduler.submit(Request(self._prompt_ids(prompt), params))
+
+    def _events(self, request: Request) -> Iterator[Delta]:
+        """The request's deltas, stepping the scheduler on this thread; an engine error raises here."""
+        for kind, payload in self.scheduler.drive(request):
+            if kind == "error":
+                raise payload
+            if kind == "delta":
+                yield payload
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        ids = self._check_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+        if len(ids) >= self.max_context:
+            raise InvalidArgument(f"prompt of {len(ids)} tokens does not fit the context of "
+                                  f"{self.max_context} tokens (max_context)")
+        return ids
+
     def _check_ids(self, token_ids) -> list[int]:
         if isinstance(token_ids, str):
             raise InvalidArgument("token ids expected, got a string (use generate() for text)")
@@ -186,11 +206,15 @@ class LLM:
 
 
 class Generation:
-    """One request: the prompt is read on the first next(), then one token per next()."""
+    """One request: the prompt is read on the first next(), then one token per next() (at most one
+    engine step: a decode step, or a speculative window whose tokens the next few next() hand out)."""
 
-    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress, constraint=None):
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress, constraint=None,
+                 speculate: bool = True):
         self.llm, self.ids, self.params, self.on_progress = llm, ids, params, on_progress
         self.constraint = constraint
+        # a constrained request decodes one token at a time: each draft would need its own mask
+        self.speculate = speculate and constraint is None and bool(getattr(llm.runner, "spec", 0))
         room = llm.max_context - len(ids)
         self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.completion: Completion | None = None
@@ -209,43 +233,15 @@ class Generation:
     def _run(self) -> Iterator[Delta]:
         llm, runner = self.llm, self.llm.runner
         text = TextStream(llm.tokenizer, self.params.stop)
-        sampler = Sampler(self.params)
         out: list[int] = []
         timings = Timings()
         finish = "length"
         try:
-            t0 = time.perf_counter()
-            llm.state = "reading"
-            cached = runner.reusable_prefix(self.ids)
-            runner.prefill(self.ids, cached, self.on_progress, logits=False)   # pick() reads them where they are
-            timings.prompt_ms = (time.perf_counter() - t0) * 1e3
-            timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
-            llm.state = "generating"
+            self._prefill(timings)
             t1 = time.perf_counter()
-            eos = set(llm.tokenizer.eos_token_ids)
             spec0 = _spec_counts(runner)
-            tokens = self._tokens(runner, sampler, lambda: self.max_tokens - len(out))
-            while len(out) < self.max_tokens:
-                if self._cancelled:
-                    finish = "cancelled"
-                    break
-                token = next(tokens)
-                if token in eos:
-                    finish = "stop"
-                    break
-                out.append(token)
-                if self.constraint is not None:
-                    self.constraint.advance(token)
-                delta = text.push(token)
-                if text.stopped:
-                    finish = "stop"
-                    if delta:
-                        yield Delta(delta, token)
-                    break
-                yield Delta(delta, token)
-                if self.constraint is not None and self.constraint.complete:
-                    finish = "stop"        # the grammar allows nothing more (its end-of-sequence is implied)
-                    break
+            tokens = self._tokens(runner, Sampler(self.params), lambda: self.max_tokens - len(out))
+            finish = yield from self._decode(tokens, text, out)
             rest = text.finish()
             if text.stopped and finish == "length":
                 finish = "stop"        # the stop string was in the last, held-back text
@@ -259,6 +255,40 @@ class Generation:
         self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
                                      usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)
 
+    def _prefill(self, timings: Timings) -> None:
+        """Read the prompt past its reusable prefix; its last logits stay in the runner for pick()."""
+        llm, runner = self.llm, self.llm.runner
+        t0 = time.perf_counter()
+        llm.state = "reading"
+        cached = runner.reusable_prefix(self.ids)
+        runner.prefill(self.ids, cached, self.on_progress, logits=False)
+        timings.prompt_ms = (time.perf_counter() - t0) * 1e3
+        timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
+        llm.state = "generating"
+
+    def _decode(self, tokens: Iterator[int], text: TextStream, out: list[int]):
+        """Deltas of the tokens until a stop condition -> the finish reason (length, stop, cancelled):
+        max_tokens, an end-of-sequence token, a stop string, or a grammar that allows nothing more."""
+        eos = set(self.llm.tokenizer.eos_token_ids)
+        while len(out) < self.max_tokens:
+            if self._cancelled:
+                return "cancelled"
+            token = next(tokens)
+            if token in eos:
+                return "stop"
+            out.append(token)
+            if self.constraint is not None:
+                self.constraint.advance(token)
+            delta = text.push(token)
+            if text.stopped:
+                if delta:
+                    yield Delta(delta, token)
+                return "stop"
+            yield Delta(delta, token)
+            if self.constraint is not None and self.constraint.complete:
+                return "stop"          # its end-of-sequence is implied
+        return "length"
+
     def _tokens(self, runner, sampler, left: Callable[[], int]) -> Iterator[int]:
         """The request's tokens, computed only when asked for: the prompt's pick, then one decode
         step per token, or one speculative verify window per few tokens (runner.spec drafts)."""
@@ -268,8 +298,7 @@ class Generation:
         token = runner.pick(self.params, sampler.draw(), mask=mask())
         yield token
         while True:
-            # a constrained request decodes one token at a time: each draft would need its own mask
-            if getattr(runner, "spec", 0) and self.constraint is None:
+            if self.speculate:
                 for token in runner.speculate(token, self.params, sampler, left()):
                     yield token
             else:

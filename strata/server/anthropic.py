@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Callable
 
 from .protocol import MAX_STOP_STRINGS, APIError, _boolean, _integer, _number, invalid, unsupported
 from .tools import MAX_TOOLS, ToolCallReader, ToolSpec, function_def
@@ -197,16 +198,19 @@ def _event(name: str, data: dict) -> bytes:
 
 class EventWriter:
     """The SSE events of one streamed message: message_start, then per block content_block_start,
-    its deltas and content_block_stop, then message_delta (stop reason, usage) and message_stop."""
+    its deltas and content_block_stop, then message_delta (stop reason, usage) and message_stop.
+    stop_reason(completion, num_calls) -> (stop_reason, stop_sequence) (see stop_reason())."""
 
-    def __init__(self, msg_id: str, model: str, with_tools: bool):
-        self.msg_id, self.model = msg_id, model
+    def __init__(self, msg_id: str, model: str, with_tools: bool, input_tokens: int,
+                 stop_reason: Callable[[object, int], tuple[str, str | None]]):
+        self.msg_id, self.model, self.input_tokens, self.stop_reason = msg_id, model, input_tokens, stop_reason
         self.reader = ToolCallReader() if with_tools else None
         self.index, self.text_open = 0, False
 
-    def start(self, input_tokens: int) -> bytes:
+    def start(self) -> bytes:
         msg = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
+               "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
         return _event("message_start", {"type": "message_start", "message": msg}) + _event("ping", {"type": "ping"})
 
     def delta(self, text: str | None) -> bytes:
@@ -246,7 +250,8 @@ class EventWriter:
     def num_calls(self) -> int:
         return self.reader.num_calls if self.reader else 0
 
-    def finish(self, completion, reason: tuple[str, str | None]) -> bytes:
+    def finish(self, completion) -> bytes:
+        reason = self.stop_reason(completion, self.num_calls)
         out = self.delta(None) + self._close_text()
         out += _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason[0],
                                                                            "stop_sequence": reason[1]},

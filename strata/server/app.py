@@ -22,6 +22,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.scheduler import DEFAULT_QUEUE_SIZE, QueueFull
 from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
@@ -29,17 +30,12 @@ from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, err
     parse_json_object, parse_request
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
-from .worker import EngineWorker, Job, QueueFull
+from .worker import EngineWorker, Job
 
 log = logging.getLogger("strata.server")
 STATIC_DIR = Path(__file__).parent / "static"
-DEFAULT_QUEUE_SIZE = 64
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DISCONNECT_POLL_S = 0.25
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was ready."""
 
 
 class Draining:
@@ -290,13 +286,14 @@ async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequ
                        param=field, code="context_length_exceeded")
     room = llm.max_context - len(ids)
     max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-    job = Job(req.kind, ids, req.params(max_tokens), asyncio.get_running_loop(), stream=req.stream,
-              constraint=constraint)
+    job = Job(ids, req.params(max_tokens), constraint=constraint, kind=req.kind, loop=asyncio.get_running_loop(),
+              stream=req.stream)
     try:
         worker.submit(job)
-    except QueueFull as e:
-        raise APIError(503, str(e), type="server_error", code="queue_full",
-                       headers={"Retry-After": str(e.retry_after_s)}) from None
+    except QueueFull:
+        retry_after_s = worker.retry_after_s()
+        raise APIError(503, f"the request queue is full; retry in {retry_after_s} s", type="server_error",
+                       code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
     draining.open.add(job)
     return job
 
@@ -310,17 +307,14 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
     tools = parse_tools(body) if kind == "chat" else NO_TOOLS
     job = await _submit(llm, worker, draining, req, tools)
-    writer = ChunkWriter(new_id(kind), kind, llm.model_name)
+    writer = ChunkWriter(new_id(kind), kind, llm.model_name, req.include_usage,
+                         ToolCallReader() if tools.active else None)
     if req.stream:
-        return StreamingResponse(_sse(job, worker, writer, req.include_usage, draining,
-                                      ToolCallReader() if tools.active else None),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        completion = await _wait_done(job, worker, request)
-    except ClientGone:
+        return StreamingResponse(_sse(job, worker, writer, draining), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    completion = await _completion(job, worker, request, draining)
+    if completion is None:
         return Response(status_code=499)
-    finally:
-        draining.open.discard(job)
     reply = split_calls(completion.text) if tools.active else None
     return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply)
 
@@ -334,51 +328,25 @@ async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes:
     req = ParsedRequest("chat", anthropic.chat_messages(body), body.get("stream") is True, False, max_tokens, sampling)
     job = await _submit(llm, worker, draining, req, tools)
     msg_id = anthropic.new_message_id()
+
+    def stop_reason(completion, num_calls: int):
+        return anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), num_calls)
     if req.stream:
-        writer = anthropic.EventWriter(msg_id, llm.model_name, tools.active)
-        return StreamingResponse(_anthropic_events(job, worker, writer, llm, draining),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        completion = await _wait_done(job, worker, request)
-    except ClientGone:
+        frames = anthropic.EventWriter(msg_id, llm.model_name, tools.active, len(job.prompt_ids), stop_reason)
+        return StreamingResponse(_sse(job, worker, frames, draining), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    completion = await _completion(job, worker, request, draining)
+    if completion is None:
         return Response(status_code=499)
-    finally:
-        draining.open.discard(job)
     content, calls = split_calls(completion.text) if tools.active else (completion.text, [])
     parts = [("text", content)] + [("call", c) for c in calls]
-    reason = anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), len(calls))
+    reason = stop_reason(completion, len(calls))
     return anthropic.message_body(msg_id, llm.model_name, completion, parts, reason)
 
 
 def _full_text(llm, completion) -> str:
     """The reply's tokens decoded whole: past the returned text when a stop string cut it."""
     return llm.tokenizer.decode(completion.token_ids) if completion.finish_reason == "stop" else completion.text
-
-
-async def _anthropic_events(job: Job, worker: EngineWorker, writer, llm, draining: Draining):
-    finished = False
-    try:
-        yield writer.start(len(job.prompt_ids))
-        while True:
-            kind, payload = await job.events.get()
-            if kind == "delta":
-                events = writer.delta(payload)
-                if events:
-                    yield events
-            elif kind == "done":
-                finished = True
-                reason = anthropic.stop_reason(payload, job.params.stop, _full_text(llm, payload),
-                                               writer.num_calls)
-                yield writer.finish(payload, reason)
-                return
-            else:
-                finished = True
-                yield writer.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
-                return
-    finally:
-        draining.open.discard(job)
-        if not finished:
-            worker.cancel(job)
 
 
 def _engine_error(e: Exception) -> APIError:
@@ -388,15 +356,17 @@ def _engine_error(e: Exception) -> APIError:
                     code="engine_error")
 
 
-async def _wait_done(job: Job, worker: EngineWorker, request: Request):
-    """The finished Completion; the job is cancelled if the client disconnects meanwhile."""
+async def _completion(job: Job, worker: EngineWorker, request: Request, draining: Draining):
+    """The finished Completion of a non-streamed job, or None when the client disconnected first; the
+    job is cancelled when this ends any other way than done."""
     try:
         while True:
             try:
                 kind, payload = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
             except TimeoutError:
                 if await request.is_disconnected():
-                    raise ClientGone() from None
+                    worker.cancel(job)
+                    return None
                 continue
             if kind == "done":
                 return payload
@@ -407,48 +377,33 @@ async def _wait_done(job: Job, worker: EngineWorker, request: Request):
     except BaseException:
         worker.cancel(job)
         raise
+    finally:
+        draining.open.discard(job)
 
 
-def _frames(writer: ChunkWriter, reader: ToolCallReader | None, text: str | None) -> bytes:
-    """The frames of a text delta (None: the reply's end), tool calls split out when reader is given."""
-    if reader is None:
-        return writer.delta(text) if text else b""
-    parts = reader.push(text) if text is not None else reader.finish()
-    out, index = b"", reader.num_calls - sum(k == "call" for k, _ in parts)
-    for k, part in parts:
-        if k == "text":
-            out += writer.delta(part) if part else b""
-        else:
-            out += writer.tool_call(part, index)
-            index += 1
-    return out
-
-
-async def _sse(job: Job, worker: EngineWorker, writer: ChunkWriter, include_usage: bool, draining: Draining,
-               reader: ToolCallReader | None = None):
-    """SSE frames of one streamed job. A disconnect cancels this generator, which cancels the job; a
-    shutdown ends it with an error event. reader: the request had tools; their calls go out as
-    tool_calls deltas."""
+async def _sse(job: Job, worker: EngineWorker, frames, draining: Draining):
+    """SSE bytes of one streamed job, OpenAI's (protocol.ChunkWriter) or Anthropic's (anthropic.EventWriter):
+    frames.start(), frames.delta(text) per text delta, then frames.finish(completion) or
+    frames.error(APIError). A disconnect cancels this generator, which cancels the job; a shutdown
+    ends it with an error event."""
     finished = False
     try:
-        first = writer.start()
+        first = frames.start()
         if first:
             yield first
         while True:
             kind, payload = await job.events.get()
             if kind == "delta":
-                frames = _frames(writer, reader, payload)
-                if frames:
-                    yield frames
-            elif kind == "done":
-                finished = True
-                tail = _frames(writer, reader, None) if reader is not None else b""
-                yield tail + writer.finish(payload, include_usage, reader.num_calls if reader else 0)
-                return
+                out = frames.delta(payload)
+                if out:
+                    yield out
+                continue
+            finished = True
+            if kind == "done":
+                yield frames.finish(payload)
             else:
-                finished = True
-                yield writer.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
-                return
+                yield frames.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
+            return
     finally:
         draining.open.discard(job)
         if not finished:

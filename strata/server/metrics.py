@@ -46,15 +46,15 @@ class ServerMetrics:
     def count_http_error(self, status: int) -> None:
         self.http_errors.labels(str(status)).inc()
 
-    def observe(self, endpoint: str, completion, row: dict, live, engine_status: dict) -> None:
-        """One finished request (called on the engine thread)."""
+    def observe(self, endpoint: str, completion, row: dict, request, engine_status: dict) -> None:
+        """One finished request, a strata.engine.scheduler.Request (called on the engine thread)."""
         self.count_request(endpoint, completion.finish_reason)
         self.prompt_tokens.inc(row["prompt_tokens"])
         self.cached_tokens.inc(row["cached_tokens"])
         self.completion_tokens.inc(row["completion_tokens"])
         self.request_s.observe(row["duration_ms"] / 1e3)
-        if live.first_token is not None:
-            self.first_token_s.observe(live.first_token - live.job.created)
+        if request.first_token is not None:
+            self.first_token_s.observe(request.first_token - request.created)
         for gauge, value in ((self.prompt_tps, row["prompt_tps"]), (self.decode_tps, row["decode_tps"]),
                              (self.hit_rate, row["hit_rate"]),
                              (self.bytes_h2d, (engine_status or {}).get("bytes_h2d"))):

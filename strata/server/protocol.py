@@ -397,10 +397,14 @@ def completion_body(req_id: str, kind: str, model: str, completion, created: int
 
 
 class ChunkWriter:
-    """Server-sent-event frames of one streamed reply, in the shape the OpenAI clients parse."""
+    """Server-sent-event frames of one streamed reply, in the shape the OpenAI clients parse: start(),
+    delta(text) per text delta, then finish(completion) or error(APIError) (the app's SSE loop calls
+    them so). reader: a strata.server.tools.ToolCallReader when the request had tools; their calls
+    then go out as tool_calls deltas."""
 
-    def __init__(self, req_id: str, kind: str, model: str):
+    def __init__(self, req_id: str, kind: str, model: str, include_usage: bool = False, reader=None):
         self.req_id, self.kind, self.model = req_id, kind, model
+        self.include_usage, self.reader = include_usage, reader
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
@@ -417,23 +421,35 @@ class ChunkWriter:
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    def start(self) -> bytes | None:
-        return self._frame([self._choice("", None, role=True)]) if self.kind == "chat" else None
+    def start(self) -> bytes:
+        return self._frame([self._choice("", None, role=True)]) if self.kind == "chat" else b""
 
-    def delta(self, text: str) -> bytes:
-        return self._frame([self._choice(text, None)])
+    def delta(self, text: str | None) -> bytes:
+        """The frames of a text delta (None: the reply's end), tool calls split out when reading them."""
+        if self.reader is None:
+            return self._frame([self._choice(text, None)]) if text else b""
+        parts = self.reader.push(text) if text is not None else self.reader.finish()
+        out, index = b"", self.reader.num_calls - sum(k == "call" for k, _ in parts)
+        for k, part in parts:
+            if k == "text":
+                out += self._frame([self._choice(part, None)]) if part else b""
+            else:
+                out += self._tool_call(part, index)
+                index += 1
+        return out
 
-    def tool_call(self, call: dict, index: int) -> bytes:
+    def _tool_call(self, call: dict, index: int) -> bytes:
         """One whole call as one delta (name and all its arguments: a client joins the pieces anyway)."""
         return self._frame([{"index": 0, "delta": {"tool_calls": [openai_tool_call(call, index)]},
                              "logprobs": None, "finish_reason": None}])
 
-    def finish(self, completion, include_usage: bool, num_calls: int = 0) -> bytes:
+    def finish(self, completion) -> bytes:
+        out = self.delta(None)          # text or a call the reader still held
         reason = _finish(completion.finish_reason)
-        if num_calls and completion.finish_reason != "length":
+        if self.reader is not None and self.reader.num_calls and completion.finish_reason != "length":
             reason = "tool_calls"
-        out = self._frame([self._choice(None, reason)], timings=timings_body(completion))
-        if include_usage:
+        out += self._frame([self._choice(None, reason)], timings=timings_body(completion))
+        if self.include_usage:
             out += self._frame([], usage=usage_body(completion))
         return out + b"data: [DONE]\n\n"
 

@@ -1,0 +1,236 @@
+"""The request queue and step loop that strata.LLM and the server share.
+
+Requests wait in a bounded queue (a full one raises QueueFull), are admitted in arrival order into
+free slots, and every loop iteration advances each busy slot by one step: its first step reads the
+prompt and picks the first token, each later one gives the next token (a decode step, or the next of
+a speculative window's tokens). A slot's work is what `begin` returns for the request (strata.LLM's
+Generation: an iterator of Deltas with .cancel() and .completion), so the scheduler never touches the
+device and is tested on a CPU with a stand-in.
+
+One slot today: the engine decodes one sequence at a time. `--parallel N` slots will batch their
+decode steps in `step`; admission and the per-request events stay as they are.
+
+Events go to `Request.emit` (kind, payload): "delta" (a Delta), then "done" (the Completion) or
+"error" (the exception); a request cancelled while it waits leaves the queue with no event.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..config import SamplingParams
+from ..errors import StrataError
+
+DEFAULT_QUEUE_SIZE = 64
+
+
+class QueueFull(StrataError):
+    """The wait queue is at its bound: retry once a request has finished."""
+
+    def __init__(self, queue_size: int):
+        super().__init__(f"the request queue is full ({queue_size} requests waiting)")
+        self.queue_size = queue_size
+
+
+@dataclass(eq=False)
+class Request:
+    """One request: what to generate, and what the scheduler records as it runs."""
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    constraint: Any = None          # a strata.engine.grammar.TokenConstraint: every pick obeys its mask
+    speculate: bool = True          # False: plain decode steps even where the runner drafts (--spec)
+    created: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # written by the scheduler
+    state: str = "queued"           # queued | reading | generating, then done | cancelled | error
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    prompt_done: int = 0
+    prompt_total: int = 0
+    prompt_chunk: int = 0           # largest step between progress reports: the chunk the prompt ran with
+    num_tokens: int = 0
+    completion: Any = None
+    inbox: collections.deque = field(default_factory=collections.deque)
+
+    def __post_init__(self):
+        self.prompt_total = self.prompt_total or len(self.prompt_ids)
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        """Where events go (on the stepping thread); the server's Job sends them to its event loop."""
+        self.inbox.append((kind, payload))
+
+    def times_ms(self) -> dict:
+        """Wall times of the request so far: queued, to the first token, in all (None: not reached)."""
+        now = time.monotonic()
+        ms = lambda a, b: None if a is None or b is None else (b - a) * 1e3     # noqa: E731
+        return {"queue_ms": ms(self.created, self.admitted or now),
+                "first_token_ms": ms(self.created, self.first_token),
+                "duration_ms": ms(self.created, self.finished or now)}
+
+
+@dataclass(eq=False)
+class Slot:
+    """A sequence being generated: its request and its work (None until its first step begins it)."""
+    request: Request | None = None
+    work: Iterator | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.request is None
+
+
+class Scheduler:
+    """begin(prompt_ids, params, on_progress=..., constraint=..., speculate=...) starts a slot's work
+    (strata.LLM.begin). on_event(request, kind, payload), if given, sees every event before the
+    request does, on the stepping thread (the server's bookkeeping)."""
+
+    def __init__(self, begin: Callable[..., Iterator], queue_size: int = DEFAULT_QUEUE_SIZE, num_slots: int = 1,
+                 on_event: Callable[[Request, str, Any], None] | None = None):
+        if queue_size < 1 or num_slots < 1:
+            raise ValueError(f"queue_size and num_slots must be >= 1, got {queue_size} and {num_slots}")
+        self.begin, self.queue_size, self.on_event = begin, queue_size, on_event
+        self.slots = [Slot() for _ in range(num_slots)]
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()      # one stepping thread at a time
+        self._stopping = False
+
+    # ---- any thread ----
+
+    def submit(self, request: Request) -> Request:
+        with self._cond:
+            if len(self._waiting) >= self.queue_size:
+                raise QueueFull(self.queue_size)
+            self._waiting.append(request)
+            self._cond.notify_all()
+        return request
+
+    def cancel(self, request: Request) -> bool:
+        """Stop a request: one still waiting leaves the queue (-> True); a running one ends at its next
+        step with finish_reason "cancelled"."""
+        request.cancelled.set()
+        with self._cond:
+            if request not in self._waiting:
+                return False
+            self._waiting.remove(request)
+            request.state, request.finished = "cancelled", time.monotonic()
+            return True
+
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def running(self) -> list[Request]:
+        return [r for r in (s.request for s in self.slots) if r is not None]
+
+    def stop(self) -> None:
+        """Cancel everything; `run` returns once the running requests have ended."""
+        with self._cond:
+            self._stopping = True
+            now = time.monotonic()
+            for request in self._waiting:
+                request.cancelled.set()
+                request.state, request.finished = "cancelled", now
+            self._waiting.clear()
+            for request in self.running():
+                request.cancelled.set()
+            self._cond.notify_all()
+
+    # ---- the step loop ----
+
+    def step(self) -> bool:
+        """One loop iteration: admit waiting requests into free slots, then advance every busy slot
+        by one step. -> whether any slot ran."""
+        with self._step_lock:
+            self._admit()
+            busy = [s for s in self.slots if not s.free]
+            for slot in busy:
+                self._advance(slot)
+            return bool(busy)
+
+    def run(self) -> None:
+        """Step until stop() (the server's engine thread), sleeping while there is nothing to do."""
+        while True:
+            with self._cond:
+                while not self._waiting and not self.running() and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self.running():
+                    return
+            self.step()
+
+    def drive(self, request: Request) -> Iterator[tuple[str, Any]]:
+        """The request's events, stepping the loop on this thread whenever none is ready (strata.LLM's
+        way: whoever waits steps, so calls from several threads share the queue). Leaving early
+        cancels the request."""
+        try:
+            while True:
+                ended = request.finished is not None     # read first: its last event is in the inbox by then
+                while request.inbox:
+                    yield request.inbox.popleft()
+                if ended:
+                    return
+                self.step()
+        finally:
+            if request.finished is None:
+                self.cancel(request)
+
+    def _admit(self) -> None:
+        with self._cond:
+            for slot in self.slots:
+                if slot.free and self._waiting and not self._stopping:
+                    request = self._waiting.popleft()
+                    request.state, request.admitted = "reading", time.monotonic()
+                    slot.request = request
+
+    def _advance(self, slot: Slot) -> None:
+        request = slot.request
+        try:
+            if slot.work is None:
+                if request.cancelled.is_set():          # dropped between admission and its first step
+                    return self._free(slot, "cancelled")
+                slot.work = self._begin(request)
+            elif request.cancelled.is_set():
+                slot.work.cancel()                      # its iterator ends at this step
+            delta = next(slot.work)
+        except StopIteration:
+            request.completion = slot.work.completion
+            self._emit(request, "done", request.completion)
+            return self._free(slot, "done")
+        except BaseException as e:                       # an engine fault ends this request only
+            self._emit(request, "error", e)
+            self._free(slot, "error")
+            if not isinstance(e, Exception):
+                raise
+            return
+        if request.first_token is None:
+            request.first_token, request.state = time.monotonic(), "generating"
+        request.num_tokens += 1
+        self._emit(request, "delta", delta)
+
+    def _begin(self, request: Request) -> Iterator:
+        extra = {} if request.constraint is None else {"constraint": request.constraint}
+        if not request.speculate:
+            extra["speculate"] = False
+        return self.begin(request.prompt_ids, request.params, on_progress=functools.partial(_progress, request),
+                          **extra)
+
+    def _emit(self, request: Request, kind: str, payload: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(request, kind, payload)
+        request.emit(kind, payload)
+
+    def _free(self, slot: Slot, state: str) -> None:
+        request = slot.request
+        slot.request = slot.work = None
+        request.state, request.finished = state, time.monotonic()   # finished last: drive() reads it first
+        with self._cond:
+            self._cond.notify_all()
+
+
+def _progress(request: Request, done: int, total: int) -> None:
+    request.prompt_chunk = max(request.prompt_chunk, done - request.prompt_done)
+    request.prompt_done, request.prompt_total = done, total
