@@ -43,23 +43,16 @@ import numpy as np
 from ...errors import InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
-from .kernels import (ATTENTION_HEAD_DIMS, EMBED_QTYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K,
-                      TC_ATTENTION_HEAD_DIMS, KernelPaths, decode_splits)
+from .kernels import (ATTENTION_HEAD_DIMS, EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K,
+                      PDL_LIBRARIES, TC_ATTENTION_HEAD_DIMS, KernelPaths, decode_splits)
 from .testing import CudaOps
 from .memory import DeviceTensor, Pool, Weight, gemv_grid
-from .attention_tc import LIBRARY as TC_LIBRARY
-from .attention_tc import SIGNATURE as TC_SIGNATURE
-from .attention_tc import kernel_name as tc_kernel_name
 from .attention_tc import prefill_tc_launch_shape
 from .moe import GroupTable, grouped_gemm, moe_decode, moe_grouped, tensor_core_gemm
 
 GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
-# Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
-# checks): the decode path's. A kernel launched so may start while the one before it runs.
-PDL_LIBRARIES = frozenset({"decode_fused", "attention", "embed", "gemv", "moe_decode", "moe_route", "rms_norm",
-                           "argmax", "sample"})
 
 class DeviceOps:
     """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
@@ -72,7 +65,8 @@ class DeviceOps:
         self.num_sms = device.multiprocessor_count
         self.paths = paths
         self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
-        self._kernels: dict = {}
+        self._kernels: dict = {}             # entry name -> runtime kernel
+        self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
         self._zeros = None
         self._pos_host, self._pos_dev = None, None
@@ -85,11 +79,20 @@ class DeviceOps:
         self.inv_freq = self.upload(inv.astype(np.float32))
 
     # ---- plumbing ----------------------------------------------------------------------------
-    def launch(self, library: str, name: str, signature: str, grid, block, args, shared_bytes: int = 0) -> None:
-        kernel = self._kernels.get(name)
-        if kernel is None:
-            kernel = self._kernels[name] = self.rt.load_library(library).kernel(self.device, name, signature)
-        kernel.launch(grid, block, args, shared_bytes, stream=self.stream, pdl=self.pdl and library in PDL_LIBRARIES)
+    def launch(self, op: str, grid, args, shared_bytes: int = 0, **fields) -> None:
+        """Queue kernel `op` of kernels.KERNELS (the entry its fields name: qtype=, dh=, ...) on the
+        stream; library, signature and block come from the table."""
+        key = (op, *fields.values())
+        hit = self._launches.get(key)
+        if hit is None:
+            k = KERNELS[op]
+            name = k.name(**fields)
+            kernel = self._kernels.get(name)
+            if kernel is None:
+                kernel = self._kernels[name] = self.rt.load_library(k.library).kernel(self.device, name, k.signature)
+            hit = self._launches[key] = (kernel, k.block, self.pdl and k.library in PDL_LIBRARIES)
+        kernel, block, pdl = hit
+        kernel.launch(grid, block, args, shared_bytes, stream=self.stream, pdl=pdl)
 
     def alloc(self, shape, dtype=np.float32) -> DeviceTensor:
         shape = tuple(int(s) for s in shape)
@@ -118,7 +121,7 @@ class DeviceOps:
     def _copy_rows(self, src: int, rows: int, dst: int, R: int, n: int, src_ld: int, dst_ld: int) -> None:
         """dst row i = src row rows[i] (rows a device int32 pointer, or 0 for i), n 4-byte elements each."""
         grid = (max(1, min(-(-n // 1024), 8 * self.num_sms)), min(R, 65535))
-        self.launch("gather_rows", "strata_gather_rows_f32", "PPPiqqq", grid, 256, (src, rows, dst, R, n, src_ld, dst_ld))
+        self.launch("gather_rows", grid, (src, rows, dst, R, n, src_ld, dst_ld))
 
     def _aligned(self, x: DeviceTensor) -> DeviceTensor:
         """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""
@@ -159,7 +162,7 @@ class DeviceOps:
         n_blocks = num_weights // qt.block_size
         threads = num_weights if qt.block_size == 1 else num_weights // 8
         grid = max(1, min(-(-threads // 256), 32 * self.num_sms))
-        self.launch("dequant", f"strata_dequant_{qt.name.lower()}", "PPq", grid, 256, (src, dst, n_blocks))
+        self.launch("dequant", grid, (src, dst, n_blocks), qtype=qt.name)
 
     # ---- weights -----------------------------------------------------------------------------
     def has_weight(self, name: str) -> bool:
@@ -175,7 +178,7 @@ class DeviceOps:
             raise InvalidArgument(f"add: shapes {x.shape} and {y.shape} differ")
         out = self.alloc(x.shape)
         grid = max(1, min(-(-x.size // 1024), 8 * self.num_sms))
-        self.launch("add", "strata_add_f32", "PPPq", grid, 256, (x.ptr, y.ptr, out.ptr, x.size))
+        self.launch("add", grid, (x.ptr, y.ptr, out.ptr, x.size))
         return out
 
     def concat(self, xs: list, axis: int = -1) -> DeviceTensor:
@@ -202,15 +205,14 @@ class DeviceOps:
             ids = self.upload(np.asarray(ids, dtype=np.int32).reshape(-1))
         T, n = ids.shape[0], w.shape[-1]
         out = self.alloc((T, n))
-        self.launch("embed", f"strata_embed_{w.qtype.lower()}", "PPPii", T, 256, (w.ptr, ids.ptr, out.ptr, T, n))
+        self.launch("embed", T, (w.ptr, ids.ptr, out.ptr, T, n), qtype=w.qtype)
         return out
 
     def rms_norm(self, x: DeviceTensor, name: str, eps: float) -> DeviceTensor:
         n = x.shape[-1]
         rows = x.size // n
         out = self.alloc(x.shape)
-        self.launch("rms_norm", "strata_rms_norm_f32", "PPPiif", max(rows, 1), 256,
-                    (x.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
+        self.launch("rms_norm", max(rows, 1), (x.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
         return out
 
     def linear(self, x: DeviceTensor, name: str) -> DeviceTensor:
@@ -228,17 +230,16 @@ class DeviceOps:
         return y
 
     def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
-        rows, n, q = w.rows, w.shape[-1], w.qtype.lower()
+        rows, n, q = w.rows, w.shape[-1], w.qtype
         if T > 1 and n % 8 == 0:
             grid = max(1, -(-rows // 16))          # 4 rows per warp, 4 warps per block
-            self.launch("gemv", f"strata_gemv_batch_{q}", "PPPiii", grid, 128, (w.ptr, x, y, rows, n, T))
+            self.launch("gemv_batch", grid, (w.ptr, x, y, rows, n, T), qtype=q)
             return
         grid = gemv_grid(w.qtype, rows, n)
         split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
-        name = f"strata_gemv_split_{q}" if split else f"strata_gemv_{q}"
         for t in range(T):
-            self.launch("gemv", name, "PPPii", grid * 4 if split else grid, 128,
-                        (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n))
+            self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid,
+                        (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n), qtype=q)
 
     def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
         """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
@@ -262,12 +263,12 @@ class DeviceOps:
 
     def _gemm(self, a: int, b: int, c: int, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> None:
         grid = (-(-N // 64), -(-M // 64))
-        self.launch("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", grid, 256, (a, b, c, M, N, K, lda, ldb, ldc))
+        self.launch("gemm_f32", grid, (a, b, c, M, N, K, lda, ldb, ldc))
 
     def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
         T, heads, dh = x.shape
         out = self.copy(x)
-        self.launch("rope", "strata_rope_f32", "PPPiiif", max(T, 1), 128,
+        self.launch("rope", max(T, 1),
                     (out.ptr, self._positions(positions).ptr, self.inv_freq.ptr, T, heads, dh, float(self.rope_scale)))
         return out
 
@@ -279,7 +280,7 @@ class DeviceOps:
         Hk = k.shape[1]
         pos = self._positions(positions)
         kc, vc = kv.layer(layer)
-        self.launch("attention", "strata_kv_append_f16", "PPPPPii", T, 128, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
+        self.launch("kv_append_f16", T, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
         return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
 
     def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
@@ -288,18 +289,17 @@ class DeviceOps:
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
-            self.launch("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", (H, T), 128,
+            self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T == 1:
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
         elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
-            grid, block = prefill_tc_launch_shape(T, H, Hk, dh)
-            self.launch(TC_LIBRARY, tc_kernel_name(dh), TC_SIGNATURE, grid, block,
-                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
+            grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
+            self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         else:
             rows = 16 if dh == 256 else 32
-            self.launch("attention", f"strata_attention_prefill_f16_d{dh}", "PPPPPiiif", (-(-T * G // rows), Hk), 128,
-                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale))
+            self.launch("attention_prefill", (-(-T * G // rows), Hk),
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         return out
 
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
@@ -316,8 +316,7 @@ class DeviceOps:
         rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
         for x, codec, (values, scales) in ((k, kc, planes[:2]), (v, vc, planes[2:])):
             extra = (rot,) if codec.rotated else ()
-            self.launch("kv_quant", f"strata_kv_append_{codec.name}", "PPPPiii" + "f" * len(extra), (T, Hk), 32,
-                        (x.ptr, pos.ptr, values, scales, T, Hk, dh, *extra))
+            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, pos.ptr, values, scales, T, Hk, dh, *extra))
         if kc.rotated:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
@@ -328,10 +327,10 @@ class DeviceOps:
             part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
             gp = 1 << (G - 1).bit_length()
             lengths = pos.ptr + 4 * T               # max(positions) + 1, after the positions
-            self.launch("kv_quant", f"strata_attention_decode_{kv.fmt}_d{dh}_g{gp}", "PPPPPPPPiiiif", (splits, Hk, 1),
-                        128, (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, kv.max_cells, splits, scale))
-            self.launch("attention", "strata_attention_decode_combine_f32", "PPPiii", (H, 1), 128,
-                        (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+            self.launch("attention_decode_quant", (splits, Hk, 1),
+                        (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, kv.max_cells, splits, scale),
+                        fmt=kv.fmt, dh=dh, g=gp)
+            self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         else:
             # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
             # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
@@ -341,8 +340,7 @@ class DeviceOps:
             scratch = []
             for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
                 f16 = self.alloc((rows, Hk, dh), np.float16)
-                self.launch("kv_quant", f"strata_kv_dequant_{codec.name}_f16", "PPPiii", (rows, Hk), 32,
-                            (values, scales, f16.ptr, rows, Hk, dh))
+                self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
                 scratch.append(f16)
             out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
         if vc.rotated:
@@ -351,7 +349,7 @@ class DeviceOps:
 
     def _hadamard(self, ptr: int, rows: int, head_dim: int, rot: float) -> None:
         """H x in place over rows head vectors of f32 at ptr (strata_hadamard_f32)."""
-        self.launch("kv_quant", "strata_hadamard_f32", "Piif", rows, 32, (ptr, rows, head_dim, rot))
+        self.launch("hadamard", rows, (ptr, rows, head_dim, rot))
 
     def decode_splits(self, num_kv_heads: int, max_cells: int, head_dim: int) -> int:
         """kernels.decode_splits for one sequence on this GPU."""
@@ -366,10 +364,9 @@ class DeviceOps:
         part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths = pos.ptr + 4 * q.shape[0]          # max(positions) + 1, after the positions
-        self.launch("attention", f"strata_attention_decode_f16_d{dh}_g{gp}", "PPPPPPiiiif", (splits, Hk, 1), 128,
-                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale))
-        self.launch("attention", "strata_attention_decode_combine_f32", "PPPiii", (H, 1), 128,
-                    (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        self.launch("attention_decode", (splits, Hk, 1),
+                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale), dh=dh, g=gp)
+        self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
     # ---- composites, fused (cuda/decode_fused.cu) ---------------------------------------------
     def add_rms_norm(self, x: DeviceTensor, y: DeviceTensor, name: str, eps: float):
@@ -379,7 +376,7 @@ class DeviceOps:
         n = x.shape[-1]
         rows = x.size // n
         x_out, out = self.alloc(x.shape), self.alloc(x.shape)
-        self.launch("decode_fused", "strata_add_rms_norm_f32", "PPPPPiif", max(rows, 1), 256,
+        self.launch("add_rms_norm", max(rows, 1),
                     (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
         return x_out, out
 
@@ -403,8 +400,8 @@ class DeviceOps:
         mats += [(ws[0].ptr, ys[0].ptr, 0)] * (3 - len(fused))
         per_set = 4 if T > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp
         sets = sum(-(-rows // per_set) for _, _, rows in mats)
-        self.launch("decode_fused", f"strata_gemv3_{q.lower()}", "PPPPPPPiiiii", max(1, -(-sets // 4)), 128,
-                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T))
+        self.launch("gemv3", max(1, -(-sets // 4)),
+                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T), qtype=q)
         out = dict(zip(fused, ys))
         return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))
 
@@ -422,7 +419,7 @@ class DeviceOps:
         kc, vc = kv.layer(layer)
         q_out = self.alloc(q.shape)
         grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
-        self.launch("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPiiiiff", grid, 128,
+        self.launch("qk_norm_rope_kv", grid,
                     (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
                      self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
         return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)
@@ -433,7 +430,7 @@ class DeviceOps:
             raise UnsupportedError(f"moe_route: {E} experts top-{top_k}; the kernel takes E <= "
                                    f"{MOE_ROUTE_MAX_EXPERTS} and top_k <= {MOE_ROUTE_MAX_TOP_K}")
         ids, weights = self.alloc((T, top_k), np.int32), self.alloc((T, top_k))
-        self.launch("moe_route", "strata_moe_route_f32", "PPPiiii", max(1, -(-T // 4)), 128,
+        self.launch("moe_route", max(1, -(-T // 4)),
                     (router_logits.ptr, ids.ptr, weights.ptr, T, E, top_k, int(bool(norm_topk))))
         return ids, weights
 
