@@ -83,7 +83,7 @@ class DeviceOps(DenseOps, AttentionOps):
     def launch(self, op: str, grid, args, shared_bytes: int = 0, **fields) -> None:
         """Queue kernel `op` of kernels.KERNELS (the entry its fields name: qtype=, dh=, ...) on the
         stream; library, signature and block come from the table."""
-        key = (op, *fields.values())
+        key = (op, *fields.items())
         hit = self._launches.get(key)
         if hit is None:
             k = KERNELS[op]
