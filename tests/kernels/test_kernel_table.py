@@ -143,7 +143,7 @@ extern "C" __global__ void strata_plain(const unsigned long long* p, uint64_t ns
 def test_every_table_entry_is_a_kernel_of_its_library(op, sources):
     k = KERNELS[op]
     assert k.library in sources, f"{op}: no cuda/{k.library}.cu"
-    assert k.over and all(set(f) == k.fields for f in k.over), f"{op}: `over` does not give {k.fields}"
+    assert k.over and all(set(f) == k.field_names for f in k.over), f"{op}: `over` does not give {k.field_names}"
     for name in k.names():
         assert name in sources[k.library], f"{op}: cuda/{k.library}.cu has no extern \"C\" __global__ {name}"
         assert sources[k.library][name] == k.signature, \

@@ -100,24 +100,28 @@ class Kernel:
     grid: str
     over: tuple = ({},)
 
+    def __post_init__(self):
+        object.__setattr__(self, "over", tuple(_lower(f) for f in self.over))
+
     def name(self, **fields) -> str:
         """The entry point's name for these field values, which must be among `over`."""
-        fields = {k: v.lower() if isinstance(v, str) else v for k, v in fields.items()}
-        if fields not in self.variants():
+        fields = _lower(fields)
+        if fields not in self.over:
             raise UnsupportedError(f"cuda/{self.library}.cu has no {self.entry} for {fields}")
         return self.entry.format(**fields)
 
-    def variants(self) -> list[dict]:
-        """`over` as name() compares it (string values lower case)."""
-        return [{k: v.lower() if isinstance(v, str) else v for k, v in f.items()} for f in self.over]
-
     def names(self) -> list[str]:
         """Every name of this entry point."""
-        return [self.entry.format(**f) for f in self.variants()]
+        return [self.entry.format(**f) for f in self.over]
 
     @property
-    def fields(self) -> set:
+    def field_names(self) -> set:
         return {f for _, f, _, _ in string.Formatter().parse(self.entry) if f}
+
+
+def _lower(fields: dict) -> dict:
+    """Field values as entry names spell them: strings (quant types) in lower case."""
+    return {k: v.lower() if isinstance(v, str) else v for k, v in fields.items()}
 
 
 _K = Kernel
