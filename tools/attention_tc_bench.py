@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.attention_tc import LIBRARY, SIGNATURE, kernel_name, prefill_tc_launch_shape
+from strata.backends.cuda.attention_tc import prefill_tc_launch_shape
 
 H, HK, DH, LAYERS, PROMPT = 32, 4, 128, 48, 16384
 CHUNKS = [(512, 0), (4096, 0), (4096, 12288)]
@@ -55,9 +55,9 @@ def bench_chunk(ops: CudaOps, rng, T: int, offset: int, reps: int) -> dict:
     outs = {name: rt.DeviceBuffer(dev, T * H * DH * 4) for name in ("tc", "ffma")}
     args = (q, kc, vc, pos)
     scale = 1 / math.sqrt(DH)
-    tc = rt.load_library(LIBRARY).kernel(dev, kernel_name(DH), SIGNATURE)
+    tc = ops._kernel("attention_prefill_tc", dh=DH)
     grid, block = prefill_tc_launch_shape(T, H, HK, DH)
-    ffma = ops._kernel("attention", f"strata_attention_prefill_f16_d{DH}", SIGNATURE)
+    ffma = ops._kernel("attention_prefill", dh=DH)
     ffma_grid = (-(-T * (H // HK) // 32), HK)
     tc_ms = time_launches(ops, lambda: tc.launch(grid, block, (*args, outs["tc"], T, H, HK, scale), stream=stream), reps)
     ffma_ms = time_launches(

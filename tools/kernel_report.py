@@ -118,8 +118,8 @@ def time_decode(ops: CudaOps, rng, S: int, blocks_per_sm: int, reps: int = 100) 
     lengths = ops._upload(np.array([S], np.int32))
     part_acc, part_ml = rt.DeviceBuffer(dev, H * splits * DH * 4), rt.DeviceBuffer(dev, H * splits * 8)
     out = rt.DeviceBuffer(dev, H * DH * 4)
-    decode = ops._kernel("attention", "strata_attention_decode_f16_d128_g8", "PPPPPPiiiif")
-    combine = ops._kernel("attention", "strata_attention_decode_combine_f32", "PPPiii")
+    decode = ops._kernel("attention_decode", dh=DH, g=H // HK)
+    combine = ops._kernel("attention_combine")
     busy = rt.DeviceBuffer(dev, 6 << 30)
     scale = 1 / math.sqrt(DH)
 
@@ -152,7 +152,7 @@ def time_prefill(ops: CudaOps, rng, T: int, p0: int) -> dict:
     vc = ops._upload(rng.standard_normal((S, HK, DH)).astype(np.float16))
     pos = ops._upload(np.arange(p0, S, dtype=np.int32))
     out = rt.DeviceBuffer(dev, T * H * DH * 4)
-    prefill = ops._kernel("attention", "strata_attention_prefill_f16_d128", "PPPPPiiif")
+    prefill = ops._kernel("attention_prefill", dh=DH)
     grid = (-(-T * (H // HK) // 32), HK)
     times = []
     for _ in range(6):

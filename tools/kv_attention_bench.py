@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.kv import LIBRARY, rot_scale
+from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
 from strata.quant import kv as kvq
 
@@ -47,21 +47,21 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     lengths = ops._upload(np.array([S], np.int32))
     acc, ml = rt.DeviceBuffer(dev, H * splits * DH * 4), rt.DeviceBuffer(dev, H * splits * 8)
     out = rt.DeviceBuffer(dev, H * DH * 4)
-    combine = ops._kernel("attention", "strata_attention_decode_combine_f32", "PPPiii")
+    combine = ops._kernel("attention_combine")
     gp = H // HK
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
     if fmt == "f16":
         planes = [ops._upload(x.astype(np.float16)), ops._upload(x.astype(np.float16))]
         nbytes = sum(p.nbytes for p in planes)
-        split = ops._kernel("attention", f"strata_attention_decode_f16_d{DH}_g{gp}", "PPPPPPiiiif")
+        split = ops._kernel("attention_decode", dh=DH, g=gp)
         k_rot = v_rot = False
     else:
         kc, vc = kvq.codecs(fmt)
         planes = [ops._upload(np.ascontiguousarray(a)) for c in (kc, vc) for a in c.encode(x)]
         nbytes = sum(p.nbytes for p in planes)
-        split = ops._kernel(LIBRARY, f"strata_attention_decode_{fmt}_d{DH}_g{gp}", "PPPPPPPPiiiif")
+        split = ops._kernel("attention_decode_quant", fmt=fmt, dh=DH, g=gp)
         k_rot, v_rot = kc.rotated, vc.rotated
-    rotate = ops._kernel(LIBRARY, "strata_hadamard_f32", "Piif") if (k_rot or v_rot) else None
+    rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
 
     def launch():
         if k_rot:

@@ -87,8 +87,8 @@ def bench_type(mo: MoeDecodeOps, q: str, args, rng) -> list[dict]:
         for bps in args.blocks_per_sm:
             g = gate_up_launch(q, T, A, I, D, mo.num_sms, bps)
             d = down_launch(q, T, A, D, I, mo.num_sms, bps)
-            kg = mo.ops._kernel("moe_decode", g.name, g.signature)
-            kd = mo.ops._kernel("moe_decode", d.name, d.signature)
+            kg = mo.ops._kernel(g.op, qtype=g.qtype)
+            kd = mo.ops._kernel(d.op, qtype=d.qtype)
             run_g = lambda st: [kg.launch(g.grid, g.block, (ptrs, gate_off, up_off, i, x, h, A, I, D),  # noqa: E731
                                           g.shared_bytes, stream=st) for i in ids]
             run_d = lambda st: [kd.launch(d.grid, d.block, (ptrs, down_off, i, h, w, out, A, D, I),  # noqa: E731

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.moe_gemm import BLOCK, SIGNATURE, grid_for, kernel_name, tiles_for
+from strata.backends.cuda.moe_gemm import BLOCK, grid_for, tiles_for
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -57,7 +57,7 @@ def bench_shape(ops, rng, name, N, K, rows, repeats):
     ptrs = np.array([blob.ptr + g * stride for g in range(G)], np.uint64)
     y = ops._output(s * N * 4)
     args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
-    kernel = ops._kernel("moe_gemm", kernel_name(name), SIGNATURE)
+    kernel = ops._kernel("moe_gemm", qtype=name)
     grid = grid_for(N, len(tiles))
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []

@@ -100,9 +100,9 @@ def launch_shape(ops: CudaOps, name: str, rows: int, n: int, batch: int | None):
     """The kernel, grid and trailing arguments CudaOps.gemv_into would launch, for a tight loop."""
     if batch is None:
         grid = -(-rows // ops.gemv_rows_per_block(name, n))
-        return ops._kernel("gemv", f"strata_gemv_{name.lower()}", "PPPii"), grid, (rows, n)
+        return ops._kernel("gemv", qtype=name), grid, (rows, n)
     grid = -(-rows // (ops.GEMV_THREADS // 32 * ops.GEMV_BATCH_ROWS))
-    return ops._kernel("gemv", f"strata_gemv_batch_{name.lower()}", "PPPiii"), grid, (rows, n, batch)
+    return ops._kernel("gemv_batch", qtype=name), grid, (rows, n, batch)
 
 
 def main() -> int:

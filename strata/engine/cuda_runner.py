@@ -346,20 +346,20 @@ class CudaRunner:
         cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits.
         mask: an allowed-token bitmask (strata.engine.grammar), uploaded and applied to the device
         logits first (cuda/mask_logits.cu)."""
-        from ..backends.cuda.sample import SAMPLE_SIGNATURE, launch_shape
+        from ..backends.cuda.sample import launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
         if mask is not None:
             self._mask_logits(ptr, mask)
         if params.temperature == 0.0:
-            self.ops.launch("argmax", "strata_argmax_f32", "PPi", 1, 1024, (ptr, io.ptr + 24, V))
+            self.ops.launch("argmax", 1, (ptr, io.ptr + 24, V))
         else:
             h = self._pick_host
             h[:4].view(np.float32)[0], h[4:8].view(np.int32)[0] = params.temperature, params.top_k
             h[8:12].view(np.float32)[0], h[16:24].view(np.float64)[0] = params.top_p, u
             io.copy_from_host(h[:24], self.stream)
-            self.ops.launch("sample", "strata_sample_f32", SAMPLE_SIGNATURE, *launch_shape(1),
+            self.ops.launch("sample", launch_shape(1)[0],
                             (ptr, io.ptr, io.ptr + 4, io.ptr + 8, io.ptr + 16, io.ptr + 24, 0, V))
         io.copy_to_host(self._pick_host[24:28], self.stream, 24)
         self.stream.synchronize()
@@ -384,8 +384,7 @@ class CudaRunner:
             self._mask_host = np.frombuffer(self.rt.HostBuffer(self.dev, 4 * words), np.int32)
         self._mask_host[:] = mask.view(np.int32)
         self._mask_dev.copy_from_host(self._mask_host, self.stream)
-        self.ops.launch("mask_logits", "strata_mask_logits_f32", "PPi", ((V + 255) // 256, 1, 1), (256, 1, 1),
-                        (ptr, self._mask_dev.ptr, V))
+        self.ops.launch("mask_logits", ((V + 255) // 256, 1, 1), (ptr, self._mask_dev.ptr, V))
 
     def _decode_step(self, ids: list[int], lo: int, download: bool = True) -> np.ndarray | None:
         """Logits [T, V] of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is

@@ -2,8 +2,9 @@
 
 Device memory is numpy arrays at fake addresses; each kernel the GPU engine launches is emulated
 from its contract in cuda/*.cu (the docstrings), in float32 numpy, and checks what the real launch
-would need: the signature (as the runtime checks it against the kernel's parameters), pointer
-alignment, and the grid covering the work where that depends on the caller. It says nothing about
+would need: the signature (strata.backends.cuda.kernels.KERNELS', as the runtime checks it against
+the kernel's parameters), the table's block, pointer alignment, and the grid covering the work
+where that depends on the caller. It says nothing about
 the kernels themselves (tests/kernels does, on a GPU): it catches wrong addresses, strides, shapes,
 grouping and launch arguments in strata/backends/cuda/*.py and strata/engine/cuda_runner.py.
 
@@ -25,6 +26,7 @@ import re
 import numpy as np
 
 from strata.backends import rope
+from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES
 from strata.backends.cpu import causal_attention, moe_route, rms_norm, swiglu
 from strata.errors import DeviceError, InvalidArgument
 from strata.quant import QTensor, qtype
@@ -217,31 +219,8 @@ def load_library(name: str) -> Library:
     return Library(name)
 
 
-# Each kernel's parameter kinds, from its declaration in cuda/<library>.cu.
-SIGNATURES = {
-    r"strata_rms_norm_f32": "PPPiif", r"strata_gather_rows_f32": "PPPiqqq", r"strata_add_f32": "PPPq",
-    r"strata_gemm_f32_nt": "PPPiiiqqq", r"strata_dequant_\w+": "PPq", r"strata_gemv_batch_\w+": "PPPiii",
-    r"strata_gemv_(?!batch)\w+": "PPPii", r"strata_moe_gemv_\w+": "PqPPiPii", r"strata_embed_\w+": "PPPii",
-    r"strata_rope_f32": "PPPiiif", r"strata_kv_append_f16": "PPPPPii",
-    r"strata_attention_decode_f16_d\d+_g\d+": "PPPPPPiiiif", r"strata_attention_decode_combine_f32": "PPPiii",
-    r"strata_attention_prefill_f16_d\d+": "PPPPPiiif", r"strata_attention_prefill_tc_f16_d\d+": "PPPPPiiif", r"strata_attention_rows_f16": "PPPPPiiiif",
-    r"strata_moe_route_f32": "PPPiiii", r"strata_swiglu_f32": "PPPiiqqq", r"strata_moe_combine_f32": "PPPPPiii",
-}
-
-SIGNATURES.update({r"strata_moe_gate_up_\w+": "PqqPPPiii", r"strata_moe_down_\w+": "PqPPPPiii",  # moe_decode.cu
-                   r"strata_moe_gemm_\w+": "PqPPqPqii"})                                             # moe_gemm.cu
-SIGNATURES.update({     # cuda/decode_fused.cu
-    r"strata_add_rms_norm_f32": "PPPPPiif", r"strata_qk_norm_rope_kv_f32": "PPPPPPPPPPiiiiff",
-    r"strata_gemv3_\w+": "PPPPPPPiiiii",
-})
-SIGNATURES.update({     # cuda/kv_quant.cu
-    r"strata_kv_append_int8": "PPPPiii", r"strata_kv_append_q4r": "PPPPiiif", r"strata_hadamard_f32": "Piif",
-    r"strata_attention_decode_(int8|q4_0|k8v4)_d\d+_g\d+": "PPPPPPPPiiiif",
-    r"strata_kv_dequant_(int8|q4r)_f16": "PPPiii",
-})
-SIGNATURES.update({r"strata_mask_logits_f32": "PPi"})                                 # mask_logits.cu
-SIGNATURES.update({r"strata_sample_f32": "PPPPPPPi", r"strata_argmax_f32": "PPi",   # sample.cu, argmax.cu
-                   r"strata_moe_group": "PiiiPPPPii", r"strata_swiglu_rows_f32": "PPPPiiiqqq"})
+# Every entry point of the table, by (library, name): a launch of anything else is a bug in the host.
+_TABLE = {(k.library, name): k for k in KERNELS.values() for name in k.names()}
 
 
 def _dims(v) -> tuple:
@@ -250,16 +229,20 @@ def _dims(v) -> tuple:
 
 
 class Kernel:
+    """The signature is checked against kernels.KERNELS (tests/kernels/test_kernel_table.py checks
+    the table against cuda/*.cu, as the runtime checks a launch against the kernel's parameters),
+    and each launch's block against the table's."""
+
     def __init__(self, library: str, name: str, signature: str):
-        want = next((s for pat, s in SIGNATURES.items() if re.fullmatch(pat, name)), None)
-        assert want is not None, f"fake_cuda: no emulation of {name}"
-        assert signature == want, f"fake_cuda: {name} takes {want!r}, launched as {signature!r}"
-        self.library, self.name, self.signature = library, name, signature
+        entry = _TABLE.get((library, name))
+        assert entry is not None, f"fake_cuda: kernels.KERNELS has no {name} in cuda/{library}.cu"
+        assert signature == entry.signature, f"fake_cuda: {name} takes {entry.signature!r}, launched as {signature!r}"
+        self.library, self.name, self.signature, self.block = library, name, signature, entry.block
 
     def launch(self, grid, block, args, shared_bytes: int = 0, stream=None, pdl: bool = False):
         assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
+        assert _dims(block) == (self.block, 1, 1), f"fake_cuda: {self.name} takes {self.block} threads, got {block}"
         if pdl:
-            from strata.backends.cuda.ops import PDL_LIBRARIES
             assert self.library in PDL_LIBRARIES, f"fake_cuda: {self.name} launched as PDL, {self.library} is not"
             pdl_launches.append(self.name)
         args = [a.ptr if hasattr(a, "ptr") else a for a in args]     # values, as cuLaunchKernel copies them
@@ -620,8 +603,6 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step"),
                  "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt"),
                  "mask_logits_f32": _lazy_emulation("fake_sample", "emulate_mask_logits")})
-SIGNATURES.update({r"strata_gdn_conv1d_step_f32": "PPPPii", r"strata_gdn_conv1d_f32": "PPPPiiiq",  # gated_delta.cu
-                   r"strata_gdn_step_f32": "PPPPPPPiiiif", r"strata_gdn_prompt_f32": "PPPPPPPiiiiifqq"})
 
 
 def _argmax(grid, logits, out, V):
@@ -670,7 +651,6 @@ _EMULATE["swiglu_rows_f32"] = _swiglu_rows
 
 # cuda/throttle.cu (--pcie-gbs): the fake has no clock; it keeps what the store asked for.
 bus_calls: list = []
-SIGNATURES.update({r"strata_bus_stamp": "P", r"strata_bus_wait": "PQ", r"strata_bus_sleep": "Q"})
 _EMULATE.update({"bus_stamp": lambda grid, stamp: bus_calls.append(("stamp", stamp)),
                  "bus_wait": lambda grid, stamp, ns: bus_calls.append(("wait", stamp, ns)),
                  "bus_sleep": lambda grid, ns: bus_calls.append(("sleep", ns))})

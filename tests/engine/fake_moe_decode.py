@@ -4,7 +4,6 @@ From the kernels' contract, in float32 numpy: they check what a real launch need
 with gx >= 1, the matrix starts' alignment) and fail loudly on a bad pointer, a short table or an
 expert id outside it, as fake_cuda's view() does. Wiring, in fake_cuda.py:
 
-    SIGNATURES: r"strata_moe_gate_up_\\w+": "PqqPPPiii", r"strata_moe_down_\\w+": "PqPPPPiii"
     Kernel.run prefixes: "moe_gate_up" -> emulate_moe_gate_up, "moe_down" -> emulate_moe_down
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """numpy emulation of strata_moe_gemm_<q> (cuda/moe_gemm.cu) on fake_cuda's memory, for the GPU
-engine's host tests. To wire it in fake_cuda: SIGNATURES[r"strata_moe_gemm_\\w+"] = "PqPPqPqii",
+engine's host tests. To wire it in fake_cuda (the signature comes from kernels.KERNELS):
 "moe_gemm" among Kernel.run's per-quant-type prefixes, and _EMULATE["moe_gemm"] = emulate_moe_gemm.
 
 It checks what the real launch needs (grid, tile fields, alignment, K) and computes like the kernel:

@@ -3,7 +3,6 @@
 Runs strata.backends.cuda.sample.sample_reference on the fake device memory and checks what a real
 launch needs: grid (B, 1, 1), block exactly (1024, 1, 1), V >= 1, u in [0, 1). Wiring, in fake_cuda.py:
 
-    SIGNATURES: r"strata_sample_f32": "PPPPPPPi"
     _EMULATE["sample_f32"] = fake_sample.emulate_sample   (Kernel.run passes (grid, *args); block
     is not passed to run(), so check_block() is for Kernel.launch)
 """

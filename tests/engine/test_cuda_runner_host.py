@@ -155,10 +155,10 @@ def _attention_grids(runner) -> list:
     """Grids of the decode attention launches the runner makes from Python, in order."""
     grids, launch = [], runner.ops.launch
 
-    def spy(library, name, signature, grid, block, args, shared_bytes=0):
-        if name.startswith("strata_attention_decode_f16"):
+    def spy(op, grid, args, shared_bytes=0, **fields):
+        if op == "attention_decode":
             grids.append(grid)
-        launch(library, name, signature, grid, block, args, shared_bytes)
+        launch(op, grid, args, shared_bytes, **fields)
     runner.ops.launch = spy
     return grids
 

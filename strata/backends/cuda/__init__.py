@@ -1,11 +1,14 @@
 """The GPU backend: strata._ext.runtime (the CUDA driver API in typed Cython) and the kernels of cuda/.
 
-- kernels.py: what the host knows of each kernel library (entry names, types, limits)
+- kernels.py: KERNELS, the table of every entry point the host launches (library, entry pattern,
+  signature, block), and limits
 - memory.py: the device pool, device tensors, weights and the KV cache
-- ops.py: DeviceOps, the model's ops interface over device tensors (what the engine runs)
+- ops.py: DeviceOps, the model's ops interface over device tensors (what the engine runs), with
+  ops_dense.py and ops_attention.py
 - moe.py, moe_decode.py, moe_gemm.py, attention_tc.py, sample.py: launch shapes and tables of the
   bigger kernels
-- testing.py: CudaOps, numpy-in/out wrappers of single kernels for tests and tools
+- testing.py: CudaOps, numpy-in/out wrappers of single kernels for tests and tools, with
+  testing_attention.py and testing_quant.py
 
 Importing this package touches no CUDA library; the runtime extension is imported on first use, so
 the package works (CPU-only) where it was built without the extension, the driver or a GPU.

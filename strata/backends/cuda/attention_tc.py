@@ -11,16 +11,18 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-LIBRARY = "attention_tc"
-SIGNATURE = "PPPPPiiif"
-HEAD_DIMS = (64, 128)
+from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, load_kernel
+
+LIBRARY = KERNELS["attention_prefill_tc"].library
+SIGNATURE = KERNELS["attention_prefill_tc"].signature
+HEAD_DIMS = TC_ATTENTION_HEAD_DIMS
 MAX_GROUP = 16        # G = H / Hk tested up to here (any G works)
 ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps x 16 query rows
-THREADS = 128
+THREADS = KERNELS["attention_prefill_tc"].block
 
 
 def kernel_name(head_dim: int) -> str:
-    return f"strata_attention_prefill_tc_f16_d{head_dim}"
+    return KERNELS["attention_prefill_tc"].name(dh=head_dim)
 
 
 def prefill_tc_launch_shape(T: int, H: int, Hk: int, Dh: int) -> tuple[tuple[int, int], int]:
@@ -64,7 +66,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
         bufs.append(buf)
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
-    kernel = rt.load_library(LIBRARY).kernel(dev, kernel_name(dh), SIGNATURE)
+    kernel = load_kernel(rt, dev, "attention_prefill_tc", dh=dh)
     kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)

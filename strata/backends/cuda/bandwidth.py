@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels import KERNELS, load_kernel
+
 
 def copy_rates(rt, dev, stream, nbytes: int, repeats: int = 5, warm: int = 1) -> tuple[float, float]:
     """(pinned host -> device GB/s, device copy GB/s) over buffers of nbytes (a multiple of 4096)."""
     host, src, dst = rt.HostBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes), rt.DeviceBuffer(dev, nbytes)
     np.frombuffer(host, np.uint8)[:] = 0x3C
     src.fill_bytes(0x3C, stream)
-    kernel = rt.load_library("gather_rows").kernel(dev, "strata_gather_rows_f32", "PPPiqqq")
+    kernel = load_kernel(rt, dev, "gather_rows")
     n = nbytes // 4
     grid = (max(1, min(-(-n // 1024), 8 * dev.multiprocessor_count)), 1)
 
@@ -22,7 +24,7 @@ def copy_rates(rt, dev, stream, nbytes: int, repeats: int = 5, warm: int = 1) ->
         rt.copy_h2d(dst.ptr, host.ptr, nbytes, stream)
 
     def d2d():
-        kernel.launch(grid, 256, (src.ptr, 0, dst.ptr, 1, n, 0, 0), stream=stream)
+        kernel.launch(grid, KERNELS["gather_rows"].block, (src.ptr, 0, dst.ptr, 1, n, 0, 0), stream=stream)
 
     start, end = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
     rates = []

@@ -1,12 +1,18 @@
-"""What the host knows of the kernel libraries in cuda/: limits, the types each entry point reads, and
-which alternative paths the ops take."""
+"""What the host knows of the kernel libraries in cuda/: the table of every entry point it launches
+(KERNELS), limits, the types each entry point reads, and which alternative paths the ops take.
+
+DeviceOps.launch, the numpy-in/out wrappers (CudaOps and the modules beside it) and the tests' fake
+runtime all read KERNELS; tests/kernels/test_kernel_table.py checks it against cuda/*.cu.
+"""
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, fields
+from itertools import product
 
 from strata.config import KERNEL_PATHS
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, UnsupportedError
 
 RMS_NORM_BLOCK = 256  # threads per row; cuda/rms_norm.cu accepts any multiple of 32 up to 1024
 # cuda/embed.cu's strata_embed_<type>: every type strata.quant reads, so every pack's embedding is
@@ -56,3 +62,138 @@ class KernelPaths:
 
 
 assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KERNEL_PATHS]
+
+
+# ---- the kernel table --------------------------------------------------------------------------------
+
+# Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
+# checks): the decode path's. A kernel launched so may start while the one before it runs.
+PDL_LIBRARIES = frozenset({"decode_fused", "attention", "embed", "gemv", "moe_decode", "moe_route", "rms_norm",
+                           "argmax", "sample"})
+
+
+def _each(**axes) -> tuple:
+    """Every combination of the axes' values, as field dicts (a Kernel's `over`)."""
+    return tuple(dict(zip(axes, values)) for values in product(*axes.values()))
+
+
+# The entry-name fields the host asks for; tests expand every table entry over them.
+ALL_QTYPES = _each(qtype=EMBED_QTYPES)                    # every type strata.quant reads
+DECODE_GROUPS = tuple({"dh": dh, "g": g} for dh in ATTENTION_HEAD_DIMS for g in (1, 2, 4, 8, 16)
+                      if g <= (8 if dh == 256 else 16))  # G = H / Hk rounded up to a power of two
+KV_DECODE_FORMATS = ("int8", "q4_0", "k8v4")             # cuda/kv_quant.cu's split-K decode formats
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One entry point of cuda/<library>.cu. `entry` names it, with fields filled by name(): {qtype} a
+    strata.quant type (lower case in the name), {dh} the head dim, {g} the query heads per KV head
+    rounded up to a power of two, {fmt} a KV format, {codec} a KV codec; `over` lists the field
+    values that exist. `signature`: one strata._ext.runtime letter per parameter (P pointer, i int32,
+    I uint32, q int64, Q uint64, f float32, d float64). `block`: threads per block, the same at
+    every launch. `grid`: what the launches cover (each site computes it)."""
+
+    library: str
+    entry: str
+    signature: str
+    block: int
+    grid: str
+    over: tuple = ({},)
+
+    def __post_init__(self):
+        object.__setattr__(self, "over", tuple(_lower(f) for f in self.over))
+
+    def name(self, **fields) -> str:
+        """The entry point's name for these field values, which must be among `over`."""
+        fields = _lower(fields)
+        if fields not in self.over:
+            raise UnsupportedError(f"cuda/{self.library}.cu has no {self.entry} for {fields}")
+        return self.entry.format(**fields)
+
+    def names(self) -> list[str]:
+        """Every name of this entry point."""
+        return [self.entry.format(**f) for f in self.over]
+
+    @property
+    def field_names(self) -> set:
+        return {f for _, f, _, _ in string.Formatter().parse(self.entry) if f}
+
+
+def _lower(fields: dict) -> dict:
+    """Field values as entry names spell them: strings (quant types) in lower case."""
+    return {k: v.lower() if isinstance(v, str) else v for k, v in fields.items()}
+
+
+_K = Kernel
+KERNELS = {
+    # op: Kernel(library, entry, signature, block, grid[, over])
+    "gather_rows":      _K("gather_rows", "strata_gather_rows_f32", "PPPiqqq", 256,
+                           "(min(ceil(n / 1024), 8 per SM), min(rows, 65535)): it strides"),
+    "add":              _K("add", "strata_add_f32", "PPPq", 256, "min(ceil(n / 1024), 8 per SM): it strides"),
+    "dequant":          _K("dequant", "strata_dequant_{qtype}", "PPq", 256, "ceil(units / 256), capped: it strides",
+                           ALL_QTYPES),
+    "embed":            _K("embed", "strata_embed_{qtype}", "PPPii", 256, "T: a block per token", ALL_QTYPES),
+    "rms_norm":         _K("rms_norm", "strata_rms_norm_f32", "PPPiif", RMS_NORM_BLOCK, "rows: a block per row"),
+    "gemv":             _K("gemv", "strata_gemv_{qtype}", "PPPii", 128, "ceil(rows / rows per block)", ALL_QTYPES),
+    "gemv_split":       _K("gemv", "strata_gemv_split_{qtype}", "PPPii", 128, "4x gemv's: the warps split K",
+                           ALL_QTYPES),
+    "gemv_batch":       _K("gemv", "strata_gemv_batch_{qtype}", "PPPiii", 128, "ceil(rows / 16)", ALL_QTYPES),
+    "gemm_f32":         _K("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", 256, "(ceil(N / 64), ceil(M / 64))"),
+    "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
+    "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
+    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPiiiif", 128,
+                           "(splits, Hk, B)", DECODE_GROUPS),
+    "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
+    "attention_prefill": _K("attention", "strata_attention_prefill_f16_d{dh}", "PPPPPiiif", 128,
+                            "(ceil(T G / rows), Hk), rows 32 (16 at Dh 256)", _each(dh=ATTENTION_HEAD_DIMS)),
+    "attention_rows":   _K("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", 128, "(H, T)"),
+    "attention_prefill_tc": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 128,
+                               "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_HEAD_DIMS)),
+    "kv_append_int8":   _K("kv_quant", "strata_kv_append_int8", "PPPPiii", 32, "(T, Hk)"),
+    "kv_append_q4r":    _K("kv_quant", "strata_kv_append_q4r", "PPPPiiif", 32, "(T, Hk)"),
+    "hadamard":         _K("kv_quant", "strata_hadamard_f32", "Piif", 32, "rows: a warp per head vector"),
+    "attention_decode_quant": _K("kv_quant", "strata_attention_decode_{fmt}_d{dh}_g{g}", "PPPPPPPPiiiif", 128,
+                                 "(splits, Hk, B)",
+                                 tuple({"fmt": f, **d} for f in KV_DECODE_FORMATS for d in DECODE_GROUPS)),
+    "kv_dequant_f16":   _K("kv_quant", "strata_kv_dequant_{codec}_f16", "PPPiii", 32, "(rows, Hk)",
+                           _each(codec=("int8", "q4r"))),
+    "add_rms_norm":     _K("decode_fused", "strata_add_rms_norm_f32", "PPPPPiif", 256, "rows: a block per row"),
+    "gemv3":            _K("decode_fused", "strata_gemv3_{qtype}", "PPPPPPPiiiii", 128, "ceil(row sets / 4)",
+                           ALL_QTYPES),
+    "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPiiiiff", 128,
+                           "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
+    "moe_route":        _K("moe_route", "strata_moe_route_f32", "PPPiiii", 128, "ceil(T / 4): a warp per token"),
+    "moe_gemv":         _K("moe_gemv", "strata_moe_gemv_{qtype}", "PqPPiPii", 128, "(gemv's, slots)", ALL_QTYPES),
+    "swiglu":           _K("swiglu", "strata_swiglu_f32", "PPPiiqqq", 256, "(ceil(I / 256), min(T, 65535))"),
+    "swiglu_rows":      _K("swiglu", "strata_swiglu_rows_f32", "PPPPiiiqqq", 256, "(ceil(I / 256), any): it strides"),
+    "moe_combine":      _K("moe_combine", "strata_moe_combine_f32", "PPPPPiii", 256, "(ceil(D / 256), min(T, 65535))"),
+    "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
+    "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
+                           ALL_QTYPES),
+    "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
+                           "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
+    "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
+                           "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),
+    "argmax":           _K("argmax", "strata_argmax_f32", "PPi", 1024, "B: a block per row"),
+    "sample":           _K("sample", "strata_sample_f32", "PPPPPPPi", 1024, "(B, 1, 1); the block must be 1024"),
+    "mask_logits":      _K("mask_logits", "strata_mask_logits_f32", "PPi", 256, "(ceil(V / 256), B, 1)"),
+    "gdn_conv1d_step":  _K("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii", 256, "ceil(C / 256)"),
+    "gdn_conv1d":       _K("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq", 256, "ceil(C / 256)"),
+    "gdn_step":         _K("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif", 128, "(ceil(Dv / 128), Hv)"),
+    "gdn_prompt":       _K("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq", 128, "(ceil(Dv / 128), Hv)"),
+    "bus_stamp":        _K("throttle", "strata_bus_stamp", "P", 1, "(1, 1)"),
+    "bus_wait":         _K("throttle", "strata_bus_wait", "PQ", 1, "(1, 1)"),
+    "bus_sleep":        _K("throttle", "strata_bus_sleep", "Q", 1, "(1, 1)"),
+}
+del _K
+
+
+def kernel_name(op: str, **fields) -> str:
+    """The entry point's name of table op `op` for these field values."""
+    return KERNELS[op].name(**fields)
+
+
+def load_kernel(rt, device, op: str, **fields):
+    """The runtime kernel of table op `op` (its library loaded by rt, which caches libraries)."""
+    k = KERNELS[op]
+    return rt.load_library(k.library).kernel(device, k.name(**fields), k.signature)

@@ -11,9 +11,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import kv as kv_formats
-
-LIBRARY = "kv_quant"
-DECODE_FORMATS = ("int8", "q4_0", "k8v4")
+from .kernels import KV_DECODE_FORMATS as DECODE_FORMATS
 
 
 def rot_scale(head_dim: int) -> float:
@@ -57,10 +55,9 @@ class KVQuantOps:
         if T:
             args = (x_dev, cells_dev, v_dev, s_dev, T, Hk, dh)
             if codec_name == "int8":
-                ops._kernel(LIBRARY, "strata_kv_append_int8", "PPPPiii").launch((T, Hk), 32, args, stream=ops.stream)
+                ops._launch("kv_append_int8", (T, Hk), args)
             else:
-                ops._kernel(LIBRARY, "strata_kv_append_q4r", "PPPPiiif").launch(
-                    (T, Hk), 32, (*args, rot_scale(dh)), stream=ops.stream)
+                ops._launch("kv_append_q4r", (T, Hk), (*args, rot_scale(dh)))
         return ops._download(v_dev, vshape, vdtype), ops._download(s_dev, sshape, np.float16)
 
     def dequant_f16(self, codec_name: str, values: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -78,13 +75,11 @@ class KVQuantOps:
         s_dev = ops._upload(np.ascontiguousarray(scales, np.float16))
         out = ops._output(rows * Hk * dh * 2)
         if rows:
-            ops._kernel(LIBRARY, f"strata_kv_dequant_{codec_name}_f16", "PPPiii").launch(
-                (rows, Hk), 32, (v_dev, s_dev, out, rows, Hk, dh), stream=ops.stream)
+            ops._launch("kv_dequant_f16", (rows, Hk), (v_dev, s_dev, out, rows, Hk, dh), codec=codec_name)
         return ops._download(out, (rows, Hk, dh), np.float16)
 
     def _hadamard(self, buf, rows: int, head_dim: int) -> None:
-        self.ops._kernel(LIBRARY, "strata_hadamard_f32", "Piif").launch(
-            rows, 32, (buf, rows, head_dim, rot_scale(head_dim)), stream=self.ops.stream)
+        self.ops._launch("hadamard", rows, (buf, rows, head_dim, rot_scale(head_dim)))
 
     def hadamard(self, x: np.ndarray) -> np.ndarray:
         """H x over the last axis (strata_hadamard_f32), x [..., Dh]."""
@@ -130,11 +125,10 @@ class KVQuantOps:
         # every buffer held in a local until the launches are queued
         planes = [ops._upload(np.ascontiguousarray(a)) for a in (*k_planes, *v_planes)]
         lengths_dev = ops._upload(lengths)
-        ops._kernel(LIBRARY, f"strata_attention_decode_{fmt}_d{dh}_g{gp}", "PPPPPPPPiiiif").launch(
-            (splits, Hk, B), 128, (q_dev, *planes, lengths_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)),
-            stream=ops.stream)
-        ops._kernel("attention", "strata_attention_decode_combine_f32", "PPPiii").launch(
-            (H, B), 128, (part_acc, part_ml, out, H, dh, splits), stream=ops.stream)
+        ops._launch("attention_decode_quant", (splits, Hk, B),
+                    (q_dev, *planes, lengths_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)),
+                    fmt=fmt, dh=dh, g=gp)
+        ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:
             self._hadamard(out, B * H, dh)
         return ops._download(out, (B, H * dh), np.float32)

@@ -26,8 +26,7 @@ def gdn_conv1d_step(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tup
         return x.copy(), state.copy()
     s_dev, out = ops._upload(state), ops._output(C * 4)
     x_dev, w_dev = ops._upload(x), ops._upload(w)       # named: the buffers must outlive the launch
-    ops._kernel("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii").launch(
-        -(-C // 256), 256, (x_dev, s_dev, w_dev, out, C, K), stream=ops.stream)
+    ops._launch("gdn_conv1d_step", -(-C // 256), (x_dev, s_dev, w_dev, out, C, K))
     return ops._download(out, (C,), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
@@ -43,8 +42,7 @@ def gdn_conv1d(ops, x: np.ndarray, state: np.ndarray, w: np.ndarray) -> tuple[np
         return np.empty((T, C), np.float32), state.copy()
     s_dev, out = ops._upload(state), ops._output(T * C * 4)
     x_dev, w_dev = ops._upload(x), ops._upload(w)
-    ops._kernel("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq").launch(
-        -(-C // 256), 256, (x_dev, s_dev, w_dev, out, T, C, K, C), stream=ops.stream)
+    ops._launch("gdn_conv1d", -(-C // 256), (x_dev, s_dev, w_dev, out, T, C, K, C))
     return ops._download(out, (T, C), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
@@ -61,8 +59,7 @@ def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
                               f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
     s_dev, out = ops._upload(state), ops._output(Hv * Dv * 4)
     ins = [ops._upload(a) for a in (q, k, v, g, beta)]
-    ops._kernel("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif").launch(
-        (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)), stream=ops.stream)
+    ops._launch("gdn_step", (-(-Dv // 128), Hv), (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
     return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
@@ -81,7 +78,6 @@ def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
         return np.empty((0, Hv, Dv), np.float32), state.copy()
     s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
     ins = [ops._upload(a) for a in (q, k, v, g, beta)]
-    ops._kernel("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq").launch(
-        (-(-Dv // 128), Hv), 128, (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv),
-        stream=ops.stream)
+    ops._launch("gdn_prompt", (-(-Dv // 128), Hv),
+                (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
     return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)

@@ -18,15 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from ...quant import qtype as qtype_of
+from .kernels import KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
-from .moe_gemm import BLOCK as GEMM_BLOCK
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import SIGNATURE as GEMM_SIGNATURE
-from .moe_gemm import grid_for, kernel_name, tiles_for
-from .moe_decode import LIBRARY, MAX_ACTIVE, down_launch, gate_up_launch
+from .moe_gemm import grid_for, tiles_for
+from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 
-GROUP_SIGNATURE = "PiiiPPPPii"
+GROUP_SIGNATURE = KERNELS["moe_group"].signature
 
 
 def tensor_core_gemm(qtype: str, K: int, on: bool = True) -> bool:
@@ -67,8 +66,8 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
     if n_tiles:
-        ops.launch("moe_gemm", kernel_name(w.qtype), GEMM_SIGNATURE, grid_for(N, n_tiles), GEMM_BLOCK,
-                   (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]))
+        ops.launch("moe_gemm", grid_for(N, n_tiles), (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]),
+                   qtype=w.qtype)
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):
@@ -78,7 +77,7 @@ def group_on_device(ops, ids: DeviceTensor, E: int):
     S, A = ids.size, ids.shape[1]
     n = E + S // GEMM_BM
     index, tiles = ops.alloc((2 * S + E + 1,), np.int32), ops.alloc((n, 4), np.int32)
-    ops.launch("moe_group", "strata_moe_group", GROUP_SIGNATURE, E + 1, 256,
+    ops.launch("moe_group", E + 1,
                (ids.ptr, S, A, E, index.ptr, index.ptr + 4 * S, index.ptr + 8 * S, tiles.ptr, n, GEMM_BM))
     return index, tiles, n
 
@@ -87,19 +86,19 @@ def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div
     """y [S, rows] = part of expert ids[s] (rows x n at table[ids[s]] + offset) times x row s // x_div."""
     w = lay.parts[part]
     n = w.shape[-1]
-    ops.launch("moe_gemv", f"strata_moe_gemv_{w.qtype.lower()}", "PqPPiPii", (gemv_grid(w.qtype, rows, n), ids.size),
-               128, (lay.table, w.ptr, ids.ptr, x, x_div, y, rows, n))
+    ops.launch("moe_gemv", (gemv_grid(w.qtype, rows, n), ids.size), (lay.table, w.ptr, ids.ptr, x, x_div, y, rows, n),
+               qtype=w.qtype)
 
 
 def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int) -> None:
-    ops.launch("swiglu", "strata_swiglu_f32", "PPPiiqqq", (-(-I // 256), min(rows, 65535)), 256,
+    ops.launch("swiglu", (-(-I // 256), min(rows, 65535)),
                (gate, up, out, rows, I, ld, ld, I))
 
 
 def _combine(ops, y: DeviceTensor, rows: int, weights: DeviceTensor, T: int, A: int, D: int) -> DeviceTensor:
     """out [T, D] = sum_a weights[t, a] * y row (t, a); rows: int32 device pointer, or 0 for t * A + a."""
     out = ops.alloc((T, D))
-    ops.launch("moe_combine", "strata_moe_combine_f32", "PPPPPiii", (-(-D // 256), min(T, 65535)), 256,
+    ops.launch("moe_combine", (-(-D // 256), min(T, 65535)),
                (ops._zeros_ptr(T * D * 4), y.ptr, rows, weights.ptr, out.ptr, T, A, D))
     return out
 
@@ -115,12 +114,12 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     if ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
         h = ops.alloc((T * A, I))
         spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
-        ops.launch(LIBRARY, spec.name, spec.signature, spec.grid, spec.block,
-                   (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes)
+        ops.launch("moe_gate_up", spec.grid,
+                   (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes, qtype=gate.qtype)
         out = ops.alloc((T, D))
         spec = down_launch(down.qtype, T, A, D, I, ops.num_sms)
-        ops.launch(LIBRARY, spec.name, spec.signature, spec.grid, spec.block,
-                   (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I), spec.shared_bytes)
+        ops.launch("moe_down", spec.grid, (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I),
+                   spec.shared_bytes, qtype=down.qtype)
         return out
     return _moe_decode_gemv(ops, x, lay, ids, weights)
 
@@ -267,5 +266,5 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
 
 def _swiglu_rows(ops, gate: int, up: int, out: int, starts: int, lo: int, hi: int, I: int, ld: int) -> None:
     """SwiGLU over the sorted rows of experts lo..hi-1, whose bounds only the device knows."""
-    ops.launch("swiglu", "strata_swiglu_rows_f32", "PPPPiiiqqq", (-(-I // 256), 2 * ops.num_sms), 256,
+    ops.launch("swiglu_rows", (-(-I // 256), 2 * ops.num_sms),
                (gate, up, out, starts, lo, hi, I, ld, ld, I))

@@ -1,10 +1,10 @@
 """Launch shapes of cuda/moe_decode.cu (routed experts of one layer for a few decode tokens, each
 expert's blob found through a device pointer table), and numpy-in/out wrappers that test them.
 
-    strata_moe_gate_up_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D)        "PqqPPPiii"
-    strata_moe_down_<q>(ptrs, down_off, ids, h, weights, out, A, D, I)         "PqPPPPiii"
+    strata_moe_gate_up_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D)        (kernels.KERNELS["moe_gate_up"])
+    strata_moe_down_<q>(ptrs, down_off, ids, h, weights, out, A, D, I)         (kernels.KERNELS["moe_down"])
 
-gate_up_launch / down_launch give (kernel name, signature, grid, block, dynamic shared bytes) from
+gate_up_launch / down_launch give (table op, quant type, grid, block, dynamic shared bytes) from
 the sizes alone; grid = (gx, T, 1) with gx about blocks_per_sm * num_sms / T blocks (any gx >= 1
 is complete and gives the same bits, so the choice is speed only). Slot s = t * A + a everywhere.
 """
@@ -17,13 +17,15 @@ import numpy as np
 from strata.errors import InvalidArgument
 from strata.quant import qtype
 
-LIBRARY = "moe_decode"
-THREADS = 256                  # cuda/moe_decode.cu kThreads
+from .kernels import KERNELS
+
+LIBRARY = KERNELS["moe_gate_up"].library
+THREADS = KERNELS["moe_gate_up"].block   # cuda/moe_decode.cu kThreads
 MAX_ACTIVE = 8                 # A per token: warp w of a block serves expert w % A
 MAX_SHARED_BYTES = 48 << 10    # dynamic shared memory a launch gets without opting in
 NUM_SMS = 132                  # an H200; pass the device's count where it is known
-GATE_UP_SIGNATURE = "PqqPPPiii"
-DOWN_SIGNATURE = "PqPPPPiii"
+GATE_UP_SIGNATURE = KERNELS["moe_gate_up"].signature
+DOWN_SIGNATURE = KERNELS["moe_down"].signature
 
 # (weights per block, units per block, gate/up pairs per job, units a lane holds) of each type's
 # unit, mirroring Tile<> in cuda/moe_decode.cu; a float type with n % 8 != 0 takes FLOAT1. Only
@@ -36,11 +38,19 @@ FLOAT1 = (1, 1, 2, 0)
 
 
 class Launch(NamedTuple):
-    name: str
-    signature: str
+    op: str                  # a kernels.KERNELS key
+    qtype: str
     grid: tuple
     block: int
     shared_bytes: int
+
+    @property
+    def name(self) -> str:
+        return KERNELS[self.op].name(qtype=self.qtype)
+
+    @property
+    def signature(self) -> str:
+        return KERNELS[self.op].signature
 
 
 def _tile(q: str, n: int) -> tuple:
@@ -60,26 +70,26 @@ def staged_floats(q: str, n: int) -> int:
     return n // block * units_per_block * (per_unit + 4 if per_unit > 1 else 1)
 
 
-def _launch(name: str, signature: str, q: str, T: int, rows: int, n: int, rows_per_job: int, staged_rows: int,
+def _launch(op: str, q: str, T: int, rows: int, n: int, rows_per_job: int, staged_rows: int,
             num_sms: int, blocks_per_sm: int) -> Launch:
     block, units_per_block, _, _ = _tile(q, n)
     set_rows = 32 // _lanes(n // block * units_per_block) * rows_per_job
     num_sets = -(-rows // set_rows)
     gx = max(1, min(num_sets, -(-num_sms * blocks_per_sm // T)))
     shared = 4 * staged_rows * staged_floats(q, n)
-    return Launch(f"{name}_{q.lower()}", signature, (gx, T, 1), THREADS, shared if shared <= MAX_SHARED_BYTES else 0)
+    return Launch(op, q, (gx, T, 1), KERNELS[op].block, shared if shared <= MAX_SHARED_BYTES else 0)
 
 
 def gate_up_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SMS, blocks_per_sm: int = 2) -> Launch:
     """strata_moe_gate_up_<q> for T tokens: row sets of (32 / lanes) gate/up pairs, x row staged (D floats + pad)."""
     q = qtype(q).name
-    return _launch("strata_moe_gate_up", GATE_UP_SIGNATURE, q, T, I, D, _tile(q, D)[2], 1, num_sms, blocks_per_sm)
+    return _launch("moe_gate_up", q, T, I, D, _tile(q, D)[2], 1, num_sms, blocks_per_sm)
 
 
 def down_launch(q: str, T: int, A: int, D: int, I: int, num_sms: int = NUM_SMS, blocks_per_sm: int = 2) -> Launch:
     """strata_moe_down_<q> for T tokens: row sets of (32 / lanes) * 2 * pairs rows, A rows of h staged."""
     q = qtype(q).name
-    return _launch("strata_moe_down", DOWN_SIGNATURE, q, T, D, I, 2 * _tile(q, I)[2], A, num_sms, blocks_per_sm)
+    return _launch("moe_down", q, T, D, I, 2 * _tile(q, I)[2], A, num_sms, blocks_per_sm)
 
 
 def check_sizes(op: str, q: str, T: int, A: int, I: int, D: int) -> None:
@@ -130,9 +140,8 @@ class MoeDecodeOps:
 
     def _run(self, spec: Launch, args_head, out_shape) -> np.ndarray:
         out = self.ops._output(int(np.prod(out_shape)) * 4)
-        kernel = self.ops._kernel(LIBRARY, spec.name, spec.signature)
-        kernel.launch(spec.grid, spec.block, (*args_head[:-3], out, *args_head[-3:]), spec.shared_bytes,
-                      stream=self.stream)
+        self.ops._launch(spec.op, spec.grid, (*args_head[:-3], out, *args_head[-3:]), spec.shared_bytes,
+                         stream=self.stream, qtype=spec.qtype)
         result = self.ops._download(out, out_shape, np.float32)
         self._keep.clear()
         return result

@@ -13,11 +13,13 @@ import strata.backends.cuda as _cuda     # _runtime() looked up per call, as tes
 from strata.errors import InvalidArgument
 from strata.quant import QTYPES, qtype
 
+from .kernels import KERNELS
+
 BM = 128                # token rows per tile (cuda/moe_gemm.cu kBM; a tile of fewer rows skips the idle warps' mma)
 BN = 128                # weight rows per CTA (kBN)
-BLOCK = 256             # threads per CTA (kThreads)
+BLOCK = KERNELS["moe_gemm"].block   # threads per CTA (kThreads)
 SHARED_BYTES = 40960    # static shared memory per CTA; under 48 KiB, so no opt-in, none dynamic
-SIGNATURE = "PqPPqPqii"  # ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K
+SIGNATURE = KERNELS["moe_gemm"].signature  # ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K
 QTYPE_NAMES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                "Q6_K", "IQ4_NL", "IQ4_XS")
 
@@ -26,7 +28,7 @@ def kernel_name(qtype_name: str) -> str:
     name = qtype(qtype_name).name
     if name not in QTYPE_NAMES:
         raise InvalidArgument(f"moe_gemm: no kernel for weight type {name}")
-    return f"strata_moe_gemm_{name.lower()}"
+    return KERNELS["moe_gemm"].name(qtype=name)
 
 
 def check_k(qtype_name: str, K: int) -> None:
@@ -96,8 +98,7 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         return Y
     y_dev = ops._output(Y.nbytes)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    ops._kernel("moe_gemm", kernel_name(qtype_name), SIGNATURE).launch(grid_for(N, len(tiles)), BLOCK, args,
-                                                                       stream=ops.stream)
+    ops._launch("moe_gemm", grid_for(N, len(tiles)), args, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y

@@ -10,8 +10,10 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-SAMPLE_THREADS = 1024          # cuda/sample.cu kThreads: the block must be exactly this
-SAMPLE_SIGNATURE = "PPPPPPPi"  # logits, temperature, top_k, top_p, u, token, prob, V
+from .kernels import KERNELS, load_kernel
+
+SAMPLE_THREADS = KERNELS["sample"].block          # cuda/sample.cu kThreads: the block must be exactly this
+SAMPLE_SIGNATURE = KERNELS["sample"].signature    # logits, temperature, top_k, top_p, u, token, prob, V
 MASS_ONE = float(1 << 40)      # fixed-point mass of the largest entry
 
 
@@ -104,7 +106,7 @@ class CudaSampler:
         self._rt = rt
         self.device = rt.Device(device)
         self.stream = rt.Stream(self.device)
-        self._kernel = rt.load_library("sample").kernel(self.device, "strata_sample_f32", SAMPLE_SIGNATURE)
+        self._kernel = load_kernel(rt, self.device, "sample")
 
     def _upload(self, array: np.ndarray):
         buf = self._rt.DeviceBuffer(self.device, array.nbytes)

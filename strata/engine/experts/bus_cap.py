@@ -10,9 +10,8 @@ That is an approximation, and status says the cap is on.
 """
 from __future__ import annotations
 
+from ...backends.cuda.kernels import load_kernel
 from ...errors import InvalidArgument
-
-LIBRARY = "throttle"
 
 
 class BusCap:
@@ -23,10 +22,9 @@ class BusCap:
         if not gbs > 0:
             raise InvalidArgument(f"pcie_gbs must be > 0 to cap the bus, got {gbs}")
         self.rt, self.device, self.gbs, self.bus_gbs = rt, device, float(gbs), float(bus_gbs)
-        lib = rt.load_library(LIBRARY)
-        self._stamp = lib.kernel(device, "strata_bus_stamp", "P")
-        self._wait = lib.kernel(device, "strata_bus_wait", "PQ")
-        self._sleep = lib.kernel(device, "strata_bus_sleep", "Q")
+        self._stamp = load_kernel(rt, device, "bus_stamp")
+        self._wait = load_kernel(rt, device, "bus_wait")
+        self._sleep = load_kernel(rt, device, "bus_sleep")
         self._stamps: dict = {}          # id(stream) -> (stream, 8-byte device buffer)
         self.paced_bytes = 0             # bytes whose copies were paced
         self.zero_copy_delay_ns = 0      # sleep queued for zero-copy reads

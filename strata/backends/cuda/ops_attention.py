@@ -1,0 +1,142 @@
+"""DeviceOps' RoPE and attention (see strata.backends.cuda.ops): the K/V append into the cache's
+layer, then prompt attention (tensor-core, tiled or per-row kernels) or split-K decode attention
+and its combine; the fused QK-norm + RoPE + append (cuda/decode_fused.cu); a quantized cache's
+appends, rotation and attention (cuda/kv_quant.cu)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .attention_tc import prefill_tc_launch_shape
+from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits
+from .memory import DeviceTensor
+
+QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
+
+
+class AttentionOps:
+    """Mixed into DeviceOps, whose alloc, copy, launch, _positions and _f32_weight these use."""
+
+    def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
+        T, heads, dh = x.shape
+        out = self.copy(x)
+        self.launch("rope", max(T, 1),
+                    (out.ptr, self._positions(positions).ptr, self.inv_freq.ptr, T, heads, dh, float(self.rope_scale)))
+        return out
+
+    def attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv, positions) -> DeviceTensor:
+        """K/V appended at their positions into kv's layer, then causal attention -> [T, H * Dh]."""
+        if getattr(kv, "quantized", False):
+            return self._attention_quantized(q, k, v, layer, kv, positions)
+        T, _, dh = q.shape
+        Hk = k.shape[1]
+        pos = self._positions(positions)
+        kc, vc = kv.layer(layer)
+        self.launch("kv_append_f16", T, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
+        return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+
+    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
+        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
+        T, H, dh = q.shape
+        out = self.alloc((T, H * dh))
+        G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
+            self.launch("attention_rows", (H, T),
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
+        elif T == 1:
+            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
+        elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
+            grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
+            self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
+        else:
+            rows = 16 if dh == 256 else 32
+            self.launch("attention_prefill", (-(-T * G // rows), Hk),
+                        (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
+        return out
+
+    def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
+                             positions) -> DeviceTensor:
+        """attention() over a quantized DeviceKV (cuda/kv_quant.cu): K and V quantized into their cells
+        at their positions; q rotated where K is stored rotated; one query (a decode step) runs the
+        split-K kernel of the format over the planes, more (a prompt chunk) dequantize the layer's
+        cells into an f16 scratch the f16 prompt attention reads; the output un-rotated where V is
+        stored rotated. Every host value here is a shape, or a prompt's positions (already on the host)."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        pos = self._positions(positions)
+        (kc, vc), planes = kv.codecs, kv.planes(layer)
+        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+        for x, codec, (values, scales) in ((k, kc, planes[:2]), (v, vc, planes[2:])):
+            extra = (rot,) if codec.rotated else ()
+            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, pos.ptr, values, scales, T, Hk, dh, *extra))
+        if kc.rotated:
+            q = self.copy(q)
+            self._hadamard(q.ptr, T * H, dh, rot)
+        G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if T == 1 and G <= (8 if dh == 256 else 16):
+            out = self.alloc((T, H * dh))
+            splits = self.decode_splits(Hk, kv.max_cells, dh)
+            part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+            gp = 1 << (G - 1).bit_length()
+            lengths = pos.ptr + 4 * T               # max(positions) + 1, after the positions
+            self.launch("attention_decode_quant", (splits, Hk, 1),
+                        (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, kv.max_cells, splits, scale),
+                        fmt=kv.fmt, dh=dh, g=gp)
+            self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        else:
+            # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
+            # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
+            # all) and a step reading its positions on the device takes it too; the attention reads
+            # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
+            rows = kv.max_cells
+            scratch = []
+            for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
+                f16 = self.alloc((rows, Hk, dh), np.float16)
+                self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
+                scratch.append(f16)
+            out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
+        if vc.rotated:
+            self._hadamard(out.ptr, T * H, dh, rot)
+        return out
+
+    def _hadamard(self, ptr: int, rows: int, head_dim: int, rot: float) -> None:
+        """H x in place over rows head vectors of f32 at ptr (strata_hadamard_f32)."""
+        self.launch("hadamard", rows, (ptr, rows, head_dim, rot))
+
+    def decode_splits(self, num_kv_heads: int, max_cells: int, head_dim: int) -> int:
+        """kernels.decode_splits for one sequence on this GPU."""
+        return decode_splits(1, num_kv_heads, max_cells, head_dim, self.num_sms)
+
+    def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
+                          scale: float) -> None:
+        """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
+        _, H, dh = q.shape
+        G = H // Hk
+        splits = self.decode_splits(Hk, max_cells, dh)
+        part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+        gp = 1 << (G - 1).bit_length()
+        lengths = pos.ptr + 4 * q.shape[0]          # max(positions) + 1, after the positions
+        self.launch("attention_decode", (splits, Hk, 1),
+                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale), dh=dh, g=gp)
+        self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+
+
+    def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
+                               eps: float, layer: int, kv, positions) -> DeviceTensor:
+        """QK-norm, RoPE and the K/V append in one launch (strata_qk_norm_rope_kv_f32), then attention."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        # the fused launch writes f16 cells; a quantized cache's append follows the unfused norm and RoPE
+        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or getattr(kv, "quantized", False):
+            q = self.rope(self.rms_norm(q, q_norm, eps), positions)
+            k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+            return self.attention(q, k, v, layer, kv, positions)
+        pos = self._positions(positions)
+        kc, vc = kv.layer(layer)
+        q_out = self.alloc(q.shape)
+        grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
+        self.launch("qk_norm_rope_kv", grid,
+                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                     self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
+        return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)

@@ -1,0 +1,111 @@
+"""DeviceOps' norms and dense projections (see strata.backends.cuda.ops): RMSNorm, `linear` as
+dequant-fused GEMVs for a few tokens or a tensor-core / f32 GEMM for more, and the fused composites
+of cuda/decode_fused.cu (a residual add with the norm after it, the q/k/v projections in one GEMV)."""
+from __future__ import annotations
+
+from ...errors import InvalidArgument
+from ...quant import qtype as qtype_of
+from .memory import DeviceTensor, Weight, gemv_grid
+from .moe import GroupTable, grouped_gemm, tensor_core_gemm
+from .testing import CudaOps
+
+GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
+WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
+
+
+class DenseOps:
+    """Mixed into DeviceOps, whose alloc, launch, _aligned, _dequant and _f32_weight these use."""
+
+    def rms_norm(self, x: DeviceTensor, name: str, eps: float) -> DeviceTensor:
+        n = x.shape[-1]
+        rows = x.size // n
+        out = self.alloc(x.shape)
+        self.launch("rms_norm", max(rows, 1), (x.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
+        return out
+
+    def linear(self, x: DeviceTensor, name: str) -> DeviceTensor:
+        w = self.w.tensor(name)
+        rows, n = w.rows, w.shape[-1]
+        if x.shape[-1] != n:
+            raise InvalidArgument(f"linear {name}: input {x.shape} does not end in {n}")
+        x = self._aligned(x)
+        T = x.size // n
+        y = self.alloc((*x.shape[:-1], rows))
+        if T <= GEMV_MAX_T:
+            self._gemv(w, x.ptr, y.ptr, T)
+        else:
+            self._gemm_weight(w, x.ptr, y.ptr, T, rows)
+        return y
+
+    def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
+        rows, n, q = w.rows, w.shape[-1], w.qtype
+        if T > 1 and n % 8 == 0:
+            grid = max(1, -(-rows // 16))          # 4 rows per warp, 4 warps per block
+            self.launch("gemv_batch", grid, (w.ptr, x, y, rows, n, T), qtype=q)
+            return
+        grid = gemv_grid(w.qtype, rows, n)
+        split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
+        for t in range(T):
+            self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid,
+                        (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n), qtype=q)
+
+    def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
+        """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
+        rows, n = w.rows, w.shape[-1]
+        if w.qtype == "F32":
+            self._gemm(x, w.ptr, y, T, rows, n, n, n, ldc)
+            return
+        if tensor_core_gemm(w.qtype, n, self.paths.tensor_core_prompt) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
+            table = GroupTable(self, 1, T)
+            grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
+                         x, n, y, ldc, rows)
+            return
+        row_bytes = qtype_of(w.qtype).row_bytes(n)
+        # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.
+        chunk = min(rows, max(16, WEIGHT_SCRATCH_BYTES // (4 * n) // 16 * 16))
+        scratch = self.alloc((chunk, n))
+        for r0 in range(0, rows, chunk):
+            r = min(chunk, rows - r0)
+            self._dequant(w.qtype, w.ptr + r0 * row_bytes, scratch.ptr, r * n)
+            self._gemm(x, scratch.ptr, y + r0 * 4, T, r, n, n, n, ldc)
+
+    def _gemm(self, a: int, b: int, c: int, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> None:
+        grid = (-(-N // 64), -(-M // 64))
+        self.launch("gemm_f32", grid, (a, b, c, M, N, K, lda, ldb, ldc))
+
+
+    def add_rms_norm(self, x: DeviceTensor, y: DeviceTensor, name: str, eps: float):
+        """(x + y, rms_norm(x + y) * w) in one launch: a residual add and the norm after it."""
+        if x.shape != y.shape:
+            raise InvalidArgument(f"add_rms_norm: shapes {x.shape} and {y.shape} differ")
+        n = x.shape[-1]
+        rows = x.size // n
+        x_out, out = self.alloc(x.shape), self.alloc(x.shape)
+        self.launch("add_rms_norm", max(rows, 1),
+                    (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
+        return x_out, out
+
+    def qkv(self, x: DeviceTensor, prefix: str):
+        """The attention projections -> (q, k, v): one strata_gemv3 launch over q and those of k, v
+        that share its quant type, where the GEMV path applies (llama-quantize's presets often give
+        attn_v a type of its own: it is then a `linear` beside the launch), else three `linear`s.
+        Same numbers either way."""
+        names = [f"{prefix}attn_{p}.weight" for p in "qkv"]
+        ws = [self.w.tensor(name) for name in names]
+        n = x.shape[-1]
+        T = x.size // n
+        q = ws[0].qtype
+        fused = [i for i, w in enumerate(ws) if w.qtype == q]
+        if T > GEMV_MAX_T or len(fused) == 1 or any(w.shape[-1] != n for w in ws) or (T > 1 and n % 8):
+            return tuple(self.linear(x, name) for name in names)
+        x = self._aligned(x)
+        ys = [self.alloc((*x.shape[:-1], ws[i].rows)) for i in fused]
+        # a third matrix of no rows has no row sets: the kernel skips it
+        mats = [(ws[i].ptr, y.ptr, ws[i].rows) for i, y in zip(fused, ys)]
+        mats += [(ws[0].ptr, ys[0].ptr, 0)] * (3 - len(fused))
+        per_set = 4 if T > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp
+        sets = sum(-(-rows // per_set) for _, _, rows in mats)
+        self.launch("gemv3", max(1, -(-sets // 4)),
+                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T), qtype=q)
+        out = dict(zip(fused, ys))
+        return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))
