@@ -36,8 +36,7 @@ class PromptChunks:
         rows = slice(-1, None) if last_only else None
         plan = self.step_plan
         if len(ids) > STEP_MAX_TOKENS:
-            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers,
-                                         self.step_plan.route_log)
+            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
         positions = ops.upload_positions(np.arange(lo, lo + len(ids)))
         logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv, logits_rows=rows, plan=plan)
         V = a.vocab_size

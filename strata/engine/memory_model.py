@@ -8,8 +8,8 @@ for the worst case). So whatever the prompt and decode paths allocate, and in wh
 is counted here: a change to either needs no change here.
 
 - prompt_pool_bytes(T): the live high-water mark (Pool.peak_bytes) of a prompt's first chunk of T
-  tokens. A later chunk frees the previous chunk's positions block while it runs, so its peak is
-  at most this.
+  tokens. A chunk frees every block it took (its positions among them) before the next begins, so
+  a later chunk's peak is this.
 - prompt_arena_bytes(T): the smallest reserved (frozen) pool that reads a prompt in chunks of T
   tokens, i.e. the address high-water mark of the pool's first-fit over one unbounded segment.
   Holes between blocks of different lifetimes put it a few percent above the live mark.
@@ -35,7 +35,7 @@ from ..backends.cuda.ops import DeviceOps
 from .hybrid_sizes import qwen3moe_stand_in
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
-PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
+PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start from the pool it left
 _UNBOUNDED = 1 << 60
 # The GPU runner's limits, here (not in cuda_runner.py) so that the planner and this module, which
 # the runner imports, read them without importing the runner back.

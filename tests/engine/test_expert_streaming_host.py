@@ -226,6 +226,8 @@ def test_the_chunk_plan_given_to_forward_decides_what_streams(fake, rng):
     np.testing.assert_array_equal(_forward(runner, ids, routed, fake), want)
     assert not routed.stream_all and "strata_moe_group" not in fake.launches and "strata_swiglu_f32" in fake.launches
     assert 0 < store.stats.prompt_streamed - before < streamed_all
+    with pytest.raises(InvalidArgument, match="after the next chunk began"):
+        next(every.batches(0, [0]))                        # a plan lives as long as its chunk
 
     base = store.chunk_plan(len(ids), 10**9, L)
 

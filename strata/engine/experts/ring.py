@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...errors import InvalidArgument
+
 
 @dataclass
 class _Batch:
@@ -140,6 +142,8 @@ class PromptRing:
         """Yield (experts, addresses) batches of chunk that together cover `active` (ascending
         expert ids of its routing at this layer), each after the compute stream waits for its
         copies. The caller queues its kernels for a batch before asking for the next."""
+        if chunk is not self._open:
+            raise InvalidArgument("expert ring: a chunk's plan was used after the next chunk began or the loan ended")
         s = self.store
         s.stats.hits += int(sum(s.slot_of[layer, e] >= 0 for e in active))
         if s.resident or s.ring_slots == 0:

@@ -338,12 +338,11 @@ class ExpertStore:
         return MoePlan(resident=self.resident, route_log=route_log,
                        stage=self.stager.stage_layer if self.staged_decode else None)
 
-    def chunk_plan(self, T: int, stream_all_tokens: int, layers: int, route_log: int = 0) -> MoePlan:
-        """A prompt chunk of T tokens starts (PromptRing.begin): its plan, whose batches are this
-        chunk's (PromptRing.layer)."""
+    def chunk_plan(self, T: int, stream_all_tokens: int, layers: int) -> MoePlan:
+        """A prompt chunk of more than a decode step's T tokens starts (PromptRing.begin): its plan,
+        whose batches are this chunk's (PromptRing.layer), valid until the next chunk begins."""
         chunk = self.prompts.begin(T, stream_all_tokens, layers)
-        return replace(self.step_plan(route_log), stream_all=chunk.stream_all,
-                       batches=partial(self.prompts.layer, chunk))
+        return MoePlan(resident=self.resident, stream_all=chunk.stream_all, batches=partial(self.prompts.layer, chunk))
 
     # the policy's state and the routing profile (the runner writes `uses` out; tests compare them)
     @property
