@@ -22,7 +22,7 @@ def decode_run(runner, ctx: int, start: int, n: int, graphs: bool):
     """n greedy steps from the prompt's K/V (ctx cells) and its next token -> (logits [n, V], stats)."""
     runner.cached_ids = runner.cached_ids[:ctx]     # the prompt's cells are untouched; later ones rewritten
     runner.use_graphs = graphs
-    for steps in runner.step_times.values():
+    for steps in runner.steps.step_times.values():
         steps.clear()
     token, out = start, []
     t0 = time.perf_counter()

@@ -70,8 +70,8 @@ def main(argv=None) -> int:
         for _ in range(4):
             blocker.fill_bytes(0, runner.stream)      # ~10 ms of GPU work while the step is queued
         ops.launch = timed
-        ids, pos = runner._stage([int(rng.integers(0, 1000))], len(runner.cached_ids))
-        logits, _ = runner.model.forward(ids, pos, runner.kv)
+        ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], len(runner.cached_ids))
+        logits, _ = runner.model.forward(ids, pos, runner.kv, plan=runner.steps.plan)
         ops.launch = launch
         runner.stream.synchronize()
         totals = defaultdict(lambda: [0, 0.0])
@@ -120,7 +120,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = note
         runner.decode(int(rng.integers(0, 1000)))
         ops.launch = launch
-    ids, pos = runner._stage([int(rng.integers(0, 1000))], len(runner.cached_ids))
+    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], len(runner.cached_ids))
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).
@@ -133,7 +133,9 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
                 launch(library, name, signature, grid, block, a, shared_bytes)
         ops.launch = filtered
         try:
-            graph = capture_step(_graphs(), runner, 1, ids, pos, runner._step_bytes[1])
+            steps = runner.steps
+            graph = capture_step(_graphs(), ops, runner.model, runner.kv, steps.plan, 1, ids, pos,
+                                 steps.step_bytes[1], (steps.step_in, steps.route_log, runner.weights))
         finally:
             ops.launch = launch
         start, end = rt.Event(runner.dev, timing=True), rt.Event(runner.dev, timing=True)

@@ -175,8 +175,10 @@ class CpuOps:
     def moe_route(router_logits: np.ndarray, top_k: int, norm_topk: bool):
         return moe_route(router_logits, top_k, norm_topk)
 
-    def moe(self, x: np.ndarray, layer: int, expert_ids: np.ndarray, expert_weights: np.ndarray) -> np.ndarray:
-        """Loop over experts: the readable reference MoE. Each expert runs on the tokens routed to it."""
+    def moe(self, x: np.ndarray, layer: int, expert_ids: np.ndarray, expert_weights: np.ndarray,
+            plan=None) -> np.ndarray:
+        """Loop over experts: the readable reference MoE. Each expert runs on the tokens routed to it
+        (every expert is read from the pack: no plan is needed)."""
         out = np.zeros_like(x)
         for e in np.unique(expert_ids):
             rows, slot = np.nonzero(expert_ids == e)

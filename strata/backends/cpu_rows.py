@@ -57,7 +57,7 @@ class RowOps(CpuOps):
         parts = [CpuOps.moe_route(router_logits[i:i + 1], top_k, norm_topk) for i in range(router_logits.shape[0])]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def moe(self, x, layer, expert_ids, expert_weights):
+    def moe(self, x, layer, expert_ids, expert_weights, plan=None):
         if x.shape[0] == 1:
             return CpuOps.moe(self, x, layer, expert_ids, expert_weights)
         return np.concatenate([CpuOps.moe(self, x[i:i + 1], layer, expert_ids[i:i + 1], expert_weights[i:i + 1])

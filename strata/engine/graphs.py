@@ -2,7 +2,8 @@
 
 A decode step's launches depend on no host value but T and the KV cache's size: DeviceOps reads the
 token ids, positions and KV length from the runner's step-input buffer on the device, and sizes the
-attention splits for the cache. So the launches of one step, captured, serve every position.
+attention splits for the cache; the step's expert plan (the same MoePlan every step) reads the
+expert table and writes the routing to a fixed log. So the launches of one step, captured, serve every position.
 
 A graph keeps the addresses its kernels were given. The holder here keeps everything they point
 into alive, unmoved and unshared for as long as the graph exists:
@@ -11,8 +12,8 @@ into alive, unmoved and unshared for as long as the graph exists:
   summed over every block: the capture replays that allocation sequence, so the sum bounds it
   whatever the reuse, and nothing in the capture asks the driver for memory. No other tensor is
   ever handed that memory: the pool belongs to this graph alone.
-- the step-input buffer, the KV cache, the zeros moe_combine reads, the f32 norm copies, the
-  weights: owned by the runner and its ops, referenced here as well, so a runner that replaces one
+- the step-input buffer, the routing log, the KV cache, the zeros moe_combine reads, the f32 norm
+  copies, the weights: owned by the runner and its ops, referenced here as well, so a runner that replaces one
   (a new KV cache, a larger zeros buffer) cannot free what the graph still reads.
 
 Measured on an H200, synthetic qwen3-30b-a3b (tools/decode_graph_check.sh, 2026-11-30): one step is
@@ -52,14 +53,16 @@ class DecodeGraph:
         self.exec.destroy()
 
 
-def capture_step(graphs, runner, T: int, ids, positions, reserve_bytes: int) -> DecodeGraph:
-    """Capture the runner's model over device-side ids [T] / positions [T + 1] into a graph.
+def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_bytes: int,
+                 owned: tuple = ()) -> DecodeGraph:
+    """Capture model over device-side ids [T] / positions [T + 1] with the decode step's expert
+    plan into a graph; owned: the caller's buffers the step reads (its step-input buffer, the
+    weights), kept with the graph.
 
     Nothing runs on the device: the caller launches the graph to compute this step. Raises
     DeviceError when the capture fails (the stream has then left capture mode)."""
-    ops = runner.ops
     t0 = time.perf_counter()
-    pool = Pool(runner.rt, runner.dev, reserve_bytes=reserve_bytes)
+    pool = Pool(ops.rt, ops.device, reserve_bytes=reserve_bytes)
     main_pool, ops.pool = ops.pool, pool
     uses = ops.expert_uses
     # No collection while capturing: the cyclic GC may free another object's device memory here
@@ -68,15 +71,15 @@ def capture_step(graphs, runner, T: int, ids, positions, reserve_bytes: int) -> 
     collect = gc.isenabled()
     gc.disable()
     try:
-        graphs.begin_capture(runner.stream)
+        graphs.begin_capture(ops.stream)
         try:
-            logits, _ = runner.model.forward(ids, positions, runner.kv)
+            logits, _ = model.forward(ids, positions, kv, plan=plan)
         except BaseException:
-            _abandon(graphs, runner.stream)
+            _abandon(graphs, ops.stream)
             raise
         finally:
             ops.pool = main_pool
-        graph = graphs.end_capture(runner.stream)
+        graph = graphs.end_capture(ops.stream)
     finally:
         if collect:
             gc.enable()
@@ -85,8 +88,8 @@ def capture_step(graphs, runner, T: int, ids, positions, reserve_bytes: int) -> 
         num_nodes = graph.num_nodes
     finally:
         graph.destroy()         # the executable copy is all a replay needs
-    keep = (pool, runner.step_in, runner.kv, runner.weights, ops._zeros, dict(ops._f32_weights), ops.inv_freq)
-    return DecodeGraph(T, exec_, logits, keep, runner.kv, ops.expert_uses - uses, num_nodes,
+    keep = (pool, *owned, kv, ops._zeros, dict(ops._f32_weights), ops.inv_freq)
+    return DecodeGraph(T, exec_, logits, keep, kv, ops.expert_uses - uses, num_nodes,
                        (time.perf_counter() - t0) * 1e3)
 
 

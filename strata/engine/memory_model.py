@@ -8,8 +8,8 @@ for the worst case). So whatever the prompt and decode paths allocate, and in wh
 is counted here: a change to either needs no change here.
 
 - prompt_pool_bytes(T): the live high-water mark (Pool.peak_bytes) of a prompt's first chunk of T
-  tokens. A later chunk frees the previous chunk's positions block while it runs, so its peak is
-  at most this.
+  tokens. A chunk frees every block it took (its positions among them) before the next begins, so
+  a later chunk's peak is this.
 - prompt_arena_bytes(T): the smallest reserved (frozen) pool that reads a prompt in chunks of T
   tokens, i.e. the address high-water mark of the pool's first-fit over one unbounded segment.
   Holes between blocks of different lifetimes put it a few percent above the live mark.
@@ -30,11 +30,12 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..backends.cuda.memory import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
+from ..backends.cuda.moe_plan import MoePlan
 from ..backends.cuda.ops import DeviceOps
 from .hybrid_sizes import qwen3moe_stand_in
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
-PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start beside a stale positions block
+PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start from the pool it left
 _UNBOUNDED = 1 << 60
 # The GPU runner's limits, here (not in cuda_runner.py) so that the planner and this module, which
 # the runner imports, read them without importing the runner back.
@@ -97,33 +98,24 @@ class _TracingPool(Pool):
         return super()._take(seg, off, size)
 
 
-class _NullStore:
-    """The expert store's prompt interface: every expert readable at once, at no address. Not
-    resident (the default): the streamed prompt path, whose memory the planner's loan must hold;
-    resident: the path of a runner with every expert in VRAM (grouped on the device)."""
+def _every_expert_at_no_address(layer: int, active: list):
+    """A chunk plan's batches (MoePlan.batches) where every expert is readable at once, at no address."""
+    yield active, [0] * len(active)
 
-    def __init__(self, resident: bool = False):
-        self.resident = resident
-        self.stream_all = False             # set per prompt chunk, as ExpertStore.prompt_begin decides
 
-    def streams_all(self) -> bool:
-        return self.stream_all
-
-    @staticmethod
-    def prompt_layer(layer: int, active: list):
-        yield active, [0] * len(active)
-
-    @staticmethod
-    def table_row(layer: int) -> int:
-        return 0
+def _chunk_plan(T: int, args, resident: bool) -> MoePlan:
+    """The plan of a prompt chunk of T tokens, as ExpertStore.chunk_plan decides it. Not resident:
+    the streamed prompt path, whose memory the planner's loan must hold; resident: the path of a
+    runner with every expert in VRAM (grouped on the device)."""
+    return MoePlan(resident=resident, stream_all=not resident and T >= stream_all_tokens(args),
+                   batches=_every_expert_at_no_address)
 
 
 class _SizesWeights:
     """DeviceWeights from pack sizes alone: tensors at null addresses."""
 
-    def __init__(self, sizes, resident: bool = False):
+    def __init__(self, sizes):
         self.dense_meta = sizes.dense
-        self.store = _NullStore(resident)
         self.layers = [ExpertLayer.from_meta(l, lay, 0) for l, lay in enumerate(sizes.layers)]
 
     def tensor(self, name: str) -> Weight:
@@ -134,13 +126,13 @@ class _SizesWeights:
         return name in self.dense_meta
 
 
-def _ops(sizes, max_cells: int, num_sms: int, resident: bool = False, kv: str = "f16"):
+def _ops(sizes, max_cells: int, num_sms: int, kv: str = "f16"):
     from ..model.qwen3moe import Qwen3Moe
     sizes = qwen3moe_stand_in(sizes)        # qwen3next: priced by a stand-in (engine/hybrid_sizes.py)
     rt = _NullRuntime()
     device = SimpleNamespace(multiprocessor_count=num_sms)
     stream = SimpleNamespace(synchronize=lambda: None)
-    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes, resident), sizes.args)
+    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), sizes.args)
     ops.pool = _TracingPool(rt, device)     # after the RoPE table: what the engine's pool holds beyond it
     a = sizes.args
     cache = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
@@ -170,13 +162,13 @@ def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
 def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False,
                 kv: str = "f16"):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
-    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, resident, kv)
-    ops.experts.stream_all = not resident and T >= stream_all_tokens(sizes.args)
+    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, kv)
+    plan = _chunk_plan(T, sizes.args, resident)
     for c in range(chunks):
-        positions = np.arange(c * T, (c + 1) * T)
-        logits, hidden = model.forward(np.zeros(T, np.int64), positions, kv, logits_rows=slice(-1, None))
+        positions = ops.upload_positions(np.arange(c * T, (c + 1) * T))
+        logits, hidden = model.forward(np.zeros(T, np.int64), positions, kv, logits_rows=slice(-1, None), plan=plan)
         ops.to_host(logits)
-        del logits, hidden      # as CudaRunner._forward lets both go before the next chunk
+        del logits, hidden, positions   # as CudaRunner's prompt chunk lets them go before the next one
     return ops
 
 

@@ -1,7 +1,8 @@
 """Qwen3-MoE forward, and the MTP draft layer, as pure math over an ops interface.
 
-The model never allocates caches, schedules or touches files: token ids, positions and a KV cache
-(owned by the runner) go in; logits and the final hidden states (which the MTP head needs) come out.
+The model never allocates caches, schedules or touches files: token ids, positions, a KV cache
+(owned by the runner) and the step's expert plan (the backend's value, passed through to ops.moe) go
+in; logits and the final hidden states (which the MTP head needs) come out.
 `ops` is a backend (strata.backends.cpu.CpuOps, or the GPU engine's
 strata.backends.cuda.ops.DeviceOps) that resolves weight names and computes each op.
 `record(name, layer, array)` may watch every named intermediate, so a GPU run can be diffed against
@@ -48,12 +49,13 @@ class Qwen3Moe:
         self.mtp_norm = own if args.num_mtp_layers and ops.has_weight(own) else "output_norm.weight"
 
     def layer(self, l: int, x, attn_norm, positions: np.ndarray, kv, next_norm: str,
-              record: Recorder = _no_record):
+              record: Recorder = _no_record, plan=None):
         """One decoder layer over x [T, D] at these positions; K/V are appended to kv's layer l.
 
         attn_norm is this layer's input norm of x (the previous layer computed it with its residual
         add); returns (layer_out, rms_norm(layer_out) with the weight next_norm): the residual adds
-        and the norms after them are composite ops, so a backend can fuse each pair.
+        and the norms after them are composite ops, so a backend can fuse each pair. plan: the
+        step's expert plan, handed to ops.moe as it is (the backend's; None where it needs none).
         """
         a, ops = self.args, self.ops
         T = x.shape[0]
@@ -71,7 +73,7 @@ class Qwen3Moe:
 
         router_logits = ops.linear(ffn_norm, p + "ffn_gate_inp.weight")     # [T, E]
         expert_ids, expert_weights = ops.moe_route(router_logits, a.num_experts_per_tok, a.norm_topk_prob)
-        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights)          # [T, D]
+        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights, plan)    # [T, D]
         x, normed = ops.add_rms_norm(x, moe_out, next_norm, eps)
         record("router_logits", l, router_logits)
         record("moe_out", l, moe_out)
@@ -79,10 +81,12 @@ class Qwen3Moe:
         return x, normed
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record,
-                logits_rows: slice | None = None):
+                logits_rows: slice | None = None, plan=None):
         """ids [T] at positions [T] -> (logits [T', V] for logits_rows (default all), hidden [T, D]).
 
-        hidden is the last layer's output before the final norm: the MTP draft layer's input.
+        hidden is the last layer's output before the final norm: the MTP draft layer's input. plan:
+        the runner's expert plan of this step (strata.backends.cuda.moe_plan on the GPU), passed to
+        every layer's ops.moe.
         """
         a, ops = self.args, self.ops
         L = a.num_hidden_layers
@@ -90,7 +94,7 @@ class Qwen3Moe:
         normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
         for l in range(L):
             next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L else "output_norm.weight"
-            x, normed = self.layer(l, x, normed, positions, kv, next_norm, record)
+            x, normed = self.layer(l, x, normed, positions, kv, next_norm, record, plan)
         rows = normed if logits_rows is None else normed[logits_rows]      # the norm is per row
         logits = ops.linear(rows, self.head)
         return logits, x

@@ -49,7 +49,7 @@ class Qwen3Next:
         return ops.linear(ops.reshape(o, (T, Hv * Dv)), p + "ssm_out.weight")
 
     def layer(self, l: int, x, attn_norm, positions: np.ndarray, cache, next_norm: str,
-              record: Recorder = _no_record):
+              record: Recorder = _no_record, plan=None):
         """One decoder layer (same contract as Qwen3Moe.layer)."""
         a, ops = self.args, self.ops
         p = f"blk.{l}."
@@ -63,7 +63,7 @@ class Qwen3Next:
 
         router_logits = ops.linear(ffn_norm, p + "ffn_gate_inp.weight")     # [T, E]
         expert_ids, expert_weights = ops.moe_route(router_logits, a.num_experts_per_tok, a.norm_topk_prob)
-        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights)          # [T, D]
+        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights, plan)    # [T, D]
         if a.shared_expert_intermediate_size:
             moe_out = ops.add(moe_out, ops.shared_expert(ffn_norm, p))
         x, normed = ops.add_rms_norm(x, moe_out, next_norm, a.rms_norm_eps)
@@ -73,7 +73,7 @@ class Qwen3Next:
         return x, normed
 
     def forward(self, ids: np.ndarray, positions: np.ndarray, cache, record: Recorder = _no_record,
-                logits_rows: slice | None = None):
+                logits_rows: slice | None = None, plan=None):
         """ids [T] at positions [T] -> (logits [T', V] for logits_rows (default all), hidden [T, D]).
 
         positions must continue the sequence the cache's DeltaNet states have read (they have no
@@ -84,7 +84,7 @@ class Qwen3Next:
         normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
         for l in range(L):
             next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L else "output_norm.weight"
-            x, normed = self.layer(l, x, normed, positions, cache, next_norm, record)
+            x, normed = self.layer(l, x, normed, positions, cache, next_norm, record, plan)
         rows = normed if logits_rows is None else normed[logits_rows]
         return ops.linear(rows, self.head), x
 

@@ -47,7 +47,7 @@ class F16KVOps(CpuOps):
             return f16(x) @ f16(self.weight(name)).T
         return super().linear(x, name)
 
-    def moe(self, x, layer, expert_ids, expert_weights):
+    def moe(self, x, layer, expert_ids, expert_weights, plan=None):
         parts = self.pack.meta["experts"]["layers"][layer]["parts"]
         tc = x.shape[0] > GEMV_MAX_T and all(tensor_core_gemm(p["qtype"], p["shape"][-1]) for p in parts.values())
         if not tc:

@@ -9,6 +9,7 @@ from strata.backends.cuda.memory import Pool, gemv_grid
 from strata.backends.cuda.moe import group_by_expert
 from strata.engine import llm as llm_module
 from strata.config import EngineConfig
+from strata.engine.cuda_decode import DecodeSteps
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument
@@ -365,8 +366,8 @@ def test_pick_on_the_device_equals_the_host_pick(fake, rng):
 def test_generation_picks_on_the_device_without_downloading_logits(fake, monkeypatch):
     """The generation loop never brings a step's logits to the host on the GPU: only the 4-byte pick."""
     calls = []
-    real = CudaRunner._download
-    monkeypatch.setattr(CudaRunner, "_download", lambda self, logits: calls.append(1) or real(self, logits))
+    real = DecodeSteps.download
+    monkeypatch.setattr(DecodeSteps, "download", lambda self, logits: calls.append(1) or real(self, logits))
     llm = llm_module.LLM(device="cuda")
     cpu = llm_module.LLM(device="cpu")
     out = llm.generate("def f(x):", max_tokens=6, temperature=0.0)

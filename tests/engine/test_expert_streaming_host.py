@@ -3,6 +3,8 @@ experts live in the pinned arena, a small VRAM cache and the prompt ring must gi
 runner's logits bit for bit, prompts and decode steps (graphs included), whatever the ring's batch
 cut, the chunk mode or the cache policy. The emulated kernels read whatever bytes the addresses in
 the expert table and the ring hold, so a wrong slot, a stale entry or an early reuse shows here."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,75 @@ def test_the_ring_forgets_old_batches(fake, rng):
         streamed.prefill(rng.integers(0, pack.args.vocab_size, 50).tolist(), 0)
         sizes.append(len(streamed.store.prompts._history))
     assert max(sizes) <= 2 * pack.args.num_hidden_layers + 2 and sizes[-1] <= sizes[1]
+
+
+def _forward(runner, ids, plan, fake):
+    """The runner's model over ids from position 0 with this plan -> the last row's logits [V]."""
+    fake.launches.clear()
+    positions = runner.ops.upload_positions(np.arange(len(ids)))
+    logits, _ = runner.model.forward(np.asarray(ids), positions, runner.kv, logits_rows=slice(-1, None), plan=plan)
+    return runner.ops.to_host(logits)[-1]
+
+
+def test_the_chunk_plan_given_to_forward_decides_what_streams(fake, rng):
+    """ops.moe reads a prompt chunk's experts from the MoePlan that model.forward carries, never from
+    an engine object: every layer asks the plan's batches; a plan streaming every non-cached expert
+    (grouped on the device) and one streaming the routed experts only (grouped on the host) give
+    the runner's logits bit for bit, streaming different numbers of blobs; wrong addresses in the
+    plan's batches change the logits."""
+    pack = open_pack(DEMO)
+    runner = _runner(pack, expert_cache="7")
+    store, L = runner.store, pack.args.num_hidden_layers
+    assert not hasattr(runner.ops, "experts")
+    ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
+    want = runner.prefill(ids, 0)
+
+    before = store.stats.prompt_streamed           # a stream-all chunk queues its copies when it begins
+    every, asked = store.chunk_plan(len(ids), 1, L), []
+
+    def recording(layer, active):
+        asked.append(layer)
+        yield from every.batches(layer, active)
+    np.testing.assert_array_equal(_forward(runner, ids, dataclasses.replace(every, batches=recording), fake), want)
+    assert every.stream_all and asked == list(range(L)) and "strata_moe_group" in fake.launches
+    streamed_all, before = store.stats.prompt_streamed - before, store.stats.prompt_streamed
+
+    routed = store.chunk_plan(len(ids), 10**9, L)          # below its stream-all length: routed experts only
+    np.testing.assert_array_equal(_forward(runner, ids, routed, fake), want)
+    assert not routed.stream_all and "strata_moe_group" not in fake.launches and "strata_swiglu_f32" in fake.launches
+    assert 0 < store.stats.prompt_streamed - before < streamed_all
+    with pytest.raises(InvalidArgument, match="after the next chunk began"):
+        next(every.batches(0, [0]))                        # a plan lives as long as its chunk
+
+    base = store.chunk_plan(len(ids), 10**9, L)
+
+    def rotated(layer, active):                            # each batch's addresses one expert off
+        for batch, blobs in base.batches(layer, active):
+            yield batch, blobs[1:] + blobs[:1]
+    assert not np.array_equal(_forward(runner, ids, dataclasses.replace(base, batches=rotated), fake), want)
+
+
+def test_decode_steps_carry_their_plan(fake, rng):
+    """A decode step's plan holds the routing log's address and, when misses are staged, the stager:
+    the step asks it for each layer's table row; a streamed step without staging stages nothing."""
+    pack = open_pack(DEMO)
+    zero_copy, staged = _runner(pack, expert_cache="9"), _runner(pack, expert_cache="9", decode_misses="staged")
+    plan = zero_copy.steps.plan
+    assert plan.route_log == zero_copy.steps.route_log.ptr and plan.stage is None and not plan.resident
+    assert staged.steps.plan.stage is not None
+    ids = rng.integers(0, pack.args.vocab_size, 6).tolist()
+    staged.prefill(ids[:-1], 0)
+    asked = []
+
+    def recording(layer, routed):
+        asked.append((layer, routed.size))
+        return staged.steps.plan.stage(layer, routed)
+    step = dataclasses.replace(staged.steps.plan, stage=recording)
+    fake.launches.clear()
+    ids_dev, pos_dev = staged.steps.stage_inputs(ids[-1:], len(ids) - 1)
+    logits, _ = staged.model.forward(ids_dev, pos_dev, staged.kv, plan=step)
+    A = pack.args.num_experts_per_tok
+    assert asked == [(l, A) for l in range(pack.args.num_hidden_layers)]
+    resident = _runner(pack)
+    resident.prefill(ids[:-1], 0)
+    np.testing.assert_array_equal(staged.ops.to_host(logits)[-1], resident.decode(ids[-1]))

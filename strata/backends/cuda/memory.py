@@ -222,16 +222,17 @@ def upload_file(rt, device, stream, path, dst, progress: bool = True) -> None:
 
 
 class DeviceWeights:
-    """The dense weights resident on one GPU, and the expert layers of an ExpertStore (module doc)."""
+    """The dense weights resident on one GPU, and the expert layers whose table rows `experts`
+    gives (an ExpertStore: table_row(layer) -> device address; not kept, so the ops that read
+    these weights hold no store)."""
 
-    def __init__(self, rt, device, stream, pack, store, progress: bool = True):
+    def __init__(self, rt, device, stream, pack, experts, progress: bool = True):
         self.pack = pack
-        self.store = store
         self._check_alignment(pack)
         self.dense = rt.DeviceBuffer(device, int(pack.meta["files"]["dense.bin"]["bytes"]))
         upload_file(rt, device, stream, pack.path / "dense.bin", self.dense, progress)
         self.bytes_h2d = self.dense.nbytes
-        self.layers = [ExpertLayer.from_meta(l, lay, store.table_row(l))
+        self.layers = [ExpertLayer.from_meta(l, lay, experts.table_row(l))
                        for l, lay in enumerate(pack.meta["experts"]["layers"])]
 
     @staticmethod

@@ -4,12 +4,13 @@ Every expert is reached through the layer's row of the expert table (strata.engi
 its blob is a resident copy, a VRAM cache slot, a prompt ring slot or (decode only) the pinned host
 arena read in place. Decode (a few tokens): cuda/moe_decode.cu, two launches (gate|up with SwiGLU,
 down with the weighted sum), each slot reading its expert's address from the table at its
-device-side id, so routing never waits for the host. Prompt chunks, where the store hands out
-experts without needing the routing (all resident, or a chunk that streams every non-cached
-expert): the routing is grouped on the device (cuda/moe_group.cu), the rows gathered into expert
-order, and each of the store's batches is one tensor-core launch per matrix over a worst-case tile
-grid (experts outside the batch have address 0 and are skipped), SwiGLU over the batch's rows, then
-one weighted combine puts the rows back into token order. Smaller streamed chunks stage only the
+device-side id, so routing never waits for the host. Prompt chunks get their experts from the
+chunk's MoePlan (strata.backends.cuda.moe_plan), which the runner builds and the model passes
+down. Where the plan hands out experts without needing the routing (all resident, or a chunk that
+streams every non-cached expert): the routing is grouped on the device (cuda/moe_group.cu), the
+rows gathered into expert order, and each of the plan's batches is one tensor-core launch per
+matrix over a worst-case tile grid (experts outside the batch have address 0 and are skipped),
+SwiGLU over the batch's rows, then one weighted combine puts the rows back into token order. Smaller streamed chunks stage only the
 experts they route to: their ids come to the host, are grouped with numpy, and the batches get
 tables uploaded per batch. Slot s = t * A + a is token t's a-th expert everywhere.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
 from .kernels import KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
@@ -24,6 +26,7 @@ from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
 from .moe_gemm import grid_for, tiles_for
 from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
+from .moe_plan import MoePlan
 
 GROUP_SIGNATURE = KERNELS["moe_group"].signature
 
@@ -191,17 +194,20 @@ def _gate_up_tc(ops, ptrs: int, tiles: int, n: int, lay: ExpertLayer, xs, gu, g,
         grouped_gemm(ops, ptrs, tiles, n, up, xs.ptr, D, u.ptr, I, I)
 
 
-def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
+def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor,
+                plan: MoePlan) -> DeviceTensor:
     """x [T, D] -> [T, D] for a prompt chunk: the active experts' GEMMs over their rows only, batch
-    by batch as the expert store makes the experts readable (one tensor-core launch per matrix and
+    by batch as the chunk's plan makes the experts readable (one tensor-core launch per matrix and
     batch where cuda/moe_gemm.cu takes the types, else per expert over dequantized matrices)."""
     T, D = x.shape
     A = ids.shape[1]
     S = T * A
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     tc = all(tensor_core_gemm(p.qtype, p.shape[-1], ops.paths.tensor_core_prompt) for p in (gate, up, down))
-    if ops.paths.group_on_device and tc and (ops.experts.resident or ops.experts.streams_all()):
-        return _moe_grouped_on_device(ops, x, lay, ids, weights)
+    if plan.batches is None:
+        raise InvalidArgument(f"moe: a prompt chunk of {T} tokens needs a plan with its batches (MoePlan.batches)")
+    if ops.paths.group_on_device and tc and plan.routing_free:
+        return _moe_grouped_on_device(ops, x, lay, ids, weights, plan)
     order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
     I = gate.rows
@@ -210,7 +216,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
-    for batch, blobs in ops.experts.prompt_layer(lay.layer, list(where)):
+    for batch, blobs in plan.batches(lay.layer, list(where)):
         r0 = where[batch[0]][0]
         r1 = where[batch[-1]][0] + where[batch[-1]][1]
         if tc:
@@ -235,7 +241,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
 
 
 def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
-                           weights: DeviceTensor) -> DeviceTensor:
+                           weights: DeviceTensor, plan: MoePlan) -> DeviceTensor:
     """moe_grouped with the routing grouped on the device (nothing read back), for a layer whose
     every expert the store hands out without the routing: all resident (one batch, the layer's
     table row as the addresses), or a chunk that streams every non-cached expert (the store's
@@ -250,8 +256,8 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
-    for batch, blobs in ops.experts.prompt_layer(lay.layer, list(range(E))):
-        if ops.experts.resident:                # one batch: the layer's row of the expert table
+    for batch, blobs in plan.batches(lay.layer, list(range(E))):
+        if plan.resident:                       # one batch: the layer's row of the expert table
             ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)
         else:
             addrs[:] = 0

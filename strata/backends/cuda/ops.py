@@ -6,10 +6,13 @@ goes on one stream; nothing waits for the device except where the host needs a v
 a streamed prompt chunk that stages only the experts it routes to (its routing comes to the host),
 and staged decode misses (each layer's routing read on the host).
 
-Token ids and positions come as numpy arrays (uploaded here) or already on the device: ids an int32
-DeviceTensor [T], positions an int32 DeviceTensor [T + 1] (the positions, then the KV length). A
-decode step passes device tensors, and its launches then depend on no host value but T and the
-cache's size: the same launches serve every step, so they can be one CUDA graph.
+Token ids come as a numpy array (uploaded here) or already on the device, an int32 DeviceTensor
+[T]; positions always on the device, an int32 DeviceTensor [T + 1] (the positions, then the KV
+length; upload_positions makes one), uploaded once per forward by the caller. A decode step passes
+device tensors, and its launches then depend on no host value but T and the cache's size: the same
+launches serve every step, so they can be one CUDA graph. How the MoE layers reach their experts
+(resident, cache slots, the prompt ring's batches, staged misses, the routing log) comes with each
+forward as a MoePlan (strata.backends.cuda.moe_plan); the ops hold no expert store.
 
 Paths: `linear` with T <= GEMV_MAX_T tokens runs the dequant-fused GEMV kernels (one-token GEMVs of
 too few blocks to fill the GPU split K). Larger T runs one tensor-core GEMM launch over the native
@@ -19,9 +22,9 @@ WEIGHT_SCRATCH_BYTES) into an f32 GEMM. `moe` with T <= GEMV_MAX_T runs cuda/moe
 with SwiGLU, then down with the weighted sum: two launches, each slot reading its expert's address
 from the table at its device-side id; the moe_gemv path where those kernels do not apply). Prompt
 chunks take strata.backends.cuda.moe.moe_grouped: the slots are grouped by expert on the device
-(cuda/moe_group.cu) when the layer's matrices take the tensor-core GEMM and the store hands out
-every expert without the routing (all resident, or a chunk that streams every non-cached expert),
-else on the host; the rows are gathered into expert order and each of the store's batches is one tensor-core
+(cuda/moe_group.cu) when the layer's matrices take the tensor-core GEMM and the chunk's plan hands
+out every expert without the routing (all resident, or a chunk that streams every non-cached expert),
+else on the host; the rows are gathered into expert order and each of the plan's batches is one tensor-core
 grouped GEMM launch per matrix, SwiGLU over its rows, then one weighted combine back into token
 order (per-expert f32 GEMMs over dequantized matrices only for types cuda/moe_gemm.cu does not take).
 
@@ -53,6 +56,7 @@ from .memory import DeviceTensor, Pool
 from .moe import moe_decode, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
+from .moe_plan import RESIDENT, MoePlan
 
 
 class DeviceOps(DenseOps, AttentionOps):
@@ -70,11 +74,8 @@ class DeviceOps(DenseOps, AttentionOps):
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
         self._zeros = None
-        self._pos_host, self._pos_dev = None, None
         self.expert_uses = 0
         self.bytes_h2d = 0
-        self.experts = weights.store         # the expert table and what stands behind it
-        self.route_log = None                # device int32 [layers, GEMV_MAX_T * A]: a decode step's routing
         inv, self.rope_scale = rope.inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
                                              args.max_position_embeddings)
         self.inv_freq = self.upload(inv.astype(np.float32))
@@ -128,16 +129,18 @@ class DeviceOps(DenseOps, AttentionOps):
         """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""
         return x if x.ptr % 16 == 0 else self.copy(x)
 
-    def _positions(self, positions) -> DeviceTensor:
-        """[T + 1] int32 on the device: the positions, then max + 1 (the decode length). Uploaded once
-        per step (every layer passes the same array); a DeviceTensor is that already."""
-        if isinstance(positions, DeviceTensor):
-            return positions
-        if positions is not self._pos_host:
-            p = np.asarray(positions, dtype=np.int64).reshape(-1)
-            self._pos_dev = self.upload(np.append(p, p.max() + 1).astype(np.int32))
-            self._pos_host = positions
-        return self._pos_dev
+    def upload_positions(self, positions: np.ndarray) -> DeviceTensor:
+        """Positions [T] -> [T + 1] int32 on the device: the positions, then max + 1 (the decode
+        length), the form every op takes. The caller uploads once per forward and passes it down."""
+        p = np.asarray(positions, dtype=np.int64).reshape(-1)
+        return self.upload(np.append(p, p.max() + 1).astype(np.int32))
+
+    @staticmethod
+    def _positions(positions) -> DeviceTensor:
+        if not isinstance(positions, DeviceTensor):
+            raise InvalidArgument("DeviceOps: positions must be on the device, [T + 1] int32 "
+                                  "(upload_positions), once per forward")
+        return positions
 
     def _zeros_ptr(self, nbytes: int) -> int:
         """A device range of at least nbytes of zeros (moe_combine's residual when there is none)."""
@@ -219,14 +222,18 @@ class DeviceOps(DenseOps, AttentionOps):
                     (router_logits.ptr, ids.ptr, weights.ptr, T, E, top_k, int(bool(norm_topk))))
         return ids, weights
 
-    def moe(self, x: DeviceTensor, layer: int, expert_ids: DeviceTensor, expert_weights: DeviceTensor) -> DeviceTensor:
+    def moe(self, x: DeviceTensor, layer: int, expert_ids: DeviceTensor, expert_weights: DeviceTensor,
+            plan: MoePlan | None = None) -> DeviceTensor:
+        """Routed experts of `layer`, reached as the forward's plan says (strata.backends.cuda.moe_plan;
+        None: every expert resident, no routing log)."""
+        plan = plan or RESIDENT
         self.expert_uses += expert_ids.size
         if x.shape[0] <= GEMV_MAX_T:
-            if self.route_log is not None:   # the step's routing goes back to the host with the logits
-                row = self.route_log.ptr + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
+            if plan.route_log:               # the step's routing goes back to the host with the logits
+                row = plan.route_log + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
                 self.rt.copy_d2d(row, expert_ids.ptr, expert_ids.nbytes, self.stream)
             lay = self.w.layers[layer]
-            if getattr(self.experts, "staged_decode", False):     # routing to the host: staged, or unpinned
-                lay = dataclasses.replace(lay, table=self.experts.stage_layer(layer, self.to_host(expert_ids)))
+            if plan.stage is not None:       # routing to the host: staged, or unpinned
+                lay = dataclasses.replace(lay, table=plan.stage(layer, self.to_host(expert_ids)))
             return moe_decode(self, x, lay, expert_ids, expert_weights)
-        return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights)
+        return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights, plan)

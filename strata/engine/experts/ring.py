@@ -9,8 +9,10 @@ Events order it: compute waits for a batch's copy before reading its slots, and 
 the compute that last read the slots it overwrites. Without a ring (resident, or no ring slots)
 every expert is read where the table points, unpinned misses staged first.
 
-The chunk running now is the ring's: `begin` starts one, `layer` is asked for each layer's batches
-in the middle of the forward, and the next `begin` (or `retire`, when the loan ends) closes it.
+`begin` starts a chunk and returns it; the runner puts it in the chunk's MoePlan (as
+`batches`, ExpertStore.chunk_plan), so the forward asks that chunk for each layer's batches. The
+ring keeps the open chunk only to close it: the next `begin` (or `retire`, when the loan ends)
+gives back the slots of batches it queued but never computed.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ...errors import InvalidArgument
 
 
 @dataclass
@@ -52,43 +56,39 @@ class PromptRing:
         self._history: list[_Batch] = []               # every batch the ring still remembers, oldest first
         self._starts: list[int] = []
         self._computed_end = 0                         # ring positions whose compute has been queued
-        self.chunk: _Chunk | None = None
+        self._open: _Chunk | None = None               # the last chunk begun, until retired
 
-    def begin(self, T: int, stream_all_tokens: int, layers: int) -> None:
+    def begin(self, T: int, stream_all_tokens: int, layers: int) -> _Chunk:
         """A chunk of T tokens through `layers` layers starts: in streaming mode with a big enough
         chunk, queue every non-cached expert of those layers through the ring (copies start as
-        slots allow)."""
+        slots allow). -> the chunk, for layer()."""
         s = self.store
         s.admissions.land_sync()
         self.retire()
-        self.chunk = _Chunk(stream_all=not s.resident and s.ring_slots > 0 and T >= stream_all_tokens)
-        if self.chunk.stream_all:
+        chunk = self._open = _Chunk(stream_all=not s.resident and s.ring_slots > 0 and T >= stream_all_tokens)
+        if chunk.stream_all:
             for l in range(layers):
                 missing = np.flatnonzero(s.slot_of[l] < 0).tolist()
-                self._add_batches(l, missing)
-            self._pump()
+                self._add_batches(chunk, l, missing)
+            self._pump(chunk)
+        return chunk
 
     def retire(self) -> None:
         """Batches the last chunk queued but never computed (it stopped early) give their slots back."""
-        if self.chunk is None:
+        chunk, self._open = self._open, None
+        if chunk is None:
             return
-        leftover = [b for b in self.chunk.batches if b.done is None]
+        leftover = [b for b in chunk.batches if b.done is None]
         if leftover:
             s = self.store
             for b in leftover:
                 b.done = s.rt.Event(s.device)
                 b.done.record(s.stream)
             self._computed_end = self._pos
-            self._pump()
-        self.chunk = None
+            self._pump(chunk)
 
-    def streams_all(self) -> bool:
-        """Whether the chunk now running streams every non-cached expert through the ring, so its
-        batches do not depend on the routing (the prompt path may then group on the device)."""
-        return self.chunk is not None and self.chunk.stream_all
-
-    def _add_batches(self, layer: int, experts: list) -> None:
-        s, chunk = self.store, self.chunk
+    def _add_batches(self, chunk: _Chunk, layer: int, experts: list) -> None:
+        s = self.store
         for i in range(0, len(experts), s.ring_slots):
             part = experts[i:i + s.ring_slots]
             chunk.by_layer.setdefault(layer, []).append(len(chunk.batches))
@@ -100,11 +100,11 @@ class PromptRing:
             self._history.append(batch)
             self._starts.append(batch.start)
 
-    def _pump(self) -> None:
-        """Queue the copies of every batch whose slots are free of queued compute."""
+    def _pump(self, chunk: _Chunk) -> None:
+        """Queue the copies of every batch of chunk whose slots are free of queued compute."""
         s = self.store
         R = s.ring_slots
-        for batch in self.chunk.batches:
+        for batch in chunk.batches:
             if batch.issued:
                 continue
             end = batch.start + len(batch.experts)
@@ -123,13 +123,13 @@ class PromptRing:
             batch.copied.record(s.copy_stream)
             batch.issued = True
             s.stats.prompt_streamed += len(batch.experts)
-        self._prune()
+        self._prune(chunk)
 
-    def _prune(self) -> None:
+    def _prune(self, chunk: _Chunk) -> None:
         """Forget the batches no later copy can wait for (and their events): those ending a whole ring
         before the first batch not yet copied, once computed. A later batch's copy waits for the
         batch holding its position minus the ring size, which is never before that point."""
-        first = next((b.start for b in self.chunk.batches if not b.issued), self._pos)
+        first = next((b.start for b in chunk.batches if not b.issued), self._pos)
         floor, k = first - self.store.ring_slots, 0
         for b in self._history:
             if b.done is None or b.start + len(b.experts) > floor:
@@ -138,10 +138,12 @@ class PromptRing:
         if k:
             del self._history[:k], self._starts[:k]
 
-    def layer(self, layer: int, active: list[int]):
-        """Yield (experts, addresses) batches that together cover `active` (ascending expert ids
-        of a chunk's routing at this layer), each after the compute stream waits for its copies.
-        The caller queues its kernels for a batch before asking for the next."""
+    def layer(self, chunk: _Chunk, layer: int, active: list[int]):
+        """Yield (experts, addresses) batches of chunk that together cover `active` (ascending
+        expert ids of its routing at this layer), each after the compute stream waits for its
+        copies. The caller queues its kernels for a batch before asking for the next."""
+        if chunk is not self._open:
+            raise InvalidArgument("expert ring: a chunk's plan was used after the next chunk began or the loan ended")
         s = self.store
         s.stats.hits += int(sum(s.slot_of[layer, e] >= 0 for e in active))
         if s.resident or s.ring_slots == 0:
@@ -150,11 +152,10 @@ class PromptRing:
             staged = s.stager.misses(layer, active, False, len(active)) if s.staging is not None else {}
             yield active, [staged.get(e, int(s.table_host[layer, e])) for e in active]
             return
-        chunk = self.chunk
         if not chunk.stream_all:
             missing = [e for e in active if s.slot_of[layer, e] < 0]
-            self._add_batches(layer, missing)
-            self._pump()
+            self._add_batches(chunk, layer, missing)
+            self._pump(chunk)
         s.stats.misses += int(sum(s.slot_of[layer, e] < 0 for e in active))
         batches = [chunk.batches[i] for i in chunk.by_layer.get(layer, [])]
         if not batches:
@@ -172,7 +173,7 @@ class PromptRing:
             lo += len(mine)
             if mine:
                 if not b.issued:
-                    self._pump()
+                    self._pump(chunk)
                 if not b.issued:
                     raise AssertionError("expert ring: a batch's copies could not be queued before its compute")
                 s.stream.wait_event(b.copied)
@@ -180,4 +181,4 @@ class PromptRing:
             b.done = s.rt.Event(s.device)
             b.done.record(s.stream)
             self._computed_end = max(self._computed_end, b.start + len(b.experts))
-            self._pump()
+            self._pump(chunk)

@@ -10,9 +10,12 @@ the VRAM expert cache with its decode admissions, and the streamed prompt ring.
 - Streaming: the host arena holds experts.bin in mapped pinned memory; `cache_slots` slots of
   max_blob bytes in VRAM hold the experts the policy keeps. A decode step reads a missed expert
   zero-copy; after it, `after_step` admits misses for later tokens (strata.engine.experts.admissions).
-- Prompt chunks (`prompt_begin`, `prompt_layer`): experts not in the cache go through a ring of
-  `ring_slots` slots (strata.engine.experts.ring). While a prompt runs, the cache's tail slots may
-  be lent to the ring and the activation pool (`lend`, `give_back`).
+- Prompt chunks (`chunk_plan`): experts not in the cache go through a ring of `ring_slots` slots
+  (strata.engine.experts.ring). While a prompt runs, the cache's tail slots may be lent to the ring
+  and the activation pool (`lend`, `give_back`).
+- The ops never see the store: `chunk_plan` and `step_plan` give the MoePlan
+  (strata.backends.cuda.moe_plan) a forward carries to DeviceOps.moe, which asks it for the
+  chunk's batches, the staged table rows and where the routing log goes.
 - The unpinned share (strata.engine.experts.host): where the system refuses or --pin-limit-gib
   limits pinning, the arena holds a prefix of whole layers and the rest is read from a memmap of
   experts.bin. Their table entries are 0 (nothing may read them in place). Every copy of one (cache
@@ -31,9 +34,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
+from ...backends.cuda.moe_plan import MoePlan
 from ...errors import InvalidArgument, PackError
 from .admissions import Admissions
 from .ring import PromptRing
@@ -321,25 +326,23 @@ class ExpertStore:
         usable = self.cache_slots if not self.lent else self.lent_from
         return np.flatnonzero(self.slot_owner[:usable] < 0)
 
-    # ---- what the runner and the ops call, done by the parts -----------------------------------
+    # ---- what the runner calls, done by the parts: the plans a forward carries to the ops ----------
     def after_step(self, routed: np.ndarray) -> None:
         """A decode step's routing [layers, T * A] (the step is done): Admissions.after_step."""
         self.admissions.after_step(routed)
 
-    def stage_layer(self, layer: int, routed: np.ndarray) -> int:
-        """A staged decode step's table row for `layer`: MissStager.stage_layer."""
-        return self.stager.stage_layer(layer, routed)
+    def step_plan(self, route_log: int = 0) -> MoePlan:
+        """The plan of every decode step (and prompt chunk of a step's size): read the table, write
+        the routing to route_log (a device address, 0 for none), misses staged where decode runs
+        staged (MissStager.stage_layer). The same value serves every step, graphs included."""
+        return MoePlan(resident=self.resident, route_log=route_log,
+                       stage=self.stager.stage_layer if self.staged_decode else None)
 
-    def prompt_begin(self, T: int, stream_all_tokens: int, layers: int) -> None:
-        """A prompt chunk of T tokens starts: PromptRing.begin."""
-        self.prompts.begin(T, stream_all_tokens, layers)
-
-    def streams_all(self) -> bool:
-        return self.prompts.streams_all()
-
-    def prompt_layer(self, layer: int, active: list[int]):
-        """(experts, addresses) batches covering `active` at `layer`: PromptRing.layer."""
-        return self.prompts.layer(layer, active)
+    def chunk_plan(self, T: int, stream_all_tokens: int, layers: int) -> MoePlan:
+        """A prompt chunk of more than a decode step's T tokens starts (PromptRing.begin): its plan,
+        whose batches are this chunk's (PromptRing.layer), valid until the next chunk begins."""
+        chunk = self.prompts.begin(T, stream_all_tokens, layers)
+        return MoePlan(resident=self.resident, stream_all=chunk.stream_all, batches=partial(self.prompts.layer, chunk))
 
     # the policy's state and the routing profile (the runner writes `uses` out; tests compare them)
     @property

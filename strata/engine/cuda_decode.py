@@ -1,0 +1,182 @@
+"""The GPU runner's decode steps: a step's token ids, positions and KV length staged in one fixed
+device buffer (one small host->device copy per step), the model run eagerly or as a CUDA graph
+(strata.engine.graphs: the first step of a shape eager, measuring its memory; the second captured;
+every later one a replay), and, when experts stream, the step's routing written to a fixed log
+that comes back with the logits for the cache's admissions (ExpertStore.after_step).
+
+Every step carries the same expert plan (ExpertStore.step_plan: the table, the routing log, staged
+misses where decode runs staged), so a captured graph serves every later step.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from ..backends.cuda.memory import DeviceTensor
+from ..errors import DeviceError, InvalidArgument
+from .memory_model import STEP_MAX_TOKENS
+
+STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
+
+
+def last_row_of(logits: DeviceTensor) -> DeviceTensor:
+    """The last row [1, V] of device logits [T, V], a view that keeps their memory alive."""
+    T, V = logits.shape
+    return DeviceTensor(logits.buf, logits.offset + (T - 1) * V * 4, (1, V), np.float32, logits)
+
+
+class DecodeSteps:
+    """Decode steps of one runner's model on its ops and expert store (module doc)."""
+
+    def __init__(self, ops, model, store, weights, args, use_graphs: bool, graph_error: str | None):
+        from ..backends.cuda.ops import GEMV_MAX_T
+        rt, dev = ops.rt, ops.device
+        self.ops, self.model, self.store, self.weights, self.args = ops, model, store, weights, args
+        self.stream = ops.stream
+        num_layers = args.num_hidden_layers + args.num_mtp_layers
+        self.route_log = None
+        if not store.resident:
+            # one row per main layer: a decode step runs those (an MTP layer only under speculation,
+            # which reads no row here; the rows past them would be whatever the memory held)
+            self.route_log = rt.DeviceBuffer(dev, num_layers * GEMV_MAX_T * args.num_experts_per_tok * 4)
+            self.route_log.fill_bytes(0, self.stream)
+            self._route_host = np.frombuffer(rt.HostBuffer(dev, self.route_log.nbytes), np.int32).reshape(
+                num_layers, GEMV_MAX_T * args.num_experts_per_tok)
+        self.plan = store.step_plan(0 if self.route_log is None else self.route_log.ptr)
+        # [ids T | positions T | length] int32 on the device, staged in pinned memory
+        self.step_in = rt.DeviceBuffer(dev, 4 * (2 * STEP_MAX_TOKENS + 1))
+        self._step_host = np.frombuffer(rt.HostBuffer(dev, self.step_in.nbytes), np.int32)
+        self._logits_host = np.frombuffer(rt.HostBuffer(dev, 4 * STEP_MAX_TOKENS * args.vocab_size), np.float32)
+        self._route_pending = 0      # tokens of a step whose routing log is on its way to the host
+        self._step_timing = None     # (mode, start, submit seconds) of a step whose pick() is to come
+        self.use_graphs = use_graphs
+        self.graph_error = graph_error     # why graphs are off in this runner
+        self.graphs: dict = {}             # T -> DecodeGraph
+        self.step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
+        self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
+
+    def step(self, ids: list[int], lo: int, kv, download: bool = True):
+        """Logits of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is
+        captured for T, else the model's launches from Python (capturing them on the second step).
+        -> (logits [T, V] on the host, or None without `download`; the last row on the device)."""
+        T = len(ids)
+        t0 = time.perf_counter()
+        ids_dev, pos_dev = self.stage_inputs(ids, lo)
+        graph = self._graph(T, ids_dev, pos_dev, kv)
+        mode = "eager" if graph is None else "graph" if graph.launches else "capture"
+        if graph is not None:
+            graph.launch(self.stream)
+            if mode == "graph":         # a capture counted its step while the model ran
+                self.ops.expert_uses += graph.expert_uses
+            logits = graph.logits
+        else:
+            before = self.ops.pool.allocated_bytes
+            logits, _ = self.model.forward(ids_dev, pos_dev, kv, plan=self.plan)
+            self.step_bytes[T] = self.ops.pool.allocated_bytes - before
+        t1 = time.perf_counter()
+        if download:
+            out = self.download(logits)
+            self.step_times[mode].append((t1 - t0, time.perf_counter() - t0))
+        else:                   # the step's host time ends when pick() has the token
+            out = None
+            self._route_copy(T)
+            self._step_timing = (mode, t0, t1 - t0)
+        return out, last_row_of(logits)
+
+    def stage_inputs(self, ids: list[int], lo: int):
+        """One host->device copy of [ids | positions | length] into step_in; -> (ids [T], positions [T + 1])."""
+        T = len(ids)
+        if not 1 <= T <= STEP_MAX_TOKENS:
+            raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
+        host = self._step_host[:2 * T + 1]
+        host[:T] = ids
+        host[T:] = range(lo, lo + T + 1)
+        self.step_in.copy_from_host(host, self.stream)
+        self.ops.bytes_h2d += host.nbytes
+        buf = self.step_in
+        return DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)
+
+    def _graph(self, T: int, ids_dev, pos_dev, kv):
+        """The graph to replay for a step of T tokens: captured now on the second step of that shape;
+        None for an eager step (graphs off, first step, or a failed capture)."""
+        if not self.use_graphs:
+            return None
+        graph = self.graphs.get(T)
+        if graph is not None and not graph.valid_for(kv):
+            self.drop_graphs()
+            graph = None
+        if graph is None and T in self.step_bytes:
+            from ..backends.cuda import _graphs
+            from .graphs import capture_step
+            try:
+                graph = self.graphs[T] = capture_step(_graphs(), self.ops, self.model, kv, self.plan, T, ids_dev,
+                                                      pos_dev, self.step_bytes[T],
+                                                      (self.step_in, self.route_log, self.weights))
+            except (DeviceError, ImportError) as exc:
+                self._graphs_off(f"{type(exc).__name__}: {exc}")
+        return graph
+
+    def _graphs_off(self, why: str) -> None:
+        self.use_graphs, self.graph_error = False, why
+        sys.stderr.write(f"strata: CUDA graph capture failed ({why}); decoding without graphs\n")
+
+    def drop_graphs(self) -> None:
+        """Forget every captured decode graph (the next steps run eagerly, then capture again)."""
+        self.stream.synchronize()   # no replay may still read the memory the graphs hold
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs.clear()
+
+    def download(self, logits) -> np.ndarray:
+        """logits [T, V] through the pinned buffer, after the stream is done with them; with experts
+        streaming, the step's routing comes along for the cache."""
+        host = self._logits_host[:logits.size]
+        logits.buf.copy_to_host(host, self.stream, logits.offset)
+        self._route_copy(logits.shape[0])
+        self.stream.synchronize()
+        self._after_route()
+        return host.reshape(logits.shape).copy()
+
+    def _route_copy(self, T: int) -> None:
+        """Queue the step's routing log to the host (experts streaming); _after_route() reads it
+        once the stream has been synchronized."""
+        if self.route_log is not None:
+            self.route_log.copy_to_host(self._route_host, self.stream)
+            self._route_pending = T
+
+    def _after_route(self) -> None:
+        if self._route_pending:
+            self.store.after_step(self._route_host[:self.args.num_hidden_layers,
+                                                   :self._route_pending * self.args.num_experts_per_tok])
+            self._route_pending = 0
+
+    def picked(self) -> None:
+        """pick() has its token (the stream is synchronized): the step's host time ends, and its
+        routing, queued with it, goes to the cache."""
+        if self._step_timing is not None:
+            mode, t0, submit = self._step_timing
+            self.step_times[mode].append((submit, time.perf_counter() - t0))
+            self._step_timing = None
+        self._after_route()
+
+    def forget_pending(self) -> None:
+        """No step's timing or routing is on its way any more (warm_up restores the store)."""
+        self._route_pending, self._step_timing = 0, None
+
+    def status(self) -> dict:
+        """Graphs on or off (and why), the graphs held, and host time per decode step by mode:
+        submit = staging copy + launches queued; step = until the logits (or, for a step that
+        keeps them on the device, pick()'s token) are on the host."""
+        times = {}
+        for mode, steps in self.step_times.items():
+            if steps:
+                a = np.asarray(steps) * 1e3
+                times[mode] = {"steps": len(a), "host_submit_ms": float(np.median(a[:, 0])),
+                               "host_step_ms": float(np.median(a[:, 1]))}
+        return {"cuda_graphs": self.use_graphs, "graph_error": self.graph_error,
+                "graphs": {T: {"nodes": g.num_nodes, "capture_ms": g.capture_ms, "pool_bytes": g.keep[0].capacity_bytes}
+                           for T, g in self.graphs.items()},
+                "host_ms": times}

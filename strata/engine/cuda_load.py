@@ -1,0 +1,127 @@
+"""What the GPU runner decides once, at load: whether the GPU runs this pack and config, the VRAM
+budget and plan (strata.engine.planner, from copy rates measured here), the routing profile, the
+expert store the plan asks for, and how decode reads its misses (zero-copy, or staged with graphs
+off). strata.engine.cuda_runner.CudaRunner calls these in its constructor.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..errors import InvalidArgument, UnsupportedError
+from .kv_choice import GPU_KV_FORMATS
+from .memory_model import VRAM_RESERVE_BYTES
+
+PLAN_MEASURE_BYTES = 32 << 20      # the copy rates the plan's predicted speeds use, measured at load (a few ms)
+
+
+def check_config(pack, config: EngineConfig) -> None:
+    """UnsupportedError / InvalidArgument for what the GPU runner does not run (yet)."""
+    if pack.args.architecture != "qwen3moe":
+        raise UnsupportedError(f"{pack.args.architecture} runs on the CPU backend only so far (--device cpu)")
+    if config.kv not in GPU_KV_FORMATS:
+        raise InvalidArgument(f"--kv {config.kv}: the GPU runs {', '.join(GPU_KV_FORMATS)}")
+    if config.kv != "f16":              # cuda/kv_quant.cu's kernels and the format's blocks
+        from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS
+        from ..quant import kv as kv_formats
+        if pack.args.head_dim not in ATTENTION_HEAD_DIMS:
+            raise UnsupportedError(f"--kv {config.kv}: the GPU's quantized KV kernels take head dims "
+                                   f"{ATTENTION_HEAD_DIMS}, this model's is {pack.args.head_dim} (--kv f16 runs it)")
+        for codec in kv_formats.codecs(config.kv):
+            codec.check(pack.args.head_dim)
+    if config.spec != "0":
+        raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
+                              f"(--device cpu); the GPU's verify window is not built")
+
+
+def vram_budget(dev, config: EngineConfig) -> int:
+    """Free VRAM less the reserve, capped by --vram-budget-gib."""
+    free, _ = dev.memory_info()
+    budget = max(0, free - VRAM_RESERVE_BYTES)
+    if config.vram_budget_gib:
+        budget = min(budget, int(config.vram_budget_gib * 2**30))
+    return budget
+
+
+class VramPlan(NamedTuple):
+    plan: object                 # strata.engine.planner's plan
+    sizes: object                # PackSizes, for the loan of each prompt
+    cells: int                   # KV cells the plan prices
+    bandwidths: object           # Bandwidths the plan's predicted speeds use
+    measured_h2d_gb_s: float     # the pinned copy rate measured here (before --pcie-gbs)
+
+
+def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, max_context: int) -> VramPlan:
+    """The VRAM plan for this pack and budget (InvalidArgument naming the bytes needed when the
+    budget is too small)."""
+    from ..backends.cuda.bandwidth import copy_rates
+    from .planner import Bandwidths, PackSizes, kv_cells, make_plan
+    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    cfg = dataclasses.replace(config, max_context=max_context)
+    h2d, d2d = copy_rates(rt, dev, stream, PLAN_MEASURE_BYTES, repeats=3)
+    measured = h2d
+    if config.pcie_gbs:
+        h2d = min(h2d, config.pcie_gbs)          # what the plan's predicted speeds see
+    bandwidths = Bandwidths(h2d, d2d, f"measured at load on {dev.name}")
+    plan = make_plan(sizes, cfg, budget_bytes, "runner", bandwidths, dev.multiprocessor_count)
+    return VramPlan(plan, sizes, kv_cells(cfg), bandwidths, measured)
+
+
+def load_profile(path: Path | None, num_layers: int, num_experts: int):
+    """The routing profile [layers, E] at --expert-profile, or None where there is none yet."""
+    if path is None or not path.exists():
+        return None
+    try:
+        profile = np.load(path)
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"{path}: not a routing profile ({exc})") from None
+    if profile.shape != (num_layers, num_experts):
+        raise InvalidArgument(f"{path}: routing profile of shape {profile.shape}, this model has "
+                              f"{(num_layers, num_experts)} (layers, experts)")
+    return profile
+
+
+def write_profile(path: Path, uses: np.ndarray, base: np.ndarray | None) -> None:
+    """Routing counts since load (plus the profile the run started from) to path, atomically."""
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, uses + (0 if base is None else base))
+    tmp.replace(path)
+
+
+def open_store(rt, dev, stream, pack, vram: VramPlan, config: EngineConfig, profile):
+    """The ExpertStore the plan asks for: everything resident, or a cache of the plan's slots, the
+    prompt ring and its loan over the pinned arena (the bus capped at --pcie-gbs)."""
+    from .experts.bus_cap import BusCap
+    from .experts.store import ExpertStore
+    plan = vram.plan
+    resident = plan.cache_slots >= plan.total_experts and plan.prefill_ring == 0
+    return ExpertStore(rt, dev, stream, pack,
+                       cache_slots=None if resident else plan.cache_slots,
+                       ring_slots=0 if resident else plan.prefill_ring,
+                       policy=config.expert_policy, profile=profile,
+                       kept_slots=None if resident else plan.prompt_cache_slots,
+                       pool_bytes=plan.bytes_needed,
+                       pin_limit_bytes=int(config.pin_limit_gib * 2**30),
+                       bus_cap=None if resident or not config.pcie_gbs else
+                       BusCap(rt, dev, config.pcie_gbs, vram.measured_h2d_gb_s))
+
+
+def decode_misses(store, config: EngineConfig) -> tuple[str, str | None]:
+    """How decode reads missed experts -> (mode, why graphs are off or None); sets the store's
+    staging: --decode-misses staged, or staged because part of experts.bin is unpinned (nothing may
+    read it in place). Staged decode reads each layer's routing on the host: no CUDA graphs."""
+    if store.resident:
+        return "resident", None
+    if config.decode_misses == "staged":
+        store.staged_decode = True
+        return "staged", "--decode-misses staged reads each layer's routing on the host"
+    if not store.pinned.all():
+        store.staged_decode, store.stage_pinned_misses = True, False
+        return "staged", (f"{store.pinned_bytes / store.file_bytes:.0%} of experts.bin is pinned "
+                          f"({store.pin_reason}): decode misses of the rest are staged, each "
+                          f"layer's routing read on the host")
+    return config.decode_misses, None

@@ -1,0 +1,76 @@
+"""The GPU runner's prompt chunks: each chunk's expert plan (ExpertStore.chunk_plan: the ring's
+batches of that chunk), its positions uploaded once, the model's launches from Python, and the
+loan: while a prompt of more than a decode step's tokens runs, the cache's tail slots are lent to
+the ring and the activation pool (ExpertStore.lend) and given back after it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from . import memory_model
+from .memory_model import STEP_MAX_TOKENS
+
+
+class PromptChunks:
+    """Prompt chunks of one runner's model on its ops and expert store (module doc). step_plan:
+    the plan of a chunk of a decode step's size or less, which takes the decode path."""
+
+    def __init__(self, ops, model, store, args, step_plan, vram, kv_format: str, max_context: int):
+        self.ops, self.model, self.store, self.args = ops, model, store, args
+        self.step_plan = step_plan
+        self._sizes, self._cells = vram.sizes, vram.cells      # the loan of each prompt (loan_pool_bytes)
+        self.kv_format, self.max_context = kv_format, max_context
+        # pick() reads the last logits row a chunk left here: the chunk's memory may be lent back
+        # to the expert cache before then
+        self.last_row = ops.rt.DeviceBuffer(ops.device, 4 * args.vocab_size)
+
+    def forward(self, ids: list[int], lo: int, kv, last_only: bool, download: bool = True) -> np.ndarray | None:
+        """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V]); without
+        `download` only the last row stays, copied to last_row for pick()."""
+        if lo + len(ids) > self.max_context:
+            raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
+        ops, a = self.ops, self.args
+        rows = slice(-1, None) if last_only else None
+        plan = self.step_plan
+        if len(ids) > STEP_MAX_TOKENS:
+            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
+        positions = ops.upload_positions(np.arange(lo, lo + len(ids)))
+        logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv, logits_rows=rows, plan=plan)
+        V = a.vocab_size
+        ops._copy_rows(logits.ptr + (logits.shape[0] - 1) * V * 4, 0, self.last_row.ptr, 1, V, 0, 0)
+        return ops.to_host(logits) if download else None
+
+    @contextlib.contextmanager
+    def loan(self, tokens: int, chunk: int, pool: bool = True):
+        """While a prompt of `tokens` (more than a decode step's) in chunks of `chunk` runs, the
+        cache's tail slots are lent to the ring and (pool) the activation pool, and given back after
+        it. logits_all keeps its own pool: every row's logits are more than the plan's loan holds."""
+        from ..backends.cuda.memory import Pool
+        ops, store = self.ops, self.store
+        region = store.lend(self.loan_pool_bytes(tokens, chunk) if pool else 0) if tokens > STEP_MAX_TOKENS else None
+        saved = ops.pool
+        if region is not None and pool:
+            pool = Pool(ops.rt, ops.device)
+            pool.segments.append(region)
+            pool.free.append([[0, region.nbytes]])
+            pool.frozen = True
+            ops.pool = pool
+        try:
+            yield
+        finally:
+            ops.pool = saved
+            if store.lent:
+                store.give_back()
+
+    def loan_pool_bytes(self, tokens: int, chunk: int) -> int:
+        """The pool a prompt of `tokens` tokens needs: bytes_needed of its largest chunk (`chunk`, or
+        the prompt rounded up to a power of two, so few sizes are ever computed; bytes_needed is
+        monotone), so a short prompt leaves more of the cache in place."""
+        from .planner import bytes_needed
+        if self.store.resident:
+            return 0
+        T = min(chunk, 1 << max(4, (tokens - 1).bit_length()))
+        return bytes_needed(self._sizes, T, self._cells, self.ops.num_sms, self.kv_format)
