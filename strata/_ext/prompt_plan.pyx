@@ -12,7 +12,9 @@ order), so only each block's last use between allocations matters. tests/engine/
 keeps the two equal over a sweep of shapes, T and KV formats; a change to the prompt path's
 allocations must change the replay here.
 
-largest_chunk is the planner's bisection for `--prefill auto` over this closed form.
+decode_step does the same for a decode step (or a verify window) of T <= GEMV_MAX_T tokens, whose ids
+and positions are already on the device. largest_chunk is the planner's bisection for `--prefill
+auto` over the closed form.
 """
 
 from libcpp.vector cimport vector
@@ -23,7 +25,7 @@ MODEL_FIELDS = ("hidden", "heads", "kv_heads", "head_dim", "experts", "top_k", "
 LAYER_FIELDS = ("q_rows", "q_gemm", "q_scratch", "k_rows", "k_gemm", "k_scratch", "v_rows", "v_gemm", "v_scratch",
                 "o_rows", "o_gemm", "o_scratch", "r_rows", "r_gemm", "r_scratch",
                 "inter", "gate_up_fused", "tensor_core", "gate_gemm", "gate_scratch", "up_gemm", "up_scratch",
-                "down_gemm", "down_scratch")
+                "down_gemm", "down_scratch", "decode_fused")
 # A GEMM's borrowing (the *_gemm columns): none (f32 weights), a one-group tile table (tensor cores), or a
 # dequantized-rows scratch of *_scratch bytes.
 GEMM_NONE, GEMM_TABLE, GEMM_SCRATCH = 0, 1, 2
@@ -35,7 +37,8 @@ cdef enum:
 
 cdef enum:
     C_Q, C_K = 3, C_V = 6, C_O = 9, C_R = 12
-    C_I = 15, C_FUSED, C_TC, C_GATE, C_GATE_SCRATCH, C_UP, C_UP_SCRATCH, C_DOWN, C_DOWN_SCRATCH, C_COUNT
+    C_I = 15, C_FUSED, C_TC, C_GATE, C_GATE_SCRATCH, C_UP, C_UP_SCRATCH, C_DOWN, C_DOWN_SCRATCH, C_DECODE_FUSED
+    C_COUNT
 
 assert len(MODEL_FIELDS) == M_COUNT and len(LAYER_FIELDS) == C_COUNT
 
@@ -53,13 +56,13 @@ cdef class _FirstFit:
     """Pool's first-fit over one unbounded segment: sorted free ranges, merged on release."""
     cdef vector[long long] offs
     cdef vector[long long] sizes
-    cdef long long align, used, peak, arena
+    cdef long long align, used, peak, arena, total
 
     def __cinit__(self, long long align):
         self.align = align
         self.offs.push_back(0)
         self.sizes.push_back(1LL << 60)
-        self.used = self.peak = self.arena = 0
+        self.used = self.peak = self.arena = self.total = 0
 
     cdef Block take(self, long long nbytes):
         cdef long long size = _cdiv(nbytes if nbytes > 1 else 1, self.align) * self.align
@@ -75,6 +78,7 @@ cdef class _FirstFit:
                     self.offs[i] += size
                     self.sizes[i] -= size
                 self.used += size
+                self.total += size
                 if self.used > self.peak:
                     self.peak = self.used
                 if b.off + size > self.arena:
@@ -303,3 +307,125 @@ def largest_chunk(const long long[::1] candidates, long long clamp, long long li
         else:
             hi = mid
     return candidates[lo - 1] if lo else None
+
+
+cdef Block _decode_attention(_FirstFit p, const long long[::1] m, long long T, long long cells, int path,
+                             bint k_rotated, long long splits, bint group_fits, bint tiled):
+    """qk_norm_rope_attention for T <= GEMV_MAX_T tokens -> its output block. One token takes the
+    split-K decode kernel (partials of `splits` splits a head) where its query group fits the kernel
+    (and, over f16 cells, the head dim is a tiled kernel's); more take the prompt kernels."""
+    cdef bint split_k = T == 1 and group_fits and tiled
+    cdef long long q_bytes = 4 * T * m[M_H] * m[M_DH], k_bytes = 4 * T * m[M_HK] * m[M_DH]
+    cdef Block q_out, out, qn, qr, kn, kr, qc, kf, vf
+    if path == ATTN_FUSED:
+        q_out = p.take(q_bytes)
+        out = _decode_attend(p, m, q_bytes, splits, split_k)
+        p.give(q_out)
+        return out
+    qn = p.take(q_bytes)
+    qr = p.take(q_bytes)
+    p.give(qn)
+    kn = p.take(k_bytes)
+    kr = p.take(k_bytes)
+    p.give(kn)
+    if path == ATTN_QUANTIZED:
+        if k_rotated:
+            qc = p.take(q_bytes)
+        if T == 1 and group_fits:
+            out = _decode_attend(p, m, q_bytes, splits, True)
+        else:
+            kf = p.take(2 * cells * m[M_HK] * m[M_DH])
+            vf = p.take(2 * cells * m[M_HK] * m[M_DH])
+            out = _decode_attend(p, m, q_bytes, splits, False)
+            p.give(kf)
+            p.give(vf)
+        if k_rotated:
+            p.give(qc)
+    else:
+        out = _decode_attend(p, m, q_bytes, splits, split_k)
+    p.give(qr)
+    p.give(kr)
+    return out
+
+
+cdef Block _decode_attend(_FirstFit p, const long long[::1] m, long long q_bytes, long long splits, bint split_k):
+    cdef Block out = p.take(q_bytes), acc, ml
+    if split_k:
+        acc = p.take(4 * m[M_H] * splits * m[M_DH])
+        ml = p.take(8 * m[M_H] * splits)
+        p.give(acc)
+        p.give(ml)
+    return out
+
+
+cdef Block _decode_moe(_FirstFit p, const long long[::1] m, const long long[::1] row, long long T):
+    """moe_decode -> its output block: the fused two launches, else the GEMV path."""
+    cdef long long S = T * m[M_A], I = row[C_I], D = m[M_D]
+    cdef Block h, gu, g, u, y, out
+    if row[C_DECODE_FUSED]:
+        h = p.take(4 * S * I)
+        out = p.take(4 * T * D)
+        p.give(h)
+        return out
+    h = p.take(4 * S * I)
+    if row[C_FUSED]:
+        gu = p.take(8 * S * I)
+    else:
+        g = p.take(4 * S * I)
+        u = p.take(4 * S * I)
+    y = p.take(4 * S * D)
+    out = p.take(4 * T * D)
+    p.give(h)
+    if row[C_FUSED]:
+        p.give(gu)
+    else:
+        p.give(g)
+        p.give(u)
+    p.give(y)
+    return out
+
+
+def decode_step(long long T, long long max_cells, int attention_path, bint k_rotated, long long splits,
+                bint group_fits, bint tiled, const long long[::1] model, const long long[:, ::1] layers):
+    """(live high-water mark, sum of every block) of one forward of T <= GEMV_MAX_T tokens over a KV
+    cache of max_cells cells (memory_model.decode_step_bytes' dry run); splits, group_fits, tiled:
+    the split-K decode attention's (_decode_attention)."""
+    cdef _FirstFit p = _FirstFit(model[M_ALIGN])
+    cdef long long D = model[M_D], L = model[M_L], l
+    cdef long long cells = max_cells if max_cells > 1 else 1
+    cdef Block x, normed, q, k, v, attn, attn_out, x_mid, ffn_norm, router, expert_ids, expert_w, moe_out
+    cdef Block x_next, normed_next
+    cdef const long long[::1] row
+    x = p.take(4 * T * D)
+    normed = p.take(4 * T * D)
+    for l in range(L):
+        row = layers[l]
+        q = p.take(4 * T * row[C_Q])
+        k = p.take(4 * T * row[C_K])
+        v = p.take(4 * T * row[C_V])
+        attn = _decode_attention(p, model, T, cells, attention_path, k_rotated, splits, group_fits, tiled)
+        attn_out = p.take(4 * T * row[C_O])
+        x_mid = p.take(4 * T * D)
+        ffn_norm = p.take(4 * T * D)
+        router = p.take(4 * T * row[C_R])
+        expert_ids = p.take(4 * T * model[M_A])
+        expert_w = p.take(4 * T * model[M_A])
+        moe_out = _decode_moe(p, model, row, T)
+        x_next = p.take(4 * T * D)
+        normed_next = p.take(4 * T * D)
+        p.give(q)
+        p.give(k)
+        p.give(v)
+        p.give(attn)
+        p.give(attn_out)
+        p.give(x_mid)
+        p.give(ffn_norm)
+        p.give(router)
+        p.give(expert_ids)
+        p.give(expert_w)
+        p.give(moe_out)
+        p.give(x)
+        p.give(normed)
+        x, normed = x_next, normed_next
+    p.take(4 * T * model[M_V])
+    return p.peak, p.total

@@ -36,7 +36,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..backends.cuda.kernels import KernelPaths
+from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS, KernelPaths, decode_splits
+from ..backends.cuda.moe_decode import MAX_ACTIVE as MOE_DECODE_MAX_ACTIVE
 from ..backends.cuda.memory import ALIGN_BYTES, DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
 from ..backends.cuda.moe import tensor_core_gemm
 from ..backends.cuda.moe_gemm import BM as GEMM_BM
@@ -241,6 +242,8 @@ def _layer_row(sizes, paths: KernelPaths, l: int) -> dict:
                                                          D, gate.ptr)
     row["up_gemm"], row["up_scratch"] = _gemm_borrow(paths, up.qtype, I, D, up.ptr)
     row["down_gemm"], row["down_scratch"] = _gemm_borrow(paths, down.qtype, down.rows, I, down.ptr)
+    row["decode_fused"] = int(paths.fused_decode and gate.qtype == up.qtype
+                              and sizes.args.num_experts_per_tok <= MOE_DECODE_MAX_ACTIVE)
     return row
 
 
@@ -310,11 +313,18 @@ def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, kv: 
 def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
     what CudaRunner reserves for the step's CUDA graph (graphs.capture_step)."""
+    if prompt_plan is not None and 1 <= T <= GEMV_MAX_T:
+        a = sizes.args
+        H, Hk, dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        splits = decode_splits(1, Hk, max(1, max_cells), dh, num_sms)
+        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv), splits, H // Hk <= (8 if dh == 256 else 16),
+                                       dh in ATTENTION_HEAD_DIMS, *prompt_tables(sizes))
     return _memo(("decode", sizes.key, T, max_cells, num_sms, kv),      # fit_context and make_plan ask the same
-                 lambda: _decode_step(sizes, T, max_cells, num_sms, kv))
+                 lambda: dry_run_decode_step(sizes, T, max_cells, num_sms, kv))
 
 
-def _decode_step(sizes, T: int, max_cells: int, num_sms: int, kv: str) -> tuple[int, int]:
+def dry_run_decode_step(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
+    """decode_step_bytes by running the forward (the closed form's oracle)."""
     ops, model, kv = _ops(sizes, max_cells, num_sms, kv=kv)
     base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
     buf = _NullBuffer(None, 4 * (2 * 8 + 1))                            # ids and positions read on the device

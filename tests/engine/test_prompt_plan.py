@@ -1,7 +1,8 @@
-"""strata._ext.prompt_plan, the prompt path's pool in closed form, against its oracle: the dry run of
-the forward on a null runtime (strata.engine.memory_model.dry_run_prompt), over shapes that take
-every branch, a sweep of T around the tile, GEMV and stream-all edges, every KV format and both
-ends of the KV size; and the planner's plans with the closed form against its plans without it."""
+"""strata._ext.prompt_plan, the prompt path's and the decode step's pool in closed form, against their
+oracle: the dry run of the forward on a null runtime (strata.engine.memory_model.dry_run_prompt,
+dry_run_decode_step), over shapes that take every branch, a sweep of T around the tile, GEMV and
+stream-all edges, every KV format and both ends of the KV size; and the planner's plans with the
+closed form against its plans without it."""
 import dataclasses
 
 import pytest
@@ -48,13 +49,19 @@ def _formats(sizes) -> tuple:
     return KV_FORMATS if sizes.args.head_dim % 32 == 0 else ("f16",)
 
 
-def _assert_equal(sizes, Ts, configs=CONFIGS) -> None:
+def _assert_equal(sizes, Ts, configs=CONFIGS, steps=range(1, 9)) -> None:
+    """Prompt chunks of each T and config, and decode steps / verify windows of each size in steps
+    (over 1 to 100,000 cells, 1 to 132 multiprocessors: the split-K partials' sizes), in every format."""
     for kv in _formats(sizes):
         for T in Ts:
             for chunks, cells, resident in configs:
                 want = memory_model.dry_run_prompt(sizes, T, chunks, cells, 8, resident, kv)
                 got = memory_model._prompt(sizes, T, chunks, cells, 8, resident, kv)
                 assert got == want, (kv, T, chunks, cells, resident)
+        for T in steps:
+            for cells, num_sms in ((1, 132), (4096, 132), (100_000, 1)):
+                want = memory_model.dry_run_decode_step(sizes, T, cells, num_sms, kv)
+                assert memory_model.decode_step_bytes(sizes, T, cells, num_sms, kv) == want, (kv, T, cells, num_sms)
 
 
 @pytest.mark.parametrize("name", ["demo", "branchy", "tiny"])
@@ -70,7 +77,7 @@ def test_closed_form_is_the_dry_run_at_full_size(name, monkeypatch):
     if name == "small":
         _assert_equal(sizes, SHORT_SWEEP)
     else:
-        _assert_equal(sizes, BIG_SWEEP, CONFIGS[2:3])
+        _assert_equal(sizes, BIG_SWEEP, CONFIGS[2:3], steps=(1, 2, 8))
 
 
 def test_closed_form_on_converted_packs(tmp_path):
@@ -97,9 +104,11 @@ def test_bytes_needed_is_the_dry_runs():
         assert zeros == one
 
 
-@pytest.mark.parametrize("gib, kv, prefill", [(8, "f16", "auto"), (12, "int8", "auto"), (24, "k8v4", "auto:4096")])
+@pytest.mark.parametrize("gib, kv, prefill", [(5, "f16", "auto"), (8, "f16", "auto"), (12, "int8", "auto"),
+                                              (24, "k8v4", "auto:4096")])
 def test_plans_are_the_dry_runs(gib, kv, prefill, monkeypatch):
-    """The bisections in Cython over the closed form choose what the Python ones over the dry run do."""
+    """The bisections in Cython over the closed form choose what the Python ones over the dry run do
+    (at 5 GiB fit_context lowers the context too, pricing decode steps at each context it tries)."""
     sizes = plan_sizes(None, "qwen3-30b-a3b")[1]
     cfg = EngineConfig(prefill=prefill, expert_cache="auto")
     plan = make_plan(sizes, cfg, gib << 30, what_if={"kv": kv}).to_dict()
@@ -110,10 +119,10 @@ def test_plans_are_the_dry_runs(gib, kv, prefill, monkeypatch):
 
 def test_qwen3next_plan_is_the_dry_runs(monkeypatch):
     sizes = plan_sizes(None, "qwen3-next-80b-a3b")[1]
-    cfg = EngineConfig(max_context=65536)
-    plan = make_plan(sizes, cfg, 16 << 30).to_dict()
+    plan = make_plan(sizes, EngineConfig(), 8 << 30).to_dict()
+    assert plan["max_context"] < sizes.args.max_position_embeddings       # lowered to fit
     monkeypatch.setattr(memory_model, "prompt_plan", None)
-    assert make_plan(sizes, cfg, 16 << 30).to_dict() == plan
+    assert make_plan(sizes, EngineConfig(), 8 << 30).to_dict() == plan
 
 
 def test_tables_follow_the_pack():
