@@ -22,12 +22,14 @@ is counted here: a change to either needs no change here.
 
 tests/engine/test_planner.py checks these against CudaRunner on the emulated runtime.
 
-The planner asks for chunks of T > GEMV_MAX_T tokens again and again (a bisection per plan, a plan per
-KV format, a loan per request), and a dry run of a 48-layer forward is a tenth of a second: those
-are answered by strata._ext.prompt_plan, the same path's pool blocks replayed through the same
-first-fit in typed Cython from a table of the pack's shapes (prompt_tables), microseconds a probe.
-The dry run stays: it answers T <= GEMV_MAX_T (the decode-shaped path), and a build without the
-extension; tests/engine/test_prompt_plan.py keeps the two equal.
+The planner asks again and again (a bisection per plan, a plan per KV format, a decode step per
+context fit_context tries, a loan per request), and a dry run of a 48-layer forward is a tenth of
+a second. strata._ext.prompt_plan answers instead, in a tenth of a millisecond: the same pool
+blocks in the same order, replayed through the same first-fit in typed Cython from a table of the
+pack's shapes and kernel paths (prompt_tables), for prompt chunks of T > GEMV_MAX_T tokens and
+decode steps of T <= GEMV_MAX_T. The dry run stays as the oracle (tests/engine/test_prompt_plan.py
+keeps the two equal), for prompt chunks of T <= GEMV_MAX_T (the decode-shaped path; only tiny
+contexts plan them) and for a build without the extension.
 """
 from __future__ import annotations
 
