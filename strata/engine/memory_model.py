@@ -21,6 +21,15 @@ is counted here: a change to either needs no change here.
   stored in another type (norm_copies_bytes). Not modeled: the growing pool's 64 MiB segments.
 
 tests/engine/test_planner.py checks these against CudaRunner on the emulated runtime.
+
+The planner asks again and again (a bisection per plan, a plan per KV format, a decode step per
+context fit_context tries, a loan per request), and a dry run of a 48-layer forward is a tenth of
+a second. strata._ext.prompt_plan answers instead, in a tenth of a millisecond: the same pool
+blocks in the same order, replayed through the same first-fit in typed Cython from a table of the
+pack's shapes and kernel paths (prompt_tables), for prompt chunks of T > GEMV_MAX_T tokens and
+decode steps of T <= GEMV_MAX_T. The dry run stays as the oracle (tests/engine/test_prompt_plan.py
+keeps the two equal), for prompt chunks of T <= GEMV_MAX_T (the decode-shaped path; only tiny
+contexts plan them) and for a build without the extension.
 """
 from __future__ import annotations
 
@@ -29,10 +38,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..backends.cuda.memory import DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
+from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS, KernelPaths, decode_splits
+from ..backends.cuda.moe_decode import MAX_ACTIVE as MOE_DECODE_MAX_ACTIVE
+from ..backends.cuda.memory import ALIGN_BYTES, DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
+from ..backends.cuda.moe import tensor_core_gemm
+from ..backends.cuda.moe_gemm import BM as GEMM_BM
 from ..backends.cuda.moe_plan import MoePlan
-from ..backends.cuda.ops import DeviceOps
+from ..backends.cuda.ops import GEMV_MAX_T, QK_NORM_ROPE_MAX_PAIRS, WEIGHT_SCRATCH_BYTES, DeviceOps
+from ..quant import kv as kv_formats
 from .hybrid_sizes import qwen3moe_stand_in
+
+try:
+    from .._ext import prompt_plan
+except ImportError:         # built without the extensions: the dry run answers every T
+    prompt_plan = None
 
 ZEROS_MIN_BYTES = 1 << 20       # DeviceOps._zeros_ptr never allocates less
 PROMPT_CHUNKS_SIMULATED = 3    # the first chunk, then two that start from the pool it left
@@ -140,23 +159,34 @@ def _ops(sizes, max_cells: int, num_sms: int, kv: str = "f16"):
     return ops, Qwen3Moe(a, ops), cache
 
 
-_MEMO: dict = {}        # (sizes.key, T, chunks, ..., kv format) -> (peak, arena, zeros): the planner asks again and again
+_MEMO: dict = {}        # (sizes.key, T, ..., kv format) -> a dry run's answer: the planner asks again and again
 _MEMO_MAX = 4096
+
+
+def _memo(key, run):
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        hit = _MEMO[key] = run()
+    return hit
 
 
 def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
             resident: bool = False, kv: str = "f16") -> tuple[int, int, int]:
     """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
-    key = (sizes.key, T, chunks, max_cells, num_sms, resident, kv)
-    hit = _MEMO.get(key)
-    if hit is not None:
-        return hit
+    if closed_form(T):
+        peak, arena = prompt_plan.prompt_pool(T, chunks, max_cells, *_kv_path(sizes, kv), resident, *prompt_tables(sizes))
+        return peak, arena, max(ZEROS_MIN_BYTES, 4 * T * sizes.args.hidden_size)   # every layer's combine asks T x D
+    return _memo((sizes.key, T, chunks, max_cells, num_sms, resident, kv),
+                 lambda: dry_run_prompt(sizes, T, chunks, max_cells, num_sms, resident, kv))
+
+
+def dry_run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False,
+                   kv: str = "f16") -> tuple[int, int, int]:
+    """_prompt's answer by running the forward (the oracle the closed form is tested against)."""
     ops = _run_prompt(sizes, T, chunks, max_cells, num_sms, resident, kv)
-    result = (ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES)
-    if len(_MEMO) >= _MEMO_MAX:
-        _MEMO.clear()
-    _MEMO[key] = result
-    return result
+    return ops.pool.peak_bytes, ops.pool.arena, ops._zeros.nbytes if ops._zeros is not None else ZEROS_MIN_BYTES
 
 
 def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False,
@@ -170,6 +200,96 @@ def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, reside
         ops.to_host(logits)
         del logits, hidden, positions   # as CudaRunner's prompt chunk lets them go before the next one
     return ops
+
+
+def closed_form(T: int) -> bool:
+    """Whether strata._ext.prompt_plan answers chunks of T tokens (the prompt path's GEMM shapes)."""
+    return prompt_plan is not None and T > GEMV_MAX_T
+
+
+def _gemm_borrow(paths: KernelPaths, qtype: str, rows: int, n: int, offset: int = 0) -> tuple[int, int]:
+    """(prompt_plan GEMM_*, scratch bytes): what DeviceOps._gemm_weight borrows for a [rows, n] weight
+    at a 16-aligned address (offset: the part's offset in its blob, 0 for a dense tensor)."""
+    if qtype == "F32":
+        return prompt_plan.GEMM_NONE, 0
+    if tensor_core_gemm(qtype, n, paths.tensor_core_prompt) and offset % 16 == 0:
+        return prompt_plan.GEMM_TABLE, 0
+    chunk = min(rows, max(16, WEIGHT_SCRATCH_BYTES // (4 * n) // 16 * 16))
+    return prompt_plan.GEMM_SCRATCH, 4 * chunk * n
+
+
+def _layer_row(sizes, paths: KernelPaths, l: int) -> dict:
+    """One layer's LAYER_FIELDS: each projection's rows and borrowing, the MoE's path and borrowing."""
+    row = {}
+    for tag, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"), ("r", "ffn_gate_inp")):
+        t = sizes.dense[f"blk.{l}.{name}.weight"]
+        rows, n = math.prod(t["shape"][:-1]), t["shape"][-1]
+        row[f"{tag}_rows"] = rows
+        row[f"{tag}_gemm"], row[f"{tag}_scratch"] = _gemm_borrow(paths, t["qtype"], rows, n)
+    lay = ExpertLayer.from_meta(l, sizes.layers[l], 0)
+    gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
+    I, D = gate.rows, gate.shape[-1]
+    row.update(inter=I, gate_up_fused=int(lay.contiguous_gate_up),
+               tensor_core=int(all(tensor_core_gemm(p.qtype, p.shape[-1], paths.tensor_core_prompt)
+                                   for p in (gate, up, down))))
+    row["gate_gemm"], row["gate_scratch"] = _gemm_borrow(paths, gate.qtype, 2 * I if lay.contiguous_gate_up else I,
+                                                         D, gate.ptr)
+    row["up_gemm"], row["up_scratch"] = _gemm_borrow(paths, up.qtype, I, D, up.ptr)
+    row["down_gemm"], row["down_scratch"] = _gemm_borrow(paths, down.qtype, down.rows, I, down.ptr)
+    row["decode_fused"] = int(paths.fused_decode and gate.qtype == up.qtype
+                              and sizes.args.num_experts_per_tok <= MOE_DECODE_MAX_ACTIVE)
+    return row
+
+
+_TABLES: dict = {}      # sizes.key -> prompt_tables(sizes)
+
+
+def prompt_tables(sizes) -> tuple[np.ndarray, np.ndarray]:
+    """(model [MODEL_FIELDS], layers [L, LAYER_FIELDS]) int64: what strata._ext.prompt_plan replays
+    the prompt path from, for the default KernelPaths (the dry run's)."""
+    hit = _TABLES.get(sizes.key)
+    if hit is not None:
+        return hit
+    paths, stand_in = KernelPaths(), qwen3moe_stand_in(sizes)
+    a = stand_in.args
+    model = dict(hidden=a.hidden_size, heads=a.num_attention_heads, kv_heads=a.num_key_value_heads,
+                 head_dim=a.head_dim, experts=a.num_experts, top_k=a.num_experts_per_tok,
+                 vocab=math.prod(stand_in.dense["output.weight" if not a.tie_word_embeddings
+                                               else "token_embd.weight"]["shape"][:-1]),
+                 layers=a.num_hidden_layers, align=ALIGN_BYTES, tile_rows=GEMM_BM,
+                 stream_all_tokens=stream_all_tokens(a), group_on_device=int(paths.group_on_device))
+    rows = [_layer_row(stand_in, paths, l) for l in range(a.num_hidden_layers)]
+    tables = (np.array([model[f] for f in prompt_plan.MODEL_FIELDS], np.int64),
+              np.array([[r[f] for f in prompt_plan.LAYER_FIELDS] for r in rows], np.int64).reshape(-1, len(prompt_plan.LAYER_FIELDS)))
+    _TABLES[sizes.key] = tables
+    return tables
+
+
+def _kv_path(sizes, kv: str) -> tuple[int, bool]:
+    """(prompt_plan ATTN_*, K stored rotated) of DeviceOps.qk_norm_rope_attention over a KV of format kv."""
+    dh = sizes.args.head_dim
+    k_rotated = kv_formats.codecs(kv)[0].rotated
+    if kv != "f16":
+        return prompt_plan.ATTN_QUANTIZED, k_rotated
+    if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS:
+        return prompt_plan.ATTN_UNFUSED, k_rotated
+    return prompt_plan.ATTN_FUSED, k_rotated
+
+
+def chunk_search(sizes, candidates: list[int], max_context: int, max_cells: int, kv: str = "f16"):
+    """search(limit, extra) -> the largest of the ascending candidates T with planner.bytes_needed(
+    min(T, max_context)) + extra <= limit, bisected in strata._ext.prompt_plan; None when the closed
+    form does not answer every candidate (then the planner bisects over the dry run)."""
+    if not candidates or not closed_form(min(candidates[0], max_context)):
+        return None
+    cands = np.asarray(candidates, np.int64)
+    path, k_rotated = _kv_path(sizes, kv)
+    model, layers = prompt_tables(sizes)
+
+    def search(limit: int, extra: int) -> int | None:
+        return prompt_plan.largest_chunk(cands, max_context, limit, extra, PROMPT_CHUNKS_SIMULATED, max_cells,
+                                         path, k_rotated, model, layers, ZEROS_MIN_BYTES)
+    return search
 
 
 def prompt_pool_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, resident: bool = False,
@@ -187,6 +307,18 @@ def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, kv: 
 def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
     what CudaRunner reserves for the step's CUDA graph (graphs.capture_step)."""
+    if prompt_plan is not None and 1 <= T <= GEMV_MAX_T:
+        a = sizes.args
+        H, Hk, dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        splits = decode_splits(1, Hk, max(1, max_cells), dh, num_sms)
+        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv), splits, H // Hk <= (8 if dh == 256 else 16),
+                                       dh in ATTENTION_HEAD_DIMS, *prompt_tables(sizes))
+    return _memo(("decode", sizes.key, T, max_cells, num_sms, kv),      # fit_context and make_plan ask the same
+                 lambda: dry_run_decode_step(sizes, T, max_cells, num_sms, kv))
+
+
+def dry_run_decode_step(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
+    """decode_step_bytes by running the forward (the closed form's oracle)."""
     ops, model, kv = _ops(sizes, max_cells, num_sms, kv=kv)
     base_peak, base_total = ops.pool.peak_bytes, ops.pool.allocated_bytes
     buf = _NullBuffer(None, 4 * (2 * 8 + 1))                            # ids and positions read on the device

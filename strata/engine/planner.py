@@ -28,8 +28,9 @@ docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier desi
   the cache.
 
 bytes_needed(T) follows the CURRENT GPU prompt path (strata.engine.memory_model replays its
-allocations in the real Pool) and must change with it; tests/engine/test_planner.py checks it
-against CudaRunner.prefill on the emulated runtime. It is the reserved pool that path needs, which
+allocations in the real Pool, and strata._ext.prompt_plan in closed form, equal to that dry run:
+tests/engine/test_prompt_plan.py) and must change with it; tests/engine/test_planner.py checks it
+against CudaRunner.prefill on the emulated runtime. The bisections over it run in that extension. It is the reserved pool that path needs, which
 first-fit holes put 3-8% above the live high-water mark; the live mark rises with T by
 construction, the reserved pool did on the 256 grid of every shape tried (off the grid it can dip
 at an exact fit, e.g. T = 2^k - 1 -> 2^k). The bisection's answer always fits; a dip could only
@@ -315,19 +316,29 @@ def _too_small(budget: int, items: dict, loan: int, chunk: int) -> InvalidArgume
                            f"prompt chunk with a {RING_MIN_SLOTS}-slot ring {loan / 2**30:.2f} GiB")
 
 
-def _prompt_choice(cands, fixed, need, room, spare, resident, full, max_blob) -> tuple[int, int, str]:
-    """(chunk, ring slots, rule) under the rules of the module doc."""
+def chunk_search(sizes: PackSizes, cands: list[int], max_context: int, cells: int, kv: str, need):
+    """search(limit, extra) -> the largest candidate T with need(T) + extra <= limit (None when none
+    does), need(T) being bytes_needed(min(T, max_context)): the bisection in typed Cython over the
+    closed form (strata._ext.prompt_plan) where that answers every candidate, else over `need`."""
+    native = memory_model.chunk_search(sizes, cands, max_context, cells, kv)
+    if native is not None:
+        return native
+    return lambda limit, extra: largest_fitting(cands, lambda T: need(T) + extra <= limit)
+
+
+def _prompt_choice(cands, fixed, need, search, room, spare, resident, full, max_blob) -> tuple[int, int, str]:
+    """(chunk, ring slots, rule) under the rules of the module doc; search: chunk_search's."""
     if resident:
-        T = largest_fitting(cands, lambda T: need(T) <= spare)
+        T = search(spare, 0)
         if T is not None:
             return T, 0, "every expert cached; the chunk fits beside the cache, no ring"
     if fixed:
         T = cands[0]
         return T, min(full, (room - need(T)) // max_blob), "fixed --prefill"
-    T = largest_fitting(cands, lambda T: need(T) + full * max_blob <= room)
+    T = search(room, full * max_blob)
     if T is not None:
         return T, full, "auto: the largest chunk that leaves the ring full"
-    T = largest_fitting(cands, lambda T: need(T) + RING_MIN_SLOTS * max_blob <= room)
+    T = search(room, RING_MIN_SLOTS * max_blob)
     return T, min(full, (room - need(T)) // max_blob), (f"auto: no chunk leaves the ring full; the largest "
                                                          f"over a {RING_MIN_SLOTS}-slot floor")
 
@@ -379,7 +390,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     if config.prefill_rule == "slots" and slots < cache.total_slots:
         T, ring, rule = _legacy_choice(config, need, room, cache.total_slots, mb)
     else:
-        T, ring, rule = _prompt_choice(cands, fixed, need, room, spare, slots == cache.total_slots, full, mb)
+        search = chunk_search(sizes, cands, config.max_context, cells, config.kv, need)
+        T, ring, rule = _prompt_choice(cands, fixed, need, search, room, spare, slots == cache.total_slots, full, mb)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig
+from strata.engine import memory_model
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import LLM, demo_model_path
 from strata.errors import InvalidArgument
@@ -210,11 +211,11 @@ def test_emulated_first_request_after_warm_up_loads_and_captures_nothing(fake, m
     kwargs = _configs(pack)[layout]
     cold = LLM(device="cuda", max_context=256, **kwargs)
     paid = first_request_pays_nothing(cold, Spy(monkeypatch, fake, fake, cold.runner), warm=False)
-    # the spies see what a cold first request pays; the greedy second turn its argmax kernel, and
-    # with experts streaming a shorter or longer prompt its loan's size (one more host replay)
+    # the spies see what a cold first request pays; the greedy second turn its argmax kernel; a
+    # streamed prompt's loan is priced in closed form (strata._ext.prompt_plan), no dry run
     assert paid[0]["loads"] and paid[0]["kernels"] and paid[0]["captures"] == 1 and paid[0]["graphs"] == [1]
     assert {**paid[1], "loan_replays": []} == {**NOTHING, "loads": ["argmax"], "kernels": ["strata_argmax_f32"]}
-    assert bool(paid[2]["loan_replays"]) == (layout == "streamed")
+    assert bool(paid[2]["loan_replays"]) == (layout == "streamed" and memory_model.prompt_plan is None)
     warm = LLM(device="cuda", max_context=256, **kwargs)
     spy = Spy(monkeypatch, fake, fake, warm.runner)
     assert warm.runner.status()["decode"]["graphs"] == {}

@@ -18,8 +18,8 @@ from strata.errors import DeviceError, InvalidArgument
 from strata.pack import open_pack
 from strata.plan import plan_sizes
 
-SCAN_STEP = 2048        # the scans' chunk grid (planner.CHUNK_GRID patched to it): bytes_needed is a dry
-GRID = list(range(SCAN_STEP, 32768 + 1, SCAN_STEP))   # run of the forward, ~0.5 s a point on this shape
+SCAN_STEP = 2048        # the scans' chunk grid (planner.CHUNK_GRID patched to it): coarse, so a build without
+GRID = list(range(SCAN_STEP, 32768 + 1, SCAN_STEP))   # strata._ext.prompt_plan (a dry run, ~0.5 s a point) stays quick
 CONTEXT = 1024          # of the emulated runners
 
 
