@@ -225,6 +225,7 @@ cdef _FirstFit _replay(long long T, long long chunks, long long max_cells, int a
     if cells < 1:
         cells = 1
     for c in range(chunks):
+        pos = p.take(4 * (T + 1))        # the caller's upload_positions, once per forward
         ids = p.take(4 * T)
         x = p.take(4 * T * D)
         p.give(ids)
@@ -234,7 +235,7 @@ cdef _FirstFit _replay(long long T, long long chunks, long long max_cells, int a
             q = _linear(p, row, C_Q, T, bm)
             k = _linear(p, row, C_K, T, bm)
             v = _linear(p, row, C_V, T, bm)
-            attn = _attention(p, m, T, cells, attention_path, k_rotated, l == 0, &pos, &have_pos)
+            attn = _attention(p, m, T, cells, attention_path, k_rotated, False, &pos, &have_pos)
             attn_out = _linear(p, row, C_O, T, bm)
             x_mid = p.take(4 * T * D)
             ffn_norm = p.take(4 * T * D)
@@ -268,6 +269,7 @@ cdef _FirstFit _replay(long long T, long long chunks, long long max_cells, int a
         p.give(normed)
         p.give(logits)
         p.give(x)
+        p.give(pos)                      # the chunk's positions go after its logits and hidden
     return p
 
 
