@@ -79,6 +79,7 @@ struct QRow {                  // one row of n activations as n / 32 blocks
     const int8_t* q;
     const float* scale;
     const int32_t* sum;
+    const float* ssum;         // scale * sum, the K-quants' min term's factor
 };
 
 // x [n] -> q [n], scale [n/32], sum [n/32]: scale = amax / 127, q = round(x / scale)
@@ -217,7 +218,7 @@ static inline void group_dot_scalar(const Group& g, const QRow* xs, int T, int b
             int32_t lo = 0, hi = 0;
             dot32_scalar(g.q + 32 * k, xs[t].q + 32 * b, &lo, &hi);
             acc += xs[t].scale[b] * (g.s16[2 * k] * (float)lo + g.s16[2 * k + 1] * (float)hi);
-            if (g.mins) acc -= g.m32[k] * xs[t].scale[b] * (float)xs[t].sum[b];
+            if (g.mins) acc -= g.m32[k] * xs[t].ssum[b];
         }
         out[t * stride] += acc;
     }
@@ -277,31 +278,39 @@ __attribute__((target("avx2"))) static inline void unpack_avx2(int kind, const u
     }
 }
 
+// the products of one sub-block: |w| * (x with w's sign), or w * x directly where every w >= 0
+// (Q4_K, Q5_K: maddubs reads w as unsigned); exact while |x| <= 127
+__attribute__((target("avx2"))) static inline __m256i sub_dot_avx2(__m256i w, __m256i x, bool unsigned_w) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p16 = unsigned_w ? _mm256_maddubs_epi16(w, x) : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                                                   _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p16, ones);
+}
+
+__attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 acc) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 __attribute__((target("avx2,fma"))) static inline void group_dot_avx2(const Group& g, const QRow* xs, int T,
                                                                        int b0, float* out, size_t stride) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i qa[8], qs[8];
-    __m256 sv[8];
-    for (int k = 0; k < g.subs; k++) {
-        __m256i v = _mm256_load_si256((const __m256i*)(g.q + 32 * k));
-        qa[k] = _mm256_sign_epi8(v, v);
-        qs[k] = v;
-        sv[k] = _mm256_set_m128(_mm_set1_ps(g.s16[2 * k + 1]), _mm_set1_ps(g.s16[2 * k]));
-    }
+    const bool uw = g.mins;
     for (int t = 0; t < T; t++) {
+        const QRow& xr = xs[t];
         __m256 acc = _mm256_setzero_ps();
         float mins = 0.f;
         for (int k = 0; k < g.subs; k++) {
-            int b = b0 + k;
-            __m256i x = _mm256_loadu_si256((const __m256i*)(xs[t].q + 32 * b));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa[k], _mm256_sign_epi8(x, qs[k])), ones);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv[k], _mm256_set1_ps(xs[t].scale[b])), acc);
-            if (g.mins) mins += g.m32[k] * xs[t].scale[b] * (float)xs[t].sum[b];
+            const int b = b0 + k;
+            const __m256i w = _mm256_load_si256((const __m256i*)(g.q + 32 * k));
+            const __m256i x = _mm256_loadu_si256((const __m256i*)(xr.q + 32 * b));
+            const float xsb = xr.scale[b];
+            const __m256 sv = _mm256_set_m128(_mm_set1_ps(g.s16[2 * k + 1] * xsb), _mm_set1_ps(g.s16[2 * k] * xsb));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sub_dot_avx2(w, x, uw)), sv, acc);
+            if (uw) mins += g.m32[k] * xr.ssum[b];
         }
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        out[t * stride] += _mm_cvtss_f32(s) - mins;
+        out[t * stride] += hsum_avx2(acc) - mins;
     }
 }
 
@@ -435,18 +444,21 @@ static inline void matmul_q(int kind, const uint8_t* W, int R, int n, const std:
 
 struct QBuf {                  // T rows of n quantized activations
     std::vector<int8_t> q;
-    std::vector<float> scale;
+    std::vector<float> scale, ssum;
     std::vector<int32_t> sum;
     std::vector<QRow> rows;
     void fill(const float* x, int T, int n) {
         q.resize((size_t)T * n);
         scale.resize((size_t)T * n / 32);
         sum.resize((size_t)T * n / 32);
+        ssum.resize((size_t)T * n / 32);
         rows.resize(T);
         for (int t = 0; t < T; t++) {
             quantize_row(x + (size_t)t * n, n, q.data() + (size_t)t * n, scale.data() + (size_t)t * n / 32,
                          sum.data() + (size_t)t * n / 32);
-            rows[t] = QRow{q.data() + (size_t)t * n, scale.data() + (size_t)t * n / 32, sum.data() + (size_t)t * n / 32};
+            const size_t o = (size_t)t * n / 32;
+            for (int b = 0; b < n / 32; b++) ssum[o + b] = scale[o + b] * (float)sum[o + b];
+            rows[t] = QRow{q.data() + (size_t)t * n, scale.data() + o, sum.data() + o, ssum.data() + o};
         }
     }
 };
