@@ -374,18 +374,22 @@ class OptionalBuildExt(build_ext):
             note(f"{ext.name} not built ({type(exc).__name__}: {first}): this install is CPU-only")
 
 
+CUDA_PYX = {"runtime", "graphs"}     # the modules that cimport cuda.bindings; the others build without it
+
+
 def extensions() -> list[Extension]:
     try:
         from Cython.Build import cythonize
     except ImportError:
         note("Cython not found: strata._ext not built, this install is CPU-only")
         return []
+    pyxs = sorted((ROOT / "strata" / "_ext").glob("*.pyx"))
     if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
-        note("cuda-bindings not found: strata._ext not built, this install is CPU-only")
-        return []
+        note("cuda-bindings not found: strata._ext's GPU runtime not built, this install is CPU-only")
+        pyxs = [p for p in pyxs if p.stem not in CUDA_PYX]
     exts = [Extension(f"strata._ext.{pyx.stem}", [str(pyx.relative_to(ROOT))], language="c++",
                       extra_compile_args=["-std=c++17", "-O2"], optional=True)
-            for pyx in sorted((ROOT / "strata" / "_ext").glob("*.pyx"))]
+            for pyx in pyxs]
     directives = {"language_level": 3, "boundscheck": False, "wraparound": False, "embedsignature": True}
     try:
         exts = cythonize(exts, compiler_directives=directives, quiet=True)
