@@ -36,6 +36,10 @@
 //   single-token row body of strata_gemv_<qtype>, batch > 1 the batched body of
 //   strata_gemv_batch_<qtype> (n % 8 == 0); both are cuda/gemv_rows.cuh, shared with cuda/gemv.cu,
 //   so the outputs equal the three separate launches. Layout and alignment as cuda/gemv.cu.
+// strata_gemv3_rows_<qtype>(same arguments)
+//   The same y_i, row-invariant: row b is bit for bit what batch == 1 computes on x[b] (the
+//   single-token body for every token, cuda/gemv_rows.cuh's gemv_rows_multi), for a speculative
+//   verify window or parallel slots. Grid as for batch == 1.
 //   Launch: block = (128, 1, 1), any grid: warps stride over the row sets of the concatenated
 //   rows (a row set = gemv.cu's rows per warp, of one matrix); one set per warp is
 //   ceil(sum_i ceil(rows_i / rows_per_warp) / 4) blocks, rows_per_warp = 4 for batch > 1.
@@ -204,6 +208,21 @@ __device__ __forceinline__ void gemv3_body(const Three& m, const float* __restri
     }
 }
 
+template <class U>
+__device__ __forceinline__ void gemv3_rows_body(const Three& m, const float* __restrict__ x, int n, const float* table,
+                                                int batch) {
+    const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
+    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
+    const uint8_t* W;
+    float* y;
+    int rows, base;
+    for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
+        const UnitLanes<U> L(n);
+        gemv_rows_multi<U>(W, x, y, rows, n, base + L.sub * U::kRows, L, table, batch);
+    }
+}
+
 template <class B>
 __device__ __forceinline__ void gemv3_batch_body(const Three& m, const float* __restrict__ x, int n, int batch) {
     const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -229,6 +248,10 @@ __device__ __forceinline__ void gemv3_batch_body(const Three& m, const float* __
             gemv3_body<Unit>(STRATA_GEMV3_THREE, x, n, nullptr);                                       \
         else                                                                                           \
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        gemv3_rows_body<Unit>(STRATA_GEMV3_THREE, x, n, nullptr, batch);                               \
     }
 
 STRATA_GEMV3(q4_0, UnitQ4_0, BlockQ4_0)
@@ -252,6 +275,12 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
             gemv3_body<Unit>(STRATA_GEMV3_THREE, x, n, table);                                         \
         else                                                                                           \
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        __shared__ float table[16];                                                                    \
+        fill_iq4_table(table);                                                                         \
+        gemv3_rows_body<Unit>(STRATA_GEMV3_THREE, x, n, table, batch);                                 \
     }
 
 STRATA_GEMV3_IQ4(iq4_nl, UnitIQ4_NL, BlockIQ4_NL)
@@ -267,6 +296,13 @@ STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
             gemv3_body<UnitFloat8<Block>>(STRATA_GEMV3_THREE, x, n, nullptr);                          \
         else                                                                                           \
             gemv3_body<UnitFloat1<Elem>>(STRATA_GEMV3_THREE, x, n, nullptr);                           \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        if (n % 8 == 0)                                                                                \
+            gemv3_rows_body<UnitFloat8<Block>>(STRATA_GEMV3_THREE, x, n, nullptr, batch);              \
+        else                                                                                           \
+            gemv3_rows_body<UnitFloat1<Elem>>(STRATA_GEMV3_THREE, x, n, nullptr, batch);               \
     }
 
 STRATA_GEMV3_FLOAT(f32, BlockF32x8, ElemF32)

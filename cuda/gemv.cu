@@ -3,7 +3,10 @@
 // strata_gemv_<qtype>(W, x, y, rows, n)
 //   y[r] = sum_k W[r, k] * x[k], float32 accumulation.
 // strata_gemv_batch_<qtype>(W, x, y, rows, n, batch)
-//   y[b, r] = sum_k W[r, k] * x[b, k] for b < batch <= 8 (the tokens of a speculative verify window).
+//   y[b, r] = sum_k W[r, k] * x[b, k] for b < batch <= 8 (a prompt's few tokens; its own sum order).
+// strata_gemv_rows_<qtype>, strata_gemv_rows_split_<qtype>(W, x, y, rows, n, batch)
+//   the same y, row-invariant: row b is bit for bit strata_gemv_<qtype> (strata_gemv_split_<qtype>)
+//   on x[b] (gemv_rows.cuh's multi bodies), for a speculative verify window or parallel slots.
 //
 // Layout: W is [rows, n] in the type's native block bytes (row r at r * (n / block_size) * type_size),
 // 16-byte aligned; x is [n] (or [batch, n]) float32, 16-byte aligned (4 for a float type with n % 8
@@ -85,6 +88,16 @@ __device__ __forceinline__ void gemv_batch_body(const uint8_t* __restrict__ W, c
         STRATA_PDL_ENTRY();                                                                            \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                      \
     }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        gemv_multi_body<kWarps, Unit>(W, x, y, rows, n, nullptr, batch);                               \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        gemv_split_multi_body<kWarps, Unit>(W, x, y, rows, n, nullptr, batch);                         \
+    }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 
 STRATA_GEMV(q4_0, UnitQ4_0, BlockQ4_0)
@@ -113,6 +126,20 @@ STRATA_GEMV(q6_k, UnitQ6_K, BlockQ6_K)
         fill_iq4_table(table);                                                                         \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, table);                                        \
     }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        __shared__ float table[16];                                                                    \
+        fill_iq4_table(table);                                                                         \
+        gemv_multi_body<kWarps, Unit>(W, x, y, rows, n, table, batch);                                 \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        __shared__ float table[16];                                                                    \
+        fill_iq4_table(table);                                                                         \
+        gemv_split_multi_body<kWarps, Unit>(W, x, y, rows, n, table, batch);                           \
+    }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 
 STRATA_GEMV_IQ4(iq4_nl, UnitIQ4_NL, BlockIQ4_NL)
@@ -135,6 +162,22 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
             gemv_split_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                     \
         else                                                                                           \
             gemv_split_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr);                      \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        if (n % 8 == 0)                                                                                \
+            gemv_multi_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr, batch);              \
+        else                                                                                           \
+            gemv_multi_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr, batch);               \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        if (n % 8 == 0)                                                                                \
+            gemv_split_multi_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr, batch);        \
+        else                                                                                           \
+            gemv_split_multi_body<kWarps, UnitFloat1<Elem>>(W, x, y, rows, n, nullptr, batch);         \
     }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
 

@@ -137,6 +137,109 @@ __device__ __forceinline__ void gemv_split_body(const uint8_t* __restrict__ W, c
     }
 }
 
+// Row-invariant batches (gemv_rows_multi, gemv_multi_body, gemv_split_multi_body): the one-token
+// bodies above for each of `batch` <= kMaxBatch tokens, the weights loaded once per unit. Token t's
+// sums are the same operations in the same order as a one-token launch on x[t] (the same units, the
+// same lanes, the same U::dot and shuffle tree; the split body's warp partials meet in the same
+// order), so row t of a speculative verify window or of parallel slots is bit for bit the one-token
+// result, whatever the batch. x [batch, n], y [batch, rows]; batch is uniform over the grid.
+template <class U>
+__device__ __forceinline__ void gemv_rows_acc_multi(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                    int n, int rows, int row0, const UnitLanes<U>& L,
+                                                    const float* table, int u_first, int u_step, int batch,
+                                                    float (&acc)[kMaxBatch][U::kRows]) {
+    constexpr int R = U::kRows;
+    const uint8_t* row_ptr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * L.row_bytes;
+#pragma unroll
+    for (int t = 0; t < kMaxBatch; ++t)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[t][r] = 0.f;
+    for (int u = u_first; u < L.units; u += u_step) {
+        const int b = u / U::kUnits, c = u - b * U::kUnits;
+        typename U::Raw raw[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) U::load(row_ptr[r] + static_cast<long long>(b) * U::kBlockBytes, c, raw[r]);
+#pragma unroll
+        for (int t = 0; t < kMaxBatch; ++t) {
+            if (t < batch) {
+                typename U::X xv;
+                U::load_x(x + static_cast<long long>(t) * n + static_cast<long long>(b) * U::kBlockWeights, c, xv);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[t][r] += U::dot(raw[r], c, xv, table);
+            }
+        }
+    }
+}
+
+template <class U>
+__device__ __forceinline__ void gemv_rows_multi(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int n, int row0,
+                                                const UnitLanes<U>& L, const float* table, int batch) {
+    constexpr int R = U::kRows;
+    float acc[kMaxBatch][R];
+    gemv_rows_acc_multi<U>(W, x, n, rows, row0, L, table, L.sl, L.lanes, batch, acc);
+#pragma unroll
+    for (int t = 0; t < kMaxBatch; ++t) {
+        if (t < batch) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = sum_lanes(acc[t][r], L.lanes);
+                if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
+            }
+        }
+    }
+}
+
+template <int kWarps, class U>
+__device__ __forceinline__ void gemv_multi_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int n, const float* table,
+                                                int batch) {
+    const UnitLanes<U> L(n);
+    const long long rows_per_warp = (32 / L.lanes) * U::kRows;
+    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
+    for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
+        gemv_rows_multi<U>(W, x, y, rows, n, static_cast<int>(base) + L.sub * U::kRows, L, table, batch);
+}
+
+template <int kWarps, class U>
+__device__ __forceinline__ void gemv_split_multi_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                      float* __restrict__ y, int rows, int n, const float* table,
+                                                      int batch) {
+    constexpr int R = U::kRows;
+    __shared__ float part[kWarps][32 * R];
+    const UnitLanes<U> L(n);
+    const int warp = threadIdx.x >> 5;
+    const long long rows_per_block = (32 / L.lanes) * R;
+    for (long long base = blockIdx.x * rows_per_block; base < rows; base += gridDim.x * rows_per_block) {
+        const int row0 = static_cast<int>(base) + L.sub * R;
+        float acc[kMaxBatch][R];
+        gemv_rows_acc_multi<U>(W, x, n, rows, row0, L, table, L.sl + warp * L.lanes, L.lanes * kWarps, batch, acc);
+#pragma unroll
+        for (int t = 0; t < kMaxBatch; ++t) {
+            if (t < batch) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float v = sum_lanes(acc[t][r], L.lanes);
+                    if (L.sl == 0) part[warp][L.sub * R + r] = v;
+                }
+                __syncthreads();
+                if (warp == 0 && L.sl == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float v = part[0][L.sub * R + r];
+                        for (int w = 1; w < kWarps; ++w) v += part[w][L.sub * R + r];
+                        if (row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+    }
+}
+
 // How this lane works on rows of n weights (n % 8 == 0) in blocks of B: chunks of 8 weights. The
 // caller builds it where it builds the loop (gemv.cu: once per kernel), as before the body moved
 // here: computed inside gemv_batch_rows, ptxas gave strata_gemv_batch_f16 two more registers.
