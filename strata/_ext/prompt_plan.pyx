@@ -313,15 +313,16 @@ def largest_chunk(const long long[::1] candidates, long long clamp, long long li
 
 cdef Block _decode_attention(_FirstFit p, const long long[::1] m, long long T, long long cells, int path,
                              bint k_rotated, long long splits, bint group_fits, bint tiled):
-    """qk_norm_rope_attention for T <= GEMV_MAX_T tokens -> its output block. One token takes the
-    split-K decode kernel (partials of `splits` splits a head) where its query group fits the kernel
-    (and, over f16 cells, the head dim is a tiled kernel's); more take the prompt kernels."""
-    cdef bint split_k = T == 1 and group_fits and tiled
+    """qk_norm_rope_attention for T <= GEMV_MAX_T tokens -> its output block. The tokens take the
+    split-K decode kernel as rows of one sequence (partials of `splits` splits a head and row) where
+    the query group fits the kernel (and, over f16 cells, the head dim is a tiled kernel's); else the
+    prompt kernels."""
+    cdef bint split_k = group_fits and tiled
     cdef long long q_bytes = 4 * T * m[M_H] * m[M_DH], k_bytes = 4 * T * m[M_HK] * m[M_DH]
     cdef Block q_out, out, qn, qr, kn, kr, qc, kf, vf
     if path == ATTN_FUSED:
         q_out = p.take(q_bytes)
-        out = _decode_attend(p, m, q_bytes, splits, split_k)
+        out = _decode_attend(p, m, T, q_bytes, splits, split_k)
         p.give(q_out)
         return out
     qn = p.take(q_bytes)
@@ -333,28 +334,29 @@ cdef Block _decode_attention(_FirstFit p, const long long[::1] m, long long T, l
     if path == ATTN_QUANTIZED:
         if k_rotated:
             qc = p.take(q_bytes)
-        if T == 1 and group_fits:
-            out = _decode_attend(p, m, q_bytes, splits, True)
+        if group_fits:
+            out = _decode_attend(p, m, T, q_bytes, splits, True)
         else:
             kf = p.take(2 * cells * m[M_HK] * m[M_DH])
             vf = p.take(2 * cells * m[M_HK] * m[M_DH])
-            out = _decode_attend(p, m, q_bytes, splits, False)
+            out = _decode_attend(p, m, T, q_bytes, splits, False)
             p.give(kf)
             p.give(vf)
         if k_rotated:
             p.give(qc)
     else:
-        out = _decode_attend(p, m, q_bytes, splits, split_k)
+        out = _decode_attend(p, m, T, q_bytes, splits, split_k)
     p.give(qr)
     p.give(kr)
     return out
 
 
-cdef Block _decode_attend(_FirstFit p, const long long[::1] m, long long q_bytes, long long splits, bint split_k):
+cdef Block _decode_attend(_FirstFit p, const long long[::1] m, long long T, long long q_bytes, long long splits,
+                          bint split_k):
     cdef Block out = p.take(q_bytes), acc, ml
     if split_k:
-        acc = p.take(4 * m[M_H] * splits * m[M_DH])
-        ml = p.take(8 * m[M_H] * splits)
+        acc = p.take(4 * T * m[M_H] * splits * m[M_DH])
+        ml = p.take(8 * T * m[M_H] * splits)
         p.give(acc)
         p.give(ml)
     return out

@@ -57,6 +57,7 @@ class DecodeSteps:
         self.graphs: dict = {}             # T -> DecodeGraph
         self.step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
         self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
+        self.hidden = None                 # the last step's hidden states [T, D] on the device
 
     def step(self, ids: list[int], lo: int, kv, download: bool = True):
         """Logits of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is
@@ -71,10 +72,10 @@ class DecodeSteps:
             graph.launch(self.stream)
             if mode == "graph":         # a capture counted its step while the model ran
                 self.ops.expert_uses += graph.expert_uses
-            logits = graph.logits
+            logits, self.hidden = graph.logits, graph.hidden
         else:
             before = self.ops.pool.allocated_bytes
-            logits, _ = self.model.forward(ids_dev, pos_dev, kv, plan=self.plan)
+            logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.plan)
             self.step_bytes[T] = self.ops.pool.allocated_bytes - before
         t1 = time.perf_counter()
         if download:

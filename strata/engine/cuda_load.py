@@ -33,9 +33,6 @@ def check_config(pack, config: EngineConfig) -> None:
                                    f"{ATTENTION_HEAD_DIMS}, this model's is {pack.args.head_dim} (--kv f16 runs it)")
         for codec in kv_formats.codecs(config.kv):
             codec.check(pack.args.head_dim)
-    if config.spec != "0":
-        raise InvalidArgument(f"--spec {config.spec}: speculative decoding runs on the CPU only so far "
-                              f"(--device cpu); the GPU's verify window is not built")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -27,9 +27,11 @@ class PromptChunks:
         # to the expert cache before then
         self.last_row = ops.rt.DeviceBuffer(ops.device, 4 * args.vocab_size)
 
-    def forward(self, ids: list[int], lo: int, kv, last_only: bool, download: bool = True) -> np.ndarray | None:
+    def forward(self, ids: list[int], lo: int, kv, last_only: bool, download: bool = True,
+                hidden: bool = False) -> np.ndarray | None:
         """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V]); without
-        `download` only the last row stays, copied to last_row for pick()."""
+        `download` only the last row stays, copied to last_row for pick(). hidden: the chunk's last
+        hidden states [T, D] also come to the host, as self.hidden (the drafter's input)."""
         if lo + len(ids) > self.max_context:
             raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
         ops, a = self.ops, self.args
@@ -38,7 +40,8 @@ class PromptChunks:
         if len(ids) > STEP_MAX_TOKENS:
             plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
         positions = ops.upload_positions(np.arange(lo, lo + len(ids)))
-        logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv, logits_rows=rows, plan=plan)
+        logits, h = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv, logits_rows=rows, plan=plan)
+        self.hidden = ops.to_host(h) if hidden else None
         V = a.vocab_size
         ops._copy_rows(logits.ptr + (logits.shape[0] - 1) * V * 4, 0, self.last_row.ptr, 1, V, 0, 0)
         return ops.to_host(logits) if download else None

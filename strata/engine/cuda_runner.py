@@ -31,11 +31,13 @@ from ..model.qwen3moe import Qwen3Moe
 from . import cuda_load
 from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
+from .cuda_spec import CudaSpeculation, check_spec
 from .memory_model import VRAM_RESERVE_BYTES
 from .runner import reusable_prefix
+from .speculate import Speculating
 
 
-class CudaRunner:
+class CudaRunner(Speculating, CudaSpeculation):
     device = "cuda"
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
@@ -74,6 +76,10 @@ class CudaRunner:
                                  config.cuda_graphs and graph_error is None, graph_error)
         self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram, config.kv,
                                     max_context)
+        spec = config.spec if config.mtp else "0"
+        if spec != "0":
+            check_spec(config, self.store, a)
+        self._init_spec(spec)
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
@@ -113,6 +119,8 @@ class CudaRunner:
     def reset(self) -> None:
         self.cached_ids = []        # cells are rewritten before they are read again; no address moves,
                                     # so captured graphs stay valid
+        if self.drafter:
+            self.drafter.reset()
 
     def warm_up(self, num_tokens: int = 19, steps: int = 3) -> None:
         """Run what a first short chat turn runs, so that the first request pays none of its one-time
@@ -177,19 +185,27 @@ class CudaRunner:
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
-        return reusable_prefix(self.cached_ids, ids)
+        n = reusable_prefix(self.cached_ids, ids)
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
         (None without `logits`: they stay on the device for pick())."""
         self.cached_ids = self.cached_ids[:start]
+        if self.drafter:
+            self.drafter.truncate(start)
         out = None
         with self.prompts.loan(len(ids) - start, self.prefill_chunk):
             for lo in range(start, len(ids), self.prefill_chunk):
                 hi = min(len(ids), lo + self.prefill_chunk)
-                out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True, download=logits or hi < len(ids))
+                out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True, download=logits or hi < len(ids),
+                                           hidden=self.drafter is not None)
                 self._last = self.prompts.last_row
                 self.cached_ids.extend(ids[lo:hi])
+                if self.drafter:                 # the draft layer's K/V of this chunk, batched
+                    self.drafter.extend(self.prompts.hidden)
+                    self.drafter.flush(self, self.cached_ids)
+                    self.prompts.hidden = None
                 if on_progress is not None:
                     on_progress(hi - start, len(ids) - start)
         return out[-1] if logits else None
@@ -202,6 +218,7 @@ class CudaRunner:
             raise InvalidArgument(f"positions up to {lo} do not fit the context of {self.max_context}")
         out, self._last = self.steps.step([token], lo, self.kv, download=logits)
         self.cached_ids.append(token)
+        self._drafter_steps(self.steps.hidden)
         return out[-1] if logits else None
 
     def pick(self, params, u: float, mask=None) -> int:
@@ -278,6 +295,9 @@ class CudaRunner:
             "decode": self.decode_status(),
             # every cell in VRAM for the whole context (no --kv-resident yet): none on the host or the bus
             "kv": {"format": self.kv_format, "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
+            "spec": self.spec,
+            "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None}
+                            if self.spec else None),
         }
 
     def decode_status(self) -> dict:

@@ -34,8 +34,9 @@ class DecodeGraph:
     """One captured decode step of T tokens and everything its addresses point into."""
 
     def __init__(self, T: int, exec_, logits, keep: tuple, kv, expert_uses: int, num_nodes: int,
-                 capture_ms: float):
+                 capture_ms: float, hidden=None):
         self.T, self.exec, self.logits, self.keep, self.kv = T, exec_, logits, keep, kv
+        self.hidden = hidden                # the step's last hidden states [T, D] (the drafter's input)
         self.expert_uses = expert_uses      # what one step adds to ops.expert_uses (Python no longer counts)
         self.num_nodes, self.capture_ms = num_nodes, capture_ms
         self.launches = 0
@@ -73,7 +74,7 @@ def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_b
     try:
         graphs.begin_capture(ops.stream)
         try:
-            logits, _ = model.forward(ids, positions, kv, plan=plan)
+            logits, hidden = model.forward(ids, positions, kv, plan=plan)
         except BaseException:
             _abandon(graphs, ops.stream)
             raise
@@ -90,7 +91,7 @@ def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_b
         graph.destroy()         # the executable copy is all a replay needs
     keep = (pool, *owned, kv, ops._zeros, dict(ops._f32_weights), ops.inv_freq)
     return DecodeGraph(T, exec_, logits, keep, kv, ops.expert_uses - uses, num_nodes,
-                       (time.perf_counter() - t0) * 1e3)
+                       (time.perf_counter() - t0) * 1e3, hidden)
 
 
 def _abandon(graphs, stream) -> None:

@@ -1,18 +1,16 @@
 """The CPU runner: owns the model, its ops and one sequence's KV cache, and runs prompt chunks and steps."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..backends.cpu import CpuOps, KVCache
 from ..backends.cpu_linear_attn import HybridCache, Qwen3NextCpuOps
 from ..backends.cpu_rows import RowOps
-from ..config import SamplingParams, spec_max_drafts
+from ..config import SamplingParams
 from ..errors import InvalidArgument
 from ..model import build
 from .sampler import pick_host
-from .speculate import AutoDrafts, MtpDrafter, SpecStats, speculative_step
+from .speculate import Speculating
 
 
 def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
@@ -26,7 +24,7 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
     return min(n, len(ids) - 1)
 
 
-class CpuRunner:
+class CpuRunner(Speculating):
     device = "cpu"
 
     def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0):
@@ -38,16 +36,10 @@ class CpuRunner:
         # qwen3next steps one token at a time (no speculation on it yet), through its own ops
         hybrid = self.args.architecture == "qwen3next"
         self.step_model = self.model if hybrid else build(self.args, RowOps(self.ops))
-        spec = spec if spec == "auto" else int(spec)
-        if spec and not self.args.num_mtp_layers:
-            raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
-        if spec and hybrid:
+        if str(spec) != "0" and hybrid:
             raise InvalidArgument("--spec: speculation on qwen3next needs its DeltaNet states rolled back, "
                                   "which is not built yet")
-        self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
-        self.drafter = MtpDrafter() if spec else None
-        self.spec_stats = SpecStats()
-        self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
+        self._init_spec(spec)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
@@ -143,22 +135,7 @@ class CpuRunner:
         an allowed-token bitmask (strata.engine.grammar) or None."""
         return pick_host(self._last, params, u, mask)
 
-    # speculation (strata.engine.speculate) --------------------------------------------------------
-    def speculate(self, token: int, params, sampler, left: int) -> list[int]:
-        """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);
-        -> the tokens it emits after `token`."""
-        want = self.spec_auto.choose() if self.spec_auto else self.spec
-        n = max(0, min(want, left - 1, self.max_context - 1 - len(self.cached_ids)))
-        if n == 0:     # a plain step; the draft layer's K/V catches up in the next window that drafts
-            t0 = time.perf_counter()
-            self.decode(token, logits=False)
-            nxt = self.pick(params, sampler.draw())
-            if self.spec_auto:
-                self.spec_auto.observe(0, 0, (time.perf_counter() - t0) * 1e3)
-            return [nxt]
-        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw,
-                                self.spec_auto)
-
+    # speculation (strata.engine.speculate.Speculating drives these) ---------------------------------
     def verify(self, ids: list[int], start: int):
         """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D])."""
         return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)

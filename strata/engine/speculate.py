@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SamplingParams
+from ..errors import InvalidArgument
 from .sampler import choose, probs_host
 
 
@@ -289,3 +290,33 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
     if auto is not None:
         auto.observe(n, a, (time.perf_counter() - t0) * 1e3)
     return drafts[:a] + [nxt]
+
+
+class Speculating:
+    """What both runners share of speculation (a mixin): the drafter's state and one verify window
+    per call. The runner gives verify, mtp, forget, decode, pick, cached_ids, max_context and args."""
+
+    def _init_spec(self, spec) -> None:
+        from ..config import spec_max_drafts
+        spec = spec if spec == "auto" else int(spec)
+        if spec and not self.args.num_mtp_layers:
+            raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
+        self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
+        self.drafter = MtpDrafter() if spec else None
+        self.spec_stats = SpecStats()
+        self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
+
+    def speculate(self, token: int, params, sampler, left: int) -> list[int]:
+        """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);
+        -> the tokens it emits after `token`."""
+        want = self.spec_auto.choose() if self.spec_auto else self.spec
+        n = max(0, min(want, left - 1, self.max_context - 1 - len(self.cached_ids)))
+        if n == 0:     # a plain step; the draft layer's K/V catches up in the next window that drafts
+            t0 = time.perf_counter()
+            self.decode(token, logits=False)
+            nxt = self.pick(params, sampler.draw())
+            if self.spec_auto:
+                self.spec_auto.observe(0, 0, (time.perf_counter() - t0) * 1e3)
+            return [nxt]
+        return speculative_step(self, self.drafter, self.spec_stats, token, n, params, sampler.draw,
+                                self.spec_auto)

@@ -254,7 +254,7 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
+        for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -284,6 +284,13 @@ def _gemv(q, grid, W, x, y, rows, n):
 def _gemv_batch(q, grid, W, x, y, rows, n, batch):
     _aligned("gemv_batch", W, x, y)
     assert 1 <= batch <= 8 and n % 8 == 0
+    view(y, batch * rows).reshape(batch, rows)[:] = view(x, batch * n).reshape(batch, n) @ _weights(q, W, rows, n).T
+
+
+def _gemv_rows(q, grid, W, x, y, rows, n, batch):
+    """strata_gemv_rows_* (and _split_): each row the one-token product, any n the type takes."""
+    _aligned("gemv_rows", W, x, y)
+    assert 1 <= batch <= 8
     view(y, batch * rows).reshape(batch, rows)[:] = view(x, batch * n).reshape(batch, n) @ _weights(q, W, rows, n).T
 
 
@@ -364,11 +371,21 @@ def _attention_rows(grid, q, kc, vc, pos, out, T, H, Hk, dh, scale):
 
 
 def _attention_decode(grid, q, kc, vc, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
-    assert grid == (splits, Hk, 1)
-    n = int(view(lengths, 1, np.int32)[0])
+    """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache at b * S cells (S 0: the
+    rows of one sequence's verify window share it)."""
+    B = grid[2]
+    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or S >= int(view(lengths, B, np.int32).max()))
     G = H // Hk
-    keys = view(kc, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
-    vals = view(vc, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+    for b in range(B):
+        n = int(view(lengths + 4 * b, 1, np.int32)[0])
+        base = b * S * Hk * dh * 2
+        keys = view(kc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+        vals = view(vc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+        _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
+                         part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
+
+
+def _decode_partials(q, keys, vals, part_acc, part_ml, H, G, splits, scale, dh):
     qs = view(q, H * dh).reshape(H, dh)
     acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
     ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
@@ -381,11 +398,12 @@ def _attention_decode(grid, q, kc, vc, lengths, part_acc, part_ml, H, Hk, S, spl
 
 
 def _attention_decode_combine(grid, part_acc, part_ml, out, H, dh, splits):
-    acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
-    ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
+    B = grid[1]
+    acc = view(part_acc, B * H * splits * dh).reshape(B * H, splits, dh)
+    ml = view(part_ml, B * H * splits * 2).reshape(B * H, splits, 2)
     M = ml[:, :, 0].max(axis=1, keepdims=True)
     w = np.exp2(ml[:, :, 0] - M)
-    view(out, H * dh).reshape(H, dh)[:] = (w[:, :, None] * acc).sum(1) / (w * ml[:, :, 1]).sum(1, keepdims=True)
+    view(out, B * H * dh).reshape(B * H, dh)[:] = (w[:, :, None] * acc).sum(1) / (w * ml[:, :, 1]).sum(1, keepdims=True)
 
 
 def _moe_route(grid, logits, ids, weights, T, E, A, norm):
@@ -440,21 +458,17 @@ def _hadamard(grid, x, rows, dh, rot):
 
 def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
     from strata.quant import kv as kvq
-    assert grid == (splits, Hk, 1)
-    n = int(view(lengths, 1, np.int32)[0])
+    B = grid[2]
+    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0)
+    lens = view(lengths, B, np.int32).astype(int)
+    rows = S if S else int(lens.max())       # S 0: the rows of one window read one sequence's planes
     kc, vc = kvq.codecs(fmt)
-    keys = kc.decode(*_plane_views(kc, kv_, ks, S, Hk, dh))[:n]
-    vals = vc.decode(*_plane_views(vc, vv, vs, S, Hk, dh))[:n]
-    G = H // Hk
-    qs = view(q, H * dh).reshape(H, dh)
-    acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
-    ml = view(part_ml, H * splits * 2).reshape(H, splits, 2)
-    acc[:], ml[:, :, 0], ml[:, :, 1] = 0, -np.inf, 0
-    for h in range(H):
-        s = keys[:, h // G] @ qs[h] * np.float32(scale * math.log2(math.e))
-        m = s.max()
-        p = np.exp2(s - m)
-        acc[h, 0], ml[h, 0] = p @ vals[:, h // G], (m, p.sum())
+    keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
+    vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
+    for b in range(B):
+        _decode_partials(q + 4 * b * H * dh, keys_all[:lens[b]], vals_all[:lens[b]],
+                         part_acc + 4 * b * H * splits * dh, part_ml + 8 * b * H * splits, H, H // Hk, splits,
+                         scale, dh)
 
 
 def _kv_dequant_f16(codec_name, grid, vals, scales, out, rows, Hk, dh):
@@ -473,7 +487,8 @@ _EMULATE = {
     "attention_decode_int8": lambda grid, *a, dh: _attention_decode_q("int8", grid, *a, dh=dh),
     "attention_decode_q4_0": lambda grid, *a, dh: _attention_decode_q("q4_0", grid, *a, dh=dh),
     "attention_decode_k8v4": lambda grid, *a, dh: _attention_decode_q("k8v4", grid, *a, dh=dh),
-    "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
+    "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "gemv_rows": _gemv_rows,
+    "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
@@ -518,7 +533,20 @@ def _gemv3(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
         view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
 
 
-_EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_norm_rope_kv, "gemv3": _gemv3})
+def _gemv3_rows(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
+    """strata_gemv3_rows_*: each token's rows those of batch 1, on batch 1's grid."""
+    from strata.backends.cuda.testing import CudaOps
+    assert 1 <= batch <= 8
+    per_set = CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4
+    assert grid[0] * 4 * per_set >= sum(-(-r // per_set) * per_set for r in (rows0, rows1, rows2))
+    xs = view(x, batch * n).reshape(batch, n)
+    for W, y, rows in ((W0, y0, rows0), (W1, y1, rows1), (W2, y2, rows2)):
+        _aligned("gemv3_rows", W, x, y)
+        view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
+
+
+_EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_norm_rope_kv, "gemv3": _gemv3,
+                 "gemv3_rows": _gemv3_rows})
 
 
 def read_manifest(directory=None) -> dict:

@@ -315,16 +315,6 @@ def test_prompt_chunks_fill_the_draft_layers_kv(demo_spec):
     runner.reset()
 
 
-def test_gpu_runner_refuses_spec_in_one_line():
-    from strata.config import EngineConfig
-    from strata.engine.cuda_runner import CudaRunner
-    from strata.pack import open_pack
-    from strata.engine.llm import demo_model_path
-    with pytest.raises(InvalidArgument) as info:
-        CudaRunner(open_pack(demo_model_path()), 64, EngineConfig(device="cuda", mtp=True, spec="2"))
-    assert str(info.value).startswith("--spec 2: speculative decoding runs on the CPU only") and "\n" not in str(info.value)
-
-
 def test_a_prompt_diverging_inside_the_drafted_text_rewrites_the_draft_layers_cell(demo_spec):
     """After a request, a prompt that leaves the cached sequence inside its final draft-layer cells
     re-reads one more token, so cell n-1 is recomputed with the new next token: the MTP layer's K/V

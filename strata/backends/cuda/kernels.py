@@ -138,6 +138,9 @@ KERNELS = {
     "gemv_split":       _K("gemv", "strata_gemv_split_{qtype}", "PPPii", 128, "4x gemv's: the warps split K",
                            ALL_QTYPES),
     "gemv_batch":       _K("gemv", "strata_gemv_batch_{qtype}", "PPPiii", 128, "ceil(rows / 16)", ALL_QTYPES),
+    # row-invariant batches: row b is bit for bit gemv (gemv_split, gemv3 at batch 1) on x[b]
+    "gemv_rows":        _K("gemv", "strata_gemv_rows_{qtype}", "PPPiii", 128, "gemv's", ALL_QTYPES),
+    "gemv_rows_split":  _K("gemv", "strata_gemv_rows_split_{qtype}", "PPPiii", 128, "gemv_split's", ALL_QTYPES),
     "gemm_f32":         _K("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", 256, "(ceil(N / 64), ceil(M / 64))"),
     "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
     "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
@@ -160,6 +163,8 @@ KERNELS = {
     "add_rms_norm":     _K("decode_fused", "strata_add_rms_norm_f32", "PPPPPiif", 256, "rows: a block per row"),
     "gemv3":            _K("decode_fused", "strata_gemv3_{qtype}", "PPPPPPPiiiii", 128, "ceil(row sets / 4)",
                            ALL_QTYPES),
+    "gemv3_rows":       _K("decode_fused", "strata_gemv3_rows_{qtype}", "PPPPPPPiiiii", 128,
+                           "gemv3's at batch 1", ALL_QTYPES),
     "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPiiiiff", 128,
                            "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
     "moe_route":        _K("moe_route", "strata_moe_route_f32", "PPPiiii", 128, "ceil(T / 4): a warp per token"),

@@ -12,6 +12,18 @@ from .attention_tc import prefill_tc_launch_shape
 from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits
 from .memory import DeviceTensor
 
+DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
+
+
+def _row_lengths(pos: DeviceTensor, T: int, max_cells: int) -> tuple[int, int]:
+    """(lengths address, cache stride in cells) for T query rows of one sequence at consecutive
+    positions p..p+T-1: row t reads cells 0..p+t, its length p+t+1 is positions[t + 1] (positions
+    carry max + 1 last), and every row reads the same cache (stride 0). One row: the length after
+    the positions, as before."""
+    if T == 1:
+        return pos.ptr + 4, max_cells
+    return pos.ptr + 4, 0
+
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
 
@@ -44,7 +56,7 @@ class AttentionOps:
         if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
-        elif T == 1:
+        elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
         elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
@@ -74,16 +86,16 @@ class AttentionOps:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
-        if T == 1 and G <= (8 if dh == 256 else 16):
+        if T <= DECODE_ROWS_MAX and G <= (8 if dh == 256 else 16):
             out = self.alloc((T, H * dh))
             splits = self.decode_splits(Hk, kv.max_cells, dh)
-            part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+            part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
             gp = 1 << (G - 1).bit_length()
-            lengths = pos.ptr + 4 * T               # max(positions) + 1, after the positions
-            self.launch("attention_decode_quant", (splits, Hk, 1),
-                        (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, kv.max_cells, splits, scale),
+            lengths, stride = _row_lengths(pos, T, kv.max_cells)
+            self.launch("attention_decode_quant", (splits, Hk, T),
+                        (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale),
                         fmt=kv.fmt, dh=dh, g=gp)
-            self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+            self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         else:
             # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
             # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
@@ -113,13 +125,14 @@ class AttentionOps:
         """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
         _, H, dh = q.shape
         G = H // Hk
+        T = q.shape[0]
         splits = self.decode_splits(Hk, max_cells, dh)
-        part_acc, part_ml = self.alloc((H, splits, dh)), self.alloc((H, splits, 2))
+        part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
-        lengths = pos.ptr + 4 * q.shape[0]          # max(positions) + 1, after the positions
-        self.launch("attention_decode", (splits, Hk, 1),
-                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, max_cells, splits, scale), dh=dh, g=gp)
-        self.launch("attention_combine", (H, 1), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        lengths, stride = _row_lengths(pos, T, max_cells)
+        self.launch("attention_decode", (splits, Hk, T),
+                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh, g=gp)
+        self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 
     def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,

@@ -9,7 +9,7 @@ from .memory import DeviceTensor, Weight, gemv_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
-GEMV_MAX_T = 8                       # strata_gemv_batch_* takes up to 8 tokens
+GEMV_MAX_T = 8                       # the GEMV kernels take up to 8 tokens (a step, a verify window)
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
 
 
@@ -39,15 +39,13 @@ class DenseOps:
 
     def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
         rows, n, q = w.rows, w.shape[-1], w.qtype
-        if T > 1 and n % 8 == 0:
-            grid = max(1, -(-rows // 16))          # 4 rows per warp, 4 warps per block
-            self.launch("gemv_batch", grid, (w.ptr, x, y, rows, n, T), qtype=q)
-            return
         grid = gemv_grid(w.qtype, rows, n)
         split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
-        for t in range(T):
-            self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid,
-                        (w.ptr, x + t * n * 4, y + t * rows * 4, rows, n), qtype=q)
+        if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
+            self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
+                        (w.ptr, x, y, rows, n, T), qtype=q)
+            return
+        self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid, (w.ptr, x, y, rows, n), qtype=q)
 
     def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
         """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
@@ -96,16 +94,17 @@ class DenseOps:
         T = x.size // n
         q = ws[0].qtype
         fused = [i for i, w in enumerate(ws) if w.qtype == q]
-        if T > GEMV_MAX_T or len(fused) == 1 or any(w.shape[-1] != n for w in ws) or (T > 1 and n % 8):
+        if T > GEMV_MAX_T or len(fused) == 1 or any(w.shape[-1] != n for w in ws):
             return tuple(self.linear(x, name) for name in names)
         x = self._aligned(x)
         ys = [self.alloc((*x.shape[:-1], ws[i].rows)) for i in fused]
         # a third matrix of no rows has no row sets: the kernel skips it
         mats = [(ws[i].ptr, y.ptr, ws[i].rows) for i, y in zip(fused, ys)]
         mats += [(ws[0].ptr, ys[0].ptr, 0)] * (3 - len(fused))
-        per_set = 4 if T > 1 else CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp
+        per_set = CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp, as one token's
         sets = sum(-(-rows // per_set) for _, _, rows in mats)
-        self.launch("gemv3", max(1, -(-sets // 4)),
+        # more tokens: the row-invariant kernel, each token's rows those of a one-token launch
+        self.launch("gemv3_rows" if T > 1 else "gemv3", max(1, -(-sets // 4)),
                     (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T), qtype=q)
         out = dict(zip(fused, ys))
         return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))

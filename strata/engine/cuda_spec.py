@@ -1,0 +1,63 @@
+"""The GPU runner's side of MTP speculation (strata.engine.speculate): verify windows, the draft
+layer and rollback, for the CudaRunner mixin Speculating drives.
+
+A verify window of N + 1 <= 8 tokens is a decode step of N + 1 rows, one CUDA graph per row count.
+Every op of a step of up to 8 rows is row-invariant on the GPU (the GEMVs' strata_gemv_rows_*,
+gemv3_rows, split-K decode attention over one sequence's cells, moe_decode, per-row norms and
+routing), so each row's logits are bit for bit those of the one-token step that would compute them
+alone, and greedy decoding with speculation emits exactly the tokens of greedy decoding without.
+
+The draft layer (the model's MTP layer, as draft_layer runs it) takes the main hidden states from the
+host and gives its logits and output back there; the drafter's bookkeeping (MtpDrafter) is numpy.
+Rejected cells need no rollback on the device: a cell past the sequence's length is never read (the
+split-K kernels read lengths from the positions) and is written again before it is.
+
+Limits, refused at load in one line: every routed expert resident (the draft layer's prompt chunks
+take the resident plan), the f16 KV cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidArgument
+
+
+def check_spec(config, store, args) -> None:
+    """InvalidArgument where the GPU's speculation is not built yet."""
+    if args.architecture != "qwen3moe":
+        raise InvalidArgument(f"--spec: speculation on {args.architecture} is not built yet")
+    if not store.resident:
+        raise InvalidArgument("--spec on the GPU needs every expert resident so far (no --vram-budget-gib "
+                              "below the model's size): the draft layer's prompt chunks take the resident plan")
+    if config.kv != "f16":
+        raise InvalidArgument(f"--spec with --kv {config.kv}: the GPU's speculation runs over f16 K/V so far")
+
+
+class CudaSpeculation:
+    """verify / mtp / forget for strata.engine.speculate, and the hidden states the drafter reads."""
+
+    def verify(self, ids: list[int], start: int):
+        """The main model over ids at start.. as one step of len(ids) rows -> (logits [T, V],
+        hidden [T, D]) on the host."""
+        if start + len(ids) > self.max_context:
+            raise InvalidArgument(f"positions up to {start + len(ids) - 1} do not fit the context of {self.max_context}")
+        out, self._last = self.steps.step(list(ids), start, self.kv, download=True)
+        return out, self.ops.to_host(self.steps.hidden)
+
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+        """The draft layer over main hidden states [T, D] at positions with the tokens after them
+        -> (logits [rows, V] or None, the layer's output [T, D]) on the host."""
+        ops = self.ops
+        h = ops.upload(np.ascontiguousarray(hidden, np.float32))
+        pos = ops.upload_positions(np.asarray(positions, np.int64))
+        logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows)
+        return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
+
+    def forget(self, layers, start: int, stop: int) -> None:
+        """Cells start..stop-1 of these layers are past the sequence: nothing reads them before they
+        are written again, so the device keeps them as they are."""
+
+    def _drafter_steps(self, hidden) -> None:
+        """A decode step's or prompt chunk's main hidden states (device) for the drafter."""
+        if self.drafter is not None:
+            self.drafter.extend(self.ops.to_host(hidden))

@@ -1,0 +1,49 @@
+"""MTP speculation on the GPU runner's host side, over tests/engine/fake_cuda: verify windows run as
+decode steps of N + 1 rows through the row-invariant kernels (strata_gemv_rows_*, gemv3_rows, split-K
+decode attention with the rows of one sequence), the drafter is fed from the device's hidden states,
+and greedy output equals plain greedy. The bits of the property are the GPU's: test_spec_gpu.py and
+tests/kernels/test_row_invariant_gpu.py check them on a device."""
+import numpy as np
+import pytest
+
+from strata.engine.llm import LLM
+from strata.errors import InvalidArgument
+
+PROMPTS = ["The capital of France is", "def fib(n):"]
+
+
+def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake):
+    plain = LLM(device="cuda")
+    spec = LLM(device="cuda", mtp=True, spec=3)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=24)
+        fake.launches.clear()
+        got = spec.generate(prompt, max_tokens=24)
+        assert got.token_ids == want.token_ids, prompt
+        assert got.timings.draft_n > 0 and 0 <= got.timings.draft_n_accepted <= got.timings.draft_n
+        used = set(fake.launches)
+        assert any(n.startswith("strata_gemv_rows_") for n in used)
+        assert any(n.startswith("strata_gemv3_rows_") for n in used)
+        assert not any(n.startswith("strata_gemv_batch_") for n in used)   # the non-invariant body is gone
+    st = spec.status()["speculation"]
+    assert st["draft_n"] > 0 and st["verify_passes"] > 0
+
+
+def test_verify_rows_match_one_row_steps_on_the_emulated_gpu(fake):
+    llm = LLM(device="cuda", mtp=True, spec=2)
+    r = llm.runner
+    ids = llm.tokenizer.encode(PROMPTS[0])
+    r.prefill(ids, 0)
+    start = len(r.cached_ids)
+    window, hidden = r.verify([5, 6, 7, 8], start)
+    assert window.shape == (4, llm.args.vocab_size) and hidden.shape == (4, llm.args.hidden_size)
+    r.forget(range(llm.args.num_hidden_layers), start, start + 4)
+    rows = [r.verify([t], start + i)[0][0] for i, t in enumerate([5, 6, 7, 8])]
+    np.testing.assert_allclose(window, np.stack(rows), rtol=0, atol=1e-4 * np.abs(window).max())
+
+
+def test_spec_refused_where_the_gpu_does_not_run_it_yet(fake):
+    with pytest.raises(InvalidArgument, match="resident"):
+        LLM(device="cuda", mtp=True, spec=2, vram_budget_gib=0.1)
+    with pytest.raises(InvalidArgument, match="f16"):
+        LLM(device="cuda", mtp=True, spec=2, kv="int8")
