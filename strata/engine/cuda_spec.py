@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
+from .memory_model import STEP_MAX_TOKENS, stream_all_tokens
 
 
 def check_spec(config, store, args) -> None:
@@ -47,10 +48,15 @@ class CudaSpeculation:
     def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
         """The draft layer over main hidden states [T, D] at positions with the tokens after them
         -> (logits [rows, V] or None, the layer's output [T, D]) on the host."""
-        ops = self.ops
+        ops, a = self.ops, self.args
+        T = len(next_ids)
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
-        logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows)
+        # a prompt chunk's rows take a chunk plan (its batches: every expert resident here), steps the step's
+        plan = self.steps.plan if T <= STEP_MAX_TOKENS else self.store.chunk_plan(
+            T, stream_all_tokens(a), a.num_hidden_layers + a.num_mtp_layers)
+        logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
+                                          plan=plan)
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
 
     def forget(self, layers, start: int, stop: int) -> None:

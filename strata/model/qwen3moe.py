@@ -23,7 +23,8 @@ def _no_record(name: str, layer: int, value) -> None:
     pass
 
 
-def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record):
+def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record,
+                plan=None):
     """The MTP draft layer of `model` (Qwen3Moe or Qwen3Next: both keep its weights under
     blk.L.nextn. and run it as their layer L): hidden [T, D] at positions t and the tokens at t+1 ->
     (the layer's output before its final norm, that output normed with model.mtp_norm)."""
@@ -34,7 +35,7 @@ def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, 
     hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
     x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
     attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
-    return model.layer(L, x, attn_norm, positions, kv, model.mtp_norm, record)
+    return model.layer(L, x, attn_norm, positions, kv, model.mtp_norm, record, plan)
 
 
 class Qwen3Moe:
@@ -108,9 +109,10 @@ class Qwen3Moe:
         return self.mtp_step(hidden, next_ids, positions, kv, record)[0]
 
     def mtp_step(self, hidden, next_ids: np.ndarray, positions: np.ndarray, kv,
-                 record: Recorder = _no_record, logits_rows: slice | None = slice(None)):
+                 record: Recorder = _no_record, logits_rows: slice | None = slice(None), plan=None):
         """mtp_forward for logits_rows (None: no logits, only the K/V written), also returning the
         draft layer's output before its final norm [T, D]: the hidden state a chained draft feeds
-        back in (draft k's state is draft k+1's input)."""
-        out, normed = draft_layer(self, hidden, next_ids, positions, kv, record)
+        back in (draft k's state is draft k+1's input). plan: how the MoE op reaches the layer's
+        experts (the GPU's MoePlan; None on the CPU)."""
+        out, normed = draft_layer(self, hidden, next_ids, positions, kv, record, plan)
         return (None if logits_rows is None else self.ops.linear(normed[logits_rows], self.head)), out

@@ -9,7 +9,8 @@ import pytest
 from strata.engine.llm import LLM
 from strata.errors import InvalidArgument
 
-PROMPTS = ["The capital of France is", "def fib(n):"]
+# the second prompt's draft-layer flush is more than a step's 8 rows
+PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by the sea, there lived"]
 
 
 def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake):
