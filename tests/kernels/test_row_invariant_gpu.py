@@ -15,40 +15,11 @@ import pytest
 
 from strata.quant import QTYPES
 from strata.quant.random import random_qtensor_bytes
+from tests.kernels.test_row_kernels_gpu import Dev
 
 pytestmark = pytest.mark.gpu
 
 GEMV_TYPES = [q for q in QTYPES]          # every type strata_gemv_* reads
-
-
-class Dev:
-    def __init__(self):
-        from strata._ext import runtime as rt
-        self.rt, self.dev = rt, rt.Device(0)
-        self.stream = rt.Stream(self.dev)
-        self.keep = []
-
-    def kernel(self, lib, name, sig):
-        return self.rt.load_library(lib).kernel(self.dev, name, sig)
-
-    def put(self, arr):
-        arr = np.ascontiguousarray(arr)
-        buf = self.rt.DeviceBuffer(self.dev, max(arr.nbytes, 16))
-        buf.copy_from_host(arr)
-        self.keep.append(buf)
-        return buf.ptr
-
-    def out(self, shape, dtype=np.float32):
-        poison = np.full(shape, np.nan, dtype=dtype)
-        buf = self.rt.DeviceBuffer(self.dev, max(poison.nbytes, 16))
-        buf.copy_from_host(poison)
-        self.keep.append(buf)
-        return buf, poison
-
-    def get(self, buf, like):
-        self.stream.synchronize()
-        buf.copy_to_host(like)
-        return like
 
 
 @pytest.fixture(scope="module")
