@@ -16,6 +16,7 @@ import numpy as np
 from strata.backends.cpu import CpuOps, causal_attention, swiglu
 from strata.backends.cuda.ops import GEMV_MAX_T
 from strata.backends.cuda.moe import tensor_core_gemm
+from strata.backends.cpu_rows import RowOps
 from strata.engine.runner import CpuRunner
 
 
@@ -120,6 +121,8 @@ def cpu_runner_f16_kv(pack, max_context: int, kv: str = "f16") -> CpuRunner:
     else:
         runner = CpuRunner(pack, max_context, kv=kv)
         runner.ops = runner.model.ops = FormatKVOps(pack, pack.args)
+    if runner.step_model is not runner.model:     # decode steps run the same ops, row by row
+        runner.step_model.ops = RowOps(runner.ops)
     return runner
 
 

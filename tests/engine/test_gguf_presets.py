@@ -91,10 +91,12 @@ def device(request):
     return request.param
 
 
-def _run(runner, ids):
+def _run(runner, ids, forced=None):
     """(logits of every prompt position, greedy tokens, each greedy step's logits), the tokens
     picked by runner.pick: on the device for the GPU runner, after a prefill of its own (its
-    prompt's last logits stay on the device); the oracle decodes on from logits_all's cache."""
+    prompt's last logits stay on the device); the oracle decodes on from logits_all's cache.
+    forced: decode these tokens instead of the picks (the oracle's), so a pick that a near tie
+    flips does not carry on into every later step's logits."""
     runner.prefill_chunk = CHUNK
     every = runner.logits_all(ids)
     if isinstance(runner, CudaRunner):
@@ -105,9 +107,9 @@ def _run(runner, ids):
         steps = [every[-1]]
         pick = lambda: int(np.argmax(steps[-1]))                              # noqa: E731
     tokens = []
-    for _ in range(STEPS):
+    for i in range(STEPS):
         tokens.append(pick())
-        steps.append(runner.decode(tokens[-1]))
+        steps.append(runner.decode(tokens[-1] if forced is None else forced[i]))
     return every, tokens, np.stack(steps)
 
 
@@ -124,7 +126,7 @@ def _draw(pack, rng, gap):
         ids = rng.integers(0, pack.args.vocab_size, PROMPT).tolist()
         oracle = cpu_runner_f16_kv(pack, PROMPT + STEPS + 1)
         ref = _run(oracle, ids)
-        score = min(oracle.ops.min_router_gap / gap, _margin(ref[2]) / MARGIN)
+        score = min(oracle.ops.min_router_gap / gap, _margin(ref[2]) / MARGIN)   # steps' routing included
         if best is None or score > best[0]:
             best = (score, ids, ref)
         if score >= 1:
@@ -158,10 +160,13 @@ def test_preset_gpu_matches_cpu(packs, device, case, rng):
     _assert_types(pack, qtypes)
     ids, (ref_all, ref_tokens, ref_steps) = _draw(pack, rng, GAP[device])
     gpu = CudaRunner(pack, 32)
-    every, tokens, steps = _run(gpu, ids)
+    every, tokens, steps = _run(gpu, ids, forced=ref_tokens)
     _assert_close(every, ref_all, REL[device], "prompt logits")
     _assert_close(steps, ref_steps, REL[device], "greedy step logits")
-    assert tokens == ref_tokens
+    # the same picks wherever the oracle's step was not a near tie (a draw may keep one: _draw)
+    clear = [i for i in range(STEPS) if _margin(ref_steps[i:i + 1]) >= MARGIN]
+    assert [tokens[i] for i in clear] == [ref_tokens[i] for i in clear]
+    assert len(clear) >= STEPS // 2
     assert gpu.decode_status()["cuda_graphs"]
     if device == "emulated":
         from tests.engine import fake_cuda

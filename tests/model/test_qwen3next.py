@@ -90,16 +90,18 @@ def test_chunked_delta_rule_equals_recurrence(T, chunk):
     assert np.abs(o1).max() > 0.1
 
 
-def test_prefill_then_steps_equals_one_prefill(tmp_path):
+def test_prefill_then_steps_equals_one_prefill(tmp_path, rng):
+    """The prompt runs the chunked (WY) form of the delta rule, a step the recurrence: two f32
+    algorithms, up to 6.2e-6 of max |logit| apart over 25 seeds here and 1.15e-5 once in CI; bound 3e-5."""
     pack, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=2)
     llm = LLM(pack, device="cpu")
-    ids = random_ids(75, llm.args.vocab_size)
+    ids = rng.integers(0, llm.args.vocab_size, 75).tolist()
     full = llm.logits(ids)
     runner = llm.runner
     runner.reset()
     rows = [runner.prefill(ids[:67], 0)]
     rows += [runner.decode(t) for t in ids[67:]]
-    np.testing.assert_allclose(np.stack(rows), full[66:], rtol=0, atol=1e-5 * np.abs(full).max())
+    np.testing.assert_allclose(np.stack(rows), full[66:], rtol=0, atol=3e-5 * np.abs(full).max())
 
 
 def test_chunked_prompt_equals_one_chunk(tmp_path):
