@@ -15,6 +15,7 @@ its case is killed by its pid and replaced, so one hang costs one case.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import shutil
@@ -279,7 +280,8 @@ def mutate_pack_meta(meta: dict, rng) -> str:
     if pick <= 2 and isinstance(old, (int, float)) and not isinstance(old, bool):
         delta = int(rng.choice([1, -1, 2, 256, -256, 4096, -4096, 10 ** 6]))
         new = old * int(rng.choice([0, 2, -1])) if rng.random() < 0.3 else old + delta
-        parent[key] = type(old)(new) if np.isfinite(new) else new
+        # ints stay ints of any size (np.isfinite refuses those past int64); a float may overflow to inf
+        parent[key] = type(old)(new) if isinstance(new, int) or math.isfinite(new) else new
         return f"{path}: {old!r} -> {parent[key]!r}"
     if pick == 3 and isinstance(parent, dict):
         siblings = [k for k in parent if k != key]
