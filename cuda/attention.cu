@@ -124,10 +124,12 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
 
 // ---- decode: split-K partials ------------------------------------------------------------------
 //
-// strata_attention_decode_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, part_acc, part_ml,
+// strata_attention_decode_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml,
 //                                          H, Hk, max_cells, num_splits, scale)
-// q [B, H, DH] f32 (one query per sequence); caches [B, max_cells, Hk, DH] f16; lengths [B] int32
-// in device memory: sequence b attends to cells 0..lengths[b]-1 (>= 1). Outputs per (b, h, split):
+// q [B, H, DH] f32 (one query per row); caches [B, max_cells, Hk, DH] f16; lengths [B] int32 in
+// device memory: row b attends to cells 0..lengths[b]-1 (>= 1) of its sequence, whose cell 0 is
+// cache cell bases[b] (bases [B] int32 in device memory: rows of several sequences in one cache,
+// as parallel slots' batched steps are), or b * max_cells when bases is null. Outputs per (b, h, split):
 // part_acc [B, H, num_splits, DH] = sum_c 2^(s_c - m) v_c and part_ml [B, H, num_splits, 2] = (m, l),
 // l = sum_c 2^(s_c - m); an empty split writes (-inf, 0) and zeros.
 //
@@ -148,8 +150,9 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
 template <int DH, int GP>
 __device__ __forceinline__ void attention_decode(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                                  const __half* __restrict__ v_cache, const int* __restrict__ lengths,
-                                                 float* __restrict__ part_acc, float* __restrict__ part_ml, int H,
-                                                 int Hk, int max_cells, int num_splits, float scale) {
+                                                 const int* __restrict__ bases, float* __restrict__ part_acc,
+                                                 float* __restrict__ part_ml, int H, int Hk, int max_cells,
+                                                 int num_splits, float scale) {
     constexpr int kTile = 4096 / DH;                 // cells per stage
     constexpr int kCellsPerWarp = kTile / kDecodeWarps;
     constexpr int NC = cmin(cmin(8, kCellsPerWarp), 64 / GP);
@@ -185,7 +188,8 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     }
 
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
-    const int64_t seq_base = static_cast<int64_t>(b) * max_cells * row_stride + static_cast<int64_t>(kvh) * DH;
+    const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
+    const int64_t seq_base = first * row_stride + static_cast<int64_t>(kvh) * DH;
     const __half* kb = k_cache + seq_base;
     const __half* vb = v_cache + seq_base;
     auto load_tile = [&](int stage, int cell0) {
@@ -318,11 +322,11 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
 
 #define STRATA_DECODE(DH, GP)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_f16_d##DH##_g##GP(               \
-        const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, float* part_acc,     \
-        float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) {                            \
+        const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
+        float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) {           \
         STRATA_PDL_ENTRY();                                                                                     \
-        attention_decode<DH, GP>(q, k_cache, v_cache, lengths, part_acc, part_ml, H, Hk, max_cells, num_splits, \
-                                 scale);                                                                       \
+        attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,      \
+                                 num_splits, scale);                                                           \
     }
 STRATA_DECODE(64, 1) STRATA_DECODE(64, 2) STRATA_DECODE(64, 4) STRATA_DECODE(64, 8) STRATA_DECODE(64, 16)
 STRATA_DECODE(128, 1) STRATA_DECODE(128, 2) STRATA_DECODE(128, 4) STRATA_DECODE(128, 8) STRATA_DECODE(128, 16)

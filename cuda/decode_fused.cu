@@ -12,14 +12,15 @@
 //   row finish (block barrier) before the first write of out.
 //   Launch: grid = (rows, 1, 1), block = (256, 1, 1) (any multiple of 32 up to 1024).
 //
-// strata_qk_norm_rope_kv_f32(q, k, v, q_w, k_w, positions, inv_freq, q_out, k_cache, v_cache,
+// strata_qk_norm_rope_kv_f32(q, k, v, q_w, k_w, positions, cells, inv_freq, q_out, k_cache, v_cache,
 //                            T, H, Hk, head_dim, eps, scale)
 //   For token t at position p = positions[t], every head of q [T, H, Dh] and k [T, Hk, Dh]:
 //     RMSNorm over the head's Dh values with q_w / k_w [Dh], then NEOX RoPE as cuda/rope.cu, the
 //     same code (cuda/norm_rope.cuh: the angle f32(p) * inv_freq[i] in f32, accurate sincosf, cos
 //     and sin times `scale`, products and sums rounded separately); q -> q_out [T, H, Dh] f32;
-//     k -> k_cache row p as f16; v [T, Hk, Dh] -> v_cache row p as f16 (round to nearest even, as
-//     strata_kv_append_f16). A row of the caches holds Hk * Dh halves. Replaces 2 rms_norm +
+//     k -> k_cache row c as f16; v [T, Hk, Dh] -> v_cache row c as f16 (round to nearest even, as
+//     strata_kv_append_f16), c = cells[t] (the token's row of caches that may hold several
+//     sequences back to back), or p where cells is null. A row of the caches holds Hk * Dh halves. Replaces 2 rms_norm +
 //     2 copies + 2 rope + kv_append.
 //   q_out may alias q. positions [T] int32 in device memory (a CUDA graph replays one launch).
 //   Dh even, Dh / 2 <= kMaxPairs.
@@ -135,7 +136,8 @@ __device__ __forceinline__ void norm_rope_head(const float* src, const float* __
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
     strata_qk_norm_rope_kv_f32(const float* q, const float* __restrict__ k, const float* __restrict__ v,
                                const float* __restrict__ q_w, const float* __restrict__ k_w,
-                               const int* __restrict__ positions, const float* __restrict__ inv_freq, float* q_out,
+                               const int* __restrict__ positions, const int* __restrict__ cells,
+                               const float* __restrict__ inv_freq, float* q_out,
                                __half* __restrict__ k_cache, __half* __restrict__ v_cache, int T, int H, int Hk,
                                int head_dim, float eps, float scale) {
     STRATA_PDL_ENTRY();
@@ -144,6 +146,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
     if (t >= T) return;
     const int half = head_dim / 2;
     const int p = positions[t];
+    const int64_t c = cells ? cells[t] : p;
     rope_table(cos_s, sin_s, static_cast<float>(p), inv_freq, half, scale);
     const int64_t kv_row = static_cast<int64_t>(Hk) * head_dim;
     const int num_heads = H + 2 * Hk;
@@ -153,12 +156,12 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
             norm_rope_head(q + off, q_w, q_out + off, half, eps, cos_s, sin_s);
         } else if (g < H + Hk) {
             const int h = g - H;
-            norm_rope_head(k + t * kv_row + h * head_dim, k_w, k_cache + p * kv_row + h * head_dim, half, eps,
+            norm_rope_head(k + t * kv_row + h * head_dim, k_w, k_cache + c * kv_row + h * head_dim, half, eps,
                            cos_s, sin_s);
         } else {
             const int h = g - H - Hk;
             const float* src = v + t * kv_row + h * head_dim;
-            __half* dst = v_cache + p * kv_row + h * head_dim;
+            __half* dst = v_cache + c * kv_row + h * head_dim;
             for (int i = threadIdx.x & 31; i < head_dim; i += 32) dst[i] = __float2half_rn(src[i]);
         }
     }

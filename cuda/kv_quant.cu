@@ -23,7 +23,8 @@
 //   strata_kv_dequant_q4r_f16(values, scales, out, rows, Hk, Dh)           grid (rows, Hk), block 32
 //     cells 0..rows-1 as f16 [rows, Hk, Dh] (q4r: still rotated), for the f16 prompt attention
 //   strata_attention_decode_<fmt>_d<Dh>_g<GP>(q, k_values, k_scales, v_values, v_scales, lengths,
-//       part_acc, part_ml, H, Hk, max_cells, num_splits, scale)            grid (splits, Hk, B), block 128
+//       bases, part_acc, part_ml, H, Hk, max_cells, num_splits, scale)     grid (splits, Hk, B), block 128
+//     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null)
 //     fmt: int8 (int8 K and V), q4_0 (q4r K and V), k8v4 (int8 K, q4r V); GP = G = H / Hk rounded up
 //     to 1, 2, 4, 8, 16 (Dh 256: <= 8). The partials are attention.cu's (its combine reads them):
 //     part_acc [B, H, splits, Dh], part_ml [B, H, splits, 2] (running max in the log2 domain, sum).
@@ -162,9 +163,9 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                                                    const __half* __restrict__ k_scales,
                                                    const void* __restrict__ v_values,
                                                    const __half* __restrict__ v_scales,
-                                                   const int* __restrict__ lengths, float* __restrict__ part_acc,
-                                                   float* __restrict__ part_ml, int H, int Hk, int max_cells,
-                                                   int num_splits, float scale) {
+                                                   const int* __restrict__ lengths, const int* __restrict__ bases,
+                                                   float* __restrict__ part_acc, float* __restrict__ part_ml, int H,
+                                                   int Hk, int max_cells, int num_splits, float scale) {
     constexpr int PER = DH / 32;
     __shared__ float acc_s[kWarps][GP][DH];
     __shared__ float ml_s[kWarps][GP][2];
@@ -189,7 +190,8 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
 #pragma unroll
     for (int g = 0; g < GP; ++g) m[g] = -INFINITY, l[g] = 0.0f;
 
-    const int64_t row0 = static_cast<int64_t>(b) * max_cells * Hk + kvh;
+    const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
+    const int64_t row0 = first * Hk + kvh;
     for (int c = start + warp; c < end; c += kWarps) {
         const int64_t row = row0 + static_cast<int64_t>(c) * Hk;
         float kf[PER], vf[PER];
@@ -303,11 +305,11 @@ STRATA_KV_DEQUANT(strata_kv_dequant_q4r_f16, true)
 #define STRATA_DECODE_Q(FMT, KQ4, VQ4, DH, GP)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_##FMT##_d##DH##_g##GP(              \
         const float* q, const void* k_values, const __half* k_scales, const void* v_values,                    \
-        const __half* v_scales, const int* lengths, float* part_acc, float* part_ml, int H, int Hk,            \
-        int max_cells, int num_splits, float scale) {                                                          \
+        const __half* v_scales, const int* lengths, const int* bases, float* part_acc, float* part_ml, int H,  \
+        int Hk, int max_cells, int num_splits, float scale) {                                                  \
         STRATA_PDL_ENTRY();                                                                                     \
-        attention_decode_q<KQ4, VQ4, DH, GP>(q, k_values, k_scales, v_values, v_scales, lengths, part_acc,     \
-                                             part_ml, H, Hk, max_cells, num_splits, scale);                    \
+        attention_decode_q<KQ4, VQ4, DH, GP>(q, k_values, k_scales, v_values, v_scales, lengths, bases,        \
+                                             part_acc, part_ml, H, Hk, max_cells, num_splits, scale);          \
     }
 #define STRATA_DECODE_Q_ALL(FMT, KQ4, VQ4)                                                                       \
     STRATA_DECODE_Q(FMT, KQ4, VQ4, 64, 1) STRATA_DECODE_Q(FMT, KQ4, VQ4, 64, 2)                                 \

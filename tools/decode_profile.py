@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         for _ in range(4):
             blocker.fill_bytes(0, runner.stream)      # ~10 ms of GPU work while the step is queued
         ops.launch = timed
-        ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], len(runner.cached_ids))
+        ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [len(runner.cached_ids)], [0])
         logits, _ = runner.model.forward(ids, pos, runner.kv, plan=runner.steps.plan)
         ops.launch = launch
         runner.stream.synchronize()
@@ -120,7 +120,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = note
         runner.decode(int(rng.integers(0, 1000)))
         ops.launch = launch
-    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], len(runner.cached_ids))
+    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [len(runner.cached_ids)], [0])
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).

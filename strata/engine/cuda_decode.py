@@ -15,7 +15,7 @@ from collections import deque
 
 import numpy as np
 
-from ..backends.cuda.memory import DeviceTensor
+from ..backends.cuda.memory import DeviceTensor, StepRows
 from ..errors import DeviceError, InvalidArgument
 from .memory_model import STEP_MAX_TOKENS
 
@@ -46,8 +46,9 @@ class DecodeSteps:
             self._route_host = np.frombuffer(rt.HostBuffer(dev, self.route_log.nbytes), np.int32).reshape(
                 num_layers, GEMV_MAX_T * args.num_experts_per_tok)
         self.plan = store.step_plan(0 if self.route_log is None else self.route_log.ptr)
-        # [ids T | positions T | length] int32 on the device, staged in pinned memory
-        self.step_in = rt.DeviceBuffer(dev, 4 * (2 * STEP_MAX_TOKENS + 1))
+        # [ids T | positions T | max + 1 | lengths T | cells T | bases T] int32 on the device, staged
+        # in pinned memory (memory.StepRows)
+        self.step_in = rt.DeviceBuffer(dev, 4 * (5 * STEP_MAX_TOKENS + 1))
         self._step_host = np.frombuffer(rt.HostBuffer(dev, self.step_in.nbytes), np.int32)
         self._logits_host = np.frombuffer(rt.HostBuffer(dev, 4 * STEP_MAX_TOKENS * args.vocab_size), np.float32)
         self._route_pending = 0      # tokens of a step whose routing log is on its way to the host
@@ -60,12 +61,20 @@ class DecodeSteps:
         self.hidden = None                 # the last step's hidden states [T, D] on the device
 
     def step(self, ids: list[int], lo: int, kv, download: bool = True):
-        """Logits of ids at positions lo.. (T <= STEP_MAX_TOKENS): a graph replay where one is
-        captured for T, else the model's launches from Python (capturing them on the second step).
-        -> (logits [T, V] on the host, or None without `download`; the last row on the device)."""
+        """Logits of ids at positions lo.. of kv's sequence (T <= STEP_MAX_TOKENS; kv a slot's view
+        of the runner's cache, or the cache): step_rows of one sequence."""
+        T = len(ids)
+        return self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download)
+
+    def step_rows(self, ids: list[int], positions: list[int], bases: list[int], kv, download: bool = True):
+        """Logits of ids [T] (T <= STEP_MAX_TOKENS), row t at positions[t] of the sequence whose
+        cell 0 is cache cell bases[t] of kv (the whole cache: rows of one sequence, or of several
+        parallel slots): a graph replay where one is captured for T, else the model's launches from
+        Python (capturing them on the second step). -> (logits [T, V] on the host, or None without
+        `download`; the last row on the device)."""
         T = len(ids)
         t0 = time.perf_counter()
-        ids_dev, pos_dev = self.stage_inputs(ids, lo)
+        ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots)
         graph = self._graph(T, ids_dev, pos_dev, kv)
         mode = "eager" if graph is None else "graph" if graph.launches else "capture"
         if graph is not None:
@@ -87,18 +96,27 @@ class DecodeSteps:
             self._step_timing = (mode, t0, t1 - t0)
         return out, last_row_of(logits)
 
-    def stage_inputs(self, ids: list[int], lo: int):
-        """One host->device copy of [ids | positions | length] into step_in; -> (ids [T], positions [T + 1])."""
+    def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1):
+        """One host->device copy of [ids | positions | max + 1 | lengths | cells | bases] into
+        step_in; -> (ids [T], StepRows [T + 1]). Row t attends to cells 0..positions[t] of its
+        sequence, whose cell 0 is bases[t], and appends its K/V at cell bases[t] + positions[t]."""
         T = len(ids)
         if not 1 <= T <= STEP_MAX_TOKENS:
             raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
-        host = self._step_host[:2 * T + 1]
+        pos = np.asarray(positions, np.int64)
+        base = np.asarray(bases, np.int64)
+        host = self._step_host[:5 * T + 1]
         host[:T] = ids
-        host[T:] = range(lo, lo + T + 1)
+        host[T:2 * T] = pos
+        host[2 * T] = pos.max() + 1
+        host[2 * T + 1:3 * T + 1] = pos + 1
+        host[3 * T + 1:4 * T + 1] = base + pos
+        host[4 * T + 1:] = base
         self.step_in.copy_from_host(host, self.stream)
         self.ops.bytes_h2d += host.nbytes
-        buf = self.step_in
-        return DeviceTensor(buf, 0, (T,), np.int32, buf), DeviceTensor(buf, 4 * T, (T + 1,), np.int32, buf)
+        buf, p = self.step_in, self.step_in.ptr
+        return (DeviceTensor(buf, 0, (T,), np.int32, buf),
+                StepRows(buf, 4 * T, T, buf, p + 4 * (2 * T + 1), p + 4 * (3 * T + 1), p + 4 * (4 * T + 1), num_slots))
 
     def _graph(self, T: int, ids_dev, pos_dev, kv):
         """The graph to replay for a step of T tokens: captured now on the second step of that shape;

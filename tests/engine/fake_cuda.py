@@ -370,15 +370,20 @@ def _attention_rows(grid, q, kc, vc, pos, out, T, H, Hk, dh, scale):
     _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh)
 
 
-def _attention_decode(grid, q, kc, vc, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
-    """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache at b * S cells (S 0: the
-    rows of one sequence's verify window share it)."""
+def _row_bases(bases, B: int, S: int) -> list[int]:
+    """The first cell of each row's sequence: bases[b] (parallel slots' rows in one cache), else b * S."""
+    return [int(c) for c in view(bases, B, np.int32)] if bases else [b * S for b in range(B)]
+
+
+def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+    """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache from cell bases[b], or
+    b * S without bases (S 0: the rows of one sequence's verify window share it)."""
     B = grid[2]
     assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or S >= int(view(lengths, B, np.int32).max()))
     G = H // Hk
-    for b in range(B):
+    for b, first in enumerate(_row_bases(bases, B, S)):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
-        base = b * S * Hk * dh * 2
+        base = first * Hk * dh * 2
         keys = view(kc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
         vals = view(vc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
         _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
@@ -456,17 +461,19 @@ def _hadamard(grid, x, rows, dh, rot):
     xs[:] = kvq.rotate(xs.copy())
 
 
-def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale,
+                        dh):
     from strata.quant import kv as kvq
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0)
+    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or bases)
     lens = view(lengths, B, np.int32).astype(int)
-    rows = S if S else int(lens.max())       # S 0: the rows of one window read one sequence's planes
+    firsts = _row_bases(bases, B, 0)
+    rows = max(f + n for f, n in zip(firsts, lens))     # S 0: the rows of one window read one sequence's planes
     kc, vc = kvq.codecs(fmt)
     keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
     vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
-    for b in range(B):
-        _decode_partials(q + 4 * b * H * dh, keys_all[:lens[b]], vals_all[:lens[b]],
+    for b, first in enumerate(firsts):
+        _decode_partials(q + 4 * b * H * dh, keys_all[first:first + lens[b]], vals_all[first:first + lens[b]],
                          part_acc + 4 * b * H * splits * dh, part_ml + 8 * b * H * splits, H, H // Hk, splits,
                          scale, dh)
 
@@ -506,9 +513,10 @@ def _add_rms_norm(grid, x, y, x_out, w, out, rows, n, eps):
     view(out, rows * n).reshape(rows, n)[:] = rms_norm(s, view(w, n), eps)
 
 
-def _qk_norm_rope_kv(grid, q, k, v, q_w, k_w, pos, inv, q_out, kc, vc, T, H, Hk, dh, eps, scale):
+def _qk_norm_rope_kv(grid, q, k, v, q_w, k_w, pos, cells, inv, q_out, kc, vc, T, H, Hk, dh, eps, scale):
     assert grid[0] >= T and dh % 2 == 0 and dh // 2 <= 512
     p = view(pos, T, np.int32).astype(np.int64)
+    where = view(cells, T, np.int32).astype(np.int64) if cells else p
     cos, sin = rope.cos_sin(p, view(inv, dh // 2), scale)
 
     def norm_rope(ptr, heads, w):
@@ -517,7 +525,7 @@ def _qk_norm_rope_kv(grid, q, k, v, q_w, k_w, pos, inv, q_out, kc, vc, T, H, Hk,
     qs, ks = norm_rope(q, H, q_w), norm_rope(k, Hk, k_w).reshape(T, Hk * dh)
     vs = view(v, T * Hk * dh).reshape(T, Hk * dh).copy()
     view(q_out, T * H * dh)[:] = qs.reshape(-1)
-    for t, c in enumerate(p):
+    for t, c in enumerate(where):
         view(kc + int(c) * Hk * dh * 2, Hk * dh, np.float16)[:] = ks[t]
         view(vc + int(c) * Hk * dh * 2, Hk * dh, np.float16)[:] = vs[t]
 

@@ -254,7 +254,7 @@ def test_decode_steps_carry_their_plan(fake, rng):
         return staged.steps.plan.stage(layer, routed)
     step = dataclasses.replace(staged.steps.plan, stage=recording)
     fake.launches.clear()
-    ids_dev, pos_dev = staged.steps.stage_inputs(ids[-1:], len(ids) - 1)
+    ids_dev, pos_dev = staged.steps.stage_inputs(ids[-1:], [len(ids) - 1], [0])
     logits, _ = staged.model.forward(ids_dev, pos_dev, staged.kv, plan=step)
     A = pack.args.num_experts_per_tok
     assert asked == [(l, A) for l in range(pack.args.num_hidden_layers)]

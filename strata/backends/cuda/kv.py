@@ -126,7 +126,7 @@ class KVQuantOps:
         planes = [ops._upload(np.ascontiguousarray(a)) for a in (*k_planes, *v_planes)]
         lengths_dev = ops._upload(lengths)
         ops._launch("attention_decode_quant", (splits, Hk, B),
-                    (q_dev, *planes, lengths_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)),
+                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale)),
                     fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:

@@ -254,26 +254,49 @@ class DeviceWeights:
         return name in self.pack.meta["dense"]
 
 
-class DeviceKV:
-    """K and V cells of one sequence in KV format fmt, zero-filled (the tiled attention kernels may
-    load cells past a sequence's length; zeros keep them finite, and zero planes decode to zeros).
+class StepRows(DeviceTensor):
+    """The positions of a decode step's rows [T + 1] int32 on the device (the positions, then
+    max + 1), with three more int32 arrays [T] beside them in device memory: each row's attention
+    length, the cache cell its K/V goes to, and the first cell of its sequence. Rows of one
+    sequence (a step, a verify window) and rows of several parallel slots in one DeviceKV take the
+    same form, so one CUDA graph serves both. num_slots: the slots of the cache the rows may come
+    from (a graph replays the rows of any of them)."""
 
-    f16: buffers k and v, [num_layers, max_cells, Hk, Dh] f16 each (layer() gives their addresses).
-    int8, q4_0, k8v4: per codec of K and V (strata.quant.kv.codecs) a values and a scales buffer,
-    [num_layers, max_cells, Hk, width] each as the codec lays them out (planes() gives them), so
-    nbytes is strata.engine.planner.kv_bytes of the format."""
+    __slots__ = ("lengths", "cells", "bases", "num_slots")
+
+    def __init__(self, buf, offset: int, T: int, keep, lengths: int, cells: int, bases: int, num_slots: int):
+        super().__init__(buf, offset, (T + 1,), np.int32, keep)
+        self.lengths, self.cells, self.bases, self.num_slots = lengths, cells, bases, num_slots
+
+
+class DeviceKV:
+    """K and V cells of num_slots sequences of max_cells cells each, in KV format fmt, zero-filled
+    (the tiled attention kernels may load cells past a sequence's length; zeros keep them finite, and
+    zero planes decode to zeros). Slot s holds cells s * max_cells .. (s + 1) * max_cells - 1 of every
+    layer; view(s) is that slot as a one-sequence cache (a prompt reads into it), and a decode step's
+    rows name their cells and bases (StepRows) over the whole cache.
+
+    f16: buffers k and v, [num_layers, num_slots * max_cells, Hk, Dh] f16 each (layer() gives their
+    addresses). int8, q4_0, k8v4: per codec of K and V (strata.quant.kv.codecs) a values and a scales
+    buffer, [num_layers, num_slots * max_cells, Hk, width] each as the codec lays them out (planes()
+    gives them), so nbytes is strata.engine.planner.kv_bytes of the format for all the cells."""
 
     def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
-                 fmt: str = "f16"):
+                 fmt: str = "f16", num_slots: int = 1):
         from ...quant import kv as kv_formats
         if fmt not in kv_formats.KV_FORMATS:
             raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
-        self.num_layers, self.max_cells = num_layers, max_cells
+        if num_slots < 1:
+            raise InvalidArgument(f"DeviceKV: num_slots must be >= 1, got {num_slots}")
+        self.num_layers, self.max_cells, self.num_slots = num_layers, max_cells, num_slots
+        self.layer_cells = num_slots * max_cells
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.fmt = fmt
+        self.base = 0                   # the first cell of the sequence layer() and planes() start at
+        self.whole = self               # the cache of every slot (a view's parent)
         self.codecs = kv_formats.codecs(fmt)
         if fmt == "f16":
-            self.layer_bytes = max_cells * num_kv_heads * head_dim * 2
+            self.layer_bytes = self.layer_cells * num_kv_heads * head_dim * 2
             self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
             self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
             self.buffers = [(self.k, num_kv_heads * head_dim * 2), (self.v, num_kv_heads * head_dim * 2)]
@@ -283,7 +306,8 @@ class DeviceKV:
                 codec.check(head_dim)
                 values, scales = codec.empty((num_kv_heads,), head_dim)
                 for plane in (values, scales):
-                    self.buffers.append((rt.DeviceBuffer(device, num_layers * max_cells * plane.nbytes), plane.nbytes))
+                    self.buffers.append((rt.DeviceBuffer(device, num_layers * self.layer_cells * plane.nbytes),
+                                         plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
 
@@ -304,7 +328,7 @@ class DeviceKV:
         self._check(layer)
         if self.quantized:
             raise InvalidArgument(f"DeviceKV.layer: the cells are {self.fmt}, read them with planes()")
-        off = layer * self.layer_bytes
+        off = layer * self.layer_bytes + self.base * self.num_kv_heads * self.head_dim * 2
         return self.k.ptr + off, self.v.ptr + off
 
     def planes(self, layer: int) -> tuple[int, int, int, int]:
@@ -312,10 +336,22 @@ class DeviceKV:
         self._check(layer)
         if not self.quantized:
             raise InvalidArgument("DeviceKV.planes: the cells are f16, read them with layer()")
-        return tuple(buf.ptr + layer * self.max_cells * cell for buf, cell in self.buffers)
+        return tuple(buf.ptr + (layer * self.layer_cells + self.base) * cell for buf, cell in self.buffers)
 
     def cell_ranges(self, layer: int) -> list[tuple[int, int]]:
         """(address of cell 0, bytes per cell) of each of layer's buffers: cells c0..c1-1 of a buffer
         are the bytes [addr + c0 * cell, addr + c1 * cell)."""
         self._check(layer)
-        return [(buf.ptr + layer * self.max_cells * cell, cell) for buf, cell in self.buffers]
+        return [(buf.ptr + (layer * self.layer_cells + self.base) * cell, cell) for buf, cell in self.buffers]
+
+    def view(self, slot: int) -> "DeviceKV":
+        """Slot `slot` as a one-sequence cache over the same buffers: its layer(), planes() and
+        cell_ranges() start at the slot's first cell (slot 0 of a one-slot cache is the cache)."""
+        if not 0 <= slot < self.num_slots:
+            raise InvalidArgument(f"KV slot {slot} out of range 0..{self.num_slots - 1}")
+        if slot == 0 and self.num_slots == 1:
+            return self
+        v = object.__new__(DeviceKV)
+        v.__dict__.update(self.__dict__)
+        v.base, v.whole = slot * self.max_cells, self
+        return v

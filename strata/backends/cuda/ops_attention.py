@@ -9,20 +9,36 @@ import math
 import numpy as np
 
 from .attention_tc import prefill_tc_launch_shape
+from ...errors import InvalidArgument
 from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits
-from .memory import DeviceTensor
+from .memory import DeviceTensor, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
 
 
-def _row_lengths(pos: DeviceTensor, T: int, max_cells: int) -> tuple[int, int]:
-    """(lengths address, cache stride in cells) for T query rows of one sequence at consecutive
-    positions p..p+T-1: row t reads cells 0..p+t, its length p+t+1 is positions[t + 1] (positions
-    carry max + 1 last), and every row reads the same cache (stride 0). One row: the length after
-    the positions, as before."""
+def _row_lengths(pos: DeviceTensor, T: int, max_cells: int) -> tuple[int, int, int]:
+    """(lengths address, cache stride in cells, bases address or 0) of T query rows. A decode step's
+    StepRows name each row's length and the first cell of its sequence (rows of parallel slots in
+    one cache). Otherwise the rows are one sequence's at consecutive positions p..p+T-1: row t reads
+    cells 0..p+t, its length p+t+1 is positions[t + 1] (positions carry max + 1 last), and every row
+    reads the same cache (stride 0); one row: the length after the positions, as before."""
+    if isinstance(pos, StepRows):
+        return pos.lengths, 0, pos.bases
     if T == 1:
-        return pos.ptr + 4, max_cells
-    return pos.ptr + 4, 0
+        return pos.ptr + 4, max_cells, 0
+    return pos.ptr + 4, 0, 0
+
+
+def _cells(pos: DeviceTensor) -> int:
+    """Address of the cache cells the rows' K/V go to: a step's own (StepRows), else the positions."""
+    return pos.cells if isinstance(pos, StepRows) else pos.ptr
+
+
+def _one_sequence(pos: DeviceTensor, what: str) -> None:
+    """Kernels that read the cache from cell 0 by the positions take the rows of one sequence only."""
+    if isinstance(pos, StepRows) and pos.num_slots > 1:
+        raise InvalidArgument(f"{what} reads one sequence's cells; rows of several slots need the split-K "
+                              f"decode attention (head dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
 
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
@@ -45,7 +61,7 @@ class AttentionOps:
         Hk = k.shape[1]
         pos = self._positions(positions)
         kc, vc = kv.layer(layer)
-        self.launch("kv_append_f16", T, (k.ptr, v.ptr, pos.ptr, kc, vc, T, Hk * dh))
+        self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
         return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
 
     def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
@@ -54,6 +70,7 @@ class AttentionOps:
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
+            _one_sequence(pos, "attention_rows")
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
@@ -81,7 +98,7 @@ class AttentionOps:
         rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
         for x, codec, (values, scales) in ((k, kc, planes[:2]), (v, vc, planes[2:])):
             extra = (rot,) if codec.rotated else ()
-            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, pos.ptr, values, scales, T, Hk, dh, *extra))
+            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
         if kc.rotated:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
@@ -91,12 +108,13 @@ class AttentionOps:
             splits = self.decode_splits(Hk, kv.max_cells, dh)
             part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
             gp = 1 << (G - 1).bit_length()
-            lengths, stride = _row_lengths(pos, T, kv.max_cells)
+            lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
             self.launch("attention_decode_quant", (splits, Hk, T),
-                        (q.ptr, *planes, lengths, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale),
+                        (q.ptr, *planes, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale),
                         fmt=kv.fmt, dh=dh, g=gp)
             self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         else:
+            _one_sequence(pos, "a quantized cache's prompt attention")
             # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
             # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
             # all) and a step reading its positions on the device takes it too; the attention reads
@@ -129,9 +147,10 @@ class AttentionOps:
         splits = self.decode_splits(Hk, max_cells, dh)
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
-        lengths, stride = _row_lengths(pos, T, max_cells)
+        lengths, stride, bases = _row_lengths(pos, T, max_cells)
         self.launch("attention_decode", (splits, Hk, T),
-                    (q.ptr, kc, vc, lengths, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh, g=gp)
+                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh,
+                    g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 
@@ -151,5 +170,5 @@ class AttentionOps:
         grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
         self.launch("qk_norm_rope_kv", grid,
                     (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
-                     self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
+                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
         return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)

@@ -68,14 +68,17 @@ class AttentionWrappers:
                                      self.device.multiprocessor_count, blocks_per_sm)
 
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
-                         num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
-        """One query per sequence: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], sequence b reading
-        cells 0..lengths[b]-1 -> [B, H*Dh] (split-K kernel, then the combine kernel)."""
+                         num_splits: int | None = None, scale: float | None = None,
+                         bases: np.ndarray | None = None) -> np.ndarray:
+        """One query per row: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], row b reading cells
+        0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel). With
+        bases [B], the caches are [N, S, Hk, Dh] of any N, read as N * S cells back to back, and row b's
+        cells start at cell bases[b] (parallel slots' rows in one cache)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         kc = np.ascontiguousarray(k_cache, dtype=np.float16)
         vc = np.ascontiguousarray(v_cache, dtype=np.float16)
         lengths = np.ascontiguousarray(lengths, dtype=np.int32)
-        if q.ndim != 3 or kc.ndim != 4 or vc.shape != kc.shape or kc.shape[0] != q.shape[0] \
+        if q.ndim != 3 or kc.ndim != 4 or vc.shape != kc.shape or (bases is None and kc.shape[0] != q.shape[0]) \
                 or kc.shape[3] != q.shape[2] or lengths.shape != q.shape[:1]:
             raise InvalidArgument(f"attention_decode: q {q.shape} [B, H, Dh], caches {kc.shape} [B, S, Hk, Dh] "
                                   f"and lengths {lengths.shape} [B] do not match")
@@ -84,6 +87,13 @@ class AttentionWrappers:
         G = self._check_attention("attention_decode", q, kc, H, Hk, dh)
         if B == 0 or lengths.min() < 1 or lengths.max() > S:
             raise InvalidArgument(f"attention_decode: lengths must be in 1..{S} (B >= 1)")
+        bases_dev = 0
+        if bases is not None:
+            bases = np.ascontiguousarray(bases, dtype=np.int32)
+            if bases.shape != (B,) or bases.min() < 0 or (bases + lengths).max() > kc.shape[0] * S:
+                raise InvalidArgument(f"attention_decode: bases must be [B] cells with bases + lengths <= "
+                                      f"{kc.shape[0] * S}")
+            bases_dev = self._upload(bases)
         splits = num_splits or self.decode_splits(B, Hk, S, dh)
         if not 1 <= splits <= self.ATTENTION_MAX_SPLITS:
             raise InvalidArgument(f"attention_decode: num_splits {splits} not in 1..{self.ATTENTION_MAX_SPLITS}")
@@ -93,7 +103,8 @@ class AttentionWrappers:
         out = self._output(B * H * dh * 4)
         gp = 1 << (G - 1).bit_length()
         self._launch("attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
-                     self._upload(lengths), part_acc, part_ml, H, Hk, S, splits, float(scale)), dh=dh, g=gp)
+                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)), dh=dh,
+                     g=gp)
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         return self._download(out, (B, H * dh), np.float32)
 
