@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
+PARALLEL_MAX = 8                    # --parallel: a batched decode step takes up to 8 rows (GEMV_MAX_T)
 SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
 
 
@@ -156,6 +157,9 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
+    parallel: int = field(default=1, metadata={"help": "sequences served at once (1..8): each has its own KV of "
+                                                        "--max-context cells and its own cached conversation, "
+                                                        "and their decode steps run batched, one step for all"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
@@ -183,6 +187,10 @@ class EngineConfig:
         object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
         if self.kv_resident < 0:
             raise InvalidArgument("kv_resident must be >= 0")
+        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) \
+                or not 1 <= self.parallel <= PARALLEL_MAX:
+            raise InvalidArgument(f"parallel must be a number of sequences from 1 to {PARALLEL_MAX} (the rows of one "
+                                  f"batched decode step), got {self.parallel!r}")
         _refuse_not_implemented(self)
         unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
         if unknown:
@@ -229,6 +237,9 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
         raise InvalidArgument("--mtp drafts only under --spec N or --spec auto")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
+    if cfg.parallel > 1 and cfg.spec != "0":
+        raise InvalidArgument(f"--parallel {cfg.parallel} with --spec {cfg.spec}: speculation in parallel slots is not "
+                              f"implemented yet (use one of them)")
     if cfg.layer_split != "auto":
         raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "
                               f"yet (auto)")

@@ -77,7 +77,7 @@ def plan_text(name: str, p) -> str:
         f"plan for {name}: VRAM budget {_gib(p.vram_budget_bytes)} ({p.budget_source})",
         f"  context             {p.max_context:,} tokens ({p.context_source}; --max-context N sets it)",
         f"  mandatory           {_gib(p.mandatory_bytes)}: dense {_gib(m['dense'])}, KV {_gib(m['kv'])} "
-        f"({p.kv_cells} cells, {p.kv}), decode scratch {_gib(m['decode'])}, CUDA graphs {_gib(m['graphs'])}, "
+        f"({p.kv_cells} cells{f' x {p.parallel} slots' if p.parallel > 1 else ''}, {p.kv}), decode scratch {_gib(m['decode'])}, CUDA graphs {_gib(m['graphs'])}, "
         f"MTP layer {_gib(m['mtp'])}",
         f"  expert cache        {p.cache_slots} of {p.total_experts} slots ({share:.1%}), {_gib(p.cache_bytes)}; "
         f"max_blob {p.max_blob:,} B",

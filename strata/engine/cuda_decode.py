@@ -64,14 +64,15 @@ class DecodeSteps:
         """Logits of ids at positions lo.. of kv's sequence (T <= STEP_MAX_TOKENS; kv a slot's view
         of the runner's cache, or the cache): step_rows of one sequence."""
         T = len(ids)
-        return self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download)
+        out, logits = self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download)
+        return out, last_row_of(logits)
 
     def step_rows(self, ids: list[int], positions: list[int], bases: list[int], kv, download: bool = True):
         """Logits of ids [T] (T <= STEP_MAX_TOKENS), row t at positions[t] of the sequence whose
         cell 0 is cache cell bases[t] of kv (the whole cache: rows of one sequence, or of several
         parallel slots): a graph replay where one is captured for T, else the model's launches from
         Python (capturing them on the second step). -> (logits [T, V] on the host, or None without
-        `download`; the last row on the device)."""
+        `download`; the logits [T, V] on the device)."""
         T = len(ids)
         t0 = time.perf_counter()
         ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots)
@@ -94,7 +95,7 @@ class DecodeSteps:
             out = None
             self._route_copy(T)
             self._step_timing = (mode, t0, t1 - t0)
-        return out, last_row_of(logits)
+        return out, logits
 
     def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1):
         """One host->device copy of [ids | positions | max + 1 | lengths | cells | bases] into

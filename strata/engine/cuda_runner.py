@@ -27,17 +27,18 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..errors import InvalidArgument
+from ..backends.cuda.memory import DeviceTensor
 from ..model.qwen3moe import Qwen3Moe
 from . import cuda_load
 from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
 from .cuda_spec import CudaSpeculation, check_spec
 from .memory_model import VRAM_RESERVE_BYTES
-from .runner import reusable_prefix
+from .slots import Slots, reusable_prefix
 from .speculate import Speculating
 
 
-class CudaRunner(Speculating, CudaSpeculation):
+class CudaRunner(Speculating, CudaSpeculation, Slots):
     device = "cuda"
 
     def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
@@ -65,8 +66,11 @@ class CudaRunner(Speculating, CudaSpeculation):
             weakref.finalize(self, cuda_load.write_profile, self.profile_path, self.store.uses, self._profile)
         self.weights = DeviceWeights(rt, self.dev, self.stream, pack, self.store)
         self.kv_format = config.kv
-        self.kv = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
-                           config.kv)
+        cuda_load.check_parallel(config, a)
+        # every slot's cells in one cache (slot s from cell s * max_context): a batched step's rows name theirs
+        self.kv_all = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
+                               config.kv, num_slots=config.parallel)
+        self.kv = self.kv_all.view(0)
         self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a, KernelPaths.without(config.kernels_off))
         self.model = Qwen3Moe(a, self.ops)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
@@ -84,6 +88,7 @@ class CudaRunner(Speculating, CudaSpeculation):
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
+        self._init_slots(config.parallel, self.kv_all.view)     # strata.engine.slots
 
     # the decode path's state, as the runner's (status, tests and tools read these)
     @property
@@ -188,13 +193,33 @@ class CudaRunner(Speculating, CudaSpeculation):
         n = reusable_prefix(self.cached_ids, ids)
         return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
+    @property
+    def interleaves(self) -> bool:
+        """Whether prefill_steps may pause between chunks while other slots decode: only with every
+        expert resident (a streamed prompt lends cache slots and the pool for its whole length)."""
+        return self.store.resident
+
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
         (None without `logits`: they stay on the device for pick())."""
+        steps = self.prefill_steps(ids, start, on_progress, logits)
+        for _ in steps:
+            pass
+        return steps.out[-1] if logits else None
+
+    def prefill_steps(self, ids: list[int], start: int, on_progress=None, logits: bool = False):
+        """prefill() as an iterator that pauses between chunks where `interleaves` (else it reads the
+        whole prompt at its first next()): meanwhile the caller may step other slots, then use()
+        this slot again; the last logits stay on the device for pick(). The host logits of the last
+        chunk (logits=True) are .out of the iterator once it ends."""
+        return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
+
+    def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
         out = None
+        pause = self.interleaves
         with self.prompts.loan(len(ids) - start, self.prefill_chunk):
             for lo in range(start, len(ids), self.prefill_chunk):
                 hi = min(len(ids), lo + self.prefill_chunk)
@@ -208,7 +233,9 @@ class CudaRunner(Speculating, CudaSpeculation):
                     self.prompts.hidden = None
                 if on_progress is not None:
                     on_progress(hi - start, len(ids) - start)
-        return out[-1] if logits else None
+                if pause and hi < len(ids):
+                    yield None
+        return out
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`: they
@@ -220,6 +247,24 @@ class CudaRunner(Speculating, CudaSpeculation):
         self.cached_ids.append(token)
         self._drafter_steps(self.steps.hidden)
         return out[-1] if logits else None
+
+    def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
+        """One batched decode step: token i appended to slot slots[i]'s sequence, every row in one
+        launch of each kernel (a graph per row count) over the whole cache, each row naming its
+        slot's cells (memory.StepRows); row i's logits stay on the device for that slot's pick().
+        Each row computes what that slot's own one-row step does (row-invariant kernels)."""
+        if len(set(slots)) != len(slots):
+            raise InvalidArgument(f"decode_batch: slots {slots} repeat")
+        positions = [len(self.slot_ids(s)) for s in slots]
+        if max(positions) + 1 > self.max_context:
+            raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
+        _, logits = self.steps.step_rows(list(tokens), positions, [s * self.max_context for s in slots],
+                                         self.kv_all, download=False)
+        V = self.args.vocab_size
+        for row, (slot, token) in enumerate(zip(slots, tokens)):
+            self.use(slot)
+            self.cached_ids.append(token)
+            self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
 
     def pick(self, params, u: float, mask=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
@@ -293,8 +338,10 @@ class CudaRunner(Speculating, CudaSpeculation):
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
-            # every cell in VRAM for the whole context (no --kv-resident yet): none on the host or the bus
-            "kv": {"format": self.kv_format, "cells_vram": self.max_context, "cells_host": 0, "bus_bytes_per_token": 0},
+            # every cell in VRAM for the whole context of each slot (no --kv-resident yet): none on the host or the bus
+            "kv": {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
+                   "bus_bytes_per_token": 0},
+            "parallel": self.num_slots,
             "spec": self.spec,
             "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None}
                             if self.spec else None),
@@ -321,3 +368,21 @@ class CudaRunner(Speculating, CudaSpeculation):
         """VRAM in use on the device now (every process), for the bench's peak."""
         free, total = self.dev.memory_info()
         return total - free
+
+
+class _PrefillSteps:
+    """The iterator of CudaRunner.prefill_steps: the chunks' steps, then .out (the last chunk's host
+    logits, or None)."""
+
+    def __init__(self, chunks):
+        self._chunks, self.out = chunks, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._chunks)
+        except StopIteration as end:
+            self.out = end.value
+            raise

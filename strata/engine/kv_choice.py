@@ -61,7 +61,7 @@ def kv_trade(sizes, config, budget_bytes: int, bandwidths, num_sms: int, formats
             out.append(KVOption(f, 0, str(e), 0, 0, 0, 0.0, kl, top1))
             continue
         out.append(KVOption(f, p.max_context, p.context_source,
-                            kv_bytes(a, p.kv_cells, f, a.num_hidden_layers + a.num_mtp_layers),
+                            kv_bytes(a, p.kv_cells * p.parallel, f, a.num_hidden_layers + a.num_mtp_layers),
                             p.cache_slots, p.total_experts, p.decode_tok_s, kl, top1))
     return out
 

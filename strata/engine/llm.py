@@ -11,7 +11,7 @@ import numpy as np
 from ..config import EngineConfig, SamplingParams
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError
 from .sampler import Sampler
-from .scheduler import Request, Scheduler
+from .scheduler import PROMPT_CHUNK, Request, Scheduler
 from .textstream import TextStream
 from .types import Completion, Delta, Timings, Usage
 
@@ -41,18 +41,20 @@ def _pick_device(wanted: str, ordinal: int = 0) -> str:
     return "cuda" if reason is None else "cpu"
 
 
-def host_context(args, context: int, available_bytes: int | None, kv: str = "f32") -> tuple[int, str | None]:
-    """(context, why lowered or None) for the CPU runner: its KV of every layer, in the format it
-    stores (float32 for f16, else the --kv format's planes), may grow to HOST_KV_SHARE of the
-    available host memory."""
+def host_context(args, context: int, available_bytes: int | None, kv: str = "f32",
+                 parallel: int = 1) -> tuple[int, str | None]:
+    """(context, why lowered or None) for the CPU runner: its KV of every layer for each of the
+    `parallel` sequences, in the format it stores (float32 for f16, else the --kv format's planes),
+    may grow to HOST_KV_SHARE of the available host memory."""
     from ..quant.kv import cell_bytes as kv_cell_bytes
-    cell_bytes = (args.num_hidden_layers + args.num_mtp_layers) * kv_cell_bytes(kv, args.num_key_value_heads,
-                                                                                 args.head_dim)
+    cell_bytes = parallel * (args.num_hidden_layers + args.num_mtp_layers) * kv_cell_bytes(
+        kv, args.num_key_value_heads, args.head_dim)
     if available_bytes is None or context * cell_bytes <= HOST_KV_SHARE * available_bytes:
         return context, None
     fit = max(1, int(HOST_KV_SHARE * available_bytes // cell_bytes))
-    return fit, (f"the KV of {context} tokens ({context * cell_bytes / 2**30:.1f} GiB as {kv}) would not fit "
-                 f"in half of the {available_bytes / 2**30:.1f} GiB of available host memory")
+    slots = f" in each of {parallel} slots" if parallel > 1 else ""
+    return fit, (f"the KV of {context} tokens{slots} ({context * cell_bytes / 2**30:.1f} GiB as {kv}) would not "
+                 f"fit in half of the {available_bytes / 2**30:.1f} GiB of available host memory")
 
 
 def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
@@ -69,7 +71,7 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
     from ..system import host_memory
     asked, why = (asked_context(config.max_context, trained) if config.max_context
                   else (trained, "the model's trained context"))
-    context, lowered = host_context(pack.args, asked, host_memory()[1], _cpu_kv(config.kv))
+    context, lowered = host_context(pack.args, asked, host_memory()[1], _cpu_kv(config.kv), config.parallel)
     return context, why if lowered is None else f"lowered from {asked}: {lowered}"
 
 
@@ -80,7 +82,8 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     from .runner import CpuRunner
-    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0")
+    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",
+                     parallel=config.parallel)
 
 
 def _cpu_kv(kv: str) -> str:
@@ -115,8 +118,23 @@ class LLM:
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
         self.state = "idle"
-        self.scheduler = Scheduler(self.begin)        # generate() and stream() queue here
+        self.scheduler = self.new_scheduler()        # generate() and stream() queue here
         self._warm_text()
+
+    def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:
+        """A request queue over this model's --parallel slots (strata.engine.scheduler): requests go
+        to the slot with the longest cached prefix, and the slots' plain decode steps run batched.
+        begin: what starts a request's work (default self.begin; a wrapper's own)."""
+        from .scheduler import DEFAULT_QUEUE_SIZE
+        n = self.config.parallel
+        return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
+                         choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None)
+
+    def _decode_batch(self, works: list["Generation"]) -> None:
+        """One batched decode step for the works' pending tokens (Scheduler's batch)."""
+        self.runner.decode_batch([w.slot for w in works], [w.pending for w in works])
+        for w in works:
+            w.pending, w.stepped = None, True
 
     def warm_up(self) -> float:
         """Pay the first request's one-time costs now (the chat template, the tokenizer, and on the
@@ -161,13 +179,16 @@ class LLM:
 
     def begin(self, prompt, params: SamplingParams | None = None,
               on_progress: Callable[[int, int], None] | None = None, constraint=None,
-              speculate: bool = True) -> "Generation":
+              speculate: bool = True, slot: int = 0) -> "Generation":
         """Start one generation outside the queue: iterate it for text deltas (the prompt is read on
         the first next()), read .completion when it ends; the scheduler's slots start their work with
         it. constraint: a strata.engine.grammar.TokenConstraint whose mask every pick obeys (structured
-        output). speculate=False: plain decode steps where the runner would draft."""
+        output). speculate=False: plain decode steps where the runner would draft. slot: which of
+        the --parallel slots' sequences it runs in (its KV and cached prefix)."""
         params = params or SamplingParams()
-        return Generation(self, self._prompt_ids(prompt), params, on_progress, constraint, speculate)
+        if not 0 <= slot < self.config.parallel:
+            raise InvalidArgument(f"slot {slot} out of range 0..{self.config.parallel - 1} (--parallel)")
+        return Generation(self, self._prompt_ids(prompt), params, on_progress, constraint, speculate, slot)
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
@@ -210,9 +231,12 @@ class Generation:
     engine step: a decode step, or a speculative window whose tokens the next few next() hand out)."""
 
     def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, on_progress, constraint=None,
-                 speculate: bool = True):
+                 speculate: bool = True, slot: int = 0):
         self.llm, self.ids, self.params, self.on_progress = llm, ids, params, on_progress
-        self.constraint = constraint
+        self.constraint, self.slot = constraint, slot
+        self.yield_chunks = False   # the scheduler's: next() returns PROMPT_CHUNK between a prompt's chunks
+        self.pending: int | None = None   # the token the next step decodes, when it is a plain decode step
+        self.stepped = False        # that step ran already, batched with other slots' (LLM._decode_batch)
         # a constrained request decodes one token at a time: each draft would need its own mask
         self.speculate = speculate and constraint is None and bool(getattr(llm.runner, "spec", 0))
         room = llm.max_context - len(ids)
@@ -225,7 +249,11 @@ class Generation:
         return self
 
     def __next__(self) -> Delta:
-        return next(self._iter)
+        self.llm.runner.use(self.slot)      # the slot's sequence: other slots may have stepped since
+        while True:
+            delta = next(self._iter)
+            if delta is not PROMPT_CHUNK or self.yield_chunks:
+                return delta
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -237,7 +265,7 @@ class Generation:
         timings = Timings()
         finish = "length"
         try:
-            self._prefill(timings)
+            yield from self._prefill(timings)
             t1 = time.perf_counter()
             spec0 = _spec_counts(runner)
             tokens = self._tokens(runner, Sampler(self.params), lambda: self.max_tokens - len(out))
@@ -255,13 +283,16 @@ class Generation:
         self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
                                      usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)
 
-    def _prefill(self, timings: Timings) -> None:
-        """Read the prompt past its reusable prefix; its last logits stay in the runner for pick()."""
+    def _prefill(self, timings: Timings):
+        """Read the prompt past its reusable prefix, yielding PROMPT_CHUNK between chunks; its last
+        logits stay in the runner for pick()."""
         llm, runner = self.llm, self.llm.runner
         t0 = time.perf_counter()
         llm.state = "reading"
         cached = runner.reusable_prefix(self.ids)
-        runner.prefill(self.ids, cached, self.on_progress, logits=False)
+        steps = runner.prefill_steps(self.ids, cached, self.on_progress)
+        for _ in steps:         # the runner pauses between chunks only where other slots may step meanwhile
+            yield PROMPT_CHUNK
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
         llm.state = "generating"
@@ -284,8 +315,12 @@ class Generation:
                 if delta:
                     yield Delta(delta, token)
                 return "stop"
+            complete = self.constraint is not None and self.constraint.complete
+            if not (complete or self.speculate) and len(out) < self.max_tokens:
+                self.pending = token    # the next next() decodes it: the scheduler may batch that step
             yield Delta(delta, token)
-            if self.constraint is not None and self.constraint.complete:
+            self.pending = None
+            if complete:
                 return "stop"          # its end-of-sequence is implied
         return "length"
 
@@ -302,7 +337,10 @@ class Generation:
                 for token in runner.speculate(token, self.params, sampler, left()):
                     yield token
             else:
-                runner.decode(token, logits=False)
+                if self.stepped:        # decoded already, in a batched step with other slots
+                    self.stepped = False
+                else:
+                    runner.decode(token, logits=False)
                 token = runner.pick(self.params, sampler.draw(), mask=mask())
                 yield token
 

@@ -256,11 +256,12 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     a = sizes.args
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = kv_cells(config)
-    steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS)})   # a decode step, a verify window
+    # a decode step, a verify window, and the batched steps of 2..parallel slots: a graph each
+    steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS), *range(1, config.parallel + 1)})
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, config.kv) for T in steps]
     return {
         "dense": sizes.dense_bytes,
-        "kv": kv_bytes(a, cells, config.kv, a.num_hidden_layers + a.num_mtp_layers),
+        "kv": kv_bytes(a, cells * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),
@@ -303,6 +304,7 @@ class Plan:
     bandwidth_source: str
     max_context: int = 0            # the context the plan holds KV for
     context_source: str = ""        # why that context (fit_context)
+    parallel: int = 1               # sequences with a KV of kv_cells each (--parallel)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -400,7 +402,7 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                 cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=config.kv), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
-                context_source)
+                context_source, config.parallel)
 
 
 def decode_bytes_per_token(pack) -> int:

@@ -10,24 +10,15 @@ from ..config import SamplingParams
 from ..errors import InvalidArgument
 from ..model import build
 from .sampler import pick_host
+from .slots import Slots, reusable_prefix
 from .speculate import Speculating
 
 
-def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
-    """Length of the common prefix of the cached tokens and ids, less one if it is all of ids: the
-    last prompt token is always read, since its logits are what the next step samples from."""
-    n = 0
-    for a, b in zip(cached_ids, ids):
-        if a != b:
-            break
-        n += 1
-    return min(n, len(ids) - 1)
-
-
-class CpuRunner(Speculating):
+class CpuRunner(Speculating, Slots):
     device = "cpu"
 
-    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0):
+    def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0,
+                 parallel: int = 1):
         self.args = pack.args
         self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
@@ -45,6 +36,9 @@ class CpuRunner(Speculating):
         self.kv = self._new_kv()
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self._last = None                    # logits [V] of the last prefill or decode
+        if parallel > 1 and self.spec:
+            raise InvalidArgument("--parallel with --spec: speculation in parallel slots is not implemented yet")
+        self._init_slots(parallel, lambda slot: self._new_kv())    # strata.engine.slots: one sequence each
 
     def _new_kv(self) -> KVCache:
         a = self.args
@@ -96,9 +90,18 @@ class CpuRunner(Speculating):
             n = self.kv.resumable(n, len(self.cached_ids))
         return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
+    interleaves = True      # prefill_steps may pause between chunks while other slots step
+
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         """Read ids[start:] at positions start.. (K/V of ids[:start] must be cached); -> last logits [V]
         (None without `logits`: pick() reads them)."""
+        for _ in self.prefill_steps(ids, start, on_progress):
+            pass
+        return self._last if logits else None
+
+    def prefill_steps(self, ids: list[int], start: int, on_progress=None):
+        """prefill() as a generator that pauses between chunks: meanwhile the caller may step other
+        slots (then use() this slot again); the last logits stay for pick()."""
         if isinstance(self.kv, HybridCache):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
@@ -115,10 +118,11 @@ class CpuRunner(Speculating):
                 self.drafter.flush(self, self.cached_ids)
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
+            if hi < len(ids):
+                yield
         if isinstance(self.kv, HybridCache):
             self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
         self._last = out[-1]
-        return self._last if logits else None
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`)."""

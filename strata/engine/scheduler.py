@@ -7,8 +7,13 @@ a speculative window's tokens). A slot's work is what `begin` returns for the re
 Generation: an iterator of Deltas with .cancel() and .completion), so the scheduler never touches the
 device and is tested on a CPU with a stand-in.
 
-One slot today: the engine decodes one sequence at a time. `--parallel N` slots will batch their
-decode steps in `step`; admission and the per-request events stay as they are.
+With `--parallel N` there are N slots (strata.engine.slots: each keeps its own KV and cached
+conversation). A request goes to the free slot `choose` names (the longest reusable prefix, the
+least recently used among equals). Each iteration first gathers the slots whose next step is a
+plain decode step (their work's `pending` token) and runs them as one batched step (`batch`), then
+advances every busy slot: those just stepped pick their token from that step's logits. A prompt is
+read a chunk per iteration (the work yields PROMPT_CHUNK between chunks), so a long prompt in one
+slot does not hold up the other slots' tokens.
 
 Events go to `Request.emit` (kind, payload): "delta" (a Delta), then "done" (the Completion) or
 "error" (the exception); a request cancelled while it waits leaves the queue with no event.
@@ -26,6 +31,14 @@ from ..config import SamplingParams
 from ..errors import StrataError
 
 DEFAULT_QUEUE_SIZE = 64
+
+
+class _PromptChunk:
+    def __repr__(self):
+        return "PROMPT_CHUNK"
+
+
+PROMPT_CHUNK = _PromptChunk()   # a work's next() that read a prompt chunk and has no token yet
 
 
 class QueueFull(StrataError):
@@ -76,6 +89,7 @@ class Request:
 @dataclass(eq=False)
 class Slot:
     """A sequence being generated: its request and its work (None until its first step begins it)."""
+    index: int = 0
     request: Request | None = None
     work: Iterator | None = None
 
@@ -85,16 +99,22 @@ class Slot:
 
 
 class Scheduler:
-    """begin(prompt_ids, params, on_progress=..., constraint=..., speculate=...) starts a slot's work
-    (strata.LLM.begin). on_event(request, kind, payload), if given, sees every event before the
-    request does, on the stepping thread (the server's bookkeeping)."""
+    """begin(prompt_ids, params, on_progress=..., constraint=..., speculate=..., slot=...) starts a
+    slot's work (strata.LLM.begin; slot only with more than one). on_event(request, kind, payload),
+    if given, sees every event before the request does, on the stepping thread (the server's
+    bookkeeping). choose(prompt_ids, free slot indices) -> the slot a request goes to (default: the
+    first free one). batch(works) runs one decode step for the works whose `pending` token is set
+    and clears it (strata.LLM: the runner's decode_batch); without it each work steps alone."""
 
     def __init__(self, begin: Callable[..., Iterator], queue_size: int = DEFAULT_QUEUE_SIZE, num_slots: int = 1,
-                 on_event: Callable[[Request, str, Any], None] | None = None):
+                 on_event: Callable[[Request, str, Any], None] | None = None,
+                 choose: Callable[[list[int], list[int]], int] | None = None,
+                 batch: Callable[[list], None] | None = None):
         if queue_size < 1 or num_slots < 1:
             raise ValueError(f"queue_size and num_slots must be >= 1, got {queue_size} and {num_slots}")
         self.begin, self.queue_size, self.on_event = begin, queue_size, on_event
-        self.slots = [Slot() for _ in range(num_slots)]
+        self.choose, self.batch = choose, batch
+        self.slots = [Slot(i) for i in range(num_slots)]
         self._waiting: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()      # one stepping thread at a time
@@ -148,8 +168,10 @@ class Scheduler:
         with self._step_lock:
             self._admit()
             busy = [s for s in self.slots if not s.free]
+            self._batch(busy)
             for slot in busy:
-                self._advance(slot)
+                if not slot.free:           # a failed batched step may have ended it
+                    self._advance(slot)
             return bool(busy)
 
     def run(self) -> None:
@@ -180,11 +202,32 @@ class Scheduler:
 
     def _admit(self) -> None:
         with self._cond:
-            for slot in self.slots:
-                if slot.free and self._waiting and not self._stopping:
-                    request = self._waiting.popleft()
-                    request.state, request.admitted = "reading", time.monotonic()
-                    slot.request = request
+            while self._waiting and not self._stopping:
+                free = [s.index for s in self.slots if s.free]
+                if not free:
+                    return
+                request = self._waiting.popleft()
+                index = free[0] if self.choose is None or len(free) == 1 else self.choose(request.prompt_ids, free)
+                request.state, request.admitted = "reading", time.monotonic()
+                self.slots[index].request = request
+
+    def _batch(self, busy: list[Slot]) -> None:
+        """One batched decode step for the slots whose next step is a plain one (module doc)."""
+        if self.batch is None:
+            return
+        ready = [s.work for s in busy if s.work is not None and getattr(s.work, "pending", None) is not None
+                 and not s.request.cancelled.is_set()]
+        if len(ready) < 2:
+            return              # one alone takes its own step
+        try:
+            self.batch(ready)
+        except BaseException as e:   # an engine fault ends the requests of that step
+            for slot in busy:
+                if slot.work in ready:
+                    self._emit(slot.request, "error", e)
+                    self._free(slot, "error")
+            if not isinstance(e, Exception):
+                raise
 
     def _advance(self, slot: Slot) -> None:
         request = slot.request
@@ -206,6 +249,8 @@ class Scheduler:
             if not isinstance(e, Exception):
                 raise
             return
+        if delta is PROMPT_CHUNK:                        # a prompt chunk read: no token yet
+            return
         if request.first_token is None:
             request.first_token, request.state = time.monotonic(), "generating"
         request.num_tokens += 1
@@ -215,8 +260,13 @@ class Scheduler:
         extra = {} if request.constraint is None else {"constraint": request.constraint}
         if not request.speculate:
             extra["speculate"] = False
-        return self.begin(request.prompt_ids, request.params, on_progress=functools.partial(_progress, request),
+        if len(self.slots) > 1:
+            extra["slot"] = next(s.index for s in self.slots if s.request is request)
+        work = self.begin(request.prompt_ids, request.params, on_progress=functools.partial(_progress, request),
                           **extra)
+        if hasattr(work, "yield_chunks"):
+            work.yield_chunks = True     # PROMPT_CHUNK between a prompt's chunks: other slots step meanwhile
+        return work
 
     def _emit(self, request: Request, kind: str, payload: Any) -> None:
         if self.on_event is not None:

@@ -46,7 +46,9 @@ class EngineWorker:
         self.llm = llm
         self.queue_size = queue_size
         self.metrics = metrics
-        self.scheduler = Scheduler(llm.begin, queue_size, on_event=self._on_event)
+        new = getattr(llm, "new_scheduler", None)    # the model's --parallel slots (a stand-in may have none)
+        self.scheduler = (new(queue_size, on_event=self._on_event, begin=llm.begin) if new is not None
+                          else Scheduler(llm.begin, queue_size, on_event=self._on_event))
         self._lock = threading.Lock()
         self.recent: collections.deque[dict] = collections.deque(maxlen=RECENT_REQUESTS)
         self.totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,

@@ -95,6 +95,24 @@ def test_attention_decode(ops, rng, H, Hk, dh, lengths, S):
     assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths), ref, H)
 
 
+@pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
+def test_attention_decode_rows_of_several_sequences_by_bases(ops, rng, H, Hk, dh):
+    # parallel slots' batched step: one cache of N sequences back to back, each row from its
+    # sequence's first cell (bases), in any order, two rows of one sequence too; each row's bits
+    # equal that row launched alone over its own sequence (what that slot's one-row step computes)
+    N, S = 3, 700
+    _, k_cache, v_cache, _, _ = decode_case(rng, H, Hk, dh, [S] * N, S)
+    seqs, lengths = np.array([2, 0, 2, 1]), np.array([700, 1, 333, 64], np.int32)
+    q = rng.standard_normal((4, H, dh)).astype(np.float32)
+    out = ops.attention_decode(q, k_cache, v_cache, lengths, num_splits=4, bases=seqs * S)
+    for b, (seq, L) in enumerate(zip(seqs, lengths)):
+        alone = ops.attention_decode(q[b:b + 1], k_cache[seq:seq + 1], v_cache[seq:seq + 1], lengths[b:b + 1],
+                                     num_splits=4)
+        assert np.array_equal(out[b].view(np.uint32), alone[0].view(np.uint32)), f"row {b}"
+        assert_heads_close(out[b:b + 1], reference(q[b:b + 1], k_cache[seq, :L], v_cache[seq, :L],
+                                                   np.array([L - 1])), H)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 1024])
 @pytest.mark.parametrize("sharpness", [1.0, 6.0])
 def test_attention_decode_any_split_count(ops, rng, num_splits, sharpness):

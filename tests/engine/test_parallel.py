@@ -1,0 +1,223 @@
+"""--parallel N slots (strata/engine/slots.py, the scheduler's batched steps): a sequence's tokens are
+the same alone and batched, a request goes to the slot holding its prefix, a long prompt is read a
+chunk per iteration while the other slots decode; the GPU runner's batched step on the emulated
+runtime (tests/engine/fake_cuda) gives each row its own one-row step's logits (to the emulation's
+summation order: numpy sums a batch of rows in another order than one row; bit for bit on the GPU,
+test_parallel_gpu.py)."""
+import threading
+
+import numpy as np
+import pytest
+
+from strata.config import EngineConfig, SamplingParams
+from strata.engine.scheduler import PROMPT_CHUNK, Request, Scheduler
+from strata.engine.types import Completion, Delta, Usage
+from strata.errors import InvalidArgument
+
+
+# ---- the scheduler with stand-in works ----
+
+class PendingWork:
+    """A stand-in Generation: `chunks` PROMPT_CHUNKs, then n tokens; its next step is a plain decode
+    (pending set) after each token but the last. Tokens count the steps it was batched in."""
+
+    def __init__(self, ids, params, log, chunks=0, slot=0):
+        self.ids, self.n, self.log, self.chunks, self.slot = ids, params.max_tokens, log, chunks, slot
+        self.out, self.completion, self.pending, self.stepped = [], None, None, False
+        self.yield_chunks = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.chunks and self.yield_chunks:
+            self.chunks -= 1
+            self.log.append(("chunk", self.ids[0]))
+            return PROMPT_CHUNK
+        if len(self.out) == self.n:
+            self.completion = Completion("", self.out, "length", Usage(len(self.ids), len(self.out)))
+            raise StopIteration
+        self.log.append(("token", self.ids[0], self.stepped))
+        self.out.append(self.ids[0] + len(self.out))
+        self.stepped = False
+        self.pending = self.out[-1] if len(self.out) < self.n else None
+        return Delta(str(self.out[-1]), self.out[-1])
+
+    def cancel(self):
+        pass
+
+
+def scheduler(num_slots, chunks=None, choose=None):
+    log, batches = [], []
+
+    def begin(ids, params, on_progress=None, slot=0, **extra):
+        log.append(("begin", ids[0], slot))
+        return PendingWork(ids, params, log, (chunks or {}).get(ids[0], 0), slot)
+
+    def batch(works):
+        batches.append(sorted(w.slot for w in works))
+        for w in works:
+            w.pending, w.stepped = None, True
+    return Scheduler(begin, 8, num_slots=num_slots, choose=choose, batch=batch), log, batches
+
+
+def test_pending_steps_of_several_slots_run_as_one_batch():
+    s, log, batches = scheduler(3)
+    reqs = [s.submit(Request([p], SamplingParams(max_tokens=4))) for p in (10, 20, 30)]
+    while s.step():
+        pass
+    assert [r.completion.token_ids for r in reqs] == [[p, p + 1, p + 2, p + 3] for p in (10, 20, 30)]
+    assert batches == [[0, 1, 2]] * 3           # every token after the first, all three slots at once
+    for p in (10, 20, 30):       # the first token from the prompt, every later one from a batched step
+        assert [e[2] for e in log if e[:2] == ("token", p)] == [False, True, True, True]
+    assert [r.num_tokens for r in reqs] == [4, 4, 4]
+
+
+def test_a_long_prompt_is_read_a_chunk_per_iteration_beside_the_others_tokens():
+    s, log, _ = scheduler(2, chunks={10: 5})
+    long, short = (s.submit(Request([p], SamplingParams(max_tokens=3))) for p in (10, 20))
+    while s.step():
+        pass
+    short_done = max(i for i, e in enumerate(log) if e[:2] == ("token", 20))
+    long_chunks = [i for i, e in enumerate(log) if e == ("chunk", 10)]
+    assert len(long_chunks) == 5 and short_done < long_chunks[-1]    # the short reply ended meanwhile
+    assert long.num_tokens == 3 and short.num_tokens == 3            # chunks are not tokens
+    assert long.first_token > short.first_token
+
+
+def test_requests_go_to_the_slot_choose_names():
+    picks = []
+
+    def choose(ids, free):
+        picks.append((ids[0], list(free)))
+        return free[-1]
+    s, log, _ = scheduler(3, choose=choose)
+    for p in (10, 20):
+        s.submit(Request([p], SamplingParams(max_tokens=1)))
+    while s.step():
+        pass
+    assert picks == [(10, [0, 1, 2]), (20, [0, 1])]
+    assert sorted(e for e in log if e[0] == "begin") == [("begin", 10, 2), ("begin", 20, 1)]
+
+
+# ---- strata.LLM on the CPU, tiny model ----
+
+@pytest.fixture(scope="module")
+def tiny_pack(tmp_path_factory):
+    pytest.importorskip("torch")            # tests.fixtures builds the tiny pack with it
+    from tests.fixtures import SHAPES, make_pack
+    path, _ = make_pack(tmp_path_factory.mktemp("parallel"), SHAPES["tiny"], seed=5)
+    return path
+
+
+def _llm(path, parallel):
+    from strata import LLM
+    llm = LLM(path, device="cpu", parallel=parallel)
+    llm.tokenizer.eos_token_ids = []        # every reply runs to max_tokens
+    return llm
+
+
+PROMPTS = ["def add(a, b):", "import os\n", "hello world", "the quick brown"]
+
+
+def test_tokens_alone_equal_tokens_of_parallel_slots(tiny_pack):
+    one, par = _llm(tiny_pack, 1), _llm(tiny_pack, 3)
+    params = SamplingParams(max_tokens=10, temperature=0.8, seed=7)
+    alone = [one.generate(p, max_tokens=10, temperature=0.8, seed=7).token_ids for p in PROMPTS]
+    calls = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (calls.append(list(slots)), batch(slots, tokens))
+    reqs = [par.scheduler.submit(Request(par.tokenizer.encode(p), params)) for p in PROMPTS]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == alone
+    assert calls and max(len(c) for c in calls) == 3          # three slots stepped together
+
+
+def test_a_follow_up_turn_goes_to_the_slot_that_holds_its_conversation(tiny_pack):
+    llm = _llm(tiny_pack, 3)
+    first = [llm.generate(p, max_tokens=4) for p in PROMPTS[:3]]
+    slots = {llm.runner.slot_ids(s)[0]: s for s in range(3)}
+    follow = llm.tokenizer.encode(PROMPTS[1]) + first[1].token_ids + llm.tokenizer.encode(" more")
+    out = llm.generate(follow, max_tokens=2)
+    assert out.usage.cached_tokens >= len(llm.tokenizer.encode(PROMPTS[1])) + 3
+    assert llm.runner.slot == slots[follow[0]] or llm.runner.slot_ids(slots[follow[0]])[:len(follow)] == follow
+
+
+def test_threads_share_parallel_slots(tiny_pack):
+    llm = _llm(tiny_pack, 2)
+    want = {p: _llm(tiny_pack, 1).generate(p, max_tokens=6).token_ids for p in PROMPTS}
+    got, errors = {}, []
+
+    def ask(p):
+        try:
+            got[p] = llm.generate(p, max_tokens=6).token_ids
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and got == want
+
+
+def test_parallel_is_checked():
+    with pytest.raises(InvalidArgument, match="parallel must be"):
+        EngineConfig(parallel=0)
+    with pytest.raises(InvalidArgument, match="parallel must be"):
+        EngineConfig(parallel=9)
+    with pytest.raises(InvalidArgument, match="--parallel 2 with --spec 1"):
+        EngineConfig(parallel=2, spec="1", mtp=True)
+
+
+# ---- the GPU runner's batched step, emulated ----
+
+def test_emulated_batched_step_rows_equal_each_slots_own_steps(fake, rng):
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.llm import demo_model_path
+    from strata.pack import open_pack
+    pack = open_pack(demo_model_path())
+    V = pack.args.vocab_size
+    prompts = [rng.integers(0, V, n).tolist() for n in (9, 14, 5)]
+    par = CudaRunner(pack, 48, EngineConfig(device="cuda", parallel=3))
+    one = CudaRunner(pack, 48, EngineConfig(device="cuda"))
+    for slot, ids in enumerate(prompts):
+        par.use(slot)
+        par.prefill(ids, 0, logits=False)
+    tokens = [rng.integers(0, V, 3).tolist() for _ in prompts]
+    want = []
+    for ids, more in zip(prompts, tokens):
+        one.reset()
+        one.prefill(ids, 0, logits=False)
+        want.append([one.decode(t) for t in more])
+    for step in range(3):                      # eager, captured, replayed: the graph serves every slot
+        order = [2, 0, 1] if step % 2 else [0, 1, 2]
+        par.decode_batch(order, [tokens[s][step] for s in order])
+        for s in order:
+            par.use(s)
+            got = par.ops.to_host(par._last)[0]
+            np.testing.assert_allclose(got, want[s][step], rtol=0, atol=1e-4 * np.abs(got).max(),
+                                       err_msg=f"step {step}, slot {s}")
+    assert [len(par.slot_ids(s)) for s in range(3)] == [len(p) + 3 for p in prompts]
+    assert par.graphs and 3 in par.graphs
+
+
+def test_emulated_slots_keep_their_own_cells(fake, rng):
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.llm import demo_model_path
+    from strata.pack import open_pack
+    pack = open_pack(demo_model_path())
+    ids = rng.integers(0, pack.args.vocab_size, 12).tolist()
+    par = CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))
+    par.use(1)
+    a = par.prefill(ids, 0)
+    par.use(0)
+    par.prefill(ids[::-1], 0)       # slot 0's prompt writes only slot 0's cells
+    par.use(1)
+    assert par.reusable_prefix(ids + [1]) == len(ids)
+    b = par.decode(ids[0])
+    one = CudaRunner(pack, 32, EngineConfig(device="cuda"))
+    assert np.array_equal(one.prefill(ids, 0), a) and np.array_equal(one.decode(ids[0]), b)    # one-row steps
+    with pytest.raises(InvalidArgument, match="slot 2 out of range"):
+        par.use(2)
