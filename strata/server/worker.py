@@ -166,6 +166,7 @@ class EngineWorker:
         last_prompt = next(({"chunk": r["prefill_chunk"], "ring": r["prefill_ring"], "tokens_read":
                              r["prompt_tokens"] - r["cached_tokens"]} for r in recent), None)
         return {"state": state, "queue": {"depth": depth, "max": self.queue_size}, "current": current,
+                "slots": {"busy": len(running), "total": len(self.scheduler.slots)},
                 "tokens_per_second": (current or {}).get("decode_tps") or last_tps, "last_prompt": last_prompt,
                 "totals": totals, "last_error": self.last_error, "requests": recent}
 

@@ -4,8 +4,6 @@ chunk per iteration while the other slots decode; the GPU runner's batched step 
 runtime (tests/engine/fake_cuda) gives each row its own one-row step's logits (to the emulation's
 summation order: numpy sums a batch of rows in another order than one row; bit for bit on the GPU,
 test_parallel_gpu.py)."""
-import threading
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from strata.config import EngineConfig, SamplingParams
 from strata.engine.scheduler import PROMPT_CHUNK, Request, Scheduler
 from strata.engine.types import Completion, Delta, Usage
 from strata.errors import InvalidArgument
+from tests.engine.threads import in_threads
 
 
 # ---- the scheduler with stand-in works ----
@@ -147,18 +146,7 @@ def test_a_follow_up_turn_goes_to_the_slot_that_holds_its_conversation(tiny_pack
 def test_threads_share_parallel_slots(tiny_pack):
     llm = _llm(tiny_pack, 2)
     want = {p: _llm(tiny_pack, 1).generate(p, max_tokens=6).token_ids for p in PROMPTS}
-    got, errors = {}, []
-
-    def ask(p):
-        try:
-            got[p] = llm.generate(p, max_tokens=6).token_ids
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    got, errors = in_threads(lambda p: llm.generate(p, max_tokens=6).token_ids, PROMPTS)
     assert not errors and got == want
 
 

@@ -1,13 +1,12 @@
 """--parallel slots on the GPU (#19): a batched step's rows are each slot's own one-row steps bit for
 bit (any subset of slots, in any order, eager, captured and replayed), with f16 and int8 KV; greedy
 replies from several threads in parallel slots equal the replies one at a time."""
-import threading
-
 import numpy as np
 import pytest
 
 from strata.config import EngineConfig
 from strata.engine.llm import LLM
+from tests.engine.threads import in_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -53,20 +52,9 @@ def test_greedy_replies_in_parallel_slots_equal_one_at_a_time():
         want[p] = plain.generate(p, max_tokens=64).token_ids
     del plain
     par = LLM(device="cuda", parallel=4, max_context=512)
-    got, errors = {}, []
     calls = []
     batch = par.runner.decode_batch
     par.runner.decode_batch = lambda slots, toks: (calls.append(len(slots)), batch(slots, toks))
-
-    def ask(p):
-        try:
-            got[p] = par.generate(p, max_tokens=64).token_ids
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    got, errors = in_threads(lambda p: par.generate(p, max_tokens=64).token_ids, PROMPTS, 300)
     assert not errors and got == want
     assert calls and max(calls) >= 2          # they did decode together

@@ -9,6 +9,7 @@ from strata.config import SamplingParams
 from strata.engine.scheduler import QueueFull, Request, Scheduler
 from strata.engine.types import Completion, Delta, Usage
 from strata.errors import InvalidArgument, StrataError
+from tests.engine.threads import in_threads
 
 
 class FakeWork:
@@ -205,18 +206,7 @@ def test_back_to_back_requests_give_the_tokens_of_one_at_a_time(llm):
 
 def test_generate_from_several_threads_queues_them(llm):
     want = {p: llm.generate(p, max_tokens=6).token_ids for p in PROMPTS}
-    got, errors = {}, []
-
-    def ask(p):
-        try:
-            got[p] = llm.generate(p, max_tokens=6).token_ids
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    got, errors = in_threads(lambda p: llm.generate(p, max_tokens=6).token_ids, PROMPTS)
     assert not errors and got == want
     assert llm.scheduler.queue_depth() == 0 and llm.scheduler.running() == []
 

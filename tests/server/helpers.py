@@ -96,14 +96,14 @@ def tiny_pack(tmp_path: Path) -> Path:
     return path
 
 
-def endless_llm(pack_path: Path, max_context: int = 1024):
+def endless_llm(pack_path: Path, max_context: int = 1024, **engine):
     """A strata.LLM on the CPU that never stops at an end-of-sequence token.
 
     A random tiny model may pick EOS at any step; with EOS off every reply runs to max_tokens (or a
     stop string), so the tests know its length. EOS handling itself is the engine's, tested there.
     """
     import strata
-    llm = strata.LLM(str(pack_path), device="cpu", max_context=max_context)
+    llm = strata.LLM(str(pack_path), device="cpu", max_context=max_context, **engine)
     llm.tokenizer.eos_token_ids = []
     return llm
 

@@ -37,6 +37,26 @@ def test_eight_concurrent_clients(server, llm):
     assert all(finish == "length" for _, finish in got.values())
 
 
+def test_eight_clients_over_parallel_slots_get_the_replies_of_one_slot(server, llm):
+    # the same weights with --parallel 4: replies batched four at a time equal the one-slot server's
+    from tests.server.helpers import endless_llm
+    par = endless_llm(llm.pack.path, parallel=4)
+    clients = [OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60) for _ in TOPICS]
+    expected = {t: ask(clients[0], llm.model_name, t, stream=False) for t in TOPICS}
+    live = LiveServer(create_app(par, queue_size=16))
+    try:
+        pclients = [OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0, timeout=60) for _ in TOPICS]
+        with ThreadPoolExecutor(len(TOPICS)) as pool:
+            futures = {t: pool.submit(ask, c, par.model_name, t, i % 2 == 1)
+                       for i, (t, c) in enumerate(zip(TOPICS, pclients))}
+            got = {t: f.result(timeout=120) for t, f in futures.items()}
+        status = httpx.get(live.url + "/v1/status").json()
+    finally:
+        live.close()
+    assert got == expected
+    assert status["slots"] == {"busy": 0, "total": 4}
+
+
 def cancelled_rows(url):
     return [r for r in httpx.get(url + "/v1/status").json()["requests"] if r["finish_reason"] == "cancelled"]
 
