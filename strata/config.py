@@ -157,6 +157,10 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
+    keep_conversations_gib: float = field(default=4.0, metadata={
+        "help": "host RAM for the K/V of conversations a new request pushes out of a slot, so a returning "
+                "one is copied back instead of read again (at most a quarter of the available host "
+                "memory); 0 = none kept"})
     parallel: int = field(default=1, metadata={"help": "sequences served at once (1..8): each has its own KV of "
                                                         "--max-context cells and its own cached conversation, "
                                                         "and their decode steps run batched, one step for all"})
@@ -187,6 +191,9 @@ class EngineConfig:
         object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
         if self.kv_resident < 0:
             raise InvalidArgument("kv_resident must be >= 0")
+        if not self.keep_conversations_gib >= 0:
+            raise InvalidArgument(f"keep_conversations_gib must be >= 0 (0: none kept), got "
+                                  f"{self.keep_conversations_gib}")
         if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) \
                 or not 1 <= self.parallel <= PARALLEL_MAX:
             raise InvalidArgument(f"parallel must be a number of sequences from 1 to {PARALLEL_MAX} (the rows of one "

@@ -34,7 +34,7 @@ from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
 from .cuda_spec import CudaSpeculation, check_spec
 from .memory_model import VRAM_RESERVE_BYTES
-from .slots import Slots, reusable_prefix
+from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
 
 
@@ -88,7 +88,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
-        self._init_slots(config.parallel, self.kv_all.view)     # strata.engine.slots
+        self._init_slots(config.parallel, self.kv_all.view, keep_bytes(config))     # strata.engine.slots
 
     # the decode path's state, as the runner's (status, tests and tools read these)
     @property
@@ -191,7 +191,27 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids already have K/V here (at least one token is always read)."""
         n = reusable_prefix(self.cached_ids, ids)
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+
+    def _kv_ranges(self, n: int):
+        """(buffer, byte offset, bytes) of cells 0..n-1 of this slot, per layer and plane."""
+        kv = self.kv
+        return [(buf, (layer * kv.layer_cells + kv.base) * cell, n * cell)
+                for layer in range(kv.num_layers) for buf, cell in kv.buffers]
+
+    def _cells_out(self, n: int):
+        """(host copies of cells 0..n-1 of this slot's KV, their bytes) for a kept conversation."""
+        out = []
+        for buf, off, nbytes in self._kv_ranges(n):
+            host = np.empty(nbytes, np.uint8)
+            buf.copy_to_host(host, self.stream, off)
+            out.append(host)
+        self.stream.synchronize()
+        return out, sum(h.nbytes for h in out)
+
+    def _cells_in(self, payload, n: int) -> None:
+        for (buf, off, _), host in zip(self._kv_ranges(n), payload):
+            buf.copy_from_host(host, self.stream, off)
 
     @property
     def interleaves(self) -> bool:
@@ -215,6 +235,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
 
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
+        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
@@ -341,7 +362,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             # every cell in VRAM for the whole context of each slot (no --kv-resident yet): none on the host or the bus
             "kv": {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
                    "bus_bytes_per_token": 0},
-            "parallel": self.num_slots,
+            "parallel": self.num_slots, "kept_conversations": self.kept.status(),
             "spec": self.spec,
             "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None}
                             if self.spec else None),

@@ -82,8 +82,9 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     from .runner import CpuRunner
+    from .slots import keep_bytes
     return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",
-                     parallel=config.parallel)
+                     parallel=config.parallel, keep_bytes=keep_bytes(config))
 
 
 def _cpu_kv(kv: str) -> str:

@@ -18,7 +18,7 @@ class CpuRunner(Speculating, Slots):
     device = "cpu"
 
     def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0,
-                 parallel: int = 1):
+                 parallel: int = 1, keep_bytes: int = 0):
         self.args = pack.args
         self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
@@ -38,7 +38,8 @@ class CpuRunner(Speculating, Slots):
         self._last = None                    # logits [V] of the last prefill or decode
         if parallel > 1 and self.spec:
             raise InvalidArgument("--parallel with --spec: speculation in parallel slots is not implemented yet")
-        self._init_slots(parallel, lambda slot: self._new_kv())    # strata.engine.slots: one sequence each
+        # strata.engine.slots: one sequence each; conversations kept in host RAM (not a hybrid's states)
+        self._init_slots(parallel, lambda slot: self._new_kv(), 0 if hybrid else keep_bytes)
 
     def _new_kv(self) -> KVCache:
         a = self.args
@@ -88,7 +89,23 @@ class CpuRunner(Speculating, Slots):
         n = reusable_prefix(self.cached_ids, ids)
         if isinstance(self.kv, HybridCache):
             n = self.kv.resumable(n, len(self.cached_ids))
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+
+    def _cells_out(self, n: int):
+        """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept)."""
+        kv = self.kv
+        out = KVCache(len(kv.planes), *kv.shape, kv.max_len, kv.fmt)
+        nbytes = 0
+        for layer, planes in enumerate(kv.planes):
+            if planes is None:
+                continue
+            out.planes[layer] = [tuple(None if a is None else a[:n].copy() for a in pair) for pair in planes]
+            out.cells[layer] = min(n, kv.cells[layer])
+            nbytes += sum(a.nbytes for pair in out.planes[layer] for a in pair if a is not None)
+        return out, nbytes
+
+    def _cells_in(self, payload, n: int) -> None:
+        self.kv = payload
 
     interleaves = True      # prefill_steps may pause between chunks while other slots step
 
@@ -104,6 +121,7 @@ class CpuRunner(Speculating, Slots):
         slots (then use() this slot again); the last logits stay for pick()."""
         if isinstance(self.kv, HybridCache):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
+        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
@@ -170,4 +188,5 @@ class CpuRunner(Speculating, Slots):
                                 if self.spec else None),
                 # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
                 "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
-                       "bus_bytes_per_token": 0}}
+                       "bus_bytes_per_token": 0},
+                "parallel": self.num_slots, "kept_conversations": self.kept.status()}

@@ -7,6 +7,12 @@ rest of the runner does not know about slots. `decode_batch` runs one decode ste
 at once (the GPU runner: one batched step whose rows name their slot's cells; the CPU runner: one
 step per slot, the same arithmetic). `best_slot` is where a new request goes: the free slot with the
 longest reusable prefix, the least recently used among equals.
+
+A slot's conversation that a new request would overwrite (more than KEEP_MIN_TOKENS of it past the
+reused prefix) is kept in host RAM first, up to --keep-conversations-gib, least recently used out
+first; a later request whose prefix a kept conversation holds (by more than KEEP_MIN_TOKENS beyond
+what its slot holds) gets those cells copied back instead of reading them again. The cells come back
+bit for bit, so the logits are the same as if the conversation had stayed.
 """
 from __future__ import annotations
 
@@ -26,11 +32,68 @@ def reusable_prefix(cached_ids: list[int], ids: list[int]) -> int:
     return min(n, len(ids) - 1)
 
 
+def keep_bytes(config) -> int:
+    """Host RAM for kept conversations: --keep-conversations-gib, at most a quarter of the available
+    host memory."""
+    from ..system import host_memory
+    available = host_memory()[1]
+    want = int(config.keep_conversations_gib * 2**30)
+    return want if available is None else min(want, available // 4)
+
+
+KEEP_MIN_TOKENS = 32        # shorter tails are cheaper read again than kept and copied back
+
+
+class Kept:
+    """Conversations out of the slots, in host RAM: (ids, payload, nbytes), least recently used first."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = max(0, int(budget_bytes))
+        self.items: list[tuple[list[int], object, int]] = []
+        self.kept = self.restored = 0           # counts, for status()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, _, n in self.items)
+
+    def fits(self, nbytes: int) -> bool:
+        return 0 < nbytes <= self.budget_bytes
+
+    def put(self, ids: list[int], payload, nbytes: int) -> None:
+        self.items = [it for it in self.items if it[0] != ids]
+        while self.items and self.nbytes + nbytes > self.budget_bytes:
+            self.items.pop(0)
+        self.items.append((list(ids), payload, nbytes))
+        self.kept += 1
+
+    def best(self, ids: list[int]) -> tuple[int, int]:
+        """(index, reusable prefix) of the kept conversation that holds the longest prefix of ids."""
+        best = (-1, 0)
+        for i, (kept_ids, _, _) in enumerate(self.items):
+            n = reusable_prefix(kept_ids, ids)
+            if n > best[1]:
+                best = (i, n)
+        return best
+
+    def take(self, index: int) -> tuple[list[int], object]:
+        ids, payload, _ = self.items.pop(index)
+        self.restored += 1
+        return ids, payload
+
+    def status(self) -> dict:
+        return {"conversations": len(self.items), "bytes": self.nbytes, "budget_bytes": self.budget_bytes,
+                "kept": self.kept, "restored": self.restored}
+
+
 class Slots:
     """Mixed into a runner whose per-sequence state is self.kv, self.cached_ids and self._last."""
 
-    def _init_slots(self, num_slots: int, make_kv) -> None:
-        """Slot 0 is the runner's current state; make_kv(slot) gives each other slot's cache."""
+    def _init_slots(self, num_slots: int, make_kv, keep_bytes: int = 0) -> None:
+        """Slot 0 is the runner's current state; make_kv(slot) gives each other slot's cache;
+        keep_bytes: host RAM for conversations out of the slots (0: none kept). The runner gives
+        _cells_out(n) -> (payload, nbytes) and _cells_in(payload, n) for cells 0..n-1 of the slot in
+        use, when it can keep conversations."""
+        self.kept = Kept(keep_bytes)
         if num_slots < 1:
             raise InvalidArgument(f"parallel slots must be >= 1, got {num_slots}")
         self.num_slots, self.slot = num_slots, 0
@@ -60,6 +123,34 @@ class Slots:
         if not candidates:
             raise InvalidArgument("best_slot: no free slot to choose from")
         return max(candidates, key=lambda s: (reusable_prefix(self.slot_ids(s), ids), -self._last_used[s]))
+
+    def _keeps(self) -> bool:
+        return self.kept.budget_bytes > 0 and hasattr(self, "_cells_out") and not getattr(self, "spec", 0)
+
+    def _keep_tail(self, start: int) -> None:
+        """A prompt is about to overwrite this slot's cells from `start`: keep the conversation in host
+        RAM first when more than KEEP_MIN_TOKENS of it would be lost."""
+        n = len(self.cached_ids)
+        if not self._keeps() or n - start <= KEEP_MIN_TOKENS:
+            return
+        payload, nbytes = self._cells_out(n)
+        if self.kept.fits(nbytes):
+            self.kept.put(self.cached_ids, payload, nbytes)
+
+    def _bring_back(self, ids: list[int], own: int) -> int:
+        """A kept conversation holding more of ids than this slot's own `own` tokens (by more than
+        KEEP_MIN_TOKENS) is copied back into the slot (the slot's own kept first) -> the new reusable
+        prefix; else own."""
+        if not self._keeps() or not self.kept.items:
+            return own
+        index, n = self.kept.best(ids)
+        if n <= own + KEEP_MIN_TOKENS:
+            return own
+        kept_ids, payload = self.kept.take(index)
+        self._keep_tail(0)
+        self._cells_in(payload, len(kept_ids))
+        self.cached_ids = list(kept_ids)
+        return n
 
     def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
         """One decode step for each slot (slots distinct), token i appended to slot i's sequence; each

@@ -209,3 +209,55 @@ def test_emulated_slots_keep_their_own_cells(fake, rng):
     assert np.array_equal(one.prefill(ids, 0), a) and np.array_equal(one.decode(ids[0]), b)    # one-row steps
     with pytest.raises(InvalidArgument, match="slot 2 out of range"):
         par.use(2)
+
+
+# ---- conversations kept in host RAM ----
+
+def test_a_conversation_pushed_out_of_its_slot_comes_back_from_host_ram(tiny_pack):
+    from strata import LLM
+    llm = LLM(tiny_pack, device="cpu", keep_conversations_gib=0.5)
+    llm.tokenizer.eos_token_ids = []
+    fresh = _llm(tiny_pack, 1)
+    a = llm.tokenizer.encode(" ".join(PROMPTS) * 6)
+    b = llm.tokenizer.encode("something else entirely, " * 8)
+    first = llm.generate(a, max_tokens=4)
+    llm.generate(b, max_tokens=4)                   # pushes conversation a out of the one slot
+    assert llm.runner.kept.status()["conversations"] == 1
+    follow = a + first.token_ids + llm.tokenizer.encode(" and then")
+    out = llm.generate(follow, max_tokens=6, temperature=0.7, seed=2)
+    assert out.usage.cached_tokens == len(a) + 3    # a's cells came back: only the new tokens are read
+    assert llm.runner.kept.restored == 1
+    assert out.token_ids == fresh.generate(follow, max_tokens=6, temperature=0.7, seed=2).token_ids
+    assert llm.runner.kept.status()["conversations"] == 1      # b's turn, kept when a came back
+
+
+def test_keep_is_off_at_zero_and_bounded(tiny_pack):
+    from strata import LLM
+    llm = LLM(tiny_pack, device="cpu", keep_conversations_gib=0)
+    llm.generate(llm.tokenizer.encode("x y z " * 30), max_tokens=2)
+    llm.generate(llm.tokenizer.encode("q r s " * 30), max_tokens=2)
+    assert llm.runner.kept.status()["conversations"] == 0
+    with pytest.raises(InvalidArgument, match="keep_conversations_gib"):
+        EngineConfig(keep_conversations_gib=-1)
+
+
+def test_emulated_kept_cells_come_back_bit_for_bit(fake, rng):
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.llm import demo_model_path
+    from strata.pack import open_pack
+    pack = open_pack(demo_model_path())
+    V = pack.args.vocab_size
+    a, b = rng.integers(0, V, 50).tolist(), rng.integers(0, V, 40).tolist()
+    runner = CudaRunner(pack, 128, EngineConfig(device="cuda", parallel=2))
+    runner.kept.budget_bytes = 1 << 30
+    steady = CudaRunner(pack, 128, EngineConfig(device="cuda"))
+    runner.use(1)
+    runner.prefill(a, runner.reusable_prefix(a))
+    runner.prefill(b, runner.reusable_prefix(b))     # slot 1's a pushed out, into host RAM
+    assert runner.kept.status()["conversations"] == 1
+    more = a + [7, 8]
+    start = runner.reusable_prefix(more)
+    assert start == len(a) and runner.slot_ids(1) == a
+    got = runner.prefill(more, start)
+    steady.prefill(a, 0)
+    assert np.array_equal(got, steady.prefill(more, len(a)))
