@@ -244,8 +244,11 @@ def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFA
     if fits(trained):
         return trained, "the model's trained context"
     c = largest_fitting(list(range(CHUNK_GRID, trained, CHUNK_GRID)), fits) or min(CHUNK_GRID, trained)
-    kv = kv_bytes(sizes.args, trained, config.kv, sizes.args.num_hidden_layers + sizes.args.num_mtp_layers)
-    return c, (f"lowered from the model's trained {trained}: its KV ({kv / 2**30:.2f} GiB) does not fit in the "
+    kv = kv_bytes(sizes.args, trained * config.parallel, config.kv,
+                  sizes.args.num_hidden_layers + sizes.args.num_mtp_layers)
+    slots = f" in each of {config.parallel} slots" if config.parallel > 1 else ""
+    return c, (f"lowered from the model's trained {trained}{slots}: its KV ({kv / 2**30:.2f} GiB) does not fit "
+               f"in the "
                f"{budget_bytes / 2**30:.2f} GiB budget beside the dense weights, the expert cache's minimum of "
                f"{floor_slots} slots ({floor_bytes / 2**30:.2f} GiB) and the smallest prompt loan")
 
