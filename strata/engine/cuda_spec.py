@@ -9,6 +9,9 @@ alone, and greedy decoding with speculation emits exactly the tokens of greedy d
 
 The draft layer (the model's MTP layer, as draft_layer runs it) takes the main hidden states from the
 host and gives its logits and output back there; the drafter's bookkeeping (MtpDrafter) is numpy.
+Greedy windows take verify_next / mtp_next instead: each row's argmax is taken on the device and
+only the token ids come back (4 bytes a row, not V floats), and a chained draft's hidden state
+stays on the device for the next draft step.
 Rejected cells need no rollback on the device: a cell past the sequence's length is never read (the
 split-K kernels read lengths from the positions) and is written again before it is.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.cuda.memory import DeviceTensor
 from ..errors import InvalidArgument
 from .memory_model import STEP_MAX_TOKENS, stream_all_tokens
 
@@ -58,6 +62,49 @@ class CudaSpeculation:
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
                                           plan=plan)
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
+
+    def verify_next(self, ids: list[int], start: int):
+        """verify() for greedy windows -> (each row's argmax [T] ints, hidden [T, D] on the host):
+        the argmaxes taken on the device, the logits left there."""
+        from .cuda_decode import last_row_of
+        T = len(ids)
+        if start + T > self.max_context:
+            raise InvalidArgument(f"positions up to {start + T - 1} do not fit the context of {self.max_context}")
+        kv = self.kv
+        _, logits = self.steps.step_rows(list(ids), list(range(start, start + T)), [kv.base] * T, kv.whole,
+                                         download=False)
+        self._last = last_row_of(logits)
+        picks = self._argmax_rows(logits)
+        self.steps.picked()                 # the stream is synchronized: the step's routing to the cache
+        return picks, self.ops.to_host(self.steps.hidden)
+
+    def mtp_next(self, hidden, next_ids, positions):
+        """The draft layer as mtp(), greedy -> (the argmax of its last row, the layer's output of that
+        row [1, D] on the device: the next chained draft's input). hidden: host [T, D] or a device
+        tensor (a chained draft's)."""
+        ops, a = self.ops, self.args
+        h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
+        T = len(next_ids)
+        pos = ops.upload_positions(np.asarray(positions, np.int64))
+        plan = self.steps.plan if T <= STEP_MAX_TOKENS else self.store.chunk_plan(
+            T, stream_all_tokens(a), a.num_hidden_layers + a.num_mtp_layers)
+        logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,
+                                          logits_rows=slice(-1, None), plan=plan)
+        D = out.shape[1]
+        last = DeviceTensor(out.buf, out.offset + (T - 1) * D * 4, (1, D), np.float32, out)
+        return int(self._argmax_rows(logits)[0]), last
+
+    def _argmax_rows(self, logits) -> list[int]:
+        """Each row's argmax of device logits [T, V], taken on the device (cuda/argmax.cu) -> T ints."""
+        T, V = logits.shape
+        if getattr(self, "_picks_dev", None) is None:
+            self._picks_dev = self.rt.DeviceBuffer(self.dev, 4 * STEP_MAX_TOKENS)
+            self._picks_host = np.frombuffer(self.rt.HostBuffer(self.dev, 4 * STEP_MAX_TOKENS), np.int32)
+        for t in range(T):
+            self.ops.launch("argmax", 1, (logits.ptr + t * V * 4, self._picks_dev.ptr + 4 * t, V))
+        self._picks_dev.copy_to_host(self._picks_host[:T], self.stream)
+        self.stream.synchronize()
+        return [int(x) for x in self._picks_host[:T]]
 
     def forget(self, layers, start: int, stop: int) -> None:
         """Cells start..stop-1 of these layers are past the sequence: nothing reads them before they

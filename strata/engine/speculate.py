@@ -194,6 +194,14 @@ class MtpDrafter:
         P = self.pending.shape[0]
         assert start + P == len(ids), "the drafter's pending states must reach the sequence's end"
         nxt = np.asarray(ids[start + 1:] + [token], np.int64)
+        if params.temperature == 0.0 and hasattr(target, "mtp_next"):     # greedy, argmax on the target
+            d, h = target.mtp_next(self.pending, nxt, np.arange(start, start + P))
+            self.done, self.pending = start + P, None
+            drafts = [d]
+            for k in range(1, n):
+                d, h = target.mtp_next(h, np.asarray([d], np.int64), np.asarray([start + P - 1 + k]))
+                drafts.append(d)
+            return drafts, [None] * n
         logits, hid = target.mtp(self.pending, nxt, np.arange(start, start + P), logits_rows=slice(-1, None))
         self.done, self.pending = start + P, None
         drafts, qs = [], []
@@ -271,9 +279,15 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
     else:
         drafts, qs = [], []
     m0 = time.perf_counter()
-    logits, hidden = target.verify([token] + drafts, start)            # main K/V at start..start+n
-    model_s += time.perf_counter() - m0
-    a, nxt = accept(logits, drafts, qs, params, draw)
+    if params.temperature == 0.0 and hasattr(target, "verify_next"):   # greedy: each row's argmax only
+        picks, hidden = target.verify_next([token] + drafts, start)
+        model_s += time.perf_counter() - m0
+        a = next((j for j, (d, t) in enumerate(zip(drafts, picks)) if d != t), len(drafts))
+        nxt = picks[a]
+    else:
+        logits, hidden = target.verify([token] + drafts, start)        # main K/V at start..start+n
+        model_s += time.perf_counter() - m0
+        a, nxt = accept(logits, drafts, qs, params, draw)
     # rollback: main cells past the accepted prefix, and the chain's provisional draft-layer cells
     # (the next draft rewrites cells start..start+a from the verified states before reading them)
     L = target.args.num_hidden_layers
