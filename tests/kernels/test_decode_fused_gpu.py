@@ -135,18 +135,22 @@ def qk_reference(q, k, qw, kw, positions, inv, scale, eps):
             rope.apply(rms_norm64(k, kw, eps), cos.astype(np.float64), sin.astype(np.float64)))
 
 
-def qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, cells, grid_y=None, in_place=False):
+def qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, cells, grid_y=None, in_place=False,
+                    rows=None):
+    """rows: the cache cell of each token (parallel slots' rows), else its position."""
+    from strata.backends.cuda.kernels import KERNELS
     T, H, dh = q.shape
     Hk = k.shape[1]
     qb, kb, vb = gpu.upload(q), gpu.upload(k), gpu.upload(v)
     qwb, kwb = gpu.upload(qw), gpu.upload(kw)
     pb, ib = gpu.upload(positions.astype(np.int32)), gpu.upload(inv.astype(np.float32))
+    rb = None if rows is None else gpu.upload(np.asarray(rows, np.int32))
     ob = qb if in_place else gpu.output(q.nbytes)
     kc, vc = gpu.output(cells * Hk * dh * 2), gpu.output(cells * Hk * dh * 2)
     grid = (T, grid_y or -(-(H + 2 * Hk) // 4))
-    gpu.launch("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPiiiiff", grid, 128,
-               (qb.ptr, kb.ptr, vb.ptr, qwb.ptr, kwb.ptr, pb.ptr, ib.ptr, ob.ptr, kc.ptr, vc.ptr, T, H, Hk, dh,
-                eps, scale))
+    gpu.launch("decode_fused", "strata_qk_norm_rope_kv_f32", KERNELS["qk_norm_rope_kv"].signature, grid, 128,
+               (qb.ptr, kb.ptr, vb.ptr, qwb.ptr, kwb.ptr, pb.ptr, 0 if rb is None else rb.ptr, ib.ptr, ob.ptr,
+                kc.ptr, vc.ptr, T, H, Hk, dh, eps, scale))
     return (gpu.download(ob, q.shape), gpu.download(kc, (cells, Hk, dh), np.float16),
             gpu.download(vc, (cells, Hk, dh), np.float16))
 
@@ -192,6 +196,25 @@ def test_qk_norm_rope_kv_far_positions(gpu, rng, T, H, Hk, dh):
     got = qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, 40960)
     q_ref, k_ref = qk_reference(q, k, qw, kw, positions, inv, scale, eps)
     check_qk((*got, positions, v), (q_ref, k_ref, 40960))
+
+
+def test_qk_norm_rope_kv_cells_apart_from_positions(gpu, rng):
+    # parallel slots' rows: RoPE at each token's position, its K/V into the cell it names (another
+    # sequence's part of the cache); the same bits as writing at the position, moved
+    T, H, Hk, dh, eps = 4, 32, 4, 128, 1e-6
+    inv, scale = rope.inv_freq(dh, 1e6, None, 40960)
+    q, k, v, qw, kw = qk_inputs(rng, T, H, Hk, dh)
+    positions = np.array([5, 5, 17, 0])
+    rows = np.array([105, 5, 217, 300])                     # cells of slots 1, 0, 2, 3 (100 cells each)
+    q_at, k_at, v_at = qk_norm_rope_kv(gpu, q, k, v, qw, kw, positions, inv, scale, eps, 400, rows=rows)
+    for t in range(T):
+        one = qk_norm_rope_kv(gpu, q[t:t + 1], k[t:t + 1], v[t:t + 1], qw, kw, positions[t:t + 1], inv, scale, eps,
+                              400)
+        assert np.array_equal(q_at[t].view(np.uint32), one[0][0].view(np.uint32))
+        assert np.array_equal(k_at[rows[t]].view(np.uint16), one[1][positions[t]].view(np.uint16))
+        assert np.array_equal(v_at[rows[t]].view(np.uint16), one[2][positions[t]].view(np.uint16))
+    untouched = np.setdiff1d(np.arange(400), rows)
+    assert (k_at[untouched].view(np.uint16) == 0xFFFF).all()
 
 
 def test_qk_norm_rope_kv_any_grid_and_in_place(gpu, rng):
