@@ -224,6 +224,23 @@ static inline void group_dot_scalar(const Group& g, const QRow* xs, int T, int b
     }
 }
 
+// out[t * stride] = row w (n weights of `kind`) · activation row t, for t < T: each group's scales,
+// its weights unpacked, then their dots with the rows (UNPACK and DOT: the scalar or AVX2 pair)
+#define STRATA_ROW_DOTS(NAME, ATTR, UNPACK, DOT)                                                   \
+    ATTR static void NAME(int kind, const uint8_t* w, const QRow* xs, int T, int n, float* out,      \
+                          size_t stride) {                                                          \
+        const float* f16 = f16_table();                                                             \
+        const int gw = group_weights(kind);                                                         \
+        const size_t gb = group_bytes(kind);                                                        \
+        Group g;                                                                                    \
+        for (int t = 0; t < T; t++) out[t * stride] = 0.f;                                          \
+        for (int i = 0; i < n / gw; i++, w += gb) {                                                 \
+            group_scales(kind, w, f16, g);                                                          \
+            UNPACK(kind, w, g);                                                                     \
+            DOT(g, xs, T, i * gw / 32, out, stride);                                                \
+        }                                                                                           \
+    }
+
 #if STRATA_X86
 __attribute__((target("avx2"))) static inline void unpack_avx2(int kind, const uint8_t* w, Group& g) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
@@ -314,33 +331,11 @@ __attribute__((target("avx2,fma"))) static inline void group_dot_avx2(const Grou
     }
 }
 
-__attribute__((target("avx2,fma"))) static void row_dots_avx2(int kind, const uint8_t* w, const QRow* xs, int T,
-                                                               int n, float* out, size_t stride) {
-    const float* f16 = f16_table();
-    const int gw = group_weights(kind);
-    const size_t gb = group_bytes(kind);
-    Group g;
-    for (int t = 0; t < T; t++) out[t * stride] = 0.f;
-    for (int i = 0; i < n / gw; i++, w += gb) {
-        group_scales(kind, w, f16, g);
-        unpack_avx2(kind, w, g);
-        group_dot_avx2(g, xs, T, i * gw / 32, out, stride);
-    }
-}
+STRATA_ROW_DOTS(row_dots_avx2, __attribute__((target("avx2,fma"))), unpack_avx2, group_dot_avx2)
 #endif
 
-static void row_dots_scalar(int kind, const uint8_t* w, const QRow* xs, int T, int n, float* out, size_t stride) {
-    const float* f16 = f16_table();
-    const int gw = group_weights(kind);
-    const size_t gb = group_bytes(kind);
-    Group g;
-    for (int t = 0; t < T; t++) out[t * stride] = 0.f;
-    for (int i = 0; i < n / gw; i++, w += gb) {
-        group_scales(kind, w, f16, g);
-        unpack_scalar(kind, w, g);
-        group_dot_scalar(g, xs, T, i * gw / 32, out, stride);
-    }
-}
+STRATA_ROW_DOTS(row_dots_scalar, , unpack_scalar, group_dot_scalar)
+#undef STRATA_ROW_DOTS
 
 // out[t * stride] = row w (n weights of `kind`) · activation row t, for t < T
 typedef void (*RowDots)(int, const uint8_t*, const QRow*, int, int, float*, size_t);
