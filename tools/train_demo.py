@@ -13,6 +13,16 @@ It writes config.json, bf16 safetensors shards (<= 15 MiB each) and metrics.json
 both heads, MTP greedy acceptance, routing skew, sample completions), all computed on the saved weights.
 `pack` converts that directory with strata.convert (Q8_0), then measures the pack's own weights (torch on
 the CPU, dequantized) and records them, with the greedy reference the tests check, in metrics.json.
+
+Tool calls (strata/demo/DATA.md has the recipe and its numbers): `finetune` is a short CPU run that starts
+from a pack's own weights (dequantized, MTP layer included) and trains on a seeded mix of the original
+stream and the tool-call chats of tools/tool_chats.py (loss on the assistant's tokens only for those),
+then writes an HF dir for `pack`, as `train` does; `toolcalls` asks a pack (the strata engine, greedy,
+tool_choice auto) the held-out tool prompts and counts well-formed calls, right names and exact arguments:
+
+    PYTHONPATH=. python tools/train_demo.py finetune --data .demo_data --out OUT/hf --steps 300   # CPU
+    PYTHONPATH=. python tools/train_demo.py pack --hf OUT/hf --data .demo_data --dst strata/demo
+    PYTHONPATH=. python tools/train_demo.py toolcalls --pack strata/demo
 """
 from __future__ import annotations
 
@@ -230,6 +240,187 @@ def train(args):
     print(json.dumps(summary), files, flush=True)
 
 
+def finetune(args):
+    """Start from a pack's own weights (dequantized) and train on a mix of tool chats and the original
+    stream, on the CPU; writes an HF dir that `pack` turns into strata/demo (as after `train`)."""
+    import tool_chats as tc
+    from tokenizers import Tokenizer
+    torch.manual_seed(SEED)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    data, src = Path(args.data), Path(args.init)
+    rng = np.random.default_rng(SEED + 1)
+    train_tok = np.load(data / "tokens_train.npy")
+    val_tok = np.load(data / "tokens_val.npy")
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    model = dm.DemoModel(CONFIG)
+    model.load_state_dict(dm.model_from_pack(src).state_dict())
+    cfg = model.config
+    # Tool chats: the training set and a held-out set drawn with another seed, each one stream + loss mask.
+    tr_chats, ho_chats = tc.chats(args.tool_chats, tc.SEED), tc.chats(args.held_out_chats, tc.HELD_OUT_SEED)
+    tr_stream, tr_mask, tr_starts = _chat_stream(tc.encode(tr_chats))
+    ho_stream, ho_mask, _ = _chat_stream(tc.encode(ho_chats))
+    B, S, Bt = args.batch, args.seq, args.tool_batch
+    model.eval()
+    before = {"orig": evaluate(model, val_tok, S, "cpu", max_windows=args.eval_windows, batch=4),
+              "tool": tool_eval(model, ho_stream, ho_mask, S)}
+    before["orig"].pop("routing")
+    print(json.dumps({"before": before}), flush=True)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    log, t0 = [], time.time()
+    for step in range(args.steps):
+        rows, masks = [], []
+        for s in rng.integers(0, len(train_tok) - S - 2, size=B - Bt):
+            rows.append(train_tok[s:s + S + 2])
+            masks.append(np.ones(S + 2, np.float32))
+        for s in tr_starts[rng.integers(0, len(tr_starts), size=Bt)]:
+            rows.append(_take(tr_stream, s, S + 2))
+            masks.append(_take(tr_mask, s, S + 2).astype(np.float32))
+        w = torch.from_numpy(np.stack(rows).astype(np.int64))
+        m = torch.from_numpy(np.stack(masks))
+        m[:B - Bt] /= (B - Bt) * S                                  # original rows: mean over their tokens
+        for part in (slice(1, S + 1), slice(2, S + 2)):              # tool rows: mean over the assistant's tokens
+            sub = m[B - Bt:, part]
+            m[B - Bt:, part] = sub * args.tool_weight / sub.sum().clamp(min=1)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss, main, mtp, aux = masked_loss(model, w, m, S, args.mtp_weight, cfg["router_aux_loss_coef"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            rec = {"step": step + 1, "loss": loss.item(), "main": main.item(), "mtp": mtp.item(),
+                   "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1)}
+            log.append(rec)
+            print(json.dumps(rec), flush=True)
+    train_s = time.time() - t0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model.eval()
+    after = {"orig": evaluate(model, val_tok, S, "cpu", max_windows=args.eval_windows, batch=4),
+             "tool": tool_eval(model, ho_stream, ho_mask, S)}
+    metrics = dict(after["orig"])
+    after["orig"].pop("routing")
+    metrics["samples"], metrics["mtp_accept_greedy"] = samples(model, tok, "cpu")
+    metrics.update({"params": sum(p.numel() for p in model.parameters()), "params_by_part": param_breakdown(model),
+                    "config": cfg, "seed": SEED, "torch": torch.__version__, "gpu": None,
+                    "base_training": _base_training(src),
+                    "finetune": {"init": str(src), "steps": args.steps, "batch": B, "tool_rows": Bt, "seq": S,
+                                 "tokens_seen": args.steps * B * S, "tool_chats": args.tool_chats,
+                                 "tool_chat_tokens": int(len(tr_stream)), "held_out_chats": args.held_out_chats,
+                                 "hparams": {k: getattr(args, k) for k in ("lr", "warmup", "mtp_weight", "tool_weight")},
+                                 "threads": torch.get_num_threads(), "train_s": round(train_s, 1),
+                                 "eval_windows": args.eval_windows, "before": before, "after": after, "log": log}})
+    out = Path(args.out)
+    dm.save_hf(model, out)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    print(json.dumps({"train_s": round(train_s, 1), "before": before, "after": after}), flush=True)
+
+
+def _base_training(src: Path) -> dict | None:
+    """The pack's own training record (the run that made the weights a fine-tune starts from)."""
+    path = src / "metrics.json"
+    if not path.is_file():
+        return None
+    m = json.loads(path.read_text())
+    keep = ("steps", "kept_step", "batch", "seq", "tokens_trained", "epochs", "train_s", "hparams", "gpu", "seed",
+            "val_tokens", "val_loss_main", "val_loss_mtp", "val_top1_main", "val_top1_mtp", "base_training",
+            "finetune")
+    return {k: m[k] for k in keep if k in m}
+
+
+def _chat_stream(encoded) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chats one after another, <|endoftext|> between them: (ids, loss mask, each chat's start)."""
+    ids, mask, starts = [], [], []
+    for i, mk in encoded:
+        starts.append(len(ids))
+        ids += list(i) + [0]
+        mask += list(mk) + [0]
+    return np.asarray(ids, np.uint16), np.asarray(mask, np.uint8), np.asarray(starts)
+
+
+def _take(a: np.ndarray, s: int, n: int) -> np.ndarray:
+    """n items of a from s, wrapping around (a window may start near the stream's end)."""
+    return np.take(a, np.arange(s, s + n), mode="wrap")
+
+
+def masked_loss(model, w, m, S: int, mtp_weight: float, aux_coef: float):
+    """Like train_loss, with the per-token weights m [B, S+2] (at each target's index; they sum to the
+    batch's loss scale) instead of a plain mean."""
+    V = model.config["vocab_size"]
+    logits, hidden, aux_main = model.forward_main(w[:, :S])
+    ce = F.cross_entropy(logits.float().reshape(-1, V), w[:, 1:S + 1].reshape(-1), reduction="none")
+    main = (ce * m[:, 1:S + 1].reshape(-1)).sum()
+    mlogits, aux_mtp = model.forward_mtp(hidden, w[:, 1:S + 1])
+    mce = F.cross_entropy(mlogits.float().reshape(-1, V), w[:, 2:S + 2].reshape(-1), reduction="none")
+    mtp = (mce * m[:, 2:S + 2].reshape(-1)).sum()
+    L = model.config["num_hidden_layers"]
+    aux = (aux_main * L + aux_mtp) / (L + 1)
+    return main + mtp_weight * mtp + aux_coef * aux, main, mtp, aux
+
+
+@torch.no_grad()
+def tool_eval(model, stream: np.ndarray, mask: np.ndarray, S: int, batch: int = 4) -> dict:
+    """Held-out tool chats: main-head loss and top-1 accuracy over the assistant's tokens only."""
+    n = (len(stream) - 1 + S - 1) // S
+    loss = hits = count = 0.0
+    for b in range(0, n, batch):
+        starts = range(b * S, min(n, b + batch) * S, S)
+        w = torch.from_numpy(np.stack([_take(stream, s, S + 1) for s in starts]).astype(np.int64))
+        mk = torch.from_numpy(np.stack([_take(mask, s, S + 1) for s in starts]).astype(np.float32))
+        ends = torch.tensor([min(S, len(stream) - 1 - s) for s in starts])
+        mk[:, 1:] *= (torch.arange(S)[None, :] < ends[:, None]).float()     # no wrapped targets
+        logits, _, _ = model.forward_main(w[:, :S])
+        V = logits.shape[-1]
+        ce = F.cross_entropy(logits.reshape(-1, V), w[:, 1:].reshape(-1), reduction="none")
+        mm = mk[:, 1:].reshape(-1)
+        loss += (ce * mm).sum().item()
+        hits += ((logits.argmax(-1).reshape(-1) == w[:, 1:].reshape(-1)).float() * mm).sum().item()
+        count += mm.sum().item()
+    return {"assistant_tokens": int(count), "loss": loss / count, "top1": hits / count}
+
+
+def tool_calls(args):
+    """With tool_choice auto, greedy replies of a pack (the strata engine on the CPU) to held-out tool
+    prompts: how often it emits a well-formed call, the right function, the exact arguments; and on
+    the plain prompts, how often it answers without a call."""
+    import strata
+    import tool_chats as tc
+    from strata.server.tools import split_calls
+    llm = strata.LLM(args.pack, device="cpu")
+    cs = tc.chats(args.n, tc.HELD_OUT_SEED)
+    res = {"prompts": 0, "well_formed": 0, "right_name": 0, "exact_arguments": 0, "plain_prompts": 0,
+           "plain_without_call": 0}
+    t0 = time.time()
+    examples = []
+    for c in cs:
+        text = llm.generate(c["prompt"], max_tokens=args.max_tokens, temperature=0).text
+        _, calls = split_calls(text)
+        if c["call"] is None:
+            res["plain_prompts"] += 1
+            res["plain_without_call"] += not calls
+            continue
+        res["prompts"] += 1
+        if calls:
+            res["well_formed"] += 1
+            res["right_name"] += calls[0]["name"] == c["call"]["name"]
+            try:
+                res["exact_arguments"] += (calls[0]["name"] == c["call"]["name"]
+                                           and json.loads(calls[0]["arguments"]) == c["call"]["arguments"])
+            except ValueError:
+                pass
+        if len(examples) < 4:
+            examples.append({"user": c["messages"][-4]["content"] if len(c["messages"]) >= 4 else "",
+                             "reply": text})
+    res["seconds"] = round(time.time() - t0, 1)
+    res["examples"] = examples
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+
+
 def param_breakdown(model) -> dict:
     parts = {"embedding": 0, "output": 0, "attention": 0, "router": 0, "experts": 0, "mtp_proj": 0, "norms": 0}
     for name, p in model.named_parameters():
@@ -310,8 +501,30 @@ def main(argv=None):
     p.add_argument("--dst", required=True)
     p.add_argument("--qtype", default="Q8_0")
     p.add_argument("--eval-windows", type=int, default=64)
+    f = sub.add_parser("finetune", help="a short CPU run from a pack's weights on tool chats + the original data")
+    f.add_argument("--data", required=True)
+    f.add_argument("--init", default=str(Path(__file__).resolve().parent.parent / "strata" / "demo"))
+    f.add_argument("--out", required=True)
+    f.add_argument("--steps", type=int, default=300)
+    f.add_argument("--batch", type=int, default=6)
+    f.add_argument("--tool-batch", type=int, default=4, help="rows of each batch drawn from the tool chats")
+    f.add_argument("--seq", type=int, default=512)
+    f.add_argument("--lr", type=float, default=3e-4)
+    f.add_argument("--warmup", type=int, default=20)
+    f.add_argument("--mtp-weight", type=float, default=0.3)
+    f.add_argument("--tool-weight", type=float, default=1.0)
+    f.add_argument("--tool-chats", type=int, default=480)
+    f.add_argument("--held-out-chats", type=int, default=40)
+    f.add_argument("--eval-windows", type=int, default=8)
+    f.add_argument("--threads", type=int, default=2)
+    f.add_argument("--log-every", type=int, default=20)
+    c = sub.add_parser("toolcalls", help="tool_choice auto on held-out tool prompts: how often a pack calls")
+    c.add_argument("--pack", required=True)
+    c.add_argument("--n", type=int, default=60)
+    c.add_argument("--max-tokens", type=int, default=96)
+    c.add_argument("--json")
     args = ap.parse_args(argv)
-    train(args) if args.cmd == "train" else pack(args)
+    {"train": train, "pack": pack, "finetune": finetune, "toolcalls": tool_calls}[args.cmd](args)
 
 
 if __name__ == "__main__":
