@@ -66,7 +66,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     def launch():
         if k_rot:
             rotate.launch(H, 32, (q, H, DH, rot_scale(DH)), stream=stream)
-        split.launch((splits, HK, 1), 128, (q, *planes, lengths, acc, ml, H, HK, S, splits, DH ** -0.5),
+        split.launch((splits, HK, 1), 128, (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5),
                      stream=stream)
         combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
