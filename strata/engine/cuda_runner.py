@@ -364,7 +364,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                    "bus_bytes_per_token": 0},
             "parallel": self.num_slots, "kept_conversations": self.kept.status(),
             "spec": self.spec,
-            "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None}
+            "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
+                             "device_windows": self.device_windows}
                             if self.spec else None),
         }
 

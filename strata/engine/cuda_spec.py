@@ -7,11 +7,13 @@ gemv3_rows, split-K decode attention over one sequence's cells, moe_decode, per-
 routing), so each row's logits are bit for bit those of the one-token step that would compute them
 alone, and greedy decoding with speculation emits exactly the tokens of greedy decoding without.
 
-The draft layer (the model's MTP layer, as draft_layer runs it) takes the main hidden states from the
-host and gives its logits and output back there; the drafter's bookkeeping (MtpDrafter) is numpy.
-Greedy windows take verify_next / mtp_next instead: each row's argmax is taken on the device and
-only the token ids come back (4 bytes a row, not V floats), and a chained draft's hidden state
-stays on the device for the next draft step.
+Greedy windows run as one CUDA graph per draft count (spec_window, strata.engine.cuda_window): the
+draft layer over the pending rows, the chained drafts, the verify window and every row's argmax on
+the device, one staging copy in, the ids and hidden rows back. Where that does not apply (the first
+window after more pending rows than the window has) greedy windows take verify_next / mtp_next:
+each row's argmax is taken on the device and only the token ids come back, and a chained draft's
+hidden state stays on the device. Sampled windows take the draft layer's logits and the window's
+logits to the host (mtp / verify), where the acceptance rule needs the distributions.
 Rejected cells need no rollback on the device: a cell past the sequence's length is never read (the
 split-K kernels read lengths from the positions) and is written again before it is.
 
@@ -93,6 +95,23 @@ class CudaSpeculation:
         D = out.shape[1]
         last = DeviceTensor(out.buf, out.offset + (T - 1) * D * 4, (1, D), np.float32, out)
         return int(self._argmax_rows(logits)[0]), last
+
+    def spec_window(self, drafter, token: int, n: int):
+        """A greedy window of n drafts after token as one CUDA graph (strata.engine.cuda_window) ->
+        (drafts, the verify rows' argmaxes, their hidden states on the host), or None where that
+        path does not apply (the drafter's pending rows are more than n + 1: the eager way)."""
+        P = 0 if drafter.pending is None else drafter.pending.shape[0]
+        if getattr(self, "_windows", None) is None:
+            from .cuda_window import SpecWindows
+            self._windows = SpecWindows(self)
+        if not self._windows.applies(P, n):
+            return None
+        return self._windows.run(drafter, token, n)
+
+    @property
+    def device_windows(self) -> int:
+        """Greedy windows that ran as the device's window launches (graph or its first eager run)."""
+        return self._windows.windows if getattr(self, "_windows", None) is not None else 0
 
     def _argmax_rows(self, logits) -> list[int]:
         """Each row's argmax of device logits [T, V], taken on the device (cuda/argmax.cu) -> T ints."""

@@ -62,6 +62,14 @@ def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_b
 
     Nothing runs on the device: the caller launches the graph to compute this step. Raises
     DeviceError when the capture fails (the stream has then left capture mode)."""
+    return capture(graphs, ops, lambda: model.forward(ids, positions, kv, plan=plan), reserve_bytes, owned, kv, T)
+
+
+def capture(graphs, ops, launches, reserve_bytes: int, owned: tuple, kv, T: int) -> DecodeGraph:
+    """Capture launches() -> (logits, hidden), the device tensors a replay leaves its results in,
+    into a graph with a pool of its own of reserve_bytes (what the same launches allocated when run
+    eagerly); owned and kv: what the launches read, kept with the graph. Raises DeviceError when the
+    capture fails (the stream has then left capture mode)."""
     t0 = time.perf_counter()
     pool = Pool(ops.rt, ops.device, reserve_bytes=reserve_bytes)
     main_pool, ops.pool = ops.pool, pool
@@ -74,7 +82,7 @@ def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_b
     try:
         graphs.begin_capture(ops.stream)
         try:
-            logits, hidden = model.forward(ids, positions, kv, plan=plan)
+            logits, hidden = launches()
         except BaseException:
             _abandon(graphs, ops.stream)
             raise

@@ -240,6 +240,13 @@ def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingPara
     return len(drafts), choose(probs_host(logits[len(drafts)], params), draw())
 
 
+def agree(drafts: list[int], picks: list[int]) -> tuple[int, int]:
+    """Greedy acceptance over the verify rows' argmaxes picks [N + 1] -> (a, token): the drafts
+    before the first that differs from the target's pick are kept, and the pick at row a follows."""
+    a = next((j for j, (d, t) in enumerate(zip(drafts, picks)) if d != t), len(drafts))
+    return a, picks[a]
+
+
 def time_windows(target, max_rows: int, repeats: int = 3) -> dict:
     """Best-of-`repeats` milliseconds of a verify window of T = 1..max_rows rows after the sequence
     and of one chained draft step (the draft layer over one row); everything written is forgotten
@@ -272,22 +279,27 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
     t0 = time.perf_counter()
     model_s = 0.0
     start = len(target.cached_ids)
-    if n > 0:
+    greedy = params.temperature == 0.0
+    window = None
+    if n > 0 and greedy and hasattr(target, "spec_window"):
         m0 = time.perf_counter()
-        drafts, qs = drafter.draft(target, token, n, params, draw)
+        window = target.spec_window(drafter, token, n)
         model_s += time.perf_counter() - m0
+    if window is not None:          # the GPU's greedy window: draft, chain and verify in one graph
+        drafts, picks, hidden = window
+        a, nxt = agree(drafts, picks)
     else:
         drafts, qs = [], []
-    m0 = time.perf_counter()
-    if params.temperature == 0.0 and hasattr(target, "verify_next"):   # greedy: each row's argmax only
-        picks, hidden = target.verify_next([token] + drafts, start)
+        m0 = time.perf_counter()
+        if n > 0:
+            drafts, qs = drafter.draft(target, token, n, params, draw)
+        if greedy and hasattr(target, "verify_next"):       # each row's argmax only
+            picks, hidden = target.verify_next([token] + drafts, start)
+            a, nxt = agree(drafts, picks)
+        else:
+            logits, hidden = target.verify([token] + drafts, start)        # main K/V at start..start+n
+            a, nxt = accept(logits, drafts, qs, params, draw)
         model_s += time.perf_counter() - m0
-        a = next((j for j, (d, t) in enumerate(zip(drafts, picks)) if d != t), len(drafts))
-        nxt = picks[a]
-    else:
-        logits, hidden = target.verify([token] + drafts, start)        # main K/V at start..start+n
-        model_s += time.perf_counter() - m0
-        a, nxt = accept(logits, drafts, qs, params, draw)
     # rollback: main cells past the accepted prefix, and the chain's provisional draft-layer cells
     # (the next draft rewrites cells start..start+a from the verified states before reading them)
     L = target.args.num_hidden_layers

@@ -16,18 +16,39 @@ PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by 
 def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake):
     plain = LLM(device="cuda")
     spec = LLM(device="cuda", mtp=True, spec=3)
+    fake.launches.clear()           # graph replays launch no kernel by name: count over the whole run
     for prompt in PROMPTS:
         want = plain.generate(prompt, max_tokens=24)
-        fake.launches.clear()
         got = spec.generate(prompt, max_tokens=24)
         assert got.token_ids == want.token_ids, prompt
         assert got.timings.draft_n > 0 and 0 <= got.timings.draft_n_accepted <= got.timings.draft_n
-        used = set(fake.launches)
-        assert any(n.startswith("strata_gemv_rows_") for n in used)
-        assert any(n.startswith("strata_gemv3_rows_") for n in used)
-        assert not any(n.startswith("strata_gemv_batch_") for n in used)   # the non-invariant body is gone
+    used = set(fake.launches)
+    assert any(n.startswith("strata_gemv_rows_") for n in used)
+    assert any(n.startswith("strata_gemv3_rows_") for n in used)
+    assert not any(n.startswith("strata_gemv_batch_") for n in used)   # the non-invariant body is gone
     st = spec.status()["speculation"]
     assert st["draft_n"] > 0 and st["verify_passes"] > 0
+    # every window but none ran as the device's window graph (strata.engine.cuda_window), captured once
+    assert st["device_windows"] == st["verify_passes"]
+    assert "spec3" in spec.runner.steps.graphs
+
+
+def test_device_windows_follow_auto_and_fall_back_after_plain_steps(fake):
+    """--spec auto changes N (a graph per N) and runs plain steps (N = 0), after which the drafter's
+    pending rows can outnumber the next window's rows: that window takes the eager draft, the rest
+    the graph; every token is plain greedy's."""
+    plain = LLM(device="cuda")
+    spec = LLM(device="cuda", mtp=True, spec="auto")
+    auto = spec.runner.spec_auto
+    auto.climbing, auto.probe = False, 2          # probe often: N moves between neighbours
+    for n in range(0, 4):
+        auto.window_ms[n] = [1.0 + n]             # N = 0 best at first: plain steps pile up pending rows
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=40)
+        got = spec.generate(prompt, max_tokens=40)
+        assert got.token_ids == want.token_ids, prompt
+    st = spec.status()["speculation"]
+    assert 0 < st["device_windows"] < st["verify_passes"]
 
 
 def test_verify_rows_match_one_row_steps_on_the_emulated_gpu(fake):

@@ -53,3 +53,6 @@ def test_greedy_256_with_spec_1_to_4_equals_plain(plain, spec):
     r.spec = 4
     st = spec.status()["speculation"]
     assert st["draft_n"] > 0 and 0 < st["acceptance"] <= 1
+    # the windows ran as the device's window graphs (strata.engine.cuda_window), one per N
+    assert st["device_windows"] > 0.9 * st["verify_passes"]
+    assert {"spec1", "spec2", "spec3", "spec4"} <= set(r.steps.graphs)
