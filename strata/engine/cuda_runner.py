@@ -145,7 +145,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.prompts.loan_pool_bytes(1 << k, self.prefill_chunk)   # every size class of a prompt's loan (a host replay, memoized)
         n = max(1, min(num_tokens, self.max_context - steps))
         steps = max(0, min(steps, self.max_context - n))
-        saved_cells = self._save_cells(n + steps)
+        drafts = self._warm_drafts(n + steps)
+        saved_spec = (self.drafter.done, list(self.drafter._pending), self.device_windows) if drafts else None
+        saved_cells = self._save_cells(min(self.max_context, n + steps + sum(3 * (d + 1) for d in drafts)))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
@@ -158,7 +160,11 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             for i in range(steps):
                 self.decode(token, logits=False)
                 token = self.pick(params[(i + 1) % 2], 0.5)
+            if drafts:
+                self._warm_windows(token, drafts)
         finally:
+            if drafts:
+                self._restore_spec(*saved_spec)
             self.stream.synchronize()
             self._restore_cells(saved_cells)
             self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d, times, snapshot = saved
@@ -168,6 +174,39 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.steps.forget_pending()
             store.restore(snapshot)
             self.stream.synchronize()
+
+    def _warm_drafts(self, length: int) -> list[int]:
+        """The draft counts whose greedy window graphs warm_up captures (strata.engine.cuda_window):
+        --spec N's, or every N --spec auto may choose, as far as the context holds three windows
+        of each after `length` tokens."""
+        if not self.spec or not self.store.resident or not self.steps.use_graphs:
+            return []
+        from ..config import spec_max_drafts
+        out = []
+        for d in range(1 if self.spec == "auto" else self.spec, spec_max_drafts(self.spec) + 1):
+            if length + sum(3 * (k + 1) for k in out + [d]) + 1 > self.max_context:
+                break
+            out.append(d)
+        return out
+
+    def _warm_windows(self, token: int, drafts: list[int]) -> None:
+        """Greedy windows of each draft count until its graph is captured (the first may take the eager
+        draft, the next runs eagerly through the window launches, the third captures)."""
+        from ..config import SamplingParams
+        from .speculate import SpecStats, speculative_step
+        d = self.drafter
+        greedy = SamplingParams()
+        for n in drafts:
+            for _ in range(3):
+                if f"spec{n}" in self.steps.graphs:
+                    break
+                token = speculative_step(self, d, SpecStats(), token, n, greedy, lambda: 0.5)[-1]
+
+    def _restore_spec(self, done: int, pending: list, windows: int) -> None:
+        """The drafter's state and the window counter as before the warm-up."""
+        self.drafter.done, self.drafter._pending = done, pending
+        if getattr(self, "_windows", None) is not None:
+            self._windows.windows = windows
 
     def _save_cells(self, cells: int):
         """(a device copy of cells 0..cells-1 of every layer's KV buffers (K and V, or the format's

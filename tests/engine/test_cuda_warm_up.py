@@ -264,3 +264,39 @@ def test_first_request_after_warm_up_loads_and_captures_nothing_on_the_device(mo
     assert paid == [NOTHING] * 3
     host_ms = llm.status()["decode"]["host_ms"]
     assert list(host_ms) == ["graph"] and host_ms["graph"]["steps"] >= 2
+
+
+class _Draws:
+    def draw(self) -> float:
+        return 0.5
+
+
+def _greedy_spec(runner, ids: list, k: int) -> list:
+    from strata.config import SamplingParams
+    runner.reset()
+    runner.prefill(ids, 0, logits=False)
+    out = [runner.pick(SamplingParams(), 0.5)]
+    while len(out) < k:
+        out += runner.speculate(out[-1], SamplingParams(), _Draws(), k - len(out))
+    return out[:k]
+
+
+@pytest.mark.parametrize("spec", ["2", "auto"])
+def test_emulated_warm_up_captures_the_speculation_windows(fake, rng, spec):
+    """With --mtp --spec the warm-up also captures the greedy window graph of each draft count the
+    runner may run (strata.engine.cuda_window), and still leaves nothing observable: the first
+    request's windows are replays, and its tokens are a cold runner's."""
+    from strata.config import spec_max_drafts
+    pack = open_pack(DEMO)
+    config = EngineConfig(device="cuda", prefill="24", mtp=True, spec=spec)
+    warm, cold = CudaRunner(pack, 96, config), CudaRunner(pack, 96, config)
+    before = observable(warm)
+    warm.warm_up()
+    assert_same(before, observable(warm))
+    drafts = range(1 if spec == "auto" else int(spec), spec_max_drafts(spec) + 1)
+    assert {f"spec{n}" for n in drafts} <= set(warm.graphs)
+    captured = dict(warm.graphs)
+    ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    assert _greedy_spec(warm, ids, 24) == _greedy_spec(cold, ids, 24)
+    assert all(warm.graphs[k] is g for k, g in captured.items())      # nothing captured again
+    assert warm.device_windows > 0
