@@ -29,14 +29,16 @@
 //     to 1, 2, 4, 8, 16 (Dh 256: <= 8). The partials are attention.cu's (its combine reads them):
 //     part_acc [B, H, splits, Dh], part_ml [B, H, splits, 2] (running max in the log2 domain, sum).
 //
-// One warp owns a head vector: lane l holds dims [l * Dh/32, (l + 1) * Dh/32). The decode's four
-// warps take cells round-robin within the block's split; each cell's G scores are warp all-reduces,
-// then an online softmax per head; the warps merge in shared memory. Correct first: no cp.async
-// staging or cell batching yet (docs/DESIGN.md, KV formats).
+// The decode runs both products on the tensor cores (mma.sync m16n8k16, f16 operands, f32 sums) with
+// operands that are exact (the codes, V's codes times a power of two) or split into hi + lo halves (the
+// query, the probabilities times V's scale mantissas), so it keeps f32 accuracy; see "decode on the
+// tensor cores" below. Each lane reads its own bytes of each cell straight from global memory (int8 K:
+// 16 bytes a block), no cell needs a warp reduction, and the warps merge in shared memory at the end.
 
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include "pdl.cuh"
 
 namespace {
@@ -158,6 +160,104 @@ __device__ __forceinline__ void load_cell(const void* values, const __half* scal
     }
 }
 
+// ---- decode on the tensor cores --------------------------------------------------------------------
+//
+// Both products run as mma.sync.m16n8k16 (f16 inputs, f32 accumulation) with every operand exact or
+// split so that the f32 result keeps f32 accuracy:
+//   scores  S [16 rows x 8 cells] = Q [16 rows x 16 dims] K^T, one K scale block per 16-dim slice,
+//           an accumulator per block, s = sum_b dK[cell, b] C_b. K's codes are exact in f16. The
+//           query of each head is scaled by 2^e (max |q| in [2^13, 2^14), exact) and split into
+//           hi + lo f16 halves (22 bits); GP <= 8 stacks them as rows g (hi) and g + 8 (lo) of one
+//           MMA, GP = 16 runs a hi and a lo MMA into one accumulator.
+//   values  O [16 rows x 8 dims] += P' [16 rows x 16 cells] V, one V scale block per 8-dim n-tile.
+//           dV = mant * 2^k: the power of two goes into V's codes (code * 2^k is exact in f16), the
+//           mantissa (|mant| < 128) into P' = p * mant, split into hi + lo halves as the query is.
+// A warp takes tiles of NSUB * 16 cells; lane (g = lane / 4, t = lane % 4) loads K of cells g and
+// 8 + g of each 16 (the B operand: 4 dims of each 16-dim slice, its own 16 or 8 consecutive dims of
+// each K block), and V and both scales of cells 2t, 2t + 1, 2t + 8, 2t + 9 (V's B operand: dim g of
+// each 8-dim n-tile, 8 or 4 consecutive dims of each V block), all straight from global memory, so
+// no cell needs a warp reduction. The score layout of the first MMA is the row layout of the P'
+// operand, so p never leaves its lane; the online softmax (max over the tile: 2 shuffles) rescales
+// the accumulator once per tile. The warps merge in shared memory at the end.
+
+__device__ __forceinline__ __half2 as_h2(uint32_t u) {
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return h;
+}
+__device__ __forceinline__ uint32_t as_u32(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+// bytes x.b[i], x.b[i + 1] of biased int8 codes (code ^ 0x80) -> {code, code} as f16, exact
+// (sel 0x4140: bytes 0, 1; 0x4342: bytes 2, 3): 0x64XX is 1024 + XX, less 1152 = 1024 + 128.
+__device__ __forceinline__ uint32_t i8_pair(uint32_t x, uint32_t sel) {
+    return as_u32(__hsub2(as_h2(__byte_perm(x, 0x64646464u, sel)), as_h2(0x64806480u)));
+}
+// nibbles at bits [shift, shift + 4) and [16 + shift, 20 + shift) of w -> {code - 8, code - 8}, exact
+__device__ __forceinline__ uint32_t q4_pair(uint32_t w, int shift) {
+    return as_u32(__hsub2(as_h2(((w >> shift) & 0x000F000Fu) | 0x64006400u), as_h2(0x64086408u)));
+}
+// {x0, x1} -> f16 halves hi and lo with hi + lo = x to 22 bits
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const float2 f = __half22float2(h);
+    hi = as_u32(h);
+    lo = as_u32(__floats2half2_rn(x0 - f.x, x1 - f.y));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// N raw bytes (1, 2, 4, 8 or 16) from p, or zeros where !valid.
+template <int N>
+struct RawT;
+template <> struct RawT<2> { using T = unsigned short; };
+template <> struct RawT<4> { using T = uint32_t; };
+template <> struct RawT<8> { using T = uint2; };
+template <> struct RawT<16> { using T = uint4; };
+template <int N>
+__device__ __forceinline__ typename RawT<N>::T load_raw(const void* p, bool valid) {
+    using T = typename RawT<N>::T;
+    T v;
+    memset(&v, 0, sizeof(T));
+    if (valid) v = *static_cast<const T*>(p);
+    return v;
+}
+
+template <bool Q4, int DH>
+struct Plane {
+    static constexpr int BS = Q4 ? 32 : 64;      // values per scale
+    static constexpr int NB = DH / BS;           // scale blocks per head vector
+    static constexpr int ROW = Q4 ? DH / 2 : DH; // value bytes per head vector
+};
+
+// K (the scores' B operand): the dim of slice j's k position 2t + {0, 1} (e = 0, 1) and 2t + 8 + {0, 1}
+// (e = 2, 3) for lane t of its group. Lane t's dims in K block b are b BS + t BS/4 + [0, BS/4): int8 16
+// consecutive codes a block (word jj of the 16 bytes is slice jj), q4 8 (4 bytes; q4_pair's order).
+template <bool Q4>
+__device__ __forceinline__ int k_dim(int j, int t, int e) {
+    if constexpr (Q4) {
+        const int jj = j & 1;
+        return (j >> 1) * 32 + t * 8 + 2 * jj + (e >> 1) + 4 * (e & 1);
+    } else {
+        return (j >> 2) * 64 + t * 16 + (j & 3) * 4 + e;
+    }
+}
+// V (the values' B operand): the dim of n-tile (block bv, ii)'s column n. Lane g holds column g.
+template <bool Q4>
+__device__ __forceinline__ int v_dim(int bv, int ii, int n) {
+    return Q4 ? bv * 32 + n * 4 + ii : bv * 64 + n * 8 + ii;
+}
+
 template <bool KQ4, bool VQ4, int DH, int GP>
 __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, const void* __restrict__ k_values,
                                                    const __half* __restrict__ k_scales,
@@ -166,74 +266,311 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                                                    const int* __restrict__ lengths, const int* __restrict__ bases,
                                                    float* __restrict__ part_acc, float* __restrict__ part_ml, int H,
                                                    int Hk, int max_cells, int num_splits, float scale) {
-    constexpr int PER = DH / 32;
-    __shared__ float acc_s[kWarps][GP][DH];
+    using KP = Plane<KQ4, DH>;
+    using VP = Plane<VQ4, DH>;
+    constexpr bool STACK = GP <= 8;              // q and p as rows g (hi) and g + 8 (lo) of one MMA
+    constexpr int NPASS = STACK ? 1 : 2;         // else a hi and a lo MMA
+    constexpr int NH = STACK ? 1 : 2;            // heads per lane: g (and g + 8)
+    constexpr int NSLICE = DH / 16;
+    constexpr int SPB = KP::BS / 16;             // K slices per K block
+    constexpr int NTB = VP::BS / 8;              // V n-tiles per V block
+    constexpr int NT = DH / 8;                   // V n-tiles
+    constexpr int NSUB = DH <= 128 ? 2 : 1;      // 16-cell sub-tiles a warp loads at once
+    constexpr int TILE = 16 * NSUB;
+    constexpr int KBYTES = KP::ROW / KP::NB / 4; // a lane's K bytes per block (16 or 4)
+    constexpr int VBYTES = VP::ROW / VP::NB / 8; // a lane's V bytes per block (8 or 2)
+    // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
+    constexpr int KMAX = VQ4 ? 27 : 24;
+
+    __shared__ alignas(16) float acc_s[kWarps][GP][DH];       // q [GP][DH] first, then the warps' sums
+    __shared__ alignas(16) uint4 qfrag_s[NSLICE * NPASS][32];
     __shared__ float ml_s[kWarps][GP][2];
+    __shared__ int qexp_s[GP];
+
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = H / Hk;
     const int length = lengths[b];
     const int per_split = (length + num_splits - 1) / num_splits;
-    const int start = split * per_split, end = min(length, start + per_split);
+    const int span = (per_split + 15) / 16 * 16;
+    const int start = split * span, end = min(length, start + span);
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
-    float qv[GP][PER];
-    const float qscale = scale * kLog2e;
-#pragma unroll
-    for (int g = 0; g < GP; ++g) {
-        const float* qh = q + (static_cast<int64_t>(b) * H + kvh * G + min(g, G - 1)) * DH + lane * PER;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) qv[g][i] = g < G ? qh[i] * qscale : 0.0f;
+    if (start >= end) {
+        for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
+            const int64_t slot = slot0 + static_cast<int64_t>(j / DH) * num_splits;
+            part_acc[slot * DH + j % DH] = 0.0f;
+            if (j % DH == 0) part_ml[2 * slot] = -INFINITY, part_ml[2 * slot + 1] = 0.0f;
+        }
+        return;
     }
-    float acc[GP][PER] = {};
-    float m[GP], l[GP];
+
+    // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
+    float* q_s = &acc_s[0][0][0];
+    const float qscale = scale * kLog2e;
+    for (int j = threadIdx.x; j < GP * DH; j += blockDim.x) {
+        const int h = j / DH;
+        q_s[j] = h < G ? q[(static_cast<int64_t>(b) * H + kvh * G + h) * DH + j % DH] * qscale : 0.0f;
+    }
+    __syncthreads();
+    for (int h = warp; h < GP; h += kWarps) {
+        float mx = 0.0f;
+        for (int d = lane; d < DH; d += 32) mx = fmaxf(mx, fabsf(q_s[h * DH + d]));
 #pragma unroll
-    for (int g = 0; g < GP; ++g) m[g] = -INFINITY, l[g] = 0.0f;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+        if (lane == 0) {
+            int x = 0;
+            frexpf(mx, &x);                       // mx = f 2^x, f in [0.5, 1)
+            qexp_s[h] = mx > 0.0f ? max(-60, min(60, 14 - x)) : 0;
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < NSLICE * NPASS * 32; j += blockDim.x) {
+        const int fl = j & 31, jp = j >> 5, slice = jp / NPASS, pass = jp % NPASS;
+        const int fg = fl >> 2, ft = fl & 3;
+        uint32_t r[4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {          // k positions 2t + {0, 1}, then 2t + 8 + {0, 1}
+#pragma unroll
+            for (int row = 0; row < 2; ++row) {          // rows g, g + 8
+                const int h = STACK ? fg : fg + 8 * row;
+                const int comp = STACK ? row : pass;     // 0 hi, 1 lo
+                __half v[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    float x = 0.0f;
+                    if (h < GP) x = ldexpf(q_s[h * DH + k_dim<KQ4>(slice, ft, 2 * half + i)], qexp_s[h]);
+                    const __half hi = __float2half_rn(x);
+                    v[i] = comp == 0 ? hi : __float2half_rn(x - __half2float(hi));
+                }
+                r[2 * half + row] = as_u32(__halves2half2(v[0], v[1]));
+            }
+        }
+        qfrag_s[jp][fl] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+    float qinv[NH];
+#pragma unroll
+    for (int h = 0; h < NH; ++h) qinv[h] = g + 8 * h < GP ? ldexpf(1.0f, -qexp_s[g + 8 * h]) : 1.0f;
+    __syncthreads();  // q_s is dead: acc_s is the warps' sums from here
+
+    float acc[NT][4] = {};
+    float m[NH], l[NH];
+#pragma unroll
+    for (int h = 0; h < NH; ++h) m[h] = -INFINITY, l[h] = 0.0f;
 
     const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
     const int64_t row0 = first * Hk + kvh;
-    for (int c = start + warp; c < end; c += kWarps) {
-        const int64_t row = row0 + static_cast<int64_t>(c) * Hk;
-        float kf[PER], vf[PER];
-        load_cell<KQ4, PER>(k_values, k_scales, row, lane, kf);
-        load_cell<VQ4, PER>(v_values, v_scales, row, lane, vf);
+    const uint8_t* kv8 = static_cast<const uint8_t*>(k_values);
+    const uint8_t* vv8 = static_cast<const uint8_t*>(v_values);
+
+    for (int c0 = start + warp * TILE; c0 < end; c0 += kWarps * TILE) {
+        typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];
+        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];
+        typename RawT<2 * KP::NB>::T ks[NSUB][4];
+        typename RawT<2 * VP::NB>::T vs[NSUB][4];
+        bool valid[NSUB][4];
 #pragma unroll
-        for (int g = 0; g < GP; ++g) {
-            float s = 0.0f;
+        for (int sub = 0; sub < NSUB; ++sub) {
 #pragma unroll
-            for (int i = 0; i < PER; ++i) s = fmaf(qv[g][i], kf[i], s);
+            for (int nt = 0; nt < 2; ++nt) {
+                const int cell = c0 + sub * 16 + nt * 8 + g;
+                const int64_t row = row0 + static_cast<int64_t>(cell) * Hk;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
-            const float m_new = fmaxf(m[g], s);
-            const float alpha = exp2f(m[g] - m_new);        // 0 on the first cell (m = -inf)
-            const float p = exp2f(s - m_new);
-            l[g] = fmaf(l[g], alpha, p);
-            m[g] = m_new;
+                for (int kb = 0; kb < KP::NB; ++kb)
+                    kw[sub][nt][kb] = load_raw<KBYTES>(kv8 + row * KP::ROW + kb * (KP::ROW / KP::NB) + t * KBYTES,
+                                                       cell < end);
+            }
 #pragma unroll
-            for (int i = 0; i < PER; ++i) acc[g][i] = fmaf(acc[g][i], alpha, p * vf[i]);
+            for (int ci = 0; ci < 4; ++ci) {
+                const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                const int64_t row = row0 + static_cast<int64_t>(cell) * Hk;
+                valid[sub][ci] = cell < end;
+#pragma unroll
+                for (int vb = 0; vb < VP::NB; ++vb)
+                    vw[sub][ci][vb] = load_raw<VBYTES>(vv8 + row * VP::ROW + vb * (VP::ROW / VP::NB) + g * VBYTES,
+                                                       cell < end);
+                ks[sub][ci] = load_raw<2 * KP::NB>(k_scales + row * KP::NB, cell < end);
+                vs[sub][ci] = load_raw<2 * VP::NB>(v_scales + row * VP::NB, cell < end);
+            }
+        }
+
+        // scores s[sub][h][ci] of head g + 8h and cell ci (2t, 2t + 1, 8 + 2t, 9 + 2t of the sub-tile)
+        float s[NSUB][NH][4];
+#pragma unroll
+        for (int sub = 0; sub < NSUB; ++sub) {
+            float sacc[NH][4] = {};
+#pragma unroll
+            for (int kb = 0; kb < KP::NB; ++kb) {
+                float c[2][4] = {};
+#pragma unroll
+                for (int jj = 0; jj < SPB; ++jj) {
+                    const int slice = kb * SPB + jj;
+                    uint32_t bf[2][2];
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        if constexpr (KQ4) {
+                            const uint32_t w = kw[sub][nt][kb];
+                            bf[nt][0] = q4_pair(w, jj ? 8 : 0);
+                            bf[nt][1] = q4_pair(w, jj ? 12 : 4);
+                        } else {
+                            const uint4 v4 = kw[sub][nt][kb];
+                            const uint32_t w = (jj == 0 ? v4.x : jj == 1 ? v4.y : jj == 2 ? v4.z : v4.w) ^ 0x80808080u;
+                            bf[nt][0] = i8_pair(w, 0x4140);
+                            bf[nt][1] = i8_pair(w, 0x4342);
+                        }
+                    }
+#pragma unroll
+                    for (int pass = 0; pass < NPASS; ++pass) {
+                        const uint4 a = qfrag_s[slice * NPASS + pass][lane];
+#pragma unroll
+                        for (int nt = 0; nt < 2; ++nt) mma16816(c[nt], a.x, a.y, a.z, a.w, bf[nt][0], bf[nt][1]);
+                    }
+                }
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const int nt = ci >> 1, j = ci & 1;
+                    const __half* kd = reinterpret_cast<const __half*>(&ks[sub][ci]);
+                    const float d = __half2float(kd[kb]);
+                    if constexpr (STACK) {
+                        sacc[0][ci] = fmaf(d, c[nt][j] + c[nt][2 + j], sacc[0][ci]);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < NH; ++h) sacc[h][ci] = fmaf(d, c[nt][2 * h + j], sacc[h][ci]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < NH; ++h)
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) s[sub][h][ci] = valid[sub][ci] ? sacc[h][ci] * qinv[h] : -INFINITY;
+        }
+
+        // online softmax over the tile: the 4 lanes of a group hold the head's 4 * NSUB cells each
+        float alpha[NH];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) mx = fmaxf(mx, s[sub][h][ci]);
+            mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+            const float m_new = fmaxf(m[h], mx);        // finite: the tile's first cell is valid
+            alpha[h] = exp2f(m[h] - m_new);             // 0 on the first tile (m = -inf)
+            float sum = 0.0f;
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const float p = exp2f(s[sub][h][ci] - m_new);   // 0 past the end (s = -inf)
+                    s[sub][h][ci] = p;
+                    sum += p;
+                }
+            l[h] = fmaf(l[h], alpha[h], sum);
+            m[h] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
+            acc[n][2] *= alpha[NH - 1], acc[n][3] *= alpha[NH - 1];
+        }
+
+        // P' V
+#pragma unroll
+        for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+            for (int vb = 0; vb < VP::NB; ++vb) {
+                // dV = mant 2^k per cell: 2^k (f16) for the codes, mant for p
+                float mant[4];
+                uint32_t e5[4];
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const __half dv = reinterpret_cast<const __half*>(&vs[sub][ci])[vb];
+                    const uint32_t bits = __half_as_ushort(dv);
+                    const uint32_t e = min(max((bits >> 10) & 31u, 1u), static_cast<uint32_t>(KMAX));
+                    e5[ci] = e;
+                    mant[ci] = __half2float(dv) * __int_as_float(static_cast<int>(142u - e) << 23);
+                }
+                const __half2 pow01 = as_h2((e5[0] << 10) | (e5[1] << 26));
+                const __half2 pow23 = as_h2((e5[2] << 10) | (e5[3] << 26));
+                uint32_t af[NPASS][4];
+                if constexpr (STACK) {
+                    split_pair(s[sub][0][0] * mant[0], s[sub][0][1] * mant[1], af[0][0], af[0][1]);
+                    split_pair(s[sub][0][2] * mant[2], s[sub][0][3] * mant[3], af[0][2], af[0][3]);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {     // row g + 8h: registers 1 and 3 are row g + 8
+                        split_pair(s[sub][h][0] * mant[0], s[sub][h][1] * mant[1], af[0][h], af[NPASS - 1][h]);
+                        split_pair(s[sub][h][2] * mant[2], s[sub][h][3] * mant[3], af[0][2 + h],
+                                   af[NPASS - 1][2 + h]);
+                    }
+                }
+                // V's codes of cells (c0, c1) and (c2, c3) as f16 pairs, times 2^k
+                uint32_t vb01[NTB], vb23[NTB];
+#pragma unroll
+                for (int pr = 0; pr < 2; ++pr) {
+                    uint32_t* out = pr ? vb23 : vb01;
+                    const __half2 pw = pr ? pow23 : pow01;
+                    if constexpr (VQ4) {
+                        const uint32_t w = __byte_perm(static_cast<uint32_t>(vw[sub][2 * pr][vb]),
+                                                       static_cast<uint32_t>(vw[sub][2 * pr + 1][vb]), 0x5410);
+#pragma unroll
+                        for (int ii = 0; ii < NTB; ++ii) out[ii] = as_u32(__hmul2(as_h2(q4_pair(w, 4 * ii)), pw));
+                    } else {
+                        const uint2 a = vw[sub][2 * pr][vb], c = vw[sub][2 * pr + 1][vb];
+#pragma unroll
+                        for (int wi = 0; wi < 2; ++wi) {
+                            const uint32_t wa = (wi ? a.y : a.x) ^ 0x80808080u, wc = (wi ? c.y : c.x) ^ 0x80808080u;
+                            const uint32_t lo = __byte_perm(wa, wc, 0x5140), hi = __byte_perm(wa, wc, 0x7362);
+                            out[4 * wi + 0] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4140)), pw));
+                            out[4 * wi + 1] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4342)), pw));
+                            out[4 * wi + 2] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4140)), pw));
+                            out[4 * wi + 3] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4342)), pw));
+                        }
+                    }
+                }
+#pragma unroll
+                for (int ii = 0; ii < NTB; ++ii)
+#pragma unroll
+                    for (int pass = 0; pass < NPASS; ++pass)
+                        mma16816(acc[vb * NTB + ii], af[pass][0], af[pass][1], af[pass][2], af[pass][3], vb01[ii],
+                                 vb23[ii]);
+            }
         }
     }
+
+    // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
 #pragma unroll
-    for (int g = 0; g < GP; ++g) {
+    for (int h = 0; h < NH; ++h) {
+        l[h] += __shfl_xor_sync(kFull, l[h], 1);
+        l[h] += __shfl_xor_sync(kFull, l[h], 2);
+        const int head = g + 8 * h;
+        if (head < GP) {
 #pragma unroll
-        for (int i = 0; i < PER; ++i) acc_s[warp][g][lane * PER + i] = acc[g][i];
-        if (lane == 0) ml_s[warp][g][0] = m[g], ml_s[warp][g][1] = l[g];
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    acc_s[warp][head][v_dim<VQ4>(n / NTB, n % NTB, 2 * t + j)] =
+                        STACK ? acc[n][j] + acc[n][2 + j] : acc[n][2 * h + j];
+            if (t == 0) ml_s[warp][head][0] = m[h], ml_s[warp][head][1] = l[h];
+        }
     }
     __syncthreads();
     for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-        const int g = j / DH, d = j % DH;
+        const int hd = j / DH, d = j % DH;
         float mmax = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, ml_s[w][g][0]);
+        for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, ml_s[w][hd][0]);
         float a = 0.0f, lsum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) {
-            const float mw = ml_s[w][g][0];
+            const float mw = ml_s[w][hd][0];
             const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-            a = fmaf(acc_s[w][g][d], e, a);
-            lsum = fmaf(ml_s[w][g][1], e, lsum);
+            a = fmaf(acc_s[w][hd][d], e, a);
+            lsum = fmaf(ml_s[w][hd][1], e, lsum);
         }
-        const int64_t slot = slot0 + static_cast<int64_t>(g) * num_splits;
+        const int64_t slot = slot0 + static_cast<int64_t>(hd) * num_splits;
         part_acc[slot * DH + d] = a;
         if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
     }

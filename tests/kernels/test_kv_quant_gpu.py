@@ -67,10 +67,12 @@ def check_dequant(kvops, rng, codec_name: str, rows: int, Hk: int, dh: int) -> N
     assert np.array_equal(kvops.dequant_f16(codec_name, values, scales).view(np.uint16), want.view(np.uint16))
 
 
-def check_decode(kvops, rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int, splits=None) -> None:
+def check_decode(kvops, rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int, splits=None, lengths=None) -> None:
     kc, vc = kvq.codecs(fmt)
-    lengths = rng.integers(1, S + 1, B).astype(np.int32)
-    lengths[0] = S
+    if lengths is None:
+        lengths = rng.integers(1, S + 1, B).astype(np.int32)
+        lengths[0] = S
+    lengths = np.asarray(lengths, np.int32)
     k, v = heads(rng, (B, S, Hk, dh)), rng.standard_normal((B, S, Hk, dh)).astype(np.float32)
     kp, vp = kc.encode(k), vc.encode(v)
     for _, scales in (kp, vp):
@@ -114,3 +116,69 @@ def test_hadamard(kvops, rng, rows, dh):
     (1, 16, 1, 64, 17, 3), (1, 32, 4, 128, 32768, None)])
 def test_decode(kvops, rng, fmt, B, H, Hk, dh, S, splits):
     check_decode(kvops, rng, fmt, B, H, Hk, dh, S, splits)
+
+
+# The decode kernels run both products on the tensor cores over tiles of 16 cells (32 a warp step at
+# Dh <= 128), a lane holding 4 cells' scores: lengths around and between the tiles, every group size
+# (hi and lo halves stacked in one MMA at G <= 8, two MMAs at 16), every head dim.
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("dh, G", [(dh, G) for dh in (64, 128, 256) for G in (1, 2, 3, 4, 6, 8, 16)
+                                   if G <= (8 if dh == 256 else 16)])
+def test_decode_groups(kvops, rng, fmt, dh, G):
+    Hk = 2
+    check_decode(kvops, rng, fmt, 4, G * Hk, Hk, dh, 300, lengths=[300, 1, 47, 129])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_decode_short_lengths(kvops, rng, fmt, splits):
+    lengths = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 127, 128, 129, 191, 255, 256, 300]
+    check_decode(kvops, rng, fmt, len(lengths), 32, 4, 128, 300, splits, lengths=lengths)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0"])
+def test_decode_32k_fresh(kvops, fmt):
+    rng = np.random.default_rng()        # fresh inputs each run; the seed is in the failure
+    seed = int(rng.integers(1 << 31))
+    check_decode(kvops, np.random.default_rng(seed), fmt, 2, 32, 4, 128, 32768, lengths=[32768, 32767])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("dh, H, Hk", [(128, 32, 4), (64, 32, 2), (256, 16, 2)])
+def test_decode_rows_with_bases_equal_one_row_launches(kvops, rng, fmt, dh, H, Hk):
+    """Rows of several sequences in one cache (bases per row, lengths per row): each row of one launch
+    equals, bit for bit, its own one-row launch, and the reference within TOL."""
+    ops, (kc, vc) = kvops.ops, kvq.codecs(fmt)
+    cells = 1200
+    bases = np.array([0, 700, 300, 0, 1000, 17], np.int32)
+    lengths = np.array([500, 333, 1, 699, 200, 16], np.int32)
+    T = len(bases)
+    k, v = heads(rng, (cells, Hk, dh)), rng.standard_normal((cells, Hk, dh)).astype(np.float32)
+    kp, vp = kc.encode(k), vc.encode(v)
+    q = rng.standard_normal((T, H, dh)).astype(np.float32)
+    qk = kvq.rotate(q) if kc.rotated else q
+    splits = ops.decode_splits(1, Hk, cells, dh)
+    planes = [ops._upload(np.ascontiguousarray(a)) for a in (*kp, *vp)]
+    q_dev, len_dev, base_dev = ops._upload(qk), ops._upload(lengths), ops._upload(bases)
+    gp = 1 << (H // Hk - 1).bit_length()
+    scale = float(1 / np.sqrt(dh))
+
+    def run(rows, q_ptr, len_ptr, base_ptr):
+        part_acc, part_ml = ops._output(rows * H * splits * dh * 4), ops._output(rows * H * splits * 2 * 4)
+        out = ops._output(rows * H * dh * 4)
+        ops._launch("attention_decode_quant", (splits, Hk, rows),
+                    (q_ptr, *(p.ptr for p in planes), len_ptr, base_ptr, part_acc.ptr, part_ml.ptr, H, Hk, 0,
+                     splits, scale), fmt=fmt, dh=dh, g=gp)
+        ops._launch("attention_combine", (H, rows), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        return ops._download(out, (rows, H * dh), np.float32)
+
+    got = run(T, q_dev.ptr, len_dev.ptr, base_dev.ptr)
+    for t in range(T):
+        one = run(1, q_dev.ptr + 4 * t * H * dh, len_dev.ptr + 4 * t, base_dev.ptr + 4 * t)
+        assert np.array_equal(one[0].view(np.uint32), got[t].view(np.uint32)), (fmt, t)
+        n, b0 = lengths[t], bases[t]
+        keys = kc.decode(kp[0][b0:b0 + n], kp[1][b0:b0 + n]).astype(np.float64)
+        vals = vc.decode(vp[0][b0:b0 + n], vp[1][b0:b0 + n]).astype(np.float64)
+        ref = causal_attention(qk[t][None].astype(np.float64), keys, vals, np.array([n - 1]))[0].reshape(H, dh)
+        err = np.abs(got[t].reshape(H, dh) - ref).max(axis=-1)
+        assert np.all(err <= TOL * np.abs(ref).max(axis=-1) + 1e-6), (fmt, t, err.max())
