@@ -21,6 +21,13 @@ from libc.math cimport fabs, pow
 
 import numpy as np
 
+cdef extern from *:
+    """
+    /* max(r, 0) as one maxsd: a branch on the sign of p - q mispredicts a quarter of the time */
+    static inline double strata_spec_pos(double r) { return r > 0.0 ? r : 0.0; }
+    """
+    double strata_spec_pos(double r) noexcept nogil
+
 # acceptance ------------------------------------------------------------------------------------------
 
 def greedy_accept(drafts, picks):
@@ -45,29 +52,36 @@ def greedy_accept_rows(logits, drafts):
     return n, int(logits[n].argmax())
 
 
-cdef Py_ssize_t _choose(const double* p, const double* q, Py_ssize_t V, double u, bint residual) noexcept nogil:
+cdef double[::1] _cdf = np.empty(0)       # choose's cumulative sums, kept between calls
+
+
+cdef Py_ssize_t _choose(const double* p, const double* q, Py_ssize_t V, double u, bint residual):
     """choose(r, u) for r = p, or r = max(p - q, 0) with residual: the cumulative sum taken in order
     (np.cumsum's), each partial over the last (cdf /= cdf[-1]), the first index whose value passes u
-    (searchsorted side="right"), at most V - 1."""
-    cdef Py_ssize_t i
-    cdef double c = 0.0, r
-    for i in range(V):
+    (searchsorted side="right", a bisection over the quotients: they never decrease), at most V - 1."""
+    global _cdf
+    if _cdf.shape[0] < V:
+        _cdf = np.empty(V)
+    cdef double* cdf = &_cdf[0]
+    cdef Py_ssize_t i, lo = 0, hi = V, mid
+    cdef double c = 0.0, total
+    with nogil:
         if residual:
-            r = p[i] - q[i]
-            c += r if r > 0.0 else 0.0
+            for i in range(V):
+                c += strata_spec_pos(p[i] - q[i])
+                cdf[i] = c
         else:
-            c += p[i]
-    cdef double total = c
-    c = 0.0
-    for i in range(V):
-        if residual:
-            r = p[i] - q[i]
-            c += r if r > 0.0 else 0.0
-        else:
-            c += p[i]
-        if c / total > u:
-            return i
-    return V - 1
+            for i in range(V):
+                c += p[i]
+                cdf[i] = c
+        total = c
+        while lo < hi:                          # the first i with cdf[i] / total > u
+            mid = (lo + hi) // 2
+            if cdf[mid] / total > u:
+                hi = mid
+            else:
+                lo = mid + 1
+    return lo if lo < V else V - 1
 
 
 cdef bint _residual_positive(const double* p, const double* q, Py_ssize_t V) noexcept nogil:
