@@ -94,7 +94,7 @@ def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, cont
     greedy = SamplingParams()
     sampler = Sampler(greedy)
     stats = runner.spec_stats
-    d0, a0, v0 = stats.draft_n, stats.draft_n_accepted, stats.verify_passes
+    d0, a0, v0, h0 = stats.draft_n, stats.draft_n_accepted, stats.verify_passes, stats.host_ms
     token = int(np.argmax(logits))
     done = 0
     t0 = time.perf_counter()
@@ -108,7 +108,8 @@ def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, cont
     drafts, kept, passes = stats.draft_n - d0, stats.draft_n_accepted - a0, stats.verify_passes - v0
     return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt, "gb_s": bytes_per_token * n_tokens / dt / 1e9,
             "draft_n": drafts, "draft_n_accepted": kept, "acceptance": kept / drafts if drafts else None,
-            "tokens_per_verify": (kept + passes) / passes if passes else None}
+            "tokens_per_verify": (kept + passes) / passes if passes else None,
+            "host_ms_per_verify": (stats.host_ms - h0) / passes if passes else None}
 
 
 def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
@@ -252,7 +253,8 @@ def report(res: BenchResult) -> str:
     for ctx, r in res.decode.items():
         if r.get("draft_n"):
             rows.append(f"speculation after {ctx}: {r['draft_n_accepted']} of {r['draft_n']} drafts kept "
-                        f"({r['acceptance']:.1%}), {r['tokens_per_verify']:.2f} tokens per verify pass")
+                        f"({r['acceptance']:.1%}), {r['tokens_per_verify']:.2f} tokens per verify pass, "
+                        f"{r['host_ms_per_verify']:.3f} ms host bookkeeping per pass")
     for ctx, w in (res.spec.get("windows") or {}).items():
         one = w["verify_ms"][1]
         rows.append(f"verify window after {ctx} (ms, x one row): " + ", ".join(

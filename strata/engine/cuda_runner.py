@@ -146,7 +146,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         n = max(1, min(num_tokens, self.max_context - steps))
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
-        saved_spec = (self.drafter.done, list(self.drafter._pending), self.device_windows) if drafts else None
+        saved_spec = (self.drafter.done, self.drafter.pending, self.device_windows) if drafts else None
         saved_cells = self._save_cells(min(self.max_context, n + steps + sum(3 * (d + 1) for d in drafts)))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
@@ -202,9 +202,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     break
                 token = speculative_step(self, d, SpecStats(), token, n, greedy, lambda: 0.5)[-1]
 
-    def _restore_spec(self, done: int, pending: list, windows: int) -> None:
+    def _restore_spec(self, done: int, pending, windows: int) -> None:
         """The drafter's state and the window counter as before the warm-up."""
-        self.drafter.done, self.drafter._pending = done, pending
+        self.drafter.done, self.drafter.pending = done, pending
         if getattr(self, "_windows", None) is not None:
             self._windows.windows = windows
 

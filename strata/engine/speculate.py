@@ -26,9 +26,18 @@ fixed order, so a seed reproduces the tokens. Greedy compares argmaxes.
 A target (the runner) provides: cached_ids (tokens with main K/V), verify(ids, start) -> (logits
 [T, V], hidden [T, D]) over row-invariant ops, mtp(hidden, next_ids, positions, logits_rows) ->
 (logits of those rows or None, hidden), forget(layers, start, stop) (roll K/V cells back) and args.
+
+Host loop. What runs every window besides the model (acceptance, the --spec auto rule, the drafter's
+rows) comes from strata._ext.spec_host, typed Cython, when that extension is built: accept,
+greedy_accept, AutoDrafts and DrafterRows (MtpDrafter's base) are then its versions. Without it
+they are the Python ones here, accept_py, greedy_accept_py, AutoDraftsPy and DrafterRowsPy, which
+stay the oracle either way (tests/engine/test_spec_host.py: the same tokens for the same draws, the
+same choices window by window). SPEC_HOST names which is in use. SpecStats.host_ms counts the
+window's time outside the model calls (bench reports it per verify pass).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -37,6 +46,12 @@ import numpy as np
 from ..config import SamplingParams
 from ..errors import InvalidArgument
 from .sampler import choose, probs_host
+
+try:
+    from .._ext import spec_host as _spec_host
+except ImportError:     # built without the extensions: the Python versions below run
+    _spec_host = None
+SPEC_HOST = "cython" if _spec_host is not None else "python"
 
 
 @dataclass
@@ -56,7 +71,7 @@ class SpecStats:
                 "host_ms_per_verify": self.host_ms / self.verify_passes if self.verify_passes else None}
 
 
-class AutoDrafts:
+class AutoDraftsPy:
     """--spec auto: the drafts per window that maximize measured tokens per second, 0 (drafting off)
     where no N beats a plain step.
 
@@ -70,6 +85,7 @@ class AutoDrafts:
     followed. Probes come `probe` windows apart, twice as far after each probe that left the
     choice as it was (up to max_probe), `probe` again after one that changed it: all other windows
     run the best N, so a settled choice pays about one window in max_probe for its probes.
+    A mean is math.fsum's (correctly rounded: the same on every Python, and in spec_host's twin).
     """
 
     def __init__(self, max_n: int, probe: int = 32, max_probe: int = 1024, keep: int = 16):
@@ -91,7 +107,7 @@ class AutoDrafts:
         a = self.alpha
         tokens = n + 1 if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
         times = self.window_ms[n]
-        return tokens / (sum(times) / len(times))
+        return tokens / (math.fsum(times) / len(times))
 
     def choose(self) -> int:
         if self.climbing:                # N = 0, 1, ... twice each, while each N beats the one before
@@ -124,10 +140,10 @@ class AutoDrafts:
 
     def to_dict(self) -> dict:
         return {"n": self.n, "alpha": self.alpha,
-                "window_ms": {n: sum(t) / len(t) for n, t in sorted(self.window_ms.items())}}
+                "window_ms": {n: math.fsum(t) / len(t) for n, t in sorted(self.window_ms.items())}}
 
 
-class MtpDrafter:
+class DrafterRowsPy:
     """The MTP layer's bookkeeping for one sequence: which of its cells are final, and the main
     hidden states still waiting for their next token."""
 
@@ -174,6 +190,18 @@ class MtpDrafter:
     def extend(self, hidden: np.ndarray) -> None:
         """Main hidden states [T, D] of the next T positions after covered."""
         self._pending.append(hidden.copy())
+
+
+AutoDrafts = _spec_host.AutoDrafts if _spec_host is not None else AutoDraftsPy
+DrafterRows = _spec_host.DrafterRows if _spec_host is not None else DrafterRowsPy
+
+
+class MtpDrafter(DrafterRows):
+    """The MTP layer's bookkeeping for one sequence (DrafterRows: done, pending, covered, reusable,
+    truncate, extend) and its model calls: the prompt's draft-layer K/V, the chained drafts."""
+
+    def __init__(self):
+        self.reset()
 
     def flush(self, target, ids: list[int]) -> None:
         """Write the final cells of every pending row whose next token ids holds (all but the
@@ -222,7 +250,13 @@ class MtpDrafter:
         return drafts, qs
 
 
-def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingParams, draw) -> tuple[int, int]:
+def greedy_accept_py(drafts: list[int], picks: list[int]) -> tuple[int, int]:
+    """Drafts [N] against the target's picks [N+1] (each row's argmax) -> (a, picks[a])."""
+    a = next((j for j, (d, t) in enumerate(zip(drafts, picks)) if d != t), len(drafts))
+    return a, picks[a]
+
+
+def accept_py(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingParams, draw) -> tuple[int, int]:
     """Verify rows logits [N+1, V] against drafts -> (a, token): the first a drafts are kept and
     `token` is the target's own at row a (a correction, or the extra token when a == N)."""
     if params.temperature == 0.0:
@@ -240,11 +274,15 @@ def accept(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingPara
     return len(drafts), choose(probs_host(logits[len(drafts)], params), draw())
 
 
-def agree(drafts: list[int], picks: list[int]) -> tuple[int, int]:
-    """Greedy acceptance over the verify rows' argmaxes picks [N + 1] -> (a, token): the drafts
-    before the first that differs from the target's pick are kept, and the pick at row a follows."""
-    a = next((j for j, (d, t) in enumerate(zip(drafts, picks)) if d != t), len(drafts))
-    return a, picks[a]
+def _accept_cython(logits: np.ndarray, drafts: list[int], qs: list, params: SamplingParams, draw) -> tuple[int, int]:
+    """accept_py by strata._ext.spec_host: the same (a, token) for the same draws."""
+    if params.temperature == 0.0:
+        return _spec_host.greedy_accept_rows(logits, drafts)
+    return _spec_host.accept_sampled(logits, drafts, qs, params, draw, probs_host)
+
+
+accept = _accept_cython if _spec_host is not None else accept_py
+greedy_accept = _spec_host.greedy_accept if _spec_host is not None else greedy_accept_py
 
 
 def time_windows(target, max_rows: int, repeats: int = 3) -> dict:
@@ -287,7 +325,7 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
         model_s += time.perf_counter() - m0
     if window is not None:          # the GPU's greedy window: draft, chain and verify in one graph
         drafts, picks, hidden = window
-        a, nxt = agree(drafts, picks)
+        a, nxt = greedy_accept(drafts, picks)
     else:
         drafts, qs = [], []
         m0 = time.perf_counter()
@@ -295,7 +333,7 @@ def speculative_step(target, drafter: MtpDrafter, stats: SpecStats, token: int, 
             drafts, qs = drafter.draft(target, token, n, params, draw)
         if greedy and hasattr(target, "verify_next"):       # each row's argmax only
             picks, hidden = target.verify_next([token] + drafts, start)
-            a, nxt = agree(drafts, picks)
+            a, nxt = greedy_accept(drafts, picks)
         else:
             logits, hidden = target.verify([token] + drafts, start)        # main K/V at start..start+n
             a, nxt = accept(logits, drafts, qs, params, draw)

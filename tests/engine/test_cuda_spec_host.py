@@ -33,22 +33,34 @@ def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake):
     assert "spec3" in spec.runner.steps.graphs
 
 
-def test_device_windows_follow_auto_and_fall_back_after_plain_steps(fake):
-    """--spec auto changes N (a graph per N) and runs plain steps (N = 0), after which the drafter's
-    pending rows can outnumber the next window's rows: that window takes the eager draft, the rest
-    the graph; every token is plain greedy's."""
+def test_device_windows_change_n_and_fall_back_after_plain_steps(fake):
+    """Windows of changing draft counts (as --spec auto runs them: a graph per N) between plain
+    steps, after which the drafter's pending rows can outnumber the next window's rows: that window
+    takes the eager draft, the rest the device's window; every token is plain greedy's."""
+    from strata.config import SamplingParams
+
+    class Draws:
+        def draw(self):
+            return 0.5
+
     plain = LLM(device="cuda")
-    spec = LLM(device="cuda", mtp=True, spec="auto")
-    auto = spec.runner.spec_auto
-    auto.climbing, auto.probe = False, 2          # probe often: N moves between neighbours
-    for n in range(0, 4):
-        auto.window_ms[n] = [1.0 + n]             # N = 0 best at first: plain steps pile up pending rows
+    spec = LLM(device="cuda", mtp=True, spec=3)
+    r, greedy = spec.runner, SamplingParams()
     for prompt in PROMPTS:
-        want = plain.generate(prompt, max_tokens=40)
-        got = spec.generate(prompt, max_tokens=40)
-        assert got.token_ids == want.token_ids, prompt
+        ids = spec.tokenizer.encode(prompt)
+        want = plain.generate(ids, max_tokens=40).token_ids
+        r.reset()
+        r.prefill(ids, 0, logits=False)
+        got = [r.pick(greedy, 0.5)]
+        for k, n in enumerate([0, 0, 0, 1, 3, 2, 0, 2, 1, 3, 3, 2, 1] * 3):
+            if len(got) >= 40:
+                break
+            r.spec = n
+            got += r.speculate(got[-1], greedy, Draws(), 40 - len(got))
+        assert got[:40] == want, prompt
     st = spec.status()["speculation"]
     assert 0 < st["device_windows"] < st["verify_passes"]
+    assert {"spec1", "spec2", "spec3"} <= set(r.steps.graphs)
 
 
 def test_verify_rows_match_one_row_steps_on_the_emulated_gpu(fake):
