@@ -106,7 +106,7 @@ def open_store(rt, dev, stream, pack, vram: VramPlan, config: EngineConfig, prof
     prompt ring and its loan over the pinned arena (the bus capped at --pcie-gbs)."""
     from .experts.bus_cap import BusCap
     from .experts.store import ExpertStore
-    plan = vram.plan
+    plan, a = vram.plan, pack.args
     resident = plan.cache_slots >= plan.total_experts and plan.prefill_ring == 0
     return ExpertStore(rt, dev, stream, pack,
                        cache_slots=None if resident else plan.cache_slots,
@@ -116,7 +116,10 @@ def open_store(rt, dev, stream, pack, vram: VramPlan, config: EngineConfig, prof
                        pool_bytes=plan.bytes_needed,
                        pin_limit_bytes=int(config.pin_limit_gib * 2**30),
                        bus_cap=None if resident or not config.pcie_gbs else
-                       BusCap(rt, dev, config.pcie_gbs, vram.measured_h2d_gb_s))
+                       BusCap(rt, dev, config.pcie_gbs, vram.measured_h2d_gb_s),
+                       # the draft layer's experts stay cached under --mtp (the plan's "mtp" bytes)
+                       fixed_layers=tuple(range(a.num_hidden_layers, a.num_hidden_layers + a.num_mtp_layers))
+                       if config.mtp else ())
 
 
 def decode_misses(store, config: EngineConfig) -> tuple[str, str | None]:

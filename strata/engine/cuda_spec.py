@@ -17,8 +17,12 @@ logits to the host (mtp / verify), where the acceptance rule needs the distribut
 Rejected cells need no rollback on the device: a cell past the sequence's length is never read (the
 split-K kernels read lengths from the positions) and is written again before it is.
 
-Limits, refused at load in one line: every routed expert resident (the draft layer's prompt chunks
-take the resident plan), the f16 KV cache.
+Under a VRAM budget the draft layer's experts stay cached for good (ExpertStore's fixed layers,
+the plan's "mtp" bytes); a verify window's routing goes to the cache's admissions like a decode
+step's (its N + 1 rows), and the draft layer's prompt chunks take a chunk plan of that layer alone
+inside the prompt's loan (outside one, pieces of at most a step's rows on the step plan). Every KV
+format works: the quantized split-K decode attention and appends are row-invariant too.
+Refused at load in one line: staged decode misses (no graphs).
 """
 from __future__ import annotations
 
@@ -33,11 +37,10 @@ def check_spec(config, store, args) -> None:
     """InvalidArgument where the GPU's speculation is not built yet."""
     if args.architecture != "qwen3moe":
         raise InvalidArgument(f"--spec: speculation on {args.architecture} is not built yet")
-    if not store.resident:
-        raise InvalidArgument("--spec on the GPU needs every expert resident so far (no --vram-budget-gib "
-                              "below the model's size): the draft layer's prompt chunks take the resident plan")
-    if config.kv != "f16":
-        raise InvalidArgument(f"--spec with --kv {config.kv}: the GPU's speculation runs over f16 K/V so far")
+    if store.staged_decode:
+        raise InvalidArgument("--spec on the GPU needs decode misses read in place (zero-copy): staged misses "
+                              "(--decode-misses staged, or part of experts.bin unpinned) read each layer's "
+                              "routing on the host, so a verify window could not be one graph")
 
 
 class CudaSpeculation:
@@ -56,14 +59,38 @@ class CudaSpeculation:
         -> (logits [rows, V] or None, the layer's output [T, D]) on the host."""
         ops, a = self.ops, self.args
         T = len(next_ids)
+        if T > STEP_MAX_TOKENS and not (self.store.resident or self.store.lent):
+            return self._mtp_pieces(hidden, next_ids, positions, logits_rows)
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
-        # a prompt chunk's rows take a chunk plan (its batches: every expert resident here), steps the step's
-        plan = self.steps.plan if T <= STEP_MAX_TOKENS else self.store.chunk_plan(
-            T, stream_all_tokens(a), a.num_hidden_layers + a.num_mtp_layers)
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
-                                          plan=plan)
+                                          plan=self._mtp_plan(T))
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
+
+    def _mtp_plan(self, T: int):
+        """The draft layer's plan over T rows: a step's, or a chunk plan of that layer alone (inside a
+        prompt's loan when experts stream: its cached experts, the ring for the rest)."""
+        if T <= STEP_MAX_TOKENS:
+            return self.steps.plan
+        L = self.args.num_hidden_layers
+        return self.store.chunk_plan(T, stream_all_tokens(self.args), range(L, L + self.args.num_mtp_layers))
+
+    def _mtp_pieces(self, hidden, next_ids, positions, logits_rows):
+        """mtp() over pieces of at most a step's rows (the step plan: no ring outside a prompt's
+        loan); each row computes what it would in one launch (row-invariant steps). logits_rows: a
+        slice of the rows (step 1), or None."""
+        T = len(next_ids)
+        want = range(T)[logits_rows] if logits_rows is not None else range(0)
+        outs, logits = [], []
+        for lo in range(0, T, STEP_MAX_TOKENS):
+            hi = min(T, lo + STEP_MAX_TOKENS)
+            mine = [r - lo for r in want if lo <= r < hi]
+            lg, out = self.mtp(hidden[lo:hi], next_ids[lo:hi], positions[lo:hi],
+                               logits_rows=slice(mine[0], mine[-1] + 1) if mine else None)
+            outs.append(out)
+            if lg is not None:
+                logits.append(lg)
+        return (np.concatenate(logits) if logits_rows is not None else None), np.concatenate(outs)
 
     def verify_next(self, ids: list[int], start: int):
         """verify() for greedy windows -> (each row's argmax [T] ints, hidden [T, D] on the host):
@@ -84,14 +111,16 @@ class CudaSpeculation:
         """The draft layer as mtp(), greedy -> (the argmax of its last row, the layer's output of that
         row [1, D] on the device: the next chained draft's input). hidden: host [T, D] or a device
         tensor (a chained draft's)."""
-        ops, a = self.ops, self.args
-        h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
+        ops = self.ops
         T = len(next_ids)
+        if T > STEP_MAX_TOKENS and not (self.store.resident or self.store.lent):
+            k = T - STEP_MAX_TOKENS     # host rows (a chained draft's are one): the cells of all but the last 8
+            self._mtp_pieces(hidden[:k], next_ids[:k], positions[:k], None)
+            hidden, next_ids, positions, T = hidden[k:], next_ids[k:], positions[k:], STEP_MAX_TOKENS
+        h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
-        plan = self.steps.plan if T <= STEP_MAX_TOKENS else self.store.chunk_plan(
-            T, stream_all_tokens(a), a.num_hidden_layers + a.num_mtp_layers)
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,
-                                          logits_rows=slice(-1, None), plan=plan)
+                                          logits_rows=slice(-1, None), plan=self._mtp_plan(T))
         D = out.shape[1]
         last = DeviceTensor(out.buf, out.offset + (T - 1) * D * 4, (1, D), np.float32, out)
         return int(self._argmax_rows(logits)[0]), last

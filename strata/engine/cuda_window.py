@@ -18,6 +18,9 @@ run goes the eager way, speculate.MtpDrafter.draft):
    plain greedy's).
 
 One graph per N serves every window: padding rows make the first launch's shape independent of P.
+When experts stream, the window carries the decode steps' plan: misses read in place, every layer's
+routing written to the routing log, of which the verify rows' go to the cache's admissions after
+the window (the draft layer's experts are cached for good: ExpertStore's fixed layers).
 The drafts are written by the argmaxes straight into the verify window's ids, so nothing waits for
 the host between the draft and the verify. Back come the window's ids and picks (2R ints) and the
 verify rows' hidden states (the next window's pending rows).
@@ -76,7 +79,7 @@ class SpecWindows:
     def applies(self, pending: int, n: int) -> bool:
         """Whether a window of n drafts after `pending` pending rows runs here."""
         r = self.r
-        return 1 <= n < R_MAX and 1 <= pending <= n + 1 and r.store.resident
+        return 1 <= n < R_MAX and 1 <= pending <= n + 1 and not r.store.staged_decode
 
     def run(self, drafter, token: int, n: int):
         """One window of n drafts after `token` -> (drafts [n], picks [n + 1], hidden [n + 1, D] on the
@@ -106,7 +109,9 @@ class SpecWindows:
         logits, hidden = self._launch(n)
         self.buf.copy_to_host(self.back_ints, stream, 4 * V_IDS)
         hidden.buf.copy_to_host(self.back_hid[:R], stream, hidden.offset)
+        r.steps._route_copy(R)             # experts streaming: the verify rows' routing, for the cache
         stream.synchronize()
+        r.steps._after_route()
         drafter.done, drafter.pending = m, None
         r._last = DeviceTensor(logits.buf, logits.offset + (R - 1) * logits.shape[1] * 4, (1, logits.shape[1]),
                                np.float32, logits)

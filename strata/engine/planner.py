@@ -262,15 +262,33 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     # a decode step, a verify window, and the batched steps of 2..parallel slots: a graph each
     steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS), *range(1, config.parallel + 1)})
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, config.kv) for T in steps]
+    graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
+    if config.mtp and str(config.spec) != "0":
+        graphs += sum(Pool.block_bytes(spec_window_bytes(sizes, n, cells, num_sms, config.kv))
+                      for n in range(1 if config.spec == "auto" else int(config.spec), spec_max_drafts(config.spec) + 1))
     return {
         "dense": sizes.dense_bytes,
         "kv": kv_bytes(a, cells * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),
-        "graphs": sum(Pool.block_bytes(total) for _, total in step_bytes) if config.cuda_graphs else 0,
+        "graphs": graphs if config.cuda_graphs else 0,
         "mtp": a.num_experts * sum(sizes.blob(l) for l in mtp_layers),
     }
+
+
+def spec_window_bytes(sizes: PackSizes, n: int, cells: int, num_sms: int, kv: str) -> int:
+    """The pool of one greedy speculation window's graph of n drafts (strata.engine.cuda_window): the
+    verify step of n + 1 rows, the draft layer over n + 1 rows and n - 1 chained rows (each about a
+    layer's share of a step of as many rows), a head row for each draft and the draft layer's
+    inputs. An estimate from decode_step_bytes, on the high side."""
+    a = sizes.args
+    L = max(1, a.num_hidden_layers)
+    rows = min(n + 1, STEP_MAX_TOKENS)
+    verify = memory_model.decode_step_bytes(sizes, rows, cells, num_sms, kv)[1]
+    one = memory_model.decode_step_bytes(sizes, 1, cells, num_sms, kv)[1]
+    return (verify + -(-verify // L) + (n - 1) * -(-one // L) + n * 4 * a.vocab_size
+            + rows * 4 * 4 * a.hidden_size)
 
 
 def kv_cells(config: EngineConfig) -> int:

@@ -77,7 +77,29 @@ def test_verify_rows_match_one_row_steps_on_the_emulated_gpu(fake):
 
 
 def test_spec_refused_where_the_gpu_does_not_run_it_yet(fake):
-    with pytest.raises(InvalidArgument, match="resident"):
-        LLM(device="cuda", mtp=True, spec=2, vram_budget_gib=0.1)
-    with pytest.raises(InvalidArgument, match="f16"):
-        LLM(device="cuda", mtp=True, spec=2, kv="int8")
+    with pytest.raises(InvalidArgument, match="staged"):
+        LLM(device="cuda", mtp=True, spec=2, expert_cache="20", decode_misses="staged")
+
+
+@pytest.mark.parametrize("cfg", [dict(expert_cache="20"), dict(expert_cache="20", kv="int8"), dict(kv="q4_0"),
+                                 dict(expert_cache="20", prefill="24")])
+def test_greedy_with_spec_equals_plain_streamed_and_quantized(fake, cfg):
+    """Speculation with experts streaming (a cache of 20 slots, misses read in place, the verify rows'
+    routing to the admissions) and over quantized K/V: plain greedy's tokens. The draft layer's
+    experts stay cached for good (the store's fixed layer), and with prompt chunks of 24 tokens
+    its prompt cells come through a chunk plan of its own inside the loan."""
+    plain = LLM(device="cuda", **cfg)
+    spec = LLM(device="cuda", mtp=True, spec=3, **cfg)
+    store = spec.runner.store
+    L, E = spec.args.num_hidden_layers, spec.args.num_experts
+    if not store.resident:
+        assert store.fixed_layers == (L,) and (store.slot_of[L] >= 0).all()
+        assert sorted(store.slot_of[L].tolist()) == list(range(E))          # slots 0..E-1, its own
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=32)
+        got = spec.generate(prompt, max_tokens=32)
+        assert got.token_ids == want.token_ids, (cfg, prompt)
+    st = spec.status()["speculation"]
+    assert st["device_windows"] > 0
+    if not store.resident:
+        assert (store.slot_of[L] >= 0).all() and store.stats.misses > 0     # streamed, and still cached

@@ -56,3 +56,18 @@ def test_greedy_256_with_spec_1_to_4_equals_plain(plain, spec):
     # the windows ran as the device's window graphs (strata.engine.cuda_window), one per N
     assert st["device_windows"] > 0.9 * st["verify_passes"]
     assert {"spec1", "spec2", "spec3", "spec4"} <= set(r.steps.graphs)
+
+
+@pytest.mark.parametrize("cfg", [dict(expert_cache="20"), dict(kv="int8"), dict(kv="q4_0"),
+                                 dict(expert_cache="20", kv="k8v4")])
+def test_greedy_with_spec_equals_plain_streamed_and_quantized(cfg):
+    """Experts streaming (20 cache slots: misses read in place, the verify rows' routing admitted,
+    the draft layer's experts cached for good) and quantized K/V (row-invariant appends and split-K
+    attention): greedy with --spec 3 gives plain greedy's 128 tokens."""
+    plain, spec = LLM(device="cuda", **cfg), LLM(device="cuda", mtp=True, spec=3, **cfg)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=128)
+        got = spec.generate(prompt, max_tokens=128)
+        assert got.token_ids == want.token_ids, (cfg, prompt)
+    st = spec.status()["speculation"]
+    assert st["device_windows"] > 0.9 * st["verify_passes"] and st["acceptance"] > 0.5

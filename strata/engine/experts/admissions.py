@@ -107,6 +107,7 @@ class Admissions:
             self._pending.append((key // E, key % E, slot))
         keys = keys[len(free):]
         candidates = np.flatnonzero(owners >= 0)
+        candidates = candidates[candidates >= s.fixed_slots]          # a fixed layer's slots stay
         candidates = candidates[~np.isin(owners[candidates], used_now)]
         changed = False
         if keys.size == 0 or candidates.size == 0:

@@ -58,16 +58,17 @@ class PromptRing:
         self._computed_end = 0                         # ring positions whose compute has been queued
         self._open: _Chunk | None = None               # the last chunk begun, until retired
 
-    def begin(self, T: int, stream_all_tokens: int, layers: int) -> _Chunk:
-        """A chunk of T tokens through `layers` layers starts: in streaming mode with a big enough
-        chunk, queue every non-cached expert of those layers through the ring (copies start as
-        slots allow). -> the chunk, for layer()."""
+    def begin(self, T: int, stream_all_tokens: int, layers) -> _Chunk:
+        """A chunk of T tokens through `layers` layers (a count from layer 0, or a range: the draft
+        layer's own chunk) starts: in streaming mode with a big enough chunk, queue every non-cached
+        expert of those layers through the ring (copies start as slots allow). -> the chunk, for
+        layer()."""
         s = self.store
         s.admissions.land_sync()
         self.retire()
         chunk = self._open = _Chunk(stream_all=not s.resident and s.ring_slots > 0 and T >= stream_all_tokens)
         if chunk.stream_all:
-            for l in range(layers):
+            for l in (range(layers) if isinstance(layers, int) else layers):
                 missing = np.flatnonzero(s.slot_of[l] < 0).tolist()
                 self._add_batches(chunk, l, missing)
             self._pump(chunk)

@@ -85,14 +85,16 @@ class ExpertStore:
     def __init__(self, rt, device, stream, pack, cache_slots: int | None = None, ring_slots: int = 0,
                  policy: str = "lru", progress: bool = True, profile: np.ndarray | None = None,
                  kept_slots: int | None = None, pool_bytes: int = 0, pin_limit_bytes: int = 0,
-                 bus_cap=None):
+                 bus_cap=None, fixed_layers: tuple = ()):
         """kept_slots: cache slots kept while the plan's largest prompt chunk runs. The memory after
         them (the other cache slots, and beyond them what the plan left beside the cache) is lent
         to the prompt: the ring at its end, and before the ring up to pool_bytes for its activation
         pool (a shorter prompt takes less, lend(), and keeps more slots); the slots come back empty
         after it. None: the ring is a buffer of its own and nothing is lent. pin_limit_bytes: most
         of experts.bin to pin (0: all the system allows). bus_cap: a BusCap pacing the copies and the
-        zero-copy reads (--pcie-gbs), or None."""
+        zero-copy reads (--pcie-gbs), or None. fixed_layers: layers whose every expert is cached
+        for good (the MTP draft layer under --mtp: the plan prices it apart, "mtp"), in cache slots
+        0.. of their own beside cache_slots, never evicted nor lent."""
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
@@ -115,6 +117,7 @@ class ExpertStore:
         self.table_host = np.frombuffer(self._table_host_buf, np.uint64).reshape(L, E)
         self.table = rt.DeviceBuffer(device, L * E * 8)
         self.resident = cache_slots is None or cache_slots >= self.total
+        self.fixed_layers, self.fixed_slots = (), 0
         self.slot_of = np.full((L, E), -1, np.int64)        # cache slot of (l, e), -1 when not cached
         self.copy_stream = None
         self.ring_slots = 0
@@ -136,10 +139,13 @@ class ExpertStore:
         else:
             self._host_setup(rt, device, progress, pin_limit_bytes)
             self.table_host[:] = self._home(np.arange(L)[:, None], np.arange(E)[None, :])
-            self.cache_slots = int(cache_slots)
+            self.fixed_layers = tuple(fixed_layers)
+            self.fixed_slots = len(self.fixed_layers) * E
+            self.cache_slots = int(cache_slots) + self.fixed_slots
             self.ring_slots = int(ring_slots)
             lending = kept_slots is not None
-            self.kept_slots = min(int(kept_slots), self.cache_slots) if lending else self.cache_slots
+            self.kept_slots = (min(int(kept_slots) + self.fixed_slots, self.cache_slots) if lending
+                               else self.cache_slots)
             loan = self.ring_slots * self.slot_bytes + pool_bytes if lending else 0
             self.slots = rt.DeviceBuffer(device, -(-max(1, self.cache_slots * self.slot_bytes,
                                                         self.kept_slots * self.slot_bytes + loan) // 256) * 256)
@@ -191,7 +197,9 @@ class ExpertStore:
             order = np.argsort(-profile.reshape(-1), kind="stable")
         else:
             order = (np.arange(E)[:, None] + np.arange(L)[None, :] * E).reshape(-1)   # e-major: layer by layer
-        chosen = order[:self.cache_slots]
+        fixed = (np.asarray(self.fixed_layers, np.int64)[:, None] * E + np.arange(E)[None, :]).reshape(-1)
+        order = order[~np.isin(order // E, np.asarray(self.fixed_layers, np.int64))]
+        chosen = np.concatenate([fixed, order[:self.cache_slots - self.fixed_slots]])     # fixed ones in slots 0..
         for slot, key in enumerate(chosen.tolist()):
             self._place(key // E, key % E, slot)
         self._copy_into_slots(chosen // E, chosen % E, np.arange(len(chosen)), self.stream)
@@ -338,7 +346,7 @@ class ExpertStore:
         return MoePlan(resident=self.resident, route_log=route_log,
                        stage=self.stager.stage_layer if self.staged_decode else None)
 
-    def chunk_plan(self, T: int, stream_all_tokens: int, layers: int) -> MoePlan:
+    def chunk_plan(self, T: int, stream_all_tokens: int, layers) -> MoePlan:
         """A prompt chunk of more than a decode step's T tokens starts (PromptRing.begin): its plan,
         whose batches are this chunk's (PromptRing.layer), valid until the next chunk begins."""
         chunk = self.prompts.begin(T, stream_all_tokens, layers)
