@@ -83,3 +83,24 @@ def check_follow_up(gpu, cpu, rng, rel):
     for turn, ours in got:
         fresh = gpu.logits_all(turn)[-1]
         assert_close(ours, fresh, rel, "resumed vs fresh")
+
+
+def check_llm(path, rng, rel, max_tokens):
+    """LLM(device="cuda") free-running greedy: each token the oracle, reading the same sequence, ranks
+    first or within the bound of first; the next turn resumes after it on the device."""
+    from strata import LLM
+    from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
+    llm = LLM(path, device="cuda", max_context=256)
+    assert llm.device == "cuda" and llm.runner.device == "cuda"
+    prompt = rng.integers(0, llm.args.vocab_size, 12).tolist()
+    out = llm.generate(prompt, max_tokens=max_tokens, temperature=0.0)
+    assert len(out.token_ids) > 0
+    seq = prompt + out.token_ids
+    oracle = cpu_runner_f16_kv(llm.pack, len(seq) + 1)
+    logits = oracle.logits_all(seq)[len(prompt) - 1:len(seq) - 1]
+    for i, (row, t) in enumerate(zip(logits, out.token_ids)):
+        gap = row.max() - row[t]
+        assert gap <= rel * np.abs(row).max(), f"token {i}: {t} is {gap:.3g} below the oracle's first"
+    again = llm.generate(seq + prompt[:3], max_tokens=4, temperature=0.0)
+    assert again.usage.cached_tokens >= len(seq) - 1
+    return out

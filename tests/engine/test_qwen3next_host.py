@@ -15,7 +15,7 @@ from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
-from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_logits  # noqa: E402
+from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_llm, check_logits  # noqa: E402
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 REL = 1e-4
@@ -55,6 +55,12 @@ def test_greedy_32_tokens_equal_the_cpu(fake, tmp_path, rng):
 def test_follow_up_turns_resume_as_on_the_cpu(fake, tmp_path, rng):
     _, gpu, cpu = runners(tmp_path, "tiny", seed=8)
     check_follow_up(gpu, cpu, rng, REL)
+
+
+def test_llm_on_the_gpu_generates_what_the_cpu_ranks_first(fake, tmp_path, rng):
+    path, _ = make_next_pack(tmp_path, SHAPES["wide"], seed=11)
+    out = check_llm(path, rng, REL, 24)
+    assert "strata_argmax_f32" in fake.launches and out.usage.completion_tokens == len(out.token_ids)
 
 
 def test_warm_up_leaves_the_states_as_they_were(fake, tmp_path, rng):
