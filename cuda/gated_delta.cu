@@ -32,6 +32,21 @@
 //   at q + t * qk_ld, k + t * qk_ld ([Hg, Dk] each), v at v + t * v_ld ([Hv, Dv]), g and beta [T, Hv],
 //   out [T, Hv, Dv]. Same arithmetic in the same order as strata_gdn_step_f32, so equal to T steps bit
 //   for bit. Launch as strata_gdn_step_f32.
+//
+// strata_gdn_gates_f32(ba, a, dt_bias, g, beta, T, Hg, r)
+//   The decay and write strength of a DeltaNet layer from its ssm_ba projection: ba [T, Hg, 2r] holds,
+//   per key head kh, its r value heads' b then their alpha; a [Hv] (ssm_a = -exp(A_log)) and dt_bias
+//   [Hv], Hv = Hg * r. For value head h = kh * r + i:
+//     g[t, h] = a[h] * softplus(alpha + dt_bias[h]),  softplus(y) = max(y, 0) + log1p(exp(-|y|))
+//     beta[t, h] = 1 / (1 + exp(-b))
+//   as strata/backends/cpu_linear_attn.py's gdn_gates computes them (numpy's logaddexp form).
+//   Launch: grid = (ceil(T * Hv / 256), 1, 1), block = (256, 1, 1); one thread per (t, h).
+//
+// strata_sigmoid_mul_f32(x, gate, out, rows, n, gate_ld, gate_step)
+//   out[r, c] = x[r, c] * (1 / (1 + exp(-gate[r * gate_ld + c * gate_step]))): the sigmoid output gate
+//   of the gated attention (gate_step 1, a gate per channel) and of the shared expert (gate_step 0, one
+//   gate per row). x and out [rows, n] contiguous; out may alias x.
+//   Launch: grid = (ceil(n / 256), min(rows, 65535), 1), block = (256, 1, 1); the blocks stride rows.
 
 #include <cstdint>
 
@@ -158,5 +173,33 @@ extern "C" __global__ void __launch_bounds__(128) strata_gdn_prompt_f32(const fl
             out[((int64_t)t * Hv + h) * Dv + j] = o;
         }
         __syncthreads();                 // qs and ks are reloaded for the next token
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_gates_f32(const float* __restrict__ ba,
+                                                                       const float* __restrict__ a,
+                                                                       const float* __restrict__ dt_bias,
+                                                                       float* __restrict__ g,
+                                                                       float* __restrict__ beta, int T, int Hg,
+                                                                       int r) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int Hv = Hg * r;
+    if (i >= (int64_t)T * Hv) return;
+    const int t = (int)(i / Hv), h = (int)(i - (int64_t)t * Hv), kh = h / r, j = h - kh * r;
+    const float* row = ba + ((int64_t)t * Hg + kh) * 2 * r;
+    const float y = __fadd_rn(row[r + j], dt_bias[h]);
+    const float sp = __fadd_rn(fmaxf(y, 0.0f), log1pf(expf(-fabsf(y))));
+    g[i] = __fmul_rn(a[h], sp);
+    beta[i] = 1.0f / (1.0f + expf(-row[j]));
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_sigmoid_mul_f32(const float* x, const float* __restrict__ gate,
+                                                                         float* out, int rows, int n,
+                                                                         int64_t gate_ld, int gate_step) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float s = 1.0f / (1.0f + expf(-gate[(int64_t)r * gate_ld + (int64_t)c * gate_step]));
+        out[(int64_t)r * n + c] = __fmul_rn(x[(int64_t)r * n + c], s);
     }
 }

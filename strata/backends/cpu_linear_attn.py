@@ -193,6 +193,11 @@ class Qwen3NextCpuOps(CpuOps):
         return (x * sigmoid(gate)).astype(np.float32)
 
     # Gated DeltaNet ----------------------------------------------------------------------------
+    @staticmethod
+    def split(x: np.ndarray, sizes) -> list:
+        """Columns of x [T, sum(sizes)] in consecutive groups."""
+        return np.split(x, np.cumsum(sizes)[:-1], axis=-1)
+
     def conv1d_silu(self, x: np.ndarray, name: str, layer: int, cache: HybridCache) -> np.ndarray:
         out, cache.conv[layer] = causal_conv1d(x, cache.conv[layer], self.weight(name))
         return out

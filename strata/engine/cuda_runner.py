@@ -28,7 +28,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..errors import InvalidArgument
 from ..backends.cuda.memory import DeviceTensor
-from ..model.qwen3moe import Qwen3Moe
+from ..model import build
 from . import cuda_load
 from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
@@ -46,9 +46,11 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         from ..backends.cuda.kernels import KernelPaths
         from ..backends.cuda.memory import DeviceKV, DeviceWeights
         from ..backends.cuda.ops import DeviceOps
+        from ..backends.cuda.ops_next import DeviceHybridCache, Qwen3NextDeviceOps
 
         config = config or EngineConfig(device="cuda")
         cuda_load.check_config(pack, config)
+        self.hybrid = hybrid = pack.args.architecture == "qwen3next"
         rt = self.rt = _runtime()
         self.args = a = pack.args
         self.max_context = max_context
@@ -57,6 +59,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.vram_budget_bytes = cuda_load.vram_budget(self.dev, config)
         vram = cuda_load.vram_plan(rt, self.dev, self.stream, pack, config, self.vram_budget_bytes, max_context)
         self.plan, self.plan_bandwidths = vram.plan, vram.bandwidths
+        if hybrid:
+            cuda_load.check_resident(vram.plan, a)
         self.prefill_chunk = self.plan.prefill_chunk
         num_layers = a.num_hidden_layers + a.num_mtp_layers
         self.profile_path = Path(config.expert_profile) if config.expert_profile else None
@@ -68,11 +72,15 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.kv_format = config.kv
         cuda_load.check_parallel(config, a)
         # every slot's cells in one cache (slot s from cell s * max_context): a batched step's rows name theirs
-        self.kv_all = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
-                               config.kv, num_slots=config.parallel)
+        if hybrid:      # K/V of the attention layers and the DeltaNet states (backends.cuda.ops_next)
+            self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv)
+        else:
+            self.kv_all = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads,
+                                   a.head_dim, config.kv, num_slots=config.parallel)
         self.kv = self.kv_all.view(0)
-        self.ops = DeviceOps(rt, self.dev, self.stream, self.weights, a, KernelPaths.without(config.kernels_off))
-        self.model = Qwen3Moe(a, self.ops)
+        self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
+                                                                 KernelPaths.without(config.kernels_off))
+        self.model = build(a, self.ops)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self.total_experts = num_layers * a.num_experts
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
@@ -88,7 +96,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
-        self._init_slots(config.parallel, self.kv_all.view, keep_bytes(config))     # strata.engine.slots
+        # strata.engine.slots; no conversations kept for a hybrid (its states are not cells)
+        self._init_slots(config.parallel, self.kv_all.view, 0 if hybrid else keep_bytes(config))
 
     # the decode path's state, as the runner's (status, tests and tools read these)
     @property
@@ -124,6 +133,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
     def reset(self) -> None:
         self.cached_ids = []        # cells are rewritten before they are read again; no address moves,
                                     # so captured graphs stay valid
+        if self.hybrid:             # the DeltaNet states are read as they are: zeroed, in place
+            self.kv.reset_states()
+            self.kv.snapshots = []
         if self.drafter:
             self.drafter.reset()
 
@@ -152,6 +164,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
                  {mode: list(times) for mode, times in step_times.items()}, store.snapshot())
+        saved_states = (self.kv.read_states(), list(self.kv.snapshots)) if self.hybrid else None
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         try:
             self.cached_ids = []
@@ -173,6 +186,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                 steps_kept.extend(times[mode])
             self.steps.forget_pending()
             store.restore(snapshot)
+            if saved_states is not None:
+                self.kv.write_states(saved_states[0])
+                self.kv.snapshots = saved_states[1]
             self.stream.synchronize()
 
     def _warm_drafts(self, length: int) -> list[int]:
@@ -228,8 +244,12 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             off += n
 
     def reusable_prefix(self, ids: list[int]) -> int:
-        """How many leading tokens of ids already have K/V here (at least one token is always read)."""
+        """How many leading tokens of ids already have K/V here (at least one token is always read);
+        a hybrid model resumes its DeltaNet states only from the live state or a snapshot taken at the
+        end of a prompt (DeviceHybridCache, as the CPU's HybridCache)."""
         n = reusable_prefix(self.cached_ids, ids)
+        if self.hybrid:
+            n = self.kv.resumable(n, len(self.cached_ids))
         return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _kv_ranges(self, n: int):
@@ -274,6 +294,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
 
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
+        if self.hybrid:
+            self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
@@ -295,6 +317,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     on_progress(hi - start, len(ids) - start)
                 if pause and hi < len(ids):
                     yield None
+        if self.hybrid:
+            self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
         return out
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:

@@ -1,4 +1,4 @@
-"""Planner sizes of a qwen3next pack as the memory model can run them, until the GPU path has its ops.
+"""Planner sizes of a qwen3next pack as the memory model can run them (its dry run still runs qwen3moe).
 
 memory_model prices the prompt and decode scratch by running the qwen3moe model over DeviceOps on
 null buffers. For qwen3next it runs a stand-in: a qwen3moe of the same width, heads, experts and

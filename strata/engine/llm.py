@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams
-from ..errors import DeviceError, InvalidArgument, PackError, StrataError
+from ..errors import DeviceError, InvalidArgument, PackError, StrataError, UnsupportedError
 from .sampler import Sampler
 from .scheduler import PROMPT_CHUNK, Request, Scheduler
 from .textstream import TextStream
@@ -110,17 +110,28 @@ class LLM:
             raise PackError(f"{path}: the tokenizer has {self.tokenizer.vocab_size} tokens, more than the model's "
                             f"vocabulary of {self.args.vocab_size}")
         self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
-        if self.config.device == "auto" and self.args.architecture == "qwen3next":
-            self.device = "cpu"      # no GPU path for it yet; an explicit --device cuda is refused by CudaRunner
+        wanted = self.config
+        try:
+            self._load_runner(wanted)
+        except UnsupportedError as exc:
+            # qwen3next runs on the GPU with every expert resident only so far: auto falls back
+            if not (wanted.device == "auto" and self.device == "cuda" and self.args.architecture == "qwen3next"):
+                raise
+            print(f"strata: {exc}; running on the CPU", file=sys.stderr, flush=True)
+            self.device = "cpu"
+            self._load_runner(wanted)
+        self.state = "idle"
+        self.scheduler = self.new_scheduler()        # generate() and stream() queue here
+        self._warm_text()
+
+    def _load_runner(self, config: EngineConfig) -> None:
+        """The runner on self.device for config (--kv auto and the context resolved for that device)."""
         from .kv_choice import resolve
-        self.config, self.kv_source = resolve(self.device, self.pack, self.config)      # --kv auto
+        self.config, self.kv_source = resolve(self.device, self.pack, config)      # --kv auto
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
-        self.state = "idle"
-        self.scheduler = self.new_scheduler()        # generate() and stream() queue here
-        self._warm_text()
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:
         """A request queue over this model's --parallel slots (strata.engine.scheduler): requests go

@@ -40,9 +40,8 @@ class Qwen3Next:
         qkv = ops.conv1d_silu(ops.linear(x, p + "attn_qkv.weight"), p + "ssm_conv1d.weight", l, cache)
         z = ops.reshape(ops.linear(x, p + "attn_gate.weight"), (T, Hv, Dv))
         g, beta = ops.gdn_gates(ops.linear(x, p + "ssm_ba.weight"), p)       # [T, Hv] each
-        q = ops.reshape(qkv[:, :Hg * Dk], (T, Hg, Dk))
-        k = ops.reshape(qkv[:, Hg * Dk:2 * Hg * Dk], (T, Hg, Dk))
-        v = ops.reshape(qkv[:, 2 * Hg * Dk:], (T, Hv, Dv))
+        q, k, v = ops.split(qkv, (Hg * Dk, Hg * Dk, Hv * Dv))               # column groups of [T, C]
+        q, k, v = ops.reshape(q, (T, Hg, Dk)), ops.reshape(k, (T, Hg, Dk)), ops.reshape(v, (T, Hv, Dv))
         o = ops.gated_delta_rule(q, k, v, g, beta, l, cache)                 # [T, Hv, Dv]
         record("delta_out", l, o)
         o = ops.gated_rms_norm(o, z, p + "ssm_norm.weight", a.rms_norm_eps)

@@ -115,12 +115,12 @@ def gpu_cells(runner):
 def cpu_runner_f16_kv(pack, max_context: int, kv: str = "f16") -> CpuRunner:
     """The GPU runner's oracle for KV format kv (f16: the cells rounded through float16, in an exact
     f32 cache; else the format's cells, FormatKVOps)."""
-    if kv == "f16":
-        runner = CpuRunner(pack, max_context)
-        runner.ops = runner.model.ops = F16KVOps(pack, pack.args)
-    else:
-        runner = CpuRunner(pack, max_context, kv=kv)
-        runner.ops = runner.model.ops = FormatKVOps(pack, pack.args)
+    ops = F16KVOps if kv == "f16" else FormatKVOps
+    if pack.args.architecture == "qwen3next":       # the same roundings over qwen3next's numpy ops
+        from strata.backends.cpu_linear_attn import Qwen3NextCpuOps
+        ops = type(f"Next{ops.__name__}", (ops, Qwen3NextCpuOps), {})
+    runner = CpuRunner(pack, max_context, kv="f32" if kv == "f16" else kv)
+    runner.ops = runner.model.ops = ops(pack, pack.args)
     if runner.step_model is not runner.model:     # decode steps run the same ops, row by row
         runner.step_model.ops = RowOps(runner.ops)
     return runner

@@ -1,8 +1,8 @@
-"""numpy emulations of cuda/gated_delta.cu for tests/engine/fake_cuda.py (the references of
+"""numpy emulations of cuda/gated_delta.cu (and rope.cu's partial RoPE) for tests/engine/fake_cuda.py (the references of
 strata.backends.cpu_linear_attn, over the fake device memory), with the launch shapes checked."""
 import numpy as np
 
-from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize
+from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize, sigmoid, softplus
 from tests.engine.fake_cuda import view
 
 
@@ -47,3 +47,29 @@ def emulate_gdn_prompt(grid, q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_
                                      view(g, T * Hv).reshape(T, Hv), view(beta, T * Hv).reshape(T, Hv), S)
     S[:] = S_new
     view(out, T * Hv * Dv)[:] = o.reshape(-1)
+
+
+def emulate_gdn_gates(grid, ba, a, dt_bias, g, beta, T, Hg, r):
+    Hv = Hg * r
+    assert grid[0] * 256 >= T * Hv and grid[1] == grid[2] == 1
+    x = view(ba, T * Hg * 2 * r).reshape(T, Hg, 2 * r)
+    b, alpha = x[..., :r].reshape(T, Hv), x[..., r:].reshape(T, Hv)
+    view(g, T * Hv)[:] = (view(a, Hv) * softplus(alpha + view(dt_bias, Hv))).reshape(-1)
+    view(beta, T * Hv)[:] = sigmoid(b).reshape(-1)
+
+
+def emulate_sigmoid_mul(grid, x, gate, out, rows, n, gate_ld, gate_step):
+    assert grid[0] * 256 >= n and 1 <= grid[1] <= 65535 and gate_step in (0, 1)
+    xs = view(x, rows * n).reshape(rows, n).copy()
+    last = (rows - 1) * gate_ld + (n - 1) * gate_step + 1
+    gv = view(gate, last)
+    idx = np.arange(rows)[:, None] * gate_ld + np.arange(n)[None, :] * gate_step
+    view(out, rows * n)[:] = (xs * sigmoid(gv[idx])).reshape(-1)
+
+
+def emulate_rope_partial(grid, x, pos, inv, T, heads, dh, rot, scale):
+    from strata.backends import rope
+    assert grid[0] >= T and rot % 2 == 0 and rot <= dh
+    xs = view(x, T * heads * dh).reshape(T, heads, dh)
+    cos, sin = rope.cos_sin(view(pos, T, np.int32).astype(np.int64), view(inv, rot // 2), scale)
+    xs[..., :rot] = rope.apply(xs[..., :rot].copy(), cos, sin)

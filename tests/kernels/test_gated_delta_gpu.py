@@ -116,3 +116,51 @@ def test_prompt_delta_rule_equals_its_steps_bit_for_bit(ops, rng, T, Hv, Hg, Dk,
         rows.append(o)
     np.testing.assert_array_equal(out, np.stack(rows))
     np.testing.assert_array_equal(new, S)
+
+
+# ---- the gates of Qwen3-Next's GPU layers (strata_gdn_gates_f32, strata_sigmoid_mul_f32,
+# strata_rope_partial_f32) against float64: expf / log1pf / sincosf within a few ulp, so rel 1e-5
+
+@pytest.mark.parametrize("T,Hg,r", [(1, 1, 1), (5, 2, 2), (300, 16, 2)])
+def test_gdn_gates(ops, rng, T, Hg, r):
+    Hv = Hg * r
+    ba = (3 * rng.standard_normal((T, Hg, 2 * r))).astype(np.float32)
+    a = -np.exp(rng.uniform(-1, 2, Hv)).astype(np.float32)
+    dt = rng.standard_normal(Hv).astype(np.float32)
+    g_dev, b_dev = ops._output(T * Hv * 4), ops._output(T * Hv * 4)
+    ins = [ops._upload(x) for x in (ba, a, dt)]
+    ops._launch("gdn_gates", -(-T * Hv // 256), (*ins, g_dev, b_dev, T, Hg, r))
+    g, beta = ops._download(g_dev, (T, Hv), np.float32), ops._download(b_dev, (T, Hv), np.float32)
+    x = ba.astype(np.float64)
+    b, alpha = x[..., :r].reshape(T, Hv), x[..., r:].reshape(T, Hv)
+    np.testing.assert_allclose(g, a * np.logaddexp(0, alpha + dt), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(beta, 1 / (1 + np.exp(-b)), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("rows,n,per_row", [(1, 1, False), (7, 300, False), (70000, 3, True), (9, 2048, True)])
+def test_sigmoid_mul(ops, rng, rows, n, per_row):
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    gate = (3 * rng.standard_normal((rows, 1 if per_row else n))).astype(np.float32)
+    out = ops._output(x.nbytes)
+    ins = [ops._upload(a) for a in (x, gate)]
+    ops._launch("sigmoid_mul", (-(-n // 256), min(rows, 65535)), (*ins, out, rows, n, gate.shape[1], 0 if per_row else 1))
+    got = ops._download(out, (rows, n), np.float32)
+    np.testing.assert_allclose(got, x * (1 / (1 + np.exp(-gate.astype(np.float64)))), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("T,heads,dh,rot", [(1, 1, 16, 4), (9, 4, 256, 64), (5, 3, 24, 12), (3, 2, 64, 64)])
+def test_rope_partial(ops, rng, T, heads, dh, rot):
+    from strata.backends import rope
+    x = rng.standard_normal((T, heads, dh)).astype(np.float32)
+    pos = rng.integers(0, 4000, T).astype(np.int32)
+    inv, _ = rope.inv_freq(rot, 1e7, None, 4096)
+    inv = inv.astype(np.float32)
+    buf = ops._upload(x)
+    ins = [ops._upload(a) for a in (pos, inv)]
+    ops._launch("rope_partial", T, (buf, *ins, T, heads, dh, rot, 1.0))
+    got = ops._download(buf, x.shape, np.float32)
+    cos, sin = rope.cos_sin(pos.astype(np.int64), inv, 1.0)
+    want = x.copy()
+    want[..., :rot] = rope.apply(x[..., :rot].astype(np.float64), cos, sin)
+    np.testing.assert_array_equal(got[..., rot:], x[..., rot:])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -212,12 +212,6 @@ def test_unsupported_variants_are_refused_with_one_line(tmp_path):
     (hf / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedError, match="layer_types"):
         convert(hf, tmp_path / "pack", progress=False)
-    from strata.engine.cuda_runner import CudaRunner
-    pack, _ = make_next_pack(tmp_path, NEXT_SHAPES["odd"], seed=1, name="ok")
-    llm = LLM(pack, device="auto")
-    assert llm.device == "cpu"
-    with pytest.raises(UnsupportedError, match="qwen3next runs on the CPU backend only"):
-        CudaRunner(llm.pack, 64)
 
 
 def test_cli_convert_quantizes_hf_and_keeps_gguf_blocks(tmp_path, capsys):

@@ -1,0 +1,259 @@
+"""DeviceOps for Qwen3-Next (qwen3next): the ops strata.model.qwen3next calls beyond qwen3moe's, over
+device tensors, and the per-sequence cache they read and advance (DeviceHybridCache).
+
+Each op computes what strata.backends.cpu_linear_attn.Qwen3NextCpuOps' op of the same name does:
+
+- gated attention: attn_q's per-head query and gate halves split by two strided row copies
+  (gather_rows); the sigmoid output gate (cuda/gated_delta.cu strata_sigmoid_mul_f32); QK-norm and
+  partial RoPE unfused (rms_norm, then cuda/rope.cu strata_rope_partial_f32 over the first
+  rotary_dim dims) where rotary_dim < head_dim, else qwen3moe's fused launch. The zero-centred
+  norms arrive stored as 1 + w, so the plain rms_norm applies.
+- Gated DeltaNet: conv1d + SiLU over [q k v] with the layer's conv state (strata_gdn_conv1d_step_f32
+  for one token, strata_gdn_conv1d_f32 for a chunk); the decay g and beta from ssm_ba
+  (strata_gdn_gates_f32); the gated delta rule with L2-normed q, k in the kernel (strata_gdn_step_f32
+  for one token, strata_gdn_prompt_f32 token by token over a chunk: the recurrence, no WY chunking
+  yet); the gated RMSNorm as rms_norm then swiglu(z, normed) (= normed * silu(z)).
+- the shared expert: gate and up projections, swiglu, down, times sigmoid(x . ffn_gate_inp_shexp)
+  per row (strata_sigmoid_mul_f32 with gate_step 0).
+
+The states live in one device buffer of fixed address (DeviceHybridCache.states), so decode steps
+that read and write them can be CUDA graphs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import InvalidArgument, UnsupportedError
+from .. import rope
+from .linear_attn import GDN_MAX_DK, GDN_MAX_K
+from .memory import DeviceKV, DeviceTensor
+from .ops import DeviceOps
+
+
+class DeviceHybridCache:
+    """One sequence's caches for qwen3next in VRAM: K/V of the full-attention layers only (a DeviceKV
+    of those layers, in order; layer() and planes() take the model's layer index) and each DeltaNet
+    layer's conv state [K-1, C] and recurrent state [Hv, Dk, Dv], f32, in one zeroed buffer.
+
+    The recurrent state cannot be rewound like K/V cells, so, as the CPU's HybridCache does, it is
+    checkpointed: snapshot(n) copies every layer's state after n tokens to host memory (the runner
+    takes one at the end of each prompt, keeping the newest max_snapshots), resumable(n, live) says
+    how much of a common prefix of n tokens can be resumed (all of it from the live state, else the
+    longest snapshot within it, else 0), and rewind() copies a snapshot back (or zeroes the states).
+    Everything else (max_cells, fmt, quantized, codecs, buffers, cell_ranges, ...) is the attention
+    layers' DeviceKV's; one slot only (whole and view(0) are this cache)."""
+
+    def __init__(self, rt, device, stream, args, num_layers: int, max_cells: int, fmt: str = "f16",
+                 max_snapshots: int = 4):
+        self.args, self.stream, self.max_snapshots = args, stream, max_snapshots
+        attn = [l for l in range(num_layers) if args.is_full_attention(l)]
+        self.index = {l: i for i, l in enumerate(attn)}
+        self.kv = DeviceKV(rt, device, stream, max(1, len(attn)), max_cells, args.num_key_value_heads,
+                           args.head_dim, fmt)
+        Hg, Hv = args.linear_num_key_heads, args.linear_num_value_heads
+        Dk, Dv = args.linear_key_head_dim, args.linear_value_head_dim
+        self.channels = 2 * Hg * Dk + Hv * Dv
+        self.conv_floats = (args.linear_conv_kernel_dim - 1) * self.channels
+        self.ssm_floats = Hv * Dk * Dv
+        self.linear_layers = [l for l in range(args.num_hidden_layers) if not args.is_full_attention(l)]
+        per = self.conv_floats + self.ssm_floats
+        self._offsets = {l: i * per * 4 for i, l in enumerate(self.linear_layers)}
+        self.states = rt.DeviceBuffer(device, max(4, len(self.linear_layers) * per * 4))
+        self.states.fill_bytes(0, stream)
+        self.snapshots: list[tuple[int, np.ndarray]] = []
+        self.whole, self.base, self.num_slots = self, 0, 1
+
+    def __getattr__(self, name):            # the attention layers' DeviceKV for the rest
+        if name == "kv":
+            raise AttributeError(name)
+        return getattr(self.kv, name)
+
+    # K/V of the attention layers, by the model's layer index
+    def _kv_layer(self, layer: int) -> int:
+        if layer not in self.index:
+            raise InvalidArgument(f"layer {layer} is a DeltaNet layer: it has no K/V cells")
+        return self.index[layer]
+
+    def layer(self, layer: int):
+        return self.kv.layer(self._kv_layer(layer))
+
+    def planes(self, layer: int):
+        return self.kv.planes(self._kv_layer(layer))
+
+    def view(self, slot: int):
+        if slot != 0:
+            raise InvalidArgument(f"KV slot {slot}: a qwen3next cache on the GPU has one slot")
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.states.nbytes
+
+    # the DeltaNet states
+    def conv_ptr(self, layer: int) -> int:
+        return self.states.ptr + self._offsets[layer]
+
+    def ssm_ptr(self, layer: int) -> int:
+        return self.states.ptr + self._offsets[layer] + self.conv_floats * 4
+
+    def state_bytes(self) -> int:
+        return self.states.nbytes
+
+    def reset_states(self) -> None:
+        self.states.fill_bytes(0, self.stream)
+
+    def read_states(self) -> np.ndarray:
+        """Every layer's states, copied to host memory (the stream synchronized)."""
+        host = np.empty(self.states.nbytes, np.uint8)
+        self.states.copy_to_host(host, self.stream)
+        self.stream.synchronize()
+        return host
+
+    def write_states(self, host: np.ndarray) -> None:
+        self.states.copy_from_host(host, self.stream)
+        self.stream.synchronize()         # the host array may go once this returns
+
+    def snapshot(self, length: int) -> None:
+        self.snapshots = [s for s in self.snapshots if s[0] != length][-(self.max_snapshots - 1):]
+        self.snapshots.append((length, self.read_states()))
+
+    def resumable(self, common: int, live: int) -> int:
+        if common >= live:
+            return live
+        return max([n for n, _ in self.snapshots if n <= common], default=0)
+
+    def rewind(self, length: int, live: int) -> None:
+        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0)."""
+        if length == live:
+            return
+        if length == 0:
+            self.reset_states()
+            return
+        for n, host in self.snapshots:
+            if n == length:
+                self.write_states(host)
+                return
+        raise KeyError(f"no DeltaNet state snapshot after {length} tokens (have {[s[0] for s in self.snapshots]})")
+
+
+class Qwen3NextDeviceOps(DeviceOps):
+    """DeviceOps plus the ops of strata.model.qwen3next (module doc)."""
+
+    def __init__(self, rt, device, stream, weights, args, paths=None):
+        super().__init__(rt, device, stream, weights, args, *(() if paths is None else (paths,)))
+        a = args
+        if a.linear_key_head_dim > GDN_MAX_DK or not 1 <= a.linear_conv_kernel_dim <= GDN_MAX_K:
+            raise UnsupportedError(f"qwen3next on the GPU: cuda/gated_delta.cu takes key head dims <= {GDN_MAX_DK} "
+                                   f"and conv kernels <= {GDN_MAX_K}; this model has {a.linear_key_head_dim} and "
+                                   f"{a.linear_conv_kernel_dim}")
+        if a.linear_num_value_heads % a.linear_num_key_heads:
+            raise UnsupportedError("qwen3next on the GPU: value heads must be a multiple of key heads")
+        self.rot = a.rotary_dim
+        if self.rot < a.head_dim:
+            inv, _ = rope.inv_freq(self.rot, a.rope_theta, a.rope_scaling, a.max_position_embeddings)
+            self.rot_inv_freq = self.upload(inv.astype(np.float32))
+
+    # ---- gated attention ---------------------------------------------------------------------
+    def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
+        T, heads, dh = x.shape
+        if self.rot >= dh:
+            return super().rope(x, positions)
+        out = self.copy(x)
+        self.launch("rope_partial", max(T, 1), (out.ptr, self._positions(positions).ptr, self.rot_inv_freq.ptr, T,
+                                                heads, dh, self.rot, float(self.rope_scale)))
+        return out
+
+    def qk_norm_rope_attention(self, q, k, v, q_norm: str, k_norm: str, eps: float, layer: int, kv, positions):
+        if self.rot >= q.shape[-1]:
+            return super().qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+        q = self.rope(self.rms_norm(q, q_norm, eps), positions)
+        k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+        return self.attention(q, k, v, layer, kv, positions)
+
+    def attn_q_gate(self, x: DeviceTensor, prefix: str):
+        """attn_q holds each head's query rows then its gate rows -> (q [T, H, Dh], gate [T, H*Dh])."""
+        a = self.args
+        T, H, Dh = x.shape[0], a.num_attention_heads, a.head_dim
+        qg = self.linear(x, prefix + "attn_q.weight")                    # [T, H * 2Dh]
+        q, gate = self.alloc((T, H, Dh)), self.alloc((T, H * Dh))
+        self._copy_rows(qg.ptr, 0, q.ptr, T * H, Dh, 2 * Dh, Dh)
+        self._copy_rows(qg.ptr + Dh * 4, 0, gate.ptr, T * H, Dh, 2 * Dh, Dh)
+        return q, gate
+
+    def _sigmoid_mul(self, x: DeviceTensor, gate_ptr: int, gate_ld: int, gate_step: int) -> DeviceTensor:
+        rows, n = x.shape[0], x.size // max(1, x.shape[0])
+        out = self.alloc(x.shape)
+        self.launch("sigmoid_mul", (-(-n // 256), max(1, min(rows, 65535))),
+                    (x.ptr, gate_ptr, out.ptr, rows, n, gate_ld, gate_step))
+        return out
+
+    def sigmoid_gate(self, x: DeviceTensor, gate: DeviceTensor) -> DeviceTensor:
+        if x.shape != gate.shape:
+            raise InvalidArgument(f"sigmoid_gate: shapes {x.shape} and {gate.shape} differ")
+        return self._sigmoid_mul(x, gate.ptr, x.shape[-1], 1)
+
+    # ---- Gated DeltaNet ----------------------------------------------------------------------
+    def split(self, x: DeviceTensor, sizes) -> list:
+        """Columns of x [T, sum(sizes)] in consecutive groups, each a contiguous [T, size] copy."""
+        T, C = x.shape
+        if sum(sizes) != C:
+            raise InvalidArgument(f"split: {x.shape} into columns {sizes}")
+        out, col = [], 0
+        for n in sizes:
+            part = self.alloc((T, n))
+            self._copy_rows(x.ptr + col * 4, 0, part.ptr, T, n, C, n)
+            out.append(part)
+            col += n
+        return out
+
+    def conv1d_silu(self, x: DeviceTensor, name: str, layer: int, cache) -> DeviceTensor:
+        T, C = x.shape
+        K = self.args.linear_conv_kernel_dim
+        w, state = self._f32_weight(name), cache.conv_ptr(layer)
+        out = self.alloc((T, C))
+        if T == 1:
+            self.launch("gdn_conv1d_step", -(-C // 256), (x.ptr, state, w, out.ptr, C, K))
+        else:
+            self.launch("gdn_conv1d", -(-C // 256), (x.ptr, state, w, out.ptr, T, C, K, C))
+        return out
+
+    def gdn_gates(self, ba: DeviceTensor, prefix: str):
+        a = self.args
+        Hg, Hv = a.linear_num_key_heads, a.linear_num_value_heads
+        T = ba.shape[0]
+        g, beta = self.alloc((T, Hv)), self.alloc((T, Hv))
+        self.launch("gdn_gates", max(1, -(-T * Hv // 256)),
+                    (ba.ptr, self._f32_weight(prefix + "ssm_a"), self._f32_weight(prefix + "ssm_dt.bias"),
+                     g.ptr, beta.ptr, T, Hg, Hv // Hg))
+        return g, beta
+
+    def gated_delta_rule(self, q, k, v, g, beta, layer: int, cache) -> DeviceTensor:
+        """q, k [T, Hg, Dk] (raw), v [T, Hv, Dv] -> o [T, Hv, Dv]; the layer's state advances in VRAM."""
+        T, Hg, Dk = q.shape
+        Hv, Dv = v.shape[1:]
+        out = self.alloc((T, Hv, Dv))
+        grid = (-(-Dv // 128), Hv)
+        args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
+        if T == 1:
+            self.launch("gdn_step", grid, (*args, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+        else:
+            self.launch("gdn_prompt", grid, (*args, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
+        return out
+
+    def _swiglu(self, gate: DeviceTensor, up: DeviceTensor) -> DeviceTensor:
+        """silu(gate) * up over [rows, n] (cuda/swiglu.cu)."""
+        rows, n = gate.shape[0], gate.size // max(1, gate.shape[0])
+        out = self.alloc(gate.shape)
+        self.launch("swiglu", (-(-n // 256), max(1, min(rows, 65535))), (gate.ptr, up.ptr, out.ptr, rows, n, n, n, n))
+        return out
+
+    def gated_rms_norm(self, x: DeviceTensor, z: DeviceTensor, name: str, eps: float) -> DeviceTensor:
+        """rms_norm(x) * w * silu(z), per head [T, Hv, Dv]."""
+        return self._swiglu(z, self.rms_norm(x, name, eps))
+
+    def shared_expert(self, x: DeviceTensor, prefix: str) -> DeviceTensor:
+        """sigmoid(x . gate_inp_shexp) * down(silu(gate(x)) * up(x))."""
+        h = self._swiglu(self.linear(x, prefix + "ffn_gate_shexp.weight"), self.linear(x, prefix + "ffn_up_shexp.weight"))
+        y = self.linear(h, prefix + "ffn_down_shexp.weight")
+        s = self.linear(x, prefix + "ffn_gate_inp_shexp.weight")           # [T, 1]
+        return self._sigmoid_mul(y, s.ptr, 1, 0)

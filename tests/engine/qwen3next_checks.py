@@ -1,0 +1,106 @@
+"""Checks of the GPU runner on qwen3next packs against the numpy runner, shared by the host tests
+(tests/engine/test_qwen3next_host.py: the kernels emulated by tests/engine/fake_cuda.py) and the
+device tests (tests/engine/test_qwen3next_gpu.py).
+
+Oracle: the numpy runner at the GPU's declared precision (tests/engine/cpu_f16_kv.py: K/V rounded
+through f16, tensor-core prompt GEMMs with f16 inputs). What is left between the two is f32
+summation order, ~1 ulp of exp/sin/cos/rsqrt, and the delta rule's algorithm: the numpy prompt runs
+the chunked WY form, the GPU's prompt kernel the recurrence token by token (two f32 algorithms,
+up to 1.2e-5 of max |logit| apart on the CPU: tests/model/test_qwen3next.py). Each check takes a
+bound `rel` of max |oracle logit|.
+"""
+import numpy as np
+
+from strata.config import SamplingParams
+from strata.engine.sampler import pick_host
+
+
+def assert_close(ours, ref, rel, what=""):
+    bound = rel * np.abs(ref).max()
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    err = np.abs(ours - ref).max()
+    assert err <= bound, f"{what}: max err {err:.3g} > {bound:.3g}"
+
+
+def check_logits(gpu, cpu, ids, rel, k=3):
+    """Every position's logits; then prefill of N - k tokens and k steps against the same rows of
+    one read, on each runner and across them."""
+    full_gpu, full_cpu = gpu.logits_all(ids), cpu.logits_all(ids)
+    assert_close(full_gpu, full_cpu, rel, "logits_all")
+    n = len(ids) - k
+    rows = [gpu.prefill(ids[:n], 0)] + [gpu.decode(t) for t in ids[n:]]
+    ref = [cpu.prefill(ids[:n], 0)] + [cpu.decode(t) for t in ids[n:]]
+    assert_close(np.stack(rows), np.stack(ref), rel, "prefill + steps vs the oracle's")
+    assert_close(np.stack(rows), full_gpu[n - 1:], rel, "prefill + steps vs one read")
+
+
+def check_greedy(gpu, cpu, prompt, steps, rel):
+    """Greedy tokens in lockstep: the GPU picks on the device (cuda/argmax.cu) from its logits, the
+    oracle on the host; both read the oracle's token next. A pick that differs is allowed only where
+    the oracle's two candidates are within the bound (a tie the roundings may break either way);
+    -> (tokens, ties)."""
+    greedy = SamplingParams()
+    gpu.prefill(prompt, 0, logits=False)
+    logits = cpu.prefill(prompt, 0)
+    tokens, ties = [], 0
+    for i in range(steps):
+        ours, want = gpu.pick(greedy, 0.5), pick_host(logits, greedy, 0.5)
+        if ours != want:
+            gap = logits[want] - logits[ours]
+            assert gap <= rel * np.abs(logits).max(), f"step {i}: GPU picked {ours}, oracle {want} by {gap:.3g}"
+            ties += 1
+        tokens.append(want)
+        gpu.decode(want, logits=False)
+        logits = cpu.decode(want)
+    return tokens, ties
+
+
+def check_follow_up(gpu, cpu, rng, rel):
+    """A chat's turns on the GPU runner: the next turn resumes from the live state, a turn that drops
+    the answer from the prompt's snapshot, one with no snapshot in its prefix from 0; each resumed
+    read equal to the oracle's own resumed read and to a fresh read of the whole turn."""
+    V = gpu.args.vocab_size
+    ids = lambda n: rng.integers(0, V, n).tolist()          # noqa: E731
+    turn1 = ids(30)
+    for r in (gpu, cpu):
+        r.reset()
+        assert r.reusable_prefix(turn1) == 0
+        r.prefill(turn1, 0)
+    answer = ids(6)
+    for t in answer:
+        gpu.decode(t)
+        cpu.decode(t)
+    turn2 = turn1 + answer + ids(9)
+    turn3 = turn1 + ids(11)
+    turn4 = turn1[:10] + ids(5)
+    got = []
+    for turn, want_start in ((turn2, len(turn1) + len(answer)), (turn3, len(turn1)), (turn4, 0)):
+        starts = [r.reusable_prefix(turn) for r in (gpu, cpu)]
+        assert starts == [want_start] * 2, (starts, want_start)
+        ours, ref = gpu.prefill(turn, want_start), cpu.prefill(turn, want_start)
+        assert_close(ours, ref, rel, f"turn resumed at {want_start}")
+        got.append((turn, ours))
+    for turn, ours in got:
+        fresh = gpu.logits_all(turn)[-1]
+        assert_close(ours, fresh, rel, "resumed vs fresh")
+
+
+def check_llm(path, rng, rel, max_tokens):
+    """LLM(device="cuda") free-running greedy: each token the oracle, reading the same sequence, ranks
+    first or within the bound of first; the next turn resumes after it on the device."""
+    from strata import LLM
+    from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
+    llm = LLM(path, device="cuda", max_context=256)
+    assert llm.device == "cuda" and llm.runner.device == "cuda"
+    prompt = rng.integers(0, llm.args.vocab_size, 12).tolist()
+    out = llm.generate(prompt, max_tokens=max_tokens, temperature=0.0)
+    assert len(out.token_ids) > 0
+    seq = prompt + out.token_ids
+    oracle = cpu_runner_f16_kv(llm.pack, len(seq) + 1)
+    logits = oracle.logits_all(seq)[len(prompt) - 1:len(seq) - 1]
+    for i, (row, t) in enumerate(zip(logits, out.token_ids)):
+        gap = row.max() - row[t]
+        assert gap <= rel * np.abs(row).max(), f"token {i}: {t} is {gap:.3g} below the oracle's first"
+    again = llm.generate(seq + prompt[:3], max_tokens=4, temperature=0.0)
+    assert again.usage.cached_tokens >= len(seq) - 1
+    return out

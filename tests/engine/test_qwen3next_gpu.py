@@ -1,0 +1,69 @@
+"""The GPU runner on qwen3next packs, on the device, against the numpy runner at the GPU's declared
+precision (tests/engine/qwen3next_checks.py, tests/engine/cpu_f16_kv.py).
+
+Bound REL = 3e-3 of max |oracle logit|, tests/engine/test_cuda_runner.py's on the device (its
+reduction orders and FMA contractions differ from numpy's more than the emulations' do); the
+emulated runner stays within 1e-5 of the same oracle (tests/engine/test_qwen3next_host.py). The
+oracle's prompt runs the chunked WY delta rule, the GPU the recurrence token by token.
+
+Greedy: 64 tokens in lockstep with the oracle, every GPU pick equal to the oracle's except at a tie
+within the bound; and through LLM(device="cuda"), 64 free-running greedy tokens, each of which the
+oracle, reading the same sequence, ranks first or within the bound of first.
+"""
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from strata.engine.cuda_runner import CudaRunner  # noqa: E402
+from strata.pack import open_pack  # noqa: E402
+from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
+from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_llm, check_logits  # noqa: E402
+from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+REL = 3e-3
+GAP = 2e-3          # router top-k margin of the oracle's draws (test_cuda_runner.py's GAP)
+SHAPES = {**NEXT_SHAPES, "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10)}
+
+
+def runners(tmp_path, shape, seed, context=160, chunk=12):
+    path, _ = make_next_pack(tmp_path, SHAPES[shape], seed=seed)
+    pack = open_pack(path)
+    gpu, cpu = CudaRunner(pack, context), cpu_runner_f16_kv(pack, context)
+    gpu.prefill_chunk = cpu.prefill_chunk = chunk
+    return pack, gpu, cpu
+
+
+@pytest.mark.parametrize("shape", ["tiny", "odd", "wide", "kquant", "top10"])
+def test_logits_and_steps_match_the_cpu(tmp_path, rng, shape):
+    pack, gpu, cpu = runners(tmp_path, shape, seed=3)
+    ids = oracle_ids(pack, rng, 40, chunk=12, gap=GAP)
+    check_logits(gpu, cpu, ids, REL)
+
+
+def test_long_prompt_in_the_plans_chunks(tmp_path, rng):
+    """A prompt of 300 tokens in the plan's own chunk size (the prompt kernels over long chunks)."""
+    pack, gpu, cpu = runners(tmp_path, "tiny", seed=6, context=400, chunk=256)
+    ids = oracle_ids(pack, rng, 300, chunk=256, gap=GAP, tries=10)
+    check_logits(gpu, cpu, ids, REL, k=4)
+
+
+def test_greedy_64_tokens_equal_the_cpu(tmp_path, rng):
+    pack, gpu, cpu = runners(tmp_path, "tiny", seed=5)
+    prompt = oracle_ids(pack, rng, 20, chunk=12, gap=GAP)
+    tokens, ties = check_greedy(gpu, cpu, prompt, 64, REL)
+    assert len(tokens) == 64 and ties <= 2, f"{ties} ties in 64 greedy steps"
+    assert gpu.graphs and gpu.status()["decode"]["cuda_graphs"]
+
+
+def test_follow_up_turns_resume_as_on_the_cpu(tmp_path, rng):
+    _, gpu, cpu = runners(tmp_path, "tiny", seed=8)
+    check_follow_up(gpu, cpu, rng, REL)
+
+
+def test_llm_generates_on_the_gpu_what_the_cpu_ranks_first(tmp_path, rng):
+    path, _ = make_next_pack(tmp_path, SHAPES["wide"], seed=11)
+    check_llm(path, rng, REL, 64)

@@ -1,0 +1,96 @@
+"""The GPU runner on qwen3next packs, on the CPU: CudaRunner over tests/engine/fake_cuda (the kernels
+emulated in numpy from their contracts) against the numpy runner (tests/engine/qwen3next_checks.py).
+
+Bound REL = 1e-4 of max |oracle logit|: the emulations compute each kernel's arithmetic in numpy, so
+what is left is the delta rule's two algorithms (the oracle's prompt chunked, the GPU's token by
+token: up to 1.2e-5 on the CPU) and summation order; 9e-6 seen here over the three shapes."""
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from strata.config import EngineConfig  # noqa: E402
+from strata.engine.cuda_runner import CudaRunner  # noqa: E402
+from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
+from strata.pack import open_pack  # noqa: E402
+from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
+from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_llm, check_logits  # noqa: E402
+from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
+
+REL = 1e-4
+# top-10 of 24 experts: past moe_decode.cu's 8 active experts a token, as Qwen3-Next's 512 / top-10
+SHAPES = {**NEXT_SHAPES, "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10)}
+
+
+def runners(tmp_path, shape, seed, context=96, chunk=12):
+    path, _ = make_next_pack(tmp_path, SHAPES[shape], seed=seed)
+    pack = open_pack(path)
+    gpu, cpu = CudaRunner(pack, context), cpu_runner_f16_kv(pack, context)
+    gpu.prefill_chunk = cpu.prefill_chunk = chunk       # chunks of 12 (the prompt kernels), tails of <= 8
+    return pack, gpu, cpu
+
+
+@pytest.mark.parametrize("shape", ["tiny", "odd", "wide", "top10"])
+def test_logits_and_steps_match_the_cpu(fake, tmp_path, rng, shape):
+    pack, gpu, cpu = runners(tmp_path, shape, seed=3)
+    ids = oracle_ids(pack, rng, 29, chunk=12)
+    check_logits(gpu, cpu, ids, REL)
+    used = set(fake.launches)
+    assert {"strata_gdn_conv1d_f32", "strata_gdn_prompt_f32", "strata_gdn_conv1d_step_f32", "strata_gdn_step_f32",
+            "strata_gdn_gates_f32", "strata_sigmoid_mul_f32"} <= used
+    rot = pack.args.rotary_dim < pack.args.head_dim
+    assert ("strata_rope_partial_f32" in used) == rot and ("strata_qk_norm_rope_kv_f32" in used) != rot
+    assert gpu.graphs, "decode steps were not captured into a CUDA graph"
+
+
+def test_greedy_32_tokens_equal_the_cpu(fake, tmp_path, rng):
+    pack, gpu, cpu = runners(tmp_path, "tiny", seed=5)
+    prompt = oracle_ids(pack, rng, 14, chunk=12)
+    tokens, ties = check_greedy(gpu, cpu, prompt, 32, REL)
+    assert len(tokens) == 32 and ties == 0
+    assert gpu.graphs and fake.graph_launches      # the steps replayed a graph that reads the states in place
+
+
+def test_follow_up_turns_resume_as_on_the_cpu(fake, tmp_path, rng):
+    _, gpu, cpu = runners(tmp_path, "tiny", seed=8)
+    check_follow_up(gpu, cpu, rng, REL)
+
+
+def test_llm_on_the_gpu_generates_what_the_cpu_ranks_first(fake, tmp_path, rng):
+    path, _ = make_next_pack(tmp_path, SHAPES["wide"], seed=11)
+    out = check_llm(path, rng, REL, 24)
+    assert "strata_argmax_f32" in fake.launches and out.usage.completion_tokens == len(out.token_ids)
+
+
+def test_warm_up_leaves_the_states_as_they_were(fake, tmp_path, rng):
+    pack, gpu, cpu = runners(tmp_path, "odd", seed=4)
+    ids = oracle_ids(pack, rng, 20, chunk=12)
+    gpu.prefill(ids[:15], 0)
+    cpu.prefill(ids[:15], 0)
+    snapshots = [n for n, _ in gpu.kv.snapshots]
+    gpu.warm_up()
+    assert [n for n, _ in gpu.kv.snapshots] == snapshots and gpu.cached_ids == ids[:15]
+    for t in ids[15:]:
+        np.testing.assert_allclose(gpu.decode(t), cpu.decode(t), rtol=0, atol=REL * 50)
+    assert gpu.reusable_prefix(ids[:15] + [1, 2]) == 15
+
+
+def test_refusals_are_one_line(fake, tmp_path):
+    from strata.engine.cuda_load import check_resident
+    from types import SimpleNamespace
+    path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=1)
+    pack = open_pack(path)
+    with pytest.raises(InvalidArgument, match="--spec: speculation on qwen3next is not built yet"):
+        CudaRunner(pack, 32, EngineConfig(device="cuda", spec="2", mtp=True))
+    with pytest.raises(UnsupportedError, match="--parallel 2: qwen3next on the GPU runs one sequence"):
+        CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))
+    plan = SimpleNamespace(cache_slots=100, total_experts=48 * 512, prefill_ring=4, max_blob=1 << 20,
+                           vram_budget_bytes=24 << 30)
+    with pytest.raises(UnsupportedError, match=r"needs every routed expert in VRAM so far: .* holds 100 of 24576"):
+        check_resident(plan, pack.args)
+    check_resident(SimpleNamespace(cache_slots=16, total_experts=16, prefill_ring=0), pack.args)
+    kv = CudaRunner(pack, 32).kv
+    assert kv.num_layers == 2 and kv.state_bytes() == 2 * 4 * (3 * (2 * 2 * 16 + 4 * 8) + 4 * 16 * 8)
+    with pytest.raises(InvalidArgument, match="DeltaNet layer"):
+        kv.layer(0)
