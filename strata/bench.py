@@ -95,6 +95,8 @@ def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, cont
     sampler = Sampler(greedy)
     stats = runner.spec_stats
     d0, a0, v0, h0 = stats.draft_n, stats.draft_n_accepted, stats.verify_passes, stats.host_ms
+    store = getattr(runner, "store", None)
+    s0 = None if store is None or store.resident else (store.stats.misses, store.stats.admitted, store.stats.bytes_h2d)
     token = int(np.argmax(logits))
     done = 0
     t0 = time.perf_counter()
@@ -106,10 +108,16 @@ def _decode_spec(runner, logits, n_tokens: int, bytes_per_token: int, line, cont
         token = out[-1]
     dt = time.perf_counter() - t0
     drafts, kept, passes = stats.draft_n - d0, stats.draft_n_accepted - a0, stats.verify_passes - v0
-    return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt, "gb_s": bytes_per_token * n_tokens / dt / 1e9,
-            "draft_n": drafts, "draft_n_accepted": kept, "acceptance": kept / drafts if drafts else None,
-            "tokens_per_verify": (kept + passes) / passes if passes else None,
-            "host_ms_per_verify": (stats.host_ms - h0) / passes if passes else None}
+    out = {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt, "gb_s": bytes_per_token * n_tokens / dt / 1e9,
+           "draft_n": drafts, "draft_n_accepted": kept, "acceptance": kept / drafts if drafts else None,
+           "tokens_per_verify": (kept + passes) / passes if passes else None,
+           "host_ms_per_verify": (stats.host_ms - h0) / passes if passes else None}
+    if s0 is not None:      # experts streaming: what the windows' misses cost on the bus, per emitted token
+        misses, admitted, h2d = (a - b for a, b in zip((store.stats.misses, store.stats.admitted,
+                                                        store.stats.bytes_h2d), s0))
+        blob = float(np.mean(store._blob[:runner.args.num_hidden_layers]))
+        out.update(admitted=admitted, pcie_bytes_per_token=(misses * blob + h2d) / n_tokens)
+    return out
 
 
 def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
@@ -254,7 +262,9 @@ def report(res: BenchResult) -> str:
         if r.get("draft_n"):
             rows.append(f"speculation after {ctx}: {r['draft_n_accepted']} of {r['draft_n']} drafts kept "
                         f"({r['acceptance']:.1%}), {r['tokens_per_verify']:.2f} tokens per verify pass, "
-                        f"{r['host_ms_per_verify']:.3f} ms host bookkeeping per pass")
+                        f"{r['host_ms_per_verify']:.3f} ms host bookkeeping per pass"
+                        + (f"; {r['admitted']} experts admitted, {r['pcie_bytes_per_token'] / 1e6:.1f} MB over PCIe "
+                           f"per token (misses read in place + admissions)" if "admitted" in r else ""))
     for ctx, w in (res.spec.get("windows") or {}).items():
         one = w["verify_ms"][1]
         rows.append(f"verify window after {ctx} (ms, x one row): " + ", ".join(
