@@ -147,6 +147,8 @@ KERNELS = {
     "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiif", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
+    # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
+    "attention_combine_rot": _K("attention", "strata_attention_decode_combine_rot_f32", "PPPiiif", 128, "(H, B)"),
     "attention_prefill": _K("attention", "strata_attention_prefill_f16_d{dh}", "PPPPPiiif", 128,
                             "(ceil(T G / rows), Hk), rows 32 (16 at Dh 256)", _each(dh=ATTENTION_HEAD_DIMS)),
     "attention_rows":   _K("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", 128, "(H, T)"),
@@ -167,6 +169,9 @@ KERNELS = {
                            "gemv3's at batch 1", ALL_QTYPES),
     "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff", 128,
                            "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
+    # the same into a quantized cache's planes (cuda/kv_quant.cu's formats), q rotated where K is
+    "qk_norm_rope_kv_quant": _K("decode_fused", "strata_qk_norm_rope_kv_{fmt}", "PPPPPPPPPPPPPiiiifff", 128,
+                                "(T, ceil((H + 2 Hk) / 4)): a warp per head", _each(fmt=KV_DECODE_FORMATS)),
     "moe_route":        _K("moe_route", "strata_moe_route_f32", "PPPiiii", 128, "ceil(T / 4): a warp per token"),
     "moe_gemv":         _K("moe_gemv", "strata_moe_gemv_{qtype}", "PqPPiPii", 128, "(gemv's, slots)", ALL_QTYPES),
     "swiglu":           _K("swiglu", "strata_swiglu_f32", "PPPiiqqq", 256, "(ceil(I / 256), min(T, 65535))"),
