@@ -12,7 +12,10 @@
 //
 // A rotated K is read with a rotated query (q . k = Hq . Hk): strata_hadamard_f32 rotates q first. A
 // rotated V leaves the weighted sum rotated: strata_hadamard_f32 un-rotates the combined output (H is
-// its own inverse). Dequantized values q d are exact in f32 (at most 7 + 11 significant bits), so the
+// its own inverse). A decode step fuses both: cuda/decode_fused.cu's strata_qk_norm_rope_kv_<fmt> does
+// QK-norm, RoPE, q's rotation and these appends in one launch, and cuda/attention.cu's
+// strata_attention_decode_combine_rot_f32 un-rotates in the combine; the codecs' arithmetic is
+// cuda/kv_codec.cuh's, shared, so the fused kernels match these bit for bit. Dequantized values q d are exact in f32 (at most 7 + 11 significant bits), so the
 // decode's only rounding is its f32 arithmetic, as the f16 kernel's.
 //
 // Entry points (Dh in {64, 128, 256}):
