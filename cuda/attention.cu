@@ -11,12 +11,14 @@
 //   strata_attention_decode_f16_d<Dh>_g<GP>      split-K partials; GP = G rounded up to 1,2,4,8,16
 //                                                (Dh 256: GP <= 8)
 //   strata_attention_decode_combine_f32          partials -> out [B, H * Dh]
+//   strata_attention_decode_combine_rot_f32      the same, each head's output then Hadamard-rotated
 //   strata_attention_prefill_f16_d<Dh>           causal attention of T queries -> out [T, H * Dh]
 
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
+#include "kv_codec.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -340,10 +342,18 @@ STRATA_DECODE(256, 1) STRATA_DECODE(256, 2) STRATA_DECODE(256, 4) STRATA_DECODE(
 // Layout: the partials of strata_attention_decode_*; out [B, H * head_dim] f32.
 // Launch: grid = (H, B, 1), block = (128, 1, 1); num_splits <= 1024. The block finds M and the
 // split weights once (shared memory), then each thread sums its dims over the splits.
-extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combine_f32(
-    const float* __restrict__ part_acc, const float* __restrict__ part_ml, float* __restrict__ out, int H,
-    int head_dim, int num_splits) {
-    STRATA_PDL_ENTRY();
+//
+// strata_attention_decode_combine_rot_f32(part_acc, part_ml, out, H, head_dim, num_splits, rot_scale)
+//   The same out[b, h, :], then H out[b, h, :] (strata_hadamard_f32's rotation, cuda/kv_codec.cuh): a V
+//   stored rotated (cuda/kv_quant.cu's q4r) leaves the weighted sum rotated, and this un-rotates it in
+//   the same launch, bit for bit combine + strata_hadamard_f32. head_dim in {64, 128, 256}.
+//   Launch: as the combine's. The combined head goes to shared memory, then warp 0 rotates it.
+namespace {
+
+// One (row, head) of the combine into dst[0..head_dim) (global or shared memory); every thread of the
+// block must call it.
+__device__ __forceinline__ void combine_head(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                             float* dst, int H, int head_dim, int num_splits) {
     __shared__ float weight_s[kMaxSplits];
     __shared__ float red_s[4];
     const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -371,12 +381,45 @@ extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combin
     lsum = (red_s[0] + red_s[1]) + (red_s[2] + red_s[3]);
 
     const float* acc = part_acc + slot0 * head_dim;
-    float* o = out + (static_cast<int64_t>(b) * H + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < num_splits; ++s) a = fmaf(weight_s[s], acc[static_cast<int64_t>(s) * head_dim + d], a);
-        o[d] = lsum > 0.0f ? a / lsum : 0.0f;
+        dst[d] = lsum > 0.0f ? a / lsum : 0.0f;
     }
+}
+
+template <int PER>
+__device__ __forceinline__ void rotate_head(const float* src, float* dst, float rot_scale) {
+    const int lane = threadIdx.x;
+    float v[PER];
+    strata_kv::load_row<PER>(src + lane * PER, v);
+    strata_kv::hadamard_warp<PER>(v, lane, rot_scale);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) dst[lane * PER + i] = v[i];
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combine_f32(
+    const float* __restrict__ part_acc, const float* __restrict__ part_ml, float* __restrict__ out, int H,
+    int head_dim, int num_splits) {
+    STRATA_PDL_ENTRY();
+    combine_head(part_acc, part_ml, out + (static_cast<int64_t>(blockIdx.y) * H + blockIdx.x) * head_dim, H,
+                 head_dim, num_splits);
+}
+
+extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combine_rot_f32(
+    const float* __restrict__ part_acc, const float* __restrict__ part_ml, float* __restrict__ out, int H,
+    int head_dim, int num_splits, float rot_scale) {
+    STRATA_PDL_ENTRY();
+    __shared__ float o_s[256];
+    combine_head(part_acc, part_ml, o_s, H, head_dim, num_splits);
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    float* o = out + (static_cast<int64_t>(blockIdx.y) * H + blockIdx.x) * head_dim;
+    if (head_dim == 64) rotate_head<2>(o_s, o, rot_scale);
+    else if (head_dim == 128) rotate_head<4>(o_s, o, rot_scale);
+    else if (head_dim == 256) rotate_head<8>(o_s, o, rot_scale);
 }
 
 // ---- prompt: causal flash attention ------------------------------------------------------------

@@ -31,6 +31,17 @@
 //   shuffles, then normalizes and rotates its pairs in registers. The block computes its token's
 //   Dh/2 (cos, sin) once into shared memory.
 //
+// strata_qk_norm_rope_kv_<fmt>(q, k, v, q_w, k_w, positions, cells, inv_freq, q_out, k_values, k_scales,
+//                             v_values, v_scales, T, H, Hk, head_dim, eps, scale, rot_scale)
+//   The same QK-norm and RoPE into a quantized cache (cuda/kv_quant.cu's planes, fmt int8: int8 K and V;
+//   q4_0: q4r K and V; k8v4: int8 K, q4r V), bit for bit the unfused chain the cache ran before:
+//   strata_rms_norm_f32 on q and k (its sum order on the 16-byte path, 256 threads: head_rms_scale),
+//   strata_rope_f32, then strata_kv_append_int8 / _q4r of k and of v (cuda/kv_codec.cuh, the same code:
+//   q4r rotates the head first) into row cells[t] (positions[t] where cells is null) of the planes, and
+//   q -> q_out, rotated (strata_hadamard_f32) where K is q4r. Each row's outputs depend on that row only.
+//   head_dim in {64, 128, 256}; q and k 16-byte aligned (as the unfused chain's 16-byte path needs);
+//   q_out may alias q. rot_scale = f32(1 / sqrt(head_dim)).
+//   Launch: as strata_qk_norm_rope_kv_f32's: grid (T, any), block 128, a warp per head (q, k, v heads).//
 // strata_gemv3_<qtype>(W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch)
 //   y_i[b, r] = sum_k W_i[r, k] * x[b, k] for the three matrices W_i [rows_i, n] (one quant type,
 //   one n) and b < batch <= 8: the q, k and v projections in one launch. batch == 1 runs the
@@ -52,6 +63,7 @@
 #include "gemv_rows.cuh"
 #include "gemv_units.cuh"
 #include "gemv_units_k.cuh"
+#include "kv_codec.cuh"
 #include "norm_rope.cuh"
 #include "quant_blocks.cuh"
 #include "pdl.cuh"
@@ -166,6 +178,113 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
         }
     }
 }
+
+// ---- QK-norm + RoPE + quantized K/V append --------------------------------------------------------
+
+namespace {
+
+constexpr int kQuantMaxPairs = 128;  // Dh <= 256
+
+// RMSNorm's 1 / rms of one head of DH = 32 * PER values at src (16-byte aligned), summed exactly as
+// strata_rms_norm_f32 sums a row of DH on its 16-byte path with 256 threads: thread i takes the float4
+// i, each warp sums its threads' (warp_sum), then warp 0 sums the warps' sums; the warps past the
+// first two hold zeros, which add exactly, so that pass is w0 (+ w1 at Dh 256).
+template <int PER>
+__device__ __forceinline__ float head_rms_scale(const float* src, int lane, float eps) {
+    constexpr int N4 = 8 * PER;
+    const float4* x4 = reinterpret_cast<const float4*>(src);
+    float w0 = 0.0f;
+    if (lane < N4) w0 += sum_sq4(x4[lane]);
+    w0 = warp_sum(w0);
+    if constexpr (N4 > 32) {
+        float w1 = 0.0f;
+        w1 += sum_sq4(x4[32 + lane]);
+        w0 = w0 + warp_sum(w1);
+    }
+    return rms_scale(w0, 32 * PER, eps);
+}
+
+// One head at src: RMSNorm with w (strata_rms_norm_f32's sum and rms_apply), NEOX RoPE with the block's
+// table (rope_rotate, as strata_rope_f32), then the lane's PER consecutive values into v (through the
+// warp's buf of DH floats). One warp.
+template <int PER>
+__device__ __forceinline__ void norm_rope_lanes(const float* src, const float* __restrict__ w, float eps,
+                                                const float* cos_s, const float* sin_s, float* buf, int lane,
+                                                float (&v)[PER]) {
+    constexpr int HALF = 16 * PER;
+    const float scale = head_rms_scale<PER>(src, lane, eps);
+#pragma unroll
+    for (int j = lane; j < HALF; j += 32) {
+        const float a = rms_apply(src[j], scale, w[j]), b = rms_apply(src[j + HALF], scale, w[j + HALF]);
+        rope_rotate(a, b, cos_s[j], sin_s[j], buf[j], buf[j + HALF]);
+    }
+    __syncwarp();
+    strata_kv::load_row<PER>(buf + lane * PER, v);
+    __syncwarp();                                   // buf is the warp's next head's
+}
+
+template <bool KQ4, bool VQ4, int PER>
+__device__ __forceinline__ void qk_norm_rope_kv_quant(const float* q, const float* __restrict__ k,
+                                                      const float* __restrict__ v, const float* __restrict__ q_w,
+                                                      const float* __restrict__ k_w, const int* __restrict__ positions,
+                                                      const int* __restrict__ cells,
+                                                      const float* __restrict__ inv_freq, float* q_out,
+                                                      void* k_values, __half* k_scales, void* v_values,
+                                                      __half* v_scales, int H, int Hk, float eps, float scale,
+                                                      float rot_scale) {
+    constexpr int DH = 32 * PER;
+    __shared__ float cos_s[kQuantMaxPairs], sin_s[kQuantMaxPairs];
+    __shared__ float buf_s[kWarps][DH];
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int p = positions[t];
+    const int64_t c = cells ? cells[t] : p;
+    rope_table(cos_s, sin_s, static_cast<float>(p), inv_freq, DH / 2, scale);
+    float* buf = buf_s[warp];
+    const int num_heads = H + 2 * Hk;
+    for (int g = blockIdx.y * kWarps + warp; g < num_heads; g += gridDim.y * kWarps) {
+        float x[PER];
+        if (g < H) {
+            const int64_t off = (static_cast<int64_t>(t) * H + g) * DH;
+            norm_rope_lanes<PER>(q + off, q_w, eps, cos_s, sin_s, buf, lane, x);
+            if constexpr (KQ4) strata_kv::hadamard_warp<PER>(x, lane, rot_scale);   // q . k = Hq . Hk
+#pragma unroll
+            for (int i = 0; i < PER; ++i) q_out[off + lane * PER + i] = x[i];
+        } else if (g < H + Hk) {
+            const int h = g - H;
+            norm_rope_lanes<PER>(k + (static_cast<int64_t>(t) * Hk + h) * DH, k_w, eps, cos_s, sin_s, buf, lane, x);
+            strata_kv::append_head<KQ4, PER>(x, lane, c * Hk + h, k_values, k_scales, rot_scale);
+        } else {
+            const int h = g - H - Hk;
+            strata_kv::load_row<PER>(v + (static_cast<int64_t>(t) * Hk + h) * DH + lane * PER, x);
+            strata_kv::append_head<VQ4, PER>(x, lane, c * Hk + h, v_values, v_scales, rot_scale);
+        }
+    }
+}
+
+}  // namespace
+
+#define STRATA_QK_NORM_ROPE_KV_Q(FMT, KQ4, VQ4)                                                                  \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_qk_norm_rope_kv_##FMT(                     \
+        const float* q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ q_w, \
+        const float* __restrict__ k_w, const int* __restrict__ positions, const int* __restrict__ cells,        \
+        const float* __restrict__ inv_freq, float* q_out, void* k_values, __half* k_scales, void* v_values,     \
+        __half* v_scales, int T, int H, int Hk, int head_dim, float eps, float scale, float rot_scale) {         \
+        STRATA_PDL_ENTRY();                                                                                     \
+        if (blockIdx.x >= T) return;                                                                            \
+        if (head_dim == 64)                                                                                     \
+            qk_norm_rope_kv_quant<KQ4, VQ4, 2>(q, k, v, q_w, k_w, positions, cells, inv_freq, q_out, k_values,  \
+                                               k_scales, v_values, v_scales, H, Hk, eps, scale, rot_scale);     \
+        else if (head_dim == 128)                                                                               \
+            qk_norm_rope_kv_quant<KQ4, VQ4, 4>(q, k, v, q_w, k_w, positions, cells, inv_freq, q_out, k_values,  \
+                                               k_scales, v_values, v_scales, H, Hk, eps, scale, rot_scale);     \
+        else if (head_dim == 256)                                                                               \
+            qk_norm_rope_kv_quant<KQ4, VQ4, 8>(q, k, v, q_w, k_w, positions, cells, inv_freq, q_out, k_values,  \
+                                               k_scales, v_values, v_scales, H, Hk, eps, scale, rot_scale);     \
+    }
+STRATA_QK_NORM_ROPE_KV_Q(int8, false, false)
+STRATA_QK_NORM_ROPE_KV_Q(q4_0, true, true)
+STRATA_QK_NORM_ROPE_KV_Q(k8v4, false, true)
+#undef STRATA_QK_NORM_ROPE_KV_Q
 
 // ---- three GEMVs over one input ------------------------------------------------------------------
 

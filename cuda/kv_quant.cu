@@ -12,7 +12,10 @@
 //
 // A rotated K is read with a rotated query (q . k = Hq . Hk): strata_hadamard_f32 rotates q first. A
 // rotated V leaves the weighted sum rotated: strata_hadamard_f32 un-rotates the combined output (H is
-// its own inverse). Dequantized values q d are exact in f32 (at most 7 + 11 significant bits), so the
+// its own inverse). A decode step fuses both: cuda/decode_fused.cu's strata_qk_norm_rope_kv_<fmt> does
+// QK-norm, RoPE, q's rotation and these appends in one launch, and cuda/attention.cu's
+// strata_attention_decode_combine_rot_f32 un-rotates in the combine; the codecs' arithmetic is
+// cuda/kv_codec.cuh's, shared, so the fused kernels match these bit for bit. Dequantized values q d are exact in f32 (at most 7 + 11 significant bits), so the
 // decode's only rounding is its f32 arithmetic, as the f16 kernel's.
 //
 // Entry points (Dh in {64, 128, 256}):
@@ -39,6 +42,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include "kv_codec.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -47,95 +51,16 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4;
 
-// y = H x over one head vector spread over the warp, PER = Dh / 32 consecutive values per lane.
-// Stage h pairs (i, i + h) of every 2h-block into (a + b, a - b): inside a lane for h < PER, with
-// lane ^ (h / PER) for larger h.
-template <int PER>
-__device__ __forceinline__ void hadamard_warp(float (&v)[PER], int lane, float rot_scale) {
-#pragma unroll
-    for (int h = 1; h < PER; h <<= 1) {
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            if (!(i & h)) {
-                const float a = v[i], b = v[i + h];
-                v[i] = a + b;
-                v[i + h] = a - b;
-            }
-        }
-    }
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const bool upper = lane & o;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const float other = __shfl_xor_sync(kFull, v[i], o);
-            v[i] = upper ? other - v[i] : v[i] + other;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < PER; ++i) v[i] *= rot_scale;
-}
+using strata_kv::hadamard_warp;
+using strata_kv::load_row;
 
-template <int PER>
-__device__ __forceinline__ void load_row(const float* p, float (&v)[PER]) {
-#pragma unroll
-    for (int i = 0; i < PER; ++i) v[i] = p[i];
-}
-
-template <int PER>
-__device__ __forceinline__ void append_int8(const float* x, const int* cells, int8_t* values, __half* scales,
-                                            int Hk) {
-    constexpr int DH = 32 * PER, LANES = 64 / PER;              // lanes per 64-value block
-    const int t = blockIdx.x, kvh = blockIdx.y, lane = threadIdx.x;
-    float v[PER];
-    load_row<PER>(x + (static_cast<int64_t>(t) * Hk + kvh) * DH + lane * PER, v);
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-    for (int o = 1; o < LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-    const __half d = __float2half_rn(amax / 127.0f);
-    const float df = __half2float(d);
-    const int64_t row = static_cast<int64_t>(cells[t]) * Hk + kvh;
-    int8_t* out = values + row * DH + lane * PER;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int q = df > 0.0f ? __float2int_rn(v[i] / df) : 0;
-        out[i] = static_cast<int8_t>(max(-127, min(127, q)));
-    }
-    if (lane % LANES == 0) scales[row * (DH / 64) + lane / LANES] = d;
-}
-
-template <int PER>
-__device__ __forceinline__ void append_q4r(const float* x, const int* cells, uint8_t* values, __half* scales, int Hk,
+template <bool Q4, int PER>
+__device__ __forceinline__ void append_row(const float* x, const int* cells, void* values, __half* scales, int Hk,
                                            float rot_scale) {
-    constexpr int DH = 32 * PER, LANES = 32 / PER;              // lanes per 32-value block
     const int t = blockIdx.x, kvh = blockIdx.y, lane = threadIdx.x;
     float v[PER];
-    load_row<PER>(x + (static_cast<int64_t>(t) * Hk + kvh) * DH + lane * PER, v);
-    hadamard_warp<PER>(v, lane, rot_scale);
-    // the value of largest magnitude, the first (lowest index) on ties
-    float best = v[0];
-    int best_i = lane * PER;
-#pragma unroll
-    for (int i = 1; i < PER; ++i)
-        if (fabsf(v[i]) > fabsf(best)) best = v[i], best_i = lane * PER + i;
-#pragma unroll
-    for (int o = 1; o < LANES; o <<= 1) {
-        const float ob = __shfl_xor_sync(kFull, best, o);
-        const int oi = __shfl_xor_sync(kFull, best_i, o);
-        if (fabsf(ob) > fabsf(best) || (fabsf(ob) == fabsf(best) && oi < best_i)) best = ob, best_i = oi;
-    }
-    const __half d = __float2half_rn(best / -8.0f);
-    const float df = __half2float(d);
-    int q[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) q[i] = df != 0.0f ? min(15, static_cast<int>(floorf(v[i] / df + 8.5f))) : 8;
-    const int64_t row = static_cast<int64_t>(cells[t]) * Hk + kvh;
-    uint8_t* out = values + row * (DH / 2) + lane * (PER / 2);
-#pragma unroll
-    for (int i = 0; i < PER / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
-    if (lane % LANES == 0) scales[row * (DH / 32) + lane / LANES] = d;
+    load_row<PER>(x + (static_cast<int64_t>(t) * Hk + kvh) * 32 * PER + lane * PER, v);
+    strata_kv::append_head<Q4, PER>(v, lane, static_cast<int64_t>(cells[t]) * Hk + kvh, values, scales, rot_scale);
 }
 
 // PER values of one cell's row starting at dim lane * PER, dequantized (int8 or q4r planes).
@@ -583,9 +508,9 @@ extern "C" __global__ void __launch_bounds__(32) strata_kv_append_int8(const flo
                                                                         int Hk, int Dh) {
     STRATA_PDL_ENTRY();
     if (blockIdx.x >= T || blockIdx.y >= Hk) return;
-    if (Dh == 64) append_int8<2>(x, cells, values, scales, Hk);
-    else if (Dh == 128) append_int8<4>(x, cells, values, scales, Hk);
-    else if (Dh == 256) append_int8<8>(x, cells, values, scales, Hk);
+    if (Dh == 64) append_row<false, 2>(x, cells, values, scales, Hk, 1.0f);
+    else if (Dh == 128) append_row<false, 4>(x, cells, values, scales, Hk, 1.0f);
+    else if (Dh == 256) append_row<false, 8>(x, cells, values, scales, Hk, 1.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(32) strata_kv_append_q4r(const float* x, const int* cells,
@@ -593,9 +518,9 @@ extern "C" __global__ void __launch_bounds__(32) strata_kv_append_q4r(const floa
                                                                        int Hk, int Dh, float rot_scale) {
     STRATA_PDL_ENTRY();
     if (blockIdx.x >= T || blockIdx.y >= Hk) return;
-    if (Dh == 64) append_q4r<2>(x, cells, values, scales, Hk, rot_scale);
-    else if (Dh == 128) append_q4r<4>(x, cells, values, scales, Hk, rot_scale);
-    else if (Dh == 256) append_q4r<8>(x, cells, values, scales, Hk, rot_scale);
+    if (Dh == 64) append_row<true, 2>(x, cells, values, scales, Hk, rot_scale);
+    else if (Dh == 128) append_row<true, 4>(x, cells, values, scales, Hk, rot_scale);
+    else if (Dh == 256) append_row<true, 8>(x, cells, values, scales, Hk, rot_scale);
 }
 
 template <int PER>

@@ -35,7 +35,10 @@ __device__ __forceinline__ float block_sum(float v) {
     return total;
 }
 
-__device__ __forceinline__ float sum_sq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+// The FMA chain spelled out (what nvcc 13.0 contracted the plain sum to), so every kernel that sums a
+// row through it (strata_rms_norm_f32, strata_add_rms_norm_f32, strata_qk_norm_rope_kv_<fmt>) gets the
+// same bits whatever the compiler's contraction in its context.
+__device__ __forceinline__ float sum_sq4(float4 v) { return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.x, v.x, v.y * v.y))); }
 
 // 1 / rms of n values whose squares sum to sum_sq.
 __device__ __forceinline__ float rms_scale(float sum_sq, int n, float eps) {

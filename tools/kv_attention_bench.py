@@ -4,10 +4,19 @@ split-K over the planes, the combine, the output un-rotation), against the devic
 
     python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--reps N] [--json PATH]
 
-Times are CUDA-event medians of back-to-back launch sequences after a warm-up. GB/s counts the K/V
-plane bytes of the cells read (values and scales); "of copy" divides it by the device copy rate
-(bytes read + written) measured in the same run (strata.plan.measure_bandwidths). The issue's bar:
-int8 and q4_0 at 32K cells at 60% of the copy rate or more.
+Times are CUDA-event medians after a warm-up. Columns:
+  eager   the attention sequence as first written (q rotation, split-K, combine, output un-rotation),
+          each kernel launched from Python between two events: the launch gaps included
+  graph   the same sequence captured 20 times into one CUDA graph, a replay / 20: kernel time without
+          Python's gaps (PDL where the engine uses it, strata.backends.cuda.kernels.PDL_LIBRARIES)
+  step    the engine's decode step per layer, as a graph / 20: the fused QK-norm + RoPE + append
+          (strata_qk_norm_rope_kv_f32 / _<fmt>, q rotated in it), split-K, the combine (un-rotating V
+          in it): what a layer's attention costs inside the decode graph
+  split   the split-K kernel alone, as a graph of 20 / 20
+GB/s counts the K/V plane bytes of the cells read (values and scales) over the eager and the split
+times; "of copy" divides it by the device copy rate (bytes read + written) measured in the same run
+(strata.plan.measure_bandwidths). The issue's bar: int8 and q4_0 at 32K cells at 60% of the copy rate
+or more.
 """
 from __future__ import annotations
 
@@ -17,12 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.backends import rope
+import strata.backends.cuda as cuda_backend
+from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES
 from strata.backends.cuda.testing import CudaOps
 from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
 from strata.quant import kv as kvq
 
 H, HK, DH = 32, 4, 128
+GRAPH_REPS = 20
 
 
 def time_ms(ops, launch, reps: int) -> float:
@@ -40,6 +53,28 @@ def time_ms(ops, launch, reps: int) -> float:
     return float(np.median(times))
 
 
+def graph_ms(ops, launches, reps: int) -> float:
+    """A replay of GRAPH_REPS repetitions of `launches` (each a (op, fields, grid, args) tuple), / GRAPH_REPS."""
+    g, stream = cuda_backend._graphs(), ops.stream
+    pdl = tuple(getattr(ops.device, "compute_capability", (0, 0))) >= (9, 0)
+    g.begin_capture(stream)
+    try:
+        for _ in range(GRAPH_REPS):
+            for op, fields, grid, args in launches:
+                ops._kernel(op, **fields).launch(grid, KERNELS[op].block, args, stream=stream,
+                                                 pdl=pdl and KERNELS[op].library in PDL_LIBRARIES)
+    finally:
+        graph = g.end_capture(stream)
+    exec_ = graph.instantiate()
+    graph.destroy()
+    exec_.upload(stream)
+    try:
+        return time_ms(ops, lambda: exec_.launch(stream), reps) / GRAPH_REPS
+    finally:
+        stream.synchronize()
+        exec_.destroy()
+
+
 def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     rt, dev, stream = ops._rt, ops.device, ops.stream
     splits = ops.decode_splits(1, HK, S, DH)
@@ -49,30 +84,57 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     out = rt.DeviceBuffer(dev, H * DH * 4)
     combine = ops._kernel("attention_combine")
     gp = H // HK
+    rot = rot_scale(DH)
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
     if fmt == "f16":
         planes = [ops._upload(x.astype(np.float16)), ops._upload(x.astype(np.float16))]
         nbytes = sum(p.nbytes for p in planes)
-        split = ops._kernel("attention_decode", dh=DH, g=gp)
+        split_op, fields = "attention_decode", {"dh": DH, "g": gp}
         k_rot = v_rot = False
     else:
         kc, vc = kvq.codecs(fmt)
         planes = [ops._upload(np.ascontiguousarray(a)) for c in (kc, vc) for a in c.encode(x)]
         nbytes = sum(p.nbytes for p in planes)
-        split = ops._kernel("attention_decode_quant", fmt=fmt, dh=DH, g=gp)
+        split_op, fields = "attention_decode_quant", {"fmt": fmt, "dh": DH, "g": gp}
         k_rot, v_rot = kc.rotated, vc.rotated
+    split = ops._kernel(split_op, **fields)
     rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
+    split_args = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5)
 
     def launch():
         if k_rot:
-            rotate.launch(H, 32, (q, H, DH, rot_scale(DH)), stream=stream)
-        split.launch((splits, HK, 1), 128, (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5),
-                     stream=stream)
+            rotate.launch(H, 32, (q, H, DH, rot), stream=stream)
+        split.launch((splits, HK, 1), 128, split_args, stream=stream)
         combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
-            rotate.launch(H, 32, (out, H, DH, rot_scale(DH)), stream=stream)
+            rotate.launch(H, 32, (out, H, DH, rot), stream=stream)
     ms = time_ms(ops, launch, reps)
-    return {"kv": fmt, "cells": S, "splits": splits, "us": ms * 1e3, "kv_bytes": nbytes, "gb_s": nbytes / ms / 1e6}
+
+    # the same sequence as a graph; the split alone; the engine's step (cuda/decode_fused.cu's fused append
+    # of the token at cell S - 1, the split, the combine with the un-rotation in it)
+    seq = ([("hadamard", {}, H, (q.ptr, H, DH, rot))] if k_rot else []) + [
+        (split_op, fields, (splits, HK, 1), split_args),
+        ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))] + (
+        [("hadamard", {}, H, (out.ptr, H, DH, rot))] if v_rot else [])
+    graph = graph_ms(ops, seq, reps)
+    split_only = graph_ms(ops, [(split_op, fields, (splits, HK, 1), split_args)], reps)
+    inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
+    qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
+    qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
+    pos, inv_dev = ops._upload(np.array([S - 1], np.int32)), ops._upload(np.asarray(inv, np.float32))
+    norm_args = (*qkv, qw, kw, pos, 0, inv_dev, q)
+    if fmt == "f16":
+        append = ("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
+                  (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale)))
+    else:
+        append = ("qk_norm_rope_kv_quant", {"fmt": fmt}, (1, -(-(H + 2 * HK) // 4)),
+                  (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale), rot))
+    final = (("attention_combine_rot", {}, (H, 1), (acc, ml, out, H, DH, splits, rot)) if v_rot
+             else ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits)))
+    step = graph_ms(ops, [append, (split_op, fields, (splits, HK, 1), split_args), final], reps)
+    return {"kv": fmt, "cells": S, "splits": splits, "us": ms * 1e3, "graph_us": graph * 1e3, "step_us": step * 1e3,
+            "split_us": split_only * 1e3, "kv_bytes": nbytes, "gb_s": nbytes / ms / 1e6,
+            "split_gb_s": nbytes / split_only / 1e6}
 
 
 def main() -> int:
@@ -87,10 +149,11 @@ def main() -> int:
     for S in (int(c) for c in args.cells.split(",")):
         for fmt in ("f16", "int8", "k8v4", "q4_0"):
             r = bench(ops, rng, fmt, S, args.reps)
-            r["of_copy"] = r["gb_s"] / copy
+            r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)
-            print(f"{fmt:>5} {S:>7} cells  {r['us']:8.1f} us  {r['kv_bytes'] / 2**20:7.1f} MiB  "
-                  f"{r['gb_s']:7.0f} GB/s  {r['of_copy']:6.1%} of the {copy:,.0f} GB/s copy rate")
+            print(f"{fmt:>5} {S:>7} cells  eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "
+                  f"split {r['split_us']:7.1f} us  {r['kv_bytes'] / 2**20:7.1f} MiB  of the {copy:,.0f} GB/s "
+                  f"copy rate: eager {r['of_copy']:6.1%}, split {r['split_of_copy']:6.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device_copy_gb_s": copy, "rows": rows}, indent=1))
     return 0

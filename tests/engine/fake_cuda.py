@@ -553,6 +553,41 @@ def _gemv3_rows(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batc
         view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
 
 
+def _qk_norm_rope_kv_quant(fmt, grid, q, k, v, q_w, k_w, pos, cells, inv, q_out, kv_, ks, vv, vs, T, H, Hk, dh, eps,
+                           scale, rot):
+    """strata_qk_norm_rope_kv_<fmt>: the unfused chain's emulations in order (rms_norm over rows of Dh,
+    rope, the rotation of q where K is rotated, the format's appends), so eager equals it bitwise here too."""
+    from strata.quant import kv as kvq
+    assert grid[0] >= T and grid[1] * 4 >= H + 2 * Hk and dh in (64, 128, 256)
+    assert np.float32(rot) == np.float32(1 / np.sqrt(dh))
+    _aligned("qk_norm_rope_kv_quant", q, k)
+    p = view(pos, T, np.int32).astype(np.int64)
+    where = view(cells, T, np.int32) if cells else p.astype(np.int32)
+    cos, sin = rope.cos_sin(p, view(inv, dh // 2), scale)
+
+    def norm_rope(ptr, heads, w):
+        x = rms_norm(view(ptr, T * heads * dh).reshape(T * heads, dh), view(w, dh), eps).reshape(T, heads, dh)
+        return rope.apply(x.astype(np.float32), cos, sin).astype(np.float32)
+    kc, vc = kvq.codecs(fmt)
+    qs = norm_rope(q, H, q_w)
+    ks_ = norm_rope(k, Hk, k_w)
+    vs_ = view(v, T * Hk * dh).reshape(T, Hk, dh).copy()
+    view(q_out, T * H * dh)[:] = (kvq.rotate(qs) if kc.rotated else qs).reshape(-1)
+    rows = int(where.max()) + 1
+    for codec, x, vals, scales in ((kc, ks_, kv_, ks), (vc, vs_, vv, vs)):
+        values, sc = _plane_views(codec, vals, scales, rows, Hk, dh)
+        values[where], sc[where] = codec.encode(x)
+
+
+def _attention_decode_combine_rot(grid, part_acc, part_ml, out, H, dh, splits, rot):
+    """The combine, then each head's output rotated (strata_hadamard_f32's emulation)."""
+    _attention_decode_combine(grid, part_acc, part_ml, out, H, dh, splits)
+    _hadamard((grid[0] * grid[1],), out, grid[0] * grid[1], dh, rot)
+
+
+_EMULATE.update({f"qk_norm_rope_kv_{fmt}": (lambda fmt: lambda grid, *a: _qk_norm_rope_kv_quant(fmt, grid, *a))(fmt)
+                 for fmt in ("int8", "q4_0", "k8v4")})
+_EMULATE["attention_decode_combine_rot_f32"] = _attention_decode_combine_rot
 _EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_norm_rope_kv, "gemv3": _gemv3,
                  "gemv3_rows": _gemv3_rows})
 

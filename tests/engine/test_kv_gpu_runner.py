@@ -68,7 +68,10 @@ def test_runner_matches_cpu_with_the_same_format(demo, rng, fmt):
 def test_runner_near_the_plain_cpu_runner_of_the_format(demo, rng, fmt):
     gpu = CudaRunner(demo, 256, EngineConfig(device="cuda", kv=fmt))
     cpu = CpuRunner(demo, 256, kv=fmt)
-    ids = rng.integers(0, demo.args.vocab_size, 100).tolist()
+    # ids whose router decisions have a margin (as the swapped test's): a near-tied top-k flips with
+    # any rounding difference and moves the logits far past the bound (seed 4116562644 on the H200:
+    # int8 0.726 > 0.273), which says nothing about the format's cells; the bound keeps its meaning
+    ids = oracle_ids(demo, rng, 100, chunk=gpu.prefill_chunk, gap=GAP, kv=fmt)
     _close(gpu.prefill(ids[:95], 0), cpu.prefill(ids[:95], 0), REL_UNSWAPPED[fmt])
     for t in ids[95:]:
         _close(gpu.decode(t), cpu.decode(t), REL_UNSWAPPED[fmt])

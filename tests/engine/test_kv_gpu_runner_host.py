@@ -1,7 +1,7 @@
 """CudaRunner with a quantized KV cache (--kv int8, q4_0, k8v4) on the emulated runtime
-(tests/engine/fake_cuda): the format's planes in DeviceKV, the decode step (unfused QK-norm and
-RoPE, the format's append kernels, q rotated where K is, split-K decode over the planes, the
-output un-rotated where V is), the prompt path (the layer's cells dequantized into an f16 scratch
+(tests/engine/fake_cuda): the format's planes in DeviceKV, the decode step (QK-norm, RoPE, q rotated
+where K is and the format's append in one launch, split-K decode over the planes, the combine
+un-rotating the output where V is), the prompt path (the layer's cells dequantized into an f16 scratch
 for the f16 prompt attention), CUDA graphs, and the planner's dry run of the same allocations.
 
 Oracle: tests/engine/cpu_f16_kv.FormatKVOps, the CPU runner with the same format, whose cells are
@@ -47,16 +47,22 @@ def test_emulated_runner_matches_cpu_with_the_same_format(fake, rng, fmt):
     gpu.prefill_chunk = cpu.prefill_chunk = 12          # a chunk of 12, then one of 3 (the GEMV path)
     ids = oracle_ids(pack, rng, 20, chunk=12, kv=fmt)
     assert_close(gpu.prefill(ids[:15], 0), cpu.prefill(ids[:15], 0))
+    prompt_launches = len(fake.launches)
     for t in ids[15:20]:
         assert_close(gpu.decode(t), cpu.decode(t))
     assert cpu.ops.compared > 0 and cpu.ops.mismatched <= MAX_FLIPS * cpu.ops.compared
     kc, vc = kvq.codecs(fmt)
-    used = set(fake.launches)
+    used, steps = set(fake.launches), set(fake.launches[prompt_launches:])
+    combine = "strata_attention_decode_combine_rot_f32" if vc.rotated else "strata_attention_decode_combine_f32"
+    # the chunk of 12: unfused norms, appends, the f16 scratch; of 3 and the steps: the fused append
     assert {f"strata_kv_append_{kc.name}", f"strata_kv_append_{vc.name}", f"strata_attention_decode_{fmt}_d64_g2",
-            f"strata_kv_dequant_{kc.name}_f16", f"strata_kv_dequant_{vc.name}_f16",
-            "strata_attention_prefill_tc_f16_d64", "strata_attention_decode_combine_f32"} <= used
+            f"strata_kv_dequant_{kc.name}_f16", f"strata_kv_dequant_{vc.name}_f16", f"strata_qk_norm_rope_kv_{fmt}",
+            "strata_attention_prefill_tc_f16_d64", combine} <= used
     assert not used & {"strata_kv_append_f16", "strata_qk_norm_rope_kv_f32"}     # the f16 cells' kernels
     assert ("strata_hadamard_f32" in used) == (kc.rotated or vc.rotated)
+    # a step's attention: the fused append, split-K, the combine (un-rotating in it where V is rotated)
+    assert not steps & {"strata_kv_append_int8", "strata_kv_append_q4r", "strata_hadamard_f32", "strata_rope_f32"}
+    assert {f"strata_qk_norm_rope_kv_{fmt}", f"strata_attention_decode_{fmt}_d64_g2", combine} <= steps
 
 
 def test_emulated_cells_are_the_formats_encoding(fake, rng):

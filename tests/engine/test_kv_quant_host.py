@@ -6,7 +6,8 @@ import pytest
 
 from strata.errors import InvalidArgument
 from strata.quant import kv as kvq
-from tests.kernels.test_kv_quant_gpu import check_append, check_decode, check_dequant, check_hadamard
+from tests.kernels.test_kv_quant_gpu import (check_append, check_combine_rot, check_decode, check_dequant,
+                                            check_fused_append, check_hadamard)
 
 
 @pytest.fixture
@@ -58,3 +59,15 @@ def test_refusals(kvops, rng):
         kvops.attention_decode("f16", np.zeros((1, 4, 64), np.float32), kp, kp, np.array([8]))
     with pytest.raises(InvalidArgument, match="lengths"):
         kvops.attention_decode("int8", np.zeros((1, 4, 64), np.float32), kp, kp, np.array([9]))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("with_cells", [True, False])
+def test_fused_append_launches(kvops, fake, rng, fmt, with_cells):
+    check_fused_append(kvops, rng, fmt, 3, 8, 2, 64, with_cells=with_cells)
+    assert f"strata_qk_norm_rope_kv_{fmt}" in fake.launches
+
+
+def test_combine_rot_launches(kvops, fake, rng):
+    check_combine_rot(kvops, rng, 2, 4, 64, 5)
+    assert fake.launches[-1] == "strata_attention_decode_combine_rot_f32"

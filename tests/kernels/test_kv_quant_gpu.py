@@ -182,3 +182,124 @@ def test_decode_rows_with_bases_equal_one_row_launches(kvops, rng, fmt, dh, H, H
         ref = causal_attention(qk[t][None].astype(np.float64), keys, vals, np.array([n - 1]))[0].reshape(H, dh)
         err = np.abs(got[t].reshape(H, dh) - ref).max(axis=-1)
         assert np.all(err <= TOL * np.abs(ref).max(axis=-1) + 1e-6), (fmt, t, err.max())
+
+
+# ---- the fused step kernels: strata_qk_norm_rope_kv_<fmt> (cuda/decode_fused.cu) and
+# strata_attention_decode_combine_rot_f32 (cuda/attention.cu), bit for bit the launches they replace
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def check_fused_append(kvops, rng, fmt: str, T: int, H: int, Hk: int, dh: int, with_cells: bool = True) -> None:
+    """strata_qk_norm_rope_kv_<fmt> against the unfused chain it replaces in a decode step:
+    strata_rms_norm_f32 and strata_rope_f32 on q and k, strata_hadamard_f32 on q where K is rotated,
+    strata_kv_append_<codec> of k and v: q_out and all four planes (cells not written keep their
+    bytes) bit for bit, the planes also strata.quant.kv's encoding of the chain's k and v. Rows at
+    different positions and cells (cells null: the positions); each row of the launch equals its own
+    one-row launch (row-invariant)."""
+    from strata.backends import rope
+    from strata.backends.cuda.kv import rot_scale
+    ops, (kc, vc) = kvops.ops, kvq.codecs(fmt)
+    eps, rot = 1e-6, rot_scale(dh)
+    inv, scale = rope.inv_freq(dh, 1e6, None, 262144)
+    rows = 3 * T + 5
+    positions = rng.choice(200000, T, replace=False).astype(np.int32)
+    cells = rng.choice(rows, T, replace=False).astype(np.int32)
+    if not with_cells:
+        rows = int(positions.max()) + 1
+        cells = positions
+    q = heads(rng, (T, H, dh)) * rng.uniform(0.1, 10.0, (T, H, 1)).astype(np.float32)
+    k = heads(rng, (T, Hk, dh)) * rng.uniform(0.1, 10.0, (T, Hk, 1)).astype(np.float32)
+    v = heads(rng, (T, Hk, dh))
+    qw, kw = (rng.uniform(-2.0, 2.0, dh).astype(np.float32) for _ in range(2))
+    init = []
+    for codec in (kc, vc):
+        values, scales = codec.empty((rows, Hk), dh)
+        values[:] = rng.integers(0, 100, values.shape).astype(values.dtype)
+        scales[:] = 7.0
+        init += [values, scales]
+    dev = {name: ops._upload(np.ascontiguousarray(a)) for name, a in
+           (("q", q), ("k", k), ("v", v), ("qw", qw), ("kw", kw), ("pos", positions), ("cells", cells),
+            ("inv", np.asarray(inv, np.float32)))}
+
+    def planes():
+        return [ops._upload(a) for a in init]
+
+    def download(bufs):
+        return [ops._download(b, a.shape, a.dtype) for b, a in zip(bufs, init)]
+
+    # the unfused chain
+    qn, kn = ops._output(q.nbytes), ops._output(k.nbytes)
+    for x, w, out, heads_ in (("q", "qw", qn, H), ("k", "kw", kn, Hk)):
+        ops._launch("rms_norm", T * heads_, (dev[x], dev[w], out, T * heads_, dh, eps))
+        ops._launch("rope", T, (out, dev["pos"], dev["inv"], T, heads_, dh, float(scale)))
+    if kc.rotated:
+        ops._launch("hadamard", T * H, (qn, T * H, dh, rot))
+    chain = planes()
+    for x, codec, (values, scales) in ((kn, kc, chain[:2]), (dev["v"], vc, chain[2:])):
+        extra = (rot,) if codec.rotated else ()
+        ops._launch(f"kv_append_{codec.name}", (T, Hk), (x, dev["cells"], values, scales, T, Hk, dh, *extra))
+    q_chain = ops._download(qn, q.shape, np.float32)
+    k_chain = ops._download(kn, k.shape, np.float32)
+    want = download(chain)
+
+    def fused(t0, n):
+        q_out, bufs = ops._output(n * H * dh * 4), planes()
+        grid = (n, -(-(H + 2 * Hk) // 4))
+        ops._launch("qk_norm_rope_kv_quant", grid,
+                    (dev["q"].ptr + 4 * t0 * H * dh, dev["k"].ptr + 4 * t0 * Hk * dh, dev["v"].ptr + 4 * t0 * Hk * dh,
+                     dev["qw"], dev["kw"], dev["pos"].ptr + 4 * t0, dev["cells"].ptr + 4 * t0 if with_cells else 0,
+                     dev["inv"], q_out, *bufs, n, H, Hk, dh, eps, float(scale), rot), fmt=fmt)
+        return ops._download(q_out, (n, H, dh), np.float32), download(bufs)
+
+    q_got, got = fused(0, T)
+    assert np.array_equal(_bits(q_got), _bits(q_chain)), (fmt, "q")
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert np.array_equal(_bits(a), _bits(b)), (fmt, "plane", i)
+    ref = [a.copy() for a in init]
+    ref[0][cells], ref[1][cells] = kc.encode(k_chain)
+    ref[2][cells], ref[3][cells] = vc.encode(v)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert np.array_equal(_bits(a), _bits(b)), (fmt, "reference plane", i)
+    for t in range(T) if T > 1 else ():
+        q_one, one = fused(t, 1)
+        assert np.array_equal(_bits(q_one[0]), _bits(q_got[t])), (fmt, t)
+        c = cells[t]
+        for a, b in zip(one, got):
+            assert np.array_equal(_bits(a[c]), _bits(b[c])), (fmt, t)
+
+
+def check_combine_rot(kvops, rng, B: int, H: int, dh: int, splits: int) -> None:
+    """strata_attention_decode_combine_rot_f32 = strata_attention_decode_combine_f32 then
+    strata_hadamard_f32 over the B * H head outputs, bit for bit (empty splits included)."""
+    from strata.backends.cuda.kv import rot_scale
+    ops = kvops.ops
+    acc = rng.standard_normal((B, H, splits, dh)).astype(np.float32)
+    ml = np.stack([rng.uniform(-20, 20, (B, H, splits)), rng.uniform(0.5, 50, (B, H, splits))], -1).astype(np.float32)
+    ml[:, :, 1::3, 0], ml[:, :, 1::3, 1] = -np.inf, 0.0            # splits past the end
+    acc_dev, ml_dev = ops._upload(acc), ops._upload(ml)
+    plain, rot = ops._output(B * H * dh * 4), ops._output(B * H * dh * 4)
+    ops._launch("attention_combine", (H, B), (acc_dev, ml_dev, plain, H, dh, splits))
+    ops._launch("hadamard", B * H, (plain, B * H, dh, rot_scale(dh)))
+    ops._launch("attention_combine_rot", (H, B), (acc_dev, ml_dev, rot, H, dh, splits, rot_scale(dh)))
+    a, b = ops._download(plain, (B, H, dh), np.float32), ops._download(rot, (B, H, dh), np.float32)
+    assert np.isfinite(b).all()
+    assert np.array_equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("dh", [64, 128, 256])
+@pytest.mark.parametrize("T, H, Hk", [(1, 32, 4), (3, 16, 2), (8, 32, 4), (5, 6, 6)])
+def test_fused_append_equals_the_unfused_chain(kvops, rng, fmt, dh, T, H, Hk):
+    check_fused_append(kvops, rng, fmt, T, H, Hk, dh)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+def test_fused_append_at_the_positions_without_cells(kvops, rng, fmt):
+    check_fused_append(kvops, rng, fmt, 4, 8, 2, 128, with_cells=False)
+
+
+@pytest.mark.parametrize("B, H, dh, splits", [(1, 32, 128, 66), (3, 8, 64, 1), (2, 4, 256, 7), (8, 32, 128, 1024)])
+def test_combine_rot_equals_combine_then_hadamard(kvops, rng, B, H, dh, splits):
+    check_combine_rot(kvops, rng, B, H, dh, splits)

@@ -68,8 +68,8 @@ assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KE
 
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
-PDL_LIBRARIES = frozenset({"decode_fused", "attention", "embed", "gemv", "moe_decode", "moe_route", "rms_norm",
-                           "argmax", "sample"})
+PDL_LIBRARIES = frozenset({"decode_fused", "attention", "kv_quant", "embed", "gemv", "moe_decode", "moe_route",
+                           "rms_norm", "argmax", "sample"})
 
 
 def _each(**axes) -> tuple:
@@ -148,6 +148,8 @@ KERNELS = {
     "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiif", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
+    # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
+    "attention_combine_rot": _K("attention", "strata_attention_decode_combine_rot_f32", "PPPiiif", 128, "(H, B)"),
     "attention_prefill": _K("attention", "strata_attention_prefill_f16_d{dh}", "PPPPPiiif", 128,
                             "(ceil(T G / rows), Hk), rows 32 (16 at Dh 256)", _each(dh=ATTENTION_HEAD_DIMS)),
     "attention_rows":   _K("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", 128, "(H, T)"),
@@ -168,6 +170,9 @@ KERNELS = {
                            "gemv3's at batch 1", ALL_QTYPES),
     "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff", 128,
                            "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
+    # the same into a quantized cache's planes (cuda/kv_quant.cu's formats), q rotated where K is
+    "qk_norm_rope_kv_quant": _K("decode_fused", "strata_qk_norm_rope_kv_{fmt}", "PPPPPPPPPPPPPiiiifff", 128,
+                                "(T, ceil((H + 2 Hk) / 4)): a warp per head", _each(fmt=KV_DECODE_FORMATS)),
     "moe_route":        _K("moe_route", "strata_moe_route_f32", "PPPiiii", 128, "ceil(T / 4): a warp per token"),
     "moe_gemv":         _K("moe_gemv", "strata_moe_gemv_{qtype}", "PqPPiPii", 128, "(gemv's, slots)", ALL_QTYPES),
     "swiglu":           _K("swiglu", "strata_swiglu_f32", "PPPiiqqq", 256, "(ceil(I / 256), min(T, 65535))"),

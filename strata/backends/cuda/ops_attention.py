@@ -87,10 +87,11 @@ class AttentionOps:
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
                              positions) -> DeviceTensor:
         """attention() over a quantized DeviceKV (cuda/kv_quant.cu): K and V quantized into their cells
-        at their positions; q rotated where K is stored rotated; one query (a decode step) runs the
-        split-K kernel of the format over the planes, more (a prompt chunk) dequantize the layer's
-        cells into an f16 scratch the f16 prompt attention reads; the output un-rotated where V is
-        stored rotated. Every host value here is a shape, or a prompt's positions (already on the host)."""
+        at their positions; q rotated where K is stored rotated; up to 8 rows (a decode step) run the
+        split-K kernel of the format over the planes and the combine (un-rotating the output in it
+        where V is stored rotated), more (a prompt chunk) dequantize the layer's cells into an f16
+        scratch the f16 prompt attention reads, then un-rotate the output where V is rotated.
+        (qk_norm_rope_attention fuses a step's norms, RoPE, rotation of q and append into one launch.) Every host value here is a shape, or a prompt's positions (already on the host)."""
         T, H, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
@@ -102,32 +103,49 @@ class AttentionOps:
         if kc.rotated:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
-        G, scale = H // Hk, 1.0 / math.sqrt(dh)
-        if T <= DECODE_ROWS_MAX and G <= (8 if dh == 256 else 16):
-            out = self.alloc((T, H * dh))
-            splits = self.decode_splits(Hk, kv.max_cells, dh)
-            part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
-            gp = 1 << (G - 1).bit_length()
-            lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
-            self.launch("attention_decode_quant", (splits, Hk, T),
-                        (q.ptr, *planes, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale),
-                        fmt=kv.fmt, dh=dh, g=gp)
-            self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
-        else:
-            _one_sequence(pos, "a quantized cache's prompt attention")
-            # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
-            # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
-            # all) and a step reading its positions on the device takes it too; the attention reads
-            # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
-            rows = kv.max_cells
-            scratch = []
-            for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
-                f16 = self.alloc((rows, Hk, dh), np.float16)
-                self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
-                scratch.append(f16)
-            out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
+        if self._quantized_split_k(kv, H, Hk, dh, T):
+            return self._attend_quantized(q, Hk, kv, layer, pos)
+        _one_sequence(pos, "a quantized cache's prompt attention")
+        # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
+        # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
+        # all) and a step reading its positions on the device takes it too; the attention reads
+        # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
+        rows = kv.max_cells
+        scratch = []
+        for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
+            f16 = self.alloc((rows, Hk, dh), np.float16)
+            self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
+            scratch.append(f16)
+        out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
         if vc.rotated:
             self._hadamard(out.ptr, T * H, dh, rot)
+        return out
+
+    @staticmethod
+    def _quantized_split_k(kv, H: int, Hk: int, dh: int, T: int) -> bool:
+        """Whether T query rows over a quantized cache take the split-K decode kernels (a step or a
+        verify window), else the prompt path over an f16 scratch."""
+        return T <= DECODE_ROWS_MAX and dh in ATTENTION_HEAD_DIMS and H // Hk <= (8 if dh == 256 else 16)
+
+    def _attend_quantized(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
+        """Split-K decode over kv's planes of the layer for q [T, H, Dh] (already rotated where K is
+        rotated), then the combine, which un-rotates each head's output in the same launch where V is
+        rotated (strata_attention_decode_combine_rot_f32) -> [T, H * Dh]."""
+        T, H, dh = q.shape
+        G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        out = self.alloc((T, H * dh))
+        splits = self.decode_splits(Hk, kv.max_cells, dh)
+        part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
+        gp = 1 << (G - 1).bit_length()
+        lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
+        self.launch("attention_decode_quant", (splits, Hk, T),
+                    (q.ptr, *kv.planes(layer), lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits,
+                     scale), fmt=kv.fmt, dh=dh, g=gp)
+        if kv.codecs[1].rotated:
+            self.launch("attention_combine_rot", (H, T),
+                        (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits, float(np.float32(1.0 / np.sqrt(dh)))))
+        else:
+            self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         return out
 
     def _hadamard(self, ptr: int, rows: int, head_dim: int, rot: float) -> None:
@@ -159,8 +177,11 @@ class AttentionOps:
         """QK-norm, RoPE and the K/V append in one launch (strata_qk_norm_rope_kv_f32), then attention."""
         T, H, dh = q.shape
         Hk = k.shape[1]
-        # the fused launch writes f16 cells; a quantized cache's append follows the unfused norm and RoPE
-        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or getattr(kv, "quantized", False):
+        quantized = getattr(kv, "quantized", False)
+        if quantized and self._quantized_split_k(kv, H, Hk, dh, T):
+            return self._qk_norm_rope_attention_quantized(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+        # the fused launch writes f16 cells; a quantized cache's prompt chunk takes the unfused norm and RoPE
+        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or quantized:
             q = self.rope(self.rms_norm(q, q_norm, eps), positions)
             k = self.rope(self.rms_norm(k, k_norm, eps), positions)
             return self.attention(q, k, v, layer, kv, positions)
@@ -172,3 +193,20 @@ class AttentionOps:
                     (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
                      pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
         return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)
+
+    def _qk_norm_rope_attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str,
+                                          k_norm: str, eps: float, layer: int, kv, positions) -> DeviceTensor:
+        """A step (T <= 8 rows) over a quantized cache in three launches: QK-norm, RoPE, the rotation of q
+        where K is rotated and the quantized K/V append in one (strata_qk_norm_rope_kv_<fmt>, bit for bit
+        the unfused chain), then split-K and the combine (un-rotating where V is rotated)."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        pos = self._positions(positions)
+        q_out = self.alloc(q.shape)
+        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+        grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
+        self.launch("qk_norm_rope_kv_quant", grid,
+                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr,
+                     *kv.planes(layer), T, H, Hk, dh, float(eps), float(self.rope_scale), rot), fmt=kv.fmt)
+        return self._attend_quantized(q_out, Hk, kv, layer, pos)

@@ -1,0 +1,113 @@
+// The quantized KV codecs' per-head arithmetic, one copy for cuda/kv_quant.cu (the append kernels, the
+// rotation) and the fused kernels (cuda/decode_fused.cu's QK-norm + RoPE + quantized append,
+// cuda/attention.cu's combine with the un-rotation): sharing the code, not a copy of it, keeps the fused
+// results bit for bit those of the separate launches. The rules are strata/quant/kv.py's (cuda/kv_quant.cu's
+// header restates them). A head vector of Dh = 32 * PER values lies over one warp, PER consecutive values a
+// lane (lane l holds dims l * PER .. l * PER + PER - 1).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace strata_kv {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// y = H x over one head vector spread over the warp, PER = Dh / 32 consecutive values per lane.
+// Stage h pairs (i, i + h) of every 2h-block into (a + b, a - b): inside a lane for h < PER, with
+// lane ^ (h / PER) for larger h.
+template <int PER>
+__device__ __forceinline__ void hadamard_warp(float (&v)[PER], int lane, float rot_scale) {
+#pragma unroll
+    for (int h = 1; h < PER; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (!(i & h)) {
+                const float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const bool upper = lane & o;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const float other = __shfl_xor_sync(kFullMask, v[i], o);
+            v[i] = upper ? other - v[i] : v[i] + other;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] *= rot_scale;
+}
+
+template <int PER>
+__device__ __forceinline__ void load_row(const float* p, float (&v)[PER]) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] = p[i];
+}
+
+// int8: one head vector (v, lane's PER values) -> values [Dh] int8 and scales [Dh / 64] f16 of its row.
+template <int PER>
+__device__ __forceinline__ void quantize_int8(const float (&v)[PER], int lane, int8_t* values, __half* scales) {
+    constexpr int LANES = 64 / PER;                             // lanes per 64-value block
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+    const __half d = __float2half_rn(amax / 127.0f);
+    const float df = __half2float(d);
+    int8_t* out = values + lane * PER;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int q = df > 0.0f ? __float2int_rn(v[i] / df) : 0;
+        out[i] = static_cast<int8_t>(max(-127, min(127, q)));
+    }
+    if (lane % LANES == 0) scales[lane / LANES] = d;
+}
+
+// q4r: one head vector already rotated (v = H x) -> values [Dh / 2] uint8 and scales [Dh / 32] f16.
+template <int PER>
+__device__ __forceinline__ void quantize_q4r(const float (&v)[PER], int lane, uint8_t* values, __half* scales) {
+    constexpr int LANES = 32 / PER;                             // lanes per 32-value block
+    // the value of largest magnitude, the first (lowest index) on ties
+    float best = v[0];
+    int best_i = lane * PER;
+#pragma unroll
+    for (int i = 1; i < PER; ++i)
+        if (fabsf(v[i]) > fabsf(best)) best = v[i], best_i = lane * PER + i;
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) {
+        const float ob = __shfl_xor_sync(kFullMask, best, o);
+        const int oi = __shfl_xor_sync(kFullMask, best_i, o);
+        if (fabsf(ob) > fabsf(best) || (fabsf(ob) == fabsf(best) && oi < best_i)) best = ob, best_i = oi;
+    }
+    const __half d = __float2half_rn(best / -8.0f);
+    const float df = __half2float(d);
+    int q[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) q[i] = df != 0.0f ? min(15, static_cast<int>(floorf(v[i] / df + 8.5f))) : 8;
+    uint8_t* out = values + lane * (PER / 2);
+#pragma unroll
+    for (int i = 0; i < PER / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+    if (lane % LANES == 0) scales[lane / LANES] = d;
+}
+
+// Row `row` (cell * Hk + head) of a codec's planes: int8 (Q4 false) or q4r (Q4 true, v rotated in place
+// first), from the lane's PER values v.
+template <bool Q4, int PER>
+__device__ __forceinline__ void append_head(float (&v)[PER], int lane, int64_t row, void* values, __half* scales,
+                                            float rot_scale) {
+    constexpr int DH = 32 * PER;
+    if constexpr (Q4) {
+        hadamard_warp<PER>(v, lane, rot_scale);
+        quantize_q4r<PER>(v, lane, static_cast<uint8_t*>(values) + row * (DH / 2), scales + row * (DH / 32));
+    } else {
+        quantize_int8<PER>(v, lane, static_cast<int8_t*>(values) + row * DH, scales + row * (DH / 64));
+    }
+}
+
+}  // namespace strata_kv
