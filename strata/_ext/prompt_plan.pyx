@@ -320,7 +320,8 @@ cdef Block _decode_attention(_FirstFit p, const long long[::1] m, long long T, l
     cdef bint split_k = group_fits and tiled
     cdef long long q_bytes = 4 * T * m[M_H] * m[M_DH], k_bytes = 4 * T * m[M_HK] * m[M_DH]
     cdef Block q_out, out, qn, qr, kn, kr, qc, kf, vf
-    if path == ATTN_FUSED:
+    if path == ATTN_FUSED or (path == ATTN_QUANTIZED and split_k):
+        # one launch writes the normed, roped (and, over a rotated K, rotated) q and appends the cells
         q_out = p.take(q_bytes)
         out = _decode_attend(p, m, T, q_bytes, splits, split_k)
         p.give(q_out)
@@ -331,17 +332,14 @@ cdef Block _decode_attention(_FirstFit p, const long long[::1] m, long long T, l
     kn = p.take(k_bytes)
     kr = p.take(k_bytes)
     p.give(kn)
-    if path == ATTN_QUANTIZED:
+    if path == ATTN_QUANTIZED:        # a group or head dim the split-K kernels do not take: the f16 scratch
         if k_rotated:
             qc = p.take(q_bytes)
-        if group_fits:
-            out = _decode_attend(p, m, T, q_bytes, splits, True)
-        else:
-            kf = p.take(2 * cells * m[M_HK] * m[M_DH])
-            vf = p.take(2 * cells * m[M_HK] * m[M_DH])
-            out = _decode_attend(p, m, T, q_bytes, splits, False)
-            p.give(kf)
-            p.give(vf)
+        kf = p.take(2 * cells * m[M_HK] * m[M_DH])
+        vf = p.take(2 * cells * m[M_HK] * m[M_DH])
+        out = _decode_attend(p, m, T, q_bytes, splits, False)
+        p.give(kf)
+        p.give(vf)
         if k_rotated:
             p.give(qc)
     else:
