@@ -33,9 +33,11 @@ FORMATS = ["int8", "q4_0", "k8v4"]
 REL = 3e-3
 MAX_FLIPS = 0.03
 # without the swap, cells a level apart add up, at random with the ids: the H200 measured up to 1.04e-2
-# (int8) and 1.4e-1 (q4_0) over two runs, so these are about twice that; a missed un-rotation gives
-# about 0.8, past each. The bound on the engine itself is the swapped test's REL.
-REL_UNSWAPPED = {"int8": 3e-2, "k8v4": 1.5e-1, "q4_0": 3e-1}
+# (int8) and 1.4e-1 (q4_0) over two runs, then 3.2e-2 for int8 with seed 3923942545 (ids with router
+# margins, 2026-12-02), so int8's is 5e-2 and the others about twice their measurement; a missed
+# un-rotation gives about 0.8 (of a max|logit| near 12), past each. The bound on the engine itself is
+# the swapped test's REL.
+REL_UNSWAPPED = {"int8": 5e-2, "k8v4": 1.5e-1, "q4_0": 3e-1}
 GAP = 2e-3          # router top-k margin of the oracle's draws (test_cuda_runner.py)
 
 
