@@ -54,13 +54,17 @@ class CudaSpeculation:
         out, self._last = self.steps.step(list(ids), start, self.kv, download=True)
         return out, self.ops.to_host(self.steps.hidden)
 
-    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None), whole: bool = False):
         """The draft layer over main hidden states [T, D] at positions with the tokens after them
-        -> (logits [rows, V] or None, the layer's output [T, D]) on the host."""
-        ops, a = self.ops, self.args
+        -> (logits [rows, V] or None, the layer's output [T, D]) on the host. When experts stream,
+        more than a step's rows go in pieces (unless `whole`): halves inside a prompt's loan (whose
+        pool is priced for the main chunk, which still holds its outputs while this runs: the draft
+        layer over half the rows fits beside them), a step's rows outside one (no ring there)."""
+        ops = self.ops
         T = len(next_ids)
-        if T > STEP_MAX_TOKENS and not (self.store.resident or self.store.lent):
-            return self._mtp_pieces(hidden, next_ids, positions, logits_rows)
+        if T > STEP_MAX_TOKENS and not self.store.resident and not whole:
+            piece = -(-T // 2) if self.store.lent else STEP_MAX_TOKENS
+            return self._mtp_pieces(hidden, next_ids, positions, logits_rows, piece)
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
@@ -75,18 +79,17 @@ class CudaSpeculation:
         L = self.args.num_hidden_layers
         return self.store.chunk_plan(T, stream_all_tokens(self.args), range(L, L + self.args.num_mtp_layers))
 
-    def _mtp_pieces(self, hidden, next_ids, positions, logits_rows):
-        """mtp() over pieces of at most a step's rows (the step plan: no ring outside a prompt's
-        loan); each row computes what it would in one launch (row-invariant steps). logits_rows: a
-        slice of the rows (step 1), or None."""
+    def _mtp_pieces(self, hidden, next_ids, positions, logits_rows, piece: int = STEP_MAX_TOKENS):
+        """mtp() over pieces of at most `piece` rows, in order (a row reads the cells of the rows
+        before it, written by earlier pieces). logits_rows: a slice of the rows (step 1), or None."""
         T = len(next_ids)
         want = range(T)[logits_rows] if logits_rows is not None else range(0)
         outs, logits = [], []
-        for lo in range(0, T, STEP_MAX_TOKENS):
-            hi = min(T, lo + STEP_MAX_TOKENS)
+        for lo in range(0, T, piece):
+            hi = min(T, lo + piece)
             mine = [r - lo for r in want if lo <= r < hi]
             lg, out = self.mtp(hidden[lo:hi], next_ids[lo:hi], positions[lo:hi],
-                               logits_rows=slice(mine[0], mine[-1] + 1) if mine else None)
+                               logits_rows=slice(mine[0], mine[-1] + 1) if mine else None, whole=True)
             outs.append(out)
             if lg is not None:
                 logits.append(lg)
@@ -113,7 +116,7 @@ class CudaSpeculation:
         tensor (a chained draft's)."""
         ops = self.ops
         T = len(next_ids)
-        if T > STEP_MAX_TOKENS and not (self.store.resident or self.store.lent):
+        if T > STEP_MAX_TOKENS and not self.store.resident:
             k = T - STEP_MAX_TOKENS     # host rows (a chained draft's are one): the cells of all but the last 8
             self._mtp_pieces(hidden[:k], next_ids[:k], positions[:k], None)
             hidden, next_ids, positions, T = hidden[k:], next_ids[k:], positions[k:], STEP_MAX_TOKENS

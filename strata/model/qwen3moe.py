@@ -33,7 +33,10 @@ def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, 
     p = f"blk.{L}.nextn."
     emb = ops.rms_norm(ops.embed("token_embd.weight", next_ids), p + "enorm.weight", a.rms_norm_eps)
     hid = ops.rms_norm(hidden, p + "hnorm.weight", a.rms_norm_eps)
-    x = ops.linear(ops.concat([emb, hid], axis=-1), p + "eh_proj.weight")
+    both = ops.concat([emb, hid], axis=-1)
+    del emb, hid                # a backend's memory for them is free again before the layer runs
+    x = ops.linear(both, p + "eh_proj.weight")
+    del both
     attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
     return model.layer(L, x, attn_norm, positions, kv, model.mtp_norm, record, plan)
 
