@@ -57,14 +57,19 @@ class CudaSpeculation:
     def mtp(self, hidden, next_ids, positions, logits_rows=slice(None), whole: bool = False):
         """The draft layer over main hidden states [T, D] at positions with the tokens after them
         -> (logits [rows, V] or None, the layer's output [T, D]) on the host. When experts stream,
-        more than a step's rows go in pieces (unless `whole`): halves inside a prompt's loan (whose
-        pool is priced for the main chunk, which still holds its outputs while this runs: the draft
-        layer over half the rows fits beside them), a step's rows outside one (no ring there)."""
+        more than a step's rows go in pieces of a step's rows (unless `whole`) on the step plan, from
+        the decode pool even inside a prompt's loan: the loan's pool is priced for the main chunk
+        alone, which still holds its outputs while this runs (the H200 ran 1 MB short at 512 and
+        4096 rows), and the draft layer's experts are cached for good, so no ring is needed."""
         ops = self.ops
         T = len(next_ids)
         if T > STEP_MAX_TOKENS and not self.store.resident and not whole:
-            piece = -(-T // 2) if self.store.lent else STEP_MAX_TOKENS
-            return self._mtp_pieces(hidden, next_ids, positions, logits_rows, piece)
+            outside = self.prompts.outside_pool
+            lent, ops.pool = ops.pool, outside or ops.pool
+            try:
+                return self._mtp_pieces(hidden, next_ids, positions, logits_rows)
+            finally:
+                ops.pool = lent
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,

@@ -103,3 +103,25 @@ def test_greedy_with_spec_equals_plain_streamed_and_quantized(fake, cfg):
     assert st["device_windows"] > 0
     if not store.resident:
         assert (store.slot_of[L] >= 0).all() and store.stats.misses > 0     # streamed, and still cached
+
+
+def test_greedy_with_spec_equals_plain_with_a_prompt_loan(fake):
+    """A budget just over the plan's mandatory bytes: prompts borrow the cache's tail (ring and pool),
+    and the draft layer's prompt rows run in a step's pieces from the decode pool meanwhile (the
+    loan's pool is priced for the main chunk alone); tokens are plain greedy's."""
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from strata.engine.llm import demo_model_path
+    pack = open_pack(demo_model_path())
+    mandatory = CudaRunner(pack, 256, EngineConfig(device="cuda", prefill="24", mtp=True, spec="3")).plan.mandatory_bytes
+    cfg = dict(vram_budget_gib=(mandatory + 15_000_000) / 2**30, prefill="24", max_context=256)
+    plain = LLM(device="cuda", **cfg)
+    spec = LLM(device="cuda", mtp=True, spec=3, **cfg)
+    store = spec.runner.store
+    assert not store.resident and store.kept_slots < store.cache_slots          # a loan, not a fixed ring
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=24)
+        got = spec.generate(prompt, max_tokens=24)
+        assert got.token_ids == want.token_ids, prompt
+    assert spec.status()["speculation"]["device_windows"] > 0
