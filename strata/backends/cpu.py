@@ -171,6 +171,13 @@ class CpuOps:
         k = self.rope(self.rms_norm(k, k_norm, eps), positions)
         return self.attention(q, k, v, layer, kv, positions)
 
+    def qk_norm_rope_append(self, q, k, v, q_norm: str, k_norm: str, eps: float, layer: int, kv,
+                            positions: np.ndarray) -> None:
+        """The K/V cells qk_norm_rope_attention writes (the draft layer's prompt cells); here the
+        whole op, whose attention output goes unread: its cells are then exactly the full path's,
+        whatever an oracle subclass does in attention()."""
+        self.qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+
     @staticmethod
     def moe_route(router_logits: np.ndarray, top_k: int, norm_topk: bool):
         return moe_route(router_logits, top_k, norm_topk)

@@ -26,7 +26,6 @@ class PromptChunks:
         # pick() reads the last logits row a chunk left here: the chunk's memory may be lent back
         # to the expert cache before then
         self.last_row = ops.rt.DeviceBuffer(ops.device, 4 * args.vocab_size)
-        self.outside_pool = None        # during a loan: the ops' own pool, which the loan's replaced
 
     def forward(self, ids: list[int], lo: int, kv, last_only: bool, download: bool = True,
                 hidden: bool = False) -> np.ndarray | None:
@@ -55,7 +54,7 @@ class PromptChunks:
         from ..backends.cuda.memory import Pool
         ops, store = self.ops, self.store
         region = store.lend(self.loan_pool_bytes(tokens, chunk) if pool else 0) if tokens > STEP_MAX_TOKENS else None
-        saved = self.outside_pool = ops.pool
+        saved = ops.pool
         if region is not None and pool:
             pool = Pool(ops.rt, ops.device)
             pool.segments.append(region)
@@ -65,7 +64,7 @@ class PromptChunks:
         try:
             yield
         finally:
-            ops.pool, self.outside_pool = saved, None
+            ops.pool = saved
             if store.lent:
                 store.give_back()
 

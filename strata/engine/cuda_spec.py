@@ -19,8 +19,8 @@ split-K kernels read lengths from the positions) and is written again before it 
 
 Under a VRAM budget the draft layer's experts stay cached for good (ExpertStore's fixed layers,
 the plan's "mtp" bytes); a verify window's routing goes to the cache's admissions like a decode
-step's (its N + 1 rows), and the draft layer's prompt chunks take a chunk plan of that layer alone
-inside the prompt's loan (outside one, pieces of at most a step's rows on the step plan). Every KV
+step's (its N + 1 rows). The draft layer's prompt cells (and a long catch-up's) take mtp_cells: its
+K/V alone, no attention, routed expert or head, so a prompt reads none of its experts. Every KV
 format works: the quantized split-K decode attention and appends are row-invariant too.
 Refused at load in one line: staged decode misses (no graphs).
 """
@@ -54,51 +54,38 @@ class CudaSpeculation:
         out, self._last = self.steps.step(list(ids), start, self.kv, download=True)
         return out, self.ops.to_host(self.steps.hidden)
 
-    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None), whole: bool = False):
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
         """The draft layer over main hidden states [T, D] at positions with the tokens after them
-        -> (logits [rows, V] or None, the layer's output [T, D]) on the host. When experts stream,
-        more than a step's rows go in pieces of a step's rows (unless `whole`) on the step plan, from
-        the decode pool even inside a prompt's loan: the loan's pool is priced for the main chunk
-        alone, which still holds its outputs while this runs (the H200 ran 1 MB short at 512 and
-        4096 rows), and the draft layer's experts are cached for good, so no ring is needed."""
+        -> (logits [rows, V] or None, the layer's output [T, D]) on the host."""
         ops = self.ops
         T = len(next_ids)
-        if T > STEP_MAX_TOKENS and not self.store.resident and not whole:
-            outside = self.prompts.outside_pool
-            lent, ops.pool = ops.pool, outside or ops.pool
-            try:
-                return self._mtp_pieces(hidden, next_ids, positions, logits_rows)
-            finally:
-                ops.pool = lent
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
                                           plan=self._mtp_plan(T))
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
 
+    def mtp_cells(self, hidden, next_ids, positions) -> None:
+        """The draft layer's K/V cells of these rows (a prompt chunk's, a long catch-up's), bit for bit
+        mtp()'s, without its attention, routed experts or head: no expert plan, no ring, and inside a
+        prompt's loan less memory than the main chunk took. Outside a loan with experts streaming, in
+        pieces of a step's rows (the decode pool is priced for steps)."""
+        ops = self.ops
+        T = len(next_ids)
+        piece = STEP_MAX_TOKENS if not (self.store.resident or self.store.lent) else max(T, 1)
+        for lo in range(0, T, piece):
+            hi = min(T, lo + piece)
+            self.model.mtp_cells(ops.upload(np.ascontiguousarray(hidden[lo:hi], np.float32)),
+                                 np.asarray(next_ids[lo:hi], np.int64),
+                                 ops.upload_positions(np.asarray(positions[lo:hi], np.int64)), self.kv)
+
     def _mtp_plan(self, T: int):
         """The draft layer's plan over T rows: a step's, or a chunk plan of that layer alone (inside a
-        prompt's loan when experts stream: its cached experts, the ring for the rest)."""
+        prompt's loan when experts stream: its experts are cached for good, so nothing streams)."""
         if T <= STEP_MAX_TOKENS:
             return self.steps.plan
         L = self.args.num_hidden_layers
         return self.store.chunk_plan(T, stream_all_tokens(self.args), range(L, L + self.args.num_mtp_layers))
-
-    def _mtp_pieces(self, hidden, next_ids, positions, logits_rows, piece: int = STEP_MAX_TOKENS):
-        """mtp() over pieces of at most `piece` rows, in order (a row reads the cells of the rows
-        before it, written by earlier pieces). logits_rows: a slice of the rows (step 1), or None."""
-        T = len(next_ids)
-        want = range(T)[logits_rows] if logits_rows is not None else range(0)
-        outs, logits = [], []
-        for lo in range(0, T, piece):
-            hi = min(T, lo + piece)
-            mine = [r - lo for r in want if lo <= r < hi]
-            lg, out = self.mtp(hidden[lo:hi], next_ids[lo:hi], positions[lo:hi],
-                               logits_rows=slice(mine[0], mine[-1] + 1) if mine else None, whole=True)
-            outs.append(out)
-            if lg is not None:
-                logits.append(lg)
-        return (np.concatenate(logits) if logits_rows is not None else None), np.concatenate(outs)
 
     def verify_next(self, ids: list[int], start: int):
         """verify() for greedy windows -> (each row's argmax [T] ints, hidden [T, D] on the host):
@@ -121,10 +108,6 @@ class CudaSpeculation:
         tensor (a chained draft's)."""
         ops = self.ops
         T = len(next_ids)
-        if T > STEP_MAX_TOKENS and not self.store.resident:
-            k = T - STEP_MAX_TOKENS     # host rows (a chained draft's are one): the cells of all but the last 8
-            self._mtp_pieces(hidden[:k], next_ids[:k], positions[:k], None)
-            hidden, next_ids, positions, T = hidden[k:], next_ids[k:], positions[k:], STEP_MAX_TOKENS
         h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = ops.upload_positions(np.asarray(positions, np.int64))
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,

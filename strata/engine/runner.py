@@ -165,6 +165,15 @@ class CpuRunner(Speculating, Slots):
     def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
         return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits_rows=logits_rows)
 
+    @property
+    def mtp_cells(self):
+        """The draft layer's K/V cells alone (strata.model.qwen3moe.Qwen3Moe.mtp_cells), where the
+        model has that pass."""
+        cells = getattr(self.model, "mtp_cells", None)
+        if cells is None:
+            raise AttributeError("mtp_cells")
+        return lambda hidden, next_ids, positions: cells(hidden, next_ids, positions, self.kv)
+
     def forget(self, layers, start: int, stop: int) -> None:
         for layer in layers:
             self.kv.forget(layer, start, stop)

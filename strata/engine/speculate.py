@@ -47,6 +47,9 @@ from ..config import SamplingParams
 from ..errors import InvalidArgument
 from .sampler import choose, probs_host
 
+DRAFT_ROWS_MAX = 8          # pending rows a first draft step reads whole (a decode step's rows); more
+                            # get their cells written apart first (MtpDrafter.draft)
+
 try:
     from .._ext import spec_host as _spec_host
 except ImportError:     # built without the extensions: the Python versions below run
@@ -210,10 +213,19 @@ class MtpDrafter(DrafterRows):
         n = min(P, len(ids) - 1 - self.done)
         if n <= 0:
             return
-        target.mtp(self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
-                   np.arange(self.done, self.done + n), logits_rows=None)
+        self._cells(target, self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
+                    np.arange(self.done, self.done + n))
         self.done += n
         self.pending = self.pending[n:]
+
+    @staticmethod
+    def _cells(target, hidden, next_ids, positions) -> None:
+        """The draft layer's final cells of these rows: only its K/V (target.mtp_cells: no
+        attention, routed experts or head), or the whole layer where the target has no such pass."""
+        if hasattr(target, "mtp_cells"):
+            target.mtp_cells(hidden, next_ids, positions)
+        else:
+            target.mtp(hidden, next_ids, positions, logits_rows=None)
 
     def draft(self, target, token: int, n: int, params: SamplingParams, draw) -> tuple[list[int], list]:
         """Drafts d_1..d_n after `token` (at position len(target.cached_ids)) -> (drafts, q): q[k] the
@@ -222,6 +234,11 @@ class MtpDrafter(DrafterRows):
         P = self.pending.shape[0]
         assert start + P == len(ids), "the drafter's pending states must reach the sequence's end"
         nxt = np.asarray(ids[start + 1:] + [token], np.int64)
+        if P > DRAFT_ROWS_MAX and hasattr(target, "mtp_cells"):   # a long catch-up (after plain steps):
+            k = P - 1                                           # its cells alone, then the last row drafts
+            self._cells(target, self.pending[:k], nxt[:k], np.arange(start, start + k))
+            self.done, self.pending = start + k, self.pending[k:]
+            start, P, nxt = start + k, 1, nxt[k:]
         if params.temperature == 0.0 and hasattr(target, "mtp_next"):     # greedy, argmax on the target
             d, h = target.mtp_next(self.pending, nxt, np.arange(start, start + P))
             self.done, self.pending = start + P, None

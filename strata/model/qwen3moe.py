@@ -28,6 +28,13 @@ def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, 
     """The MTP draft layer of `model` (Qwen3Moe or Qwen3Next: both keep its weights under
     blk.L.nextn. and run it as their layer L): hidden [T, D] at positions t and the tokens at t+1 ->
     (the layer's output before its final norm, that output normed with model.mtp_norm)."""
+    x, attn_norm = _draft_input(model, hidden, next_ids)
+    return model.layer(model.args.num_hidden_layers, x, attn_norm, positions, kv, model.mtp_norm, record, plan)
+
+
+def _draft_input(model, hidden, next_ids: np.ndarray):
+    """The draft layer's input x = eh_proj(enorm(embed(next_ids)) | hnorm(hidden)) and its attention
+    norm -> (x, attn_norm)."""
     a, ops = model.args, model.ops
     L = a.num_hidden_layers
     p = f"blk.{L}.nextn."
@@ -37,8 +44,7 @@ def draft_layer(model, hidden, next_ids: np.ndarray, positions: np.ndarray, kv, 
     del emb, hid                # a backend's memory for them is free again before the layer runs
     x = ops.linear(both, p + "eh_proj.weight")
     del both
-    attn_norm = ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
-    return model.layer(L, x, attn_norm, positions, kv, model.mtp_norm, record, plan)
+    return x, ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
 
 
 class Qwen3Moe:
@@ -84,6 +90,18 @@ class Qwen3Moe:
         record("layer_out", l, x)
         return x, normed
 
+    def attention_cells(self, l: int, attn_norm, positions: np.ndarray, kv) -> None:
+        """Layer l's K/V cells of attn_norm's rows, as layer() appends them, and nothing else."""
+        a, ops = self.args, self.ops
+        T = attn_norm.shape[0]
+        p = f"blk.{l}."
+        q, k, v = ops.qkv(attn_norm, p)
+        q = ops.reshape(q, (T, a.num_attention_heads, a.head_dim))
+        k = ops.reshape(k, (T, a.num_key_value_heads, a.head_dim))
+        v = ops.reshape(v, (T, a.num_key_value_heads, a.head_dim))
+        ops.qk_norm_rope_append(q, k, v, p + "attn_q_norm.weight", p + "attn_k_norm.weight", a.rms_norm_eps,
+                                l, kv, positions)
+
     def forward(self, ids: np.ndarray, positions: np.ndarray, kv, record: Recorder = _no_record,
                 logits_rows: slice | None = None, plan=None):
         """ids [T] at positions [T] -> (logits [T', V] for logits_rows (default all), hidden [T, D]).
@@ -119,3 +137,11 @@ class Qwen3Moe:
         experts (the GPU's MoePlan; None on the CPU)."""
         out, normed = draft_layer(self, hidden, next_ids, positions, kv, record, plan)
         return (None if logits_rows is None else self.ops.linear(normed[logits_rows], self.head)), out
+
+    def mtp_cells(self, hidden, next_ids: np.ndarray, positions: np.ndarray, kv) -> None:
+        """The draft layer's K/V cells of these rows, bit for bit those mtp_step writes, without its
+        attention, routed experts or head: a cell depends only on the layer's attention input (a
+        prompt's draft rows need nothing else, so no routed expert of the draft layer is read)."""
+        x, attn_norm = _draft_input(self, hidden, next_ids)
+        del x
+        self.attention_cells(self.args.num_hidden_layers, attn_norm, positions, kv)

@@ -125,3 +125,50 @@ def test_greedy_with_spec_equals_plain_with_a_prompt_loan(fake):
         got = spec.generate(prompt, max_tokens=24)
         assert got.token_ids == want.token_ids, prompt
     assert spec.status()["speculation"]["device_windows"] > 0
+
+
+@pytest.mark.parametrize("kv", ["f16", "q4_0"])
+def test_draft_cells_alone_are_the_draft_layers_cells(fake, rng, kv):
+    """mtp_cells (the draft layer's K/V alone: no attention, routed experts or head) writes bit for
+    bit the cells the whole draft layer writes, at a prompt chunk's size and at a step's."""
+    llm = LLM(device="cuda", mtp=True, spec=2, kv=kv)
+    r, a = llm.runner, llm.args
+    L = a.num_hidden_layers
+
+    def cells(n):
+        out = []
+        for buf, off, nbytes in r._kv_ranges(n):
+            host = np.empty(nbytes, np.uint8)
+            buf.copy_to_host(host, r.stream, off)
+            out.append(host)
+        r.stream.synchronize()
+        per_layer = len(out) // r.kv.num_layers
+        return out[L * per_layer:(L + 1) * per_layer]
+
+    for T in (5, 37):
+        hidden = rng.standard_normal((T, a.hidden_size)).astype(np.float32)
+        ids = rng.integers(0, a.vocab_size, T)
+        r.mtp(hidden, ids, np.arange(T), logits_rows=None)
+        whole = cells(T)
+        for buf, off, nbytes in r._kv_ranges(T):       # poison, then the cells alone
+            buf.copy_from_host(np.full(nbytes, 0x7F, np.uint8), r.stream, off)
+        r.mtp_cells(hidden, ids, np.arange(T))
+        for x, y in zip(whole, cells(T)):
+            assert np.array_equal(x, y), (kv, T)
+
+
+def test_cpu_draft_cells_alone_are_the_draft_layers_cells(rng):
+    from strata.engine.runner import CpuRunner
+    from strata.pack import open_pack
+    from strata.engine.llm import demo_model_path
+    pack = open_pack(demo_model_path())
+    a = pack.args
+    r = CpuRunner(pack, 64)
+    hidden = rng.standard_normal((9, a.hidden_size)).astype(np.float32)
+    ids = rng.integers(0, a.vocab_size, 9)
+    r.mtp(hidden, ids, np.arange(9), logits_rows=None)
+    whole = [np.array(p, copy=True) for p in r.kv.read(a.num_hidden_layers, 9)]
+    r.kv.forget(a.num_hidden_layers, 0, 9)
+    r.mtp_cells(hidden, ids, np.arange(9))
+    for x, y in zip(whole, r.kv.read(a.num_hidden_layers, 9)):
+        assert np.array_equal(x, y)

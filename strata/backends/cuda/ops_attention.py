@@ -57,11 +57,10 @@ class AttentionOps:
         """K/V appended at their positions into kv's layer, then causal attention -> [T, H * Dh]."""
         if getattr(kv, "quantized", False):
             return self._attention_quantized(q, k, v, layer, kv, positions)
-        T, _, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
         kc, vc = kv.layer(layer)
-        self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
+        self._append(k, v, layer, kv, pos)
         return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
 
     def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
@@ -84,6 +83,45 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         return out
 
+    def qk_norm_rope_append(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
+                            eps: float, layer: int, kv, positions) -> None:
+        """The K/V cells qk_norm_rope_attention writes, bit for bit the same launches, without the
+        attention (the draft layer's prompt cells: nothing reads their layer's output)."""
+        T, H, dh = q.shape
+        Hk = k.shape[1]
+        quantized = getattr(kv, "quantized", False)
+        pos = self._positions(positions)
+        q_out = self.alloc(q.shape)             # the fused launches write q too; nothing reads it
+        if quantized and self._quantized_split_k(kv, H, Hk, dh, T):
+            rot = float(np.float32(1.0 / np.sqrt(dh)))
+            self.launch("qk_norm_rope_kv_quant", (max(T, 1), -(-(H + 2 * Hk) // 4)),
+                        (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                         pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr,
+                         *kv.planes(layer), T, H, Hk, dh, float(eps), float(self.rope_scale), rot), fmt=kv.fmt)
+            return
+        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or quantized:
+            k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+            self._append(k, v, layer, kv, pos)
+            return
+        kc, vc = kv.layer(layer)
+        self.launch("qk_norm_rope_kv", (max(T, 1), -(-(H + 2 * Hk) // 4)),
+                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T,
+                     H, Hk, dh, float(eps), float(self.rope_scale)))
+
+    def _append(self, k: DeviceTensor, v: DeviceTensor, layer: int, kv, pos) -> None:
+        """K [T, Hk, Dh] and V appended at their cells in kv's layer (in its format)."""
+        T, Hk, dh = k.shape
+        if not getattr(kv, "quantized", False):
+            kc, vc = kv.layer(layer)
+            self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
+            return
+        (kcodec, vcodec), planes = kv.codecs, kv.planes(layer)
+        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+        for x, codec, (values, scales) in ((k, kcodec, planes[:2]), (v, vcodec, planes[2:])):
+            extra = (rot,) if codec.rotated else ()
+            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
                              positions) -> DeviceTensor:
         """attention() over a quantized DeviceKV (cuda/kv_quant.cu): K and V quantized into their cells
@@ -97,9 +135,7 @@ class AttentionOps:
         pos = self._positions(positions)
         (kc, vc), planes = kv.codecs, kv.planes(layer)
         rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
-        for x, codec, (values, scales) in ((k, kc, planes[:2]), (v, vc, planes[2:])):
-            extra = (rot,) if codec.rotated else ()
-            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+        self._append(k, v, layer, kv, pos)
         if kc.rotated:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
