@@ -157,6 +157,10 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
+    mtp_room_min: int = field(default=-1, metadata={
+        "help": "with --mtp under a VRAM budget: a request that reads at least this many prompt tokens lends "
+                "the draft layer's cached experts to the prompt's expert ring while it reads (copied back "
+                "before its first decode step); -1 = never"})
     keep_conversations_gib: float = field(default=4.0, metadata={
         "help": "host RAM for the K/V of conversations a new request pushes out of a slot, so a returning "
                 "one is copied back instead of read again (at most a quarter of the available host "
@@ -191,6 +195,8 @@ class EngineConfig:
         object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
         if self.kv_resident < 0:
             raise InvalidArgument("kv_resident must be >= 0")
+        if isinstance(self.mtp_room_min, bool) or not isinstance(self.mtp_room_min, int) or self.mtp_room_min < -1:
+            raise InvalidArgument(f"mtp_room_min must be a number of prompt tokens (-1: never), got {self.mtp_room_min!r}")
         if not self.keep_conversations_gib >= 0:
             raise InvalidArgument(f"keep_conversations_gib must be >= 0 (0: none kept), got "
                                   f"{self.keep_conversations_gib}")

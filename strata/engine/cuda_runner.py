@@ -92,6 +92,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec)
+        self.mtp_room_min = config.mtp_room_min
+        self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
@@ -302,21 +304,29 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.drafter.truncate(start)
         out = None
         pause = self.interleaves
-        with self.prompts.loan(len(ids) - start, self.prefill_chunk):
-            for lo in range(start, len(ids), self.prefill_chunk):
-                hi = min(len(ids), lo + self.prefill_chunk)
-                out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True, download=logits or hi < len(ids),
-                                           hidden=self.drafter is not None)
-                self._last = self.prompts.last_row
-                self.cached_ids.extend(ids[lo:hi])
-                if self.drafter:                 # the draft layer's K/V of this chunk, batched
-                    self.drafter.extend(self.prompts.hidden)
-                    self.drafter.flush(self, self.cached_ids)
-                    self.prompts.hidden = None
-                if on_progress is not None:
-                    on_progress(hi - start, len(ids) - start)
-                if pause and hi < len(ids):
-                    yield None
+        # seed 001: a request reading at least --mtp-room-min tokens lends the draft layer's cached
+        # experts to the prompt's ring (its prompt pass writes the draft layer's K/V alone)
+        room = self.room_lent = (self.drafter is not None and 0 <= self.mtp_room_min <= len(ids) - start
+                                 and self.store.open_room())
+        try:
+            with self.prompts.loan(len(ids) - start, self.prefill_chunk):
+                for lo in range(start, len(ids), self.prefill_chunk):
+                    hi = min(len(ids), lo + self.prefill_chunk)
+                    out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True,
+                                               download=logits or hi < len(ids), hidden=self.drafter is not None)
+                    self._last = self.prompts.last_row
+                    self.cached_ids.extend(ids[lo:hi])
+                    if self.drafter:                 # the draft layer's K/V of this chunk, batched
+                        self.drafter.extend(self.prompts.hidden)
+                        self.prompts.hidden = None
+                        self.drafter.flush(self, self.cached_ids)
+                    if on_progress is not None:
+                        on_progress(hi - start, len(ids) - start)
+                    if pause and hi < len(ids):
+                        yield None
+        finally:
+            if room:
+                self.store.close_room()         # back before the first decode step reads them
         if self.hybrid:
             self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
         return out
@@ -428,7 +438,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             "parallel": self.num_slots, "kept_conversations": self.kept.status(),
             "spec": self.spec,
             "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
-                             "device_windows": self.device_windows}
+                             "device_windows": self.device_windows, "room_lent": self.room_lent,
+                             "room_lends": store.stats.room_lends}
                             if self.spec else None),
         }
 

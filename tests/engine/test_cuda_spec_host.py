@@ -172,3 +172,52 @@ def test_cpu_draft_cells_alone_are_the_draft_layers_cells(rng):
     r.mtp_cells(hidden, ids, np.arange(9))
     for x, y in zip(whole, r.kv.read(a.num_hidden_layers, 9)):
         assert np.array_equal(x, y)
+
+
+def test_the_draft_layers_room_leaves_the_logits_and_tokens_as_they_were(fake):
+    """Seed 001: a prompt reading at least --mtp-room-min tokens lends the draft layer's cached
+    experts to the prompt's ring (more ring slots, in place) and gets them back before decoding:
+    prompt logits bitwise those without the room, the same greedy tokens, the experts' slots
+    holding their blobs again; a shorter continuation takes no room."""
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from strata.engine.llm import demo_model_path
+    pack = open_pack(demo_model_path())
+    base = dict(device="cuda", prefill="24", mtp=True, spec="3", expert_cache="20")
+    plain = CudaRunner(pack, 256, EngineConfig(**base))
+    roomy = CudaRunner(pack, 256, EngineConfig(**base, mtp_room_min=30))
+    store, L, E = roomy.store, pack.args.num_hidden_layers, pack.args.num_experts
+    assert store.ring_slots > 0 and store.fixed_slots == E
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
+    ring_before = store.ring_slots
+    want, got = plain.prefill(ids, 0), roomy.prefill(ids, 0)
+    assert np.array_equal(want, got)
+    assert roomy.room_lent and store.stats.room_lends == 1 and store.ring_slots == ring_before
+    assert sorted(store.slot_of[L].tolist()) == list(range(E))              # back in slots 0..E-1
+    blobs = np.memmap(store.path, np.uint8, mode="r")
+    held = np.empty(store.slots.nbytes, np.uint8)
+    store.slots.copy_to_host(held, roomy.stream)
+    for e in range(E):
+        n, off = int(store._blob[L]), int(store._offsets[L, e])
+        slot = int(store.slot_of[L, e])
+        assert np.array_equal(held[slot * store.slot_bytes:slot * store.slot_bytes + n], blobs[off:off + n])
+    from strata.config import SamplingParams
+
+    class Draws:
+        def draw(self):
+            return 0.5
+
+    def spec_tokens(r, k=24):
+        out = [r.pick(SamplingParams(), 0.5)]
+        while len(out) < k:
+            out += r.speculate(out[-1], SamplingParams(), Draws(), k - len(out))
+        return out[:k]
+    assert spec_tokens(plain) == spec_tokens(roomy)
+    more = ids + rng.integers(0, pack.args.vocab_size, 10).tolist()       # a short continuation
+    n = roomy.reusable_prefix(more)
+    assert len(more) - n < 30
+    assert np.array_equal(plain.prefill(more, plain.reusable_prefix(more)), roomy.prefill(more, n))
+    assert not roomy.room_lent and store.stats.room_lends == 1
+    assert roomy.status()["speculation"]["room_lends"] == 1

@@ -117,9 +117,8 @@ class PromptRing:
                 if owner.done is not None:
                     s.copy_stream.wait_event(owner.done)
             ls = np.full(len(batch.experts), batch.layer)
-            dst = s.ring.ptr + (np.arange(batch.start, end, dtype=np.uint64) % np.uint64(R)) * np.uint64(
-                s.slot_bytes)
-            s._copy(dst.astype(np.uint64), ls, np.asarray(batch.experts), s.copy_stream, expected=True)
+            dst = s.ring_addresses(np.arange(batch.start, end, dtype=np.uint64))
+            s._copy(dst, ls, np.asarray(batch.experts), s.copy_stream, expected=True)
             batch.copied = s.rt.Event(s.device)
             batch.copied.record(s.copy_stream)
             batch.issued = True
@@ -164,8 +163,9 @@ class PromptRing:
             return
         where = {}
         for b in batches:
-            for i, e in enumerate(b.experts):
-                where[e] = s.ring.ptr + ((b.start + i) % s.ring_slots) * s.slot_bytes
+            for e, addr in zip(b.experts, s.ring_addresses(np.arange(b.start, b.start + len(b.experts),
+                                                                     dtype=np.uint64)).tolist()):
+                where[e] = addr
         bounds = [b.experts[-1] for b in batches]
         bounds[-1] = s.num_experts
         lo = 0

@@ -76,6 +76,7 @@ class StoreStats:
     evicted: int = 0
     bytes_h2d: int = 0            # copied host -> device (arena fill excluded)
     prompt_streamed: int = 0      # blobs copied into the ring
+    room_lends: int = 0           # prompts that borrowed the draft layer's experts as ring slots
 
 
 
@@ -117,7 +118,7 @@ class ExpertStore:
         self.table_host = np.frombuffer(self._table_host_buf, np.uint64).reshape(L, E)
         self.table = rt.DeviceBuffer(device, L * E * 8)
         self.resident = cache_slots is None or cache_slots >= self.total
-        self.fixed_layers, self.fixed_slots = (), 0
+        self.fixed_layers, self.fixed_slots, self.room_slots = (), 0, 0
         self.slot_of = np.full((L, E), -1, np.int64)        # cache slot of (l, e), -1 when not cached
         self.copy_stream = None
         self.ring_slots = 0
@@ -141,6 +142,7 @@ class ExpertStore:
             self.table_host[:] = self._home(np.arange(L)[:, None], np.arange(E)[None, :])
             self.fixed_layers = tuple(fixed_layers)
             self.fixed_slots = len(self.fixed_layers) * E
+            self.room_slots = 0                 # of the ring's, the fixed layers' slots lent to a prompt
             self.cache_slots = int(cache_slots) + self.fixed_slots
             self.ring_slots = int(ring_slots)
             lending = kept_slots is not None
@@ -300,6 +302,55 @@ class ExpertStore:
         self.stats = replace(saved["stats"])
         if self.staging is not None:
             self.staging.staged_blobs, self.staging.late_fills, self.staging.wait_seconds = saved["staging"]
+        self.table.copy_from_host(self.table_host, self.stream)
+
+    # ---- prompts: the ring's slots, and the draft layer's room (seed 001) --------------------------
+    def ring_addresses(self, positions: np.ndarray) -> np.ndarray:
+        """Device addresses of ring positions (uint64, unbounded: taken modulo the ring): the ring's own
+        slots, then, while the room is open, the fixed layers' cache slots 0..room_slots-1."""
+        idx = positions % np.uint64(self.ring_slots)
+        own = np.uint64(self.ring_slots - self.room_slots)
+        slot = np.uint64(self.slot_bytes)
+        return np.where(idx < own, np.uint64(self.ring.ptr) + idx * slot,
+                        np.uint64(self.slots.ptr) + (idx - own) * slot).astype(np.uint64)
+
+    def open_room(self) -> bool:
+        """A long prompt borrows the fixed (draft) layers' cached experts as more ring slots, in place:
+        nothing is freed or allocated, so captured graphs stay valid. Nothing reads those experts while
+        a prompt runs (the draft layer's prompt pass writes its K/V alone). -> whether it opened."""
+        if self.resident or self.room_slots or not self.fixed_slots or self.ring_slots == 0:
+            return False
+        self.admissions.land_sync()
+        self.stream.synchronize()                  # no step still reads the draft layer's experts
+        self.copy_stream.synchronize()
+        self.prompts.reset()                       # ring positions start again over the larger ring
+        for l in self.fixed_layers:
+            self.slot_of[l] = -1
+            self.table_host[l] = self._home(np.full(self.num_experts, l), np.arange(self.num_experts))
+        self.table.copy_from_host(self.table_host, self.stream)
+        self.room_slots = self.fixed_slots
+        self.ring_slots += self.room_slots
+        self.stats.room_lends += 1
+        return True
+
+    def close_room(self) -> None:
+        """The room comes back before the next decode step: the fixed layers' experts are copied into
+        their slots again (from the arena) and the table points there."""
+        if not self.room_slots:
+            return
+        self.prompts.retire()
+        self.stream.synchronize()                  # the prompt's compute is done with the ring
+        self.copy_stream.synchronize()
+        self.prompts.reset()
+        self.ring_slots -= self.room_slots
+        self.room_slots = 0
+        E = self.num_experts
+        ls = np.repeat(np.asarray(self.fixed_layers, np.int64), E)
+        es = np.tile(np.arange(E, dtype=np.int64), len(self.fixed_layers))
+        slots = np.arange(self.fixed_slots, dtype=np.int64)
+        self._copy_into_slots(ls, es, slots, self.stream)
+        for l, e, slot in zip(ls.tolist(), es.tolist(), slots.tolist()):
+            self._place(l, e, slot)
         self.table.copy_from_host(self.table_host, self.stream)
 
     # ---- prompts: the loan -----------------------------------------------------------------------
