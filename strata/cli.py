@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="prompt and decode speed, against limits measured in the same run")
     b.add_argument("model", nargs="?", help="pack dir or .gguf (default: the built-in demo model)")
     b.add_argument("--synthetic", metavar="SHAPE", help="random weights of a real shape: qwen3-30b-a3b, qwen3-30b-a3b-mtp (plus "
-                                                            "an MTP layer), small, tiny, tiny-mtp")
+                                                            "an MTP layer), qwen3-30b-a3b-128k (YaRN x4: 131,072 "
+                                                            "tokens), qwen3-next-80b-a3b, small, tiny, tiny-mtp")
     b.add_argument("--prompt", default="512,4096,16384", help="prompt lengths in tokens, comma-separated")
     b.add_argument("--decode", type=int, default=128, help="tokens decoded after the shortest and longest prompt")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="the VRAM plan: resident items, expert cache, prompt chunk and ring, speeds")
     pl.add_argument("model", nargs="?", help="pack dir, .gguf or HF dir (default: the built-in demo model)")
     pl.add_argument("--synthetic", metavar="SHAPE", help="sizes of a real shape, no weights written: qwen3-30b-a3b, "
-                    "small, tiny")
+                    "qwen3-30b-a3b-mtp, qwen3-30b-a3b-128k, qwen3-next-80b-a3b, small, tiny")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_engine_flags(pl)
     return p

@@ -48,6 +48,14 @@ SHAPES: dict[str, tuple[ModelArgs, dict[str, str]]] = {
                                 num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                                 moe_intermediate_size=768, num_mtp_layers=1),
                           {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
+    # The 30B shape with the YaRN scaling Qwen3's model card gives for long inputs (factor 4 over its
+    # 32,768 original positions: a 131,072-token context), for the long-context runs of quantized K/V.
+    "qwen3-30b-a3b-128k": (_args(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                                 num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                                 moe_intermediate_size=768, max_position_embeddings=131072,
+                                 rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 32768}),
+                           {"experts": "Q4_K", "attn": "Q8_0", "embd": "Q8_0", "output": "Q8_0"}),
     # The same kinds at about 1/20 of the bytes, for quick runs.
     "small": (_args(vocab_size=32768, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                     num_key_value_heads=2, head_dim=64, num_experts=32, num_experts_per_tok=4,
