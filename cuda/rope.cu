@@ -30,26 +30,10 @@
 
 using namespace strata_norm;
 
-extern "C" __global__ void strata_rope_f32(float* x, const int* __restrict__ positions,
-                                           const float* __restrict__ inv_freq, int T, int heads,
-                                           int head_dim, float scale) {
-    __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
-    const int t = blockIdx.x;
-    if (t >= T) return;
-    const int half = head_dim / 2;
-    rope_table(cos_s, sin_s, static_cast<float>(positions[t]), inv_freq, half, scale);
-    float* xt = x + static_cast<int64_t>(t) * heads * head_dim;
-    for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
-        const int h = j / half, i = j - h * half;
-        float* xh = xt + static_cast<int64_t>(h) * head_dim;
-        const float a = xh[i], b = xh[i + half];
-        rope_rotate(a, b, cos_s[i], sin_s[i], xh[i], xh[i + half]);
-    }
-}
-
-extern "C" __global__ void strata_rope_partial_f32(float* x, const int* __restrict__ positions,
-                                                   const float* __restrict__ inv_freq, int T, int heads,
-                                                   int head_dim, int rot_dim, float scale) {
+// The first rot_dim dims of each head rotate (NEOX halves of rot_dim); the rest stay as they are.
+__device__ __forceinline__ void rope_rows(float* x, const int* __restrict__ positions,
+                                          const float* __restrict__ inv_freq, int T, int heads, int head_dim,
+                                          int rot_dim, float scale) {
     __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
     const int t = blockIdx.x;
     if (t >= T) return;
@@ -62,4 +46,16 @@ extern "C" __global__ void strata_rope_partial_f32(float* x, const int* __restri
         const float a = xh[i], b = xh[i + half];
         rope_rotate(a, b, cos_s[i], sin_s[i], xh[i], xh[i + half]);
     }
+}
+
+extern "C" __global__ void strata_rope_f32(float* x, const int* __restrict__ positions,
+                                           const float* __restrict__ inv_freq, int T, int heads,
+                                           int head_dim, float scale) {
+    rope_rows(x, positions, inv_freq, T, heads, head_dim, head_dim, scale);
+}
+
+extern "C" __global__ void strata_rope_partial_f32(float* x, const int* __restrict__ positions,
+                                                   const float* __restrict__ inv_freq, int T, int heads,
+                                                   int head_dim, int rot_dim, float scale) {
+    rope_rows(x, positions, inv_freq, T, heads, head_dim, rot_dim, scale);
 }

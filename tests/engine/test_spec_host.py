@@ -12,6 +12,7 @@ from strata.config import SamplingParams
 from strata.engine import speculate
 from strata.engine.sampler import choose, probs_host
 from strata.engine.speculate import AutoDraftsPy, DrafterRowsPy, accept_py, greedy_accept_py
+from tests.engine.test_speculate import MarkovTarget
 
 spec_host = pytest.importorskip(
     "strata._ext.spec_host",
@@ -193,27 +194,16 @@ def test_drafter_rows_keep_the_python_bookkeeping(rng):
             assert (pp is None) == (cp is None) and (pp is None or np.array_equal(pp, cp))
 
 
-class _Markov:
-    """A target whose logits depend on the last token (test_speculate's MarkovTarget), with
-    verify_next when greedy_picks: speculative_step's whole loop, fast."""
+class _Markov(MarkovTarget):
+    """test_speculate's MarkovTarget in float32 logits, with verify_next when greedy_picks:
+    speculative_step's whole loop, fast."""
 
     def __init__(self, P, Q, greedy_picks=False):
-        from types import SimpleNamespace
-        self.logP, self.logQ = np.log(P).astype(np.float32), np.log(Q).astype(np.float32)
-        self.args = SimpleNamespace(num_hidden_layers=1)
-        self.cached_ids = [0]
+        super().__init__(P, Q)
+        self.logP, self.logQ = self.logP.astype(np.float32), self.logQ.astype(np.float32)
         if greedy_picks:
             self.verify_next = lambda ids, start: (np.argmax(self.logP[ids], axis=1).tolist(),
                                                    np.zeros((len(ids), 1), np.float32))
-
-    def verify(self, ids, start):
-        return self.logP[ids], np.zeros((len(ids), 1), np.float32)
-
-    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
-        return self.logQ[next_ids][logits_rows], np.zeros((len(next_ids), 1), np.float32)
-
-    def forget(self, layers, start, stop):
-        pass
 
 
 def _run(P, Q, params, seed, python: bool, monkeypatch, greedy_picks=False, windows=60):
