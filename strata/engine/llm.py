@@ -278,6 +278,7 @@ class Generation:
         finish = "length"
         try:
             yield from self._prefill(timings)
+            timings.draft_room = bool(getattr(runner, "room_lent", False))
             t1 = time.perf_counter()
             spec0 = _spec_counts(runner)
             tokens = self._tokens(runner, Sampler(self.params), lambda: self.max_tokens - len(out))

@@ -33,6 +33,7 @@ class Timings:
     predicted_ms: float = 0.0
     draft_n: int = 0
     draft_n_accepted: int = 0
+    draft_room: bool = False   # the prompt lent the draft layer's experts to its ring (--mtp-room-min)
 
     def to_dict(self) -> dict:
         d = asdict(self)

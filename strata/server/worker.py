@@ -127,6 +127,7 @@ class EngineWorker:
             "prefill_ring": self.engine_status.get("prefill_ring"),
             "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
             "draft_acceptance": t.draft_n_accepted / t.draft_n if t.draft_n else None,
+            "draft_room": t.draft_room,
         }
         with self._lock:
             self.recent.appendleft(row)

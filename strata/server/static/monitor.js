@@ -166,7 +166,7 @@ function renderRequests(rows) {
     <td class="num">${fmtRate(r.prompt_tps)}</td>
     <td class="num">${fmtRate(r.decode_tps)}</td>
     <td class="num">${fmtPct(r.hit_rate)}</td>
-    <td class="num">${r.draft_n ? `${fmtInt(r.draft_n_accepted)} / ${fmtInt(r.draft_n)}` : "—"}</td>
+    <td class="num"${r.draft_room ? ' title="the prompt read through the draft layer\'s expert memory (--mtp-room-min)"' : ""}>${r.draft_n ? `${fmtInt(r.draft_n_accepted)} / ${fmtInt(r.draft_n)}` : "—"}${r.draft_room ? " ·room" : ""}</td>
     <td class="num">${fmtMs(r.duration_ms)}</td>
     <td><span class="tag ${r.finish_reason}">${r.finish_reason}</span></td></tr>`).join("");
 }
