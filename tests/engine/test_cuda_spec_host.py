@@ -221,3 +221,19 @@ def test_the_draft_layers_room_leaves_the_logits_and_tokens_as_they_were(fake):
     assert np.array_equal(plain.prefill(more, plain.reusable_prefix(more)), roomy.prefill(more, n))
     assert not roomy.room_lent and store.stats.room_lends == 1
     assert roomy.status()["speculation"]["room_lends"] == 1
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_the_plan_prices_each_window_graph(fake, n):
+    """planner.spec_window_bytes bounds the pool a greedy window of n drafts allocates (its graph's
+    reserve), from above and within a factor of two."""
+    from strata.engine import planner
+    from strata.engine.planner import PackSizes
+    llm = LLM(device="cuda", mtp=True, spec=n, max_context=256)
+    r = llm.runner
+    llm.generate("The capital of France is", max_tokens=12)
+    assert f"spec{n}" in r.steps.step_bytes
+    used = r.steps.step_bytes[f"spec{n}"]
+    sizes = PackSizes.from_meta(llm.pack.meta, llm.pack.meta["files"]["dense.bin"]["bytes"])
+    priced = planner.spec_window_bytes(sizes, n, r.max_context, r.ops.num_sms, "f16")
+    assert used <= priced <= 2 * used + (1 << 20), (used, priced)
