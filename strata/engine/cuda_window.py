@@ -18,6 +18,8 @@ run goes the eager way, speculate.MtpDrafter.draft):
    plain greedy's).
 
 One graph per N serves every window: padding rows make the first launch's shape independent of P.
+The window graphs of every N share one pool's memory (they never run at once, and each window's
+outputs are read before the next starts), so --spec auto's four graphs take one window's VRAM.
 When experts stream, the window carries the decode steps' plan: misses read in place, every layer's
 routing written to the routing log, of which the verify rows' go to the cache's admissions after
 the window (the draft layer's experts are cached for good: ExpertStore's fixed layers).
@@ -75,6 +77,7 @@ class SpecWindows:
         self.back_ints = np.frombuffer(self.back, np.int32, 2 * R_MAX)
         self.back_hid = np.frombuffer(self.back, np.float32, R_MAX * D, 8 * R_MAX).reshape(R_MAX, D)
         self.windows = 0            # windows run through here (graph or eager)
+        self.region = None          # the memory the window graphs share (_pool)
 
     def applies(self, pending: int, n: int) -> bool:
         """Whether a window of n drafts after `pending` pending rows runs here."""
@@ -133,7 +136,8 @@ class SpecWindows:
             from .graphs import capture
             try:
                 graph = steps.graphs[key] = capture(_graphs(), ops, lambda: self._window(n), steps.step_bytes[key],
-                                                    (self.buf, self.r.weights), self.r.kv_all, R_MAX)
+                                                    (self.buf, self.r.weights), self.r.kv_all, R_MAX,
+                                                    self._pool(steps.step_bytes[key]))
             except (DeviceError, ImportError) as exc:
                 steps._graphs_off(f"{type(exc).__name__}: {exc}")
                 graph = None
@@ -146,6 +150,27 @@ class SpecWindows:
         out = self._window(n)
         steps.step_bytes[key] = ops.pool.allocated_bytes - before
         return out
+
+    def _pool(self, need: int):
+        """A frozen pool over the memory every window graph shares (windows never run at once, and a
+        window's outputs are read before the next one starts), sized at the first capture for the
+        largest window the runner may run (the plan's price, planner.spec_window_bytes, which bounds
+        a window's allocations from above); None (a pool of the graph's own) for a window past it."""
+        from ..backends.cuda.memory import Pool
+        from ..config import spec_max_drafts
+        from .planner import spec_window_bytes
+        r = self.r
+        if self.region is None:
+            n = min(spec_max_drafts(r.spec), R_MAX - 1)
+            priced = spec_window_bytes(r.prompts._sizes, n, r.max_context, r.ops.num_sms, r.kv_format)
+            self.region = r.rt.DeviceBuffer(r.dev, Pool.block_bytes(max(priced, need)))
+        if Pool.block_bytes(need) > self.region.nbytes:
+            return None
+        pool = Pool(r.rt, r.dev)
+        pool.segments.append(self.region)
+        pool.free.append([[0, self.region.nbytes]])
+        pool.frozen = True
+        return pool
 
     def _window(self, n: int):
         """The window's launches in order (module doc) -> (verify logits [R, V], hidden [R, D])."""

@@ -65,13 +65,14 @@ def capture_step(graphs, ops, model, kv, plan, T: int, ids, positions, reserve_b
     return capture(graphs, ops, lambda: model.forward(ids, positions, kv, plan=plan), reserve_bytes, owned, kv, T)
 
 
-def capture(graphs, ops, launches, reserve_bytes: int, owned: tuple, kv, T: int) -> DecodeGraph:
+def capture(graphs, ops, launches, reserve_bytes: int, owned: tuple, kv, T: int, pool: Pool | None = None) -> DecodeGraph:
     """Capture launches() -> (logits, hidden), the device tensors a replay leaves its results in,
     into a graph with a pool of its own of reserve_bytes (what the same launches allocated when run
-    eagerly); owned and kv: what the launches read, kept with the graph. Raises DeviceError when the
+    eagerly), or `pool` (frozen, over memory the caller shares between graphs that never run at
+    once); owned and kv: what the launches read, kept with the graph. Raises DeviceError when the
     capture fails (the stream has then left capture mode)."""
     t0 = time.perf_counter()
-    pool = Pool(ops.rt, ops.device, reserve_bytes=reserve_bytes)
+    pool = pool or Pool(ops.rt, ops.device, reserve_bytes=reserve_bytes)
     main_pool, ops.pool = ops.pool, pool
     uses = ops.expert_uses
     # No collection while capturing: the cyclic GC may free another object's device memory here

@@ -264,8 +264,9 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, config.kv) for T in steps]
     graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
     if config.mtp and str(config.spec) != "0":
-        graphs += sum(Pool.block_bytes(spec_window_bytes(sizes, n, cells, num_sms, config.kv))
-                      for n in range(1 if config.spec == "auto" else int(config.spec), spec_max_drafts(config.spec) + 1))
+        # every window graph (one per draft count) shares one pool's memory: the largest window's
+        graphs += Pool.block_bytes(spec_window_bytes(sizes, min(spec_max_drafts(config.spec), STEP_MAX_TOKENS - 1),
+                                                     cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
         "kv": kv_bytes(a, cells * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
