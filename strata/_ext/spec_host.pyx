@@ -192,7 +192,7 @@ cdef class AutoDrafts:
     """speculate.AutoDraftsPy (read its doc: the rule) with its state in C arrays: per N the last
     `keep` window times (a ring) and their mean (updated in observe), the order in which each N was
     first measured (max() over a dict keeps the first maximum in that order), when it was last."""
-    cdef public int max_n, probe, max_probe, keep
+    cdef public int max_n, probe, max_probe, keep, settle
     cdef public long long gap, next_probe, windows, kept, tried
     cdef public bint probing, climbing
     cdef public int n
@@ -204,10 +204,11 @@ cdef class AutoDrafts:
     cdef int order[MAX_N + 1]           # N in the order each was first measured
     cdef int measured
 
-    def __init__(self, int max_n, int probe=32, int max_probe=1024, int keep=16):
+    def __init__(self, int max_n, int probe=32, int max_probe=1024, int keep=16, int settle=64):
         if not 0 <= max_n <= MAX_N or not 1 <= keep <= MAX_KEEP:
             raise ValueError(f"AutoDrafts: max_n {max_n} (0..{MAX_N}), keep {keep} (1..{MAX_KEEP})")
         self.max_n, self.probe, self.max_probe, self.keep = max_n, probe, max_probe, keep
+        self.settle = settle
         self.gap, self.next_probe = probe, probe
         self.probing, self.climbing = False, True
         self.kept = self.tried = self.windows = 0
@@ -260,7 +261,8 @@ cdef class AutoDrafts:
         best = self._best()
         if self.probing:
             self.probing = False
-            self.gap = self.probe if best != self.n else min(2 * self.gap, <long long>self.max_probe)
+            self.gap = (self.probe if best != self.n or self.tried < self.settle
+                        else min(2 * self.gap, <long long>self.max_probe))
             self.next_probe = self.windows + self.gap
         self.n = best
         if self.windows >= self.next_probe:

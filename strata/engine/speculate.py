@@ -87,12 +87,16 @@ class AutoDraftsPy:
     the choice measured longest ago, so costs that move (a cache warming, a longer context) are
     followed. Probes come `probe` windows apart, twice as far after each probe that left the
     choice as it was (up to max_probe), `probe` again after one that changed it: all other windows
-    run the best N, so a settled choice pays about one window in max_probe for its probes.
+    run the best N, so a settled choice pays about one window in max_probe for its probes. Probes
+    stay `probe` apart until `settle` drafts have been judged: two unlucky drafts in the climb could
+    otherwise leave alpha low and drafting off, with probes too rare to correct it (the simulation in
+    test_speculate failed about one run in 12 so).
     A mean is math.fsum's (correctly rounded: the same on every Python, and in spec_host's twin).
     """
 
-    def __init__(self, max_n: int, probe: int = 32, max_probe: int = 1024, keep: int = 16):
+    def __init__(self, max_n: int, probe: int = 32, max_probe: int = 1024, keep: int = 16, settle: int = 64):
         self.max_n, self.probe, self.max_probe, self.keep = max_n, probe, max_probe, keep
+        self.settle = settle
         self.gap, self.next_probe = probe, probe
         self.probing = False
         self.climbing = True
@@ -123,7 +127,8 @@ class AutoDraftsPy:
         best = max(self.window_ms, key=self.tokens_per_ms)
         if self.probing:                 # the last window was a probe: did it move the choice?
             self.probing = False
-            self.gap = self.probe if best != self.n else min(2 * self.gap, self.max_probe)
+            self.gap = (self.probe if best != self.n or self.tried < self.settle
+                        else min(2 * self.gap, self.max_probe))
             self.next_probe = self.windows + self.gap
         self.n = best
         if self.windows >= self.next_probe:
