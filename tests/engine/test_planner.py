@@ -345,6 +345,22 @@ def test_cli_plan_synthetic_budgets(capsys):
     assert "200 slots" in text and "the H200 figures recorded in docs/PERF.md (no GPU measured)" in text and "over PCIe" in text
 
 
+def test_cli_plan_qwen3next_budgets(capsys):
+    """Qwen3-Next-80B-A3B (48 layers of 512 experts, top-10) at 8, 12 and 24 GiB streams its experts:
+    a cache of at least a token's experts in every layer, a full 300-slot ring of its 1,769,472-byte
+    blobs, prompt chunks past stream_all_tokens (103); at 8 GiB the f16 KV lowers the context."""
+    plans = [_cli_json(capsys, "--synthetic", "qwen3-next-80b-a3b", "--vram-budget-gib", str(g), "--device", "cpu")
+             for g in (8, 12, 24)]
+    assert [p["total_experts"] for p in plans] == [48 * 512] * 3
+    slots = [p["cache_slots"] for p in plans]
+    assert 480 <= slots[0] < slots[1] < slots[2] < 48 * 512
+    assert all(p["max_blob"] == 1_769_472 and p["prefill_ring"] == 300 for p in plans)
+    chunks = [p["prefill_chunk"] for p in plans]
+    assert 103 <= chunks[0] < chunks[1] < chunks[2] == 32768
+    assert plans[0]["max_context"] < 262144 == plans[1]["max_context"] == plans[2]["max_context"]
+    assert all(p["bytes_needed"] < p["vram_budget_bytes"] for p in plans)
+
+
 def test_cli_plan_impossible_budget_exits_2(capsys):
     assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "1", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
