@@ -42,18 +42,6 @@ def check_config(pack, config: EngineConfig) -> None:
             codec.check(pack.args.head_dim)
 
 
-def check_resident(plan, args) -> None:
-    """qwen3next on the GPU runs with every routed expert resident so far (its prompt and decode
-    paths are not measured with streamed experts): UnsupportedError naming what is missing."""
-    if plan.cache_slots >= plan.total_experts and plan.prefill_ring == 0:
-        return
-    missing = (plan.total_experts - min(plan.cache_slots, plan.total_experts)) * plan.max_blob
-    raise UnsupportedError(f"{args.architecture} on the GPU needs every routed expert in VRAM so far: the budget of "
-                           f"{plan.vram_budget_bytes} bytes holds {plan.cache_slots} of {plan.total_experts} "
-                           f"(about {missing} bytes short; streaming experts is not built for it yet: a larger "
-                           f"budget or --device cpu runs it)")
-
-
 def check_parallel(config: EngineConfig, args) -> None:
     """--parallel N > 1: the batched step's rows read their slots' cells through the split-K decode
     attention, which takes head dims ATTENTION_HEAD_DIMS and up to 16 query heads per KV head (8 at

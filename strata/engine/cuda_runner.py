@@ -59,8 +59,6 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.vram_budget_bytes = cuda_load.vram_budget(self.dev, config)
         vram = cuda_load.vram_plan(rt, self.dev, self.stream, pack, config, self.vram_budget_bytes, max_context)
         self.plan, self.plan_bandwidths = vram.plan, vram.bandwidths
-        if hybrid:
-            cuda_load.check_resident(vram.plan, a)
         self.prefill_chunk = self.plan.prefill_chunk
         num_layers = a.num_hidden_layers + a.num_mtp_layers
         self.profile_path = Path(config.expert_profile) if config.expert_profile else None

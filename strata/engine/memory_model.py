@@ -1,7 +1,8 @@
 """What the GPU engine's forward allocates, found by running it with no device behind it.
 
-The functions here run the real model (strata.model.qwen3moe.Qwen3Moe.forward) over the real
-strata.backends.cuda.ops.DeviceOps and its Pool, on a null runtime: buffers have addresses
+The functions here run the real model (strata.model.qwen3moe.Qwen3Moe.forward, or for qwen3next
+strata.model.qwen3next.Qwen3Next.forward over Qwen3NextDeviceOps and a DeviceHybridCache) over the
+real strata.backends.cuda.ops.DeviceOps and its Pool, on a null runtime: buffers have addresses
 but no memory, launches and copies do nothing, and a routing read back by the prompt path is all
 zeros (the prompt path's allocations do not depend on the routing: its per-expert tables are sized
 for the worst case). So whatever the prompt and decode paths allocate, and in which order, is what
@@ -27,7 +28,9 @@ context fit_context tries, a loan per request), and a dry run of a 48-layer forw
 a second. strata._ext.prompt_plan answers instead, in a tenth of a millisecond: the same pool
 blocks in the same order, replayed through the same first-fit in typed Cython from a table of the
 pack's shapes and kernel paths (prompt_tables), for prompt chunks of T > GEMV_MAX_T tokens and
-decode steps of T <= GEMV_MAX_T. The dry run stays as the oracle (tests/engine/test_prompt_plan.py
+decode steps of T <= GEMV_MAX_T, of qwen3moe packs (a qwen3next pack's DeltaNet layers are not in
+its tables: the dry run answers for it, 0.06 s a prompt chunk at Qwen3-Next-80B's shape, memoized).
+The dry run stays as the oracle (tests/engine/test_prompt_plan.py
 keeps the two equal), for prompt chunks of T <= GEMV_MAX_T (the decode-shaped path; only tiny
 contexts plan them) and for a build without the extension.
 """
@@ -46,7 +49,7 @@ from ..backends.cuda.moe_gemm import BM as GEMM_BM
 from ..backends.cuda.moe_plan import MoePlan
 from ..backends.cuda.ops import GEMV_MAX_T, QK_NORM_ROPE_MAX_PAIRS, WEIGHT_SCRATCH_BYTES, DeviceOps
 from ..quant import kv as kv_formats
-from .hybrid_sizes import qwen3moe_stand_in
+from ..errors import InvalidArgument
 
 try:
     from .._ext import prompt_plan
@@ -146,17 +149,23 @@ class _SizesWeights:
 
 
 def _ops(sizes, max_cells: int, num_sms: int, kv: str = "f16"):
-    from ..model.qwen3moe import Qwen3Moe
-    sizes = qwen3moe_stand_in(sizes)        # qwen3next: priced by a stand-in (engine/hybrid_sizes.py)
+    """(ops, model, cache) of the GPU runner over null buffers: DeviceOps and Qwen3Moe over a DeviceKV,
+    or for qwen3next its own Qwen3NextDeviceOps and Qwen3Next over a DeviceHybridCache."""
+    from ..model import build
     rt = _NullRuntime()
     device = SimpleNamespace(multiprocessor_count=num_sms)
     stream = SimpleNamespace(synchronize=lambda: None)
-    ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), sizes.args)
-    ops.pool = _TracingPool(rt, device)     # after the RoPE table: what the engine's pool holds beyond it
     a = sizes.args
-    cache = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
-                     a.num_key_value_heads, a.head_dim, kv)
-    return ops, Qwen3Moe(a, ops), cache
+    if a.architecture == "qwen3next":
+        from ..backends.cuda.ops_next import DeviceHybridCache, Qwen3NextDeviceOps
+        ops = Qwen3NextDeviceOps(rt, device, stream, _SizesWeights(sizes), a)
+        cache = DeviceHybridCache(rt, device, stream, a, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells), kv)
+    else:
+        ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), a)
+        cache = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
+                         a.num_key_value_heads, a.head_dim, kv)
+    ops.pool = _TracingPool(rt, device)     # after the RoPE tables: what the engine's pool holds beyond them
+    return ops, build(a, ops), cache
 
 
 _MEMO: dict = {}        # (sizes.key, T, ..., kv format) -> a dry run's answer: the planner asks again and again
@@ -175,7 +184,7 @@ def _memo(key, run):
 def _prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int,
             resident: bool = False, kv: str = "f16") -> tuple[int, int, int]:
     """(live peak, address high-water mark, zeros buffer bytes) of `chunks` prompt chunks of T tokens."""
-    if closed_form(T):
+    if closed_form(T, sizes):
         peak, arena = prompt_plan.prompt_pool(T, chunks, max_cells, *_kv_path(sizes, kv), resident, *prompt_tables(sizes))
         return peak, arena, max(ZEROS_MIN_BYTES, 4 * T * sizes.args.hidden_size)   # every layer's combine asks T x D
     return _memo((sizes.key, T, chunks, max_cells, num_sms, resident, kv),
@@ -202,9 +211,15 @@ def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, reside
     return ops
 
 
-def closed_form(T: int) -> bool:
-    """Whether strata._ext.prompt_plan answers chunks of T tokens (the prompt path's GEMM shapes)."""
-    return prompt_plan is not None and T > GEMV_MAX_T
+def closed_form(T: int, sizes=None) -> bool:
+    """Whether strata._ext.prompt_plan answers chunks of T tokens (the prompt path's GEMM shapes) of
+    this pack: it replays qwen3moe's layers only; a qwen3next pack (DeltaNet layers, gated attention,
+    a shared expert) is priced by the dry run of its own forward (0.06 s at Qwen3-Next-80B's shape)."""
+    return prompt_plan is not None and T > GEMV_MAX_T and (sizes is None or not _hybrid(sizes))
+
+
+def _hybrid(sizes) -> bool:
+    return sizes.args.architecture == "qwen3next"
 
 
 def _gemm_borrow(paths: KernelPaths, qtype: str, rows: int, n: int, offset: int = 0) -> tuple[int, int]:
@@ -250,15 +265,16 @@ def prompt_tables(sizes) -> tuple[np.ndarray, np.ndarray]:
     hit = _TABLES.get(sizes.key)
     if hit is not None:
         return hit
-    paths, stand_in = KernelPaths(), qwen3moe_stand_in(sizes)
-    a = stand_in.args
+    if _hybrid(sizes):
+        raise InvalidArgument("prompt_tables: the closed form replays qwen3moe's layers only (qwen3next is dry-run)")
+    paths, a = KernelPaths(), sizes.args
     model = dict(hidden=a.hidden_size, heads=a.num_attention_heads, kv_heads=a.num_key_value_heads,
                  head_dim=a.head_dim, experts=a.num_experts, top_k=a.num_experts_per_tok,
-                 vocab=math.prod(stand_in.dense["output.weight" if not a.tie_word_embeddings
+                 vocab=math.prod(sizes.dense["output.weight" if not a.tie_word_embeddings
                                                else "token_embd.weight"]["shape"][:-1]),
                  layers=a.num_hidden_layers, align=ALIGN_BYTES, tile_rows=GEMM_BM,
                  stream_all_tokens=stream_all_tokens(a), group_on_device=int(paths.group_on_device))
-    rows = [_layer_row(stand_in, paths, l) for l in range(a.num_hidden_layers)]
+    rows = [_layer_row(sizes, paths, l) for l in range(a.num_hidden_layers)]
     tables = (np.array([model[f] for f in prompt_plan.MODEL_FIELDS], np.int64),
               np.array([[r[f] for f in prompt_plan.LAYER_FIELDS] for r in rows], np.int64).reshape(-1, len(prompt_plan.LAYER_FIELDS)))
     _TABLES[sizes.key] = tables
@@ -280,7 +296,7 @@ def chunk_search(sizes, candidates: list[int], max_context: int, max_cells: int,
     """search(limit, extra) -> the largest of the ascending candidates T with planner.bytes_needed(
     min(T, max_context)) + extra <= limit, bisected in strata._ext.prompt_plan; None when the closed
     form does not answer every candidate (then the planner bisects over the dry run)."""
-    if not candidates or not closed_form(min(candidates[0], max_context)):
+    if not candidates or not closed_form(min(candidates[0], max_context), sizes):
         return None
     cands = np.asarray(candidates, np.int64)
     path, k_rotated = _kv_path(sizes, kv)
@@ -307,7 +323,7 @@ def prompt_arena_bytes(sizes, T: int, max_cells: int = 1, num_sms: int = 1, kv: 
 def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f16") -> tuple[int, int]:
     """(pool high-water mark, sum of every block) of one decode step of T <= 8 tokens; the sum is
     what CudaRunner reserves for the step's CUDA graph (graphs.capture_step)."""
-    if prompt_plan is not None and 1 <= T <= GEMV_MAX_T:
+    if prompt_plan is not None and 1 <= T <= GEMV_MAX_T and not _hybrid(sizes):
         a = sizes.args
         H, Hk, dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         splits = decode_splits(1, Hk, max(1, max_cells), dh, num_sms)
@@ -333,7 +349,11 @@ def zeros_bytes(sizes, T: int) -> int:
     return _prompt(sizes, T, 1, T, 1)[2]
 
 
+_F32_COPIED = ("norm.weight", "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias")   # DeviceOps._f32_weight's
+
+
 def norm_copies_bytes(sizes) -> int:
-    """f32 copies DeviceOps keeps of norm weights stored in another type (outside the pool)."""
+    """f32 copies DeviceOps keeps of norm weights (and qwen3next's conv taps, ssm_a and dt bias)
+    stored in another type (outside the pool)."""
     return sum(4 * math.prod(t["shape"]) for n, t in sizes.dense.items()
-               if n.endswith("norm.weight") and t["qtype"] != "F32")
+               if n.endswith(_F32_COPIED) and t["qtype"] != "F32")

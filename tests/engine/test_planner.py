@@ -282,6 +282,46 @@ def test_decode_step_bytes_and_graph_reserve(fake, rng):
     assert items["graphs"] == Pool.block_bytes(total)
 
 
+@pytest.fixture(scope="module")
+def next_packs(tmp_path_factory):
+    """qwen3next packs: tiny (top-2 of 4) and top-10 of 24 (moe_gemv's decode path, as Qwen3-Next's)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    root = tmp_path_factory.mktemp("planner_next")
+    shapes = {"tiny": NEXT_SHAPES["tiny"], "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10)}
+    return [open_pack(make_next_pack(root, shape, seed=3, name=name)[0]) for name, shape in shapes.items()]
+
+
+def test_qwen3next_pool_is_the_dry_run_of_its_own_forward(fake, rng, next_packs):
+    """The memory model runs qwen3next's own forward (DeltaNet layers, gated attention, the shared
+    expert): a prompt chunk's pool peak, a decode step's peak and graph reserve are the runner's
+    exactly (the qwen3moe stand-in it replaces priced this prompt peak 7-18% over, the graph reserve
+    about half under); a frozen pool of bytes_needed's pool part reads a prompt of three chunks and
+    256 bytes less does not (a streamed prompt's loan: tests/engine/test_qwen3next_streaming_host.py)."""
+    for pack in next_packs:
+        sizes = demo_sizes(pack)
+        for T in (1, 5, 9, 40):
+            runner, base = _prefill(pack, T, T, rng)
+            assert runner.ops.pool.peak_bytes - base == memory_model.prompt_pool_bytes(sizes, T, CONTEXT, 8,
+                                                                                         resident=True)
+        runner = CudaRunner(pack, 512)
+        runner.prefill(rng.integers(0, pack.args.vocab_size, 5).tolist(), 0)
+        pool = runner.ops.pool
+        pool.peak_bytes = base = pool.used_bytes
+        runner.decode(1)
+        assert (pool.peak_bytes - base, runner._step_bytes[1]) == memory_model.decode_step_bytes(sizes, 1, 512, 8)
+        T = 12
+        arena = memory_model.prompt_arena_bytes(sizes, T, CONTEXT, 8)
+        assert bytes_needed(sizes, T, CONTEXT) == arena + memory_model.zeros_bytes(sizes, T) - memory_model.ZEROS_MIN_BYTES
+
+        def reserved(nbytes):
+            return lambda runner: Pool(fake, runner.dev, reserve_bytes=nbytes)
+        _prefill(pack, T, 3 * T, rng, reserved(arena))
+        with pytest.raises(DeviceError, match="do not fit"):
+            _prefill(pack, T, 3 * T, rng, reserved(arena - 256))
+
+
 # ---- python -m strata plan --------------------------------------------------------------------------
 
 def _cli_json(capsys, *args):
@@ -303,6 +343,22 @@ def test_cli_plan_synthetic_budgets(capsys):
     assert cli.main(["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "200 slots" in text and "the H200 figures recorded in docs/PERF.md (no GPU measured)" in text and "over PCIe" in text
+
+
+def test_cli_plan_qwen3next_budgets(capsys):
+    """Qwen3-Next-80B-A3B (48 layers of 512 experts, top-10) at 8, 12 and 24 GiB streams its experts:
+    a cache of at least a token's experts in every layer, a full 300-slot ring of its 1,769,472-byte
+    blobs, prompt chunks past stream_all_tokens (103); at 8 GiB the f16 KV lowers the context."""
+    plans = [_cli_json(capsys, "--synthetic", "qwen3-next-80b-a3b", "--vram-budget-gib", str(g), "--device", "cpu")
+             for g in (8, 12, 24)]
+    assert [p["total_experts"] for p in plans] == [48 * 512] * 3
+    slots = [p["cache_slots"] for p in plans]
+    assert 480 <= slots[0] < slots[1] < slots[2] < 48 * 512
+    assert all(p["max_blob"] == 1_769_472 and p["prefill_ring"] == 300 for p in plans)
+    chunks = [p["prefill_chunk"] for p in plans]
+    assert 103 <= chunks[0] < chunks[1] < chunks[2] == 32768
+    assert plans[0]["max_context"] < 262144 == plans[1]["max_context"] == plans[2]["max_context"]
+    assert all(p["bytes_needed"] < p["vram_budget_bytes"] for p in plans)
 
 
 def test_cli_plan_impossible_budget_exits_2(capsys):

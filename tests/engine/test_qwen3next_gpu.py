@@ -9,6 +9,9 @@ oracle's prompt runs the chunked WY delta rule, the GPU the recurrence token by 
 Greedy: 64 tokens in lockstep with the oracle, every GPU pick equal to the oracle's except at a tie
 within the bound; and through LLM(device="cuda"), 64 free-running greedy tokens, each of which the
 oracle, reading the same sequence, ranks first or within the bound of first.
+
+Streamed (#15): under a small expert cache and under a budget whose prompt borrows the loan, the
+logits are the resident runner's bit for bit (the same kernels on the same bytes).
 """
 import numpy as np
 import pytest
@@ -67,3 +70,48 @@ def test_follow_up_turns_resume_as_on_the_cpu(tmp_path, rng):
 def test_llm_generates_on_the_gpu_what_the_cpu_ranks_first(tmp_path, rng):
     path, _ = make_next_pack(tmp_path, SHAPES["wide"], seed=11)
     check_llm(path, rng, REL, 64)
+
+
+@pytest.mark.parametrize("shape, qtype, cache", [("top10", "Q8_0", "0"), ("top10", "Q8_0", "12"),
+                                                 ("tiny", None, "6"), ("kquant", None, "3")])
+def test_streamed_experts_give_the_resident_logits_bit_for_bit(tmp_path, rng, shape, qtype, cache):
+    """Routed experts in pinned host memory (decode misses read zero-copy, prompt chunks streamed
+    through the ring) and a small VRAM cache ("0": every step misses): the same kernels on the same
+    bytes as the resident run, prompt and decode (graphs), greedy picks and a follow-up turn; then a
+    budget whose prompt borrows the cache's tail (the loan), its pool the plan's bytes_needed.
+    top10 is 10 of 24 experts a token (moe_gemv in decode), Q8_0 (prompt chunks grouped on the device)."""
+    from strata.config import EngineConfig, SamplingParams
+    pack = open_pack(make_next_pack(tmp_path, SHAPES[shape], seed=3, qtype=qtype)[0])
+    cfg = dict(device="cuda", prefill="24")
+    resident = CudaRunner(pack, 160, EngineConfig(**cfg))
+    streamed = CudaRunner(pack, 160, EngineConfig(expert_cache=cache, **cfg))
+    mandatory = resident.plan.mandatory_bytes
+    loan = None           # top10: 70 of its 96 experts' slots, the ring and the prompt pool lent from the tail
+    if shape == "top10":
+        loan = CudaRunner(pack, 160, EngineConfig(vram_budget_gib=(mandatory + 70 * pack.meta["max_blob"]) / 2**30,
+                                                  **cfg))
+        assert not loan.store.resident and loan.store.kept_slots < loan.store.cache_slots
+    assert resident.store.resident and not streamed.store.resident and streamed.decode_misses == "zero-copy"
+    V = pack.args.vocab_size
+    ids = rng.integers(0, V, 70).tolist()
+    for other in [streamed] + ([loan] if loan else []):
+        np.testing.assert_array_equal(other.logits_all(ids), resident.logits_all(ids))
+        np.testing.assert_array_equal(other.prefill(ids[:60], 0), resident.prefill(ids[:60], 0))
+        for t in ids[60:]:
+            np.testing.assert_array_equal(other.decode(t), resident.decode(t))
+    s = streamed.status()["expert_cache"]
+    assert s["misses"] > 0 and s["prompt_streamed"] > 0 and streamed.decode_status()["host_ms"]["graph"]["steps"] >= 8
+    greedy, picks = SamplingParams(), {}
+    for r in (resident, streamed):
+        r.prefill(ids[:30], 0, logits=False)
+        picks[r] = []
+        for _ in range(16):
+            picks[r].append(r.pick(greedy, 0.5))
+            r.decode(picks[r][-1], logits=False)
+    assert picks[streamed] == picks[resident]
+    turn = ids[:30] + picks[resident] + rng.integers(0, V, 9).tolist()
+    assert streamed.reusable_prefix(turn) == resident.reusable_prefix(turn) == 46
+    np.testing.assert_array_equal(streamed.prefill(turn, 46), resident.prefill(turn, 46))
+    if loan:
+        g = loan.status()["gpu"]
+        assert g["vram_used_bytes"] <= g["vram_budget_bytes"]

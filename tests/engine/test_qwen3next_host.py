@@ -77,19 +77,12 @@ def test_warm_up_leaves_the_states_as_they_were(fake, tmp_path, rng):
 
 
 def test_refusals_are_one_line(fake, tmp_path):
-    from strata.engine.cuda_load import check_resident
-    from types import SimpleNamespace
     path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=1)
     pack = open_pack(path)
     with pytest.raises(InvalidArgument, match="--spec: speculation on qwen3next is not built yet"):
         CudaRunner(pack, 32, EngineConfig(device="cuda", spec="2", mtp=True))
     with pytest.raises(UnsupportedError, match="--parallel 2: qwen3next on the GPU runs one sequence"):
         CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))
-    plan = SimpleNamespace(cache_slots=100, total_experts=48 * 512, prefill_ring=4, max_blob=1 << 20,
-                           vram_budget_bytes=24 << 30)
-    with pytest.raises(UnsupportedError, match=r"needs every routed expert in VRAM so far: .* holds 100 of 24576"):
-        check_resident(plan, pack.args)
-    check_resident(SimpleNamespace(cache_slots=16, total_experts=16, prefill_ring=0), pack.args)
     kv = CudaRunner(pack, 32).kv
     assert kv.num_layers == 2 and kv.state_bytes() == 2 * 4 * (3 * (2 * 2 * 16 + 4 * 8) + 4 * 16 * 8)
     with pytest.raises(InvalidArgument, match="DeltaNet layer"):
