@@ -148,7 +148,7 @@ class EngineConfig:
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
                                                      "docs/DESIGN.md)"})
-    kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
+    kv_resident: int = field(default=0, metadata={"help": "N below the context: the KV in pinned host memory, read over the bus (GPU; none of it kept in VRAM yet); 0 = all in VRAM"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
