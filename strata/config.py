@@ -148,7 +148,7 @@ class EngineConfig:
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
                                                      "docs/DESIGN.md)"})
-    kv_resident: int = field(default=0, metadata={"help": "KV cells kept in VRAM; 0 = the whole context"})
+    kv_resident: int = field(default=0, metadata={"help": "N below the context: the KV in pinned host memory, read over the bus (GPU; none of it kept in VRAM yet); 0 = all in VRAM"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
@@ -241,9 +241,15 @@ def _gpu_ordinals(text: str) -> list[int]:
 def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     """Flags the engine accepts in form but does not run yet: refused here, one line each, so none
     silently does nothing. The issue that builds a feature lifts its own refusal."""
-    if cfg.kv_resident:
-        raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: a partly resident KV cache is not implemented yet "
-                              f"(0 keeps all of it in VRAM)")
+    if cfg.kv_resident and cfg.device == "cpu":
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: the CPU's KV is in host memory already; the flag "
+                              f"is the GPU's")
+    if cfg.kv_resident and (cfg.spec != "0" or cfg.mtp):
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --spec/--mtp: the draft layer's KV over the host "
+                              f"copy is not built yet (use one of them)")
+    if cfg.kv_resident and cfg.parallel > 1:
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV runs one "
+                              f"sequence so far (use one of them)")
     if cfg.spec != "0" and not cfg.mtp:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
     if cfg.mtp and cfg.spec == "0":

@@ -29,8 +29,9 @@ LAYER_FIELDS = ("q_rows", "q_gemm", "q_scratch", "k_rows", "k_gemm", "k_scratch"
 # A GEMM's borrowing (the *_gemm columns): none (f32 weights), a one-group tile table (tensor cores), or a
 # dequantized-rows scratch of *_scratch bytes.
 GEMM_NONE, GEMM_TABLE, GEMM_SCRATCH = 0, 1, 2
-# Attention paths: fused QK-norm/RoPE/append (f16 cells), unfused (f16, an odd head dim), quantized cells.
-ATTN_FUSED, ATTN_UNFUSED, ATTN_QUANTIZED = 0, 1, 2
+# Attention paths: fused QK-norm/RoPE/append (f16 cells), unfused (f16, an odd head dim), quantized cells,
+# fused over f16 cells on the host (--kv-resident) whose prompt attention reads the layer staged in VRAM.
+ATTN_FUSED, ATTN_UNFUSED, ATTN_QUANTIZED, ATTN_STAGED = 0, 1, 2, 3
 
 cdef enum:
     M_D, M_H, M_HK, M_DH, M_E, M_A, M_V, M_L, M_ALIGN, M_BM, M_STREAM_ALL, M_ON_DEVICE, M_COUNT
@@ -127,11 +128,18 @@ cdef Block _attention(_FirstFit p, const long long[::1] m, long long T, long lon
     """qk_norm_rope_attention -> its output block; positions uploaded by the layer's first use."""
     cdef long long q_bytes = 4 * T * m[M_H] * m[M_DH], k_bytes = 4 * T * m[M_HK] * m[M_DH]
     cdef Block q_out, out, qn, qr, kn, kr, qc, kf, vf
-    if path == ATTN_FUSED:
+    if path == ATTN_FUSED or path == ATTN_STAGED:
         if upload_positions:
             _positions(p, T, pos, have_pos)
         q_out = p.take(q_bytes)
-        out = p.take(q_bytes)
+        if path == ATTN_STAGED:        # f16 cells on the host: the layer staged in VRAM (DeviceOps._attend_cells)
+            kf = p.take(2 * cells * m[M_HK] * m[M_DH])
+            vf = p.take(2 * cells * m[M_HK] * m[M_DH])
+            out = p.take(q_bytes)
+            p.give(kf)
+            p.give(vf)
+        else:
+            out = p.take(q_bytes)
         p.give(q_out)
         return out
     qn = p.take(q_bytes)

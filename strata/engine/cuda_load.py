@@ -30,6 +30,9 @@ def check_config(pack, config: EngineConfig) -> None:
         if config.parallel > 1:
             raise UnsupportedError(f"--parallel {config.parallel}: qwen3next on the GPU runs one sequence so far "
                                    "(its DeltaNet states are per sequence; --parallel 1 runs it)")
+        if config.kv_resident:
+            raise UnsupportedError(f"--kv-resident {config.kv_resident}: qwen3next's KV on the host is not built yet "
+                                   "(its attention layers' cache is its own; 0 runs it)")
     if config.kv not in GPU_KV_FORMATS:
         raise InvalidArgument(f"--kv {config.kv}: the GPU runs {', '.join(GPU_KV_FORMATS)}")
     if config.kv != "f16":              # cuda/kv_quant.cu's kernels and the format's blocks
@@ -66,7 +69,7 @@ def vram_budget(dev, config: EngineConfig) -> int:
 class VramPlan(NamedTuple):
     plan: object                 # strata.engine.planner's plan
     sizes: object                # PackSizes, for the loan of each prompt
-    cells: int                   # KV cells the plan prices
+    cells: int                   # KV cells a prompt's attention spans (the context), wherever they live
     bandwidths: object           # Bandwidths the plan's predicted speeds use
     measured_h2d_gb_s: float     # the pinned copy rate measured here (before --pcie-gbs)
 
@@ -75,7 +78,7 @@ def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, ma
     """The VRAM plan for this pack and budget (InvalidArgument naming the bytes needed when the
     budget is too small)."""
     from ..backends.cuda.bandwidth import copy_rates
-    from .planner import Bandwidths, PackSizes, kv_cells, make_plan
+    from .planner import Bandwidths, PackSizes, make_plan
     sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
     cfg = dataclasses.replace(config, max_context=max_context)
     h2d, d2d = copy_rates(rt, dev, stream, PLAN_MEASURE_BYTES, repeats=3)
@@ -84,7 +87,7 @@ def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, ma
         h2d = min(h2d, config.pcie_gbs)          # what the plan's predicted speeds see
     bandwidths = Bandwidths(h2d, d2d, f"measured at load on {dev.name}")
     plan = make_plan(sizes, cfg, budget_bytes, "runner", bandwidths, dev.multiprocessor_count)
-    return VramPlan(plan, sizes, kv_cells(cfg), bandwidths, measured)
+    return VramPlan(plan, sizes, max_context, bandwidths, measured)
 
 
 def load_profile(path: Path | None, num_layers: int, num_experts: int):

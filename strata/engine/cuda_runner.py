@@ -20,6 +20,7 @@ back with the logits, for the cache's admissions.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from pathlib import Path
 
@@ -63,6 +64,11 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         num_layers = a.num_hidden_layers + a.num_mtp_layers
         self.profile_path = Path(config.expert_profile) if config.expert_profile else None
         self._profile = cuda_load.load_profile(self.profile_path, num_layers, a.num_experts)
+        from .planner import kv_key, kv_on_host
+        self.kv_on_host = kv_on_host(dataclasses.replace(config, max_context=max_context))
+        self.kv_resident = config.kv_resident if self.kv_on_host else 0
+        # the host KV is pinned before the expert arena, which takes what pinning is left
+        kv_all = self._host_kv(rt, a, num_layers, max_context, config) if self.kv_on_host else None
         self.store = cuda_load.open_store(rt, self.dev, self.stream, pack, vram, config, self._profile)
         if self.profile_path is not None:     # at exit, or when the runner goes; holds no reference to it
             weakref.finalize(self, cuda_load.write_profile, self.profile_path, self.store.uses, self._profile)
@@ -73,8 +79,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if hybrid:      # K/V of the attention layers and the DeltaNet states (backends.cuda.ops_next)
             self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv)
         else:
-            self.kv_all = DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads,
-                                   a.head_dim, config.kv, num_slots=config.parallel)
+            self.kv_all = kv_all or DeviceKV(rt, self.dev, self.stream, num_layers, max_context,
+                                             a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel)
         self.kv = self.kv_all.view(0)
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
                                                                  KernelPaths.without(config.kernels_off))
@@ -84,8 +90,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
         self.steps = DecodeSteps(self.ops, self.model, self.store, self.weights, a,
                                  config.cuda_graphs and graph_error is None, graph_error)
-        self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram, config.kv,
-                                    max_context)
+        self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram,
+                                    kv_key(dataclasses.replace(config, max_context=max_context)), max_context)
         spec = config.spec if config.mtp else "0"
         if spec != "0":
             check_spec(config, self.store, a)
@@ -223,6 +229,18 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.drafter.done, self.drafter.pending = done, pending
         if getattr(self, "_windows", None) is not None:
             self._windows.windows = windows
+
+    def _host_kv(self, rt, a, num_layers: int, max_context: int, config):
+        """The KV in mapped pinned host memory (--kv-resident below the context), or a DeviceError
+        saying how much could not be pinned."""
+        from ..backends.cuda.memory import DeviceKV
+        from ..errors import DeviceError
+        try:
+            return DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
+                            config.kv, num_slots=config.parallel, on_host=True)
+        except DeviceError as exc:
+            raise DeviceError(f"--kv-resident {config.kv_resident}: pinning the KV of {max_context} cells in host "
+                              f"memory was refused ({exc}); a smaller --max-context or --kv format needs less") from None
 
     def _save_cells(self, cells: int):
         """(a device copy of cells 0..cells-1 of every layer's KV buffers (K and V, or the format's
@@ -422,17 +440,15 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return {
             "device": "cuda",
             "gpu": {"name": self.dev.name, "vram_budget_bytes": self.vram_budget_bytes,
-                    "vram_used_bytes": dense + cache + ring + self.kv.nbytes + prompt, "dense_bytes": dense,
-                    "expert_cache_bytes": cache, "ring_bytes": ring, "kv_bytes": self.kv.nbytes,
+                    "vram_used_bytes": dense + cache + ring + self.kv.vram_bytes + prompt, "dense_bytes": dense,
+                    "expert_cache_bytes": cache, "ring_bytes": ring, "kv_bytes": self.kv.vram_bytes,
                     "prompt_bytes": prompt},
             "prefill_chunk": self.prefill_chunk,
             "prefill_ring": store.ring_slots,
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
-            # every cell in VRAM for the whole context of each slot (no --kv-resident yet): none on the host or the bus
-            "kv": {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
-                   "bus_bytes_per_token": 0},
+            "kv": self.kv_status(),
             "parallel": self.num_slots, "kept_conversations": self.kept.status(),
             "spec": self.spec,
             "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
@@ -440,6 +456,20 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                              "room_lends": store.stats.room_lends}
                             if self.spec else None),
         }
+
+    def kv_status(self) -> dict:
+        """The KV format, cells in VRAM and on the host (every slot's), and the KV bytes the next decoded
+        token reads over the bus: with --kv-resident every cell is on the host and decode reads the
+        sequence's cells in place (this version keeps no window of them in VRAM), so that is the
+        cells read (the sequence's length + 1) x bytes per cell x layers."""
+        kv = self.kv_all
+        if not self.kv_on_host:
+            return {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
+                    "bus_bytes_per_token": 0}
+        cells = min(len(self.cached_ids) + 1, self.max_context)
+        return {"format": self.kv_format, "cells_vram": 0, "cells_host": self.max_context * self.num_slots,
+                "bus_bytes_per_token": cells * kv.cell_bytes * kv.num_layers, "resident_limit": self.kv_resident,
+                "host_bytes": kv.host_bytes, "staged_bytes": self.ops.bytes_staged_kv}
 
     def decode_status(self) -> dict:
         """Graphs on or off (and why), the graphs held, and host time per decode step by mode:

@@ -81,6 +81,9 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
         return CudaRunner(pack, max_context, config)
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
+    if config.kv_resident:
+        raise InvalidArgument(f"--kv-resident {config.kv_resident}: the CPU's KV is in host memory already; the flag "
+                              f"is the GPU's")
     from .runner import CpuRunner
     from .slots import keep_bytes
     return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",

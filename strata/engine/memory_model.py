@@ -107,6 +107,8 @@ class _NullRuntime:
     def copy_d2d(dst, src, nbytes, stream):
         pass
 
+    HostBuffer = _NullBuffer
+
 
 class _TracingPool(Pool):
     """The real pool, over one unbounded segment: also records the address high-water mark."""
@@ -156,14 +158,15 @@ def _ops(sizes, max_cells: int, num_sms: int, kv: str = "f16"):
     device = SimpleNamespace(multiprocessor_count=num_sms)
     stream = SimpleNamespace(synchronize=lambda: None)
     a = sizes.args
+    fmt, on_host = kv_key_format(kv)
     if a.architecture == "qwen3next":
         from ..backends.cuda.ops_next import DeviceHybridCache, Qwen3NextDeviceOps
         ops = Qwen3NextDeviceOps(rt, device, stream, _SizesWeights(sizes), a)
-        cache = DeviceHybridCache(rt, device, stream, a, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells), kv)
+        cache = DeviceHybridCache(rt, device, stream, a, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells), fmt)
     else:
         ops = DeviceOps(rt, device, stream, _SizesWeights(sizes), a)
         cache = DeviceKV(rt, device, stream, a.num_hidden_layers + a.num_mtp_layers, max(1, max_cells),
-                         a.num_key_value_heads, a.head_dim, kv)
+                         a.num_key_value_heads, a.head_dim, fmt, on_host=on_host)
     ops.pool = _TracingPool(rt, device)     # after the RoPE tables: what the engine's pool holds beyond them
     return ops, build(a, ops), cache
 
@@ -281,15 +284,30 @@ def prompt_tables(sizes) -> tuple[np.ndarray, np.ndarray]:
     return tables
 
 
-def _kv_path(sizes, kv: str) -> tuple[int, bool]:
-    """(prompt_plan ATTN_*, K stored rotated) of DeviceOps.qk_norm_rope_attention over a KV of format kv."""
-    dh = sizes.args.head_dim
+HOST_SUFFIX = "+host"     # a KV key's mark: the cells live in pinned host memory (--kv-resident)
+
+
+def kv_key_format(kv: str) -> tuple[str, bool]:
+    """(KV format, cells on the host) of a KV key: a format, or a format + HOST_SUFFIX."""
+    return (kv[:-len(HOST_SUFFIX)], True) if kv.endswith(HOST_SUFFIX) else (kv, False)
+
+
+def _kv_path(sizes, kv: str, prompt: bool = True) -> tuple[int, bool]:
+    """(prompt_plan ATTN_*, K stored rotated) of DeviceOps.qk_norm_rope_attention over a KV of key kv
+    (kv_key_format), for a prompt chunk or (prompt False) a decode step. f16 cells on the host take a
+    staged copy of the layer in a prompt chunk (DeviceOps._stages): after the fused launch
+    ATTN_STAGED, after the unfused chain the quantized path's f16 scratch (K not rotated)."""
+    kv, on_host = kv_key_format(kv)
+    a = sizes.args
+    dh = a.head_dim
     k_rotated = kv_formats.codecs(kv)[0].rotated
     if kv != "f16":
         return prompt_plan.ATTN_QUANTIZED, k_rotated
+    staged = (prompt and on_host and dh in ATTENTION_HEAD_DIMS
+              and a.num_attention_heads // a.num_key_value_heads <= (8 if dh == 256 else 16))
     if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS:
-        return prompt_plan.ATTN_UNFUSED, k_rotated
-    return prompt_plan.ATTN_FUSED, k_rotated
+        return (prompt_plan.ATTN_QUANTIZED if staged else prompt_plan.ATTN_UNFUSED), k_rotated
+    return (prompt_plan.ATTN_STAGED if staged else prompt_plan.ATTN_FUSED), k_rotated
 
 
 def chunk_search(sizes, candidates: list[int], max_context: int, max_cells: int, kv: str = "f16"):
@@ -327,7 +345,7 @@ def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f1
         a = sizes.args
         H, Hk, dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         splits = decode_splits(1, Hk, max(1, max_cells), dh, num_sms)
-        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv), splits, H // Hk <= (8 if dh == 256 else 16),
+        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv, prompt=False), splits, H // Hk <= (8 if dh == 256 else 16),
                                        dh in ATTENTION_HEAD_DIMS, *prompt_tables(sizes))
     return _memo(("decode", sizes.key, T, max_cells, num_sms, kv),      # fit_context and make_plan ask the same
                  lambda: dry_run_decode_step(sizes, T, max_cells, num_sms, kv))

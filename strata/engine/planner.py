@@ -239,7 +239,7 @@ def fit_context(sizes: PackSizes, config, budget_bytes: int, num_sms: int = DEFA
         cfg = priced(config, max_context=c)
         room = budget_bytes - sum(mandatory_items(sizes, cfg, num_sms).values())
         first = chunk_candidates(cfg.prefill, c)[0][0]
-        smallest_loan = bytes_needed(sizes, min(first, c), kv_cells(cfg), num_sms, cfg.kv) + RING_MIN_SLOTS * mb
+        smallest_loan = bytes_needed(sizes, min(first, c), c, num_sms, kv_key(cfg)) + RING_MIN_SLOTS * mb
         return room >= max(floor_bytes, smallest_loan)
     if fits(trained):
         return trained, "the model's trained context"
@@ -258,10 +258,10 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     every layer the runners allocate it for (the MTP layer's too, drafting or not)."""
     a = sizes.args
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
-    cells = kv_cells(config)
+    cells = config.max_context          # the cells attention spans, wherever they live
     # a decode step, a verify window, and the batched steps of 2..parallel slots: a graph each
     steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS), *range(1, config.parallel + 1)})
-    step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, config.kv) for T in steps]
+    step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, kv_key(config)) for T in steps]
     graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
     if config.mtp and str(config.spec) != "0":
         # every window graph (one per draft count) shares one pool's memory: the largest window's
@@ -269,7 +269,7 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
                                                      cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
-        "kv": kv_bytes(a, cells * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
+        "kv": kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),
@@ -292,8 +292,37 @@ def spec_window_bytes(sizes: PackSizes, n: int, cells: int, num_sms: int, kv: st
             + rows * 4 * 4 * a.hidden_size)
 
 
-def kv_cells(config: EngineConfig) -> int:
-    return min(config.kv_resident or config.max_context, config.max_context)
+def kv_on_host(config) -> bool:
+    """Whether the KV cells live in pinned host memory: --kv-resident N below the context."""
+    return 0 < (config.kv_resident or 0) < config.max_context
+
+
+def kv_cells(config) -> int:
+    """KV cells a slot keeps in VRAM: the whole context, or none when they live on the host
+    (kv_on_host: this first version keeps no window of the newest N in VRAM; N bounds it)."""
+    return 0 if kv_on_host(config) else config.max_context
+
+
+def kv_key(config) -> str:
+    """The KV key the prompt and step pricing take (strata.engine.memory_model.kv_key_format)."""
+    return config.kv + (memory_model.HOST_SUFFIX if kv_on_host(config) else "")
+
+
+def kv_bus_bytes_per_token(sizes: PackSizes, config) -> int:
+    """KV bytes a decoded token reads over the bus at the full context: the cells on the host x
+    bytes per cell x layers (decode reads every host cell in place; none while all are in VRAM)."""
+    a = sizes.args
+    if not kv_on_host(config):
+        return 0
+    return kv_bytes(a, config.max_context, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+
+
+def kv_host_bytes(sizes: PackSizes, config) -> int:
+    """Pinned host bytes of the KV when it lives there: every cell of every slot and layer."""
+    a = sizes.args
+    if not kv_on_host(config):
+        return 0
+    return kv_bytes(a, config.max_context * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers)
 
 
 @dataclass(frozen=True)
@@ -327,6 +356,8 @@ class Plan:
     max_context: int = 0            # the context the plan holds KV for
     context_source: str = ""        # why that context (fit_context)
     parallel: int = 1               # sequences with a KV of kv_cells each (--parallel)
+    kv_host_bytes: int = 0          # the KV in pinned host memory (--kv-resident below the context)
+    kv_bus_bytes_per_token: int = 0  # KV bytes a decoded token reads over the bus at the full context
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -390,13 +421,13 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     config = priced(config, max_context=context)
     items = mandatory_items(sizes, config, num_sms)
     mandatory = sum(items.values())
-    cache, mb, cells = ExpertCache(sizes), sizes.max_blob, kv_cells(config)
+    cache, mb, cells, key = ExpertCache(sizes), sizes.max_blob, config.max_context, kv_key(config)
     cands, fixed = chunk_candidates(config.prefill, config.max_context)
     memo: dict[int, int] = {}
 
     def need(T: int) -> int:
         if T not in memo:
-            memo[T] = bytes_needed(sizes, min(T, config.max_context), cells, num_sms, config.kv)
+            memo[T] = bytes_needed(sizes, min(T, config.max_context), cells, num_sms, key)
         return memo[T]
     smallest = need(cands[0]) + RING_MIN_SLOTS * mb
     if budget_bytes < mandatory + smallest:
@@ -414,17 +445,18 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     if config.prefill_rule == "slots" and slots < cache.total_slots:
         T, ring, rule = _legacy_choice(config, need, room, cache.total_slots, mb)
     else:
-        search = chunk_search(sizes, cands, config.max_context, cells, config.kv, need)
+        search = chunk_search(sizes, cands, config.max_context, cells, key, need)
         T, ring, rule = _prompt_choice(cands, fixed, need, search, room, spare, slots == cache.total_slots, full, mb)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)
     pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
-    return Plan(budget_bytes, budget_source, items, mandatory, config.kv, cells, mb, cache.total_slots, slots,
-                cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
-                memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=config.kv), loan, kept, pcie, prompt_tps, hit,
+    return Plan(budget_bytes, budget_source, items, mandatory, config.kv, kv_cells(config), mb, cache.total_slots,
+                slots, cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
+                memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
-                context_source, config.parallel)
+                context_source, config.parallel, kv_host_bytes(sizes, config),
+                kv_bus_bytes_per_token(sizes, config))
 
 
 def decode_bytes_per_token(pack) -> int:

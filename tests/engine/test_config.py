@@ -34,8 +34,7 @@ def test_model_args_reject_unsupported_architecture():
 
 
 # Flags the engine accepts in form but does not run yet: each refused with its own one-line reason.
-NOT_IMPLEMENTED = [({"kv_resident": 1024}, "--kv-resident"),
-                   ({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
+NOT_IMPLEMENTED = [({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
 
 
 @pytest.mark.parametrize("kw, match", NOT_IMPLEMENTED)

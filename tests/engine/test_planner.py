@@ -65,9 +65,14 @@ def test_kv_bytes_per_type(q30):
     assert kv_bytes(a, 1000, "int8", 48) == values // 64 * 66
     assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
     assert kv_bytes(a, 1000, "k8v4", 48) == values // 2 // 64 * 66 + values // 2 // 32 * 18
-    # kv_resident is refused by EngineConfig until it runs; the planner still prices it
-    small = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv_resident": 2048, "kv": "q4_0"})
-    assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
+    # --kv-resident below the context: every cell in pinned host memory, none in VRAM (this version
+    # keeps no window of the newest N there); decode reads the context's cells over the bus
+    small = make_plan(q30, config(max_context=8192, kv_resident=2048, kv="q4_0"), 8 << 30)
+    assert small.kv_cells == 0 and small.mandatory["kv"] == 0
+    assert small.kv_host_bytes == small.kv_bus_bytes_per_token == kv_bytes(a, 8192, "q4_0", 48)
+    whole = make_plan(q30, config(max_context=8192, kv_resident=8192, kv="q4_0"), 8 << 30)
+    assert whole.kv_cells == 8192 and whole.mandatory["kv"] == kv_bytes(a, 8192, "q4_0", 48)
+    assert whole.kv_host_bytes == whole.kv_bus_bytes_per_token == 0
 
 
 def test_expert_cache_counts_each_layer_at_its_own_blob(q30, rng):
@@ -431,7 +436,7 @@ def test_max_context_flag_overrides_and_is_capped_at_the_trained_context(q30):
 
 def test_what_if_prices_refused_fields_only(q30):
     with pytest.raises(InvalidArgument, match="kv-resident"):
-        EngineConfig(kv_resident=64)
+        EngineConfig(kv_resident=64, device="cpu")
     plan = make_plan(q30, config(max_context=8192), 8 << 30, what_if={"kv": "int8"})
     assert plan.kv == "int8" and plan.mandatory["kv"] == kv_bytes(q30.args, 8192, "int8", 48)
     with pytest.raises(InvalidArgument, match="not priced"):

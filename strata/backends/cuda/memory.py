@@ -269,6 +269,41 @@ class StepRows(DeviceTensor):
         self.lengths, self.cells, self.bases, self.num_slots = lengths, cells, bases, num_slots
 
 
+class HostPlane:
+    """A KV plane in mapped pinned host memory (--kv-resident): kernels read and write it in place
+    over the bus at `ptr` (the mapping's device address), as decode reads experts from the pinned
+    arena; copies by address (copy_d2d) take it like device memory. The host side of its copies
+    synchronizes the stream first, as the kernels queued on it may still write the plane."""
+
+    def __init__(self, rt, device, nbytes: int):
+        self.host = rt.HostBuffer(device, nbytes, mapped=True)
+        self.nbytes = nbytes
+        self.ptr = self.host.device_ptr if nbytes else 0
+
+    def _bytes(self) -> np.ndarray:
+        return np.frombuffer(self.host, np.uint8)
+
+    def fill_bytes(self, value: int, stream=None) -> None:
+        if stream is not None:
+            stream.synchronize()
+        if hasattr(self.host, "fill_bytes"):        # the planner's dry run: no memory behind it
+            self.host.fill_bytes(value)
+            return
+        self._bytes()[:] = value
+
+    def copy_to_host(self, dst, stream=None, offset: int = 0) -> None:
+        if stream is not None:
+            stream.synchronize()
+        flat = np.asarray(dst).reshape(-1).view(np.uint8)
+        flat[:] = self._bytes()[offset:offset + flat.nbytes]
+
+    def copy_from_host(self, src, stream=None, offset: int = 0) -> None:
+        if stream is not None:
+            stream.synchronize()
+        flat = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        self._bytes()[offset:offset + flat.nbytes] = flat
+
+
 class DeviceKV:
     """K and V cells of num_slots sequences of max_cells cells each, in KV format fmt, zero-filled
     (the tiled attention kernels may load cells past a sequence's length; zeros keep them finite, and
@@ -279,10 +314,15 @@ class DeviceKV:
     f16: buffers k and v, [num_layers, num_slots * max_cells, Hk, Dh] f16 each (layer() gives their
     addresses). int8, q4_0, k8v4: per codec of K and V (strata.quant.kv.codecs) a values and a scales
     buffer, [num_layers, num_slots * max_cells, Hk, width] each as the codec lays them out (planes()
-    gives them), so nbytes is strata.engine.planner.kv_bytes of the format for all the cells."""
+    gives them), so nbytes is strata.engine.planner.kv_bytes of the format for all the cells.
+
+    on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
+    memory at the same layout; the kernels append to it and decode reads it in place over the bus,
+    and a prompt chunk's attention reads a copy of the layer staged in VRAM (DeviceOps). VRAM then
+    holds none of the cells (vram_bytes 0): the window of the newest cells is still to come."""
 
     def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
-                 fmt: str = "f16", num_slots: int = 1):
+                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False):
         from ...quant import kv as kv_formats
         if fmt not in kv_formats.KV_FORMATS:
             raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
@@ -295,10 +335,14 @@ class DeviceKV:
         self.base = 0                   # the first cell of the sequence layer() and planes() start at
         self.whole = self               # the cache of every slot (a view's parent)
         self.codecs = kv_formats.codecs(fmt)
+        self.on_host = on_host
+
+        def buffer(nbytes: int):
+            return HostPlane(rt, device, nbytes) if on_host else rt.DeviceBuffer(device, nbytes)
         if fmt == "f16":
             self.layer_bytes = self.layer_cells * num_kv_heads * head_dim * 2
-            self.k = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
-            self.v = rt.DeviceBuffer(device, num_layers * self.layer_bytes)
+            self.k = buffer(num_layers * self.layer_bytes)
+            self.v = buffer(num_layers * self.layer_bytes)
             self.buffers = [(self.k, num_kv_heads * head_dim * 2), (self.v, num_kv_heads * head_dim * 2)]
         else:
             self.buffers = []           # (buffer, bytes per cell): K values, K scales, V values, V scales
@@ -306,7 +350,7 @@ class DeviceKV:
                 codec.check(head_dim)
                 values, scales = codec.empty((num_kv_heads,), head_dim)
                 for plane in (values, scales):
-                    self.buffers.append((rt.DeviceBuffer(device, num_layers * self.layer_cells * plane.nbytes),
+                    self.buffers.append((buffer(num_layers * self.layer_cells * plane.nbytes),
                                          plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
@@ -318,6 +362,21 @@ class DeviceKV:
     @property
     def nbytes(self) -> int:
         return sum(buf.nbytes for buf, _ in self.buffers)
+
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes of the cells in VRAM (none when they live on the host)."""
+        return 0 if self.on_host else self.nbytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the cells in pinned host memory."""
+        return self.nbytes if self.on_host else 0
+
+    @property
+    def cell_bytes(self) -> int:
+        """Bytes of one cell of one layer, every plane."""
+        return sum(cell for _, cell in self.buffers)
 
     def _check(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:

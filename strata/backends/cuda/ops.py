@@ -76,6 +76,7 @@ class DeviceOps(DenseOps, AttentionOps):
         self._zeros = None
         self.expert_uses = 0
         self.bytes_h2d = 0
+        self.bytes_staged_kv = 0        # host KV cells copied into VRAM for prompt attention (--kv-resident)
         inv, self.rope_scale = rope.inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
                                              args.max_position_embeddings)
         self.inv_freq = self.upload(inv.astype(np.float32))

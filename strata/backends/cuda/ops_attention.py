@@ -61,7 +61,33 @@ class AttentionOps:
         pos = self._positions(positions)
         kc, vc = kv.layer(layer)
         self._append(k, v, layer, kv, pos)
-        return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+        return self._attend_cells(q, Hk, kv, layer, pos)
+
+    def _stages(self, kv, T: int, H: int, Hk: int, dh: int) -> bool:
+        """Whether T query rows over kv's f16 cells take a copy of the layer staged in VRAM: cells on
+        the host (--kv-resident) read by a prompt kernel, whose tiles would each read them over the bus
+        again. A step's split-K kernel (and the per-row kernel) read them in place."""
+        return (getattr(kv, "on_host", False) and T > DECODE_ROWS_MAX and dh in ATTENTION_HEAD_DIMS
+                and H // Hk <= (8 if dh == 256 else 16))
+
+    def _attend_cells(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
+        """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): every cell
+        of the layer copied into two f16 [max_cells, Hk, Dh] blocks of the pool (the size of a
+        quantized cache's scratch, so a prompt's memory does not grow along the context; cells never
+        written copy as zeros), then the prompt kernels read the copy, bit for bit the same cells."""
+        T, H, dh = q.shape
+        kc, vc = kv.layer(layer)
+        if not self._stages(kv, T, H, Hk, dh):
+            return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+        rows = kv.max_cells
+        k_stage = self.alloc((rows, Hk, dh), np.float16)
+        v_stage = self.alloc((rows, Hk, dh), np.float16)
+        self.rt.copy_d2d(k_stage.ptr, kc, k_stage.nbytes, self.stream)
+        self.rt.copy_d2d(v_stage.ptr, vc, v_stage.nbytes, self.stream)
+        self.bytes_staged_kv += k_stage.nbytes + v_stage.nbytes
+        out = self._attend(q, Hk, k_stage.ptr, v_stage.ptr, pos, rows)
+        del k_stage, v_stage                    # in this order (strata._ext.prompt_plan ATTN_STAGED)
+        return out
 
     def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
         """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
@@ -228,7 +254,7 @@ class AttentionOps:
         self.launch("qk_norm_rope_kv", grid,
                     (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
                      pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
-        return self._attend(q_out, Hk, kc, vc, pos, kv.max_cells)
+        return self._attend_cells(q_out, Hk, kv, layer, pos)
 
     def _qk_norm_rope_attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str,
                                           k_norm: str, eps: float, layer: int, kv, positions) -> DeviceTensor:

@@ -89,6 +89,10 @@ class DeviceHybridCache:
     def nbytes(self) -> int:
         return self.kv.nbytes + self.states.nbytes
 
+    @property
+    def vram_bytes(self) -> int:
+        return self.nbytes
+
     # the DeltaNet states
     def conv_ptr(self, layer: int) -> int:
         return self.states.ptr + self._offsets[layer]

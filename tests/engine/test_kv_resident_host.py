@@ -1,0 +1,142 @@
+"""--kv-resident N on the emulated runtime (tests/engine/fake_cuda): the KV in mapped pinned host
+memory (DeviceKV on_host, HostPlane), decode reading and appending in place over the bus, a prompt
+chunk's attention reading the layer staged in VRAM (f16) or dequantized from the host planes (the
+quantized formats). Logits are bitwise those of the same runner with every cell in VRAM: the kernels
+read the same bytes, only from elsewhere."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from strata.backends.cuda.memory import HostPlane
+from strata.config import EngineConfig
+from strata.engine import memory_model, planner
+from strata.engine.cuda_runner import CudaRunner
+from strata.engine.llm import demo_model_path
+from strata.engine.planner import PackSizes, kv_bytes
+from strata.errors import InvalidArgument
+from strata.pack import open_pack
+
+DEMO = demo_model_path()
+RESIDENT = 16           # below every context here: the cells live on the host
+
+
+def _runner(pack, max_context, fmt, resident=0, **kw):
+    return CudaRunner(pack, max_context, EngineConfig(device="cuda", kv=fmt, kv_resident=resident, **kw))
+
+
+def _sizes(pack):
+    return PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
+    """A prompt longer than N in chunks of 12 (the prompt kernels) and of 4 (the step kernels), then
+    decode steps past it: every logit as with all cells in VRAM."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    vram, host = _runner(pack, 96, fmt), _runner(pack, 96, fmt, RESIDENT)
+    assert host.kv.on_host and all(isinstance(b, HostPlane) for b, _ in host.kv.buffers)
+    assert not vram.kv.on_host and host.kv.vram_bytes == 0 and host.kv.host_bytes == vram.kv.nbytes
+    vram.prefill_chunk = host.prefill_chunk = 12
+    ids = rng.integers(0, V, 40).tolist()                      # 12 + 12 + 12 + 4 > N
+    assert np.array_equal(vram.prefill(ids, 0), host.prefill(ids, 0))
+    for t in rng.integers(0, V, 8).tolist():
+        assert np.array_equal(vram.decode(t), host.decode(t))
+    for (a, _), (b, _) in zip(vram.kv.buffers, host.kv.buffers):   # the cells themselves, bit for bit
+        got = np.empty(b.nbytes, np.uint8)
+        b.copy_to_host(got, host.stream)
+        want = np.empty(a.nbytes, np.uint8)
+        a.copy_to_host(want, vram.stream)
+        assert np.array_equal(got, want)
+    staged = host.ops.bytes_staged_kv
+    if fmt == "f16":            # three chunks of 12 staged every main layer's K and V, all 96 cells of each
+        layers = pack.args.num_hidden_layers
+        assert staged == 3 * layers * 2 * 96 * host.kv.buffers[0][1]
+    else:                       # a quantized prompt dequantizes from the host planes in place
+        assert staged == 0
+    assert host.graphs and vram.graphs                        # decode steps ran as CUDA graphs
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_host_kv_graph_decode_equals_eager(fake, rng, fmt):
+    pack = open_pack(DEMO)
+    eager = _runner(pack, 128, fmt, RESIDENT, cuda_graphs=False)
+    graph = _runner(pack, 128, fmt, RESIDENT, cuda_graphs=True)
+    ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
+    assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
+    for t in rng.integers(0, pack.args.vocab_size, 8).tolist():   # lengths 61..68: over a 64-cell tile
+        assert np.array_equal(eager.decode(t), graph.decode(t))
+    assert len(fake.graph_launches) == 7 and not eager.graphs
+
+
+def test_host_kv_follow_up_turn_reuses_the_prefix(fake, rng):
+    """A second turn sharing the first's prompt and steps up to a point reads only the rest; its
+    logits and steps as an all-resident runner's on the same path."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    vram, host = _runner(pack, 96, "f16"), _runner(pack, 96, "f16", RESIDENT)
+    for r in (vram, host):
+        r.prefill_chunk = 12
+    seq = rng.integers(0, V, 50).tolist()
+    a, b = seq[:20], seq[:45]
+    steps = seq[20:24] + [(seq[24] + 1) % V]                       # the fifth step is not b's
+    assert np.array_equal(vram.prefill(a, 0), host.prefill(a, 0))
+    for t in steps:
+        assert np.array_equal(vram.decode(t), host.decode(t))
+    starts = [r.reusable_prefix(b) for r in (vram, host)]
+    assert starts == [24, 24]
+    assert np.array_equal(vram.prefill(b, 24), host.prefill(b, 24))
+    for t in seq[45:50]:
+        assert np.array_equal(vram.decode(t), host.decode(t))
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_host_kv_plan_and_status(fake, rng, fmt):
+    pack = open_pack(DEMO)
+    a = pack.args
+    layers = a.num_hidden_layers + a.num_mtp_layers
+    host = _runner(pack, 96, fmt, RESIDENT)
+    plan = host.plan
+    assert plan.mandatory["kv"] == 0 and plan.kv_cells == 0
+    assert plan.kv_host_bytes == kv_bytes(a, 96, fmt, layers) == host.kv.host_bytes
+    assert plan.kv_bus_bytes_per_token == kv_bytes(a, 96, fmt, layers)
+    host.prefill(rng.integers(0, a.vocab_size, 30).tolist(), 0)
+    st = host.status()
+    assert st["kv"]["format"] == fmt and st["kv"]["cells_vram"] == 0 and st["kv"]["cells_host"] == 96
+    assert st["kv"]["bus_bytes_per_token"] == kv_bytes(a, 31, fmt, layers)     # the next token reads 31 cells
+    assert st["gpu"]["kv_bytes"] == 0
+    # N at or above the context: every cell in VRAM, as without the flag
+    whole = _runner(pack, 96, fmt, 96)
+    assert not whole.kv.on_host and whole.status()["kv"]["cells_vram"] == 96 and whole.plan.kv_host_bytes == 0
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_host_kv_dry_run_is_the_runners_prompt_memory(fake, rng, fmt):
+    """The planner's prompt pricing over the host KV (key fmt+host: the f16 staging) is the pool the
+    runner's chunk takes, and the closed form equals the dry run."""
+    pack = open_pack(DEMO)
+    sizes = _sizes(pack)
+    key = fmt + memory_model.HOST_SUFFIX
+    for T in (130, 260):
+        runner = _runner(pack, 512, fmt, RESIDENT)
+        runner.prefill_chunk = T
+        base = runner.ops.pool.used_bytes
+        runner.prefill(rng.integers(0, pack.args.vocab_size, T).tolist(), 0)
+        peak = memory_model.prompt_pool_bytes(sizes, T, 512, 8, resident=True, kv=key)
+        assert runner.ops.pool.peak_bytes - base == peak
+        dry = memory_model.dry_run_prompt(sizes, T, 2, 512, 8, kv=key)
+        assert memory_model.closed_form(T) and dry[:2] == memory_model._prompt(sizes, T, 2, 512, 8, kv=key)[:2]
+    if fmt == "f16":        # a long context: the staging (two f16 copies of a layer) sets the peak
+        one = sizes.args.num_key_value_heads * sizes.args.head_dim * 2 * 65536
+        plain = memory_model.prompt_pool_bytes(sizes, 260, 65536, 8, resident=True, kv="f16")
+        staged = memory_model.prompt_pool_bytes(sizes, 260, 65536, 8, resident=True, kv=key)
+        assert plain < staged <= plain + 2 * one
+
+
+def test_host_kv_config_refusals():
+    EngineConfig(kv_resident=64, device="cuda")
+    for kw, what in (({"device": "cpu"}, "CPU"), ({"parallel": 2}, "--parallel"),
+                     ({"spec": "2", "mtp": True}, "--spec")):
+        with pytest.raises(InvalidArgument, match=what):
+            EngineConfig(kv_resident=64, **kw)
