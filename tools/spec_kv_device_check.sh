@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Speculation under budgets (#13), seed 001's room, long-context quantized K/V (#14) and the GPU tests
+# that have not run on a device yet, in one device call inside a deadline. The synthetic packs are
+# built on the CPUs while tools/device_check.sh builds and runs the GPU tests; then the benches.
+#
+#   tools/spec_kv_device_check.sh [steps...]     default: tests spec12 room
+#     tests    build + GPU tests never run on a device (TESTS overrides): --kv-resident, Qwen3-Next
+#              streamed, the spec tests (window graphs under budgets and quantized K/V)
+#     spec12   bench at 12 GiB, qwen3-30b-a3b-mtp: --mtp --spec 2 --prompt 4096 (windows at a budget,
+#              the draft layer's prompt cells inside the loan) and --spec auto against plain
+#     room     seed 001's A/B at 8 GiB on qwen3-30b-a3b-mtp: prompts 4096,16384,32768 with
+#              --mtp-room-min 0 against -1 (logits' sha256 printed by stream_check for both)
+#     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
+#              131,072-token context less the decode) and 64 decoded tokens
+#     kvres    qwen3-30b-a3b at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
+# DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-spec-kv-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+. tools/device_deadline.sh
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests spec12 room)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+shape=qwen3-30b-a3b-mtp
+has long && ! has spec12 && ! has room && shape=qwen3-30b-a3b-128k
+start_pack "$shape" 240
+
+if has tests; then
+    TESTS=${TESTS:-"tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py"}
+    OUT=$OUT timeout "$(budget 240)" bash tools/device_check.sh $TESTS 2>&1 | tee "$OUT/tests.log" | tail -20
+else
+    OUT=$OUT timeout "$(budget 120)" bash tools/device_check.sh tests/kernels/test_build.py 2>&1 | tail -3
+fi
+export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+wait $pack_pid
+cat "$OUT/pack.log"
+
+bench() {  # bench NAME SECONDS SHAPE ARGS...
+    local name=$1 secs=$2 what=$3; shift 3
+    echo "== bench $name: $what $* ($(elapsed) s)"
+    timeout "$(budget "$secs")" $PY -m strata bench --synthetic "$what" --device cuda --json "$OUT/$name.json" "$@" \
+        2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "^prompt|^decode|^specul|^verify|^plan|^peak|stopped"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
+}
+if has spec12; then
+    bench spec12 90 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec 2 --prompt 4096 --decode 64
+    bench plain12 70 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512 --decode 128
+    bench auto12 70 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec auto --prompt 512 --decode 128
+fi
+if has room; then
+    bench noroom8 120 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min -1 --prompt 4096,16384,32768 --decode 0
+    bench room8 120 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min 0 --prompt 4096,16384,32768 --decode 0
+fi
+if has long; then
+    [ "$shape" != qwen3-30b-a3b-128k ] && { start_pack qwen3-30b-a3b-128k 200; wait $pack_pid; cat "$OUT/pack.log"; }
+    bench long12 300 qwen3-30b-a3b-128k --vram-budget-gib 12 --kv q4_0 --prompt 131072 --decode 64
+fi
+has kvres && bench kvres12 120 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv-resident 4096 --prompt 16384 --decode 64
+echo "== done at $(elapsed) s"
