@@ -12,7 +12,7 @@
 #              --mtp-room-min 0 against -1 (logits' sha256 printed by stream_check for both)
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
-#     kvres    qwen3-30b-a3b at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
+#     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
