@@ -136,12 +136,7 @@ def test_draft_cells_alone_are_the_draft_layers_cells(fake, rng, kv):
     L = a.num_hidden_layers
 
     def cells(n):
-        out = []
-        for buf, off, nbytes in r._kv_ranges(n):
-            host = np.empty(nbytes, np.uint8)
-            buf.copy_to_host(host, r.stream, off)
-            out.append(host)
-        r.stream.synchronize()
+        out, _ = r._cells_out(n)            # every layer's planes of cells 0..n-1, layer by layer
         per_layer = len(out) // r.kv.num_layers
         return out[L * per_layer:(L + 1) * per_layer]
 

@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from strata.config import EngineConfig, SamplingParams  # noqa: E402
+from strata.config import SamplingParams  # noqa: E402
 from strata.engine import planner  # noqa: E402
-from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.engine.experts.store import BufferView  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.test_cuda_warm_up import assert_same, observable  # noqa: E402
+from tests.engine.test_expert_streaming_host import _runner, _same_run  # noqa: E402
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 SHAPES = {"tiny": NEXT_SHAPES["tiny"], "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10)}
@@ -32,17 +32,6 @@ def packs(tmp_path_factory):
     # moe_gemm over the batch's addresses); tiny in F32: grouped on the host, one GEMM per expert
     return {name: open_pack(make_next_pack(root, shape, seed=3, name=name, qtype="Q8_0" if name == "top10" else None)[0])
             for name, shape in SHAPES.items()}
-
-
-def _runner(pack, ctx=96, **config):
-    return CudaRunner(pack, ctx, EngineConfig(device="cuda", prefill="24", **config))
-
-
-def _same_run(resident, streamed, ids, decode_steps=8):
-    np.testing.assert_array_equal(streamed.logits_all(ids), resident.logits_all(ids))
-    np.testing.assert_array_equal(streamed.prefill(ids[:-decode_steps], 0), resident.prefill(ids[:-decode_steps], 0))
-    for t in ids[-decode_steps:]:
-        np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
 
 
 def _loan_budget(pack) -> float:
