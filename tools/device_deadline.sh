@@ -6,6 +6,13 @@
 #   start_pack SHAPE SECS    build the synthetic pack SHAPE in the background (its log: $OUT/pack.log,
 #                            its pid: $pack_pid), with numpy and gguf from .whl/ in a site dir of its
 #                            own, so device_check's installs are untouched
+#   device_tests SECS TAIL [pytest paths...]
+#                            tools/device_check.sh over the paths, its last TAIL lines shown (without
+#                            paths: the build and test_runtime.py alone); then the tests' site dir on
+#                            PYTHONPATH and start_pack's pack waited for
+#   bench_synthetic NAME SECS SHAPE [bench args...]
+#                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
+#                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
@@ -17,4 +24,24 @@ start_pack() {
         "from strata.synthetic import synthetic_pack; print(synthetic_pack('$1', progress=False))"
       echo "pack rc=$? at $(elapsed) s" ) >"$OUT/pack.log" 2>&1 &
     pack_pid=$!
+}
+
+device_tests() {
+    local secs=$1 lines=$2; shift 2
+    if [ $# -gt 0 ]; then
+        OUT=$OUT timeout "$(budget "$secs")" bash tools/device_check.sh "$@" 2>&1 | tee "$OUT/tests.log" | tail -"$lines"
+    else
+        OUT=$OUT timeout "$(budget "$secs")" bash tools/device_check.sh tests/kernels/test_runtime.py 2>&1 | tail -3
+    fi
+    export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+    wait $pack_pid
+    cat "$OUT/pack.log"
+}
+
+bench_synthetic() {
+    local name=$1 secs=$2 shape=$3; shift 3
+    echo "== bench $name: $shape $* ($(elapsed) s)"
+    timeout "$(budget "$secs")" $PY -m strata bench --synthetic "$shape" --device cuda --json "$OUT/$name.json" "$@" \
+        2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "${BENCH_LINES:-.}"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
 }

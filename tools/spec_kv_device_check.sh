@@ -32,22 +32,13 @@ has long && ! has spec12 && ! has room && shape=qwen3-30b-a3b-128k
 start_pack "$shape" 240
 
 if has tests; then
-    TESTS=${TESTS:-"tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py"}
-    OUT=$OUT timeout "$(budget 240)" bash tools/device_check.sh $TESTS 2>&1 | tee "$OUT/tests.log" | tail -20
+    device_tests 240 20 ${TESTS:-tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py}
 else
-    OUT=$OUT timeout "$(budget 120)" bash tools/device_check.sh tests/kernels/test_build.py 2>&1 | tail -3
+    device_tests 120 3
 fi
-export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
-wait $pack_pid
-cat "$OUT/pack.log"
 
-bench() {  # bench NAME SECONDS SHAPE ARGS...
-    local name=$1 secs=$2 what=$3; shift 3
-    echo "== bench $name: $what $* ($(elapsed) s)"
-    timeout "$(budget "$secs")" $PY -m strata bench --synthetic "$what" --device cuda --json "$OUT/$name.json" "$@" \
-        2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "^prompt|^decode|^specul|^verify|^plan|^peak|stopped"
-    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
-}
+export BENCH_LINES="^prompt|^decode|^specul|^verify|^plan|^peak|stopped"
+bench() { bench_synthetic "$@"; }      # bench NAME SECONDS SHAPE ARGS...
 if has spec12; then
     bench spec12 90 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec 2 --prompt 4096 --decode 64
     bench plain12 70 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512 --decode 128

@@ -34,21 +34,14 @@ has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; r
 start_pack qwen3-30b-a3b 200
 
 if has tests; then
-    TESTS=${TESTS:-"tests/kernels/test_decode_fused_gpu.py tests/kernels/test_moe_decode_gpu.py tests/kernels/test_moe_gemm_gpu.py tests/kernels/test_attention_tc_gpu.py tests/kernels/test_graphs_gpu.py tests/engine/test_cuda_runner.py"}
-    OUT=$OUT timeout "$(budget 300)" bash tools/device_check.sh $TESTS 2>&1 | tee "$OUT/tests.log" | tail -45
+    device_tests 300 45 ${TESTS:-tests/kernels/test_decode_fused_gpu.py tests/kernels/test_moe_decode_gpu.py tests/kernels/test_moe_gemm_gpu.py tests/kernels/test_attention_tc_gpu.py tests/kernels/test_graphs_gpu.py tests/engine/test_cuda_runner.py}
 else
-    OUT=$OUT timeout "$(budget 120)" bash tools/device_check.sh tests/kernels/test_runtime.py 2>&1 | tail -3
+    device_tests 120 3
 fi
-export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
-wait $pack_pid
-cat "$OUT/pack.log"
 
-bench() {  # bench NAME SECONDS ARGS...
+bench() {  # bench NAME SECONDS ARGS...: on qwen3-30b-a3b
     local name=$1 secs=$2; shift 2
-    echo "== bench $name: $* ($(elapsed) s)"
-    timeout "$(budget "$secs")" $PY -m strata bench --synthetic qwen3-30b-a3b --device cuda --json "$OUT/$name.json" "$@" \
-        2>"$OUT/$name.err" | tee "$OUT/$name.log"
-    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
+    bench_synthetic "$name" "$secs" qwen3-30b-a3b "$@"
 }
 if has identical; then
     echo "== identical ($(elapsed) s)"
