@@ -76,17 +76,8 @@ class DecodeSteps:
         T = len(ids)
         t0 = time.perf_counter()
         ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots)
-        graph = self._graph(T, ids_dev, pos_dev, kv)
-        mode = "eager" if graph is None else "graph" if graph.launches else "capture"
-        if graph is not None:
-            graph.launch(self.stream)
-            if mode == "graph":         # a capture counted its step while the model ran
-                self.ops.expert_uses += graph.expert_uses
-            logits, self.hidden = graph.logits, graph.hidden
-        else:
-            before = self.ops.pool.allocated_bytes
-            logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.plan)
-            self.step_bytes[T] = self.ops.pool.allocated_bytes - before
+        logits, self.hidden, mode = self.launch(T, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan),
+                                                kv, (self.step_in, self.route_log, self.weights))
         t1 = time.perf_counter()
         if download:
             out = self.download(logits)
@@ -119,22 +110,40 @@ class DecodeSteps:
         return (DeviceTensor(buf, 0, (T,), np.int32, buf),
                 StepRows(buf, 4 * T, T, buf, p + 4 * (2 * T + 1), p + 4 * (3 * T + 1), p + 4 * (4 * T + 1), num_slots))
 
-    def _graph(self, T: int, ids_dev, pos_dev, kv):
-        """The graph to replay for a step of T tokens: captured now on the second step of that shape;
-        None for an eager step (graphs off, first step, or a failed capture)."""
+    def launch(self, key, launches, kv, owned: tuple, pool_for=None):
+        """launches() -> (logits, hidden) as the graph of `key` (a step's row count, or a speculation
+        window's name): eager the first time (measuring the pool it takes), captured the second,
+        replayed after (graphs off: eager always). owned: the buffers the launches read, kept with
+        the graph; pool_for(bytes): a frozen pool to capture into instead of one of the graph's own
+        (None: its own). -> (logits, hidden, "eager" | "capture" | "graph")."""
+        graph = self._graph(key, launches, kv, owned, pool_for)
+        if graph is None:
+            before = self.ops.pool.allocated_bytes
+            logits, hidden = launches()
+            self.step_bytes[key] = self.ops.pool.allocated_bytes - before
+            return logits, hidden, "eager"
+        mode = "graph" if graph.launches else "capture"
+        graph.launch(self.stream)
+        if mode == "graph":             # a capture counted its step while the launches ran
+            self.ops.expert_uses += graph.expert_uses
+        return graph.logits, graph.hidden, mode
+
+    def _graph(self, key, launches, kv, owned: tuple, pool_for):
+        """The graph to replay for `key`: captured now on its second run; None for an eager run
+        (graphs off, first run, or a failed capture)."""
         if not self.use_graphs:
             return None
-        graph = self.graphs.get(T)
+        graph = self.graphs.get(key)
         if graph is not None and not graph.valid_for(kv):
             self.drop_graphs()
             graph = None
-        if graph is None and T in self.step_bytes:
+        if graph is None and key in self.step_bytes:
             from ..backends.cuda import _graphs
-            from .graphs import capture_step
+            from .graphs import capture
+            reserve = self.step_bytes[key]
             try:
-                graph = self.graphs[T] = capture_step(_graphs(), self.ops, self.model, kv, self.plan, T, ids_dev,
-                                                      pos_dev, self.step_bytes[T],
-                                                      (self.step_in, self.route_log, self.weights))
+                graph = self.graphs[key] = capture(_graphs(), self.ops, launches, reserve, owned, kv, key,
+                                                   pool_for(reserve) if pool_for else None)
             except (DeviceError, ImportError) as exc:
                 self._graphs_off(f"{type(exc).__name__}: {exc}")
         return graph

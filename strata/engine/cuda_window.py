@@ -124,32 +124,10 @@ class SpecWindows:
 
     def _launch(self, n: int):
         """The window's launches: a graph replay, its capture (second window of n), or eager (first)."""
-        steps, ops = self.r.steps, self.r.ops
-        key = f"spec{n}"
-        graph = steps.graphs.get(key) if steps.use_graphs else None
-        if graph is not None and not graph.valid_for(self.r.kv_all):
-            steps.drop_graphs()
-            graph = None
-        if graph is None and steps.use_graphs and key in steps.step_bytes:
-            from ..backends.cuda import _graphs
-            from ..errors import DeviceError
-            from .graphs import capture
-            try:
-                graph = steps.graphs[key] = capture(_graphs(), ops, lambda: self._window(n), steps.step_bytes[key],
-                                                    (self.buf, self.r.weights), self.r.kv_all, R_MAX,
-                                                    self._pool(steps.step_bytes[key]))
-            except (DeviceError, ImportError) as exc:
-                steps._graphs_off(f"{type(exc).__name__}: {exc}")
-                graph = None
-        if graph is not None:
-            graph.launch(steps.stream)
-            if graph.launches > 1:
-                ops.expert_uses += graph.expert_uses
-            return graph.logits, graph.hidden
-        before = ops.pool.allocated_bytes
-        out = self._window(n)
-        steps.step_bytes[key] = ops.pool.allocated_bytes - before
-        return out
+        r = self.r
+        logits, hidden, _ = r.steps.launch(f"spec{n}", lambda: self._window(n), r.kv_all, (self.buf, r.weights),
+                                           self._pool)
+        return logits, hidden
 
     def _pool(self, need: int):
         """A frozen pool over the memory every window graph shares (windows never run at once, and a
