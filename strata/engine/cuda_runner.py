@@ -165,7 +165,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
         saved_spec = (self.drafter.done, self.drafter.pending, self.device_windows) if drafts else None
-        saved_cells = self._save_cells(min(self.max_context, n + steps + sum(3 * (d + 1) for d in drafts)))
+        saved_cells = self._save_cells(min(self.max_context, n + steps + _window_cells(drafts)))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
@@ -200,13 +200,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
     def _warm_drafts(self, length: int) -> list[int]:
         """The draft counts whose greedy window graphs warm_up captures (strata.engine.cuda_window):
         --spec N's, or every N --spec auto may choose, as far as the context holds three windows
-        of each after `length` tokens."""
-        if not self.spec or not self.store.resident or not self.steps.use_graphs:
+        of each after `length` tokens (none without graphs: staged decode misses, or graphs off)."""
+        if not self.spec or not self.steps.use_graphs:
             return []
         from ..config import spec_max_drafts
         out = []
         for d in range(1 if self.spec == "auto" else self.spec, spec_max_drafts(self.spec) + 1):
-            if length + sum(3 * (k + 1) for k in out + [d]) + 1 > self.max_context:
+            if length + _window_cells(out + [d]) + 1 > self.max_context:
                 break
             out.append(d)
         return out
@@ -492,6 +492,12 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         """VRAM in use on the device now (every process), for the bench's peak."""
         free, total = self.dev.memory_info()
         return total - free
+
+
+def _window_cells(drafts: list[int]) -> int:
+    """Cells the warm-up's windows may write past its prompt and steps: three windows of d + 1 rows
+    for each draft count d (CudaRunner._warm_windows)."""
+    return sum(3 * (d + 1) for d in drafts)
 
 
 class _PrefillSteps:

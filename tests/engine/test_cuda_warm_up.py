@@ -284,14 +284,14 @@ def _greedy_spec(runner, ids: list, k: int) -> list:
     return out[:k]
 
 
-@pytest.mark.parametrize("spec", ["2", "auto"])
-def test_emulated_warm_up_captures_the_speculation_windows(fake, rng, spec):
+@pytest.mark.parametrize("spec,layout", [("2", {}), ("auto", {}), ("2", {"expert_cache": "20"})])
+def test_emulated_warm_up_captures_the_speculation_windows(fake, rng, spec, layout):
     """With --mtp --spec the warm-up also captures the greedy window graph of each draft count the
     runner may run (strata.engine.cuda_window), and still leaves nothing observable: the first
     request's windows are replays, and its tokens are a cold runner's."""
     from strata.config import spec_max_drafts
     pack = open_pack(DEMO)
-    config = EngineConfig(device="cuda", prefill="24", mtp=True, spec=spec)
+    config = EngineConfig(device="cuda", prefill="24", mtp=True, spec=spec, **layout)
     warm, cold = CudaRunner(pack, 96, config), CudaRunner(pack, 96, config)
     before = observable(warm)
     warm.warm_up()
