@@ -199,16 +199,26 @@ class ExpertStore:
             order = np.argsort(-profile.reshape(-1), kind="stable")
         else:
             order = (np.arange(E)[:, None] + np.arange(L)[None, :] * E).reshape(-1)   # e-major: layer by layer
-        fixed = (np.asarray(self.fixed_layers, np.int64)[:, None] * E + np.arange(E)[None, :]).reshape(-1)
         order = order[~np.isin(order // E, np.asarray(self.fixed_layers, np.int64))]
-        chosen = np.concatenate([fixed, order[:self.cache_slots - self.fixed_slots]])     # fixed ones in slots 0..
-        for slot, key in enumerate(chosen.tolist()):
-            self._place(key // E, key % E, slot)
-        self._copy_into_slots(chosen // E, chosen % E, np.arange(len(chosen)), self.stream)
+        chosen = np.concatenate([self._fixed_keys(), order[:self.cache_slots - self.fixed_slots]])   # fixed: slots 0..
+        self._fill_slots(chosen, np.arange(len(chosen)))
         self.stream.synchronize()
         self.upload_bytes, self.stats.bytes_h2d = self.stats.bytes_h2d, 0   # the initial fill is setup, not traffic
         if self.bus_cap is not None:
             self.bus_cap.paced_bytes = 0
+
+    def _fixed_keys(self) -> np.ndarray:
+        """The keys l * E + e of every expert of the fixed layers, in their slots' order."""
+        E = self.num_experts
+        return (np.asarray(self.fixed_layers, np.int64)[:, None] * E + np.arange(E)[None, :]).reshape(-1)
+
+    def _fill_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Experts keys (l * E + e) into cache slots `slots`: the table points there, their blobs are
+        copied on the stream (the caller uploads the table)."""
+        E = self.num_experts
+        for slot, key in zip(slots.tolist(), keys.tolist()):
+            self._place(key // E, key % E, slot)
+        self._copy_into_slots(keys // E, keys % E, slots, self.stream)
 
     def _place(self, l: int, e: int, slot: int) -> None:
         self.slot_of[l, e] = slot
@@ -344,13 +354,7 @@ class ExpertStore:
         self.prompts.reset()
         self.ring_slots -= self.room_slots
         self.room_slots = 0
-        E = self.num_experts
-        ls = np.repeat(np.asarray(self.fixed_layers, np.int64), E)
-        es = np.tile(np.arange(E, dtype=np.int64), len(self.fixed_layers))
-        slots = np.arange(self.fixed_slots, dtype=np.int64)
-        self._copy_into_slots(ls, es, slots, self.stream)
-        for l, e, slot in zip(ls.tolist(), es.tolist(), slots.tolist()):
-            self._place(l, e, slot)
+        self._fill_slots(self._fixed_keys(), np.arange(self.fixed_slots))
         self.table.copy_from_host(self.table_host, self.stream)
 
     # ---- prompts: the loan -----------------------------------------------------------------------
