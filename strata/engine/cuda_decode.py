@@ -22,6 +22,18 @@ from .memory_model import STEP_MAX_TOKENS
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
 
 
+def stage_rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, positions: np.ndarray, bases) -> None:
+    """StepRows' host form at these int32 offsets of host: positions [T] then max + 1, each row's
+    attention length (position + 1), its cell (base + position) and its sequence's first cell
+    (bases: one per row, or one for all)."""
+    T = len(positions)
+    host[pos:pos + T] = positions
+    host[pos + T] = positions.max() + 1
+    host[length:length + T] = positions + 1
+    host[cell:cell + T] = bases + positions
+    host[base:base + T] = bases
+
+
 def last_row_of(logits: DeviceTensor) -> DeviceTensor:
     """The last row [1, V] of device logits [T, V], a view that keeps their memory alive."""
     T, V = logits.shape
@@ -95,15 +107,10 @@ class DecodeSteps:
         T = len(ids)
         if not 1 <= T <= STEP_MAX_TOKENS:
             raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
-        pos = np.asarray(positions, np.int64)
-        base = np.asarray(bases, np.int64)
         host = self._step_host[:5 * T + 1]
         host[:T] = ids
-        host[T:2 * T] = pos
-        host[2 * T] = pos.max() + 1
-        host[2 * T + 1:3 * T + 1] = pos + 1
-        host[3 * T + 1:4 * T + 1] = base + pos
-        host[4 * T + 1:] = base
+        stage_rows(host, T, 2 * T + 1, 3 * T + 1, 4 * T + 1, np.asarray(positions, np.int64),
+                   np.asarray(bases, np.int64))
         self.step_in.copy_from_host(host, self.stream)
         self.ops.bytes_h2d += host.nbytes
         buf, p = self.step_in, self.step_in.ptr

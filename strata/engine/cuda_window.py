@@ -38,6 +38,7 @@ import numpy as np
 
 from ..backends.cuda.memory import DeviceTensor, StepRows
 from ..model.qwen3moe import draft_layer
+from .cuda_decode import stage_rows
 from .memory_model import STEP_MAX_TOKENS
 
 R_MAX = STEP_MAX_TOKENS
@@ -48,17 +49,6 @@ V_IDS, PICKS = 80, 88
 V_POS, V_LEN, V_CELL, V_BASE = 96, 105, 113, 121
 INTS = 256
 HIDDEN = 4 * INTS                # byte offset of the hidden rows
-
-
-def _rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, positions: np.ndarray, kv_base: int,
-          stride: int | None = None) -> None:
-    """Positions [T] then max + 1, lengths (positions + 1), cells (base + positions), bases."""
-    T = len(positions)
-    host[pos:pos + T] = positions
-    host[pos + T] = positions.max() + 1
-    host[length:length + T] = positions + 1
-    host[cell:cell + T] = kv_base + positions
-    host[base:base + T] = kv_base
 
 
 class SpecWindows:
@@ -97,13 +87,13 @@ class SpecWindows:
         h, base = self.ints, kv.base
         h[:] = 0
         h[MTP_IDS:MTP_IDS + P] = r.cached_ids[start + 1:] + [token]
-        _rows(h, MTP_POS, MTP_LEN, MTP_CELL, MTP_BASE, np.arange(start, start + R), base)
+        stage_rows(h, MTP_POS, MTP_LEN, MTP_CELL, MTP_BASE, np.arange(start, start + R), base)
         h[SEL] = P - 1
         for k in range(2, n + 1):
             c = CHAIN + 5 * (k - 2)
-            _rows(h, c, c + 2, c + 3, c + 4, np.asarray([m + k - 2]), base)
+            stage_rows(h, c, c + 2, c + 3, c + 4, np.asarray([m + k - 2]), base)
         h[V_IDS] = token
-        _rows(h, V_POS, V_LEN, V_CELL, V_BASE, np.arange(m, m + R), base)
+        stage_rows(h, V_POS, V_LEN, V_CELL, V_BASE, np.arange(m, m + R), base)
         self.hid[:P] = drafter.pending
         self.hid[P:R] = 0.0
         stream = r.stream
@@ -185,6 +175,3 @@ class SpecWindows:
         for t in range(R):
             ops.launch("argmax", 1, (logits.ptr + t * V * 4, p + 4 * (PICKS + t), V))
         return logits, hidden
-
-    def status(self) -> dict:
-        return {"windows": self.windows}
