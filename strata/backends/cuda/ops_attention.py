@@ -109,32 +109,6 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         return out
 
-    def qk_norm_rope_append(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
-                            eps: float, layer: int, kv, positions) -> None:
-        """The K/V cells qk_norm_rope_attention writes, bit for bit the same launches, without the
-        attention (the draft layer's prompt cells: nothing reads their layer's output)."""
-        T, H, dh = q.shape
-        Hk = k.shape[1]
-        quantized = getattr(kv, "quantized", False)
-        pos = self._positions(positions)
-        q_out = self.alloc(q.shape)             # the fused launches write q too; nothing reads it
-        if quantized and self._quantized_split_k(kv, H, Hk, dh, T):
-            rot = float(np.float32(1.0 / np.sqrt(dh)))
-            self.launch("qk_norm_rope_kv_quant", (max(T, 1), -(-(H + 2 * Hk) // 4)),
-                        (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
-                         pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr,
-                         *kv.planes(layer), T, H, Hk, dh, float(eps), float(self.rope_scale), rot), fmt=kv.fmt)
-            return
-        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or quantized:
-            k = self.rope(self.rms_norm(k, k_norm, eps), positions)
-            self._append(k, v, layer, kv, pos)
-            return
-        kc, vc = kv.layer(layer)
-        self.launch("qk_norm_rope_kv", (max(T, 1), -(-(H + 2 * Hk) // 4)),
-                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
-                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T,
-                     H, Hk, dh, float(eps), float(self.rope_scale)))
-
     def _append(self, k: DeviceTensor, v: DeviceTensor, layer: int, kv, pos) -> None:
         """K [T, Hk, Dh] and V appended at their cells in kv's layer (in its format)."""
         T, Hk, dh = k.shape
@@ -236,39 +210,52 @@ class AttentionOps:
 
     def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
                                eps: float, layer: int, kv, positions) -> DeviceTensor:
-        """QK-norm, RoPE and the K/V append in one launch (strata_qk_norm_rope_kv_f32), then attention."""
-        T, H, dh = q.shape
-        Hk = k.shape[1]
-        quantized = getattr(kv, "quantized", False)
-        if quantized and self._quantized_split_k(kv, H, Hk, dh, T):
-            return self._qk_norm_rope_attention_quantized(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
-        # the fused launch writes f16 cells; a quantized cache's prompt chunk takes the unfused norm and RoPE
-        if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS or quantized:
+        """QK-norm, RoPE and the K/V append in one launch (_fused_append), then attention; the unfused
+        chain where no fused kernel takes the head dim or the cache (a quantized cache's prompt chunk)."""
+        if not self._fused(q, k, kv):
             q = self.rope(self.rms_norm(q, q_norm, eps), positions)
             k = self.rope(self.rms_norm(k, k_norm, eps), positions)
             return self.attention(q, k, v, layer, kv, positions)
         pos = self._positions(positions)
-        kc, vc = kv.layer(layer)
-        q_out = self.alloc(q.shape)
-        grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
-        self.launch("qk_norm_rope_kv", grid,
-                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
-                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr, kc, vc, T, H, Hk, dh, float(eps), float(self.rope_scale)))
-        return self._attend_cells(q_out, Hk, kv, layer, pos)
+        q_out = self._fused_append(q, k, v, q_norm, k_norm, eps, layer, kv, pos)
+        if getattr(kv, "quantized", False):
+            return self._attend_quantized(q_out, k.shape[1], kv, layer, pos)
+        return self._attend_cells(q_out, k.shape[1], kv, layer, pos)
 
-    def _qk_norm_rope_attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str,
-                                          k_norm: str, eps: float, layer: int, kv, positions) -> DeviceTensor:
-        """A step (T <= 8 rows) over a quantized cache in three launches: QK-norm, RoPE, the rotation of q
-        where K is rotated and the quantized K/V append in one (strata_qk_norm_rope_kv_<fmt>, bit for bit
-        the unfused chain), then split-K and the combine (un-rotating where V is rotated)."""
+    def qk_norm_rope_append(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
+                            eps: float, layer: int, kv, positions) -> None:
+        """The K/V cells qk_norm_rope_attention writes, bit for bit the same launches, without the
+        attention (the draft layer's prompt cells: nothing reads their layer's output)."""
+        if not self._fused(q, k, kv):
+            k = self.rope(self.rms_norm(k, k_norm, eps), positions)
+            self._append(k, v, layer, kv, self._positions(positions))
+            return
+        self._fused_append(q, k, v, q_norm, k_norm, eps, layer, kv, self._positions(positions))
+
+    def _fused(self, q: DeviceTensor, k: DeviceTensor, kv) -> bool:
+        """Whether QK-norm, RoPE and the append run as one launch: over f16 cells for any row count
+        where the head dim fits strata_qk_norm_rope_kv_f32, over quantized cells for a step's rows
+        the split-K kernels take (strata_qk_norm_rope_kv_<fmt>)."""
+        T, H, dh = q.shape
+        if getattr(kv, "quantized", False):
+            return self._quantized_split_k(kv, H, k.shape[1], dh, T)
+        return not (dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS)
+
+    def _fused_append(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,
+                      eps: float, layer: int, kv, pos) -> DeviceTensor:
+        """One launch: QK-norm and RoPE of q and k, the K/V append at each row's cell (quantized where
+        the cache is, bit for bit the unfused chain, K rotated where its format is, and q with it)
+        -> the normed, roped (rotated) q."""
         T, H, dh = q.shape
         Hk = k.shape[1]
-        pos = self._positions(positions)
         q_out = self.alloc(q.shape)
-        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
         grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
-        self.launch("qk_norm_rope_kv_quant", grid,
-                    (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
-                     pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr,
-                     *kv.planes(layer), T, H, Hk, dh, float(eps), float(self.rope_scale), rot), fmt=kv.fmt)
-        return self._attend_quantized(q_out, Hk, kv, layer, pos)
+        head = (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
+                pos.cells if isinstance(pos, StepRows) else 0, self.inv_freq.ptr, q_out.ptr)
+        tail = (T, H, Hk, dh, float(eps), float(self.rope_scale))
+        if getattr(kv, "quantized", False):
+            rot = float(np.float32(1.0 / np.sqrt(dh)))         # strata.backends.cuda.kv.rot_scale
+            self.launch("qk_norm_rope_kv_quant", grid, (*head, *kv.planes(layer), *tail, rot), fmt=kv.fmt)
+        else:
+            self.launch("qk_norm_rope_kv", grid, (*head, *kv.layer(layer), *tail))
+        return q_out
