@@ -49,12 +49,12 @@ def check_parallel(config: EngineConfig, args) -> None:
     """--parallel N > 1: the batched step's rows read their slots' cells through the split-K decode
     attention, which takes head dims ATTENTION_HEAD_DIMS and up to 16 query heads per KV head (8 at
     Dh 256); other shapes read one sequence from cell 0 (UnsupportedError)."""
-    from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS
-    dh, G = args.head_dim, args.num_attention_heads // args.num_key_value_heads
-    if config.parallel > 1 and (dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16)):
+    from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS, split_k_takes
+    if config.parallel > 1 and not split_k_takes(args.num_attention_heads, args.num_key_value_heads, args.head_dim):
         raise UnsupportedError(f"--parallel {config.parallel}: batched slots on the GPU need head dim in "
                                f"{ATTENTION_HEAD_DIMS} and at most 16 query heads per KV head (8 at 256); this "
-                               f"model has {dh} and {G} (--parallel 1 runs it)")
+                               f"model has {args.head_dim} and {args.num_attention_heads // args.num_key_value_heads} "
+                               f"(--parallel 1 runs it)")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -41,7 +41,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..backends.cuda.kernels import ATTENTION_HEAD_DIMS, KernelPaths, decode_splits
+from ..backends.cuda.kernels import (ATTENTION_HEAD_DIMS, KernelPaths, decode_splits, max_decode_group,
+                                     split_k_takes)
 from ..backends.cuda.moe_decode import MAX_ACTIVE as MOE_DECODE_MAX_ACTIVE
 from ..backends.cuda.memory import ALIGN_BYTES, DeviceKV, DeviceTensor, ExpertLayer, Pool, Weight
 from ..backends.cuda.moe import tensor_core_gemm
@@ -303,8 +304,7 @@ def _kv_path(sizes, kv: str, prompt: bool = True) -> tuple[int, bool]:
     k_rotated = kv_formats.codecs(kv)[0].rotated
     if kv != "f16":
         return prompt_plan.ATTN_QUANTIZED, k_rotated
-    staged = (prompt and on_host and dh in ATTENTION_HEAD_DIMS
-              and a.num_attention_heads // a.num_key_value_heads <= (8 if dh == 256 else 16))
+    staged = prompt and on_host and split_k_takes(a.num_attention_heads, a.num_key_value_heads, dh)
     if dh % 2 or dh // 2 > QK_NORM_ROPE_MAX_PAIRS:
         return (prompt_plan.ATTN_QUANTIZED if staged else prompt_plan.ATTN_UNFUSED), k_rotated
     return (prompt_plan.ATTN_STAGED if staged else prompt_plan.ATTN_FUSED), k_rotated
@@ -345,7 +345,7 @@ def decode_step_bytes(sizes, T: int, max_cells: int, num_sms: int, kv: str = "f1
         a = sizes.args
         H, Hk, dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         splits = decode_splits(1, Hk, max(1, max_cells), dh, num_sms)
-        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv, prompt=False), splits, H // Hk <= (8 if dh == 256 else 16),
+        return prompt_plan.decode_step(T, max_cells, *_kv_path(sizes, kv, prompt=False), splits, H // Hk <= max_decode_group(dh),
                                        dh in ATTENTION_HEAD_DIMS, *prompt_tables(sizes))
     return _memo(("decode", sizes.key, T, max_cells, num_sms, kv),      # fit_context and make_plan ask the same
                  lambda: dry_run_decode_step(sizes, T, max_cells, num_sms, kv))

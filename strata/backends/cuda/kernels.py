@@ -79,8 +79,21 @@ def _each(**axes) -> tuple:
 
 # The entry-name fields the host asks for; tests expand every table entry over them.
 ALL_QTYPES = _each(qtype=EMBED_QTYPES)                    # every type strata.quant reads
+
+
+def max_decode_group(head_dim: int) -> int:
+    """The most query heads per KV head the tiled split-K decode kernels take at this head dim."""
+    return 8 if head_dim == 256 else 16
+
+
+def split_k_takes(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the tiled split-K decode kernels (f16 and quantized) take this head layout: a head dim of
+    ATTENTION_HEAD_DIMS and at most max_decode_group query heads per KV head."""
+    return head_dim in ATTENTION_HEAD_DIMS and num_heads // num_kv_heads <= max_decode_group(head_dim)
+
+
 DECODE_GROUPS = tuple({"dh": dh, "g": g} for dh in ATTENTION_HEAD_DIMS for g in (1, 2, 4, 8, 16)
-                      if g <= (8 if dh == 256 else 16))  # G = H / Hk rounded up to a power of two
+                      if g <= max_decode_group(dh))      # G = H / Hk rounded up to a power of two
 KV_DECODE_FORMATS = ("int8", "q4_0", "k8v4")             # cuda/kv_quant.cu's split-K decode formats
 
 

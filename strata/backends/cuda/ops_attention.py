@@ -10,7 +10,7 @@ import numpy as np
 
 from .attention_tc import prefill_tc_launch_shape
 from ...errors import InvalidArgument
-from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits
+from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes
 from .memory import DeviceTensor, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -67,8 +67,7 @@ class AttentionOps:
         """Whether T query rows over kv's f16 cells take a copy of the layer staged in VRAM: cells on
         the host (--kv-resident) read by a prompt kernel, whose tiles would each read them over the bus
         again. A step's split-K kernel (and the per-row kernel) read them in place."""
-        return (getattr(kv, "on_host", False) and T > DECODE_ROWS_MAX and dh in ATTENTION_HEAD_DIMS
-                and H // Hk <= (8 if dh == 256 else 16))
+        return getattr(kv, "on_host", False) and T > DECODE_ROWS_MAX and split_k_takes(H, Hk, dh)
 
     def _attend_cells(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
         """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): every cell
@@ -94,7 +93,7 @@ class AttentionOps:
         T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
-        if dh not in ATTENTION_HEAD_DIMS or G > (8 if dh == 256 else 16):
+        if not split_k_takes(H, Hk, dh):
             _one_sequence(pos, "attention_rows")
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
@@ -161,7 +160,7 @@ class AttentionOps:
     def _quantized_split_k(kv, H: int, Hk: int, dh: int, T: int) -> bool:
         """Whether T query rows over a quantized cache take the split-K decode kernels (a step or a
         verify window), else the prompt path over an f16 scratch."""
-        return T <= DECODE_ROWS_MAX and dh in ATTENTION_HEAD_DIMS and H // Hk <= (8 if dh == 256 else 16)
+        return T <= DECODE_ROWS_MAX and split_k_takes(H, Hk, dh)
 
     def _attend_quantized(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
         """Split-K decode over kv's planes of the layer for q [T, H, Dh] (already rotated where K is
