@@ -93,7 +93,9 @@ def test_q4_rotated_matches_the_slow_rule_and_its_bound(dh):
     y = kvq.rotate(x)
     step = np.abs(np.repeat(d.astype(np.float32), 32, axis=-1))
     err = np.abs(codec.decode(packed, d) - y)
-    assert np.all(err <= step * (1 + 2**-10))                      # a whole step where code 16 clips to 15
+    # a whole step where code 16 clips to 15, over the f16 rounding of d (|d| >= |m / 8| (1 - 2^-11), so
+    # |y| - 7 |d| <= |d| (1 + 8 2^-11)): the old 2^-10 missed that factor 8 (1.3% of draws at Dh 256 failed)
+    assert np.all(err <= step * (1 + 2**-8))
     assert np.mean(err <= 0.5 * step * (1 + 2**-10)) > 0.95         # half a step everywhere else
     back = kvq.rotate(codec.decode(packed, d))                      # the rotation is orthonormal: same L2 error
     assert np.allclose(np.linalg.norm(back - x, axis=-1), np.linalg.norm(err, axis=-1), rtol=1e-3, atol=1e-5)
