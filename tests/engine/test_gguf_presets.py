@@ -14,8 +14,8 @@ Bound: max |GPU - oracle| <= REL * max |oracle logit| for every preset, where th
 tests/engine/cpu_f16_kv.py (f16 K/V and the tensor-core GEMMs' f16 inputs). The bound is the same for
 every type: each dequantization on the device is bit-exact with strata.quant.dequant, and the one
 type-dependent rounding (f16 of a decoded weight in a prompt GEMM) is in the oracle too, so what is
-left is summation order and the f16 roundings it tips, as in test_cuda_runner.py (1e-3 emulated,
-3e-3 on the device). Draws keep a router top-k margin of GAP and a greedy top-2 logit margin of
+left is summation order and the f16 roundings it tips (2e-3 emulated, from the measurements at REL;
+3e-3 on the device, as test_cuda_runner.py). Draws keep a router top-k margin of GAP and a greedy top-2 logit margin of
 MARGIN * max |logit| in the oracle (a legitimate rounding flips a nearer tie).
 """
 import numpy as np
@@ -31,7 +31,9 @@ pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
 PROMPT, CHUNK, STEPS = 21, 16, 4
-REL = {"emulated": 1e-3, "gpu": 3e-3}
+# emulated: 24 draws of the Q4_K_M presets measured 5.3e-4..6.9e-4, and seed 3873993080 1.27e-3 (a
+# draw with router and greedy margins 3x the GAP and MARGIN: summation order, no flip; at aba964e too)
+REL = {"emulated": 2e-3, "gpu": 3e-3}
 # Router margins: the oracle leaves out the prompt attention's f16 Q and P, which moved a router logit
 # by 1.9e-3 (emulated, seed 545365389, an F16 router) and by more than 3.8e-3 on the H200 (seed
 # 3765260694, IQ4_NL); a top-k decided by less flips and moves one row by 10-100x the bound.
