@@ -9,6 +9,7 @@ note. A failure part way prints what was measured before it, then one line namin
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import sys
@@ -171,7 +172,10 @@ def _prompt_phase(runner, res: BenchResult, n: int, ids: list[int], line) -> Non
     before = _stream_counters(runner)
     logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
     dt = time.perf_counter() - t0
-    res.prompt[n] = {"tok_s": n / dt, "seconds": dt, **_stream_delta(runner, before, dt), "_logits": logits}
+    res.prompt[n] = {"tok_s": n / dt, "seconds": dt, **_stream_delta(runner, before, dt), "_logits": logits,
+                     "logits_sha256": hashlib.sha256(np.ascontiguousarray(logits).tobytes()).hexdigest()[:16]}
+    if getattr(runner, "room_lent", None) is not None:      # seed 001: whether the draft layer's room was lent
+        res.prompt[n]["room_lent"] = bool(runner.room_lent)
     _vram_peak(runner, res)
     line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
 
@@ -254,6 +258,9 @@ def report(res: BenchResult) -> str:
                 f"{'hit rate':>10}{'PCIe GB/s':>11}{'of pinned':>11}")
     for n, r in res.prompt.items():
         rows.append(f"{'prompt ' + str(n):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{'':>28}{_stream_cols(r, h2d)}")
+    if res.prompt:
+        rows.append("prompt logits sha256: " + ", ".join(
+            f"{n} {r['logits_sha256']}" + (" (room lent)" if r.get("room_lent") else "") for n, r in res.prompt.items()))
     for ctx, r in res.decode.items():
         share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
         rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"

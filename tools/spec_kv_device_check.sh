@@ -8,8 +8,10 @@
 #              streamed, the spec tests (window graphs under budgets and quantized K/V)
 #     spec12   bench at 12 GiB, qwen3-30b-a3b-mtp: --mtp --spec 2 --prompt 4096 (windows at a budget,
 #              the draft layer's prompt cells inside the loan) and --spec auto against plain
-#     room     seed 001's A/B at 8 GiB on qwen3-30b-a3b-mtp: prompts 4096,16384,32768 with
-#              --mtp-room-min 0 against -1 (logits' sha256 printed by stream_check for both)
+#     room     seed 001's A/B at 8 GiB on qwen3-30b-a3b-mtp: prompts 64,4096,16384,32768 with
+#              --mtp-room-min 1024 (the 64-token one under the threshold) against -1, and the 64-token
+#              one alone with --mtp-room-min 0 (a short prompt that pays the copy back); bench prints
+#              each prompt's logits sha256 and whether the room was lent
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
@@ -32,7 +34,7 @@ has long && ! has spec12 && ! has room && shape=qwen3-30b-a3b-128k
 start_pack "$shape" 240
 
 if has tests; then
-    device_tests 240 20 ${TESTS:-tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py}
+    device_tests 240 20 ${TESTS:-tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py tests/engine/test_cuda_runner.py tests/engine/test_kv_gpu_runner.py}
 else
     device_tests 120 3
 fi
@@ -45,8 +47,10 @@ if has spec12; then
     bench auto12 70 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec auto --prompt 512 --decode 128
 fi
 if has room; then
-    bench noroom8 120 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min -1 --prompt 4096,16384,32768 --decode 0
-    bench room8 120 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min 0 --prompt 4096,16384,32768 --decode 0
+    for arm in "noroom8 -1 64,4096,16384,32768" "room8 1024 64,4096,16384,32768" "shortroom8 0 64"; do
+        set -- $arm
+        bench "$1" 100 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min "$2" --prompt "$3" --decode 0
+    done
 fi
 if has long; then
     [ "$shape" != qwen3-30b-a3b-128k ] && { start_pack qwen3-30b-a3b-128k 200; wait $pack_pid; cat "$OUT/pack.log"; }
