@@ -3,7 +3,8 @@
 // cuda/attention.cu's combine with the un-rotation): sharing the code, not a copy of it, keeps the fused
 // results bit for bit those of the separate launches. The rules are strata/quant/kv.py's (cuda/kv_quant.cu's
 // header restates them). A head vector of Dh = 32 * PER values lies over one warp, PER consecutive values a
-// lane (lane l holds dims l * PER .. l * PER + PER - 1).
+// lane (lane l holds dims l * PER .. l * PER + PER - 1). Also the decode kernels' rule for where a cell
+// lives under --kv-resident's VRAM window (RingWindow).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -109,5 +110,23 @@ __device__ __forceinline__ void append_head(float (&v)[PER], int lane, int64_t r
         quantize_int8<PER>(v, lane, static_cast<int8_t*>(values) + row * DH, scales + row * (DH / 64));
     }
 }
+
+// Where a decode row's cells live under --kv-resident's VRAM window: cells >= from in the ring
+// at cell % ring_cells, older ones in the caches (ring_cells 0: every cell in the caches). B rows of
+// one sequence at consecutive positions: the newest row's length is at most length + B - 1, and the
+// ring holds that row's newest ring_cells cells, so from = length + B - 1 - ring_cells is safe for
+// every row. The split-K decode kernels of cuda/attention.cu and cuda/kv_quant.cu share it.
+struct RingWindow {
+    int from, first_slot, ring_cells;
+    __device__ RingWindow(int length, int rows, int ring)
+        : from(ring > 0 ? max(0, length + rows - 1 - ring) : length),
+          first_slot(ring > 0 ? from % ring : 0), ring_cells(ring) {}
+    __device__ bool holds(int cell) const { return cell >= from; }
+    // cell % ring_cells for cells in from..from + ring_cells - 1 (every cell a row reads there)
+    __device__ int64_t slot(int cell) const {
+        const int s = first_slot + (cell - from);
+        return s >= ring_cells ? s - ring_cells : s;
+    }
+};
 
 }  // namespace strata_kv

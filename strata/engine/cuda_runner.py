@@ -237,7 +237,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         from ..errors import DeviceError
         try:
             return DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
-                            config.kv, num_slots=config.parallel, on_host=True)
+                            config.kv, num_slots=config.parallel, on_host=True, window=config.kv_resident)
         except DeviceError as exc:
             raise DeviceError(f"--kv-resident {config.kv_resident}: pinning the KV of {max_context} cells in host "
                               f"memory was refused ({exc}); a smaller --max-context or --kv format needs less") from None
@@ -316,6 +316,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
+        if start and getattr(self.kv, "window", 0):      # the reused cells' newest into the VRAM window
+            for dst, src, nbytes in self.kv.window_refill(start):
+                self.rt.copy_d2d(dst, src, nbytes, self.stream)
         if self.drafter:
             self.drafter.truncate(start)
         out = None
@@ -458,18 +461,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         }
 
     def kv_status(self) -> dict:
-        """The KV format, cells in VRAM and on the host (every slot's), and the KV bytes the next decoded
-        token reads over the bus: with --kv-resident every cell is on the host and decode reads the
-        sequence's cells in place (this version keeps no window of them in VRAM), so that is the
-        cells read (the sequence's length + 1) x bytes per cell x layers."""
+        """The KV format, cells a layer keeps in VRAM and on the host (every slot's), and the KV bytes
+        the next decoded token reads over the bus: with --kv-resident every cell is on the host and
+        the newest N also in the VRAM window, so decode reads the cells older than the window in
+        place: (length + 1 - N, at least 0) x bytes per cell x layers."""
         kv = self.kv_all
         if not self.kv_on_host:
             return {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
                     "bus_bytes_per_token": 0}
         cells = min(len(self.cached_ids) + 1, self.max_context)
-        return {"format": self.kv_format, "cells_vram": 0, "cells_host": self.max_context * self.num_slots,
-                "bus_bytes_per_token": cells * kv.cell_bytes * kv.num_layers, "resident_limit": self.kv_resident,
-                "host_bytes": kv.host_bytes, "staged_bytes": self.ops.bytes_staged_kv}
+        return {"format": self.kv_format, "cells_vram": kv.window, "cells_host": self.max_context * self.num_slots,
+                "bus_bytes_per_token": kv.window_from(cells) * kv.cell_bytes * kv.num_layers,
+                "resident_limit": self.kv_resident, "vram_bytes": kv.vram_bytes, "host_bytes": kv.host_bytes,
+                "staged_bytes": self.ops.bytes_staged_kv}
 
     def decode_status(self) -> dict:
         """Graphs on or off (and why), the graphs held, and host time per decode step by mode:

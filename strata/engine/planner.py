@@ -3,7 +3,8 @@
 Pure host logic from a pack's sizes (never touches a device; tested on the CPU). The rules are
 docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier design it calls seed 000):
 
-- Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV format's
+- Mandatory: dense weights, the KV in VRAM (max_context cells, or the window of kv_resident cells
+  when --kv-resident below the context puts the authoritative cells in pinned host memory; at the KV format's
   bytes, strata.quant.kv.cell_bytes: f16 2 per value, int8 66 per 64 values, q4_0 18 per 32, k8v4
   int8 K and q4_0 V), decode scratch (the
   activation pool's first 64 MiB segment, or the decode step's peak if bigger, plus the zeros
@@ -298,9 +299,9 @@ def kv_on_host(config) -> bool:
 
 
 def kv_cells(config) -> int:
-    """KV cells a slot keeps in VRAM: the whole context, or none when they live on the host
-    (kv_on_host: this first version keeps no window of the newest N in VRAM; N bounds it)."""
-    return 0 if kv_on_host(config) else config.max_context
+    """KV cells a slot keeps in VRAM: the whole context, or with the cells on the host (kv_on_host)
+    the window of the newest N (DeviceKV's ring, --kv-resident N)."""
+    return config.kv_resident if kv_on_host(config) else config.max_context
 
 
 def kv_key(config) -> str:
@@ -309,12 +310,13 @@ def kv_key(config) -> str:
 
 
 def kv_bus_bytes_per_token(sizes: PackSizes, config) -> int:
-    """KV bytes a decoded token reads over the bus at the full context: the cells on the host x
-    bytes per cell x layers (decode reads every host cell in place; none while all are in VRAM)."""
+    """KV bytes a decoded token reads over the bus at the full context: the cells older than the
+    VRAM window x bytes per cell x layers (decode reads them in place on the host, the newest N from
+    the window; none while every cell is in VRAM)."""
     a = sizes.args
     if not kv_on_host(config):
         return 0
-    return kv_bytes(a, config.max_context, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+    return kv_bytes(a, config.max_context - kv_cells(config), config.kv, a.num_hidden_layers + a.num_mtp_layers)
 
 
 def kv_host_bytes(sizes: PackSizes, config) -> int:

@@ -375,17 +375,43 @@ def _row_bases(bases, B: int, S: int) -> list[int]:
     return [int(c) for c in view(bases, B, np.int32)] if bases else [b * S for b in range(B)]
 
 
-def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+def _window_cells(cache: int, ring: int, first: int, n: int, rows: int, ring_cells: int, cell_bytes: int) -> np.ndarray:
+    """A row's n cells [n, cell_bytes] of one plane, as the split-K decode reads them
+    (cuda/kv_codec.cuh RingWindow): the cells from max(0, n + rows - 1 - ring_cells) on from the ring
+    at cell % ring_cells, the older ones from the cache at cell `first` on (every one without a ring)."""
+    start = max(0, n + rows - 1 - ring_cells) if ring_cells else n
+    out = _resolve(cache + first * cell_bytes, start * cell_bytes).reshape(start, cell_bytes).copy() if start else \
+        np.zeros((0, cell_bytes), np.uint8)
+    if start < n:
+        newer = [_resolve(ring + (c % ring_cells) * cell_bytes, cell_bytes) for c in range(start, n)]
+        out = np.concatenate([out, np.stack(newer)])
+    return out
+
+
+def _kv_ring_append(grid, cells, s0, s1, s2, s3, d0, d1, d2, d3, T, ring_cells, b0, b1, b2, b3):
+    """strata_kv_ring_append: rows t >= T - ring_cells, each plane's cell cells[t] to slot cells[t] % ring_cells."""
+    planes = [(s, d, b) for s, d, b in ((s0, d0, b0), (s1, d1, b1), (s2, d2, b2), (s3, d3, b3)) if b]
+    assert grid[:2] == (T, len(planes)) and ring_cells > 0 and all(b % 2 == 0 for _, _, b in planes)
+    for t, c in enumerate(view(cells, T, np.int32)):
+        if t >= T - ring_cells:
+            for src, dst, n in planes:
+                _resolve(dst + (int(c) % ring_cells) * n, n)[:] = _resolve(src + int(c) * n, n)
+
+
+def _attention_decode(grid, q, kc, vc, lengths, bases, k_ring, v_ring, part_acc, part_ml, H, Hk, S, ring_cells,
+                      splits, scale, dh):
     """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache from cell bases[b], or
-    b * S without bases (S 0: the rows of one sequence's verify window share it)."""
+    b * S without bases (S 0: the rows of one sequence's verify window share it), the newest from the
+    ring of --kv-resident's window where ring_cells > 0 (_window_cells)."""
     B = grid[2]
     assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or S >= int(view(lengths, B, np.int32).max()))
+    firsts = _row_bases(bases, B, S)
+    assert not ring_cells or (k_ring and v_ring and not any(firsts))       # the ring is one sequence's
     G = H // Hk
-    for b, first in enumerate(_row_bases(bases, B, S)):
+    for b, first in enumerate(firsts):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
-        base = first * Hk * dh * 2
-        keys = view(kc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
-        vals = view(vc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+        keys, vals = (_window_cells(c, r, first, n, B, ring_cells, Hk * dh * 2).view(np.float16)
+                      .reshape(n, Hk, dh).astype(np.float32) for c, r in ((kc, k_ring), (vc, v_ring)))
         _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
                          part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
 
@@ -461,19 +487,24 @@ def _hadamard(grid, x, rows, dh, rot):
     xs[:] = kvq.rotate(xs.copy())
 
 
-def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale,
-                        dh):
+def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, rkv, rks, rvv, rvs, part_acc, part_ml, H, Hk,
+                        S, ring_cells, splits, scale, dh):
     from strata.quant import kv as kvq
     B = grid[2]
     assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or bases)
     lens = view(lengths, B, np.int32).astype(int)
     firsts = _row_bases(bases, B, 0)
-    rows = max(f + n for f, n in zip(firsts, lens))     # S 0: the rows of one window read one sequence's planes
+    assert not ring_cells or (rkv and rks and rvv and rvs and not any(firsts))   # the ring is one sequence's
     kc, vc = kvq.codecs(fmt)
-    keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
-    vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
+
+    def cells(codec, vals, scales, rvals, rscales, first, n):     # the row's n cells of the codec's planes
+        values, sc = codec.empty((1, Hk), dh)
+        got = [_window_cells(p, r, first, n, B, ring_cells, a.nbytes).view(a.dtype).reshape((n, Hk) + a.shape[2:])
+               for p, r, a in ((vals, rvals, values), (scales, rscales, sc))]
+        return codec.decode(*got)
     for b, first in enumerate(firsts):
-        _decode_partials(q + 4 * b * H * dh, keys_all[first:first + lens[b]], vals_all[first:first + lens[b]],
+        n = int(lens[b])
+        _decode_partials(q + 4 * b * H * dh, cells(kc, kv_, ks, rkv, rks, first, n), cells(vc, vv, vs, rvv, rvs, first, n),
                          part_acc + 4 * b * H * splits * dh, part_ml + 8 * b * H * splits, H, H // Hk, splits,
                          scale, dh)
 
@@ -497,7 +528,7 @@ _EMULATE = {
     "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "gemv_rows": _gemv_rows,
     "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
-    "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
+    "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,

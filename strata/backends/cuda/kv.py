@@ -92,10 +92,12 @@ class KVQuantOps:
         return self.ops._download(buf, x.shape, np.float32)
 
     def attention_decode(self, fmt: str, q: np.ndarray, k_planes, v_planes, lengths: np.ndarray,
-                         num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
+                         num_splits: int | None = None, scale: float | None = None, ring=None) -> np.ndarray:
         """One query per sequence, q [B, H, Dh], over quantized planes [B, S, Hk, ...] of format fmt,
         sequence b reading cells 0..lengths[b]-1 -> [B, H*Dh]: q rotated where K is, the split-K
-        kernel, attention.cu's combine, the output un-rotated where V is rotated."""
+        kernel, attention.cu's combine, the output un-rotated where V is rotated. ring (K planes,
+        V planes) [R, Hk, ...]: --kv-resident's VRAM window of one sequence (B 1), cell c at c % R,
+        which the kernel reads the newest cells from (cuda/kv_codec.cuh RingWindow)."""
         ops = self.ops
         if fmt not in DECODE_FORMATS:
             raise InvalidArgument(f"attention_decode: format {fmt!r} not in {DECODE_FORMATS}")
@@ -125,9 +127,18 @@ class KVQuantOps:
         # every buffer held in a local until the launches are queued
         planes = [ops._upload(np.ascontiguousarray(a)) for a in (*k_planes, *v_planes)]
         lengths_dev = ops._upload(lengths)
+        rings, ring_cells = [0] * 4, 0
+        if ring is not None:
+            ring_cells = ring[0][0].shape[0]
+            for codec, (values, scales) in zip((kc, vc), ring):
+                vshape, _, sshape = _planes_shape(codec, (ring_cells, Hk), dh)
+                if values.shape != vshape or scales.shape != sshape:
+                    raise InvalidArgument(f"attention_decode: {codec.name} ring {values.shape} / {scales.shape}, "
+                                          f"want {vshape} / {sshape}")
+            rings = [ops._upload(np.ascontiguousarray(a)) for a in (*ring[0], *ring[1])]
         ops._launch("attention_decode_quant", (splits, Hk, B),
-                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale)),
-                    fmt=fmt, dh=dh, g=gp)
+                    (q_dev, *planes, lengths_dev, 0, *rings, part_acc, part_ml, H, Hk, S, ring_cells, splits,
+                     float(scale)), fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:
             self._hadamard(out, B * H, dh)

@@ -317,12 +317,15 @@ class DeviceKV:
     gives them), so nbytes is strata.engine.planner.kv_bytes of the format for all the cells.
 
     on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
-    memory at the same layout; the kernels append to it and decode reads it in place over the bus,
-    and a prompt chunk's attention reads a copy of the layer staged in VRAM (DeviceOps). VRAM then
-    holds none of the cells (vram_bytes 0): the window of the newest cells is still to come."""
+    memory at the same layout, the authoritative cells; the kernels append to it and a prompt chunk's
+    attention reads a copy of the layer staged in VRAM (DeviceOps). window > 0 (one slot) adds the
+    VRAM window: per buffer a ring of `window` cells a layer, [num_layers, window, Hk, ...] in VRAM
+    (ring_planes()), cell c at c % window. Every append is copied into it (strata_kv_ring_append), and
+    a decode step reads a sequence's newest cells from it and the older ones in place over the bus
+    (cuda/kv_codec.cuh RingWindow). It is never read before it is written, so it is not zeroed."""
 
     def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
-                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False):
+                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False, window: int = 0):
         from ...quant import kv as kv_formats
         if fmt not in kv_formats.KV_FORMATS:
             raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
@@ -354,6 +357,11 @@ class DeviceKV:
                                          plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
+        if window and not (on_host and num_slots == 1 and 0 < window < max_cells):
+            raise InvalidArgument(f"DeviceKV: a VRAM window of {window} cells needs one slot's cells on the host "
+                                  f"and 0 < window < max_cells ({max_cells})")
+        self.window = window
+        self.rings = [rt.DeviceBuffer(device, num_layers * window * cell) for _, cell in self.buffers] if window else []
 
     @property
     def quantized(self) -> bool:
@@ -365,8 +373,8 @@ class DeviceKV:
 
     @property
     def vram_bytes(self) -> int:
-        """Bytes of the cells in VRAM (none when they live on the host)."""
-        return 0 if self.on_host else self.nbytes
+        """Bytes of the cells in VRAM: every cell, or on the host only the window's ring."""
+        return sum(ring.nbytes for ring in self.rings) if self.on_host else self.nbytes
 
     @property
     def host_bytes(self) -> int:
@@ -402,6 +410,35 @@ class DeviceKV:
         are the bytes [addr + c0 * cell, addr + c1 * cell)."""
         self._check(layer)
         return [(buf.ptr + (layer * self.layer_cells + self.base) * cell, cell) for buf, cell in self.buffers]
+
+    def ring_planes(self, layer: int) -> list[int]:
+        """Device addresses of layer's window ring, one per buffer (as cell_ranges orders them), or
+        zeros without a window (the decode kernels' null ring)."""
+        self._check(layer)
+        if not self.window:
+            return [0] * len(self.buffers)
+        return [ring.ptr + layer * self.window * cell for ring, (_, cell) in zip(self.rings, self.buffers)]
+
+    def window_from(self, length: int) -> int:
+        """The first of a sequence's `length` cells the window holds (RingWindow's rule for one row)."""
+        return max(0, length - self.window) if self.window else length
+
+    def window_refill(self, length: int) -> list[tuple[int, int, int]]:
+        """(destination, source, bytes) of the copies that make the window's ring hold the newest of a
+        sequence's `length` cells from the host cells (at most two ranges a plane and layer, the ring
+        wrapping): a prompt that reuses a prefix runs them, since the ring may hold a longer earlier
+        sequence's cells, or cells a warm-up or a kept conversation's copy put back on the host only."""
+        lo = self.window_from(length)
+        out = []
+        for layer in range(self.num_layers if self.window else 0):
+            for (src, cell), dst in zip(self.cell_ranges(layer), self.ring_planes(layer)):
+                c = lo
+                while c < length:
+                    slot = c % self.window
+                    n = min(length - c, self.window - slot)
+                    out.append((dst + slot * cell, src + c * cell, n * cell))
+                    c += n
+        return out
 
     def view(self, slot: int) -> "DeviceKV":
         """Slot `slot` as a one-sequence cache over the same buffers: its layer(), planes() and

@@ -40,6 +40,12 @@ def _one_sequence(pos: DeviceTensor, what: str) -> None:
         raise InvalidArgument(f"{what} reads one sequence's cells; rows of several slots need the split-K "
                               f"decode attention (head dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
 
+def _ring(kv, layer: int) -> tuple:
+    """(the ring planes of layer, cells) of kv's VRAM window (--kv-resident; K and V, or a quantized
+    format's four planes), or null planes and 0 without one."""
+    window = getattr(kv, "window", 0)
+    return (tuple(kv.ring_planes(layer)) if window else (0,) * (4 if kv.quantized else 2)), window
+
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
 
@@ -77,7 +83,7 @@ class AttentionOps:
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
         if not self._stages(kv, T, H, Hk, dh):
-            return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+            return self._attend(q, Hk, kc, vc, pos, kv.max_cells, _ring(kv, layer))
         rows = kv.max_cells
         k_stage = self.alloc((rows, Hk, dh), np.float16)
         v_stage = self.alloc((rows, Hk, dh), np.float16)
@@ -88,8 +94,11 @@ class AttentionOps:
         del k_stage, v_stage                    # in this order (strata._ext.prompt_plan ATTN_STAGED)
         return out
 
-    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
-        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
+    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int,
+                ring: tuple = ((0, 0), 0)) -> DeviceTensor:
+        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh].
+        ring: ((K ring, V ring), cells) of --kv-resident's VRAM window, which the split-K decode reads
+        the newest cells from (_ring); the other kernels read every cell at kc, vc."""
         T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
@@ -98,7 +107,7 @@ class AttentionOps:
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
-            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
+            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring)
         elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
             self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
@@ -114,12 +123,24 @@ class AttentionOps:
         if not getattr(kv, "quantized", False):
             kc, vc = kv.layer(layer)
             self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
+        else:
+            (kcodec, vcodec), planes = kv.codecs, kv.planes(layer)
+            rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+            for x, codec, (values, scales) in ((k, kcodec, planes[:2]), (v, vcodec, planes[2:])):
+                extra = (rot,) if codec.rotated else ()
+                self.launch(f"kv_append_{codec.name}", (T, Hk),
+                            (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+        self._ring_append(kv, layer, pos, T)
+
+    def _ring_append(self, kv, layer: int, pos, T: int) -> None:
+        """The T cells just appended to kv's layer copied into its VRAM window (--kv-resident), every
+        plane in one launch (strata_kv_ring_append), so the window's ring equals the host cells."""
+        if not getattr(kv, "window", 0):
             return
-        (kcodec, vcodec), planes = kv.codecs, kv.planes(layer)
-        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
-        for x, codec, (values, scales) in ((k, kcodec, planes[:2]), (v, vcodec, planes[2:])):
-            extra = (rot,) if codec.rotated else ()
-            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+        src, dst = kv.cell_ranges(layer), kv.ring_planes(layer)
+        pad = (0,) * (4 - len(src))
+        self.launch("kv_ring_append", (T, len(src)),
+                    (_cells(pos), *(a for a, _ in src), *pad, *dst, *pad, T, kv.window, *(c for _, c in src), *pad))
 
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
                              positions) -> DeviceTensor:
@@ -173,9 +194,10 @@ class AttentionOps:
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
+        ring, ring_cells = _ring(kv, layer)
         self.launch("attention_decode_quant", (splits, Hk, T),
-                    (q.ptr, *kv.planes(layer), lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits,
-                     scale), fmt=kv.fmt, dh=dh, g=gp)
+                    (q.ptr, *kv.planes(layer), lengths, bases, *ring, part_acc.ptr, part_ml.ptr, H, Hk, stride,
+                     ring_cells, splits, scale), fmt=kv.fmt, dh=dh, g=gp)
         if kv.codecs[1].rotated:
             self.launch("attention_combine_rot", (H, T),
                         (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits, float(np.float32(1.0 / np.sqrt(dh)))))
@@ -192,8 +214,9 @@ class AttentionOps:
         return decode_splits(1, num_kv_heads, max_cells, head_dim, self.num_sms)
 
     def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
-                          scale: float) -> None:
-        """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
+                          scale: float, ring: tuple = ((0, 0), 0)) -> None:
+        """Split-K over the cells 0..length-1 (length read on the device; the newest from the ring of
+        --kv-resident's window where there is one), then the combine."""
         _, H, dh = q.shape
         G = H // Hk
         T = q.shape[0]
@@ -201,9 +224,10 @@ class AttentionOps:
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
+        (k_ring, v_ring), ring_cells = ring
         self.launch("attention_decode", (splits, Hk, T),
-                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh,
-                    g=gp)
+                    (q.ptr, kc, vc, lengths, bases, k_ring, v_ring, part_acc.ptr, part_ml.ptr, H, Hk, stride,
+                     ring_cells, splits, scale), dh=dh, g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 
@@ -257,4 +281,5 @@ class AttentionOps:
             self.launch("qk_norm_rope_kv_quant", grid, (*head, *kv.planes(layer), *tail, rot), fmt=kv.fmt)
         else:
             self.launch("qk_norm_rope_kv", grid, (*head, *kv.layer(layer), *tail))
+        self._ring_append(kv, layer, pos, T)
         return q_out
