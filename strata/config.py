@@ -148,7 +148,9 @@ class EngineConfig:
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
                                                      "docs/DESIGN.md)"})
-    kv_resident: int = field(default=0, metadata={"help": "N below the context: the KV in pinned host memory, read over the bus (GPU; none of it kept in VRAM yet); 0 = all in VRAM"})
+    kv_resident: int = field(default=0, metadata={"help": "N below the context: every KV cell in pinned host memory and "
+                                                          "the newest N of each layer also in a VRAM window; decode "
+                                                          "reads the older cells over the bus (GPU); 0 = all in VRAM"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
@@ -248,8 +250,8 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --spec/--mtp: the draft layer's KV over the host "
                               f"copy is not built yet (use one of them)")
     if cfg.kv_resident and cfg.parallel > 1:
-        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV runs one "
-                              f"sequence so far (use one of them)")
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV and its "
+                              f"VRAM window run one sequence so far (use one of them)")
     if cfg.spec != "0" and not cfg.mtp:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
     if cfg.mtp and cfg.spec == "0":
