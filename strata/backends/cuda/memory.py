@@ -254,6 +254,19 @@ class DeviceWeights:
         return name in self.pack.meta["dense"]
 
 
+class Positions(DeviceTensor):
+    """A forward's positions [T + 1] int32 on the device (DeviceOps.upload_positions: the positions,
+    then max + 1) with num_cells = max + 1 kept on the host: a prompt chunk's attention reads cells
+    0..num_cells-1 only, so the copy of a layer it reads (staged from the host, or dequantized) needs
+    no more."""
+
+    __slots__ = ("num_cells",)
+
+    def __init__(self, t: DeviceTensor, num_cells: int):
+        super().__init__(t.buf, t.offset, t.shape, t.dtype, t.keep)
+        self.num_cells = num_cells
+
+
 class StepRows(DeviceTensor):
     """The positions of a decode step's rows [T + 1] int32 on the device (the positions, then
     max + 1), with three more int32 arrays [T] beside them in device memory: each row's attention

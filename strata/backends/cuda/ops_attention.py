@@ -34,6 +34,12 @@ def _cells(pos: DeviceTensor) -> int:
     return pos.cells if isinstance(pos, StepRows) else pos.ptr
 
 
+def _cells_read(pos: DeviceTensor, max_cells: int) -> int:
+    """The cells 0..n-1 a prompt chunk's attention reads (its kernels load no cell past the largest
+    position): n from Positions where the host knows it, else every cell."""
+    return min(getattr(pos, "num_cells", max_cells), max_cells)
+
+
 def _one_sequence(pos: DeviceTensor, what: str) -> None:
     """Kernels that read the cache from cell 0 by the positions take the rows of one sequence only."""
     if isinstance(pos, StepRows) and pos.num_slots > 1:
@@ -76,10 +82,10 @@ class AttentionOps:
         return getattr(kv, "on_host", False) and T > DECODE_ROWS_MAX and split_k_takes(H, Hk, dh)
 
     def _attend_cells(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
-        """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): every cell
-        of the layer copied into two f16 [max_cells, Hk, Dh] blocks of the pool (the size of a
-        quantized cache's scratch, so a prompt's memory does not grow along the context; cells never
-        written copy as zeros), then the prompt kernels read the copy, bit for bit the same cells."""
+        """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): the cells
+        the chunk reads (0..max(positions), _cells_read) copied into two f16 [max_cells, Hk, Dh]
+        blocks of the pool (the size of a quantized cache's scratch, so a prompt's memory does not
+        grow along the context), then the prompt kernels read the copy, bit for bit the same cells."""
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
         if not self._stages(kv, T, H, Hk, dh):
@@ -87,9 +93,10 @@ class AttentionOps:
         rows = kv.max_cells
         k_stage = self.alloc((rows, Hk, dh), np.float16)
         v_stage = self.alloc((rows, Hk, dh), np.float16)
-        self.rt.copy_d2d(k_stage.ptr, kc, k_stage.nbytes, self.stream)
-        self.rt.copy_d2d(v_stage.ptr, vc, v_stage.nbytes, self.stream)
-        self.bytes_staged_kv += k_stage.nbytes + v_stage.nbytes
+        nbytes = _cells_read(pos, rows) * Hk * dh * 2
+        self.rt.copy_d2d(k_stage.ptr, kc, nbytes, self.stream)
+        self.rt.copy_d2d(v_stage.ptr, vc, nbytes, self.stream)
+        self.bytes_staged_kv += 2 * nbytes
         out = self._attend(q, Hk, k_stage.ptr, v_stage.ptr, pos, rows)
         del k_stage, v_stage                    # in this order (strata._ext.prompt_plan ATTN_STAGED)
         return out
@@ -162,15 +169,15 @@ class AttentionOps:
         if self._quantized_split_k(kv, H, Hk, dh, T):
             return self._attend_quantized(q, Hk, kv, layer, pos)
         _one_sequence(pos, "a quantized cache's prompt attention")
-        # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
-        # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
-        # all) and a step reading its positions on the device takes it too; the attention reads
-        # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
-        rows = kv.max_cells
+        # the scratch's size is the cache's, whatever the positions, so a prompt's memory does not
+        # grow along it (the planner's dry run prices one chunk for all); only the cells the
+        # attention reads (0..max(positions), where the host knows it: _cells_read) are dequantized,
+        # every cell for a step whose positions are read on the device
+        rows, used = kv.max_cells, _cells_read(pos, kv.max_cells)
         scratch = []
         for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
             f16 = self.alloc((rows, Hk, dh), np.float16)
-            self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
+            self.launch("kv_dequant_f16", (used, Hk), (values, scales, f16.ptr, used, Hk, dh), codec=codec.name)
             scratch.append(f16)
         out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
         if vc.rotated:
