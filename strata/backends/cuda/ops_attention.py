@@ -46,11 +46,13 @@ def _one_sequence(pos: DeviceTensor, what: str) -> None:
         raise InvalidArgument(f"{what} reads one sequence's cells; rows of several slots need the split-K "
                               f"decode attention (head dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
 
+
 def _ring(kv, layer: int) -> tuple:
     """(the ring planes of layer, cells) of kv's VRAM window (--kv-resident; K and V, or a quantized
     format's four planes), or null planes and 0 without one."""
     window = getattr(kv, "window", 0)
     return (tuple(kv.ring_planes(layer)) if window else (0,) * (4 if kv.quantized else 2)), window
+
 
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
