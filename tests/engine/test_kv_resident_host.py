@@ -214,6 +214,23 @@ def test_window_refilled_when_a_prompt_reuses_a_prefix(fake, rng, fmt):
         assert np.array_equal(vram.decode(t), host.decode(t))
 
 
+def test_window_after_a_warm_up_between_turns(fake, rng):
+    """A warm-up between two turns writes its own cells into the ring and puts the host cells back
+    only: the second turn (reusing the first's prefix) still equals the all-resident runner's."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    vram, host = _runner(pack, 96, "int8"), _runner(pack, 96, "int8", RESIDENT)
+    first = rng.integers(0, V, 30).tolist()
+    second = first + rng.integers(0, V, 5).tolist()
+    for r in (vram, host):
+        r.prefill(first, 0)
+        r.warm_up(24, 3)
+    assert host.reusable_prefix(second) == 30
+    assert np.array_equal(vram.prefill(second, 30), host.prefill(second, 30))
+    for t in rng.integers(0, V, 4).tolist():
+        assert np.array_equal(vram.decode(t), host.decode(t))
+
+
 def test_window_refill_copies():
     """window_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
     from types import SimpleNamespace
