@@ -157,10 +157,11 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
-    mtp_room_min: int = field(default=-1, metadata={
+    mtp_room_min: int = field(default=1024, metadata={
         "help": "with --mtp under a VRAM budget: a request that reads at least this many prompt tokens lends "
                 "the draft layer's cached experts to the prompt's expert ring while it reads (copied back "
-                "before its first decode step); -1 = never"})
+                "before its first decode step; on the 30B shape at 8 GiB it read 4K prompts 1.38x as fast, "
+                "32K ones 1.04x); -1 = never"})
     keep_conversations_gib: float = field(default=4.0, metadata={
         "help": "host RAM for the K/V of conversations a new request pushes out of a slot, so a returning "
                 "one is copied back instead of read again (at most a quarter of the available host "

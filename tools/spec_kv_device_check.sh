@@ -12,6 +12,11 @@
 #              --mtp-room-min 1024 (the 64-token one under the threshold) against -1, and the 64-token
 #              one alone with --mtp-room-min 0 (a short prompt that pays the copy back); bench prints
 #              each prompt's logits sha256 and whether the room was lent
+#     specn    --mtp --spec N for N = 1..4 at 12 GiB, prompt 512, 64 greedy tokens: random weights reject
+#              every draft, so a verify pass emits one token and costs a window of N + 1 rows plus N
+#              draft steps in steady decode (time_windows' best-of-3 at a budget times admissions)
+#     short    a 64-token prompt with the room lent (--mtp-room-min 0) against under the threshold
+#              (1024), the same plan in both (a 32768-token prompt sizes the context)
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
@@ -30,7 +35,7 @@ steps=("$@")
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 shape=qwen3-30b-a3b-mtp
-has long && ! has spec12 && ! has room && shape=qwen3-30b-a3b-128k
+has long && ! has spec12 && ! has room && ! has specn && ! has short && shape=qwen3-30b-a3b-128k
 start_pack "$shape" 240
 
 if has tests; then
@@ -50,6 +55,17 @@ if has room; then
     for arm in "noroom8 -1 64,4096,16384,32768" "room8 1024 64,4096,16384,32768" "shortroom8 0 64"; do
         set -- $arm
         bench "$1" 100 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min "$2" --prompt "$3" --decode 0
+    done
+fi
+if has specn; then
+    for n in 1 2 3 4; do
+        bench spec${n}x12 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec $n --prompt 512 --decode 64
+    done
+fi
+if has short; then
+    for arm in "short0 0" "short1024 1024"; do
+        set -- $arm
+        bench "$1" 60 qwen3-30b-a3b-mtp --vram-budget-gib 8 --mtp --spec 2 --mtp-room-min "$2" --prompt 64,32768 --decode 0
     done
 fi
 if has long; then
