@@ -450,7 +450,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)
-    pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
+    pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths,
+                                                decode_kv_bytes(sizes, config))
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, kv_cells(config), mb, cache.total_slots,
                 slots, cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
@@ -471,12 +472,23 @@ def decode_bytes_per_token(pack) -> int:
     return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
 
 
-def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths):
+def decode_kv_bytes(sizes: PackSizes, config) -> tuple[int, int]:
+    """(K/V bytes a decoded token reads in VRAM, and over the bus) at half the context: the mean
+    context of a token in a conversation that grows to fill the window. Every layer's cells up to
+    the token's position, in the KV format (the host's cells in place when they live there)."""
+    a = sizes.args
+    half = kv_bytes(a, max(1, config.max_context // 2), config.kv, a.num_hidden_layers)
+    return (0, half) if kv_on_host(config) else (half, 0)
+
+
+def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths,
+            kv_read: tuple[int, int] = (0, 0)):
     """(PCIe bytes per prompt chunk, prompt tok/s, decode hit rate, decode tok/s): bandwidth
     ceilings under uniform routing. A chunk streams every expert it touches that is not cached
     while the prompt runs (1 - (1 - A/E)^T of a layer's experts: all of them for large chunks); a
     decoded token reads the dense weights and A experts a layer, cached ones at the device's copy
-    rate and the rest over PCIe. Compute and KV reads are not modeled."""
+    rate and the rest over PCIe, and kv_read's K/V bytes (decode_kv_bytes: in VRAM, on the host).
+    Compute is not modeled."""
     a = sizes.args
     E, A = a.num_experts, a.num_experts_per_tok
     touched = 1.0 - (1.0 - A / E) ** chunk
@@ -486,6 +498,6 @@ def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: 
     cached_read = A * sum(k / E * b for k, b in zip(cache.per_layer(slots), cache.blobs))
     pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
     dense_read = decode_bytes_per_token(pack) - expert_read
-    seconds = ((dense_read + cached_read) / (bw.device_copy_gb_s * 1e9)
-               + (expert_read - cached_read) / (bw.h2d_gb_s * 1e9))
+    seconds = ((dense_read + cached_read + kv_read[0]) / (bw.device_copy_gb_s * 1e9)
+               + (expert_read - cached_read + kv_read[1]) / (bw.h2d_gb_s * 1e9))
     return pcie, prompt_tps, slots / cache.total_slots, 1.0 / seconds
