@@ -102,8 +102,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
-        # strata.engine.slots; no conversations kept for a hybrid (its states are not cells)
-        self._init_slots(config.parallel, self.kv_all.view, 0 if hybrid else keep_bytes(config))
+        # strata.engine.slots; conversations kept in host RAM (a hybrid's with its DeltaNet states)
+        self._init_slots(config.parallel, self.kv_all.view, keep_bytes(config))
 
     # the decode path's state, as the runner's (status, tests and tools read these)
     @property
@@ -277,18 +277,32 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                 for layer in range(kv.num_layers) for buf, cell in kv.buffers]
 
     def _cells_out(self, n: int):
-        """(host copies of cells 0..n-1 of this slot's KV, their bytes) for a kept conversation."""
+        """(host copies of cells 0..n-1 of this slot's KV, their bytes) for a kept conversation; a
+        hybrid's payload is (cells, the DeltaNet states now, the snapshots)."""
         out = []
         for buf, off, nbytes in self._kv_ranges(n):
             host = np.empty(nbytes, np.uint8)
             buf.copy_to_host(host, self.stream, off)
             out.append(host)
         self.stream.synchronize()
-        return out, sum(h.nbytes for h in out)
+        nbytes = sum(h.nbytes for h in out)
+        if not self.hybrid:
+            return out, nbytes
+        states, snapshots = self.kv.read_states(), list(self.kv.snapshots)   # never changed in place
+        return (out, states, snapshots), nbytes + states.nbytes * (1 + len(snapshots))
 
     def _cells_in(self, payload, n: int) -> None:
-        for (buf, off, _), host in zip(self._kv_ranges(n), payload):
+        cells = payload[0] if self.hybrid else payload
+        for (buf, off, _), host in zip(self._kv_ranges(n), cells):
             buf.copy_from_host(host, self.stream, off)
+        if self.hybrid:
+            self.kv.write_states(payload[1])
+            self.kv.snapshots = list(payload[2])
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        if not self.hybrid or n >= kept_len:
+            return n
+        return max([m for m, _ in payload[2] if m <= n], default=0)
 
     @property
     def interleaves(self) -> bool:
@@ -312,9 +326,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
 
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
+        self._keep_tail(start)                               # (a hybrid's live states with it)
         if self.hybrid:
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
-        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)

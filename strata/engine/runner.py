@@ -38,8 +38,8 @@ class CpuRunner(Speculating, Slots):
         self._last = None                    # logits [V] of the last prefill or decode
         if parallel > 1 and self.spec:
             raise InvalidArgument("--parallel with --spec: speculation in parallel slots is not implemented yet")
-        # strata.engine.slots: one sequence each; conversations kept in host RAM (not a hybrid's states)
-        self._init_slots(parallel, lambda slot: self._new_kv(), 0 if hybrid else keep_bytes)
+        # strata.engine.slots: one sequence each; conversations kept in host RAM (a hybrid's with its states)
+        self._init_slots(parallel, lambda slot: self._new_kv(), keep_bytes)
 
     def _new_kv(self) -> KVCache:
         a = self.args
@@ -92,8 +92,23 @@ class CpuRunner(Speculating, Slots):
         return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _cells_out(self, n: int):
-        """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept)."""
-        kv = self.kv
+        """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept);
+        a hybrid's copy holds its DeltaNet states and snapshots as well."""
+        if not isinstance(self.kv, HybridCache):
+            return self._kv_copy(self.kv, n)
+        hybrid = self.kv
+        cells, nbytes = self._kv_copy(hybrid.kv, n)
+        out = HybridCache(cells, self.args, hybrid.max_snapshots)
+        out.conv = {l: a.copy() for l, a in hybrid.conv.items()}
+        out.ssm = {l: a.copy() for l, a in hybrid.ssm.items()}
+        out.snapshots = list(hybrid.snapshots)      # snapshot()/rewind() never change one in place
+        return out, nbytes + hybrid.state_bytes() * (1 + len(out.snapshots))
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        return payload.resumable(n, kept_len) if isinstance(payload, HybridCache) else n
+
+    @staticmethod
+    def _kv_copy(kv: KVCache, n: int):
         out = KVCache(len(kv.planes), *kv.shape, kv.max_len, kv.fmt)
         nbytes = 0
         for layer, planes in enumerate(kv.planes):
@@ -119,9 +134,9 @@ class CpuRunner(Speculating, Slots):
     def prefill_steps(self, ids: list[int], start: int, on_progress=None):
         """prefill() as a generator that pauses between chunks: meanwhile the caller may step other
         slots (then use() this slot again); the last logits stay for pick()."""
+        self._keep_tail(start)                               # (a hybrid's live states with it)
         if isinstance(self.kv, HybridCache):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
-        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
