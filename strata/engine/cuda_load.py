@@ -27,9 +27,6 @@ def check_config(pack, config: EngineConfig) -> None:
         if config.mtp and str(config.spec) != "0":
             raise InvalidArgument("--spec: speculation on qwen3next is not built yet (on the GPU its DeltaNet "
                                   "states would need rolling back; --spec 0 runs it)")
-        if config.parallel > 1:
-            raise UnsupportedError(f"--parallel {config.parallel}: qwen3next on the GPU runs one sequence so far "
-                                   "(its DeltaNet states are per sequence; --parallel 1 runs it)")
         if config.kv_resident:
             raise UnsupportedError(f"--kv-resident {config.kv_resident}: qwen3next's KV on the host is not built yet "
                                    "(its attention layers' cache is its own; 0 runs it)")

@@ -77,7 +77,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         cuda_load.check_parallel(config, a)
         # every slot's cells in one cache (slot s from cell s * max_context): a batched step's rows name theirs
         if hybrid:      # K/V of the attention layers and the DeltaNet states (backends.cuda.ops_next)
-            self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv)
+            self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv,
+                                            num_slots=config.parallel)
         else:
             self.kv_all = kv_all or DeviceKV(rt, self.dev, self.stream, num_layers, max_context,
                                              a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel)
@@ -372,13 +373,23 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self._drafter_steps(self.steps.hidden)
         return out[-1] if logits else None
 
+    def use(self, slot: int) -> None:
+        """Slots.use; a hybrid model's DeltaNet states follow the slot (DeviceHybridCache.swap)."""
+        if self.hybrid and slot != self.slot and 0 <= slot < self.num_slots:
+            self.kv_all.swap(self.slot, slot)
+        super().use(slot)
+
     def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
         """One batched decode step: token i appended to slot slots[i]'s sequence, every row in one
         launch of each kernel (a graph per row count) over the whole cache, each row naming its
         slot's cells (memory.StepRows); row i's logits stay on the device for that slot's pick().
-        Each row computes what that slot's own one-row step does (row-invariant kernels)."""
+        Each row computes what that slot's own one-row step does (row-invariant kernels). A hybrid
+        model's rows step one slot at a time (the DeltaNet step kernels read one sequence's states)."""
         if len(set(slots)) != len(slots):
             raise InvalidArgument(f"decode_batch: slots {slots} repeat")
+        if self.hybrid:
+            self._decode_in_turn(slots, tokens)
+            return
         positions = [len(self.slot_ids(s)) for s in slots]
         if max(positions) + 1 > self.max_context:
             raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
@@ -389,6 +400,18 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.use(slot)
             self.cached_ids.append(token)
             self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
+
+    def _decode_in_turn(self, slots: list[int], tokens: list[int]) -> None:
+        """decode_batch of a hybrid model: one step per slot, each slot's logits copied aside (the next
+        slot's step writes the same output), so every slot's pick() reads its own."""
+        V = self.args.vocab_size
+        if getattr(self, "_turn_logits", None) is None:
+            self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * V * 4)
+        for slot, token in zip(slots, tokens):
+            self.use(slot)
+            self.decode(token, logits=False)
+            self.rt.copy_d2d(self._turn_logits.ptr + slot * V * 4, self._last.ptr, V * 4, self.stream)
+            self._last = DeviceTensor(self._turn_logits, slot * V * 4, (1, V), np.float32, None)
 
     def pick(self, params, u: float, mask=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:

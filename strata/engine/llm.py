@@ -117,7 +117,7 @@ class LLM:
         try:
             self._load_runner(wanted)
         except UnsupportedError as exc:
-            # what the GPU does not run of qwen3next yet (--parallel > 1): auto falls back to the CPU
+            # what the GPU does not run of qwen3next yet (--kv-resident): auto falls back to the CPU
             if not (wanted.device == "auto" and self.device == "cuda" and self.args.architecture == "qwen3next"):
                 raise
             print(f"strata: {exc}; running on the CPU", file=sys.stderr, flush=True)

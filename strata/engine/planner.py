@@ -269,7 +269,10 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
                                                      cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
-        "kv": kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
+        "kv": (kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+               # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
+               + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
+                  else 0)),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),
