@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig, SamplingParams
+from strata.engine.batching import split
 from strata.engine.scheduler import PROMPT_CHUNK, Request, Scheduler
 from strata.engine.types import Completion, Delta, Usage
 from strata.errors import InvalidArgument
@@ -131,6 +132,31 @@ def test_tokens_alone_equal_tokens_of_parallel_slots(tiny_pack):
         assert list(par.scheduler.drive(r))[-1][0] == "done"
     assert [r.completion.token_ids for r in reqs] == alone
     assert calls and max(len(c) for c in calls) == 3          # three slots stepped together
+
+
+@pytest.mark.parametrize("batch_max", [1, 2, 3, 0])
+def test_tokens_are_the_same_under_every_grouping(tiny_pack, batch_max):
+    # --batch-max N: steps of at most N rows (1: each alone); 0: the auto rule, which tries every
+    # grouping early on. A sampled request's tokens are its tokens alone whichever ran.
+    from strata import LLM
+    one = _llm(tiny_pack, 1)
+    par = LLM(tiny_pack, device="cpu", parallel=4, batch_max=batch_max)
+    par.tokenizer.eos_token_ids = []
+    alone = [one.generate(p, max_tokens=12, temperature=0.8, seed=3).token_ids for p in PROMPTS]
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    reqs = [par.scheduler.submit(Request(par.tokenizer.encode(p), params)) for p in PROMPTS]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == alone
+    assert max(sizes, default=1) <= (batch_max or 4)
+    assert par.status()["batching"]["batch_max"] == batch_max
+    if batch_max == 1:
+        assert sizes == []                   # every row stepped alone
+    else:                                   # 4 rows under a cap of 3 run as 2 + 2 (batching.split)
+        assert max(sizes) == split(4, batch_max or 4)[0]
 
 
 def test_a_follow_up_turn_goes_to_the_slot_that_holds_its_conversation(tiny_pack):
