@@ -287,3 +287,23 @@ def test_emulated_kept_cells_come_back_bit_for_bit(fake, rng):
     got = runner.prefill(more, start)
     steady.prefill(a, 0)
     assert np.array_equal(got, steady.prefill(more, len(a)))
+
+
+# ---- tools/parallel_bench.py's A/B, on the CPU ----
+
+def test_parallel_bench_runs_the_rule_and_rows_in_line_on_the_same_prompts(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "parallel_bench", Path(__file__).resolve().parents[2] / "tools" / "parallel_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "pb.json"
+    assert bench.main(["--device", "cpu", "--synthetic", "tiny", "--batch-max", "0,1", "--clients", "1,2",
+                       "--prompt", "8", "--decode", "6", "--warm", "4", "--long", "0", "--json", str(out)]) == 0
+    arms = json.loads(out.read_text())["arms"]
+    assert [(a["budget_gib"], a["batch_max"]) for a in arms] == [(0.0, 0), (0.0, 1)]
+    for a in arms:
+        assert [r["clients"] for r in a["rounds"]] == [1, 2] and all(r["tokens"] > 0 for r in a["rounds"])
+    assert arms[0]["rounds"][-1]["batching"]["auto"] and arms[1]["rounds"][-1]["batching"]["cap"] == 1
