@@ -169,3 +169,26 @@ def test_batch_max_through_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_BATCH_MAX", "5")
     with pytest.raises(InvalidArgument, match="batch_max"):
         EngineConfig.from_kwargs(parallel=4)
+
+
+def test_a_failed_step_ends_its_groups_requests_only():
+    clock, calls = Clock(), []
+
+    def batch(works):
+        calls.append(sorted(w.slot for w in works))
+        if len(calls) == 1:
+            raise RuntimeError("device fault")
+        for w in works:
+            w.pending, w.stepped = None, True
+
+    def begin(ids, params, on_progress=None, slot=0, **extra):
+        return CostWork(ids, params, clock, misses, slot)
+    s = Scheduler(begin, 8, num_slots=4, batch=batch, batch_rule=FixedBatch(2), clock=clock)
+    reqs = [s.submit(Request([p], SamplingParams(max_tokens=5))) for p in range(1, 5)]
+    while s.step():
+        pass
+    failed = [r for r in reqs if r.state == "error"]
+    assert len(failed) == 2 and all(r.inbox[-1][0] == "error" for r in failed)
+    assert all(r.completion.token_ids == [p * 1000 + i for i in range(5)] for p, r in enumerate(reqs, 1)
+               if r.state == "done")
+    assert sum(r.state == "done" for r in reqs) == 2
