@@ -77,9 +77,11 @@ class FixedBatch:
         return statistics.median(times) if times is not None and len(times) >= NEED_SAMPLES else None
 
     def to_dict(self) -> dict:
+        costs = {r: self.cost_ms(r) for r in sorted(self.step_ms)}
+        costs = {r: ms for r, ms in costs.items() if ms is not None}
         return {"batch_max": self.max_rows if not self.auto else 0, "auto": self.auto, "cap": self.cap,
-                "step_ms": {r: round(self.cost_ms(r), 3) for r in sorted(self.step_ms) if self.cost_ms(r)},
-                "row_ms": {r: round(self.cost_ms(r) / r, 3) for r in sorted(self.step_ms) if self.cost_ms(r)}}
+                "step_ms": {r: round(ms, 3) for r, ms in costs.items()},
+                "row_ms": {r: round(ms / r, 3) for r, ms in costs.items()}}
 
 
 class AutoBatch(FixedBatch):
@@ -91,7 +93,7 @@ class AutoBatch(FixedBatch):
         super().__init__(max_rows)
         self.probe, self.max_probe, self.keep = probe, max_probe, keep
         self.gap = self.next_probe = probe
-        self.probing: tuple[int, ...] | None = None     # the grouping a probe ran, judged next iteration
+        self.probing: tuple[int, ...] | None = None     # the choice when a probe ran, judged next iteration
         self.last_measured: dict[int, int] = {}         # row count -> iteration of its last step
 
     def observe(self, rows: int, ms: float) -> None:
@@ -109,15 +111,15 @@ class AutoBatch(FixedBatch):
         best = min(options, key=self._total_ms)
         self.cap = best[0]
         if self.probing is not None:                # the last iteration probed: did it move the choice?
-            moved = best == self.probing
+            moved = best != self.probing
             self.gap = self.probe if moved else min(2 * self.gap, self.max_probe)
             self.next_probe = self.iterations + self.gap
             self.probing = None
         if self.iterations >= self.next_probe:
             i = options.index(best)
             near = [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
-            self.probing = min(near, key=lambda g: min(self.last_measured.get(r, -1) for r in g))
-            return self.probing
+            self.probing = best
+            return min(near, key=lambda g: min(self.last_measured.get(r, -1) for r in g))
         return best
 
     def _options(self, rows: int) -> list[tuple[int, ...]]:

@@ -192,3 +192,10 @@ def test_a_failed_step_ends_its_groups_requests_only():
     assert all(r.completion.token_ids == [p * 1000 + i for i in range(5)] for p, r in enumerate(reqs, 1)
                if r.state == "done")
     assert sum(r.state == "done" for r in reqs) == 2
+
+
+def test_probes_come_further_apart_while_the_choice_holds():
+    groupings, _ = run(AutoBatch(4), resident, tokens=1200)
+    probes = [i for i, g in enumerate(groupings) if g != (4,) and i > 10]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert 4 <= len(probes) <= 6 and gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], probes
