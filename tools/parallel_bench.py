@@ -88,7 +88,7 @@ def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
     """The clients rounds of one engine: --vram-budget-gib budget_gib (0: resident), --batch-max."""
     rng = np.random.default_rng(0)          # every arm the same prompts
     out = {"budget_gib": budget_gib, "batch_max": batch_max, "rounds": []}
-    llm = _llm(args, max(clients), args.prompt + args.warm + args.decode + 8, "auto", budget_gib, batch_max)
+    llm = _llm(args, max(clients), args.prompt + max(args.warm, args.decode) + 8, "auto", budget_gib, batch_max)
     name = f"{budget_gib:g} GiB" if budget_gib else "resident"
     print(f"{name}, --batch-max {batch_max}: plan {llm.status().get('prefill_chunk')} chunk, parallel "
           f"{llm.config.parallel}, context {llm.max_context} a slot", flush=True)
