@@ -307,3 +307,25 @@ def test_parallel_bench_runs_the_rule_and_rows_in_line_on_the_same_prompts(tmp_p
     for a in arms:
         assert [r["clients"] for r in a["rounds"]] == [1, 2] and all(r["tokens"] > 0 for r in a["rounds"])
     assert arms[0]["rounds"][-1]["batching"]["auto"] and arms[1]["rounds"][-1]["batching"]["cap"] == 1
+
+
+@pytest.mark.parametrize("batch_max", [2, 0])
+def test_emulated_groupings_give_each_sequence_its_greedy_tokens_alone(fake, batch_max):
+    # the GPU runner through the scheduler: groups of one row count share a graph and its logits
+    # buffer, so each group's picks must come before the next group's step (the emulation's rows are
+    # not bitwise its one-row steps, but greedy picks of the demo model are far from ties)
+    from strata import LLM
+    one = LLM(device="cuda", max_context=96)
+    want = []
+    for p in PROMPTS:
+        one.runner.reset()
+        want.append(one.generate(p, max_tokens=8).token_ids)
+    par = LLM(device="cuda", parallel=4, max_context=96, batch_max=batch_max)
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    reqs = [par.scheduler.submit(Request(par.tokenizer.encode(p), SamplingParams(max_tokens=8))) for p in PROMPTS]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == want
+    assert sizes and max(sizes) == (batch_max or 4) and (batch_max == 0 or sizes.count(2) >= 2)
