@@ -240,7 +240,8 @@ class Scheduler:
         return ready[k:] + ready[:k]
 
     def _step_group(self, group: list[Slot]) -> None:
-        """One batched decode step for the group's rows (a lone row steps itself), then their picks;
+        """One batched decode step for the group's rows (a lone row steps itself), then their picks,
+        before the next group's step (a row count's graph writes every step's logits to one buffer);
         the rule is told its time. An engine fault in the batched step ends the group's requests."""
         t0 = self.clock()
         if len(group) > 1:
