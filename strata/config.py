@@ -169,6 +169,11 @@ class EngineConfig:
     parallel: int = field(default=1, metadata={"help": "sequences served at once (1..8): each has its own KV of "
                                                         "--max-context cells and its own cached conversation, "
                                                         "and their decode steps run batched, one step for all"})
+    batch_max: int = field(default=0, metadata={"help": "rows of one batched decode step of --parallel slots "
+                                                         "(1..--parallel; 1: each sequence steps alone); 0 = auto: "
+                                                         "the grouping whose measured step times cost least, so a "
+                                                         "budget where each extra row's experts come over the bus "
+                                                         "runs smaller steps"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
@@ -205,6 +210,10 @@ class EngineConfig:
                 or not 1 <= self.parallel <= PARALLEL_MAX:
             raise InvalidArgument(f"parallel must be a number of sequences from 1 to {PARALLEL_MAX} (the rows of one "
                                   f"batched decode step), got {self.parallel!r}")
+        if isinstance(self.batch_max, bool) or not isinstance(self.batch_max, int) \
+                or not 0 <= self.batch_max <= self.parallel:
+            raise InvalidArgument(f"batch_max must be 0 (auto) or a number of rows from 1 to --parallel "
+                                  f"({self.parallel}), got {self.batch_max!r}")
         _refuse_not_implemented(self)
         unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
         if unknown:

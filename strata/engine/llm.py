@@ -138,12 +138,16 @@ class LLM:
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:
         """A request queue over this model's --parallel slots (strata.engine.scheduler): requests go
-        to the slot with the longest cached prefix, and the slots' plain decode steps run batched.
+        to the slot with the longest cached prefix, and the slots' plain decode steps run batched,
+        grouped by --batch-max's rule (the newest scheduler's rule is what status() reports).
         begin: what starts a request's work (default self.begin; a wrapper's own)."""
+        from .batching import batch_rule
         from .scheduler import DEFAULT_QUEUE_SIZE
         n = self.config.parallel
+        self.batching = batch_rule(self.config.batch_max, n)
         return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
-                         choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None)
+                         choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None,
+                         batch_rule=self.batching)
 
     def _decode_batch(self, works: list["Generation"]) -> None:
         """One batched decode step for the works' pending tokens (Scheduler's batch)."""
@@ -207,7 +211,7 @@ class LLM:
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
-                "context_source": self.context_source, **self.runner.status()}
+                "context_source": self.context_source, **self.runner.status(), "batching": self.batching.to_dict()}
 
     # -- helpers -----------------------------------------------------------------------------
     def _submit(self, prompt, params: SamplingParams) -> Request:

@@ -361,6 +361,9 @@ class Plan:
     parallel: int = 1               # sequences with a KV of kv_cells each (--parallel)
     kv_host_bytes: int = 0          # the KV in pinned host memory (--kv-resident below the context)
     kv_bus_bytes_per_token: int = 0  # KV bytes a decoded token reads over the bus at the full context
+    batch_max: int = 0              # --batch-max: rows of one batched decode step (0: auto, measured while running)
+    batch_tok_s: tuple = ()         # bandwidth ceiling of a batched step of 1..parallel rows (batch_speeds)
+    batch_bus_bytes: tuple = ()     # expert bytes over the bus of a step of 1..parallel rows
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -460,7 +463,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source, config.parallel, kv_host_bytes(sizes, config),
-                kv_bus_bytes_per_token(sizes, config))
+                kv_bus_bytes_per_token(sizes, config), config.batch_max,
+                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel))
 
 
 def decode_bytes_per_token(pack) -> int:
@@ -504,3 +508,26 @@ def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: 
     seconds = ((dense_read + cached_read + kv_read[0]) / (bw.device_copy_gb_s * 1e9)
                + (expert_read - cached_read + kv_read[1]) / (bw.h2d_gb_s * 1e9))
     return pcie, prompt_tps, slots / cache.total_slots, 1.0 / seconds
+
+
+def batch_speeds(sizes: PackSizes, cache: ExpertCache, slots: int, bw: Bandwidths, parallel: int):
+    """(tok/s ceilings, expert bytes over the bus) of a batched decode step of 1..parallel rows, under
+    uniform routing: the dense weights are read once a step, and a layer's experts once each for the
+    distinct ones its rows touch (E(1 - (1 - A/E)^s) of them), cached ones at the device's copy rate
+    and the rest over PCIe. Where the cache holds every expert an extra row costs only its experts
+    at the device's rate; at a small budget most of them cross the bus, which --batch-max auto's
+    measurements then weigh against the dense read they share (the bus bytes say how much)."""
+    a = sizes.args
+    E, A = a.num_experts, a.num_experts_per_tok
+    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
+    dense_read = decode_bytes_per_token(pack) - A * sum(cache.blobs)
+    share = [k / E for k in cache.per_layer(slots)]
+    tok_s, bus = [], []
+    for s in range(1, parallel + 1):
+        touched = E * (1.0 - (1.0 - A / E) ** s)
+        cached = sum(touched * f * b for f, b in zip(share, cache.blobs))
+        missed = sum(touched * (1 - f) * b for f, b in zip(share, cache.blobs))
+        seconds = (dense_read + cached) / (bw.device_copy_gb_s * 1e9) + missed / (bw.h2d_gb_s * 1e9)
+        tok_s.append(round(s / seconds, 1))
+        bus.append(int(missed))
+    return tuple(tok_s), tuple(bus)
