@@ -22,7 +22,8 @@ pytest.importorskip("transformers")
 from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
-from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_llm, check_logits  # noqa: E402
+from tests.engine.qwen3next_checks import (  # noqa: E402
+    check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -115,3 +116,9 @@ def test_streamed_experts_give_the_resident_logits_bit_for_bit(tmp_path, rng, sh
     if loan:
         g = loan.status()["gpu"]
         assert g["vram_used_bytes"] <= g["vram_budget_bytes"]
+
+
+def test_parallel_slots_keep_their_own_deltanet_states(tmp_path, rng):
+    """--parallel 2: each slot reads what a one-slot runner reads for its sequence alone, with the
+    other slot working in between (qwen3next_checks.check_parallel_slots)."""
+    check_parallel_slots(tmp_path, rng, REL)

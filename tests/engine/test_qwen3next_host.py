@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from strata.config import EngineConfig, SamplingParams  # noqa: E402
+from strata.config import EngineConfig  # noqa: E402
 from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
 from tests.engine.qwen3next_checks import (  # noqa: E402
-    assert_close, check_follow_up, check_greedy, check_llm, check_logits)
+    assert_close, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 REL = 3e-4
@@ -129,37 +129,6 @@ def test_a_kept_conversation_brings_its_deltanet_states_back_on_the_cpu(tmp_path
     _kept_turns(runner, steady, pack.args.vocab_size, rng, 0.0)
 
 
+
 def test_parallel_slots_keep_their_own_deltanet_states(fake, tmp_path, rng):
-    """--parallel 2 on the GPU: each slot's prompt, decode steps (one at a time and through
-    decode_batch, which steps a hybrid's slots in turn) and follow-up turn read what a one-slot
-    runner reads for that sequence alone, while the other slot works in between (the states buffer
-    swapped at each use())."""
-    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=13)
-    pack = open_pack(path)
-    V = pack.args.vocab_size
-    par = CudaRunner(pack, 96, EngineConfig(device="cuda", parallel=2))
-    alone = [CudaRunner(pack, 96), CudaRunner(pack, 96)]
-    for r in (par, *alone):
-        r.prefill_chunk = 12
-    prompts = [rng.integers(0, V, 29).tolist(), rng.integers(0, V, 17).tolist()]
-    for s in (0, 1):
-        par.use(s)
-        assert_close(par.prefill(prompts[s], 0), alone[s].prefill(prompts[s], 0), 1e-6, f"slot {s} prompt")
-    tokens = [[int(t) for t in rng.integers(0, V, 4)] for _ in (0, 1)]
-    for i in range(2):                          # one slot at a time, alternating
-        for s in (0, 1):
-            par.use(s)
-            assert_close(par.decode(tokens[s][i]), alone[s].decode(tokens[s][i]), 1e-6, f"slot {s} step {i}")
-    greedy = SamplingParams(temperature=0.0)
-    for i in range(2, 4):                       # the scheduler's batched step
-        par.decode_batch([1, 0], [tokens[1][i], tokens[0][i]])
-        for s in (0, 1):
-            par.use(s)
-            want = alone[s].decode(tokens[s][i])
-            assert par.pick(greedy, 0.0) == int(np.argmax(want)), f"slot {s} batched step {i}"
-    follow = prompts[0] + tokens[0] + rng.integers(0, V, 5).tolist()
-    par.use(0)
-    start = par.reusable_prefix(follow)
-    assert start == len(prompts[0]) + 4 == alone[0].reusable_prefix(follow)
-    assert_close(par.prefill(follow, start), alone[0].prefill(follow, start), 1e-6, "slot 0 follow-up")
-    assert par.kv_all.nbytes == alone[0].kv_all.kv.nbytes * 2 + alone[0].kv_all.states.nbytes * 3
+    check_parallel_slots(tmp_path, rng, 1e-6)
