@@ -673,6 +673,8 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "gdn_conv1d_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d"),
                  "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step"),
                  "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt"),
+                 "gdn_chunk_prep_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_chunk_prep"),
+                 "gdn_chunk_scan_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_chunk_scan"),
                  "gdn_gates_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_gates"),
                  "sigmoid_mul_f32": _lazy_emulation("fake_gated_delta", "emulate_sigmoid_mul"),
                  "rope_partial_f32": _lazy_emulation("fake_gated_delta", "emulate_rope_partial"),

@@ -1,0 +1,241 @@
+// The gated delta rule over a prompt in chunks of 64 tokens (the WY / UT form), f32: the same inputs and
+// outputs as cuda/gated_delta.cu strata_gdn_prompt_f32 (the token loop), in two launches. The numpy
+// reference is strata/backends/cpu_linear_attn.py gated_delta_chunked; tests/engine/fake_gated_delta.py
+// emulates these two kernels step for step over their scratch layout.
+//
+// Per value head h and chunk of n <= 64 tokens, with c the inclusive cumulative sum of g over the chunk
+// (c_last = c[n-1]), qn and kn the L2-normalized q and k of h's key head (qn also times q_scale):
+//   A    = strictly_lower(beta_i (kn_i . kn_j) e^{c_i - c_j})             [64, 64]
+//   M    = (I + A)^-1 diag(beta)            (forward substitution, row by row)
+//   P    = lower(qn_i . kn_j e^{c_i - c_j}) (diagonal included)
+//   V'   = M (V - diag(e^c) Kn S)           (= U - W S of the WY form, W never formed)
+//   O    = diag(e^c) Qn S + P V'
+//   S   <- e^{c_last} S + Kn^T diag(e^{c_last - c}) V'
+// Rows and columns past n are zeros in M, P and the row scales, so a short last chunk needs no masks.
+//
+// strata_gdn_chunk_prep_f32(q, k, g, beta, scratch, T, Hv, Hg, Dk, q_scale, qk_ld)
+//   Per (chunk, h), independent of the state: writes GDN_CHUNK_SCRATCH floats at
+//   scratch + (chunk * Hv + h) * GDN_CHUNK_SCRATCH: M [64][64] row-major at 0, P [64][64] at 4096, the
+//   row scales qs_i = qinv_i e^{c_i} at 8192, ka_i = kinv_i e^{c_i} at 8256, kb_i = kinv_i e^{c_last - c_i}
+//   at 8320 (zero for i >= n), e^{c_last} at 8384. q, k [T, Hg, Dk] with row stride qk_ld; g, beta [T, Hv].
+//   1 <= Dk (any size: it is read in slices of 32). Launch: grid = (ceil(T / 64), Hv, 1), block = (256, 1, 1).
+//
+// strata_gdn_chunk_scan_f32(q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld)
+//   The chunks in order, per (h, 32 columns of S): the state tile [Dk, 32] stays in shared memory, every
+//   product is a [64, 32] += [64, L] x [L, 32] over a staged [64, 32] slice of its left factor (thread
+//   (ty, tx) owns column tx and rows ty + 8m). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv]
+//   updated in place, out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 32), Hv, 1),
+//   block = (256, 1, 1), after the prep launch on the same stream.
+
+#include <cstdint>
+
+#define GDN_CHUNK 64
+#define GDN_CHUNK_MAX_DK 128          // the scan's state tile [Dk][32] in shared memory
+#define GDN_CHUNK_SCRATCH 8448        // floats per (chunk, h): M, P, 3 x 64 row scales, e^{c_last}, padding
+#define GDN_SCALES 8192
+
+// The warp's sum of v, returned to every lane.
+__device__ __forceinline__ float gdn_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(const float* __restrict__ q,
+                                                                            const float* __restrict__ k,
+                                                                            const float* __restrict__ g,
+                                                                            const float* __restrict__ beta,
+                                                                            float* __restrict__ scratch, int T,
+                                                                            int Hv, int Hg, int Dk, float q_scale,
+                                                                            int64_t qk_ld) {
+    __shared__ float As[GDN_CHUNK][GDN_CHUNK + 1];
+    __shared__ float buf[2 * GDN_CHUNK * 33];       // k and q slices [64][33] each, then (I + A)^-1 [64][65]
+    __shared__ float c[GDN_CHUNK], b[GDN_CHUNK], qinv[GDN_CHUNK], kinv[GDN_CHUNK];
+    const int chunk = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hg);
+    const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* qc = q + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
+    const float* kc = k + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
+    if (tid < GDN_CHUNK) {
+        b[tid] = tid < n ? beta[(int64_t)(t0 + tid) * Hv + h] : 0.0f;
+        c[tid] = tid < n ? g[(int64_t)(t0 + tid) * Hv + h] : 0.0f;
+    }
+    for (int i = warp; i < GDN_CHUNK; i += 8) {     // a warp per row: the L2 norms, as gdn_load_qk takes them
+        float q2 = 0.0f, k2 = 0.0f;
+        for (int d = lane; i < n && d < Dk; d += 32) {
+            const float x = qc[i * qk_ld + d], y = kc[i * qk_ld + d];
+            q2 += x * x;
+            k2 += y * y;
+        }
+        q2 = gdn_warp_sum(q2);
+        k2 = gdn_warp_sum(k2);
+        if (lane == 0) {
+            qinv[i] = q_scale / sqrtf(q2 + 1e-6f);
+            kinv[i] = 1.0f / sqrtf(k2 + 1e-6f);
+        }
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int i = 1; i < GDN_CHUNK; ++i) c[i] += c[i - 1];   // numpy's cumsum order; past n it stays c_last
+
+    // the raw Gram products k_i . k_j and q_i . k_j: thread (ti, tj) owns rows ti + 16a, columns tj + 16b
+    const int ti = tid >> 4, tj = tid & 15;
+    float kk[4][4], qk[4][4];
+    for (int a = 0; a < 4; ++a)
+        for (int e = 0; e < 4; ++e) kk[a][e] = qk[a][e] = 0.0f;
+    float* ks = buf;
+    float* qs = buf + GDN_CHUNK * 33;
+    for (int d0 = 0; d0 < Dk; d0 += 32) {
+        __syncthreads();
+        for (int e = tid; e < GDN_CHUNK * 32; e += 256) {
+            const int r = e >> 5, cc = e & 31;
+            const bool ok = r < n && d0 + cc < Dk;
+            ks[r * 33 + cc] = ok ? kc[r * qk_ld + d0 + cc] : 0.0f;
+            qs[r * 33 + cc] = ok ? qc[r * qk_ld + d0 + cc] : 0.0f;
+        }
+        __syncthreads();
+        for (int cc = 0; cc < 32; ++cc) {
+            float ki[4], qi[4], kj[4];
+            for (int a = 0; a < 4; ++a) {
+                ki[a] = ks[(ti + 16 * a) * 33 + cc];
+                qi[a] = qs[(ti + 16 * a) * 33 + cc];
+                kj[a] = ks[(tj + 16 * a) * 33 + cc];
+            }
+            for (int a = 0; a < 4; ++a)
+                for (int e = 0; e < 4; ++e) {
+                    kk[a][e] += ki[a] * kj[e];
+                    qk[a][e] += qi[a] * kj[e];
+                }
+        }
+    }
+    float* out = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
+    for (int a = 0; a < 4; ++a)
+        for (int e = 0; e < 4; ++e) {
+            const int i = ti + 16 * a, j = tj + 16 * e;
+            const float dec = (j <= i && i < n) ? expf(c[i] - c[j]) : 0.0f;
+            As[i][j] = j < i ? b[i] * kk[a][e] * kinv[i] * kinv[j] * dec : 0.0f;
+            out[4096 + i * GDN_CHUNK + j] = qk[a][e] * qinv[i] * kinv[j] * dec;
+        }
+    __syncthreads();                                  // the slices are read; buf becomes the inverse
+
+    // (I + A)^-1 row by row: row i = e_i - sum_{j < i} A[i][j] row j (unit lower triangular)
+    float* inv = buf;
+    for (int i = 0; i < GDN_CHUNK; ++i) {
+        if (tid < GDN_CHUNK) {
+            float s = 0.0f;
+            for (int j = tid; j < i; ++j) s += As[i][j] * inv[j * 65 + tid];
+            inv[i * 65 + tid] = tid == i ? 1.0f : (tid < i ? -s : 0.0f);
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < GDN_CHUNK * GDN_CHUNK; e += 256) {
+        const int i = e >> 6, j = e & 63;
+        out[e] = inv[i * 65 + j] * b[j];
+    }
+    if (tid < GDN_CHUNK) {
+        const int i = tid;
+        const float cl = c[n - 1];
+        out[GDN_SCALES + i] = i < n ? qinv[i] * expf(c[i]) : 0.0f;
+        out[GDN_SCALES + 64 + i] = i < n ? kinv[i] * expf(c[i]) : 0.0f;
+        out[GDN_SCALES + 128 + i] = i < n ? kinv[i] * expf(cl - c[i]) : 0.0f;
+        if (i == 0) out[GDN_SCALES + 192] = expf(cl);
+    }
+}
+
+// xs <- rows [0, rows) x columns [0, cols) of src (row stride ld), row r times scale[r] (scale may be
+// null), zeros elsewhere; synchronized before (xs may still be read) and after.
+__device__ void gdn_stage(float (*xs)[32], const float* __restrict__ src, int64_t ld, int rows, int cols,
+                          const float* scale) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < GDN_CHUNK * 32; e += 256) {
+        const int r = e >> 5, cc = e & 31;
+        float x = 0.0f;
+        if (r < rows && cc < cols) x = src[r * ld + cc] * (scale ? scale[r] : 1.0f);
+        xs[r][cc] = x;
+    }
+    __syncthreads();
+}
+
+// acc[m] += sum_{cc < 32} xs[ty + 8m][cc] * y[cc][tx] (y: 32 rows of a [*][32] shared tile).
+__device__ __forceinline__ void gdn_accumulate(float* acc, const float (*xs)[32], const float (*y)[32], int ty,
+                                               int tx) {
+#pragma unroll 8
+    for (int cc = 0; cc < 32; ++cc) {
+        const float yv = y[cc][tx];
+#pragma unroll
+        for (int m = 0; m < 8; ++m) acc[m] += xs[ty + 8 * m][cc] * yv;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(const float* __restrict__ q,
+                                                                            const float* __restrict__ k,
+                                                                            const float* __restrict__ v,
+                                                                            const float* __restrict__ scratch,
+                                                                            float* state, float* __restrict__ out,
+                                                                            int T, int Hv, int Hg, int Dk, int Dv,
+                                                                            int64_t qk_ld, int64_t v_ld) {
+    __shared__ float S[GDN_CHUNK_MAX_DK][32];         // the state tile: rows d, columns j0 + tx
+    __shared__ float xs[GDN_CHUNK][32];               // a staged slice of the left factor
+    __shared__ float vs[GDN_CHUNK][32];               // R = V - diag(e^c) Kn S, then V'
+    __shared__ float scales[3 * GDN_CHUNK + 1];       // qs, ka, kb, e^{c_last}
+    const int h = blockIdx.y, kh = h / (Hv / Hg), j0 = blockIdx.x * 32;
+    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5, j = j0 + tx;
+    const bool col = j < Dv;
+    float* Sg = state + (int64_t)h * Dk * Dv + j;
+    for (int d = ty; d < GDN_CHUNK_MAX_DK; d += 8) S[d][tx] = (d < Dk && col) ? Sg[(int64_t)d * Dv] : 0.0f;
+    const int num_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
+    float acc[8];
+    for (int chunk = 0; chunk < num_chunks; ++chunk) {
+        const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
+        const float* sc = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
+        const float* qc = q + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
+        const float* kc = k + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
+        __syncthreads();                              // the last chunk's reads of scales and vs are done
+        if (tid < 3 * GDN_CHUNK + 1) scales[tid] = sc[GDN_SCALES + tid];
+
+        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // Kn e^c S
+        for (int d0 = 0; d0 < Dk; d0 += 32) {
+            gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + GDN_CHUNK);
+            gdn_accumulate(acc, xs, S + d0, ty, tx);
+        }
+        for (int m = 0; m < 8; ++m) {
+            const int i = ty + 8 * m;
+            vs[i][tx] = (i < n && col) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[m] : 0.0f;
+        }
+        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // V' = M R
+        for (int l0 = 0; l0 < GDN_CHUNK; l0 += 32) {
+            gdn_stage(xs, sc + l0, GDN_CHUNK, GDN_CHUNK, 32, nullptr);
+            gdn_accumulate(acc, xs, vs + l0, ty, tx);
+        }
+        __syncthreads();                              // every read of R is done
+        for (int m = 0; m < 8; ++m) vs[ty + 8 * m][tx] = acc[m];
+
+        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // O = Qn e^c S + P V'
+        for (int d0 = 0; d0 < Dk; d0 += 32) {
+            gdn_stage(xs, qc + d0, qk_ld, n, Dk - d0, scales);
+            gdn_accumulate(acc, xs, S + d0, ty, tx);
+        }
+        for (int l0 = 0; l0 < GDN_CHUNK; l0 += 32) {
+            gdn_stage(xs, sc + 4096 + l0, GDN_CHUNK, GDN_CHUNK, 32, nullptr);
+            gdn_accumulate(acc, xs, vs + l0, ty, tx);
+        }
+        for (int m = 0; m < 8; ++m) {
+            const int i = ty + 8 * m;
+            if (i < n && col) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[m];
+        }
+
+        const float decay = scales[3 * GDN_CHUNK];   // S <- e^{c_last} S + (Kn e^{c_last - c})^T V'
+        for (int d0 = 0; d0 < Dk; d0 += 32) {
+            gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + 2 * GDN_CHUNK);
+            for (int m = 0; m < 4; ++m) {
+                const int dl = ty + 8 * m;
+                float s = S[d0 + dl][tx] * decay;
+#pragma unroll 8
+                for (int i = 0; i < GDN_CHUNK; ++i) s += xs[i][dl] * vs[i][tx];
+                S[d0 + dl][tx] = s;
+            }
+        }
+    }
+    __syncthreads();
+    for (int d = ty; d < Dk; d += 8)
+        if (col) Sg[(int64_t)d * Dv] = S[d][tx];
+}
