@@ -21,18 +21,24 @@
 //   1 <= Dk (any size: it is read in slices of 32). Launch: grid = (ceil(T / 64), Hv, 1), block = (256, 1, 1).
 //
 // strata_gdn_chunk_scan_f32(q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld)
-//   The chunks in order, per (h, 32 columns of S): the state tile [Dk, 32] stays in shared memory, every
-//   product is a [64, 32] += [64, L] x [L, 32] over a staged [64, 32] slice of its left factor (thread
-//   (ty, tx) owns column tx and rows ty + 8m). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv]
-//   updated in place, out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 32), Hv, 1),
+//   The chunks in order, per (h, 16 columns of S): the state tile [Dk, 16] stays in shared memory, every
+//   product is a [64, 16] += [64, L] x [L, 16] over staged [64, 32] slices of its left factor (thread
+//   (ty, tx) owns column tx and rows ty + 16m). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv]
+//   updated in place, out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 16), Hv, 1),
 //   block = (256, 1, 1), after the prep launch on the same stream.
 
 #include <cstdint>
 
 #define GDN_CHUNK 64
-#define GDN_CHUNK_MAX_DK 128          // the scan's state tile [Dk][32] in shared memory
+#define GDN_CHUNK_MAX_DK 128          // the scan's state tile [Dk][16] in shared memory
 #define GDN_CHUNK_SCRATCH 8448        // floats per (chunk, h): M, P, 3 x 64 row scales, e^{c_last}, padding
 #define GDN_SCALES 8192
+#define GDN_SLICE 32                  // columns of a left factor staged at a time
+#define GDN_SCAN_COLS 16              // state columns per scan block: Hv * Dv / 16 blocks to hide latency
+#define GDN_SCAN_GROUPS (256 / GDN_SCAN_COLS)            // row groups of the scan's 256 threads
+#define GDN_SCAN_ROWS (GDN_CHUNK / GDN_SCAN_GROUPS)      // output rows per thread
+static_assert(GDN_SLICE % GDN_SCAN_GROUPS == 0 && GDN_CHUNK % GDN_SCAN_GROUPS == 0, "the scan's thread layout");
+static_assert(GDN_CHUNK_MAX_DK % GDN_SLICE == 0, "the state tile holds whole slices");
 
 // The warp's sum of v, returned to every lane.
 __device__ __forceinline__ float gdn_warp_sum(float v) {
@@ -143,11 +149,11 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(cons
 
 // xs <- rows [0, rows) x columns [0, cols) of src (row stride ld), row r times scale[r] (scale may be
 // null), zeros elsewhere; synchronized before (xs may still be read) and after.
-__device__ void gdn_stage(float (*xs)[32], const float* __restrict__ src, int64_t ld, int rows, int cols,
+__device__ void gdn_stage(float (*xs)[GDN_SLICE + 1], const float* __restrict__ src, int64_t ld, int rows, int cols,
                           const float* scale) {
     __syncthreads();
-    for (int e = threadIdx.x; e < GDN_CHUNK * 32; e += 256) {
-        const int r = e >> 5, cc = e & 31;
+    for (int e = threadIdx.x; e < GDN_CHUNK * GDN_SLICE; e += 256) {
+        const int r = e / GDN_SLICE, cc = e % GDN_SLICE;
         float x = 0.0f;
         if (r < rows && cc < cols) x = src[r * ld + cc] * (scale ? scale[r] : 1.0f);
         xs[r][cc] = x;
@@ -155,14 +161,14 @@ __device__ void gdn_stage(float (*xs)[32], const float* __restrict__ src, int64_
     __syncthreads();
 }
 
-// acc[m] += sum_{cc < 32} xs[ty + 8m][cc] * y[cc][tx] (y: 32 rows of a [*][32] shared tile).
-__device__ __forceinline__ void gdn_accumulate(float* acc, const float (*xs)[32], const float (*y)[32], int ty,
-                                               int tx) {
+// acc[m] += sum_{cc < GDN_SLICE} xs[ty + GDN_SCAN_GROUPS m][cc] * y[cc][tx] (y: a [*][GDN_SCAN_COLS] tile).
+__device__ __forceinline__ void gdn_accumulate(float* acc, const float (*xs)[GDN_SLICE + 1],
+                                               const float (*y)[GDN_SCAN_COLS], int ty, int tx) {
 #pragma unroll 8
-    for (int cc = 0; cc < 32; ++cc) {
+    for (int cc = 0; cc < GDN_SLICE; ++cc) {
         const float yv = y[cc][tx];
 #pragma unroll
-        for (int m = 0; m < 8; ++m) acc[m] += xs[ty + 8 * m][cc] * yv;
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] += xs[ty + GDN_SCAN_GROUPS * m][cc] * yv;
     }
 }
 
@@ -173,17 +179,18 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
                                                                             float* state, float* __restrict__ out,
                                                                             int T, int Hv, int Hg, int Dk, int Dv,
                                                                             int64_t qk_ld, int64_t v_ld) {
-    __shared__ float S[GDN_CHUNK_MAX_DK][32];         // the state tile: rows d, columns j0 + tx
-    __shared__ float xs[GDN_CHUNK][32];               // a staged slice of the left factor
-    __shared__ float vs[GDN_CHUNK][32];               // R = V - diag(e^c) Kn S, then V'
-    __shared__ float scales[3 * GDN_CHUNK + 1];       // qs, ka, kb, e^{c_last}
-    const int h = blockIdx.y, kh = h / (Hv / Hg), j0 = blockIdx.x * 32;
-    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5, j = j0 + tx;
+    __shared__ float S[GDN_CHUNK_MAX_DK][GDN_SCAN_COLS];   // the state tile: rows d, columns j0 + tx
+    __shared__ float xs[GDN_CHUNK][GDN_SLICE + 1];         // a staged slice of the left factor
+    __shared__ float vs[GDN_CHUNK][GDN_SCAN_COLS];         // R = V - diag(e^c) Kn S, then V'
+    __shared__ float scales[3 * GDN_CHUNK + 1];            // qs, ka, kb, e^{c_last}
+    const int h = blockIdx.y, kh = h / (Hv / Hg), j0 = blockIdx.x * GDN_SCAN_COLS;
+    const int tid = threadIdx.x, tx = tid % GDN_SCAN_COLS, ty = tid / GDN_SCAN_COLS, j = j0 + tx;
     const bool col = j < Dv;
     float* Sg = state + (int64_t)h * Dk * Dv + j;
-    for (int d = ty; d < GDN_CHUNK_MAX_DK; d += 8) S[d][tx] = (d < Dk && col) ? Sg[(int64_t)d * Dv] : 0.0f;
+    for (int d = ty; d < GDN_CHUNK_MAX_DK; d += GDN_SCAN_GROUPS)
+        S[d][tx] = (d < Dk && col) ? Sg[(int64_t)d * Dv] : 0.0f;
     const int num_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
-    float acc[8];
+    float acc[GDN_SCAN_ROWS];
     for (int chunk = 0; chunk < num_chunks; ++chunk) {
         const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
         const float* sc = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
@@ -192,42 +199,42 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
         __syncthreads();                              // the last chunk's reads of scales and vs are done
         if (tid < 3 * GDN_CHUNK + 1) scales[tid] = sc[GDN_SCALES + tid];
 
-        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // Kn e^c S
-        for (int d0 = 0; d0 < Dk; d0 += 32) {
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // Kn e^c S
+        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + GDN_CHUNK);
             gdn_accumulate(acc, xs, S + d0, ty, tx);
         }
-        for (int m = 0; m < 8; ++m) {
-            const int i = ty + 8 * m;
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) {
+            const int i = ty + GDN_SCAN_GROUPS * m;
             vs[i][tx] = (i < n && col) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[m] : 0.0f;
         }
-        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // V' = M R
-        for (int l0 = 0; l0 < GDN_CHUNK; l0 += 32) {
-            gdn_stage(xs, sc + l0, GDN_CHUNK, GDN_CHUNK, 32, nullptr);
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // V' = M R
+        for (int l0 = 0; l0 < GDN_CHUNK; l0 += GDN_SLICE) {
+            gdn_stage(xs, sc + l0, GDN_CHUNK, GDN_CHUNK, GDN_SLICE, nullptr);
             gdn_accumulate(acc, xs, vs + l0, ty, tx);
         }
         __syncthreads();                              // every read of R is done
-        for (int m = 0; m < 8; ++m) vs[ty + 8 * m][tx] = acc[m];
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) vs[ty + GDN_SCAN_GROUPS * m][tx] = acc[m];
 
-        for (int m = 0; m < 8; ++m) acc[m] = 0.0f;    // O = Qn e^c S + P V'
-        for (int d0 = 0; d0 < Dk; d0 += 32) {
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // O = Qn e^c S + P V'
+        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, qc + d0, qk_ld, n, Dk - d0, scales);
             gdn_accumulate(acc, xs, S + d0, ty, tx);
         }
-        for (int l0 = 0; l0 < GDN_CHUNK; l0 += 32) {
-            gdn_stage(xs, sc + 4096 + l0, GDN_CHUNK, GDN_CHUNK, 32, nullptr);
+        for (int l0 = 0; l0 < GDN_CHUNK; l0 += GDN_SLICE) {
+            gdn_stage(xs, sc + 4096 + l0, GDN_CHUNK, GDN_CHUNK, GDN_SLICE, nullptr);
             gdn_accumulate(acc, xs, vs + l0, ty, tx);
         }
-        for (int m = 0; m < 8; ++m) {
-            const int i = ty + 8 * m;
+        for (int m = 0; m < GDN_SCAN_ROWS; ++m) {
+            const int i = ty + GDN_SCAN_GROUPS * m;
             if (i < n && col) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[m];
         }
 
         const float decay = scales[3 * GDN_CHUNK];   // S <- e^{c_last} S + (Kn e^{c_last - c})^T V'
-        for (int d0 = 0; d0 < Dk; d0 += 32) {
+        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + 2 * GDN_CHUNK);
-            for (int m = 0; m < 4; ++m) {
-                const int dl = ty + 8 * m;
+            for (int m = 0; m < GDN_SLICE / GDN_SCAN_GROUPS; ++m) {
+                const int dl = ty + GDN_SCAN_GROUPS * m;
                 float s = S[d0 + dl][tx] * decay;
 #pragma unroll 8
                 for (int i = 0; i < GDN_CHUNK; ++i) s += xs[i][dl] * vs[i][tx];
@@ -236,6 +243,6 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
         }
     }
     __syncthreads();
-    for (int d = ty; d < Dk; d += 8)
+    for (int d = ty; d < Dk; d += GDN_SCAN_GROUPS)
         if (col) Sg[(int64_t)d * Dv] = S[d][tx];
 }

@@ -8,7 +8,7 @@ Times are CUDA-event medians of back-to-back launches after a warm-up (the state
 launch; the decays keep it bounded). GFLOP counts each form's own multiply-adds (2 flops each): the
 chunked form 2 C^2 Dk (Gram) + C^3 / 6 (the inverse) + 3 C Dk Dv + 2 C^2 Dv a chunk and head, the token
 loop 3 Dk Dv a token and head. GB/s counts the compulsory bytes (q, k, v, g, beta, out, the state read
-and written), the chunked form's scratch (written once, read once per 32 columns) on its own line.
+and written), the chunked form's scratch (written once, read once per 16 columns) on its own line.
 Shares are of the H200's 67 TFLOP/s f32 (no tensor cores) and 4.8 TB/s. --sweep adds short prompts,
 to place linear_attn.GDN_CHUNK_MIN_T where the chunked form starts to win. Also checks the two forms
 agree (max |difference| over max |out|).
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backends.cuda.linear_attn import GDN_CHUNK, GDN_CHUNK_SCRATCH, gdn_chunk_launches, gdn_chunk_scratch_bytes
+from strata.backends.cuda.linear_attn import (GDN_CHUNK, GDN_CHUNK_SCRATCH, GDN_SCAN_COLS, gdn_chunk_launches,
+                                              gdn_chunk_scratch_bytes)
 from strata.backends.cuda.testing import CudaOps
 
 HV, HG, DK, DV = 32, 16, 128, 128
@@ -85,7 +86,7 @@ def bench(ops: CudaOps, rng, T: int, reps: int) -> dict:
     diff = float(np.abs(got["chunk"] - got["token"]).max() / np.abs(got["token"]).max())
     f_chunk, f_token = flops(T)
     nbytes = compulsory_bytes(T)
-    scratch_bytes = gdn_chunk_scratch_bytes(T, HV) * (1 + -(-DV // 32))
+    scratch_bytes = gdn_chunk_scratch_bytes(T, HV) * (1 + -(-DV // GDN_SCAN_COLS))
     return {"T": T, "chunk_ms": chunk_ms, "token_ms": token_ms, "chunk_gflop": f_chunk / 1e9,
             "token_gflop": f_token / 1e9, "chunk_tflops": f_chunk / chunk_ms / 1e9,
             "token_tflops": f_token / token_ms / 1e9, "bytes": nbytes, "scratch_bytes": scratch_bytes,

@@ -91,7 +91,7 @@ def emulate_gdn_chunk_prep(grid, q, k, g, beta, scratch, T, Hv, Hg, Dk, q_scale,
 def emulate_gdn_chunk_scan(grid, q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld):
     """cuda/gated_delta_chunk.cu's scan: the chunks in order over the prep's scratch (its header's formulas)."""
     C, nc, r = 64, -(-T // 64), Hv // Hg
-    assert tuple(grid) == (-(-Dv // 32), Hv, 1) and 1 <= Dk <= 128 and v_ld >= Hv * Dv
+    assert tuple(grid) == (-(-Dv // 16), Hv, 1) and 1 <= Dk <= 128 and v_ld >= Hv * Dv
     blocks = view(scratch, nc * Hv * 8448).reshape(nc, Hv, 8448)
     S = view(state, Hv * Dk * Dv).reshape(Hv, Dk, Dv)
     o = view(out, T * Hv * Dv).reshape(T, Hv, Dv)

@@ -208,7 +208,7 @@ KERNELS = {
     # the chunked (WY / UT) form of gdn_prompt: prep per (chunk, head), then the scan over the chunks
     "gdn_chunk_prep":   _K("gated_delta_chunk", "strata_gdn_chunk_prep_f32", "PPPPPiiiifq", 256, "(ceil(T / 64), Hv)"),
     "gdn_chunk_scan":   _K("gated_delta_chunk", "strata_gdn_chunk_scan_f32", "PPPPPPiiiiiqq", 256,
-                           "(ceil(Dv / 32), Hv)"),
+                           "(ceil(Dv / 16), Hv)"),
     "gdn_gates":        _K("gated_delta", "strata_gdn_gates_f32", "PPPPPiii", 256, "ceil(T Hv / 256)"),
     "sigmoid_mul":      _K("gated_delta", "strata_sigmoid_mul_f32", "PPPiiqi", 256,
                            "(ceil(n / 256), min(rows, 65535)): it strides"),

@@ -12,6 +12,7 @@ GDN_MAX_K = 8               # and a prompt conv's window in registers
 GDN_CHUNK = 64              # cuda/gated_delta_chunk.cu: tokens per chunk
 GDN_CHUNK_MAX_DK = 128      # its scan keeps a [Dk, 32] state tile in shared memory
 GDN_CHUNK_SCRATCH = 8448    # its scratch floats per (chunk, value head): M, P, row scales
+GDN_SCAN_COLS = 16          # state columns per scan block
 GDN_CHUNK_MIN_T = 64        # prompts shorter than this run the token loop (tools/gdn_chunk_bench.py --sweep)
 
 
@@ -30,7 +31,8 @@ def gdn_chunk_launches(q, k, v, g, beta, state, out, scratch, T, Hv, Hg, Dk, Dv,
     gdn_prompt's meaning; scratch holds gdn_chunk_scratch_bytes(T, Hv)."""
     return [("gdn_chunk_prep", (-(-T // GDN_CHUNK), Hv),
              (q, k, g, beta, scratch, T, Hv, Hg, Dk, float(Dk ** -0.5), qk_ld)),
-            ("gdn_chunk_scan", (-(-Dv // 32), Hv), (q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld))]
+            ("gdn_chunk_scan", (-(-Dv // GDN_SCAN_COLS), Hv),
+             (q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld))]
 
 
 def _f32(a) -> np.ndarray:
