@@ -22,23 +22,26 @@
 //
 // strata_gdn_chunk_scan_f32(q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld)
 //   The chunks in order, per (h, 16 columns of S): the state tile [Dk, 16] stays in shared memory, every
-//   product is a [64, 16] += [64, L] x [L, 16] over staged [64, 32] slices of its left factor (thread
-//   (ty, tx) owns column tx and rows ty + 16m). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv]
-//   updated in place, out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 16), Hv, 1),
-//   block = (256, 1, 1), after the prep launch on the same stream.
+//   product is a [64, 16] += [64, 64] x [64, 16] over a staged [64, 64] slice of its left factor (K or Q
+//   rows times their row scale, M, P; K^T for the state update), on the tensor cores: each of the 8 warps
+//   owns one 16 x 8 tile, mma.sync m16n8k8 tf32 with f32 accumulation, each operand split x = hi + lo into
+//   two tf32 and the product taken as lo hi + hi lo + hi hi (3xTF32: f32's accuracy to ~2^-22, the lo lo
+//   term dropped). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv] updated in place,
+//   out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 16), Hv, 1), block = (256, 1, 1),
+//   after the prep launch on the same stream (sm_80+: mma.sync tf32).
 
 #include <cstdint>
 
 #define GDN_CHUNK 64
-#define GDN_CHUNK_MAX_DK 128          // the scan's state tile [Dk][16] in shared memory
+#define GDN_CHUNK_MAX_DK 128          // the scan's state tile [Dk][16] in shared memory, in slices of 64
 #define GDN_CHUNK_SCRATCH 8448        // floats per (chunk, h): M, P, 3 x 64 row scales, e^{c_last}, padding
 #define GDN_SCALES 8192
-#define GDN_SLICE 32                  // columns of a left factor staged at a time
+#define GDN_SLICE 64                  // columns of a left factor staged at a time
+#define GDN_XS_PITCH (GDN_SLICE + 4)  // the staged slice's row pitch: a fragment's 32 reads hit 32 banks
 #define GDN_SCAN_COLS 16              // state columns per scan block: Hv * Dv / 16 blocks to hide latency
-#define GDN_SCAN_GROUPS (256 / GDN_SCAN_COLS)            // row groups of the scan's 256 threads
-#define GDN_SCAN_ROWS (GDN_CHUNK / GDN_SCAN_GROUPS)      // output rows per thread
-static_assert(GDN_SLICE % GDN_SCAN_GROUPS == 0 && GDN_CHUNK % GDN_SCAN_GROUPS == 0, "the scan's thread layout");
-static_assert(GDN_CHUNK_MAX_DK % GDN_SLICE == 0, "the state tile holds whole slices");
+#define GDN_Y_PITCH (GDN_SCAN_COLS + 8)                  // S and V' rows: b fragments hit 32 banks
+static_assert(GDN_CHUNK_MAX_DK % GDN_SLICE == 0 && GDN_SLICE == GDN_CHUNK, "whole slices; M and P in one");
+static_assert(GDN_SCAN_COLS == 16, "8 warps, each one 16 x 8 tile of a [64, 16] product");
 
 // The warp's sum of v, returned to every lane.
 __device__ __forceinline__ float gdn_warp_sum(float v) {
@@ -149,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(cons
 
 // xs <- rows [0, rows) x columns [0, cols) of src (row stride ld), row r times scale[r] (scale may be
 // null), zeros elsewhere; synchronized before (xs may still be read) and after.
-__device__ void gdn_stage(float (*xs)[GDN_SLICE + 1], const float* __restrict__ src, int64_t ld, int rows, int cols,
+__device__ void gdn_stage(float (*xs)[GDN_XS_PITCH], const float* __restrict__ src, int64_t ld, int rows, int cols,
                           const float* scale) {
     __syncthreads();
     for (int e = threadIdx.x; e < GDN_CHUNK * GDN_SLICE; e += 256) {
@@ -161,14 +164,38 @@ __device__ void gdn_stage(float (*xs)[GDN_SLICE + 1], const float* __restrict__ 
     __syncthreads();
 }
 
-// acc[m] += sum_{cc < GDN_SLICE} xs[ty + GDN_SCAN_GROUPS m][cc] * y[cc][tx] (y: a [*][GDN_SCAN_COLS] tile).
-__device__ __forceinline__ void gdn_accumulate(float* acc, const float (*xs)[GDN_SLICE + 1],
-                                               const float (*y)[GDN_SCAN_COLS], int ty, int tx) {
-#pragma unroll 8
-    for (int cc = 0; cc < GDN_SLICE; ++cc) {
-        const float yv = y[cc][tx];
-#pragma unroll
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] += xs[ty + GDN_SCAN_GROUPS * m][cc] * yv;
+// x = hi + lo, hi and lo tf32 (lo the rounding residue): three tf32 products keep f32's accuracy.
+__device__ __forceinline__ void gdn_split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ void gdn_mma_tf32(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The warp's 16 x 8 tile (rows 16 mt.., columns 8 nt..) c += X Y over k < GDN_SLICE: X (row, k) at
+// x[row * xr + k * xk] (xr = 1 reads a staged slice transposed), Y (k, col) at y[k * GDN_Y_PITCH + col].
+// Fragments of mma.m16n8k8 (g = lane / 4, t = lane % 4): a = X(g, t), X(g + 8, t), X(g, t + 4),
+// X(g + 8, t + 4); b = Y(t, g), Y(t + 4, g); c = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+__device__ __forceinline__ void gdn_mma_tile(float* c, const float* x, int xr, int xk, const float* y, int mt, int nt,
+                                             int g, int t) {
+    const float* xa = x + (16 * mt + g) * xr;
+    const float* yb = y + 8 * nt + g;
+#pragma unroll 2
+    for (int k0 = 0; k0 < GDN_SLICE; k0 += 8) {
+        const float af[4] = {xa[(k0 + t) * xk], xa[8 * xr + (k0 + t) * xk], xa[(k0 + t + 4) * xk],
+                             xa[8 * xr + (k0 + t + 4) * xk]};
+        const float bf[2] = {yb[(k0 + t) * GDN_Y_PITCH], yb[(k0 + t + 4) * GDN_Y_PITCH]};
+        uint32_t ah[4], al[4], bh[2], bl[2];
+        for (int r = 0; r < 4; ++r) gdn_split_tf32(af[r], ah[r], al[r]);
+        for (int r = 0; r < 2; ++r) gdn_split_tf32(bf[r], bh[r], bl[r]);
+        gdn_mma_tf32(c, al, bh);
+        gdn_mma_tf32(c, ah, bl);
+        gdn_mma_tf32(c, ah, bh);
     }
 }
 
@@ -179,18 +206,25 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
                                                                             float* state, float* __restrict__ out,
                                                                             int T, int Hv, int Hg, int Dk, int Dv,
                                                                             int64_t qk_ld, int64_t v_ld) {
-    __shared__ float S[GDN_CHUNK_MAX_DK][GDN_SCAN_COLS];   // the state tile: rows d, columns j0 + tx
-    __shared__ float xs[GDN_CHUNK][GDN_SLICE + 1];         // a staged slice of the left factor
-    __shared__ float vs[GDN_CHUNK][GDN_SCAN_COLS];         // R = V - diag(e^c) Kn S, then V'
+    __shared__ float S[GDN_CHUNK_MAX_DK][GDN_Y_PITCH];     // the state tile: rows d, columns j0 + 0..15
+    __shared__ float xs[GDN_CHUNK][GDN_XS_PITCH];          // a staged slice of the left factor
+    __shared__ float vs[GDN_CHUNK][GDN_Y_PITCH];           // R = V - diag(e^c) Kn S, then V'
     __shared__ float scales[3 * GDN_CHUNK + 1];            // qs, ka, kb, e^{c_last}
     const int h = blockIdx.y, kh = h / (Hv / Hg), j0 = blockIdx.x * GDN_SCAN_COLS;
-    const int tid = threadIdx.x, tx = tid % GDN_SCAN_COLS, ty = tid / GDN_SCAN_COLS, j = j0 + tx;
-    const bool col = j < Dv;
-    float* Sg = state + (int64_t)h * Dk * Dv + j;
-    for (int d = ty; d < GDN_CHUNK_MAX_DK; d += GDN_SCAN_GROUPS)
-        S[d][tx] = (d < Dk && col) ? Sg[(int64_t)d * Dv] : 0.0f;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mt = warp >> 1, nt = warp & 1;               // the warp's 16 x 8 tile of every [64, 16] product
+    int rows[4], cols[4];                                  // where the tile's accumulators sit
+    for (int r = 0; r < 4; ++r) {
+        rows[r] = 16 * mt + g + 8 * (r >> 1);
+        cols[r] = 8 * nt + 2 * t + (r & 1);
+    }
+    float* Sg = state + (int64_t)h * Dk * Dv + j0;
+    for (int e = tid; e < GDN_CHUNK_MAX_DK * GDN_SCAN_COLS; e += 256) {
+        const int d = e / GDN_SCAN_COLS, jj = e % GDN_SCAN_COLS;
+        S[d][jj] = (d < Dk && j0 + jj < Dv) ? Sg[(int64_t)d * Dv + jj] : 0.0f;
+    }
     const int num_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
-    float acc[GDN_SCAN_ROWS];
+    float acc[4];
     for (int chunk = 0; chunk < num_chunks; ++chunk) {
         const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
         const float* sc = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
@@ -199,50 +233,44 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
         __syncthreads();                              // the last chunk's reads of scales and vs are done
         if (tid < 3 * GDN_CHUNK + 1) scales[tid] = sc[GDN_SCALES + tid];
 
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // Kn e^c S
+        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // Kn e^c S
         for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + GDN_CHUNK);
-            gdn_accumulate(acc, xs, S + d0, ty, tx);
+            gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
         }
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) {
-            const int i = ty + GDN_SCAN_GROUPS * m;
-            vs[i][tx] = (i < n && col) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[m] : 0.0f;
+        for (int r = 0; r < 4; ++r) {
+            const int i = rows[r], j = j0 + cols[r];
+            vs[i][cols[r]] = (i < n && j < Dv) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[r] : 0.0f;
         }
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // V' = M R
-        for (int l0 = 0; l0 < GDN_CHUNK; l0 += GDN_SLICE) {
-            gdn_stage(xs, sc + l0, GDN_CHUNK, GDN_CHUNK, GDN_SLICE, nullptr);
-            gdn_accumulate(acc, xs, vs + l0, ty, tx);
-        }
+        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // V' = M R
+        gdn_stage(xs, sc, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK, nullptr);
+        gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
         __syncthreads();                              // every read of R is done
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) vs[ty + GDN_SCAN_GROUPS * m][tx] = acc[m];
+        for (int r = 0; r < 4; ++r) vs[rows[r]][cols[r]] = acc[r];
 
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) acc[m] = 0.0f;    // O = Qn e^c S + P V'
+        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // O = Qn e^c S + P V'
         for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, qc + d0, qk_ld, n, Dk - d0, scales);
-            gdn_accumulate(acc, xs, S + d0, ty, tx);
+            gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
         }
-        for (int l0 = 0; l0 < GDN_CHUNK; l0 += GDN_SLICE) {
-            gdn_stage(xs, sc + 4096 + l0, GDN_CHUNK, GDN_CHUNK, GDN_SLICE, nullptr);
-            gdn_accumulate(acc, xs, vs + l0, ty, tx);
-        }
-        for (int m = 0; m < GDN_SCAN_ROWS; ++m) {
-            const int i = ty + GDN_SCAN_GROUPS * m;
-            if (i < n && col) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[m];
+        gdn_stage(xs, sc + 4096, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK, nullptr);
+        gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
+        for (int r = 0; r < 4; ++r) {
+            const int i = rows[r], j = j0 + cols[r];
+            if (i < n && j < Dv) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[r];
         }
 
         const float decay = scales[3 * GDN_CHUNK];   // S <- e^{c_last} S + (Kn e^{c_last - c})^T V'
         for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
             gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + 2 * GDN_CHUNK);
-            for (int m = 0; m < GDN_SLICE / GDN_SCAN_GROUPS; ++m) {
-                const int dl = ty + GDN_SCAN_GROUPS * m;
-                float s = S[d0 + dl][tx] * decay;
-#pragma unroll 8
-                for (int i = 0; i < GDN_CHUNK; ++i) s += xs[i][dl] * vs[i][tx];
-                S[d0 + dl][tx] = s;
-            }
+            for (int r = 0; r < 4; ++r) acc[r] = S[d0 + rows[r]][cols[r]] * decay;
+            gdn_mma_tile(acc, &xs[0][0], 1, GDN_XS_PITCH, &vs[0][0], mt, nt, g, t);   // rows d, k the tokens
+            for (int r = 0; r < 4; ++r) S[d0 + rows[r]][cols[r]] = acc[r];
         }
     }
     __syncthreads();
-    for (int d = ty; d < Dk; d += GDN_SCAN_GROUPS)
-        if (col) Sg[(int64_t)d * Dv] = S[d][tx];
+    for (int e = tid; e < Dk * GDN_SCAN_COLS; e += 256) {
+        const int d = e / GDN_SCAN_COLS, jj = e % GDN_SCAN_COLS;
+        if (j0 + jj < Dv) Sg[(int64_t)d * Dv + jj] = S[d][jj];
+    }
 }

@@ -9,7 +9,8 @@ launch; the decays keep it bounded). GFLOP counts each form's own multiply-adds 
 chunked form 2 C^2 Dk (Gram) + C^3 / 6 (the inverse) + 3 C Dk Dv + 2 C^2 Dv a chunk and head, the token
 loop 3 Dk Dv a token and head. GB/s counts the compulsory bytes (q, k, v, g, beta, out, the state read
 and written), the chunked form's scratch (written once, read once per 16 columns) on its own line.
-Shares are of the H200's 67 TFLOP/s f32 (no tensor cores) and 4.8 TB/s. --sweep adds short prompts,
+Shares are of the H200's 67 TFLOP/s f32 (FFMA; the scan's 3xTF32 products count once, as f32 work) and
+4.8 TB/s. --sweep adds short prompts,
 to place linear_attn.GDN_CHUNK_MIN_T where the chunked form starts to win. Also checks the two forms
 agree (max |difference| over max |out|).
 """
