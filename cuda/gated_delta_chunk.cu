@@ -126,13 +126,17 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(cons
         }
     __syncthreads();                                  // the slices are read; buf becomes the inverse
 
-    // (I + A)^-1 row by row: row i = e_i - sum_{j < i} A[i][j] row j (unit lower triangular)
+    // (I + A)^-1 row by row: row i = e_i - sum_{j < i} A[i][j] row j (unit lower triangular); a thread per
+    // column, its sum over j (from the column on: inv is 0 above the diagonal) in 4 chains for latency
     float* inv = buf;
     for (int i = 0; i < GDN_CHUNK; ++i) {
         if (tid < GDN_CHUNK) {
-            float s = 0.0f;
-            for (int j = tid; j < i; ++j) s += As[i][j] * inv[j * 65 + tid];
-            inv[i * 65 + tid] = tid == i ? 1.0f : (tid < i ? -s : 0.0f);
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int j = tid;
+            for (; j + 3 < i; j += 4)
+                for (int u = 0; u < 4; ++u) s[u] += As[i][j + u] * inv[(j + u) * 65 + tid];
+            for (; j < i; ++j) s[0] += As[i][j] * inv[j * 65 + tid];
+            inv[i * 65 + tid] = tid == i ? 1.0f : (tid < i ? -((s[0] + s[1]) + (s[2] + s[3])) : 0.0f);
         }
         __syncthreads();
     }
