@@ -3,13 +3,14 @@ recurrence and against the token loop (cuda/gated_delta.cu strata_gdn_prompt_f32
 
 Bound, derived as tests/kernels/test_gated_delta_gpu.py's step bound: an output is Qn S (Dk products)
 plus P V' (C = 64 products), V' = M R (C products), R = V - Kn e^c S (Dk products): a chain of at most
-Dk + 2C accumulated terms, each within a few ulp (expf, sqrtf, the roundings of the products):
-1e-6 (~17 u) per term of the largest magnitude, atol 1e-6 * (Dk + 2C + 8) * max(1, max|S|), |S| the
-state's (the outputs are q . S with |q| <= 1/sqrt(Dk)); the new state is e^c S plus Kn^T V' (C products). Errors carried over
-chunks do not grow: the delta rule is a contraction of the state (|I - beta k k^T| <= 1, decays <= 1)
-and they add as random roundings, sqrt(T / C) times one chunk's typical sqrt(Dk + 2C) u, far inside
-the linear bound at T = 2048. Against the token kernel (its own bound, Dk + 8 terms): the sum of both.
-The decays are small (-g in [0.001, 0.06]) so the state crosses chunks with most of its weight.
+Dk + 2C accumulated terms, each within a few ulp (expf, sqrtf, the products' roundings; the scan's
+3xTF32 products are within 3 * 2^-22 ~ 12 u of exact): 1e-6 (~17 u) per term of the largest
+magnitude, atol 1e-6 * (Dk + 2C + 8) * max(1, max|S|), |S| the state's (the outputs are q . S with
+|q| <= 1/sqrt(Dk)); the new state is e^c S plus Kn^T V' (C products). Errors carried over chunks do
+not grow: the delta rule contracts the state (|I - beta k k^T| <= 1, decays <= 1), and they add as
+random roundings, sqrt(T / C) times one chunk's typical sqrt(Dk + 2C) u, far inside the linear bound
+at T = 2048. Against the token kernel (its own bound, Dk + 8 terms): the sum of both. The decays are
+small (-g in [0.001, 0.06]) so the state crosses chunks with most of its weight.
 """
 import numpy as np
 import pytest

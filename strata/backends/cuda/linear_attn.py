@@ -10,7 +10,7 @@ from ...errors import InvalidArgument
 GDN_MAX_DK = 256            # cuda/gated_delta.cu keeps q and k of a key head in shared memory
 GDN_MAX_K = 8               # and a prompt conv's window in registers
 GDN_CHUNK = 64              # cuda/gated_delta_chunk.cu: tokens per chunk
-GDN_CHUNK_MAX_DK = 128      # its scan keeps a [Dk, 32] state tile in shared memory
+GDN_CHUNK_MAX_DK = 128      # its scan keeps a [Dk, 16] state tile in shared memory
 GDN_CHUNK_SCRATCH = 8448    # its scratch floats per (chunk, value head): M, P, row scales
 GDN_SCAN_COLS = 16          # state columns per scan block
 GDN_CHUNK_MIN_T = 64        # prompts shorter than this run the token loop (tools/gdn_chunk_bench.py --sweep)

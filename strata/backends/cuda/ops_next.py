@@ -269,9 +269,9 @@ class Qwen3NextDeviceOps(DeviceOps):
             self.launch("gdn_step", grid, (*args, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
         elif gdn_chunked_takes(T, Dk):
             scratch = self.alloc((gdn_chunk_scratch_bytes(T, Hv) // 4,))
-            for op, grid, launch_args in gdn_chunk_launches(q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer),
-                                                            out.ptr, scratch.ptr, T, Hv, Hg, Dk, Dv, Hg * Dk, Hv * Dv):
-                self.launch(op, grid, launch_args)
+            for op, chunk_grid, chunk_args in gdn_chunk_launches(*args, scratch.ptr, T, Hv, Hg, Dk, Dv, Hg * Dk,
+                                                                 Hv * Dv):
+                self.launch(op, chunk_grid, chunk_args)
         else:
             self.launch("gdn_prompt", grid, (*args, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
         return out
