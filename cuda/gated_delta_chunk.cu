@@ -168,6 +168,7 @@ __device__ void gdn_stage(float (*xs)[GDN_XS_PITCH], const float* __restrict__ s
     __syncthreads();
 }
 
+#ifdef __CUDACC__  // tests/kernels/cuda_host_shim.h compiles this file for the host with its own two helpers
 // x = hi + lo, hi and lo tf32 (lo the rounding residue): three tf32 products keep f32's accuracy.
 __device__ __forceinline__ void gdn_split_tf32(float x, uint32_t& hi, uint32_t& lo) {
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
@@ -180,6 +181,7 @@ __device__ __forceinline__ void gdn_mma_tf32(float* c, const uint32_t* a, const 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 // The warp's 16 x 8 tile (rows 16 mt.., columns 8 nt..) c += X Y over k < GDN_SLICE: X (row, k) at
 // x[row * xr + k * xk] (xr = 1 reads a staged slice transposed), Y (k, col) at y[k * GDN_Y_PITCH + col].
