@@ -26,7 +26,9 @@
 //   rows times their row scale, M, P; K^T for the state update), on the tensor cores: each of the 8 warps
 //   owns one 16 x 8 tile, mma.sync m16n8k8 tf32 with f32 accumulation, each operand split x = hi + lo into
 //   two tf32 and the product taken as lo hi + hi lo + hi hi (3xTF32: f32's accuracy to ~2^-22, the lo lo
-//   term dropped). v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv] updated in place,
+//   term dropped). Each stage's slice is fetched into registers while the stage before computes (its
+//   loads overlap the products), then scaled into shared memory; 2 blocks a multiprocessor (128 registers).
+//   v [T, Hv, Dv] with row stride v_ld, state [Hv, Dk, Dv] updated in place,
 //   out [T, Hv, Dv]. 1 <= Dk <= GDN_CHUNK_MAX_DK. Launch: grid = (ceil(Dv / 16), Hv, 1), block = (256, 1, 1),
 //   after the prep launch on the same stream (sm_80+: mma.sync tf32).
 
@@ -154,18 +156,45 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(cons
     }
 }
 
-// xs <- rows [0, rows) x columns [0, cols) of src (row stride ld), row r times scale[r] (scale may be
-// null), zeros elsewhere; synchronized before (xs may still be read) and after.
-__device__ void gdn_stage(float (*xs)[GDN_XS_PITCH], const float* __restrict__ src, int64_t ld, int rows, int cols,
-                          const float* scale) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < GDN_CHUNK * GDN_SLICE; e += 256) {
-        const int r = e / GDN_SLICE, cc = e % GDN_SLICE;
-        float x = 0.0f;
-        if (r < rows && cc < cols) x = src[r * ld + cc] * (scale ? scale[r] : 1.0f);
-        xs[r][cc] = x;
+// A [64, 64] slice of a left factor in flight: thread tid holds elements tid + 256 u (row e / 64, column
+// e % 64) in registers, fetched a stage ahead so the loads overlap the stage before's products.
+#define GDN_FETCH (GDN_CHUNK * GDN_SLICE / 256)
+
+struct GdnSlice {
+    const float* src;      // row 0, column 0 of the slice; null: nothing to fetch
+    int64_t ld;            // row stride
+    int rows, cols;        // valid extent; zeros elsewhere
+};
+
+__device__ __forceinline__ void gdn_fetch(float* pre, GdnSlice sl) {
+#pragma unroll
+    for (int u = 0; u < GDN_FETCH; ++u) {
+        const int e = threadIdx.x + 256 * u, r = e / GDN_SLICE, cc = e % GDN_SLICE;
+        pre[u] = (sl.src && r < sl.rows && cc < sl.cols) ? sl.src[r * sl.ld + cc] : 0.0f;
     }
-    __syncthreads();
+}
+
+// xs <- the fetched slice, row r times scale[r] (scale may be null).
+__device__ __forceinline__ void gdn_put(float (*xs)[GDN_XS_PITCH], const float* pre, const float* scale) {
+#pragma unroll
+    for (int u = 0; u < GDN_FETCH; ++u) {
+        const int e = threadIdx.x + 256 * u, r = e / GDN_SLICE, cc = e % GDN_SLICE;
+        xs[r][cc] = scale ? pre[u] * scale[r] : pre[u];
+    }
+}
+
+// A chunk's stages in order, nd = ceil(Dk / 64) slices of K or Q each: K (for Kn e^c S), M, Q, P, K (for
+// the state update). Stage s of chunk `chunk`'s left factor, unscaled.
+__device__ GdnSlice gdn_slice(int chunk, int s, int nd, const float* q, const float* k, const float* scratch, int T,
+                              int Hv, int h, int kh, int Dk, int64_t qk_ld) {
+    const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
+    const float* sc = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
+    const int64_t row0 = (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
+    if (s == nd) return {sc, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK};
+    if (s == 2 * nd + 1) return {sc + 4096, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK};
+    const bool is_q = s > nd && s < 2 * nd + 1;
+    const int d0 = GDN_SLICE * (s < nd ? s : (is_q ? s - nd - 1 : s - 2 * nd - 2));
+    return {(is_q ? q : k) + row0 + d0, qk_ld, n, Dk - d0};
 }
 
 #ifdef __CUDACC__  // tests/kernels/cuda_host_shim.h compiles this file for the host with its own two helpers
@@ -205,7 +234,7 @@ __device__ __forceinline__ void gdn_mma_tile(float* c, const float* x, int xr, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256, 2) strata_gdn_chunk_scan_f32(const float* __restrict__ q,
                                                                             const float* __restrict__ k,
                                                                             const float* __restrict__ v,
                                                                             const float* __restrict__ scratch,
@@ -213,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
                                                                             int T, int Hv, int Hg, int Dk, int Dv,
                                                                             int64_t qk_ld, int64_t v_ld) {
     __shared__ float S[GDN_CHUNK_MAX_DK][GDN_Y_PITCH];     // the state tile: rows d, columns j0 + 0..15
-    __shared__ float xs[GDN_CHUNK][GDN_XS_PITCH];          // a staged slice of the left factor
+    __shared__ float xs[GDN_CHUNK][GDN_XS_PITCH];          // the stage's slice of its left factor
     __shared__ float vs[GDN_CHUNK][GDN_Y_PITCH];           // R = V - diag(e^c) Kn S, then V'
     __shared__ float scales[3 * GDN_CHUNK + 1];            // qs, ka, kb, e^{c_last}
     const int h = blockIdx.y, kh = h / (Hv / Hg), j0 = blockIdx.x * GDN_SCAN_COLS;
@@ -229,52 +258,60 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_scan_f32(cons
         const int d = e / GDN_SCAN_COLS, jj = e % GDN_SCAN_COLS;
         S[d][jj] = (d < Dk && j0 + jj < Dv) ? Sg[(int64_t)d * Dv + jj] : 0.0f;
     }
-    const int num_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
-    float acc[4];
+    const int num_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK, nd = (Dk + GDN_SLICE - 1) / GDN_SLICE;
+    const int num_stages = 3 * nd + 2;
+    float pre[GDN_FETCH], acc[4];
+    gdn_fetch(pre, gdn_slice(0, 0, nd, q, k, scratch, T, Hv, h, kh, Dk, qk_ld));
     for (int chunk = 0; chunk < num_chunks; ++chunk) {
         const int t0 = chunk * GDN_CHUNK, n = min(GDN_CHUNK, T - t0);
+        __syncthreads();                              // the last chunk's reads of scales, xs and vs are done
         const float* sc = scratch + ((int64_t)chunk * Hv + h) * GDN_CHUNK_SCRATCH;
-        const float* qc = q + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
-        const float* kc = k + (int64_t)t0 * qk_ld + (int64_t)kh * Dk;
-        __syncthreads();                              // the last chunk's reads of scales and vs are done
         if (tid < 3 * GDN_CHUNK + 1) scales[tid] = sc[GDN_SCALES + tid];
-
-        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // Kn e^c S
-        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
-            gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + GDN_CHUNK);
-            gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
-        }
-        for (int r = 0; r < 4; ++r) {
-            const int i = rows[r], j = j0 + cols[r];
-            vs[i][cols[r]] = (i < n && j < Dv) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[r] : 0.0f;
-        }
-        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // V' = M R
-        gdn_stage(xs, sc, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK, nullptr);
-        gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
-        __syncthreads();                              // every read of R is done
-        for (int r = 0; r < 4; ++r) vs[rows[r]][cols[r]] = acc[r];
-
-        for (int r = 0; r < 4; ++r) acc[r] = 0.0f;    // O = Qn e^c S + P V'
-        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
-            gdn_stage(xs, qc + d0, qk_ld, n, Dk - d0, scales);
-            gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
-        }
-        gdn_stage(xs, sc + 4096, GDN_CHUNK, GDN_CHUNK, GDN_CHUNK, nullptr);
-        gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
-        for (int r = 0; r < 4; ++r) {
-            const int i = rows[r], j = j0 + cols[r];
-            if (i < n && j < Dv) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[r];
-        }
-
-        const float decay = scales[3 * GDN_CHUNK];   // S <- e^{c_last} S + (Kn e^{c_last - c})^T V'
-        for (int d0 = 0; d0 < Dk; d0 += GDN_SLICE) {
-            gdn_stage(xs, kc + d0, qk_ld, n, Dk - d0, scales + 2 * GDN_CHUNK);
-            for (int r = 0; r < 4; ++r) acc[r] = S[d0 + rows[r]][cols[r]] * decay;
-            gdn_mma_tile(acc, &xs[0][0], 1, GDN_XS_PITCH, &vs[0][0], mt, nt, g, t);   // rows d, k the tokens
-            for (int r = 0; r < 4; ++r) S[d0 + rows[r]][cols[r]] = acc[r];
+        __syncthreads();
+        for (int s = 0; s < num_stages; ++s) {
+            // stage kinds: [0, nd) K for Kn e^c S, nd M, (nd, 2nd] Q, 2nd + 1 P, (2nd + 1, 3nd + 2) K for the update
+            const bool k_first = s < nd, m = s == nd, q_stage = s > nd && s <= 2 * nd, p = s == 2 * nd + 1;
+            const int d0 = GDN_SLICE * (k_first ? s : (q_stage ? s - nd - 1 : s - 2 * nd - 2));
+            const float* row_scale = k_first ? scales + GDN_CHUNK : (q_stage ? scales : scales + 2 * GDN_CHUNK);
+            gdn_put(xs, pre, m || p ? nullptr : row_scale);
+            __syncthreads();
+            const bool last = s + 1 == num_stages;
+            if (!last || chunk + 1 < num_chunks)
+                gdn_fetch(pre, gdn_slice(last ? chunk + 1 : chunk, last ? 0 : s + 1, nd, q, k, scratch, T, Hv, h, kh,
+                                         Dk, qk_ld));
+            if (k_first) {                            // R = V - Kn e^c S
+                if (s == 0)
+                    for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
+                gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
+                if (s == nd - 1)
+                    for (int r = 0; r < 4; ++r) {
+                        const int i = rows[r], j = j0 + cols[r];
+                        vs[i][cols[r]] = (i < n && j < Dv) ? v[(int64_t)(t0 + i) * v_ld + (int64_t)h * Dv + j] - acc[r]
+                                                           : 0.0f;
+                    }
+            } else if (m) {                           // V' = M R
+                for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
+                gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
+                __syncthreads();                      // every read of R is done
+                for (int r = 0; r < 4; ++r) vs[rows[r]][cols[r]] = acc[r];
+            } else if (q_stage) {                     // O = Qn e^c S + ...
+                if (s == nd + 1)
+                    for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
+                gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &S[d0][0], mt, nt, g, t);
+            } else if (p) {                           // ... + P V'
+                gdn_mma_tile(acc, &xs[0][0], GDN_XS_PITCH, 1, &vs[0][0], mt, nt, g, t);
+                for (int r = 0; r < 4; ++r) {
+                    const int i = rows[r], j = j0 + cols[r];
+                    if (i < n && j < Dv) out[((int64_t)(t0 + i) * Hv + h) * Dv + j] = acc[r];
+                }
+            } else {                                  // S <- e^{c_last} S + (Kn e^{c_last - c})^T V' (K transposed)
+                for (int r = 0; r < 4; ++r) acc[r] = S[d0 + rows[r]][cols[r]] * scales[3 * GDN_CHUNK];
+                gdn_mma_tile(acc, &xs[0][0], 1, GDN_XS_PITCH, &vs[0][0], mt, nt, g, t);
+                for (int r = 0; r < 4; ++r) S[d0 + rows[r]][cols[r]] = acc[r];
+            }
+            __syncthreads();                          // xs is read (and vs and S written) before the next put
         }
     }
-    __syncthreads();
     for (int e = tid; e < Dk * GDN_SCAN_COLS; e += 256) {
         const int d = e / GDN_SCAN_COLS, jj = e % GDN_SCAN_COLS;
         if (j0 + jj < Dv) Sg[(int64_t)d * Dv + jj] = S[d][jj];

@@ -101,7 +101,9 @@ inline void gdn_mma_tf32(float* c, const uint32_t* a, const uint32_t* b) {
     std::memcpy(shim::frag_a[w][l], a, 16);
     std::memcpy(shim::frag_b[w][l], b, 8);
     shim::warp_sync();
-    auto A = [&](int row, int k) { return __uint_as_float(shim::frag_a[w][(row % 8) * 4 + k % 4][row / 8 + 2 * (k / 4)]); };
+    auto A = [&](int row, int k) {
+        return __uint_as_float(shim::frag_a[w][(row % 8) * 4 + k % 4][row / 8 + 2 * (k / 4)]);
+    };
     auto B = [&](int k, int col) { return __uint_as_float(shim::frag_b[w][col * 4 + k % 4][k / 4]); };
     for (int r = 0; r < 4; ++r) {
         const int row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
