@@ -1,7 +1,8 @@
 // The gated delta rule over a prompt in chunks of 64 tokens (the WY / UT form), f32: the same inputs and
 // outputs as cuda/gated_delta.cu strata_gdn_prompt_f32 (the token loop), in two launches. The numpy
 // reference is strata/backends/cpu_linear_attn.py gated_delta_chunked; tests/engine/fake_gated_delta.py
-// emulates these two kernels step for step over their scratch layout.
+// emulates the two kernels' arithmetic over their scratch layout, and tests/kernels/
+// test_gated_delta_chunk_host.py runs this file's own source on the host (tests/kernels/cuda_host_shim.h).
 //
 // Per value head h and chunk of n <= 64 tokens, with c the inclusive cumulative sum of g over the chunk
 // (c_last = c[n-1]), qn and kn the L2-normalized q and k of h's key head (qn also times q_scale):
