@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_chunk_prep_f32(cons
 #define GDN_FETCH (GDN_CHUNK * GDN_SLICE / 256)
 
 struct GdnSlice {
-    const float* src;      // row 0, column 0 of the slice
+    const float* src;      // row 0, column 0 of the slice; null: nothing to fetch
     int64_t ld;            // row stride
     int rows, cols;        // valid extent; zeros elsewhere
 };
@@ -171,7 +171,7 @@ __device__ __forceinline__ void gdn_fetch(float* pre, GdnSlice sl) {
 #pragma unroll
     for (int u = 0; u < GDN_FETCH; ++u) {
         const int e = threadIdx.x + 256 * u, r = e / GDN_SLICE, cc = e % GDN_SLICE;
-        pre[u] = (r < sl.rows && cc < sl.cols) ? sl.src[r * sl.ld + cc] : 0.0f;
+        pre[u] = (sl.src && r < sl.rows && cc < sl.cols) ? sl.src[r * sl.ld + cc] : 0.0f;
     }
 }
 
