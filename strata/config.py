@@ -34,6 +34,13 @@ def draft_ring_cells(window: int) -> int:
     return -(-window // page) * page + page
 
 
+def draft_ring(window: int, max_context: int) -> tuple[int, int]:
+    """(window, ring cells) of the draft layer's K/V under --draft-window `window` at this context;
+    (0, 0), the whole context's cells, where there is no window or the ring would not be smaller."""
+    cells = draft_ring_cells(window)
+    return (window, cells) if 0 < cells < max_context else (0, 0)
+
+
 def spec_max_drafts(spec) -> int:
     """Drafts per verify window at most for an EngineConfig.spec value: N, or auto's ceiling."""
     return SPEC_AUTO_MAX_DRAFTS if str(spec) == "auto" else int(spec)

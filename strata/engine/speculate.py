@@ -206,6 +206,12 @@ AutoDrafts = _spec_host.AutoDrafts if _spec_host is not None else AutoDraftsPy
 DrafterRows = _spec_host.DrafterRows if _spec_host is not None else DrafterRowsPy
 
 
+def _rows_base(drafter):
+    """The DrafterRows class under a drafter (the Cython one, or DrafterRowsPy where a test rebuilds
+    MtpDrafter's methods over the Python twin), whose methods MtpDrafter's extend."""
+    return next(c for c in type(drafter).__mro__ if c in (DrafterRows, DrafterRowsPy))
+
+
 class MtpDrafter(DrafterRows):
     """The MTP layer's bookkeeping for one sequence (DrafterRows: done, pending, covered, reusable,
     truncate, extend) and its model calls: the prompt's draft-layer K/V, the chained drafts.
@@ -224,14 +230,14 @@ class MtpDrafter(DrafterRows):
         self.reset()
 
     def reset(self) -> None:
-        super().reset()
+        _rows_base(self).reset(self)
         self.first_held = 0         # the ring holds no final cell below this position (flush skipped them)
 
     def reusable(self, cached_ids: list[int], ids: list[int], n: int) -> int:
         """DrafterRows.reusable, and with a window 0 where a rewind into the final cells would need
         cells the ring no longer holds (skipped by a prompt, or overwritten: a window's rows reach at
         most DRAFT_ROWS_MAX positions past done)."""
-        n = super().reusable(cached_ids, ids, n)
+        n = _rows_base(self).reusable(self, cached_ids, ids, n)
         if self.window and 0 < n <= self.done:
             lowest = max(self.first_held, self.done + DRAFT_ROWS_MAX - self.slots)
             if max(0, n - self.window + 1) < lowest:
@@ -241,7 +247,7 @@ class MtpDrafter(DrafterRows):
     def truncate(self, length: int) -> None:
         if self.window and length <= self.done:     # cells past length stay in the ring until rewritten
             self.first_held = 0 if length == 0 else max(self.first_held, self.done + DRAFT_ROWS_MAX - self.slots)
-        super().truncate(length)
+        _rows_base(self).truncate(self, length)
 
     def flush(self, target, ids: list[int]) -> int:
         """Write the final cells of every pending row whose next token ids holds (all but the
@@ -438,14 +444,12 @@ class Speculating:
     def _init_spec(self, spec, draft_window: int = 0, draft_prompt: str = "batched") -> None:
         """draft_window: --draft-window (0: the whole context; also where the ring would not be
         smaller than the context); draft_prompt: --draft-prompt."""
-        from ..config import draft_ring_cells, spec_max_drafts
+        from ..config import draft_ring, spec_max_drafts
         spec = spec if spec == "auto" else int(spec)
         if spec and not self.args.num_mtp_layers:
             raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
         self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
-        slots = draft_ring_cells(draft_window) if spec else 0
-        if slots >= self.max_context:        # the ring would hold the whole context: no ring
-            draft_window, slots = 0, 0
+        draft_window, slots = draft_ring(draft_window, self.max_context) if spec else (0, 0)
         self.draft_window, self.draft_slots = draft_window, slots
         self.draft_prompt = draft_prompt
         self.drafter = MtpDrafter(draft_window, slots, draft_prompt) if spec else None
