@@ -478,11 +478,11 @@ def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc,
                         window, ring, dh):
     from strata.quant import kv as kvq
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or bases)
+    assert grid == (splits, Hk, B) and 1 <= B <= 8
     lens = view(lengths, B, np.int32).astype(int)
-    firsts = _row_bases(bases, B, 0)
+    firsts = _row_bases(bases, B, S)       # S 0: the rows of one window share one sequence's planes
     cells = [first + _window_cells(n, window, ring) for first, n in zip(firsts, lens)]
-    rows = max(int(c.max()) + 1 for c in cells)     # S 0: the rows of one window read one sequence's planes
+    rows = max(int(c.max()) + 1 for c in cells)
     kc, vc = kvq.codecs(fmt)
     keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
     vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
