@@ -31,7 +31,7 @@ def test_windowed_ring_decode_launches(fake, rng, fmt):
 
 
 @pytest.mark.parametrize("cfg", [dict(), dict(kv="q4_0"), dict(expert_cache="20", prefill="24"),
-                                 dict(draft_prompt="own")])
+                                 dict(draft_prompt="own"), dict(draft_prompt="own", expert_cache="20", prefill="24")])
 def test_greedy_with_a_draft_window_equals_plain_on_the_emulated_gpu(fake, small_pages, cfg):
     plain = LLM(device="cuda", **{k: v for k, v in cfg.items() if k != "draft_prompt"})
     spec = LLM(device="cuda", mtp=True, spec=3, draft_window=16, **cfg)
