@@ -183,7 +183,8 @@ class EngineConfig:
     draft_prompt: str = field(default="batched", metadata={
         "help": "how a prompt writes the draft layer's K/V: batched (each chunk's cells with the prompt "
                 "path's GEMMs, K/V only) or own (the drafter's own pass, the whole layer a few rows at a "
-                "time; for A/B runs)"})
+                "time, so its experts are not lent to the prompt: --mtp-room-min does not apply; for A/B "
+                "runs)"})
     mtp_room_min: int = field(default=1024, metadata={
         "help": "with --mtp under a VRAM budget: a request that reads at least this many prompt tokens lends "
                 "the draft layer's cached experts to the prompt's expert ring while it reads (copied back "
@@ -300,9 +301,6 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.draft_window and not cfg.mtp:
         raise InvalidArgument(f"--draft-window {cfg.draft_window} needs --mtp --spec N: it is the draft layer's "
                               f"K/V window")
-    if cfg.draft_prompt == "own" and cfg.mtp_room_min >= 0:
-        raise InvalidArgument(f"--draft-prompt own with --mtp-room-min {cfg.mtp_room_min}: the drafter's own pass "
-                              f"reads the draft layer's experts, which the room lends to the prompt (use one of them)")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.parallel > 1 and cfg.spec != "0":

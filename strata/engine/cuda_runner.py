@@ -175,6 +175,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
                  {mode: list(times) for mode, times in step_times.items()}, store.snapshot())
         saved_states = (self.kv.read_states(), list(self.kv.snapshots)) if self.hybrid else None
+        # the draft layer's prompt counters (status "draft") read as before
+        saved_draft = (self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks) if self.spec else None
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         try:
             self.cached_ids = []
@@ -199,6 +201,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             if saved_states is not None:
                 self.kv.write_states(saved_states[0])
                 self.kv.snapshots = saved_states[1]
+            if saved_draft is not None:
+                self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = saved_draft
             self.stream.synchronize()
 
     def _warm_drafts(self, length: int) -> list[int]:
@@ -344,7 +348,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         pause = self.interleaves
         # seed 001: a request reading at least --mtp-room-min tokens lends the draft layer's cached
         # experts to the prompt's ring (its prompt pass writes the draft layer's K/V alone)
-        room = self.room_lent = (self.drafter is not None and 0 <= self.mtp_room_min <= len(ids) - start
+        # (not with --draft-prompt own: the drafter's own pass reads those experts during the prompt)
+        room = self.room_lent = (self.drafter is not None and self.draft_prompt != "own"
+                                 and 0 <= self.mtp_room_min <= len(ids) - start
                                  and self.store.open_room())
         try:
             with self.prompts.loan(len(ids) - start, self.prefill_chunk):

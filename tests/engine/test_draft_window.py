@@ -178,8 +178,6 @@ def test_draft_window_flags_are_checked():
         EngineConfig(draft_prompt="fast")
     with pytest.raises(InvalidArgument, match="--draft-window 64 needs --mtp"):
         EngineConfig(draft_window=64)
-    with pytest.raises(InvalidArgument, match="--draft-prompt own with --mtp-room-min"):
-        EngineConfig(mtp=True, spec="2", draft_prompt="own", mtp_room_min=1024)
     with pytest.raises(InvalidArgument, match="--kv-resident"):
         EngineConfig(device="cuda", mtp=True, spec="2", draft_window=64, kv_resident=1024, max_context=4096)
     assert EngineConfig().draft_window == 0 and EngineConfig().draft_prompt == "batched"

@@ -87,3 +87,14 @@ def test_a_ring_layer_refuses_rows_without_their_cells(fake, small_pages):
     h = r.ops.upload(np.zeros((2, a.hidden_size), np.float32))
     with pytest.raises(InvalidArgument, match="must name their cells"):
         r.model.mtp_cells(h, np.asarray([1, 2]), r.ops.upload_positions(np.asarray([30, 31])), r.kv)
+
+
+def test_the_drafters_own_prompt_pass_lends_no_room(fake):
+    """--draft-prompt own reads the draft layer's experts while a prompt runs, so seed 001's room (on
+    from --mtp-room-min tokens) is not lent; batched lends it; both give plain greedy's tokens."""
+    plain = LLM(device="cuda", expert_cache="20")
+    want = plain.generate(PROMPT, max_tokens=16).token_ids
+    for mode, lent in (("batched", True), ("own", False)):
+        spec = LLM(device="cuda", mtp=True, spec=3, expert_cache="20", mtp_room_min=0, draft_prompt=mode)
+        assert spec.generate(PROMPT, max_tokens=16).token_ids == want, mode
+        assert spec.runner.room_lent is lent, mode
