@@ -142,7 +142,9 @@ def test_greedy_with_a_draft_window_equals_plain(plain, cfg):
         assert got.token_ids == want.token_ids, (cfg, prompt)
     st = spec.status()
     assert st["speculation"]["device_windows"] > 0.9 * st["speculation"]["verify_passes"]
-    assert st["draft"]["window"] == 64 and st["draft"]["prompt_cells"] <= 2 * 64 + 2
+    assert st["draft"]["window"] == 64
+    if "prefill" not in cfg:        # one chunk a prompt: its last 64 cells only (each prompt read whole)
+        assert st["draft"]["prompt_cells"] <= 2 * 64
 
 
 def test_draft_window_drafter_logits_equal_the_cpu_oracle():
