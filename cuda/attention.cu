@@ -9,7 +9,8 @@
 // Entry points (Dh in {64, 128, 256}; G = H / Hk):
 //   strata_kv_append_f16                         f32 K/V rows -> f16 cache cells (from device memory)
 //   strata_attention_decode_f16_d<Dh>_g<GP>      split-K partials; GP = G rounded up to 1,2,4,8,16
-//                                                (Dh 256: GP <= 8)
+//                                                (Dh 256: GP <= 8); a sliding window over a ring of
+//                                                cells where asked (the MTP drafter's K/V ring)
 //   strata_attention_decode_combine_f32          partials -> out [B, H * Dh]
 //   strata_attention_decode_combine_rot_f32      the same, each head's output then Hadamard-rotated
 //   strata_attention_prefill_f16_d<Dh>           causal attention of T queries -> out [T, H * Dh]
@@ -127,13 +128,16 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
 // ---- decode: split-K partials ------------------------------------------------------------------
 //
 // strata_attention_decode_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml,
-//                                          H, Hk, max_cells, num_splits, scale)
+//                                          H, Hk, max_cells, num_splits, scale, window, ring)
 // q [B, H, DH] f32 (one query per row); caches [B, max_cells, Hk, DH] f16; lengths [B] int32 in
 // device memory: row b attends to cells 0..lengths[b]-1 (>= 1) of its sequence, whose cell 0 is
 // cache cell bases[b] (bases [B] int32 in device memory: rows of several sequences in one cache,
 // as parallel slots' batched steps are), or b * max_cells when bases is null. Outputs per (b, h, split):
 // part_acc [B, H, num_splits, DH] = sum_c 2^(s_c - m) v_c and part_ml [B, H, num_splits, 2] = (m, l),
-// l = sum_c 2^(s_c - m); an empty split writes (-inf, 0) and zeros.
+// l = sum_c 2^(s_c - m); an empty split writes (-inf, 0) and zeros. window > 0: row b reads only
+// positions lengths[b] - window .. lengths[b] - 1 (clamped at 0), the splits dividing those; ring > 0:
+// position p is cell p % ring of the sequence (strata_kv::window_first / ring_cell). 0, 0: as before,
+// bit for bit (the window and ring change which cells are read, never the float arithmetic).
 //
 // Launch: grid = (num_splits, Hk, B), block = (128, 1, 1), no dynamic shared memory. The split
 // size is ceil(length / num_splits) rounded up to a tile, computed on the device from lengths[b],
@@ -154,7 +158,7 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
                                                  const __half* __restrict__ v_cache, const int* __restrict__ lengths,
                                                  const int* __restrict__ bases, float* __restrict__ part_acc,
                                                  float* __restrict__ part_ml, int H, int Hk, int max_cells,
-                                                 int num_splits, float scale) {
+                                                 int num_splits, float scale, int window, int ring) {
     constexpr int kTile = 4096 / DH;                 // cells per stage
     constexpr int kCellsPerWarp = kTile / kDecodeWarps;
     constexpr int NC = cmin(cmin(8, kCellsPerWarp), 64 / GP);
@@ -175,9 +179,10 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / Hk;
     const int length = lengths[b];
-    const int per_split = (length + num_splits - 1) / num_splits;
+    const int lo = strata_kv::window_first(length, window);
+    const int per_split = (length - lo + num_splits - 1) / num_splits;
     const int span = (per_split + kTile - 1) / kTile * kTile;
-    const int start = split * span, end = min(length, start + span);
+    const int start = lo + split * span, end = min(length, start + span);
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
@@ -198,7 +203,7 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
         for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
             const int c = i / kChunks, part = (i % kChunks) * 8, cell = cell0 + c;
             const bool valid = cell < end;
-            const int64_t off = valid ? cell * row_stride + part : 0;
+            const int64_t off = valid ? strata_kv::ring_cell(cell, ring) * row_stride + part : 0;
             cp_async16(&tiles[stage][0][c][part], kb + off, valid);
             cp_async16(&tiles[stage][1][c][part], vb + off, valid);
         }
@@ -325,10 +330,11 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
 #define STRATA_DECODE(DH, GP)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_f16_d##DH##_g##GP(               \
         const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
-        float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) {           \
+        float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale,            \
+        int window, int ring) {                                                                                \
         STRATA_PDL_ENTRY();                                                                                     \
         attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,      \
-                                 num_splits, scale);                                                           \
+                                 num_splits, scale, window, ring);                                             \
     }
 STRATA_DECODE(64, 1) STRATA_DECODE(64, 2) STRATA_DECODE(64, 4) STRATA_DECODE(64, 8) STRATA_DECODE(64, 16)
 STRATA_DECODE(128, 1) STRATA_DECODE(128, 2) STRATA_DECODE(128, 4) STRATA_DECODE(128, 8) STRATA_DECODE(128, 16)

@@ -14,6 +14,19 @@ namespace strata_kv {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// A decode row's cell span and where a cell lies, for the split-K decode kernels (cuda/attention.cu,
+// cuda/kv_quant.cu). window > 0: the row reads its last `window` positions only, length - window ..
+// length - 1 (the MTP drafter under --draft-window); ring > 0: position p lies in cell p % ring of its
+// sequence (the draft layer's K/V ring). 0 and 0: positions 0..length-1 in cells 0..length-1, the
+// kernels' integer arithmetic exactly as before (no float operation depends on either).
+__device__ __forceinline__ int window_first(int length, int window) {
+    return window > 0 ? max(0, length - window) : 0;
+}
+
+__device__ __forceinline__ int ring_cell(int position, int ring) {
+    return ring > 0 ? position % ring : position;
+}
+
 // y = H x over one head vector spread over the warp, PER = Dh / 32 consecutive values per lane.
 // Stage h pairs (i, i + h) of every 2h-block into (a + b, a - b): inside a lane for h < PER, with
 // lane ^ (h / PER) for larger h.

@@ -20,6 +20,9 @@
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
+#     draftwin seed 003's A/B on qwen3-30b-a3b-mtp: --draft-window 4096, prompts 8192,16384,32768, the
+#              draft layer's prompt cells batched (K/V only, the prompt path's GEMMs) against the
+#              drafter's own pass; bench prints the draft layer's cells and time after each chunk
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +38,7 @@ steps=("$@")
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 shape=qwen3-30b-a3b-mtp
-has long && ! has spec12 && ! has room && ! has specn && ! has short && shape=qwen3-30b-a3b-128k
+has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has draftwin && shape=qwen3-30b-a3b-128k
 start_pack "$shape" 240
 
 if has tests; then
@@ -44,7 +47,7 @@ else
     device_tests 120 3
 fi
 
-export BENCH_LINES="^prompt|^decode|^specul|^verify|^plan|^peak|stopped"
+export BENCH_LINES="^prompt|^decode|^specul|^verify|^plan|^peak|^draft layer|stopped"
 bench() { bench_synthetic "$@"; }      # bench NAME SECONDS SHAPE ARGS...
 if has spec12; then
     bench spec12 90 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec 2 --prompt 4096 --decode 64
@@ -71,6 +74,12 @@ fi
 if has long; then
     [ "$shape" != qwen3-30b-a3b-128k ] && { start_pack qwen3-30b-a3b-128k 200; wait $pack_pid; cat "$OUT/pack.log"; }
     bench long12 300 qwen3-30b-a3b-128k --vram-budget-gib 12 --kv q4_0 --prompt 131072 --decode 64
+fi
+if has draftwin; then
+    for mode in batched own; do
+        bench "draft_$mode" 150 qwen3-30b-a3b-mtp --mtp --spec 2 --draft-window 4096 --draft-prompt "$mode" \
+            --prompt 8192,16384,32768 --decode 0
+    done
 fi
 has kvres && bench kvres12 120 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv-resident 4096 --prompt 16384 --decode 64
 echo "== done at $(elapsed) s"

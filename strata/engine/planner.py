@@ -269,7 +269,7 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
                                                      cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
-        "kv": (kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+        "kv": (vram_kv_bytes(a, config)
                # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
                + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
                   else 0)),
@@ -309,6 +309,27 @@ def kv_cells(config) -> int:
 def kv_key(config) -> str:
     """The KV key the prompt and step pricing take (strata.engine.memory_model.kv_key_format)."""
     return config.kv + (memory_model.HOST_SUFFIX if kv_on_host(config) else "")
+
+
+def plan_draft_ring(args: ModelArgs, config) -> tuple[int, int]:
+    """(window, cells) of the draft layer's K/V ring the GPU runner keeps under --draft-window
+    (strata.engine.cuda_load.draft_ring), (0, 0) where the draft layer keeps the whole context."""
+    from ..config import draft_ring
+    if not (config.mtp and str(config.spec) != "0" and args.num_mtp_layers and args.architecture == "qwen3moe"
+            and kv_cells(config)):
+        return 0, 0
+    return draft_ring(getattr(config, "draft_window", 0), config.max_context)
+
+
+def vram_kv_bytes(args: ModelArgs, config) -> int:
+    """The KV in VRAM: kv_cells per slot of every layer the runner allocates (the MTP layer's too,
+    drafting or not), the draft layer's ring instead of its context where --draft-window gives one."""
+    L = args.num_hidden_layers + args.num_mtp_layers
+    _, ring = plan_draft_ring(args, config)
+    if not ring:
+        return kv_bytes(args, kv_cells(config) * config.parallel, config.kv, L)
+    return (kv_bytes(args, kv_cells(config) * config.parallel, config.kv, args.num_hidden_layers)
+            + kv_bytes(args, ring, config.kv, args.num_mtp_layers))
 
 
 def kv_bus_bytes_per_token(sizes: PackSizes, config) -> int:
@@ -364,6 +385,8 @@ class Plan:
     batch_max: int = 0              # --batch-max: rows of one batched decode step (0: auto, measured while running)
     batch_tok_s: tuple = ()         # bandwidth ceiling of a batched step of 1..parallel rows (batch_speeds)
     batch_bus_bytes: tuple = ()     # expert bytes over the bus of a step of 1..parallel rows
+    draft_window: int = 0           # --draft-window's window (0: the draft layer keeps the whole context)
+    draft_ring_cells: int = 0       # the draft layer's K/V ring, priced in "kv" instead of its context
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -458,13 +481,15 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     chunk = min(T, config.max_context)
     pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths,
                                                 decode_kv_bytes(sizes, config))
+    draft_window, draft_cells = plan_draft_ring(sizes.args, config)
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, kv_cells(config), mb, cache.total_slots,
                 slots, cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source, config.parallel, kv_host_bytes(sizes, config),
                 kv_bus_bytes_per_token(sizes, config), config.batch_max,
-                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel))
+                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel),
+                draft_window=draft_window, draft_ring_cells=draft_cells)
 
 
 def decode_bytes_per_token(pack) -> int:

@@ -375,17 +375,30 @@ def _row_bases(bases, B: int, S: int) -> list[int]:
     return [int(c) for c in view(bases, B, np.int32)] if bases else [b * S for b in range(B)]
 
 
-def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+def _window_cells(n: int, window: int, ring: int) -> np.ndarray:
+    """The cells (from the sequence's first) a decode row of length n reads: positions
+    max(0, n - window)..n-1 (all of 0..n-1 without a window), position p in cell p % ring (p without)."""
+    pos = np.arange(max(0, n - window) if window > 0 else 0, n)
+    assert ring == 0 or window <= ring, "a window wider than its ring"
+    return pos % ring if ring > 0 else pos
+
+
+def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, window, ring,
+                      dh):
     """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache from cell bases[b], or
-    b * S without bases (S 0: the rows of one sequence's verify window share it)."""
+    b * S without bases (S 0: the rows of one sequence's verify window share it); window > 0: only
+    its last window positions, ring > 0: position p in cell p % ring (the drafter's K/V ring)."""
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or S >= int(view(lengths, B, np.int32).max()))
+    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or ring
+                                                        or S >= int(view(lengths, B, np.int32).max()))
     G = H // Hk
     for b, first in enumerate(_row_bases(bases, B, S)):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
+        cells = _window_cells(n, window, ring)
+        span = int(cells.max()) + 1
         base = first * Hk * dh * 2
-        keys = view(kc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
-        vals = view(vc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+        keys = view(kc + base, span * Hk * dh, np.float16).reshape(span, Hk, dh)[cells].astype(np.float32)
+        vals = view(vc + base, span * Hk * dh, np.float16).reshape(span, Hk, dh)[cells].astype(np.float32)
         _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
                          part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
 
@@ -462,18 +475,19 @@ def _hadamard(grid, x, rows, dh, rot):
 
 
 def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale,
-                        dh):
+                        window, ring, dh):
     from strata.quant import kv as kvq
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or bases)
+    assert grid == (splits, Hk, B) and 1 <= B <= 8
     lens = view(lengths, B, np.int32).astype(int)
-    firsts = _row_bases(bases, B, 0)
-    rows = max(f + n for f, n in zip(firsts, lens))     # S 0: the rows of one window read one sequence's planes
+    firsts = _row_bases(bases, B, S)       # S 0: the rows of one window share one sequence's planes
+    cells = [first + _window_cells(n, window, ring) for first, n in zip(firsts, lens)]
+    rows = max(int(c.max()) + 1 for c in cells)
     kc, vc = kvq.codecs(fmt)
     keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
     vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
     for b, first in enumerate(firsts):
-        _decode_partials(q + 4 * b * H * dh, keys_all[first:first + lens[b]], vals_all[first:first + lens[b]],
+        _decode_partials(q + 4 * b * H * dh, keys_all[cells[b]], vals_all[cells[b]],
                          part_acc + 4 * b * H * splits * dh, part_ml + 8 * b * H * splits, H, H // Hk, splits,
                          scale, dh)
 

@@ -168,7 +168,7 @@ def test_decode_rows_with_bases_equal_one_row_launches(kvops, rng, fmt, dh, H, H
         out = ops._output(rows * H * dh * 4)
         ops._launch("attention_decode_quant", (splits, Hk, rows),
                     (q_ptr, *(p.ptr for p in planes), len_ptr, base_ptr, part_acc.ptr, part_ml.ptr, H, Hk, 0,
-                     splits, scale), fmt=fmt, dh=dh, g=gp)
+                     splits, scale, 0, 0), fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, rows), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         return ops._download(out, (rows, H * dh), np.float32)
 

@@ -158,7 +158,7 @@ KERNELS = {
     "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
     "rope_partial":     _K("rope", "strata_rope_partial_f32", "PPPiiiif", 128, "T: a block per token"),
     "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
-    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiif", 128,
+    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifii", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
     # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
@@ -171,7 +171,7 @@ KERNELS = {
     "kv_append_int8":   _K("kv_quant", "strata_kv_append_int8", "PPPPiii", 32, "(T, Hk)"),
     "kv_append_q4r":    _K("kv_quant", "strata_kv_append_q4r", "PPPPiiif", 32, "(T, Hk)"),
     "hadamard":         _K("kv_quant", "strata_hadamard_f32", "Piif", 32, "rows: a warp per head vector"),
-    "attention_decode_quant": _K("kv_quant", "strata_attention_decode_{fmt}_d{dh}_g{g}", "PPPPPPPPPiiiif", 128,
+    "attention_decode_quant": _K("kv_quant", "strata_attention_decode_{fmt}_d{dh}_g{g}", "PPPPPPPPPiiiifii", 128,
                                  "(splits, Hk, B)",
                                  tuple({"fmt": f, **d} for f in KV_DECODE_FORMATS for d in DECODE_GROUPS)),
     "kv_dequant_f16":   _K("kv_quant", "strata_kv_dequant_{codec}_f16", "PPPiii", 32, "(rows, Hk)",

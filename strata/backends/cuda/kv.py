@@ -92,7 +92,8 @@ class KVQuantOps:
         return self.ops._download(buf, x.shape, np.float32)
 
     def attention_decode(self, fmt: str, q: np.ndarray, k_planes, v_planes, lengths: np.ndarray,
-                         num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
+                         num_splits: int | None = None, scale: float | None = None, window: int = 0,
+                         ring: int = 0) -> np.ndarray:
         """One query per sequence, q [B, H, Dh], over quantized planes [B, S, Hk, ...] of format fmt,
         sequence b reading cells 0..lengths[b]-1 -> [B, H*Dh]: q rotated where K is, the split-K
         kernel, attention.cu's combine, the output un-rotated where V is rotated."""
@@ -110,7 +111,9 @@ class KVQuantOps:
             if values.shape != vshape or scales.shape != sshape:
                 raise InvalidArgument(f"attention_decode: {codec.name} planes {values.shape} / {scales.shape}, "
                                       f"want {vshape} / {sshape}")
-        if lengths.shape != (B,) or B == 0 or lengths.min() < 1 or lengths.max() > S:
+        if ring and not (ring == S and 0 < window <= S):
+            raise InvalidArgument(f"attention_decode: a ring must be the planes' {S} cells, its window 1..{S}")
+        if lengths.shape != (B,) or B == 0 or lengths.min() < 1 or (not ring and lengths.max() > S):
             raise InvalidArgument(f"attention_decode: lengths must be [B] in 1..{S} (B >= 1)")
         splits = num_splits or ops.decode_splits(B, Hk, S, dh)
         if not 1 <= splits <= ops.ATTENTION_MAX_SPLITS:
@@ -126,7 +129,7 @@ class KVQuantOps:
         planes = [ops._upload(np.ascontiguousarray(a)) for a in (*k_planes, *v_planes)]
         lengths_dev = ops._upload(lengths)
         ops._launch("attention_decode_quant", (splits, Hk, B),
-                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale)),
+                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring),
                     fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:

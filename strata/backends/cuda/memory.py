@@ -319,10 +319,14 @@ class DeviceKV:
     on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
     memory at the same layout; the kernels append to it and decode reads it in place over the bus,
     and a prompt chunk's attention reads a copy of the layer staged in VRAM (DeviceOps). VRAM then
-    holds none of the cells (vram_bytes 0): the window of the newest cells is still to come."""
+    holds none of the cells (vram_bytes 0): the window of the newest cells is still to come.
+
+    ring = (window, slots) (--draft-window): the last layer (the MTP draft layer) holds `slots` cells
+    only, after the other layers' in every buffer, position p in cell p % slots, and the decode
+    attention reads its last `window` positions (ring(layer)); one slot of sequences only."""
 
     def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
-                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False):
+                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False, ring: tuple[int, int] | None = None):
         from ...quant import kv as kv_formats
         if fmt not in kv_formats.KV_FORMATS:
             raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
@@ -336,13 +340,19 @@ class DeviceKV:
         self.whole = self               # the cache of every slot (a view's parent)
         self.codecs = kv_formats.codecs(fmt)
         self.on_host = on_host
+        self.ring_window, self.ring_cells = ring or (0, 0)
+        if self.ring_cells and (num_slots > 1 or on_host or not 0 < self.ring_window < self.ring_cells):
+            raise InvalidArgument(f"DeviceKV: a ring of {self.ring_cells} cells (window {self.ring_window}) takes one "
+                                  f"slot in VRAM and a window below its cells")
+        # cells of each buffer: every layer's layer_cells, the last one's ring_cells where it is a ring
+        cells = num_layers * self.layer_cells - (self.layer_cells - self.ring_cells if self.ring_cells else 0)
 
         def buffer(nbytes: int):
             return HostPlane(rt, device, nbytes) if on_host else rt.DeviceBuffer(device, nbytes)
         if fmt == "f16":
             self.layer_bytes = self.layer_cells * num_kv_heads * head_dim * 2
-            self.k = buffer(num_layers * self.layer_bytes)
-            self.v = buffer(num_layers * self.layer_bytes)
+            self.k = buffer(cells * num_kv_heads * head_dim * 2)
+            self.v = buffer(cells * num_kv_heads * head_dim * 2)
             self.buffers = [(self.k, num_kv_heads * head_dim * 2), (self.v, num_kv_heads * head_dim * 2)]
         else:
             self.buffers = []           # (buffer, bytes per cell): K values, K scales, V values, V scales
@@ -350,7 +360,7 @@ class DeviceKV:
                 codec.check(head_dim)
                 values, scales = codec.empty((num_kv_heads,), head_dim)
                 for plane in (values, scales):
-                    self.buffers.append((buffer(num_layers * self.layer_cells * plane.nbytes),
+                    self.buffers.append((buffer(cells * plane.nbytes),
                                          plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
@@ -377,6 +387,14 @@ class DeviceKV:
     def cell_bytes(self) -> int:
         """Bytes of one cell of one layer, every plane."""
         return sum(cell for _, cell in self.buffers)
+
+    def ring(self, layer: int) -> tuple[int, int]:
+        """(window, cells) of layer's ring, (0, 0) where the layer keeps every position's cell."""
+        return (self.ring_window, self.ring_cells) if self.ring_cells and layer == self.num_layers - 1 else (0, 0)
+
+    def layer_size(self, layer: int) -> int:
+        """Cells layer holds for this cache's sequences (its ring's, or max_cells per slot)."""
+        return self.ring(layer)[1] or self.layer_cells
 
     def _check(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:

@@ -40,6 +40,24 @@ def _one_sequence(pos: DeviceTensor, what: str) -> None:
         raise InvalidArgument(f"{what} reads one sequence's cells; rows of several slots need the split-K "
                               f"decode attention (head dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
 
+def _ring(kv, layer: int, pos=None) -> tuple[int, int]:
+    """(window, cells) of kv's layer where it is a K/V ring (DeviceKV.ring: the MTP drafter under
+    --draft-window), else (0, 0). Rows writing a ring name their cells (StepRows: position % cells),
+    as the positions themselves would land past the ring."""
+    ring = kv.ring(layer) if hasattr(kv, "ring") else (0, 0)
+    if ring[1] and pos is not None and not isinstance(pos, StepRows):
+        raise InvalidArgument(f"KV layer {layer} is a ring of {ring[1]} cells: its rows must name their cells "
+                              f"(StepRows), not write at their positions")
+    return ring
+
+
+def _ring_rows(ring: tuple[int, int], T: int, what: str) -> None:
+    """A ring's cells are read by the split-K decode kernels only: up to DECODE_ROWS_MAX rows."""
+    if ring[1] and T > DECODE_ROWS_MAX:
+        raise InvalidArgument(f"{what}: the draft layer's K/V ring is read {DECODE_ROWS_MAX} rows at a time at most "
+                              f"(split-K decode), not {T}")
+
+
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
 
@@ -77,7 +95,7 @@ class AttentionOps:
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
         if not self._stages(kv, T, H, Hk, dh):
-            return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+            return self._attend(q, Hk, kc, vc, pos, kv.max_cells, _ring(kv, layer, pos))
         rows = kv.max_cells
         k_stage = self.alloc((rows, Hk, dh), np.float16)
         v_stage = self.alloc((rows, Hk, dh), np.float16)
@@ -88,17 +106,23 @@ class AttentionOps:
         del k_stage, v_stage                    # in this order (strata._ext.prompt_plan ATTN_STAGED)
         return out
 
-    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
-        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
+    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int,
+                ring: tuple[int, int] = (0, 0)) -> DeviceTensor:
+        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]
+        (over a ring's last `window` positions, ring = (window, cells): split-K decode only)."""
         T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
+            _ring_rows(ring, T, "attention")
+            raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
+                                  f"dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
         if not split_k_takes(H, Hk, dh):
             _one_sequence(pos, "attention_rows")
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
-            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
+            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring)
         elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
             self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
@@ -111,6 +135,7 @@ class AttentionOps:
     def _append(self, k: DeviceTensor, v: DeviceTensor, layer: int, kv, pos) -> None:
         """K [T, Hk, Dh] and V appended at their cells in kv's layer (in its format)."""
         T, Hk, dh = k.shape
+        _ring(kv, layer, pos)
         if not getattr(kv, "quantized", False):
             kc, vc = kv.layer(layer)
             self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
@@ -140,6 +165,7 @@ class AttentionOps:
             self._hadamard(q.ptr, T * H, dh, rot)
         if self._quantized_split_k(kv, H, Hk, dh, T):
             return self._attend_quantized(q, Hk, kv, layer, pos)
+        _ring_rows(_ring(kv, layer), T, "a quantized cache's prompt attention")
         _one_sequence(pos, "a quantized cache's prompt attention")
         # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
         # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
@@ -169,13 +195,14 @@ class AttentionOps:
         T, H, dh = q.shape
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         out = self.alloc((T, H * dh))
-        splits = self.decode_splits(Hk, kv.max_cells, dh)
+        ring = _ring(kv, layer, pos)
+        splits = self.decode_splits(Hk, ring[0] or kv.max_cells, dh)     # a ring's rows read its window
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
         self.launch("attention_decode_quant", (splits, Hk, T),
                     (q.ptr, *kv.planes(layer), lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits,
-                     scale), fmt=kv.fmt, dh=dh, g=gp)
+                     scale, *ring), fmt=kv.fmt, dh=dh, g=gp)
         if kv.codecs[1].rotated:
             self.launch("attention_combine_rot", (H, T),
                         (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits, float(np.float32(1.0 / np.sqrt(dh)))))
@@ -192,18 +219,19 @@ class AttentionOps:
         return decode_splits(1, num_kv_heads, max_cells, head_dim, self.num_sms)
 
     def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
-                          scale: float) -> None:
-        """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
+                          scale: float, ring: tuple[int, int] = (0, 0)) -> None:
+        """Split-K over the cells 0..length-1 (length read on the device; a ring's last window
+        positions), then the combine."""
         _, H, dh = q.shape
         G = H // Hk
         T = q.shape[0]
-        splits = self.decode_splits(Hk, max_cells, dh)
+        splits = self.decode_splits(Hk, ring[0] or max_cells, dh)
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
         self.launch("attention_decode", (splits, Hk, T),
-                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh,
-                    g=gp)
+                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring),
+                    dh=dh, g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 
@@ -247,6 +275,7 @@ class AttentionOps:
         -> the normed, roped (rotated) q."""
         T, H, dh = q.shape
         Hk = k.shape[1]
+        _ring(kv, layer, pos)
         q_out = self.alloc(q.shape)
         grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
         head = (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,

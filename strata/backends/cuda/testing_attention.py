@@ -69,9 +69,11 @@ class AttentionWrappers:
 
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None,
-                         bases: np.ndarray | None = None) -> np.ndarray:
+                         bases: np.ndarray | None = None, window: int = 0, ring: int = 0) -> np.ndarray:
         """One query per row: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], row b reading cells
-        0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel). With
+        0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel).
+        window > 0: row b reads only its last `window` positions; ring = S: position p is cell p % S
+        (a K/V ring: lengths may then pass S, the window may not). With
         bases [B], the caches are [N, S, Hk, Dh] of any N, read as N * S cells back to back, and row b's
         cells start at cell bases[b] (parallel slots' rows in one cache)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
@@ -85,7 +87,9 @@ class AttentionWrappers:
         B, H, dh = q.shape
         S, Hk = kc.shape[1], kc.shape[2]
         G = self._check_attention("attention_decode", q, kc, H, Hk, dh)
-        if B == 0 or lengths.min() < 1 or lengths.max() > S:
+        if ring and not (ring == S and 0 < window <= S):
+            raise InvalidArgument(f"attention_decode: a ring must be the cache's {S} cells, its window 1..{S}")
+        if B == 0 or lengths.min() < 1 or (not ring and lengths.max() > S):
             raise InvalidArgument(f"attention_decode: lengths must be in 1..{S} (B >= 1)")
         bases_dev = 0
         if bases is not None:
@@ -103,7 +107,7 @@ class AttentionWrappers:
         out = self._output(B * H * dh * 4)
         gp = 1 << (G - 1).bit_length()
         self._launch("attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
-                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)), dh=dh,
+                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring), dh=dh,
                      g=gp)
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         return self._download(out, (B, H * dh), np.float32)
