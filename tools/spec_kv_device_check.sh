@@ -19,6 +19,8 @@
 #              (1024), the same plan in both (a 32768-token prompt sizes the context)
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
+#     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
+#     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
 #     draftwin seed 003's A/B on qwen3-30b-a3b-mtp: --draft-window 4096, prompts 8192,16384,32768, the
 #              draft layer's prompt cells batched (K/V only, the prompt path's GEMMs) against the
@@ -80,6 +82,15 @@ if has draftwin; then
         bench "draft_$mode" 150 qwen3-30b-a3b-mtp --mtp --spec 2 --draft-window 4096 --draft-prompt "$mode" \
             --prompt 8192,16384,32768 --decode 0
     done
+fi
+if has gdn; then        # the chunked delta rule against the token loop at 80B's DeltaNet shape (#15)
+    echo "== gdn chunk bench ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -30
+fi
+if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
+    echo "== parallel bench ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --batch-max 0,1 \
+        --clients 1,4 --warm 16 --long 0 --json "$OUT/batch_ab.json" 2>&1 | tail -20
 fi
 has kvres && bench kvres12 120 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv-resident 4096 --prompt 16384 --decode 64
 echo "== done at $(elapsed) s"
