@@ -20,6 +20,25 @@ KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's for
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 PARALLEL_MAX = 8                    # --parallel: a batched decode step takes up to 8 rows (GEMV_MAX_T)
 SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
+DRAFT_RING_PAGE_CELLS = 256         # the draft ring's page: its slots are the window rounded up to pages,
+                                    # plus one page (rows written ahead of the window: a verify window's
+                                    # chain, a prompt batch straddling a page)
+DRAFT_PROMPT_MODES = ("batched", "own")
+
+
+def draft_ring_cells(window: int) -> int:
+    """Slots of the draft layer's K/V ring for a --draft-window of `window` cells (0: no ring)."""
+    if window <= 0:
+        return 0
+    page = DRAFT_RING_PAGE_CELLS
+    return -(-window // page) * page + page
+
+
+def draft_ring(window: int, max_context: int) -> tuple[int, int]:
+    """(window, ring cells) of the draft layer's K/V under --draft-window `window` at this context;
+    (0, 0), the whole context's cells, where there is no window or the ring would not be smaller."""
+    cells = draft_ring_cells(window)
+    return (window, cells) if 0 < cells < max_context else (0, 0)
 
 
 def spec_max_drafts(spec) -> int:
@@ -159,10 +178,20 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
-    mtp_room_min: int = field(default=-1, metadata={
+    draft_window: int = field(default=0, metadata={
+        "help": "with --mtp: the draft layer attends over its last W cells only, its K/V a ring of W cells "
+                "(rounded up to 256-cell pages, plus one page) in VRAM instead of the whole context's; the "
+                "VRAM saved goes to the expert cache; 0 = the whole context"})
+    draft_prompt: str = field(default="batched", metadata={
+        "help": "how a prompt writes the draft layer's K/V: batched (each chunk's cells with the prompt "
+                "path's GEMMs, K/V only) or own (the drafter's own pass, the whole layer a few rows at a "
+                "time, so its experts are not lent to the prompt: --mtp-room-min does not apply; for A/B "
+                "runs)"})
+    mtp_room_min: int = field(default=1024, metadata={
         "help": "with --mtp under a VRAM budget: a request that reads at least this many prompt tokens lends "
                 "the draft layer's cached experts to the prompt's expert ring while it reads (copied back "
-                "before its first decode step); -1 = never"})
+                "before its first decode step; on the 30B shape at 8 GiB it read 4K prompts 1.38x as fast, "
+                "32K ones 1.04x); -1 = never"})
     keep_conversations_gib: float = field(default=4.0, metadata={
         "help": "host RAM for the K/V of conversations a new request pushes out of a slot, so a returning "
                 "one is copied back instead of read again (at most a quarter of the available host "
@@ -170,6 +199,11 @@ class EngineConfig:
     parallel: int = field(default=1, metadata={"help": "sequences served at once (1..8): each has its own KV of "
                                                         "--max-context cells and its own cached conversation, "
                                                         "and their decode steps run batched, one step for all"})
+    batch_max: int = field(default=0, metadata={"help": "rows of one batched decode step of --parallel slots "
+                                                         "(1..--parallel; 1: each sequence steps alone); 0 = auto: "
+                                                         "the grouping whose measured step times cost least, so a "
+                                                         "budget where each extra row's experts come over the bus "
+                                                         "runs smaller steps"})
     layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
@@ -197,6 +231,12 @@ class EngineConfig:
         object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
         if self.kv_resident < 0:
             raise InvalidArgument("kv_resident must be >= 0")
+        if isinstance(self.draft_window, bool) or not isinstance(self.draft_window, int) or self.draft_window < 0:
+            raise InvalidArgument(f"draft_window must be a number of cells (0 = the whole context), "
+                                  f"got {self.draft_window!r}")
+        if self.draft_prompt not in DRAFT_PROMPT_MODES:
+            raise InvalidArgument(f"draft_prompt must be one of {', '.join(DRAFT_PROMPT_MODES)}, "
+                                  f"got {self.draft_prompt!r}")
         if isinstance(self.mtp_room_min, bool) or not isinstance(self.mtp_room_min, int) or self.mtp_room_min < -1:
             raise InvalidArgument(f"mtp_room_min must be a number of prompt tokens (-1: never), got {self.mtp_room_min!r}")
         if not self.keep_conversations_gib >= 0:
@@ -206,6 +246,10 @@ class EngineConfig:
                 or not 1 <= self.parallel <= PARALLEL_MAX:
             raise InvalidArgument(f"parallel must be a number of sequences from 1 to {PARALLEL_MAX} (the rows of one "
                                   f"batched decode step), got {self.parallel!r}")
+        if isinstance(self.batch_max, bool) or not isinstance(self.batch_max, int) \
+                or not 0 <= self.batch_max <= self.parallel:
+            raise InvalidArgument(f"batch_max must be 0 (auto) or a number of rows from 1 to --parallel "
+                                  f"({self.parallel}), got {self.batch_max!r}")
         _refuse_not_implemented(self)
         unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
         if unknown:
@@ -256,6 +300,9 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
     if cfg.mtp and cfg.spec == "0":
         raise InvalidArgument("--mtp drafts only under --spec N or --spec auto")
+    if cfg.draft_window and not cfg.mtp:
+        raise InvalidArgument(f"--draft-window {cfg.draft_window} needs --mtp --spec N: it is the draft layer's "
+                              f"K/V window")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.parallel > 1 and cfg.spec != "0":

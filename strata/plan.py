@@ -79,6 +79,9 @@ def plan_text(name: str, p) -> str:
         f"  mandatory           {_gib(p.mandatory_bytes)}: dense {_gib(m['dense'])}, KV {_gib(m['kv'])} "
         f"({p.kv_cells} cells{f' x {p.parallel} slots' if p.parallel > 1 else ''}, {p.kv}), decode scratch {_gib(m['decode'])}, CUDA graphs {_gib(m['graphs'])}, "
         f"MTP layer {_gib(m['mtp'])}",
+        *([f"  draft K/V ring      {p.draft_ring_cells:,} cells for a --draft-window of {p.draft_window:,} (instead "
+           f"of {p.max_context:,}: the rest of the draft layer's K/V goes to the expert cache)"]
+          if p.draft_ring_cells else []),
         *([f"  KV on the host      {_gib(p.kv_host_bytes)} pinned ({p.max_context:,} cells, --kv-resident; the newest "
            f"{p.kv_cells:,} also in the VRAM window above); decode reads up to {p.kv_bus_bytes_per_token / 1e6:.1f} MB "
            f"of it over the bus a token"]
@@ -97,8 +100,20 @@ def plan_text(name: str, p) -> str:
         f"hit rate, uniform routing)",
         f"  bandwidths          {p.h2d_gb_s:,.1f} GB/s pinned host->device, {p.device_copy_gb_s:,.0f} GB/s "
         f"device copy: {p.bandwidth_source}",
+        *([batch_text(p)] if p.parallel > 1 else []),
     ]
     return "\n".join(rows)
+
+
+def batch_text(p) -> str:
+    """--parallel's batched steps: the rule, each row count's ceiling and the bus bytes an extra row adds."""
+    rule = (f"--batch-max {p.batch_max}: steps of up to {p.batch_max} rows" if p.batch_max else
+            "--batch-max auto: the grouping whose measured step times cost least")
+    ceilings = " / ".join(f"{t:,.0f}" for t in p.batch_tok_s)
+    extra = (p.batch_bus_bytes[-1] - p.batch_bus_bytes[0]) / max(1, len(p.batch_bus_bytes) - 1)
+    return (f"  batched decode      {rule}; ceilings {ceilings} tok/s at 1..{p.parallel} rows a step; "
+            f"over PCIe a row alone "
+            f"{p.batch_bus_bytes[0] / 1e6:,.1f} MB, each extra row {extra / 1e6:,.1f} MB")
 
 
 def trade_text(options, kv_why: str | None) -> str:

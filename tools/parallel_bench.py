@@ -1,14 +1,21 @@
 """Aggregate decode speed of 1, 2, 4 and 8 concurrent requests in --parallel slots (#19), and a short
 request's time to its first token while a long prompt is being read in another slot.
 
-    python tools/parallel_bench.py [--synthetic qwen3-30b-a3b] [--budget-gib 12] [--clients 1,2,4,8]
-                                   [--prompt 64] [--decode 128] [--long 16384] [--long-chunk 2048] [--json F]
+    python tools/parallel_bench.py [--synthetic qwen3-30b-a3b] [--budget-gib 0,12] [--batch-max 0,1]
+                                   [--clients 1,2,4,8] [--prompt 64] [--decode 128] [--warm 8]
+                                   [--long 16384] [--long-chunk 2048] [--json F]
 
 Each round submits N requests of random prompts at once (greedy, no end-of-sequence: each runs
---decode tokens) and steps the scheduler until all are done. Aggregate decode tok/s = every
-request's tokens after its first / (the last finish - the first first token). The long-prompt round
-reads --long tokens in chunks of --long-chunk (an LLM of its own) and submits a 19-token request
-after the first chunk: its first-token time, beside the same request alone.
+--decode tokens) and steps the scheduler until all are done, after a warm round of the same N
+(--warm tokens each: new step shapes' graphs, and the auto batch rule's first measurements).
+Aggregate decode tok/s = every request's tokens after its first / (the last finish - the first
+first token). --budget-gib and --batch-max take lists: every budget (0: resident) runs every
+--batch-max (0: the auto rule; 1: each sequence steps alone, the rows-in-line baseline; N: steps of
+up to N rows), one engine each, on the same prompts; the table at the end puts the arms side by
+side, and each round reports the rule's cap and its measured step ms per row count. The long-prompt
+round (the first budget and --batch-max; --long 0: none) reads --long tokens in chunks of
+--long-chunk (an LLM of its own) and submits a 19-token request after the first chunk: its
+first-token time, beside the same request alone.
 """
 from __future__ import annotations
 
@@ -21,12 +28,13 @@ import time
 import numpy as np
 
 
-def _llm(args, parallel: int, context: int, prefill: str):
+def _llm(args, parallel: int, context: int, prefill: str, budget_gib: float = 0.0, batch_max: int = 0):
     from strata import LLM
     from strata.synthetic import synthetic_pack
     source = str(synthetic_pack(args.synthetic)) if args.synthetic else args.model
-    kw = {"vram_budget_gib": args.budget_gib} if args.budget_gib else {}
-    llm = LLM(source, device=args.device, parallel=parallel, max_context=context, prefill=prefill, **kw)
+    kw = {"vram_budget_gib": budget_gib} if budget_gib else {}
+    llm = LLM(source, device=args.device, parallel=parallel, max_context=context, prefill=prefill,
+              batch_max=min(batch_max, parallel), **kw)
     llm.tokenizer.eos_token_ids = []
     llm.warm_up()
     return llm
@@ -46,13 +54,14 @@ def clients_round(llm, n: int, prompt: int, decode: int, rng) -> dict:
     tokens = sum(r.num_tokens - 1 for r in reqs)
     return {"clients": n, "aggregate_decode_tok_s": tokens / (last - first), "tokens": tokens,
             "wall_s": last - t0, "per_client_tok_s": [round((r.num_tokens - 1) / (r.finished - r.first_token), 1)
-                                                      for r in reqs]}
+                                                      for r in reqs],
+            "batching": llm.batching.to_dict()}
 
 
 def long_prompt_round(args, rng) -> dict:
     from strata.config import SamplingParams
     from strata.engine.scheduler import Request
-    llm = _llm(args, 2, args.long + 64, str(args.long_chunk))
+    llm = _llm(args, 2, args.long + 64, str(args.long_chunk), args.budgets[0], args.batch_maxes[0])
     V = llm.args.vocab_size
     short_ids = rng.integers(0, V, 19).tolist()
     alone = llm.scheduler.submit(Request(short_ids, SamplingParams(max_tokens=4)))
@@ -75,41 +84,65 @@ def long_prompt_round(args, rng) -> dict:
             "short_done_before_long_prompt": short.finished < long.first_token}
 
 
+def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
+    """The clients rounds of one engine: --vram-budget-gib budget_gib (0: resident), --batch-max."""
+    rng = np.random.default_rng(0)          # every arm the same prompts
+    out = {"budget_gib": budget_gib, "batch_max": batch_max, "rounds": []}
+    llm = _llm(args, max(clients), args.prompt + max(args.warm, args.decode) + 8, "auto", budget_gib, batch_max)
+    name = f"{budget_gib:g} GiB" if budget_gib else "resident"
+    print(f"{name}, --batch-max {batch_max}: plan {llm.status().get('prefill_chunk')} chunk, parallel "
+          f"{llm.config.parallel}, context {llm.max_context} a slot", flush=True)
+    for n in clients:
+        clients_round(llm, n, args.prompt, args.warm, rng)   # new shapes: eager, capture; the rule's first steps
+        r = clients_round(llm, n, args.prompt, args.decode, rng)
+        out["rounds"].append(r)
+        b = r["batching"]
+        print(f"  {n} clients: aggregate decode {r['aggregate_decode_tok_s']:,.1f} tok/s (per client "
+              f"{r['per_client_tok_s']}); steps of up to {b['cap']} rows, step ms by rows {b['step_ms']}", flush=True)
+    one = out["rounds"][0]["aggregate_decode_tok_s"]
+    for r in out["rounds"]:
+        r["x_one_client"] = round(r["aggregate_decode_tok_s"] / one, 2)
+    del llm
+    gc.collect()                        # its VRAM back before the next engine loads
+    return out
+
+
+def table(arms: list[dict]) -> str:
+    """clients down, one column per arm: aggregate tok/s (x one client)."""
+    head = ["clients"] + [f"{a['budget_gib']:g} GiB" if a["budget_gib"] else "resident" for a in arms]
+    sub = [""] + [f"batch-max {a['batch_max'] or 'auto'}" for a in arms]
+    rows = [head, sub]
+    for i, r0 in enumerate(arms[0]["rounds"]):
+        rows.append([str(r0["clients"])] + [f"{a['rounds'][i]['aggregate_decode_tok_s']:,.1f} "
+                                            f"({a['rounds'][i]['x_one_client']:.2f}x)" for a in arms])
+    width = [max(len(r[j]) for r in rows) for j in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, width)) for r in rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="qwen3-30b-a3b")
     ap.add_argument("--model", help="a pack or GGUF instead of --synthetic")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--budget-gib", type=float, default=0.0)
+    ap.add_argument("--budget-gib", default="0", help="VRAM budgets, comma-separated (0: resident)")
+    ap.add_argument("--batch-max", default="0", help="--batch-max values, comma-separated (0: auto)")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--warm", type=int, default=8, help="tokens a request of each warm round")
     ap.add_argument("--long", type=int, default=16384, help="0: no long-prompt round")
     ap.add_argument("--long-chunk", type=int, default=2048)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.model:
         args.synthetic = None
-    rng = np.random.default_rng(0)
+    args.budgets = [float(b) for b in args.budget_gib.split(",")]
+    args.batch_maxes = [int(b) for b in args.batch_max.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
-    out = {"budget_gib": args.budget_gib, "rounds": []}
-    llm = _llm(args, max(clients), args.prompt + args.decode + 8, "auto")
-    print(f"plan: {llm.status().get('prefill_chunk')} chunk, parallel {llm.config.parallel}, "
-          f"context {llm.max_context} a slot", flush=True)
-    for n in clients:
-        clients_round(llm, n, args.prompt, 8, rng)        # its batch's first steps: eager, then the capture
-        r = clients_round(llm, n, args.prompt, args.decode, rng)
-        out["rounds"].append(r)
-        print(f"{n} clients: aggregate decode {r['aggregate_decode_tok_s']:,.1f} tok/s "
-              f"(per client {r['per_client_tok_s']})", flush=True)
-    one = out["rounds"][0]["aggregate_decode_tok_s"]
-    for r in out["rounds"]:
-        r["x_one_client"] = round(r["aggregate_decode_tok_s"] / one, 2)
-    print("x one client:", {r["clients"]: r["x_one_client"] for r in out["rounds"]}, flush=True)
-    del llm
-    gc.collect()                        # its VRAM back before the next engine loads
+    out = {"arms": [arm(args, b, m, clients) for b in args.budgets for m in args.batch_maxes]}
+    print(table(out["arms"]), flush=True)
     if args.long:
-        out["long"] = long_prompt_round(args, rng)
+        out["long"] = long_prompt_round(args, np.random.default_rng(1))
         print(json.dumps(out["long"]), flush=True)
     if args.json:
         open(args.json, "w").write(json.dumps(out, indent=1))

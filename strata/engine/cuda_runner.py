@@ -77,10 +77,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         cuda_load.check_parallel(config, a)
         # every slot's cells in one cache (slot s from cell s * max_context): a batched step's rows name theirs
         if hybrid:      # K/V of the attention layers and the DeltaNet states (backends.cuda.ops_next)
-            self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv)
+            self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv,
+                                            num_slots=config.parallel)
         else:
+            ring = cuda_load.draft_ring(config, a, max_context)     # --draft-window: the draft layer's K/V ring
             self.kv_all = kv_all or DeviceKV(rt, self.dev, self.stream, num_layers, max_context,
-                                             a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel)
+                                             a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel,
+                                             ring=ring)
         self.kv = self.kv_all.view(0)
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
                                                                  KernelPaths.without(config.kernels_off))
@@ -95,15 +98,15 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         spec = config.spec if config.mtp else "0"
         if spec != "0":
             check_spec(config, self.store, a)
-        self._init_spec(spec)
+        self._init_spec(spec, config.draft_window, config.draft_prompt)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
-        # strata.engine.slots; no conversations kept for a hybrid (its states are not cells)
-        self._init_slots(config.parallel, self.kv_all.view, 0 if hybrid else keep_bytes(config))
+        # strata.engine.slots; conversations kept in host RAM (a hybrid's with its DeltaNet states)
+        self._init_slots(config.parallel, self.kv_all.view, keep_bytes(config))
 
     # the decode path's state, as the runner's (status, tests and tools read these)
     @property
@@ -164,13 +167,16 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         n = max(1, min(num_tokens, self.max_context - steps))
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
-        saved_spec = (self.drafter.done, self.drafter.pending, self.device_windows) if drafts else None
+        saved_spec = ((self.drafter.done, self.drafter.pending, self.drafter.first_held, self.device_windows)
+                      if drafts else None)
         saved_cells = self._save_cells(min(self.max_context, n + steps + _window_cells(drafts)))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
                  {mode: list(times) for mode, times in step_times.items()}, store.snapshot())
         saved_states = (self.kv.read_states(), list(self.kv.snapshots)) if self.hybrid else None
+        # the draft layer's prompt counters (status "draft") read as before
+        saved_draft = (self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks) if self.spec else None
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         try:
             self.cached_ids = []
@@ -195,6 +201,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             if saved_states is not None:
                 self.kv.write_states(saved_states[0])
                 self.kv.snapshots = saved_states[1]
+            if saved_draft is not None:
+                self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = saved_draft
             self.stream.synchronize()
 
     def _warm_drafts(self, length: int) -> list[int]:
@@ -224,9 +232,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     break
                 token = speculative_step(self, d, SpecStats(), token, n, greedy, lambda: 0.5)[-1]
 
-    def _restore_spec(self, done: int, pending, windows: int) -> None:
+    def _restore_spec(self, done: int, pending, first_held: int, windows: int) -> None:
         """The drafter's state and the window counter as before the warm-up."""
         self.drafter.done, self.drafter.pending = done, pending
+        self.drafter.first_held = first_held
         if getattr(self, "_windows", None) is not None:
             self._windows.windows = windows
 
@@ -237,7 +246,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         from ..errors import DeviceError
         try:
             return DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
-                            config.kv, num_slots=config.parallel, on_host=True, window=config.kv_resident)
+                            config.kv, num_slots=config.parallel, on_host=True,
+                            vram_window=config.kv_resident)
         except DeviceError as exc:
             raise DeviceError(f"--kv-resident {config.kv_resident}: pinning the KV of {max_context} cells in host "
                               f"memory was refused ({exc}); a smaller --max-context or --kv format needs less") from None
@@ -246,7 +256,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         """(a device copy of cells 0..cells-1 of every layer's KV buffers (K and V, or the format's
         values and scales planes), [(address, bytes)] of each range), the copies queued on the
         stream; _restore_cells copies them back."""
-        ranges = [(ptr, cells * cell) for layer in range(self.kv.num_layers) for ptr, cell in self.kv.cell_ranges(layer)]
+        kv = self.kv
+        ranges = [(ptr, min(cells, kv.layer_size(layer)) * cell) for layer in range(kv.num_layers)
+                  for ptr, cell in kv.cell_ranges(layer)]
         copy = self.rt.DeviceBuffer(self.dev, sum(n for _, n in ranges))
         off = 0
         for ptr, n in ranges:
@@ -277,18 +289,32 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                 for layer in range(kv.num_layers) for buf, cell in kv.buffers]
 
     def _cells_out(self, n: int):
-        """(host copies of cells 0..n-1 of this slot's KV, their bytes) for a kept conversation."""
+        """(host copies of cells 0..n-1 of this slot's KV, their bytes) for a kept conversation; a
+        hybrid's payload is (cells, the DeltaNet states now, the snapshots)."""
         out = []
         for buf, off, nbytes in self._kv_ranges(n):
             host = np.empty(nbytes, np.uint8)
             buf.copy_to_host(host, self.stream, off)
             out.append(host)
         self.stream.synchronize()
-        return out, sum(h.nbytes for h in out)
+        nbytes = sum(h.nbytes for h in out)
+        if not self.hybrid:
+            return out, nbytes
+        states, snapshots = self.kv.read_states(), list(self.kv.snapshots)   # never changed in place
+        return (out, states, snapshots), nbytes + states.nbytes * (1 + len(snapshots))
 
     def _cells_in(self, payload, n: int) -> None:
-        for (buf, off, _), host in zip(self._kv_ranges(n), payload):
+        cells = payload[0] if self.hybrid else payload
+        for (buf, off, _), host in zip(self._kv_ranges(n), cells):
             buf.copy_from_host(host, self.stream, off)
+        if self.hybrid:
+            self.kv.write_states(payload[1])
+            self.kv.snapshots = list(payload[2])
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        if not self.hybrid or n >= kept_len:
+            return n
+        return max([m for m, _ in payload[2] if m <= n], default=0)
 
     @property
     def interleaves(self) -> bool:
@@ -312,20 +338,23 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
 
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
+        self._keep_tail(start)                               # (a hybrid's live states with it)
         if self.hybrid:
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
-        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
-        if start and getattr(self.kv, "window", 0):      # the reused cells' newest into the VRAM window
-            for dst, src, nbytes in self.kv.window_refill(start):
+        if start and getattr(self.kv, "vram_window", 0):    # the reused cells' newest into the VRAM window
+            for dst, src, nbytes in self.kv.vram_refill(start):
                 self.rt.copy_d2d(dst, src, nbytes, self.stream)
         if self.drafter:
             self.drafter.truncate(start)
+            self.draft_chunks = []
         out = None
         pause = self.interleaves
         # seed 001: a request reading at least --mtp-room-min tokens lends the draft layer's cached
         # experts to the prompt's ring (its prompt pass writes the draft layer's K/V alone)
-        room = self.room_lent = (self.drafter is not None and 0 <= self.mtp_room_min <= len(ids) - start
+        # (not with --draft-prompt own: the drafter's own pass reads those experts during the prompt)
+        room = self.room_lent = (self.drafter is not None and self.draft_prompt != "own"
+                                 and 0 <= self.mtp_room_min <= len(ids) - start
                                  and self.store.open_room())
         try:
             with self.prompts.loan(len(ids) - start, self.prefill_chunk):
@@ -338,7 +367,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     if self.drafter:                 # the draft layer's K/V of this chunk, batched
                         self.drafter.extend(self.prompts.hidden)
                         self.prompts.hidden = None
-                        self.drafter.flush(self, self.cached_ids)
+                        self._flush_drafter()
                     if on_progress is not None:
                         on_progress(hi - start, len(ids) - start)
                     if pause and hi < len(ids):
@@ -361,13 +390,23 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self._drafter_steps(self.steps.hidden)
         return out[-1] if logits else None
 
+    def use(self, slot: int) -> None:
+        """Slots.use; a hybrid model's DeltaNet states follow the slot (DeviceHybridCache.swap)."""
+        if self.hybrid and slot != self.slot and 0 <= slot < self.num_slots:
+            self.kv_all.swap(self.slot, slot)
+        super().use(slot)
+
     def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
         """One batched decode step: token i appended to slot slots[i]'s sequence, every row in one
         launch of each kernel (a graph per row count) over the whole cache, each row naming its
         slot's cells (memory.StepRows); row i's logits stay on the device for that slot's pick().
-        Each row computes what that slot's own one-row step does (row-invariant kernels)."""
+        Each row computes what that slot's own one-row step does (row-invariant kernels). A hybrid
+        model's rows step one slot at a time (the DeltaNet step kernels read one sequence's states)."""
         if len(set(slots)) != len(slots):
             raise InvalidArgument(f"decode_batch: slots {slots} repeat")
+        if self.hybrid:
+            self._decode_in_turn(slots, tokens)
+            return
         positions = [len(self.slot_ids(s)) for s in slots]
         if max(positions) + 1 > self.max_context:
             raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
@@ -378,6 +417,18 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.use(slot)
             self.cached_ids.append(token)
             self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
+
+    def _decode_in_turn(self, slots: list[int], tokens: list[int]) -> None:
+        """decode_batch of a hybrid model: one step per slot, each slot's logits copied aside (the next
+        slot's step writes the same output), so every slot's pick() reads its own."""
+        V = self.args.vocab_size
+        if getattr(self, "_turn_logits", None) is None:
+            self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * V * 4)
+        for slot, token in zip(slots, tokens):
+            self.use(slot)
+            self.decode(token, logits=False)
+            self.rt.copy_d2d(self._turn_logits.ptr + slot * V * 4, self._last.ptr, V * 4, self.stream)
+            self._last = DeviceTensor(self._turn_logits, slot * V * 4, (1, V), np.float32, None)
 
     def pick(self, params, u: float, mask=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
@@ -458,6 +509,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                              "device_windows": self.device_windows, "room_lent": self.room_lent,
                              "room_lends": store.stats.room_lends}
                             if self.spec else None),
+            # the drafter's K/V: --draft-window's ring (window 0: the whole context) and prompt pass
+            "draft": {**self.draft_status(), "kv_bytes": self.kv_all.layer_size(self.kv_all.num_layers - 1)
+                      * self.kv_all.cell_bytes} if self.spec and not self.hybrid else None,
         }
 
     def kv_status(self) -> dict:
@@ -470,8 +524,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             return {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
                     "bus_bytes_per_token": 0}
         cells = min(len(self.cached_ids) + 1, self.max_context)
-        return {"format": self.kv_format, "cells_vram": kv.window, "cells_host": self.max_context * self.num_slots,
-                "bus_bytes_per_token": kv.window_from(cells) * kv.cell_bytes * kv.num_layers,
+        return {"format": self.kv_format, "cells_vram": kv.vram_window, "cells_host": self.max_context * self.num_slots,
+                "bus_bytes_per_token": kv.vram_from(cells) * kv.cell_bytes * kv.num_layers,
                 "resident_limit": self.kv_resident, "vram_bytes": kv.vram_bytes, "host_bytes": kv.host_bytes,
                 "staged_bytes": self.ops.bytes_staged_kv}
 

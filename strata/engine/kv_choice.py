@@ -2,8 +2,8 @@
 
 Each format (strata.quant.kv) is priced by the planner as a plan of its own: the same budget, the
 context fit_context gives it (a smaller KV holds a longer default context), and the expert-cache
-slots left beside its KV, hence the plan's decode ceiling (strata.engine.planner._speeds; KV reads
-are not in that model). KV_QUALITY is what each format costs in accuracy, measured by
+slots left beside its KV, hence the plan's decode ceiling (strata.engine.planner._speeds, with the
+K/V a token reads at half the context: planner.decode_kv_bytes). KV_QUALITY is what each format costs in accuracy, measured by
 tools/kv_quality.py on the demo model (the table in docs/DESIGN.md, "KV formats").
 
 --kv auto, on a GPU (and in `strata plan`), among the formats the GPU runs:

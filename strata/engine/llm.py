@@ -87,7 +87,8 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     from .runner import CpuRunner
     from .slots import keep_bytes
     return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",
-                     parallel=config.parallel, keep_bytes=keep_bytes(config))
+                     parallel=config.parallel, keep_bytes=keep_bytes(config), draft_window=config.draft_window,
+                     draft_prompt=config.draft_prompt)
 
 
 def _cpu_kv(kv: str) -> str:
@@ -117,7 +118,7 @@ class LLM:
         try:
             self._load_runner(wanted)
         except UnsupportedError as exc:
-            # what the GPU does not run of qwen3next yet (--parallel > 1): auto falls back to the CPU
+            # what the GPU does not run of qwen3next yet (--kv-resident): auto falls back to the CPU
             if not (wanted.device == "auto" and self.device == "cuda" and self.args.architecture == "qwen3next"):
                 raise
             print(f"strata: {exc}; running on the CPU", file=sys.stderr, flush=True)
@@ -138,12 +139,16 @@ class LLM:
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:
         """A request queue over this model's --parallel slots (strata.engine.scheduler): requests go
-        to the slot with the longest cached prefix, and the slots' plain decode steps run batched.
+        to the slot with the longest cached prefix, and the slots' plain decode steps run batched,
+        grouped by --batch-max's rule (the newest scheduler's rule is what status() reports).
         begin: what starts a request's work (default self.begin; a wrapper's own)."""
+        from .batching import batch_rule
         from .scheduler import DEFAULT_QUEUE_SIZE
         n = self.config.parallel
+        self.batching = batch_rule(self.config.batch_max, n)
         return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
-                         choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None)
+                         choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None,
+                         batch_rule=self.batching)
 
     def _decode_batch(self, works: list["Generation"]) -> None:
         """One batched decode step for the works' pending tokens (Scheduler's batch)."""
@@ -207,7 +212,7 @@ class LLM:
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
-                "context_source": self.context_source, **self.runner.status()}
+                "context_source": self.context_source, **self.runner.status(), "batching": self.batching.to_dict()}
 
     # -- helpers -----------------------------------------------------------------------------
     def _submit(self, prompt, params: SamplingParams) -> Request:

@@ -270,7 +270,10 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
                                                      cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
-        "kv": kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers),
+        "kv": (vram_kv_bytes(a, config)
+               # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
+               + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
+                  else 0)),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),
@@ -307,6 +310,27 @@ def kv_cells(config) -> int:
 def kv_key(config) -> str:
     """The KV key the prompt and step pricing take (strata.engine.memory_model.kv_key_format)."""
     return config.kv + (memory_model.HOST_SUFFIX if kv_on_host(config) else "")
+
+
+def plan_draft_ring(args: ModelArgs, config) -> tuple[int, int]:
+    """(window, cells) of the draft layer's K/V ring the GPU runner keeps under --draft-window
+    (strata.engine.cuda_load.draft_ring), (0, 0) where the draft layer keeps the whole context."""
+    from ..config import draft_ring
+    if not (config.mtp and str(config.spec) != "0" and args.num_mtp_layers and args.architecture == "qwen3moe"
+            and kv_cells(config)):
+        return 0, 0
+    return draft_ring(getattr(config, "draft_window", 0), config.max_context)
+
+
+def vram_kv_bytes(args: ModelArgs, config) -> int:
+    """The KV in VRAM: kv_cells per slot of every layer the runner allocates (the MTP layer's too,
+    drafting or not), the draft layer's ring instead of its context where --draft-window gives one."""
+    L = args.num_hidden_layers + args.num_mtp_layers
+    _, ring = plan_draft_ring(args, config)
+    if not ring:
+        return kv_bytes(args, kv_cells(config) * config.parallel, config.kv, L)
+    return (kv_bytes(args, kv_cells(config) * config.parallel, config.kv, args.num_hidden_layers)
+            + kv_bytes(args, ring, config.kv, args.num_mtp_layers))
 
 
 def kv_bus_bytes_per_token(sizes: PackSizes, config) -> int:
@@ -360,6 +384,11 @@ class Plan:
     parallel: int = 1               # sequences with a KV of kv_cells each (--parallel)
     kv_host_bytes: int = 0          # the KV in pinned host memory (--kv-resident below the context)
     kv_bus_bytes_per_token: int = 0  # KV bytes a decoded token reads over the bus at the full context
+    batch_max: int = 0              # --batch-max: rows of one batched decode step (0: auto, measured while running)
+    batch_tok_s: tuple = ()         # bandwidth ceiling of a batched step of 1..parallel rows (batch_speeds)
+    batch_bus_bytes: tuple = ()     # expert bytes over the bus of a step of 1..parallel rows
+    draft_window: int = 0           # --draft-window's window (0: the draft layer keeps the whole context)
+    draft_ring_cells: int = 0       # the draft layer's K/V ring, priced in "kv" instead of its context
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -452,13 +481,17 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)
-    pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths)
+    pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths,
+                                                decode_kv_bytes(sizes, config))
+    draft_window, draft_cells = plan_draft_ring(sizes.args, config)
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, kv_cells(config), mb, cache.total_slots,
                 slots, cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source, config.parallel, kv_host_bytes(sizes, config),
-                kv_bus_bytes_per_token(sizes, config))
+                kv_bus_bytes_per_token(sizes, config), config.batch_max,
+                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel),
+                draft_window=draft_window, draft_ring_cells=draft_cells)
 
 
 def decode_bytes_per_token(pack) -> int:
@@ -473,12 +506,25 @@ def decode_bytes_per_token(pack) -> int:
     return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
 
 
-def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths):
+def decode_kv_bytes(sizes: PackSizes, config) -> tuple[int, int]:
+    """(K/V bytes a decoded token reads in VRAM, and over the bus) at half the context: the mean
+    context of a token in a conversation that grows to fill the window. Every layer's cells up to
+    the token's position, in the KV format: with the cells on the host, the newest --kv-resident
+    of them from the VRAM window and the older ones in place over the bus."""
+    a = sizes.args
+    half = max(1, config.max_context // 2)
+    near = min(half, kv_cells(config)) if kv_on_host(config) else half
+    return (kv_bytes(a, near, config.kv, a.num_hidden_layers), kv_bytes(a, half - near, config.kv, a.num_hidden_layers))
+
+
+def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths,
+            kv_read: tuple[int, int] = (0, 0)):
     """(PCIe bytes per prompt chunk, prompt tok/s, decode hit rate, decode tok/s): bandwidth
     ceilings under uniform routing. A chunk streams every expert it touches that is not cached
     while the prompt runs (1 - (1 - A/E)^T of a layer's experts: all of them for large chunks); a
     decoded token reads the dense weights and A experts a layer, cached ones at the device's copy
-    rate and the rest over PCIe. Compute and KV reads are not modeled."""
+    rate and the rest over PCIe, and kv_read's K/V bytes (decode_kv_bytes: in VRAM, on the host).
+    Compute is not modeled."""
     a = sizes.args
     E, A = a.num_experts, a.num_experts_per_tok
     touched = 1.0 - (1.0 - A / E) ** chunk
@@ -488,6 +534,29 @@ def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: 
     cached_read = A * sum(k / E * b for k, b in zip(cache.per_layer(slots), cache.blobs))
     pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
     dense_read = decode_bytes_per_token(pack) - expert_read
-    seconds = ((dense_read + cached_read) / (bw.device_copy_gb_s * 1e9)
-               + (expert_read - cached_read) / (bw.h2d_gb_s * 1e9))
+    seconds = ((dense_read + cached_read + kv_read[0]) / (bw.device_copy_gb_s * 1e9)
+               + (expert_read - cached_read + kv_read[1]) / (bw.h2d_gb_s * 1e9))
     return pcie, prompt_tps, slots / cache.total_slots, 1.0 / seconds
+
+
+def batch_speeds(sizes: PackSizes, cache: ExpertCache, slots: int, bw: Bandwidths, parallel: int):
+    """(tok/s ceilings, expert bytes over the bus) of a batched decode step of 1..parallel rows, under
+    uniform routing: the dense weights are read once a step, and a layer's experts once each for the
+    distinct ones its rows touch (E(1 - (1 - A/E)^s) of them), cached ones at the device's copy rate
+    and the rest over PCIe. Where the cache holds every expert an extra row costs only its experts
+    at the device's rate; at a small budget most of them cross the bus, which --batch-max auto's
+    measurements then weigh against the dense read they share (the bus bytes say how much)."""
+    a = sizes.args
+    E, A = a.num_experts, a.num_experts_per_tok
+    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
+    dense_read = decode_bytes_per_token(pack) - A * sum(cache.blobs)
+    share = [k / E for k in cache.per_layer(slots)]
+    tok_s, bus = [], []
+    for s in range(1, parallel + 1):
+        touched = E * (1.0 - (1.0 - A / E) ** s)
+        cached = sum(touched * f * b for f, b in zip(share, cache.blobs))
+        missed = sum(touched * (1 - f) * b for f, b in zip(share, cache.blobs))
+        seconds = (dense_read + cached) / (bw.device_copy_gb_s * 1e9) + missed / (bw.h2d_gb_s * 1e9)
+        tok_s.append(round(s / seconds, 1))
+        bus.append(int(missed))
+    return tuple(tok_s), tuple(bus)

@@ -18,7 +18,7 @@ class CpuRunner(Speculating, Slots):
     device = "cpu"
 
     def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0,
-                 parallel: int = 1, keep_bytes: int = 0):
+                 parallel: int = 1, keep_bytes: int = 0, draft_window: int = 0, draft_prompt: str = "batched"):
         self.args = pack.args
         self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
@@ -30,21 +30,23 @@ class CpuRunner(Speculating, Slots):
         if str(spec) != "0" and hybrid:
             raise InvalidArgument("--spec: speculation on qwen3next needs its DeltaNet states rolled back, "
                                   "which is not built yet")
-        self._init_spec(spec)
         self.max_context = max_context
+        self._init_spec(spec, draft_window, draft_prompt)
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self._last = None                    # logits [V] of the last prefill or decode
         if parallel > 1 and self.spec:
             raise InvalidArgument("--parallel with --spec: speculation in parallel slots is not implemented yet")
-        # strata.engine.slots: one sequence each; conversations kept in host RAM (not a hybrid's states)
-        self._init_slots(parallel, lambda slot: self._new_kv(), 0 if hybrid else keep_bytes)
+        # strata.engine.slots: one sequence each; conversations kept in host RAM (a hybrid's with its states)
+        self._init_slots(parallel, lambda slot: self._new_kv(), keep_bytes)
 
     def _new_kv(self) -> KVCache:
         a = self.args
+        # --draft-window: the draft layer's cells a ring of its window (Speculating._init_spec)
+        rings = {a.num_hidden_layers: (self.draft_window, self.draft_slots)} if self.draft_window else None
         kv = KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
-                     self.max_context, self.kv_format)
+                     self.max_context, self.kv_format, rings)
         return HybridCache(kv, a) if a.architecture == "qwen3next" else kv
 
     def warm_up(self, num_tokens: int = 16) -> None:
@@ -92,8 +94,23 @@ class CpuRunner(Speculating, Slots):
         return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _cells_out(self, n: int):
-        """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept)."""
-        kv = self.kv
+        """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept);
+        a hybrid's copy holds its DeltaNet states and snapshots as well."""
+        if not isinstance(self.kv, HybridCache):
+            return self._kv_copy(self.kv, n)
+        hybrid = self.kv
+        cells, nbytes = self._kv_copy(hybrid.kv, n)
+        out = HybridCache(cells, self.args, hybrid.max_snapshots)
+        out.conv = {l: a.copy() for l, a in hybrid.conv.items()}
+        out.ssm = {l: a.copy() for l, a in hybrid.ssm.items()}
+        out.snapshots = list(hybrid.snapshots)      # snapshot()/rewind() never change one in place
+        return out, nbytes + hybrid.state_bytes() * (1 + len(out.snapshots))
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        return payload.resumable(n, kept_len) if isinstance(payload, HybridCache) else n
+
+    @staticmethod
+    def _kv_copy(kv: KVCache, n: int):
         out = KVCache(len(kv.planes), *kv.shape, kv.max_len, kv.fmt)
         nbytes = 0
         for layer, planes in enumerate(kv.planes):
@@ -119,12 +136,13 @@ class CpuRunner(Speculating, Slots):
     def prefill_steps(self, ids: list[int], start: int, on_progress=None):
         """prefill() as a generator that pauses between chunks: meanwhile the caller may step other
         slots (then use() this slot again); the last logits stay for pick()."""
+        self._keep_tail(start)                               # (a hybrid's live states with it)
         if isinstance(self.kv, HybridCache):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
-        self._keep_tail(start)
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
+            self.draft_chunks = []
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
             hi = min(len(ids), lo + self.prefill_chunk)
@@ -133,7 +151,7 @@ class CpuRunner(Speculating, Slots):
             self.cached_ids.extend(ids[lo:hi])
             if self.drafter:                 # the draft layer's K/V of this chunk, batched
                 self.drafter.extend(hidden)
-                self.drafter.flush(self, self.cached_ids)
+                self._flush_drafter()
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
             if hi < len(ids):
@@ -195,6 +213,7 @@ class CpuRunner(Speculating, Slots):
                 "speculation": ({**self.spec_stats.to_dict(),
                                  "auto": self.spec_auto.to_dict() if self.spec_auto else None}
                                 if self.spec else None),
+                "draft": self.draft_status() if self.spec else None,
                 # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
                 "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
                        "bus_bytes_per_token": 0},

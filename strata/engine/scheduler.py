@@ -10,10 +10,15 @@ device and is tested on a CPU with a stand-in.
 With `--parallel N` there are N slots (strata.engine.slots: each keeps its own KV and cached
 conversation). A request goes to the free slot `choose` names (the longest reusable prefix, the
 least recently used among equals). Each iteration first gathers the slots whose next step is a
-plain decode step (their work's `pending` token) and runs them as one batched step (`batch`), then
-advances every busy slot: those just stepped pick their token from that step's logits. A prompt is
-read a chunk per iteration (the work yields PROMPT_CHUNK between chunks), so a long prompt in one
-slot does not hold up the other slots' tokens.
+plain decode step (their work's `pending` token: "ready") and runs them in batched steps (`batch`)
+grouped by the batch rule (strata.engine.batching: --batch-max N, or 0 for the grouping whose
+measured steps cost least): a group's step runs, then its slots pick their tokens from that step's
+logits, then the next group's; a group of one row steps itself. Every ready row steps once an
+iteration whatever the grouping, and the groups start at a slot that turns each iteration, so no
+slot always waits for the others. The rule is told each group's time (the clock, from the step to
+its rows' picks). Then every other busy slot advances. A prompt is read a chunk per iteration (the
+work yields PROMPT_CHUNK between chunks), so a long prompt in one slot does not hold up the other
+slots' tokens.
 
 Events go to `Request.emit` (kind, payload): "delta" (a Delta), then "done" (the Completion) or
 "error" (the exception); a request cancelled while it waits leaves the queue with no event.
@@ -29,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import SamplingParams
 from ..errors import StrataError
+from .batching import FixedBatch
 
 DEFAULT_QUEUE_SIZE = 64
 
@@ -104,16 +110,21 @@ class Scheduler:
     if given, sees every event before the request does, on the stepping thread (the server's
     bookkeeping). choose(prompt_ids, free slot indices) -> the slot a request goes to (default: the
     first free one). batch(works) runs one decode step for the works whose `pending` token is set
-    and clears it (strata.LLM: the runner's decode_batch); without it each work steps alone."""
+    and clears it (strata.LLM: the runner's decode_batch); without it each work steps alone.
+    batch_rule groups the ready rows (strata.engine.batching; default: all in one step); clock()
+    -> seconds, what the rule's step times are read from (a test's fake clock)."""
 
     def __init__(self, begin: Callable[..., Iterator], queue_size: int = DEFAULT_QUEUE_SIZE, num_slots: int = 1,
                  on_event: Callable[[Request, str, Any], None] | None = None,
                  choose: Callable[[list[int], list[int]], int] | None = None,
-                 batch: Callable[[list], None] | None = None):
+                 batch: Callable[[list], None] | None = None, batch_rule: FixedBatch | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         if queue_size < 1 or num_slots < 1:
             raise ValueError(f"queue_size and num_slots must be >= 1, got {queue_size} and {num_slots}")
         self.begin, self.queue_size, self.on_event = begin, queue_size, on_event
-        self.choose, self.batch = choose, batch
+        self.choose, self.batch, self.clock = choose, batch, clock
+        self.batch_rule = batch_rule or FixedBatch(num_slots)
+        self._turn = 0                          # where this iteration's groups start among the ready slots
         self.slots = [Slot(i) for i in range(num_slots)]
         self._waiting: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
@@ -168,9 +179,13 @@ class Scheduler:
         with self._step_lock:
             self._admit()
             busy = [s for s in self.slots if not s.free]
-            self._batch(busy)
+            ready = self._ready(busy)
+            start = 0
+            for size in self.batch_rule.groups(len(ready)) if ready else ():
+                self._step_group(ready[start:start + size])
+                start += size
             for slot in busy:
-                if not slot.free:           # a failed batched step may have ended it
+                if slot not in ready and not slot.free:
                     self._advance(slot)
             return bool(busy)
 
@@ -211,23 +226,37 @@ class Scheduler:
                 request.state, request.admitted = "reading", time.monotonic()
                 self.slots[index].request = request
 
-    def _batch(self, busy: list[Slot]) -> None:
-        """One batched decode step for the slots whose next step is a plain one (module doc)."""
+    def _ready(self, busy: list[Slot]) -> list[Slot]:
+        """The busy slots whose next step is a plain decode step, from a slot that turns each
+        iteration (none without `batch`: each work then steps alone)."""
         if self.batch is None:
-            return
-        ready = [s.work for s in busy if s.work is not None and getattr(s.work, "pending", None) is not None
+            return []
+        ready = [s for s in busy if s.work is not None and getattr(s.work, "pending", None) is not None
                  and not s.request.cancelled.is_set()]
-        if len(ready) < 2:
-            return              # one alone takes its own step
-        try:
-            self.batch(ready)
-        except BaseException as e:   # an engine fault ends the requests of that step
-            for slot in busy:
-                if slot.work in ready:
+        if not ready:
+            return ready
+        self._turn = (self._turn + 1) % len(self.slots)
+        k = next((i for i, s in enumerate(ready) if s.index >= self._turn), 0)
+        return ready[k:] + ready[:k]
+
+    def _step_group(self, group: list[Slot]) -> None:
+        """One batched decode step for the group's rows (a lone row steps itself), then their picks,
+        before the next group's step (a row count's graph writes every step's logits to one buffer);
+        the rule is told its time. An engine fault in the batched step ends the group's requests."""
+        t0 = self.clock()
+        if len(group) > 1:
+            try:
+                self.batch([s.work for s in group])
+            except BaseException as e:
+                for slot in group:
                     self._emit(slot.request, "error", e)
                     self._free(slot, "error")
-            if not isinstance(e, Exception):
-                raise
+                if not isinstance(e, Exception):
+                    raise
+                return
+        for slot in group:
+            self._advance(slot)
+        self.batch_rule.observe(len(group), (self.clock() - t0) * 1e3)
 
     def _advance(self, slot: Slot) -> None:
         request = slot.request

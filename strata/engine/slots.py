@@ -12,7 +12,9 @@ A slot's conversation that a new request would overwrite (more than KEEP_MIN_TOK
 reused prefix) is kept in host RAM first, up to --keep-conversations-gib, least recently used out
 first; a later request whose prefix a kept conversation holds (by more than KEEP_MIN_TOKENS beyond
 what its slot holds) gets those cells copied back instead of reading them again. The cells come back
-bit for bit, so the logits are the same as if the conversation had stayed.
+bit for bit, so the logits are the same as if the conversation had stayed. A hybrid model's
+(qwen3next) kept conversation carries its DeltaNet states after the whole conversation and its
+snapshots too, so it resumes from the end or from a snapshot, as in its slot.
 """
 from __future__ import annotations
 
@@ -144,12 +146,21 @@ class Slots:
         if not self._keeps() or not self.kept.items:
             return own
         index, n = self.kept.best(ids)
+        if index >= 0:
+            kept_ids, payload, _ = self.kept.items[index]
+            n = self._kept_resumable(payload, len(kept_ids), n)
         if n <= own + KEEP_MIN_TOKENS:
             return own
         kept_ids, payload = self.kept.take(index)
         self._keep_tail(0)
         self._cells_in(payload, len(kept_ids))
         self.cached_ids = list(kept_ids)
+        return n
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        """How much of a common prefix of n tokens with a kept conversation of kept_len tokens its
+        payload can resume: all of it (cells), or less for a hybrid model (its DeltaNet states come
+        back only as they were after the whole conversation or after a snapshot's tokens)."""
         return n
 
     def decode_batch(self, slots: list[int], tokens: list[int]) -> None:

@@ -104,3 +104,43 @@ def check_llm(path, rng, rel, max_tokens):
     again = llm.generate(seq + prompt[:3], max_tokens=4, temperature=0.0)
     assert again.usage.cached_tokens >= len(seq) - 1
     return out
+
+
+def check_parallel_slots(tmp_path, rng, rel):
+    """--parallel 2 on the GPU: each slot's prompt, decode steps (one at a time and through
+    decode_batch, which steps a hybrid's slots in turn) and follow-up turn read what a one-slot
+    runner reads for that sequence alone, while the other slot works in between (the states buffer
+    swapped at each use())."""
+    from strata.config import EngineConfig, SamplingParams
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=13)
+    pack = open_pack(path)
+    V = pack.args.vocab_size
+    par = CudaRunner(pack, 96, EngineConfig(device="cuda", parallel=2))
+    alone = [CudaRunner(pack, 96), CudaRunner(pack, 96)]
+    for r in (par, *alone):
+        r.prefill_chunk = 12
+    prompts = [rng.integers(0, V, 29).tolist(), rng.integers(0, V, 17).tolist()]
+    for s in (0, 1):
+        par.use(s)
+        assert_close(par.prefill(prompts[s], 0), alone[s].prefill(prompts[s], 0), rel, f"slot {s} prompt")
+    tokens = [[int(t) for t in rng.integers(0, V, 4)] for _ in (0, 1)]
+    for i in range(2):                          # one slot at a time, alternating
+        for s in (0, 1):
+            par.use(s)
+            assert_close(par.decode(tokens[s][i]), alone[s].decode(tokens[s][i]), rel, f"slot {s} step {i}")
+    greedy = SamplingParams(temperature=0.0)
+    for i in range(2, 4):                       # the scheduler's batched step
+        par.decode_batch([1, 0], [tokens[1][i], tokens[0][i]])
+        for s in (0, 1):
+            par.use(s)
+            want = alone[s].decode(tokens[s][i])
+            assert par.pick(greedy, 0.0) == int(np.argmax(want)), f"slot {s} batched step {i}"
+    follow = prompts[0] + tokens[0] + rng.integers(0, V, 5).tolist()
+    par.use(0)
+    start = par.reusable_prefix(follow)
+    assert start == len(prompts[0]) + 4 == alone[0].reusable_prefix(follow)
+    assert_close(par.prefill(follow, start), alone[0].prefill(follow, start), rel, "slot 0 follow-up")
+    assert par.kv_all.nbytes == alone[0].kv_all.kv.nbytes * 2 + alone[0].kv_all.states.nbytes * 3

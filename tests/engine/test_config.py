@@ -77,7 +77,8 @@ def test_refused_through_the_environment_too(monkeypatch):
 
 
 @pytest.mark.parametrize("flags, match", [(["--spec", "2"], "--spec 2 needs --mtp"), (["--mtp"], "--mtp"),
-                                          (["--kv-resident", "64"], "--kv-resident"), (["--gpus", "0,1"], "--gpus")])
+                                          (["--kv-resident", "64"], "--kv-resident"), (["--gpus", "0,1"], "--gpus"),
+                                          (["--parallel", "4", "--batch-max", "5"], "batch_max must be 0 (auto)")])
 def test_cli_refuses_them_in_one_line(flags, match):
     r = subprocess.run([sys.executable, "-m", "strata", "plan", "--synthetic", "tiny", "--device", "cpu",
                         "--vram-budget-gib", "1", *flags], capture_output=True, text=True, timeout=120)

@@ -78,7 +78,7 @@ def test_window_logits_equal_all_resident_bitwise(rng, fmt):
     for window in (40, 300, 400):
         host = _runner(pack, 512, fmt, window)
         host.prefill_chunk = 96
-        assert host.kv.window == window and host.status()["kv"]["cells_vram"] == window
+        assert host.kv.vram_window == window and host.status()["kv"]["cells_vram"] == window
         got = [host.prefill(ids, 0)] + [host.decode(t) for t in steps]
         for i, (g, w) in enumerate(zip(got, want)):
             assert np.array_equal(g, w), (window, i)
@@ -98,7 +98,7 @@ def test_window_cells_are_read_from_vram(rng):
     ids, step = rng.integers(0, V, 200).tolist(), int(rng.integers(0, V))
     vram, host = _runner(pack, 512, "q4_0"), _runner(pack, 512, "q4_0", 64)
     assert np.array_equal(vram.prefill(ids, 0), host.prefill(ids, 0))
-    lo = host.kv.window_from(len(ids) + 1)
+    lo = host.kv.vram_from(len(ids) + 1)
     for layer in range(host.kv.num_layers):
         for (plane, _), (addr, cell) in zip(host.kv.buffers, host.kv.cell_ranges(layer)):
             junk = rng.integers(0, 256, cell * (len(ids) - lo), dtype=np.uint8)

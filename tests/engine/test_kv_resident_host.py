@@ -39,7 +39,7 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
     vram, host = _runner(pack, 96, fmt), _runner(pack, 96, fmt, RESIDENT)
     assert host.kv.on_host and all(isinstance(b, HostPlane) for b, _ in host.kv.buffers)
     assert not vram.kv.on_host and host.kv.host_bytes == vram.kv.nbytes
-    assert host.kv.window == RESIDENT and host.kv.vram_bytes == vram.kv.nbytes * RESIDENT // 96
+    assert host.kv.vram_window == RESIDENT and host.kv.vram_bytes == vram.kv.nbytes * RESIDENT // 96
     vram.prefill_chunk = host.prefill_chunk = 12
     ids = rng.integers(0, V, 40).tolist()                      # 12 + 12 + 12 + 4 > N
     assert np.array_equal(vram.prefill(ids, 0), host.prefill(ids, 0))
@@ -166,7 +166,7 @@ def test_window_logits_equal_all_resident_bitwise(fake, rng, fmt):
     for window in (8, 40, 64):
         host = _runner(pack, 96, fmt, window)
         host.prefill_chunk = 12
-        assert host.kv.window == window and host.plan.kv_cells == window
+        assert host.kv.vram_window == window and host.plan.kv_cells == window
         got = [host.prefill(ids, 0)] + [host.decode(t) for t in steps]
         for i, (g, w) in enumerate(zip(got, want)):
             assert np.array_equal(g, w), (window, i)
@@ -186,7 +186,7 @@ def test_window_cells_are_read_from_vram(fake, rng, fmt):
     vram, host, older = (_runner(pack, 96, fmt, n) for n in (0, RESIDENT, RESIDENT))
     want = [vram.prefill(ids, 0), vram.decode(step)]
     assert np.array_equal(host.prefill(ids, 0), want[0]) and np.array_equal(older.prefill(ids, 0), want[0])
-    lo = host.kv.window_from(len(ids) + 1)                  # the first step reads cells lo.. from the ring
+    lo = host.kv.vram_from(len(ids) + 1)                  # the first step reads cells lo.. from the ring
     for r, cells in ((host, range(lo, len(ids))), (older, range(lo - 4, lo))):
         for layer in range(r.kv.num_layers):
             for (plane, _), (addr, cell) in zip(r.kv.buffers, r.kv.cell_ranges(layer)):
@@ -199,7 +199,7 @@ def test_window_cells_are_read_from_vram(fake, rng, fmt):
 @pytest.mark.parametrize("fmt", ["f16", "int8"])
 def test_window_refilled_when_a_prompt_reuses_a_prefix(fake, rng, fmt):
     """A long first conversation leaves the ring holding its newest cells; a second one reusing only a
-    shorter prefix of it must find that prefix's newest cells in the ring (DeviceKV.window_refill)."""
+    shorter prefix of it must find that prefix's newest cells in the ring (DeviceKV.vram_refill)."""
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
     vram, host = _runner(pack, 128, fmt), _runner(pack, 128, fmt, RESIDENT)
@@ -231,18 +231,18 @@ def test_window_after_a_warm_up_between_turns(fake, rng):
         assert np.array_equal(vram.decode(t), host.decode(t))
 
 
-def test_window_refill_copies():
-    """window_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
+def test_vram_refill_copies():
+    """vram_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
     from types import SimpleNamespace
     from strata.backends.cuda.memory import DeviceKV
     rt = SimpleNamespace(DeviceBuffer=lambda dev, n: SimpleNamespace(ptr=1 << 40, nbytes=n),
                          HostBuffer=None)
     kv = object.__new__(DeviceKV)
-    kv.__dict__.update(num_layers=1, window=8, layer_cells=64, base=0, num_kv_heads=1, head_dim=64,
-                       buffers=[(SimpleNamespace(ptr=0), 2)], rings=[SimpleNamespace(ptr=1000)])
-    assert kv.window_refill(5) == [(1000, 0, 10)]                      # cells 0..4 at slots 0..4
-    assert kv.window_refill(13) == [(1000 + 10, 10, 6), (1000, 16, 10)]  # cells 5..7 at 5..7, 8..12 at 0..4
-    assert kv.window_refill(16) == [(1000, 16, 16)]
+    kv.__dict__.update(num_layers=1, vram_window=8, layer_cells=64, base=0, num_kv_heads=1, head_dim=64,
+                       buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
+    assert kv.vram_refill(5) == [(1000, 0, 10)]                      # cells 0..4 at slots 0..4
+    assert kv.vram_refill(13) == [(1000 + 10, 10, 6), (1000, 16, 10)]  # cells 5..7 at 5..7, 8..12 at 0..4
+    assert kv.vram_refill(16) == [(1000, 16, 16)]
 
 
 def test_host_kv_config_refusals():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from strata.config import EngineConfig, SamplingParams
+from strata.engine.batching import split
 from strata.engine.scheduler import PROMPT_CHUNK, Request, Scheduler
 from strata.engine.types import Completion, Delta, Usage
 from strata.errors import InvalidArgument
@@ -131,6 +132,31 @@ def test_tokens_alone_equal_tokens_of_parallel_slots(tiny_pack):
         assert list(par.scheduler.drive(r))[-1][0] == "done"
     assert [r.completion.token_ids for r in reqs] == alone
     assert calls and max(len(c) for c in calls) == 3          # three slots stepped together
+
+
+@pytest.mark.parametrize("batch_max", [1, 2, 3, 0])
+def test_tokens_are_the_same_under_every_grouping(tiny_pack, batch_max):
+    # --batch-max N: steps of at most N rows (1: each alone); 0: the auto rule, which tries every
+    # grouping early on. A sampled request's tokens are its tokens alone whichever ran.
+    from strata import LLM
+    one = _llm(tiny_pack, 1)
+    par = LLM(tiny_pack, device="cpu", parallel=4, batch_max=batch_max)
+    par.tokenizer.eos_token_ids = []
+    alone = [one.generate(p, max_tokens=12, temperature=0.8, seed=3).token_ids for p in PROMPTS]
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    reqs = [par.scheduler.submit(Request(par.tokenizer.encode(p), params)) for p in PROMPTS]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == alone
+    assert max(sizes, default=1) <= (batch_max or 4)
+    assert par.status()["batching"]["batch_max"] == batch_max
+    if batch_max == 1:
+        assert sizes == []                   # every row stepped alone
+    else:                                   # 4 rows under a cap of 3 run as 2 + 2 (batching.split)
+        assert max(sizes) == split(4, batch_max or 4)[0]
 
 
 def test_a_follow_up_turn_goes_to_the_slot_that_holds_its_conversation(tiny_pack):
@@ -261,3 +287,45 @@ def test_emulated_kept_cells_come_back_bit_for_bit(fake, rng):
     got = runner.prefill(more, start)
     steady.prefill(a, 0)
     assert np.array_equal(got, steady.prefill(more, len(a)))
+
+
+# ---- tools/parallel_bench.py's A/B, on the CPU ----
+
+def test_parallel_bench_runs_the_rule_and_rows_in_line_on_the_same_prompts(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "parallel_bench", Path(__file__).resolve().parents[2] / "tools" / "parallel_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "pb.json"
+    assert bench.main(["--device", "cpu", "--synthetic", "tiny", "--batch-max", "0,1", "--clients", "1,2",
+                       "--prompt", "8", "--decode", "6", "--warm", "4", "--long", "0", "--json", str(out)]) == 0
+    arms = json.loads(out.read_text())["arms"]
+    assert [(a["budget_gib"], a["batch_max"]) for a in arms] == [(0.0, 0), (0.0, 1)]
+    for a in arms:
+        assert [r["clients"] for r in a["rounds"]] == [1, 2] and all(r["tokens"] > 0 for r in a["rounds"])
+    assert arms[0]["rounds"][-1]["batching"]["auto"] and arms[1]["rounds"][-1]["batching"]["cap"] == 1
+
+
+@pytest.mark.parametrize("batch_max", [2, 0])
+def test_emulated_groupings_give_each_sequence_its_greedy_tokens_alone(fake, batch_max):
+    # the GPU runner through the scheduler: groups of one row count share a graph and its logits
+    # buffer, so each group's picks must come before the next group's step (the emulation's rows are
+    # not bitwise its one-row steps, but greedy picks of the demo model are far from ties)
+    from strata import LLM
+    one = LLM(device="cuda", max_context=96)
+    want = []
+    for p in PROMPTS:
+        one.runner.reset()
+        want.append(one.generate(p, max_tokens=8).token_ids)
+    par = LLM(device="cuda", parallel=4, max_context=96, batch_max=batch_max)
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    reqs = [par.scheduler.submit(Request(par.tokenizer.encode(p), SamplingParams(max_tokens=8))) for p in PROMPTS]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == want
+    assert sizes and max(sizes) == (batch_max or 4) and (batch_max == 0 or sizes.count(2) >= 2)

@@ -1,6 +1,7 @@
 """--parallel slots on the GPU (#19): a batched step's rows are each slot's own one-row steps bit for
 bit (any subset of slots, in any order, eager, captured and replayed), with f16 and int8 KV; greedy
-replies from several threads in parallel slots equal the replies one at a time."""
+replies from several threads in parallel slots equal the replies one at a time, under every
+--batch-max grouping and the auto rule."""
 import numpy as np
 import pytest
 
@@ -44,17 +45,29 @@ def test_batched_rows_are_each_slots_one_row_steps_bit_for_bit(kv):
     assert par.use_graphs and {1, 2, 3, 4} <= set(par.graphs)
 
 
-def test_greedy_replies_in_parallel_slots_equal_one_at_a_time():
+@pytest.fixture(scope="module")
+def one_at_a_time():
     plain = LLM(device="cuda", max_context=512)
     want = {}
     for p in PROMPTS:
         plain.runner.reset()
         want[p] = plain.generate(p, max_tokens=64).token_ids
-    del plain
-    par = LLM(device="cuda", parallel=4, max_context=512)
+    return want
+
+
+@pytest.mark.parametrize("batch_max", [0, 1, 2, 3, 4])
+def test_greedy_replies_in_parallel_slots_equal_one_at_a_time(one_at_a_time, batch_max):
+    # every grouping of the rows (--batch-max N: steps of up to N rows; 0: the auto rule, which tries
+    # each grouping early on) gives each sequence the tokens it has alone
+    par = LLM(device="cuda", parallel=4, max_context=512, batch_max=batch_max)
     calls = []
     batch = par.runner.decode_batch
     par.runner.decode_batch = lambda slots, toks: (calls.append(len(slots)), batch(slots, toks))
     got, errors = in_threads(lambda p: par.generate(p, max_tokens=64).token_ids, PROMPTS, 300)
-    assert not errors and got == want
-    assert calls and max(calls) >= 2          # they did decode together
+    assert not errors and got == one_at_a_time
+    if batch_max == 1:
+        assert not calls                      # each row stepped alone
+    else:
+        assert calls and 2 <= max(calls) <= (batch_max or 4)     # they did decode together, within the cap
+    b = par.status()["batching"]
+    assert b["batch_max"] == batch_max and b["step_ms"] and all(ms > 0 for ms in b["step_ms"].values())

@@ -452,3 +452,19 @@ def test_cli_plan_says_the_context(capsys):
     assert "context " in out and "lowered from the model's trained 40960" in out
     assert _cli_json(capsys, "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8",
                      "--device", "cpu")["max_context"] == 40960
+
+
+def test_batched_step_ceilings_and_the_bus_bytes_an_extra_row_adds(q30):
+    # resident: nothing crosses the bus and more rows a step read the dense weights for more tokens;
+    # at 12 GiB most of an extra row's experts cross the bus (what --batch-max auto then measures)
+    from strata.plan import plan_text
+    whole = make_plan(q30, config(parallel=8, max_context=4096), 140 << 30)
+    small = make_plan(q30, config(parallel=8, batch_max=2, max_context=4096), 12 << 30)
+    assert len(whole.batch_tok_s) == len(small.batch_bus_bytes) == 8 and whole.batch_max == 0
+    assert set(whole.batch_bus_bytes) == {0} and list(whole.batch_tok_s) == sorted(whole.batch_tok_s)
+    extra = [b - a for a, b in zip(small.batch_bus_bytes, small.batch_bus_bytes[1:])]
+    assert all(e > 0 for e in extra) and extra == sorted(extra, reverse=True)     # fewer new experts each row
+    assert extra[0] > 0.5 * small.batch_bus_bytes[0]
+    assert "--batch-max auto" in plan_text("q30", whole) and "--batch-max 2: steps of up to 2 rows" in plan_text(
+        "q30", small)
+    assert "batched decode" not in plan_text("q30", make_plan(q30, config(max_context=4096), 12 << 30))

@@ -16,7 +16,8 @@ from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
-from tests.engine.qwen3next_checks import check_follow_up, check_greedy, check_llm, check_logits  # noqa: E402
+from tests.engine.qwen3next_checks import (  # noqa: E402
+    assert_close, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 REL = 3e-4
@@ -43,6 +44,15 @@ def test_logits_and_steps_match_the_cpu(fake, tmp_path, rng, shape):
     rot = pack.args.rotary_dim < pack.args.head_dim
     assert ("strata_rope_partial_f32" in used) == rot and ("strata_qk_norm_rope_kv_f32" in used) != rot
     assert gpu.graphs, "decode steps were not captured into a CUDA graph"
+
+
+def test_long_prompt_chunks_run_the_chunked_delta_rule(fake, tmp_path, rng):
+    """Prompt chunks of at least linear_attn.GDN_CHUNK_MIN_T tokens run cuda/gated_delta_chunk.cu (the
+    chunked form, as the oracle's), shorter ones the token loop: chunks of 70 and tails of <= 20 here."""
+    pack, gpu, cpu = runners(tmp_path, "tiny", seed=6, context=96, chunk=70)
+    ids = oracle_ids(pack, rng, 90, chunk=70)
+    check_logits(gpu, cpu, ids, REL)
+    assert {"strata_gdn_chunk_prep_f32", "strata_gdn_chunk_scan_f32", "strata_gdn_prompt_f32"} <= set(fake.launches)
 
 
 def test_greedy_32_tokens_equal_the_cpu(fake, tmp_path, rng):
@@ -82,9 +92,52 @@ def test_refusals_are_one_line(fake, tmp_path):
     pack = open_pack(path)
     with pytest.raises(InvalidArgument, match="--spec: speculation on qwen3next is not built yet"):
         CudaRunner(pack, 32, EngineConfig(device="cuda", spec="2", mtp=True))
-    with pytest.raises(UnsupportedError, match="--parallel 2: qwen3next on the GPU runs one sequence"):
-        CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))
+    with pytest.raises(UnsupportedError, match="--parallel 2: batched slots on the GPU need head dim"):
+        CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))      # head dim 16
     kv = CudaRunner(pack, 32).kv
     assert kv.num_layers == 2 and kv.state_bytes() == 2 * 4 * (3 * (2 * 2 * 16 + 4 * 8) + 4 * 16 * 8)
     with pytest.raises(InvalidArgument, match="DeltaNet layer"):
         kv.layer(0)
+
+
+def _kept_turns(runner, steady, V, rng, rel):
+    """Conversation a (a prompt and a short answer) pushed out of the one slot by b comes back with its
+    cells, DeltaNet states and snapshots: its follow-up resumes at the end of the answer (the live
+    states that came back), then a turn that drops the answer resumes from a's prompt snapshot (which
+    came back with them), and both read what `steady` (which never left a) reads from there."""
+    ids = lambda n: rng.integers(0, V, n).tolist()          # noqa: E731
+    runner.kept.budget_bytes = 1 << 30
+    a, answer, b = ids(40), ids(4), ids(36)
+    for r in (runner, steady):
+        r.prefill(a, 0)
+        for t in answer:
+            r.decode(t)
+    runner.prefill(b, runner.reusable_prefix(b))            # a (44 tokens, states included) kept
+    assert runner.kept.status()["conversations"] == 1 and runner.cached_ids == b
+    follow, dropped = a + answer + ids(6), a + ids(7)
+    for turn, start in ((follow, len(a) + len(answer)), (dropped, len(a))):
+        assert runner.reusable_prefix(turn) == start, turn is follow
+        assert steady.reusable_prefix(turn) == start
+        ours, want = runner.prefill(turn, start), steady.prefill(turn, start)
+        assert_close(ours, want, rel, f"kept conversation resumed at {start}")
+    assert runner.kept.restored == 1      # the dropped turn resumes in the slot, from a's snapshot that came back
+
+
+def test_a_kept_conversation_brings_its_deltanet_states_back(fake, tmp_path, rng):
+    pack, gpu, _ = runners(tmp_path, "tiny", seed=11)
+    steady = CudaRunner(pack, 96)
+    steady.prefill_chunk = 12
+    _kept_turns(gpu, steady, pack.args.vocab_size, rng, 1e-6)
+
+
+def test_a_kept_conversation_brings_its_deltanet_states_back_on_the_cpu(tmp_path, rng):
+    from strata.engine.runner import CpuRunner
+    path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=12)
+    pack = open_pack(path)
+    runner, steady = CpuRunner(pack, 96, 12, keep_bytes=1 << 30), CpuRunner(pack, 96, 12)
+    _kept_turns(runner, steady, pack.args.vocab_size, rng, 0.0)
+
+
+
+def test_parallel_slots_keep_their_own_deltanet_states(fake, tmp_path, rng):
+    check_parallel_slots(tmp_path, rng, 1e-6)

@@ -187,7 +187,7 @@ def window_ring(cache, length, ring_cells):
 @pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
 @pytest.mark.parametrize("length,ring_cells,rows", [(5000, 1024, 1), (5000, 333, 1), (700, 2048, 1),
                                                     (1024, 1024, 1), (3001, 100, 6), (40, 64, 8)])
-def test_attention_decode_window_ring_bitwise(ops, rng, H, Hk, dh, length, ring_cells, rows):
+def test_attention_decode_vram_window_bitwise(ops, rng, H, Hk, dh, length, ring_cells, rows):
     # --kv-resident: rows of one sequence (lengths length - rows + 1 .. length) read their newest cells
     # from the ring and the rest from the cache, whose cells in the window are NaN here, so a cell
     # read from the wrong place fails; the bits equal the same launch over the whole cache
@@ -198,7 +198,7 @@ def test_attention_decode_window_ring_bitwise(ops, rng, H, Hk, dh, length, ring_
     bases = np.zeros(rows, np.int32)
     want = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases)
     ring = (window_ring(k_cache[0], length, ring_cells), window_ring(v_cache[0], length, ring_cells))
-    lo = max(0, length + rows - 1 - ring_cells)      # every row reads these from the ring (RingWindow)
+    lo = max(0, length + rows - 1 - ring_cells)      # every row reads these from VRAM (VramWindow)
     k_cache[0, lo:], v_cache[0, lo:] = F16_NAN, F16_NAN
-    got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, ring=ring)
+    got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

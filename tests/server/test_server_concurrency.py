@@ -4,6 +4,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from strata.server import create_app
@@ -37,10 +38,12 @@ def test_eight_concurrent_clients(server, llm):
     assert all(finish == "length" for _, finish in got.values())
 
 
-def test_eight_clients_over_parallel_slots_get_the_replies_of_one_slot(server, llm):
-    # the same weights with --parallel 4: replies batched four at a time equal the one-slot server's
+@pytest.mark.parametrize("batch_max", [0, 2])
+def test_eight_clients_over_parallel_slots_get_the_replies_of_one_slot(server, llm, batch_max):
+    # the same weights with --parallel 4: replies batched four at a time (or two, --batch-max 2; or as
+    # the auto rule groups them) equal the one-slot server's
     from tests.server.helpers import endless_llm
-    par = endless_llm(llm.pack.path, parallel=4)
+    par = endless_llm(llm.pack.path, parallel=4, batch_max=batch_max)
     clients = [OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60) for _ in TOPICS]
     expected = {t: ask(clients[0], llm.model_name, t, stream=False) for t in TOPICS}
     live = LiveServer(create_app(par, queue_size=16))
@@ -55,6 +58,8 @@ def test_eight_clients_over_parallel_slots_get_the_replies_of_one_slot(server, l
         live.close()
     assert got == expected
     assert status["slots"] == {"busy": 0, "total": 4}
+    assert status["batching"]["batch_max"] == batch_max and status["batching"]["auto"] == (batch_max == 0)
+    assert status["batching"]["cap"] <= (batch_max or 4)
 
 
 def cancelled_rows(url):

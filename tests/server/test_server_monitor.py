@@ -85,7 +85,8 @@ class GpuStatusLLM:
 
 
 def test_monitor_gpu_panel_fields(browser, llm, tmp_path):
-    live = LiveServer(create_app(GpuStatusLLM(llm)))
+    from tests.server.helpers import endless_llm
+    live = LiveServer(create_app(GpuStatusLLM(endless_llm(llm.pack.path, parallel=4, batch_max=2))))
     try:
         page, errors = open_monitor(browser, live.url)
         expect = playwright.expect
@@ -100,6 +101,7 @@ def test_monitor_gpu_panel_fields(browser, llm, tmp_path):
             expect(rows).to_contain_text(text)
         expect(page.locator("#vram-legend")).to_contain_text("22.00 GiB used of 24.00 GiB")
         expect(page.locator("#prompt-chunk")).to_have_text("chunk 2,048 tokens · ring 12 slots")
+        expect(page.locator("#batching")).to_have_text("slots 0 / 4 busy · steps of up to 2 rows (--batch-max 2)")
         page.screenshot(path=str(tmp_path / "monitor_gpu.png"), full_page=True)
         assert errors == []
         page.close()

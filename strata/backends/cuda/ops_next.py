@@ -11,8 +11,9 @@ Each op computes what strata.backends.cpu_linear_attn.Qwen3NextCpuOps' op of the
 - Gated DeltaNet: conv1d + SiLU over [q k v] with the layer's conv state (strata_gdn_conv1d_step_f32
   for one token, strata_gdn_conv1d_f32 for a chunk); the decay g and beta from ssm_ba
   (strata_gdn_gates_f32); the gated delta rule with L2-normed q, k in the kernel (strata_gdn_step_f32
-  for one token, strata_gdn_prompt_f32 token by token over a chunk: the recurrence, no WY chunking
-  yet); the gated RMSNorm as rms_norm then swiglu(z, normed) (= normed * silu(z)).
+  for one token; over a prompt chunk, cuda/gated_delta_chunk.cu's chunked WY / UT form where
+  linear_attn.gdn_chunked_takes says so, else strata_gdn_prompt_f32 token by token); the gated RMSNorm
+  as rms_norm then swiglu(z, normed) (= normed * silu(z)).
 - the shared expert: gate and up projections, swiglu, down, times sigmoid(x . ffn_gate_inp_shexp)
   per row (strata_sigmoid_mul_f32 with gate_step 0).
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from ...errors import InvalidArgument, UnsupportedError
 from .. import rope
-from .linear_attn import GDN_MAX_DK, GDN_MAX_K
+from .linear_attn import GDN_MAX_DK, GDN_MAX_K, gdn_chunk_launches, gdn_chunk_scratch_bytes, gdn_chunked_takes
 from .memory import DeviceKV, DeviceTensor
 from .ops import DeviceOps
 
@@ -41,15 +42,21 @@ class DeviceHybridCache:
     how much of a common prefix of n tokens can be resumed (all of it from the live state, else the
     longest snapshot within it, else 0), and rewind() copies a snapshot back (or zeroes the states).
     Everything else (max_cells, fmt, quantized, codecs, buffers, cell_ranges, ...) is the attention
-    layers' DeviceKV's; one slot only (whole and view(0) are this cache)."""
+    layers' DeviceKV's.
+
+    num_slots > 1 (--parallel): the attention layers' K/V has a slot's cells each (view(s), as
+    DeviceKV's), and the states buffer is the slot in use's: the decode graphs read it at its one
+    address. Each slot also has a home buffer; swap(old, new) parks the states of the slot leaving
+    and brings the next one's in (two device copies of the states' bytes). A view shares the buffers
+    and keeps its own snapshots."""
 
     def __init__(self, rt, device, stream, args, num_layers: int, max_cells: int, fmt: str = "f16",
-                 max_snapshots: int = 4):
-        self.args, self.stream, self.max_snapshots = args, stream, max_snapshots
+                 max_snapshots: int = 4, num_slots: int = 1):
+        self.args, self.stream, self.max_snapshots, self.rt = args, stream, max_snapshots, rt
         attn = [l for l in range(num_layers) if args.is_full_attention(l)]
         self.index = {l: i for i, l in enumerate(attn)}
         self.kv = DeviceKV(rt, device, stream, max(1, len(attn)), max_cells, args.num_key_value_heads,
-                           args.head_dim, fmt)
+                           args.head_dim, fmt, num_slots=num_slots)
         Hg, Hv = args.linear_num_key_heads, args.linear_num_value_heads
         Dk, Dv = args.linear_key_head_dim, args.linear_value_head_dim
         self.channels = 2 * Hg * Dk + Hv * Dv
@@ -61,7 +68,12 @@ class DeviceHybridCache:
         self.states = rt.DeviceBuffer(device, max(4, len(self.linear_layers) * per * 4))
         self.states.fill_bytes(0, stream)
         self.snapshots: list[tuple[int, np.ndarray]] = []
-        self.whole, self.base, self.num_slots = self, 0, 1
+        self.whole, self.base, self.num_slots = self, 0, num_slots
+        self.homes = []
+        if num_slots > 1:
+            self.homes = [rt.DeviceBuffer(device, self.states.nbytes) for _ in range(num_slots)]
+            for home in self.homes:
+                home.fill_bytes(0, stream)
 
     def __getattr__(self, name):            # the attention layers' DeviceKV for the rest
         if name == "kv":
@@ -81,13 +93,28 @@ class DeviceHybridCache:
         return self.kv.planes(self._kv_layer(layer))
 
     def view(self, slot: int):
-        if slot != 0:
-            raise InvalidArgument(f"KV slot {slot}: a qwen3next cache on the GPU has one slot")
-        return self
+        """Slot `slot`'s cache: its K/V cells, the states buffer (valid while the slot is in use) and
+        snapshots of its own (slot 0 of a one-slot cache is the cache)."""
+        if self.num_slots == 1 and slot == 0:
+            return self
+        kv = self.kv.view(slot)                       # InvalidArgument out of range
+        v = object.__new__(DeviceHybridCache)
+        v.__dict__.update(self.__dict__)
+        v.kv, v.base, v.whole, v.snapshots = kv, kv.base, self, []
+        return v
+
+    def swap(self, old: int, new: int) -> None:
+        """Slot `old` leaves, slot `new` comes in: the states buffer's bytes to old's home, new's home
+        into the buffer (queued on the stream, in order with the steps)."""
+        if old == new or not self.homes:
+            return
+        n = self.states.nbytes
+        self.rt.copy_d2d(self.homes[old].ptr, self.states.ptr, n, self.stream)
+        self.rt.copy_d2d(self.states.ptr, self.homes[new].ptr, n, self.stream)
 
     @property
     def nbytes(self) -> int:
-        return self.kv.nbytes + self.states.nbytes
+        return self.kv.whole.nbytes + self.states.nbytes * (1 + len(self.homes))
 
     @property
     def vram_bytes(self) -> int:
@@ -240,6 +267,11 @@ class Qwen3NextDeviceOps(DeviceOps):
         args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
         if T == 1:
             self.launch("gdn_step", grid, (*args, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+        elif gdn_chunked_takes(T, Dk):
+            scratch = self.alloc((gdn_chunk_scratch_bytes(T, Hv) // 4,))
+            for op, chunk_grid, chunk_args in gdn_chunk_launches(*args, scratch.ptr, T, Hv, Hg, Dk, Dv, Hg * Dk,
+                                                                 Hv * Dv):
+                self.launch(op, chunk_grid, chunk_args)
         else:
             self.launch("gdn_prompt", grid, (*args, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
         return out

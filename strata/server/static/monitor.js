@@ -94,8 +94,16 @@ function renderState(s) {
   $("state-detail").textContent = detail;
   $("tps").textContent = fmtRate(s.tokens_per_second);
   $("tps-note").textContent = cur && cur.decode_tps ? "now" : "last request";
+  $("batching").textContent = batchingText(s.slots, s.batching);
   $("queue").textContent = s.queue ? s.queue.depth : 0;
   $("queue-max").textContent = s.queue ? "/ " + s.queue.max : "";
+}
+
+// "slots 2 / 4 busy · steps of up to 4 rows (auto)": the batch rule's current cap (--batch-max).
+function batchingText(slots, b) {
+  if (!slots || slots.total <= 1) return "";
+  const rule = !b ? "" : b.auto ? ` · steps of up to ${b.cap} rows (auto)` : ` · steps of up to ${b.cap} rows (--batch-max ${b.batch_max})`;
+  return `slots ${slots.busy} / ${slots.total} busy${rule}`;
 }
 
 function renderTotals(s) {
