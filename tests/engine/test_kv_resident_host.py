@@ -235,8 +235,6 @@ def test_vram_refill_copies():
     """vram_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
     from types import SimpleNamespace
     from strata.backends.cuda.memory import DeviceKV
-    rt = SimpleNamespace(DeviceBuffer=lambda dev, n: SimpleNamespace(ptr=1 << 40, nbytes=n),
-                         HostBuffer=None)
     kv = object.__new__(DeviceKV)
     kv.__dict__.update(num_layers=1, vram_window=8, layer_cells=64, base=0, num_kv_heads=1, head_dim=64,
                        buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
