@@ -21,7 +21,8 @@
 #              131,072-token context less the decode) and 64 decoded tokens
 #     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
-#     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
+#     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
+#              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
 #     draftwin seed 003's A/B on qwen3-30b-a3b-mtp: --draft-window 4096, prompts 8192,16384,32768, the
 #              draft layer's prompt cells batched (K/V only, the prompt path's GEMMs) against the
 #              drafter's own pass; bench prints the draft layer's cells and time after each chunk
@@ -92,5 +93,8 @@ if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB
     timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --batch-max 0,1 \
         --clients 1,4 --warm 16 --long 0 --json "$OUT/batch_ab.json" 2>&1 | tail -20
 fi
-has kvres && bench kvres12 120 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv-resident 4096 --prompt 16384 --decode 64
+if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
+    bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
+    bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
+fi
 echo "== done at $(elapsed) s"
