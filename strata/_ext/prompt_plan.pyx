@@ -224,7 +224,7 @@ cdef _FirstFit _replay(long long T, long long chunks, long long max_cells, int a
                        bint resident, const long long[::1] m, const long long[:, ::1] layers):
     cdef _FirstFit p = _FirstFit(m[M_ALIGN])
     cdef long long D = m[M_D], bm = m[M_BM], L = m[M_L]
-    cdef long long cells = max_cells if max_cells > chunks * T else chunks * T
+    cdef long long cells = max_cells if max_cells > T else T     # the cache's: its quantized scratch
     cdef long long c, l
     cdef Block pos, ids, x, normed, q, k, v, attn, attn_out, x_mid, ffn_norm, router, expert_ids, expert_w
     cdef Block moe_out, x_next, normed_next, head_in, logits
@@ -284,7 +284,7 @@ cdef _FirstFit _replay(long long T, long long chunks, long long max_cells, int a
 def prompt_pool(long long T, long long chunks, long long max_cells, int attention_path, bint k_rotated,
                 bint resident, const long long[::1] model, const long long[:, ::1] layers):
     """(live high-water mark, address high-water mark) of `chunks` prompt chunks of T tokens over a
-    KV cache of max(max_cells, chunks * T) cells (memory_model's dry run of the same arguments)."""
+    KV cache of max(max_cells, T) cells (memory_model's dry run of the same arguments)."""
     cdef _FirstFit p = _replay(T, chunks, max_cells, attention_path, k_rotated, resident, model, layers)
     return p.peak, p.arena
 

@@ -205,7 +205,9 @@ def dry_run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, res
 def _run_prompt(sizes, T: int, chunks: int, max_cells: int, num_sms: int, resident: bool = False,
                 kv: str = "f16"):
     """Run `chunks` prompt chunks of T tokens as CudaRunner.prefill does; -> the ops."""
-    ops, model, kv = _ops(sizes, max(max_cells, chunks * T), num_sms, kv)
+    # the cache's own cells (a quantized cache's prompt scratch has its size): later chunks'
+    # positions may run past them here, where nothing is written
+    ops, model, kv = _ops(sizes, max(max_cells, T), num_sms, kv)
     plan = _chunk_plan(T, sizes.args, resident)
     for c in range(chunks):
         positions = ops.upload_positions(np.arange(c * T, (c + 1) * T))

@@ -133,3 +133,14 @@ def test_tables_follow_the_pack():
     other = dataclasses.replace(sizes, layers=tuple(layers))
     assert other.key != sizes.key
     assert (memory_model.prompt_tables(other)[1] != memory_model.prompt_tables(sizes)[1]).any()
+
+
+def test_the_arena_of_chunks_holds_the_first_chunks_over_a_quantized_cache():
+    """A quantized cache's prompt scratch is the cache's size, so the chunks the arena simulates must
+    run over the cache's own cells: over more (as many as the simulated chunks' positions), the
+    first-fit placed the 30B shape's blocks otherwise and priced 5.03 GB for a 16,384-token prompt
+    in one chunk that took 5.18 GB (the H200 run stopped: 'device pool ... may not grow')."""
+    _, sizes = plan_sizes(None, "qwen3-30b-a3b-mtp")
+    for kv in KV_FORMATS:
+        one = memory_model._prompt(sizes, 16384, 1, 16448, 132, kv=kv)[1]
+        assert memory_model.prompt_arena_bytes(sizes, 16384, 16448, 132, kv) >= one, kv
