@@ -151,3 +151,47 @@ def host_computable(layers_meta) -> str | None:
             if p["shape"][-1] % (256 if p["qtype"].endswith("_K") else 32):
                 return f"layer {lay['layer']}'s {name} rows of {p['shape'][-1]} are not whole {p['qtype']} blocks"
     return None
+
+
+PLAN_CASES = (("a 19-token turn", 19), ("a 512-token chunk", 512), ("a decode step", 1))
+
+
+@dataclass(frozen=True)
+class PlanCase:
+    """What `plan` shows for one case: a layer's split and the bus-bound speeds without and with it."""
+    name: str
+    tokens: int
+    split: LayerSplit
+    bus_tok_s: float
+    split_tok_s: float
+
+
+def plan_cases(args, blob_bytes: int, num_layers: int, prompt_cached: float, decode_cached: float,
+               h2d_gb_s: float, host: HostRates, share: float | None = None) -> list[PlanCase]:
+    """The split of PLAN_CASES at the plan's cached shares (the prompt's kept slots, the decode
+    cache), with tok/s ceilings from the missed experts alone (uniform routing, compute not modelled)."""
+    out = []
+    for name, T in PLAN_CASES:
+        s = split_chunk(T, args.num_experts, args.num_experts_per_tok, decode_cached if T == 1 else prompt_cached,
+                        blob_bytes, h2d_gb_s, host, share)
+        speed = (lambda sec: T / (num_layers * sec) if sec > 0 else float("inf"))
+        out.append(PlanCase(name, T, s, speed(s.bus_seconds), speed(s.seconds)))
+    return out
+
+
+def random_blob_rates(cpu_experts, layer: dict, D: int, repeats: int = 3) -> HostRates:
+    """measure_host_rates on a blob of random valid blocks of a layer's types and shapes (`plan`
+    has sizes, not weights)."""
+    from ..quant.random import random_qtensor_bytes
+    rng = np.random.default_rng(0)
+    parts, pieces, at = {}, [], 0
+    for name in ("gate", "up", "down"):
+        p = layer["parts"][name]
+        b = np.frombuffer(random_qtensor_bytes(p["qtype"], tuple(p["shape"]), rng), np.uint8)
+        parts[name] = {"qtype": p["qtype"], "offset": at, "nbytes": b.size}
+        pieces.append(b)
+        at += b.size
+    rates = measure_host_rates(cpu_experts, parts, np.concatenate(pieces), D,
+                               int(layer["parts"]["gate"]["shape"][0]), repeats)
+    return replace(rates, blob_bytes=int(layer["blob_bytes"]),
+                   source=rates.source.replace("at load", "now on random blocks"))

@@ -162,3 +162,22 @@ def test_flag_refusals():
     with pytest.raises(InvalidArgument, match="on the CPU"):
         EngineConfig(device="cpu", cpu_experts="auto")
     assert EngineConfig(cpu_experts="0.25").cpu_experts == "0.25"
+
+
+def test_bench_and_status_report_the_hosts_share(fake):
+    from types import SimpleNamespace
+
+    from strata.bench import report, run_bench
+    pack = open_pack(DEMO)
+    cfg = EngineConfig(device="cuda", prefill="24", expert_cache="10", cpu_experts="0.5")
+    runner = CudaRunner(pack, 96, cfg)
+    runner.measure_limits = lambda: {}
+    llm = SimpleNamespace(runner=runner, model_name="demo", device="cuda", config=cfg, pack=pack, max_context=96,
+                          args=pack.args)
+    res = run_bench(llm, [19, 40], 4)
+    assert res.error is None, res.error
+    assert res.prompt[19]["host_experts"] > 0 and res.prompt[19]["host_bytes"] > 0
+    assert res.decode[19]["host_experts"] == 0             # decode steps do not split
+    assert "computed on the host (--cpu-experts 0.5): prompt 19:" in report(res)
+    host = runner.status()["expert_cache"]["host"]
+    assert host["mode"] == 0.5 and host["experts"] >= res.prompt[19]["host_experts"]

@@ -81,3 +81,23 @@ def test_parse_mode_and_what_the_host_reads():
     assert host_computable([{"layer": 0, "parts": {"gate": part, "up": part, "down": part}}]) is None
     f32 = {"qtype": "F32", "shape": [8, 16]}
     assert "F32" in host_computable([{"layer": 0, "parts": {"gate": f32, "up": f32, "down": f32}}])
+
+
+def test_plan_shows_the_split_and_its_speeds(capsys):
+    import json
+
+    from strata import cli
+    argv = ["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8", "--device", "cpu", "--max-context", "4096"]
+    assert cli.main([*argv, "--cpu-experts", "0.5"]) == 2            # refused on the CPU device
+    assert "--cpu-experts 0.5" in capsys.readouterr().err
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "CPU/GPU split       --cpu-experts off (auto would split as below)" in text
+    for case in ("a 19-token turn", "a 512-token chunk", "a decode step"):
+        assert case in text
+    assert cli.main([*argv, "--json"]) == 0
+    cases = json.loads(capsys.readouterr().out)["cpu_experts"]["cases"]
+    assert [c["tokens"] for c in cases] == [19, 512, 1]
+    for c in cases:
+        s = c["split"]
+        assert s["host"] + s["bus"] > 0 and c["split_tok_s"] >= c["bus_tok_s"] > 0
