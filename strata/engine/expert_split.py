@@ -12,7 +12,8 @@ Both start once the routing is known and run at once, so the missed experts take
 The host takes the k experts with the fewest rows (its cheapest; the bus cost does not depend on
 rows) for the k that minimises that max. With equal rows that is the share g / (c + g) of the seeds'
 engine (g: an expert's bus time, c: its host time). k = 0 wherever the host's fixed cost or its
-time per expert eats the gain: many rows per expert (long chunks) give the host nothing.
+time per expert eats the gain, or auto's gain is under MIN_GAIN: many rows per expert (long chunks)
+give the host nothing. A chunk routed on the device pays STREAM_ALL_SYNC_S more a layer.
 """
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import InvalidArgument
+from .memory_model import stream_all_tokens
 
 HOST_LAYER_S = 60e-6        # a layer the host takes part in: routing + rows down, a sync, the result read
+# a chunk that streams every non-cached expert groups its routing on the device and the host queues
+# layers ahead; a layer with host experts brings the routing down, so the GPU drains that queue
+STREAM_ALL_SYNC_S = 300e-6
+MIN_GAIN = 0.03             # auto splits a layer only when that saves at least this share of its time
 RATE_UPDATE = 0.2           # weight of each new measurement in the running host rate
 CPU_EXPERT_QTYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")     # what strata._ext.cpu_experts reads
 
@@ -85,6 +91,8 @@ def split_layer(rows, blob_bytes: int, h2d_gb_s: float, host: HostRates, share: 
         k = min(m, int(round(share * m)))
     else:
         k = int(np.argmin(cost))            # the first minimum: ties keep the bus
+        if cost[k] > (1.0 - MIN_GAIN) * cost[0]:
+            k = 0                           # a gain inside the model's error is not worth the risk
     return LayerSplit(k, m - k, float(cost[k]), float(m * bus_s), tuple(sorted(order[:k].tolist())))
 
 
@@ -95,9 +103,12 @@ def expected_rows(T: int, num_experts: int, top_k: int) -> tuple[float, float]:
 
 
 def split_chunk(T: int, num_experts: int, top_k: int, cached_share: float, blob_bytes: int, h2d_gb_s: float,
-                host: HostRates, share: float | None = None) -> LayerSplit:
+                host: HostRates, share: float | None = None, stream_all_tokens: int = 0) -> LayerSplit:
     """A layer's split for a chunk of T tokens under uniform routing, cached_share of the layer's experts
-    in VRAM (the plan's view: a decode step is T = 1)."""
+    in VRAM (the plan's view: a decode step is T = 1); chunks of stream_all_tokens or more (when
+    given) pay the sync of a chunk routed on the device."""
+    if stream_all_tokens and T >= stream_all_tokens:
+        host = replace(host, layer_s=host.layer_s + STREAM_ALL_SYNC_S)
     touched, rows = expected_rows(T, num_experts, top_k)
     missed = int(round(touched * (1.0 - cached_share)))
     return split_layer(np.full(missed, max(1, int(round(rows)))), blob_bytes, h2d_gb_s, host, share)
@@ -173,7 +184,7 @@ def plan_cases(args, blob_bytes: int, num_layers: int, prompt_cached: float, dec
     out = []
     for name, T in PLAN_CASES:
         s = split_chunk(T, args.num_experts, args.num_experts_per_tok, decode_cached if T == 1 else prompt_cached,
-                        blob_bytes, h2d_gb_s, host, share)
+                        blob_bytes, h2d_gb_s, host, share, stream_all_tokens(args))
         speed = (lambda sec: T / (num_layers * sec) if sec > 0 else float("inf"))
         out.append(PlanCase(name, T, s, speed(s.bus_seconds), speed(s.seconds)))
     return out

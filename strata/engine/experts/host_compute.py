@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..expert_split import HostRates, expected_rows, split_layer
+from ..expert_split import STREAM_ALL_SYNC_S, HostRates, expected_rows, split_layer
 
 
 @dataclass
@@ -73,12 +73,12 @@ class HostExperts:
             return ChunkSplit(self, None)
         E = self.store.num_experts
         touched, rows = expected_rows(T, E, self.A)
+        rates = replace(self.rates, layer_s=self.rates.layer_s + STREAM_ALL_SYNC_S)
         sets = {}
         for l in (range(layers) if isinstance(layers, int) else layers):
             missing = self._missed(l, np.arange(E))
             m = int(round(len(missing) * touched / E))
-            split = split_layer(np.full(m, max(1, int(round(rows)))), self._blob(l), self.h2d_gb_s, self.rates,
-                                self.share)
+            split = split_layer(np.full(m, max(1, int(round(rows)))), self._blob(l), self.h2d_gb_s, rates, self.share)
             if split.host:
                 # the share of all missing ones: an untouched one costs neither the bus nor the host
                 k = min(len(missing), int(round(split.host * len(missing) / max(1, m))))
