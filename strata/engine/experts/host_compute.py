@@ -17,6 +17,7 @@ smaller chunks choose per layer from the routing's own row counts. Unpinned expe
 from __future__ import annotations
 
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -48,6 +49,7 @@ class HostExperts:
         self._arena = np.frombuffer(store.arena, np.uint8)
         self._out, self._out_view = None, None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts")
+        weakref.finalize(self, self._worker.shutdown, False)
 
     def status(self) -> dict:
         s, r = self.stats, self.rates
