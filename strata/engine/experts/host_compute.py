@@ -111,6 +111,7 @@ class HostExperts:
         """Start the host's experts of layer on the worker -> wait(): blocks until the sum
         [T, D] is in the mapped buffer, returns its device address (moe_combine's residual)."""
         out = self._out_buffer(x.shape[0])
+        self.store.stats.misses += len(experts)      # missed by the cache all the same (hit rates compare)
         future = self._worker.submit(self._compute, layer, experts, x, ids, weights, out)
         return lambda: (future.result(), self._out.device_ptr)[1]
 

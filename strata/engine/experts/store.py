@@ -411,6 +411,7 @@ class ExpertStore:
         whose batches are this chunk's (PromptRing.layer), valid until the next chunk begins."""
         split = None
         if self.host_experts is not None:     # the host's share of the misses (--cpu-experts)
+            self.admissions.land_sync()       # the split reads where experts are after admissions land
             split = self.host_experts.chunk(T, self.prompts.streams_all(T, stream_all_tokens), layers)
         chunk = self.prompts.begin(T, stream_all_tokens, layers, None if split is None else split.skipped)
         return MoePlan(resident=self.resident, stream_all=chunk.stream_all, batches=partial(self.prompts.layer, chunk),
