@@ -7,8 +7,8 @@ its residual, while the GPU skips those experts.
   operands (numpy, f16-rounded) within 1e-3 of max |out| (sums in another order, tensor-core
   order on the device); cpu_experts within 2e-3 of numpy over its own 8-bit activations and within
   3% of the all-GPU layer;
-- whole runs: greedy tokens equal where the top two logits are 5% of max |logit| apart, the RMS
-  error within 5%; auto where the host never pays is bit for bit the run without the split;
+- whole runs: greedy tokens equal where the top two logits are 10% of max |logit| apart, the RMS
+  error within 15%; auto where the host never pays is bit for bit the run without the split;
 - the synthetic 30B shape at 8 GiB: a 19-token turn with auto computes some experts on the host
   (the H200's rates) and stays within the RMS bound.
 """
