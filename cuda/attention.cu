@@ -8,8 +8,10 @@
 //
 // Entry points (Dh in {64, 128, 256}; G = H / Hk):
 //   strata_kv_append_f16                         f32 K/V rows -> f16 cache cells (from device memory)
+//   strata_kv_ring_append                        appended cells (any format's planes) -> the VRAM window
 //   strata_attention_decode_f16_d<Dh>_g<GP>      split-K partials; GP = G rounded up to 1,2,4,8,16
-//                                                (Dh 256: GP <= 8)
+//                                                (Dh 256: GP <= 8); a sliding window over a ring of
+//                                                cells where asked (the MTP drafter's K/V ring)
 //   strata_attention_decode_combine_f32          partials -> out [B, H * Dh]
 //   strata_attention_decode_combine_rot_f32      the same, each head's output then Hadamard-rotated
 //   strata_attention_prefill_f16_d<Dh>           causal attention of T queries -> out [T, H * Dh]
@@ -124,16 +126,48 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
     }
 }
 
+// strata_kv_ring_append(cells, src0..src3, dst0..dst3, T, ring_cells, bytes0..bytes3)
+//   the VRAM window of --kv-resident: for each plane p < gridDim.y (f16 K and V; a quantized format's
+//   K values, K scales, V values, V scales) the bytes[p] bytes of cell cells[t] of src[p] (the
+//   authoritative cells, just appended) are copied to cell cells[t] % ring_cells of dst[p]. Rows are
+//   one sequence's at consecutive cells, so rows t < T - ring_cells are skipped: a newer row of the
+//   batch takes their slot (blocks run in no order, and only the newest may win). bytes[p] even.
+// Launch: grid = (T, planes, 1), block = (128, 1, 1); 2-byte loads, a block per (row, plane).
+extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, const void* src0, const void* src1,
+                                                 const void* src2, const void* src3, void* dst0, void* dst1,
+                                                 void* dst2, void* dst3, int T, int ring_cells, int bytes0,
+                                                 int bytes1, int bytes2, int bytes3) {
+    STRATA_PDL_ENTRY();
+    const int t = blockIdx.x, p = blockIdx.y;
+    if (t >= T || t < T - ring_cells) return;
+    const void* const srcs[4] = {src0, src1, src2, src3};
+    void* const dsts[4] = {dst0, dst1, dst2, dst3};
+    const int sizes[4] = {bytes0, bytes1, bytes2, bytes3};
+    const int64_t cell = cells[t], n = sizes[p] / 2;
+    const uint16_t* s = static_cast<const uint16_t*>(srcs[p]) + cell * n;
+    uint16_t* d = static_cast<uint16_t*>(dsts[p]) + (cell % ring_cells) * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}
+
 // ---- decode: split-K partials ------------------------------------------------------------------
 //
 // strata_attention_decode_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml,
-//                                          H, Hk, max_cells, num_splits, scale)
+//                                          H, Hk, max_cells, num_splits, scale, window, ring, k_vram,
+//                                          v_vram, vram_cells)
 // q [B, H, DH] f32 (one query per row); caches [B, max_cells, Hk, DH] f16; lengths [B] int32 in
 // device memory: row b attends to cells 0..lengths[b]-1 (>= 1) of its sequence, whose cell 0 is
 // cache cell bases[b] (bases [B] int32 in device memory: rows of several sequences in one cache,
 // as parallel slots' batched steps are), or b * max_cells when bases is null. Outputs per (b, h, split):
 // part_acc [B, H, num_splits, DH] = sum_c 2^(s_c - m) v_c and part_ml [B, H, num_splits, 2] = (m, l),
-// l = sum_c 2^(s_c - m); an empty split writes (-inf, 0) and zeros.
+// l = sum_c 2^(s_c - m); an empty split writes (-inf, 0) and zeros. window > 0: row b reads only
+// positions lengths[b] - window .. lengths[b] - 1 (clamped at 0), the splits dividing those; ring > 0:
+// position p is cell p % ring of the sequence (strata_kv::window_first / ring_cell). 0, 0: as before,
+// bit for bit (the window and ring change which cells are read, never the float arithmetic).
+// vram_cells > 0 (--kv-resident N, the caches then in mapped host memory): k_vram / v_vram
+// [vram_cells, Hk, DH] hold one sequence's newest cells, position p at p % vram_cells, and row b
+// reads positions from strata_kv::VramWindow's `from` (lengths[b] + B - 1 - vram_cells) on there,
+// older ones in place over the bus; only the addresses change, so the output is bit for bit that of
+// vram_cells 0 (ring 0 with it: the rows are one sequence's at consecutive positions).
 //
 // Launch: grid = (num_splits, Hk, B), block = (128, 1, 1), no dynamic shared memory. The split
 // size is ceil(length / num_splits) rounded up to a tile, computed on the device from lengths[b],
@@ -154,7 +188,9 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
                                                  const __half* __restrict__ v_cache, const int* __restrict__ lengths,
                                                  const int* __restrict__ bases, float* __restrict__ part_acc,
                                                  float* __restrict__ part_ml, int H, int Hk, int max_cells,
-                                                 int num_splits, float scale) {
+                                                 int num_splits, float scale, int window, int ring,
+                                                 const __half* __restrict__ k_vram, const __half* __restrict__ v_vram,
+                                                 int vram_cells) {
     constexpr int kTile = 4096 / DH;                 // cells per stage
     constexpr int kCellsPerWarp = kTile / kDecodeWarps;
     constexpr int NC = cmin(cmin(8, kCellsPerWarp), 64 / GP);
@@ -175,9 +211,10 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / Hk;
     const int length = lengths[b];
-    const int per_split = (length + num_splits - 1) / num_splits;
+    const int lo = strata_kv::window_first(length, window);
+    const int per_split = (length - lo + num_splits - 1) / num_splits;
     const int span = (per_split + kTile - 1) / kTile * kTile;
-    const int start = split * span, end = min(length, start + span);
+    const int start = lo + split * span, end = min(length, start + span);
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
@@ -194,13 +231,17 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const int64_t seq_base = first * row_stride + static_cast<int64_t>(kvh) * DH;
     const __half* kb = k_cache + seq_base;
     const __half* vb = v_cache + seq_base;
+    const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
+    const __half* kv_ = k_vram + static_cast<int64_t>(kvh) * DH;
+    const __half* vv_ = v_vram + static_cast<int64_t>(kvh) * DH;
     auto load_tile = [&](int stage, int cell0) {
         for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
             const int c = i / kChunks, part = (i % kChunks) * 8, cell = cell0 + c;
-            const bool valid = cell < end;
-            const int64_t off = valid ? cell * row_stride + part : 0;
-            cp_async16(&tiles[stage][0][c][part], kb + off, valid);
-            cp_async16(&tiles[stage][1][c][part], vb + off, valid);
+            const bool valid = cell < end, in_vram = valid && vram.holds(cell);
+            const int64_t off =
+                valid ? (in_vram ? vram.slot(cell) : strata_kv::ring_cell(cell, ring)) * row_stride + part : 0;
+            cp_async16(&tiles[stage][0][c][part], (in_vram ? kv_ : kb) + off, valid);
+            cp_async16(&tiles[stage][1][c][part], (in_vram ? vv_ : vb) + off, valid);
         }
         cp_async_commit();
     };
@@ -325,10 +366,11 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
 #define STRATA_DECODE(DH, GP)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_f16_d##DH##_g##GP(               \
         const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
-        float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale) {           \
+        float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale,            \
+        int window, int ring, const __half* k_vram, const __half* v_vram, int vram_cells) {                    \
         STRATA_PDL_ENTRY();                                                                                     \
         attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,      \
-                                 num_splits, scale);                                                           \
+                                 num_splits, scale, window, ring, k_vram, v_vram, vram_cells);                 \
     }
 STRATA_DECODE(64, 1) STRATA_DECODE(64, 2) STRATA_DECODE(64, 4) STRATA_DECODE(64, 8) STRATA_DECODE(64, 16)
 STRATA_DECODE(128, 1) STRATA_DECODE(128, 2) STRATA_DECODE(128, 4) STRATA_DECODE(128, 8) STRATA_DECODE(128, 16)

@@ -3,7 +3,8 @@
 // cuda/attention.cu's combine with the un-rotation): sharing the code, not a copy of it, keeps the fused
 // results bit for bit those of the separate launches. The rules are strata/quant/kv.py's (cuda/kv_quant.cu's
 // header restates them). A head vector of Dh = 32 * PER values lies over one warp, PER consecutive values a
-// lane (lane l holds dims l * PER .. l * PER + PER - 1).
+// lane (lane l holds dims l * PER .. l * PER + PER - 1). Also the decode kernels' rules for which cells a
+// row reads and where they lie (window_first, ring_cell, VramWindow).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -13,6 +14,19 @@
 namespace strata_kv {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+
+// A decode row's cell span and where a cell lies, for the split-K decode kernels (cuda/attention.cu,
+// cuda/kv_quant.cu). window > 0: the row reads its last `window` positions only, length - window ..
+// length - 1 (the MTP drafter under --draft-window); ring > 0: position p lies in cell p % ring of its
+// sequence (the draft layer's K/V ring). 0 and 0: positions 0..length-1 in cells 0..length-1, the
+// kernels' integer arithmetic exactly as before (no float operation depends on either).
+__device__ __forceinline__ int window_first(int length, int window) {
+    return window > 0 ? max(0, length - window) : 0;
+}
+
+__device__ __forceinline__ int ring_cell(int position, int ring) {
+    return ring > 0 ? position % ring : position;
+}
 
 // y = H x over one head vector spread over the warp, PER = Dh / 32 consecutive values per lane.
 // Stage h pairs (i, i + h) of every 2h-block into (a + b, a - b): inside a lane for h < PER, with
@@ -109,5 +123,25 @@ __device__ __forceinline__ void append_head(float (&v)[PER], int lane, int64_t r
         quantize_int8<PER>(v, lane, static_cast<int8_t*>(values) + row * DH, scales + row * (DH / 64));
     }
 }
+
+// Where a decode row's cells live under --kv-resident's VRAM window: the sequence's newest cells are
+// also in a VRAM ring of vram_cells cells, position p at p % vram_cells, and cells from `from` on are
+// read there, older ones from the caches (mapped host memory); vram_cells 0: every cell in the
+// caches. B rows of one sequence at consecutive positions: the newest row's length is at most
+// length + B - 1 and the ring holds that row's newest vram_cells cells, so from = length + B - 1 -
+// vram_cells is safe for every row. The split-K decode kernels of cuda/attention.cu and
+// cuda/kv_quant.cu share it; only addresses depend on it, never the float arithmetic.
+struct VramWindow {
+    int from, first_slot, cells;
+    __device__ VramWindow(int length, int rows, int vram_cells)
+        : from(vram_cells > 0 ? max(0, length + rows - 1 - vram_cells) : length),
+          first_slot(vram_cells > 0 ? from % vram_cells : 0), cells(vram_cells) {}
+    __device__ bool holds(int position) const { return position >= from; }
+    // position % cells for positions in from..from + cells - 1 (every position a row reads there)
+    __device__ int64_t slot(int position) const {
+        const int s = first_slot + (position - from);
+        return s >= cells ? s - cells : s;
+    }
+};
 
 }  // namespace strata_kv

@@ -26,8 +26,15 @@
 //   strata_kv_dequant_q4r_f16(values, scales, out, rows, Hk, Dh)           grid (rows, Hk), block 32
 //     cells 0..rows-1 as f16 [rows, Hk, Dh] (q4r: still rotated), for the f16 prompt attention
 //   strata_attention_decode_<fmt>_d<Dh>_g<GP>(q, k_values, k_scales, v_values, v_scales, lengths,
-//       bases, part_acc, part_ml, H, Hk, max_cells, num_splits, scale)     grid (splits, Hk, B), block 128
-//     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null)
+//       bases, part_acc, part_ml, H, Hk, max_cells, num_splits, scale, window, ring, vram_k_values,
+//       vram_k_scales, vram_v_values, vram_v_scales, vram_cells)
+//                                                                          grid (splits, Hk, B), block 128
+//     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null);
+//     window > 0: only its last `window` positions; ring > 0: position p in cell p % ring (the MTP
+//     drafter's K/V ring; attention.cu's decode header); 0, 0: bit for bit as without them;
+//     vram_cells > 0 (--kv-resident's VRAM window): the vram planes [vram_cells, Hk, ...] hold one
+//     sequence's newest cells at p % vram_cells, read from strata_kv::VramWindow's `from` on (the
+//     older ones in place over the bus), bit for bit the same sums: only the addresses change
 //     fmt: int8 (int8 K and V), q4_0 (q4r K and V), k8v4 (int8 K, q4r V); GP = G = H / Hk rounded up
 //     to 1, 2, 4, 8, 16 (Dh 256: <= 8). The partials are attention.cu's (its combine reads them):
 //     part_acc [B, H, splits, Dh], part_ml [B, H, splits, 2] (running max in the log2 domain, sum).
@@ -190,7 +197,11 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                                                    const __half* __restrict__ v_scales,
                                                    const int* __restrict__ lengths, const int* __restrict__ bases,
                                                    float* __restrict__ part_acc, float* __restrict__ part_ml, int H,
-                                                   int Hk, int max_cells, int num_splits, float scale) {
+                                                   int Hk, int max_cells, int num_splits, float scale, int window,
+                                                   int ring, const void* __restrict__ vram_k_values,
+                                                   const __half* __restrict__ vram_k_scales,
+                                                   const void* __restrict__ vram_v_values,
+                                                   const __half* __restrict__ vram_v_scales, int vram_cells) {
     using KP = Plane<KQ4, DH>;
     using VP = Plane<VQ4, DH>;
     constexpr bool STACK = GP <= 8;              // q and p as rows g (hi) and g + 8 (lo) of one MMA
@@ -216,9 +227,10 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = H / Hk;
     const int length = lengths[b];
-    const int per_split = (length + num_splits - 1) / num_splits;
+    const int lo = strata_kv::window_first(length, window);
+    const int per_split = (length - lo + num_splits - 1) / num_splits;
     const int span = (per_split + 15) / 16 * 16;
-    const int start = split * span, end = min(length, start + span);
+    const int start = lo + split * span, end = min(length, start + span);
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
@@ -287,6 +299,14 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     const int64_t row0 = first * Hk + kvh;
     const uint8_t* kv8 = static_cast<const uint8_t*>(k_values);
     const uint8_t* vv8 = static_cast<const uint8_t*>(v_values);
+    const uint8_t* vram_kv8 = static_cast<const uint8_t*>(vram_k_values);
+    const uint8_t* vram_vv8 = static_cast<const uint8_t*>(vram_v_values);
+    const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
+    // the head's row of a cell's planes, in the VRAM window (in_vram) or in the cache
+    auto row_of = [&](int cell, bool in_vram) -> int64_t {
+        return in_vram ? vram.slot(cell) * Hk + kvh
+                       : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
+    };
 
     for (int c0 = start + warp * TILE; c0 < end; c0 += kWarps * TILE) {
         typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];
@@ -299,23 +319,24 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
                 const int cell = c0 + sub * 16 + nt * 8 + g;
-                const int64_t row = row0 + static_cast<int64_t>(cell) * Hk;
+                const bool in_vram = cell < end && vram.holds(cell);
+                const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
 #pragma unroll
                 for (int kb = 0; kb < KP::NB; ++kb)
-                    kw[sub][nt][kb] = load_raw<KBYTES>(kv8 + row * KP::ROW + kb * (KP::ROW / KP::NB) + t * KBYTES,
-                                                       cell < end);
+                    kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
             }
 #pragma unroll
             for (int ci = 0; ci < 4; ++ci) {
                 const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
-                const int64_t row = row0 + static_cast<int64_t>(cell) * Hk;
+                const bool in_vram = cell < end && vram.holds(cell);
+                const int64_t row = row_of(cell, in_vram);
+                const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
                 valid[sub][ci] = cell < end;
 #pragma unroll
                 for (int vb = 0; vb < VP::NB; ++vb)
-                    vw[sub][ci][vb] = load_raw<VBYTES>(vv8 + row * VP::ROW + vb * (VP::ROW / VP::NB) + g * VBYTES,
-                                                       cell < end);
-                ks[sub][ci] = load_raw<2 * KP::NB>(k_scales + row * KP::NB, cell < end);
-                vs[sub][ci] = load_raw<2 * VP::NB>(v_scales + row * VP::NB, cell < end);
+                    vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
+                ks[sub][ci] = load_raw<2 * KP::NB>((in_vram ? vram_k_scales : k_scales) + row * KP::NB, cell < end);
+                vs[sub][ci] = load_raw<2 * VP::NB>((in_vram ? vram_v_scales : v_scales) + row * VP::NB, cell < end);
             }
         }
 
@@ -568,10 +589,13 @@ STRATA_KV_DEQUANT(strata_kv_dequant_q4r_f16, true)
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_##FMT##_d##DH##_g##GP(              \
         const float* q, const void* k_values, const __half* k_scales, const void* v_values,                    \
         const __half* v_scales, const int* lengths, const int* bases, float* part_acc, float* part_ml, int H,  \
-        int Hk, int max_cells, int num_splits, float scale) {                                                  \
+        int Hk, int max_cells, int num_splits, float scale, int window, int ring, const void* vram_k_values,   \
+        const __half* vram_k_scales, const void* vram_v_values, const __half* vram_v_scales, int vram_cells) { \
         STRATA_PDL_ENTRY();                                                                                     \
         attention_decode_q<KQ4, VQ4, DH, GP>(q, k_values, k_scales, v_values, v_scales, lengths, bases,        \
-                                             part_acc, part_ml, H, Hk, max_cells, num_splits, scale);          \
+                                             part_acc, part_ml, H, Hk, max_cells, num_splits, scale, window,   \
+                                             ring, vram_k_values, vram_k_scales, vram_v_values, vram_v_scales, \
+                                             vram_cells);                                                      \
     }
 #define STRATA_DECODE_Q_ALL(FMT, KQ4, VQ4)                                                                       \
     STRATA_DECODE_Q(FMT, KQ4, VQ4, 64, 1) STRATA_DECODE_Q(FMT, KQ4, VQ4, 64, 2)                                 \

@@ -168,6 +168,9 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
 def _prompt_phase(runner, res: BenchResult, n: int, ids: list[int], line) -> None:
     """One prompt of n tokens read from scratch; its logits stay in the row for the decode after it."""
     runner.reset()
+    drafting = getattr(runner, "drafter", None) is not None
+    if drafting:                # the draft layer's pass after each chunk, timed (the device synced around it)
+        runner.draft_timing = True
     t0 = time.perf_counter()
     before = _stream_counters(runner)
     logits = runner.prefill(ids, 0, lambda done, total: line(f"bench: prompt {n}: {done}/{total} tokens"))
@@ -176,6 +179,11 @@ def _prompt_phase(runner, res: BenchResult, n: int, ids: list[int], line) -> Non
                      "logits_sha256": hashlib.sha256(np.ascontiguousarray(logits).tobytes()).hexdigest()[:16]}
     if getattr(runner, "room_lent", None) is not None:      # seed 001: whether the draft layer's room was lent
         res.prompt[n]["room_lent"] = bool(runner.room_lent)
+    if drafting:                # seed 003: the draft layer's cells after each chunk and their time
+        res.prompt[n]["draft"] = {"mode": runner.draft_prompt, "window": runner.draft_window,
+                                  "ring_cells": runner.draft_slots,
+                                  "chunks": [{"cells": c, "ms": ms} for c, ms in runner.draft_chunks],
+                                  "ms": sum(ms for _, ms in runner.draft_chunks)}
     _vram_peak(runner, res)
     line(f"bench: prompt {n}: {n / dt:,.1f} tok/s")
 
@@ -194,6 +202,9 @@ def _finish(runner, res: BenchResult) -> None:
     host = (status.get("decode") or {}).get("host_ms", {}).get("graph")
     if host:
         res.limits["host_ms_per_token"] = host
+    if isinstance(status.get("draft"), dict):       # --draft-window and --draft-prompt
+        res.plan.update(draft_window=status["draft"]["window"], draft_ring_cells=status["draft"]["ring_cells"],
+                        draft_prompt=status["draft"]["prompt"])
     if isinstance(status.get("expert_cache"), dict):
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
@@ -264,6 +275,13 @@ def report(res: BenchResult) -> str:
                 f"{'hit rate':>10}{'PCIe GB/s':>11}{'of pinned':>11}")
     for n, r in res.prompt.items():
         rows.append(f"{'prompt ' + str(n):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{'':>28}{_stream_cols(r, h2d)}")
+    for n, r in res.prompt.items():
+        d = r.get("draft")
+        if d:
+            rows.append(f"draft layer after each chunk of prompt {n} ({d['mode']}, window "
+                        f"{d['window'] or 'whole context'}{', ring ' + str(d['ring_cells']) if d['ring_cells'] else ''}):"
+                        f" {d['ms']:.1f} ms in all; " + ", ".join(f"{c['cells']:,} cells {c['ms']:.1f} ms"
+                                                                   for c in d["chunks"]))
     if res.prompt:
         rows.append("prompt logits sha256: " + ", ".join(
             f"{n} {r['logits_sha256']}" + (" (room lent)" if r.get("room_lent") else "") for n, r in res.prompt.items()))

@@ -20,6 +20,25 @@ KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's for
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 PARALLEL_MAX = 8                    # --parallel: a batched decode step takes up to 8 rows (GEMV_MAX_T)
 SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
+DRAFT_RING_PAGE_CELLS = 256         # the draft ring's page: its slots are the window rounded up to pages,
+                                    # plus one page (rows written ahead of the window: a verify window's
+                                    # chain, a prompt batch straddling a page)
+DRAFT_PROMPT_MODES = ("batched", "own")
+
+
+def draft_ring_cells(window: int) -> int:
+    """Slots of the draft layer's K/V ring for a --draft-window of `window` cells (0: no ring)."""
+    if window <= 0:
+        return 0
+    page = DRAFT_RING_PAGE_CELLS
+    return -(-window // page) * page + page
+
+
+def draft_ring(window: int, max_context: int) -> tuple[int, int]:
+    """(window, ring cells) of the draft layer's K/V under --draft-window `window` at this context;
+    (0, 0), the whole context's cells, where there is no window or the ring would not be smaller."""
+    cells = draft_ring_cells(window)
+    return (window, cells) if 0 < cells < max_context else (0, 0)
 
 
 def spec_max_drafts(spec) -> int:
@@ -154,7 +173,9 @@ class EngineConfig:
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
                                                      "docs/DESIGN.md)"})
-    kv_resident: int = field(default=0, metadata={"help": "N below the context: the KV in pinned host memory, read over the bus (GPU; none of it kept in VRAM yet); 0 = all in VRAM"})
+    kv_resident: int = field(default=0, metadata={"help": "N below the context: every KV cell in pinned host memory and "
+                                                          "the newest N of each layer also in a VRAM window; decode "
+                                                          "reads the older cells over the bus (GPU); 0 = all in VRAM"})
     max_context: int = field(default=0, metadata={"help": "longest sequence (prompt + output) in tokens; 0 = the "
                                                           "model's trained context, lowered to what VRAM (or host "
                                                           "memory) holds beside the expert cache's minimum"})
@@ -163,6 +184,15 @@ class EngineConfig:
                                                       "costs, drafting off where it does not pay); needs --mtp; "
                                                       "0 = off"})
     mtp: bool = field(default=False, metadata={"help": "draft with the model's MTP layer (with --spec N)"})
+    draft_window: int = field(default=0, metadata={
+        "help": "with --mtp: the draft layer attends over its last W cells only, its K/V a ring of W cells "
+                "(rounded up to 256-cell pages, plus one page) in VRAM instead of the whole context's; the "
+                "VRAM saved goes to the expert cache; 0 = the whole context"})
+    draft_prompt: str = field(default="batched", metadata={
+        "help": "how a prompt writes the draft layer's K/V: batched (each chunk's cells with the prompt "
+                "path's GEMMs, K/V only) or own (the drafter's own pass, the whole layer a few rows at a "
+                "time, so its experts are not lent to the prompt: --mtp-room-min does not apply; for A/B "
+                "runs)"})
     mtp_room_min: int = field(default=1024, metadata={
         "help": "with --mtp under a VRAM budget: a request that reads at least this many prompt tokens lends "
                 "the draft layer's cached experts to the prompt's expert ring while it reads (copied back "
@@ -207,6 +237,12 @@ class EngineConfig:
         object.__setattr__(self, "spec", spec if spec == "auto" else str(int(spec)))
         if self.kv_resident < 0:
             raise InvalidArgument("kv_resident must be >= 0")
+        if isinstance(self.draft_window, bool) or not isinstance(self.draft_window, int) or self.draft_window < 0:
+            raise InvalidArgument(f"draft_window must be a number of cells (0 = the whole context), "
+                                  f"got {self.draft_window!r}")
+        if self.draft_prompt not in DRAFT_PROMPT_MODES:
+            raise InvalidArgument(f"draft_prompt must be one of {', '.join(DRAFT_PROMPT_MODES)}, "
+                                  f"got {self.draft_prompt!r}")
         if isinstance(self.mtp_room_min, bool) or not isinstance(self.mtp_room_min, int) or self.mtp_room_min < -1:
             raise InvalidArgument(f"mtp_room_min must be a number of prompt tokens (-1: never), got {self.mtp_room_min!r}")
         if not self.keep_conversations_gib >= 0:
@@ -275,12 +311,15 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --spec/--mtp: the draft layer's KV over the host "
                               f"copy is not built yet (use one of them)")
     if cfg.kv_resident and cfg.parallel > 1:
-        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV runs one "
-                              f"sequence so far (use one of them)")
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV and its "
+                              f"VRAM window run one sequence so far (use one of them)")
     if cfg.spec != "0" and not cfg.mtp:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
     if cfg.mtp and cfg.spec == "0":
         raise InvalidArgument("--mtp drafts only under --spec N or --spec auto")
+    if cfg.draft_window and not cfg.mtp:
+        raise InvalidArgument(f"--draft-window {cfg.draft_window} needs --mtp --spec N: it is the draft layer's "
+                              f"K/V window")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
     if cfg.parallel > 1 and cfg.spec != "0":

@@ -79,8 +79,12 @@ def plan_text(name: str, p) -> str:
         f"  mandatory           {_gib(p.mandatory_bytes)}: dense {_gib(m['dense'])}, KV {_gib(m['kv'])} "
         f"({p.kv_cells} cells{f' x {p.parallel} slots' if p.parallel > 1 else ''}, {p.kv}), decode scratch {_gib(m['decode'])}, CUDA graphs {_gib(m['graphs'])}, "
         f"MTP layer {_gib(m['mtp'])}",
-        *([f"  KV on the host      {_gib(p.kv_host_bytes)} pinned ({p.max_context:,} cells, --kv-resident); decode "
-           f"reads up to {p.kv_bus_bytes_per_token / 1e6:.1f} MB of it over the bus a token"]
+        *([f"  draft K/V ring      {p.draft_ring_cells:,} cells for a --draft-window of {p.draft_window:,} (instead "
+           f"of {p.max_context:,}: the rest of the draft layer's K/V goes to the expert cache)"]
+          if p.draft_ring_cells else []),
+        *([f"  KV on the host      {_gib(p.kv_host_bytes)} pinned ({p.max_context:,} cells, --kv-resident; the newest "
+           f"{p.kv_cells:,} also in the VRAM window above); decode reads up to {p.kv_bus_bytes_per_token / 1e6:.1f} MB "
+           f"of it over the bus a token"]
           if p.kv_host_bytes else []),
         f"  expert cache        {p.cache_slots} of {p.total_experts} slots ({share:.1%}), {_gib(p.cache_bytes)}; "
         f"max_blob {p.max_blob:,} B",

@@ -129,8 +129,9 @@ def time_decode(ops: CudaOps, rng, S: int, blocks_per_sm: int, reps: int = 100) 
         start.record(stream)
         for i in range(reps):
             s = i % sets
-            decode.launch((splits, HK, 1), 128, (q, kbuf.ptr + s * kv_bytes, vbuf.ptr + s * kv_bytes, lengths,
-                                                 part_acc, part_ml, H, HK, S, splits, scale), stream=stream)
+            decode.launch((splits, HK, 1), 128, (q, kbuf.ptr + s * kv_bytes, vbuf.ptr + s * kv_bytes, lengths, 0,
+                                                 part_acc, part_ml, H, HK, S, splits, scale, 0, 0, 0, 0, 0),
+                          stream=stream)
             if with_combine:
                 combine.launch((H, 1), 128, (part_acc, part_ml, out, H, DH, splits), stream=stream)
         end.record(stream)

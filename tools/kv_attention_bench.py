@@ -99,7 +99,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
         k_rot, v_rot = kc.rotated, vc.rotated
     split = ops._kernel(split_op, **fields)
     rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
-    split_args = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5)
+    split_args = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5, 0, 0, *(0,) * len(planes), 0)
 
     def launch():
         if k_rot:

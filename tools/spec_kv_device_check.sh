@@ -19,7 +19,13 @@
 #              (1024), the same plan in both (a 32768-token prompt sizes the context)
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
-#     kvres    qwen3-30b-a3b-mtp at 12 GiB with --kv-resident 4096 (KV on the host): prompt 16384, decode 64
+#     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
+#     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
+#     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
+#              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
+#     draftwin seed 003's A/B on qwen3-30b-a3b-mtp: --draft-window 4096, prompts 8192,16384,32768, the
+#              draft layer's prompt cells batched (K/V only, the prompt path's GEMMs) against the
+#              drafter's own pass; bench prints the draft layer's cells and time after each chunk
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +41,7 @@ steps=("$@")
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 shape=qwen3-30b-a3b-mtp
-has long && ! has spec12 && ! has room && ! has specn && ! has short && shape=qwen3-30b-a3b-128k
+has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has draftwin && shape=qwen3-30b-a3b-128k
 start_pack "$shape" 240
 
 if has tests; then
@@ -44,7 +50,7 @@ else
     device_tests 120 3
 fi
 
-export BENCH_LINES="^prompt|^decode|^specul|^verify|^plan|^peak|stopped"
+export BENCH_LINES="^prompt|^decode|^specul|^verify|^plan|^peak|^draft layer|stopped"
 bench() { bench_synthetic "$@"; }      # bench NAME SECONDS SHAPE ARGS...
 if has spec12; then
     bench spec12 90 qwen3-30b-a3b-mtp --vram-budget-gib 12 --mtp --spec 2 --prompt 4096 --decode 64
@@ -72,5 +78,23 @@ if has long; then
     [ "$shape" != qwen3-30b-a3b-128k ] && { start_pack qwen3-30b-a3b-128k 200; wait $pack_pid; cat "$OUT/pack.log"; }
     bench long12 300 qwen3-30b-a3b-128k --vram-budget-gib 12 --kv q4_0 --prompt 131072 --decode 64
 fi
-has kvres && bench kvres12 120 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv-resident 4096 --prompt 16384 --decode 64
+if has draftwin; then
+    for mode in batched own; do
+        bench "draft_$mode" 150 qwen3-30b-a3b-mtp --mtp --spec 2 --draft-window 4096 --draft-prompt "$mode" \
+            --prompt 8192,16384,32768 --decode 0
+    done
+fi
+if has gdn; then        # the chunked delta rule against the token loop at 80B's DeltaNet shape (#15)
+    echo "== gdn chunk bench ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -30
+fi
+if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
+    echo "== parallel bench ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --batch-max 0,1 \
+        --clients 1,4 --warm 16 --long 0 --json "$OUT/batch_ab.json" 2>&1 | tail -20
+fi
+if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
+    bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
+    bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
+fi
 echo "== done at $(elapsed) s"

@@ -42,8 +42,15 @@ class KVCache:
     a rotated codec's cells stay rotated, and query()/output() move attention into and out of that
     domain."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, fmt: str = "f32"):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, fmt: str = "f32",
+                 rings: dict | None = None):
+        """rings: layer -> (window W, slots S): that layer (the MTP draft layer under --draft-window)
+        keeps position p in cell p % S, and its attention reads the last W positions only
+        (read_window); which position each cell holds is kept, so a read of one the ring no longer
+        holds shows as NaN."""
         self.max_len = max_len
+        self.rings = dict(rings or {})
+        self.held = {layer: np.full(slots, -1, np.int64) for layer, (_, slots) in self.rings.items()}
         self.fmt = fmt
         self.codecs = kv_formats.codecs(fmt)
         for c in self.codecs:
@@ -57,9 +64,18 @@ class KVCache:
         need = int(positions.max()) + 1
         if need > self.max_len:
             raise IndexError(f"KV position {need - 1} is past the cache's {self.max_len} cells")
+        cap = self.max_len
+        if layer in self.rings:
+            cap = self.rings[layer][1]
+            cells = np.asarray(positions, np.int64) % cap
+            if np.unique(cells).size != cells.size:
+                raise IndexError(f"KV ring of layer {layer}: a batch of {cells.size} rows shares a slot of the "
+                                 f"{cap}-cell ring")
+            self.held[layer][cells] = positions
+            positions, need = cells, int(cells.max()) + 1
         cur = self.cells[layer]
         if cur < need:
-            size = min(self.max_len, max(need, 2 * cur, 64))
+            size = cap if layer in self.rings else min(cap, max(need, 2 * cur, 64))
             grown = [c.empty((size, self.shape[0]), self.shape[1]) for c in self.codecs]
             for old, new in zip(self.planes[layer] or (), grown):
                 for a, b in zip(old, new):
@@ -77,6 +93,25 @@ class KVCache:
         return tuple(c.decode(vals[:length], None if sc is None else sc[:length])
                      for (vals, sc), c in zip(self.planes[layer], self.codecs))
 
+    def window(self, layer: int) -> int:
+        """The attention window of a ring layer, 0 for a layer that keeps the whole context."""
+        return self.rings[layer][0] if layer in self.rings else 0
+
+    def read_window(self, layer: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A ring layer's cells for rows at these positions -> (keys, values [S', Hk, Dh], their
+        positions [S']): positions max(0, min - W + 1)..max, each from cell p % slots, NaN where the
+        ring no longer (or not yet) holds that position."""
+        window, slots = self.rings[layer]
+        lo, hi = max(0, int(positions.min()) - window + 1), int(positions.max()) + 1
+        key_pos = np.arange(lo, hi)
+        cells = key_pos % slots
+        keys, values = (c.decode(vals[cells], None if sc is None else sc[cells])
+                        for (vals, sc), c in zip(self.planes[layer], self.codecs))
+        stale = self.held[layer][cells] != key_pos
+        keys[stale] = np.nan
+        values[stale] = np.nan
+        return keys, values, key_pos
+
     def query(self, q: np.ndarray) -> np.ndarray:
         """q [T, H, Dh] in the keys' domain (rotated when K is stored rotated)."""
         return kv_formats.rotate(q) if self.codecs[0].rotated else q
@@ -92,8 +127,14 @@ class KVCache:
         (in the scales of a quantized plane, whose values are integers)."""
         if self.planes[layer] is None:
             return
+        cells = slice(start, stop)
+        if layer in self.rings:            # the ring's cells that still hold those positions
+            slots = self.rings[layer][1]
+            pos = np.arange(start, stop)
+            cells = pos[self.held[layer][pos % slots] == pos] % slots
+            self.held[layer][cells] = -1
         for values, scales in self.planes[layer]:
-            (values if scales is None else scales)[start:stop] = np.nan
+            (values if scales is None else scales)[cells] = np.nan
 
 
 class CpuOps:
@@ -151,6 +192,10 @@ class CpuOps:
 
     def attention(self, q, k, v, layer: int, kv: KVCache, positions: np.ndarray) -> np.ndarray:
         kv.write(layer, positions, k, v)
+        window = kv.window(layer) if hasattr(kv, "window") else 0
+        if window:          # a ring layer (the draft layer under --draft-window): the last W positions
+            keys, values, key_pos = kv.read_window(layer, positions)
+            return kv.output(window_attention(kv.query(q), keys, values, key_pos, positions, window))
         keys, values = kv.read(layer, int(positions.max()) + 1)
         return kv.output(causal_attention(kv.query(q), keys, values, positions))
 
@@ -254,6 +299,23 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positi
     scores = (qg @ kt[:, None]) * np.float32(1.0 / np.sqrt(Dh))         # [Hk, group, T, S]
     mask = np.arange(S)[None, :] > positions[:, None]                   # [T, S]
     scores = np.where(mask, np.float32(-np.inf), scores)
+    probs = softmax(scores)
+    out = probs @ values.transpose(1, 0, 2)[:, None]                    # [Hk, group, T, Dh]
+    return out.transpose(2, 0, 1, 3).reshape(T, H * Dh).astype(np.float32)
+
+
+def window_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_positions: np.ndarray,
+                     positions: np.ndarray, window: int) -> np.ndarray:
+    """Sliding-window causal attention: q [T, H, Dh] at positions over keys/values [S, Hk, Dh] at
+    key_positions -> [T, H*Dh]; the query at p sees the keys at p - window + 1 .. p."""
+    T, H, Dh = q.shape
+    S, Hk, _ = keys.shape
+    group = H // Hk
+    qg = q.reshape(T, Hk, group, Dh).transpose(1, 2, 0, 3)               # [Hk, group, T, Dh]
+    kt = keys.transpose(1, 2, 0)                                        # [Hk, Dh, S]
+    scores = (qg @ kt[:, None]) * np.float32(1.0 / np.sqrt(Dh))         # [Hk, group, T, S]
+    ahead = key_positions[None, :] - positions[:, None]                # [T, S]
+    scores = np.where((ahead > 0) | (ahead <= -window), np.float32(-np.inf), scores)
     probs = softmax(scores)
     out = probs @ values.transpose(1, 0, 2)[:, None]                    # [Hk, group, T, Dh]
     return out.transpose(2, 0, 1, 3).reshape(T, H * Dh).astype(np.float32)

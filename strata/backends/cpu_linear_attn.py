@@ -216,6 +216,8 @@ class Qwen3NextCpuOps(CpuOps):
         r = v.shape[1] // q.shape[1]
         q = np.repeat(l2_normalize(q), r, axis=1) * np.float32(q.shape[-1] ** -0.5)
         k = np.repeat(l2_normalize(k), r, axis=1)
+        # chunked from 2 tokens: at 80B's heads 0.68 vs 0.80 ms at T 2, 0.9 vs 3.0 at 8, 96 vs 139 at 256
+        # (2 cores); at the tests' tiny heads the recurrence wins below 8 tokens, by microseconds
         step = gated_delta_recurrent if q.shape[0] == 1 else gated_delta_chunked
         out, cache.ssm[layer] = step(q, k, v, g, beta, cache.ssm[layer])
         return out

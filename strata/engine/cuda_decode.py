@@ -22,15 +22,16 @@ from .memory_model import STEP_MAX_TOKENS
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
 
 
-def stage_rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, positions: np.ndarray, bases) -> None:
+def stage_rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, positions: np.ndarray, bases,
+               ring: int = 0) -> None:
     """StepRows' host form at these int32 offsets of host: positions [T] then max + 1, each row's
-    attention length (position + 1), its cell (base + position) and its sequence's first cell
-    (bases: one per row, or one for all)."""
+    attention length (position + 1), its cell (base + position; base + position % ring in a K/V
+    ring of that many cells) and its sequence's first cell (bases: one per row, or one for all)."""
     T = len(positions)
     host[pos:pos + T] = positions
     host[pos + T] = positions.max() + 1
     host[length:length + T] = positions + 1
-    host[cell:cell + T] = bases + positions
+    host[cell:cell + T] = bases + (positions % ring if ring else positions)
     host[base:base + T] = bases
 
 

@@ -43,6 +43,24 @@ def check_config(pack, config: EngineConfig) -> None:
             codec.check(pack.args.head_dim)
 
 
+def draft_ring(config: EngineConfig, args, max_context: int) -> tuple[int, int] | None:
+    """The draft layer's K/V ring (window, cells) under --draft-window with --mtp --spec, None where
+    it keeps the whole context (config.draft_ring); UnsupportedError where the split-K decode kernels,
+    the only ones that read a ring, do not take the head layout."""
+    from ..backends.cuda.kernels import split_k_takes
+    from ..config import draft_ring as ring_of
+    if not (config.mtp and str(config.spec) != "0" and args.num_mtp_layers):
+        return None
+    window, cells = ring_of(config.draft_window, max_context)
+    if not cells:
+        return None
+    if not split_k_takes(args.num_attention_heads, args.num_key_value_heads, args.head_dim):
+        raise UnsupportedError(f"--draft-window {window}: the draft layer's K/V ring is read by the split-K decode "
+                               f"kernels, which do not take {args.num_attention_heads} query heads over "
+                               f"{args.num_key_value_heads} KV heads of {args.head_dim} (0 runs it)")
+    return window, cells
+
+
 def check_parallel(config: EngineConfig, args) -> None:
     """--parallel N > 1: the batched step's rows read their slots' cells through the split-K decode
     attention, which takes head dims ATTENTION_HEAD_DIMS and up to 16 query heads per KV head (8 at

@@ -80,8 +80,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.kv_all = DeviceHybridCache(rt, self.dev, self.stream, a, num_layers, max_context, config.kv,
                                             num_slots=config.parallel)
         else:
+            ring = cuda_load.draft_ring(config, a, max_context)     # --draft-window: the draft layer's K/V ring
             self.kv_all = kv_all or DeviceKV(rt, self.dev, self.stream, num_layers, max_context,
-                                             a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel)
+                                             a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel,
+                                             ring=ring)
         self.kv = self.kv_all.view(0)
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
                                                                  KernelPaths.without(config.kernels_off))
@@ -97,7 +99,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         spec = config.spec if config.mtp else "0"
         if spec != "0":
             check_spec(config, self.store, a)
-        self._init_spec(spec)
+        self._init_spec(spec, config.draft_window, config.draft_prompt)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
@@ -166,13 +168,16 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         n = max(1, min(num_tokens, self.max_context - steps))
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
-        saved_spec = (self.drafter.done, self.drafter.pending, self.device_windows) if drafts else None
+        saved_spec = ((self.drafter.done, self.drafter.pending, self.drafter.first_held, self.device_windows)
+                      if drafts else None)
         saved_cells = self._save_cells(min(self.max_context, n + steps + _window_cells(drafts)))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
                  {mode: list(times) for mode, times in step_times.items()}, store.snapshot())
         saved_states = (self.kv.read_states(), list(self.kv.snapshots)) if self.hybrid else None
+        # the draft layer's prompt counters (status "draft") read as before
+        saved_draft = (self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks) if self.spec else None
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         try:
             self.cached_ids = []
@@ -197,6 +202,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             if saved_states is not None:
                 self.kv.write_states(saved_states[0])
                 self.kv.snapshots = saved_states[1]
+            if saved_draft is not None:
+                self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = saved_draft
             self.stream.synchronize()
 
     def _warm_drafts(self, length: int) -> list[int]:
@@ -226,9 +233,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     break
                 token = speculative_step(self, d, SpecStats(), token, n, greedy, lambda: 0.5)[-1]
 
-    def _restore_spec(self, done: int, pending, windows: int) -> None:
+    def _restore_spec(self, done: int, pending, first_held: int, windows: int) -> None:
         """The drafter's state and the window counter as before the warm-up."""
         self.drafter.done, self.drafter.pending = done, pending
+        self.drafter.first_held = first_held
         if getattr(self, "_windows", None) is not None:
             self._windows.windows = windows
 
@@ -239,7 +247,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         from ..errors import DeviceError
         try:
             return DeviceKV(rt, self.dev, self.stream, num_layers, max_context, a.num_key_value_heads, a.head_dim,
-                            config.kv, num_slots=config.parallel, on_host=True)
+                            config.kv, num_slots=config.parallel, on_host=True,
+                            vram_window=config.kv_resident)
         except DeviceError as exc:
             raise DeviceError(f"--kv-resident {config.kv_resident}: pinning the KV of {max_context} cells in host "
                               f"memory was refused ({exc}); a smaller --max-context or --kv format needs less") from None
@@ -248,7 +257,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         """(a device copy of cells 0..cells-1 of every layer's KV buffers (K and V, or the format's
         values and scales planes), [(address, bytes)] of each range), the copies queued on the
         stream; _restore_cells copies them back."""
-        ranges = [(ptr, cells * cell) for layer in range(self.kv.num_layers) for ptr, cell in self.kv.cell_ranges(layer)]
+        kv = self.kv
+        ranges = [(ptr, min(cells, kv.layer_size(layer)) * cell) for layer in range(kv.num_layers)
+                  for ptr, cell in kv.cell_ranges(layer)]
         copy = self.rt.DeviceBuffer(self.dev, sum(n for _, n in ranges))
         off = 0
         for ptr, n in ranges:
@@ -332,13 +343,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if self.hybrid:
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
+        if start and getattr(self.kv, "vram_window", 0):    # the reused cells' newest into the VRAM window
+            for dst, src, nbytes in self.kv.vram_refill(start):
+                self.rt.copy_d2d(dst, src, nbytes, self.stream)
         if self.drafter:
             self.drafter.truncate(start)
+            self.draft_chunks = []
         out = None
         pause = self.interleaves
         # seed 001: a request reading at least --mtp-room-min tokens lends the draft layer's cached
         # experts to the prompt's ring (its prompt pass writes the draft layer's K/V alone)
-        room = self.room_lent = (self.drafter is not None and 0 <= self.mtp_room_min <= len(ids) - start
+        # (not with --draft-prompt own: the drafter's own pass reads those experts during the prompt)
+        room = self.room_lent = (self.drafter is not None and self.draft_prompt != "own"
+                                 and 0 <= self.mtp_room_min <= len(ids) - start
                                  and self.store.open_room())
         try:
             with self.prompts.loan(len(ids) - start, self.prefill_chunk):
@@ -351,7 +368,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     if self.drafter:                 # the draft layer's K/V of this chunk, batched
                         self.drafter.extend(self.prompts.hidden)
                         self.prompts.hidden = None
-                        self.drafter.flush(self, self.cached_ids)
+                        self._flush_drafter()
                     if on_progress is not None:
                         on_progress(hi - start, len(ids) - start)
                     if pause and hi < len(ids):
@@ -493,21 +510,25 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                              "device_windows": self.device_windows, "room_lent": self.room_lent,
                              "room_lends": store.stats.room_lends}
                             if self.spec else None),
+            # the drafter's K/V: --draft-window's ring (window 0: the whole context) and prompt pass
+            "draft": {**self.draft_status(), "kv_bytes": self.kv_all.layer_size(self.kv_all.num_layers - 1)
+                      * self.kv_all.cell_bytes} if self.spec and not self.hybrid else None,
         }
 
     def kv_status(self) -> dict:
-        """The KV format, cells in VRAM and on the host (every slot's), and the KV bytes the next decoded
-        token reads over the bus: with --kv-resident every cell is on the host and decode reads the
-        sequence's cells in place (this version keeps no window of them in VRAM), so that is the
-        cells read (the sequence's length + 1) x bytes per cell x layers."""
+        """The KV format, cells a layer keeps in VRAM and on the host (every slot's), and the KV bytes
+        the next decoded token reads over the bus: with --kv-resident every cell is on the host and
+        the newest N also in the VRAM window, so decode reads the cells older than the window in
+        place: (length + 1 - N, at least 0) x bytes per cell x layers."""
         kv = self.kv_all
         if not self.kv_on_host:
             return {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
                     "bus_bytes_per_token": 0}
         cells = min(len(self.cached_ids) + 1, self.max_context)
-        return {"format": self.kv_format, "cells_vram": 0, "cells_host": self.max_context * self.num_slots,
-                "bus_bytes_per_token": cells * kv.cell_bytes * kv.num_layers, "resident_limit": self.kv_resident,
-                "host_bytes": kv.host_bytes, "staged_bytes": self.ops.bytes_staged_kv}
+        return {"format": self.kv_format, "cells_vram": kv.vram_window, "cells_host": self.max_context * self.num_slots,
+                "bus_bytes_per_token": kv.vram_from(cells) * kv.cell_bytes * kv.num_layers,
+                "resident_limit": self.kv_resident, "vram_bytes": kv.vram_bytes, "host_bytes": kv.host_bytes,
+                "staged_bytes": self.ops.bytes_staged_kv}
 
     def decode_status(self) -> dict:
         """Graphs on or off (and why), the graphs held, and host time per decode step by mode:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.cuda.memory import DeviceTensor
+from ..backends.cuda.memory import DeviceTensor, StepRows
 from ..errors import InvalidArgument
 from .memory_model import STEP_MAX_TOKENS, stream_all_tokens
 
@@ -60,7 +60,7 @@ class CudaSpeculation:
         ops = self.ops
         T = len(next_ids)
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
-        pos = ops.upload_positions(np.asarray(positions, np.int64))
+        pos = self._draft_rows(positions)
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv, logits_rows=logits_rows,
                                           plan=self._mtp_plan(T))
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
@@ -76,8 +76,20 @@ class CudaSpeculation:
         for lo in range(0, T, piece):
             hi = min(T, lo + piece)
             self.model.mtp_cells(ops.upload(np.ascontiguousarray(hidden[lo:hi], np.float32)),
-                                 np.asarray(next_ids[lo:hi], np.int64),
-                                 ops.upload_positions(np.asarray(positions[lo:hi], np.int64)), self.kv)
+                                 np.asarray(next_ids[lo:hi], np.int64), self._draft_rows(positions[lo:hi]), self.kv)
+
+    def _draft_rows(self, positions):
+        """The draft layer's rows at these positions on the device: the positions as every op takes
+        them (upload_positions), or with a K/V ring (--draft-window) a StepRows whose cells are the
+        positions modulo the ring (lengths position + 1, the sequence's first cell 0)."""
+        p = np.asarray(positions, np.int64).reshape(-1)
+        if not self.draft_slots:
+            return self.ops.upload_positions(p)
+        T = len(p)
+        host = np.concatenate([p, [p.max() + 1], p + 1, p % self.draft_slots, np.zeros(T, np.int64)]).astype(np.int32)
+        t = self.ops.upload(host)
+        at = t.buf.ptr + t.offset
+        return StepRows(t.buf, t.offset, T, t.keep, at + 4 * (T + 1), at + 4 * (2 * T + 1), at + 4 * (3 * T + 1), 1)
 
     def _mtp_plan(self, T: int):
         """The draft layer's plan over T rows: a step's, or a chunk plan of that layer alone (inside a
@@ -109,7 +121,7 @@ class CudaSpeculation:
         ops = self.ops
         T = len(next_ids)
         h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
-        pos = ops.upload_positions(np.asarray(positions, np.int64))
+        pos = self._draft_rows(positions)
         logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,
                                           logits_rows=slice(-1, None), plan=self._mtp_plan(T))
         D = out.shape[1]

@@ -87,11 +87,12 @@ class SpecWindows:
         h, base = self.ints, kv.base
         h[:] = 0
         h[MTP_IDS:MTP_IDS + P] = r.cached_ids[start + 1:] + [token]
-        stage_rows(h, MTP_POS, MTP_LEN, MTP_CELL, MTP_BASE, np.arange(start, start + R), base)
+        ring = r.draft_slots             # the draft layer's rows land in its K/V ring (--draft-window)
+        stage_rows(h, MTP_POS, MTP_LEN, MTP_CELL, MTP_BASE, np.arange(start, start + R), base, ring)
         h[SEL] = P - 1
         for k in range(2, n + 1):
             c = CHAIN + 5 * (k - 2)
-            stage_rows(h, c, c + 2, c + 3, c + 4, np.asarray([m + k - 2]), base)
+            stage_rows(h, c, c + 2, c + 3, c + 4, np.asarray([m + k - 2]), base, ring)
         h[V_IDS] = token
         stage_rows(h, V_POS, V_LEN, V_CELL, V_BASE, np.arange(m, m + R), base)
         self.hid[:P] = drafter.pending

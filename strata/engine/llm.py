@@ -90,7 +90,8 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
     from .runner import CpuRunner
     from .slots import keep_bytes
     return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",
-                     parallel=config.parallel, keep_bytes=keep_bytes(config))
+                     parallel=config.parallel, keep_bytes=keep_bytes(config), draft_window=config.draft_window,
+                     draft_prompt=config.draft_prompt)
 
 
 def _cpu_kv(kv: str) -> str:

@@ -3,7 +3,8 @@
 Pure host logic from a pack's sizes (never touches a device; tested on the CPU). The rules are
 docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier design it calls seed 000):
 
-- Mandatory: dense weights, the KV window (kv_resident cells, else max_context, at the KV format's
+- Mandatory: dense weights, the KV in VRAM (max_context cells, or the window of kv_resident cells
+  when --kv-resident below the context puts the authoritative cells in pinned host memory; at the KV format's
   bytes, strata.quant.kv.cell_bytes: f16 2 per value, int8 66 per 64 values, q4_0 18 per 32, k8v4
   int8 K and q4_0 V), decode scratch (the
   activation pool's first 64 MiB segment, or the decode step's peak if bigger, plus the zeros
@@ -269,7 +270,7 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
                                                      cells, num_sms, config.kv))
     return {
         "dense": sizes.dense_bytes,
-        "kv": (kv_bytes(a, kv_cells(config) * config.parallel, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+        "kv": (vram_kv_bytes(a, config)
                # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
                + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
                   else 0)),
@@ -301,9 +302,9 @@ def kv_on_host(config) -> bool:
 
 
 def kv_cells(config) -> int:
-    """KV cells a slot keeps in VRAM: the whole context, or none when they live on the host
-    (kv_on_host: this first version keeps no window of the newest N in VRAM; N bounds it)."""
-    return 0 if kv_on_host(config) else config.max_context
+    """KV cells a slot keeps in VRAM: the whole context, or with the cells on the host (kv_on_host)
+    the window of the newest N (DeviceKV's ring, --kv-resident N)."""
+    return config.kv_resident if kv_on_host(config) else config.max_context
 
 
 def kv_key(config) -> str:
@@ -311,13 +312,35 @@ def kv_key(config) -> str:
     return config.kv + (memory_model.HOST_SUFFIX if kv_on_host(config) else "")
 
 
+def plan_draft_ring(args: ModelArgs, config) -> tuple[int, int]:
+    """(window, cells) of the draft layer's K/V ring the GPU runner keeps under --draft-window
+    (strata.engine.cuda_load.draft_ring), (0, 0) where the draft layer keeps the whole context."""
+    from ..config import draft_ring
+    if not (config.mtp and str(config.spec) != "0" and args.num_mtp_layers and args.architecture == "qwen3moe"
+            and kv_cells(config)):
+        return 0, 0
+    return draft_ring(getattr(config, "draft_window", 0), config.max_context)
+
+
+def vram_kv_bytes(args: ModelArgs, config) -> int:
+    """The KV in VRAM: kv_cells per slot of every layer the runner allocates (the MTP layer's too,
+    drafting or not), the draft layer's ring instead of its context where --draft-window gives one."""
+    L = args.num_hidden_layers + args.num_mtp_layers
+    _, ring = plan_draft_ring(args, config)
+    if not ring:
+        return kv_bytes(args, kv_cells(config) * config.parallel, config.kv, L)
+    return (kv_bytes(args, kv_cells(config) * config.parallel, config.kv, args.num_hidden_layers)
+            + kv_bytes(args, ring, config.kv, args.num_mtp_layers))
+
+
 def kv_bus_bytes_per_token(sizes: PackSizes, config) -> int:
-    """KV bytes a decoded token reads over the bus at the full context: the cells on the host x
-    bytes per cell x layers (decode reads every host cell in place; none while all are in VRAM)."""
+    """KV bytes a decoded token reads over the bus at the full context: the cells older than the
+    VRAM window x bytes per cell x layers (decode reads them in place on the host, the newest N from
+    the window; none while every cell is in VRAM)."""
     a = sizes.args
     if not kv_on_host(config):
         return 0
-    return kv_bytes(a, config.max_context, config.kv, a.num_hidden_layers + a.num_mtp_layers)
+    return kv_bytes(a, config.max_context - kv_cells(config), config.kv, a.num_hidden_layers + a.num_mtp_layers)
 
 
 def kv_host_bytes(sizes: PackSizes, config) -> int:
@@ -364,6 +387,8 @@ class Plan:
     batch_max: int = 0              # --batch-max: rows of one batched decode step (0: auto, measured while running)
     batch_tok_s: tuple = ()         # bandwidth ceiling of a batched step of 1..parallel rows (batch_speeds)
     batch_bus_bytes: tuple = ()     # expert bytes over the bus of a step of 1..parallel rows
+    draft_window: int = 0           # --draft-window's window (0: the draft layer keeps the whole context)
+    draft_ring_cells: int = 0       # the draft layer's K/V ring, priced in "kv" instead of its context
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -458,13 +483,15 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
     chunk = min(T, config.max_context)
     pcie, prompt_tps, hit, decode_tps = _speeds(sizes, cache, slots, kept, chunk, bandwidths,
                                                 decode_kv_bytes(sizes, config))
+    draft_window, draft_cells = plan_draft_ring(sizes.args, config)
     return Plan(budget_bytes, budget_source, items, mandatory, config.kv, kv_cells(config), mb, cache.total_slots,
                 slots, cache.nbytes(slots), chunk, ring, rule, full, ring * mb, need(T),
                 memory_model.prompt_pool_bytes(sizes, chunk, cells, num_sms, kv=key), loan, kept, pcie, prompt_tps, hit,
                 decode_tps, bandwidths.h2d_gb_s, bandwidths.device_copy_gb_s, bandwidths.source, context,
                 context_source, config.parallel, kv_host_bytes(sizes, config),
                 kv_bus_bytes_per_token(sizes, config), config.batch_max,
-                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel))
+                *batch_speeds(sizes, cache, slots, bandwidths, config.parallel),
+                draft_window=draft_window, draft_ring_cells=draft_cells)
 
 
 def decode_bytes_per_token(pack) -> int:
@@ -482,10 +509,12 @@ def decode_bytes_per_token(pack) -> int:
 def decode_kv_bytes(sizes: PackSizes, config) -> tuple[int, int]:
     """(K/V bytes a decoded token reads in VRAM, and over the bus) at half the context: the mean
     context of a token in a conversation that grows to fill the window. Every layer's cells up to
-    the token's position, in the KV format (the host's cells in place when they live there)."""
+    the token's position, in the KV format: with the cells on the host, the newest --kv-resident
+    of them from the VRAM window and the older ones in place over the bus."""
     a = sizes.args
-    half = kv_bytes(a, max(1, config.max_context // 2), config.kv, a.num_hidden_layers)
-    return (0, half) if kv_on_host(config) else (half, 0)
+    half = max(1, config.max_context // 2)
+    near = min(half, kv_cells(config)) if kv_on_host(config) else half
+    return (kv_bytes(a, near, config.kv, a.num_hidden_layers), kv_bytes(a, half - near, config.kv, a.num_hidden_layers))
 
 
 def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: int, bw: Bandwidths,

@@ -18,7 +18,7 @@ class CpuRunner(Speculating, Slots):
     device = "cpu"
 
     def __init__(self, pack, max_context: int, prefill_chunk: int = 512, kv: str = "f32", spec: int | str = 0,
-                 parallel: int = 1, keep_bytes: int = 0):
+                 parallel: int = 1, keep_bytes: int = 0, draft_window: int = 0, draft_prompt: str = "batched"):
         self.args = pack.args
         self.kv_format = kv                  # strata.quant.kv: f32 (exact), or a --kv format
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
@@ -30,8 +30,8 @@ class CpuRunner(Speculating, Slots):
         if str(spec) != "0" and hybrid:
             raise InvalidArgument("--spec: speculation on qwen3next needs its DeltaNet states rolled back, "
                                   "which is not built yet")
-        self._init_spec(spec)
         self.max_context = max_context
+        self._init_spec(spec, draft_window, draft_prompt)
         self.prefill_chunk = prefill_chunk
         self.kv = self._new_kv()
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
@@ -43,8 +43,10 @@ class CpuRunner(Speculating, Slots):
 
     def _new_kv(self) -> KVCache:
         a = self.args
+        # --draft-window: the draft layer's cells a ring of its window (Speculating._init_spec)
+        rings = {a.num_hidden_layers: (self.draft_window, self.draft_slots)} if self.draft_window else None
         kv = KVCache(a.num_hidden_layers + a.num_mtp_layers, a.num_key_value_heads, a.head_dim,
-                     self.max_context, self.kv_format)
+                     self.max_context, self.kv_format, rings)
         return HybridCache(kv, a) if a.architecture == "qwen3next" else kv
 
     def warm_up(self, num_tokens: int = 16) -> None:
@@ -140,6 +142,7 @@ class CpuRunner(Speculating, Slots):
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self.drafter.truncate(start)
+            self.draft_chunks = []
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
             hi = min(len(ids), lo + self.prefill_chunk)
@@ -148,7 +151,7 @@ class CpuRunner(Speculating, Slots):
             self.cached_ids.extend(ids[lo:hi])
             if self.drafter:                 # the draft layer's K/V of this chunk, batched
                 self.drafter.extend(hidden)
-                self.drafter.flush(self, self.cached_ids)
+                self._flush_drafter()
             if on_progress is not None:
                 on_progress(hi - start, len(ids) - start)
             if hi < len(ids):
@@ -210,6 +213,7 @@ class CpuRunner(Speculating, Slots):
                 "speculation": ({**self.spec_stats.to_dict(),
                                  "auto": self.spec_auto.to_dict() if self.spec_auto else None}
                                 if self.spec else None),
+                "draft": self.draft_status() if self.spec else None,
                 # the CPU's KV is all host memory: cells written so far, nothing crosses a bus
                 "kv": {"format": self.kv_format, "cells_vram": 0, "cells_host": len(self.cached_ids),
                        "bus_bytes_per_token": 0},

@@ -65,6 +65,8 @@ class SpecStats:
     draft_n_accepted: int = 0       # drafts the target agreed with
     tokens: int = 0                 # tokens emitted by verify passes (accepted + the target's own)
     host_ms: float = 0.0            # host time of the speculation's own bookkeeping (not the model)
+    prompt_cells: int = 0           # draft-layer cells prompts wrote (MtpDrafter.flush)
+    prompt_ms: float = 0.0          # their time, where timed (Speculating.draft_timing)
 
     def to_dict(self) -> dict:
         return {"verify_passes": self.verify_passes, "draft_n": self.draft_n,
@@ -204,24 +206,78 @@ AutoDrafts = _spec_host.AutoDrafts if _spec_host is not None else AutoDraftsPy
 DrafterRows = _spec_host.DrafterRows if _spec_host is not None else DrafterRowsPy
 
 
+def _rows_base(drafter):
+    """The DrafterRows class under a drafter (the Cython one, or DrafterRowsPy where a test rebuilds
+    MtpDrafter's methods over the Python twin), whose methods MtpDrafter's extend."""
+    return next(c for c in type(drafter).__mro__ if c in (DrafterRows, DrafterRowsPy))
+
+
 class MtpDrafter(DrafterRows):
     """The MTP layer's bookkeeping for one sequence (DrafterRows: done, pending, covered, reusable,
-    truncate, extend) and its model calls: the prompt's draft-layer K/V, the chained drafts."""
+    truncate, extend) and its model calls: the prompt's draft-layer K/V, the chained drafts.
 
-    def __init__(self):
+    window > 0 (--draft-window): the draft layer attends over its last `window` positions, its
+    cells a ring of `slots` (position p in cell p % slots; config.draft_ring_cells). A prompt then
+    writes only the cells the window can still reach, in batches of at most slots - one page rows
+    (no two cells of a batch share a slot), and a reused prefix must still find its window's cells
+    in the ring. prompt_mode "own" writes a prompt's cells with the whole layer a step's rows at a
+    time (the drafter's own pass) instead of the batched K/V-only pass, for the A/B."""
+
+    def __init__(self, window: int = 0, slots: int = 0, prompt_mode: str = "batched"):
+        from ..config import DRAFT_RING_PAGE_CELLS
+        self.window, self.slots, self.prompt_mode = window, slots, prompt_mode
+        self.batch_max = slots - DRAFT_RING_PAGE_CELLS if window else 0     # rows of one ring batch at most
         self.reset()
 
-    def flush(self, target, ids: list[int]) -> None:
+    def reset(self) -> None:
+        _rows_base(self).reset(self)
+        self.first_held = 0         # the ring holds no final cell below this position (flush skipped them)
+
+    def reusable(self, cached_ids: list[int], ids: list[int], n: int) -> int:
+        """DrafterRows.reusable, and with a window 0 where a rewind into the final cells would need
+        cells the ring no longer holds (skipped by a prompt, or overwritten: a window's rows reach at
+        most DRAFT_ROWS_MAX positions past done)."""
+        n = _rows_base(self).reusable(self, cached_ids, ids, n)
+        if self.window and 0 < n <= self.done:
+            lowest = max(self.first_held, self.done + DRAFT_ROWS_MAX - self.slots)
+            if max(0, n - self.window + 1) < lowest:
+                return 0
+        return n
+
+    def truncate(self, length: int) -> None:
+        if self.window and length <= self.done:     # cells past length stay in the ring until rewritten
+            self.first_held = 0 if length == 0 else max(self.first_held, self.done + DRAFT_ROWS_MAX - self.slots)
+        _rows_base(self).truncate(self, length)
+
+    def flush(self, target, ids: list[int]) -> int:
         """Write the final cells of every pending row whose next token ids holds (all but the
-        sequence's last): a prompt chunk's draft-layer K/V, batched."""
+        sequence's last): a prompt chunk's draft-layer K/V, batched -> the cells written. With a
+        window only the last window + 1 of them (the next query reaches window - 1 back; one more
+        lets a re-read of the last token rewrite its cell)."""
         P = 0 if self.pending is None else self.pending.shape[0]
         n = min(P, len(ids) - 1 - self.done)
         if n <= 0:
-            return
-        self._cells(target, self.pending[:n], np.asarray(ids[self.done + 1:self.done + 1 + n], np.int64),
-                    np.arange(self.done, self.done + n))
-        self.done += n
+            return 0
+        start, end = self.done, self.done + n
+        first = max(start, end - self.window) if self.window else start
+        if first > start:
+            self.first_held = first
+        piece = n
+        if self.prompt_mode == "own":
+            piece = DRAFT_ROWS_MAX
+        elif self.window:
+            piece = self.batch_max
+        hidden, nxt = self.pending, np.asarray(ids[start + 1:end + 1], np.int64)
+        for lo in range(first, end, piece):
+            hi = min(end, lo + piece)
+            rows = slice(lo - start, hi - start)
+            if self.prompt_mode == "own":
+                target.mtp(hidden[rows], nxt[rows], np.arange(lo, hi), logits_rows=None)
+            else:
+                self._cells(target, hidden[rows], nxt[rows], np.arange(lo, hi))
+        self.done = end
         self.pending = self.pending[n:]
+        return end - first
 
     @staticmethod
     def _cells(target, hidden, next_ids, positions) -> None:
@@ -241,7 +297,10 @@ class MtpDrafter(DrafterRows):
         nxt = np.asarray(ids[start + 1:] + [token], np.int64)
         if P > DRAFT_ROWS_MAX and hasattr(target, "mtp_cells"):   # a long catch-up (after plain steps):
             k = P - 1                                           # its cells alone, then the last row drafts
-            self._cells(target, self.pending[:k], nxt[:k], np.arange(start, start + k))
+            step = self.batch_max or k                          # a ring's batches share no slot
+            for lo in range(0, k, step):
+                hi = min(k, lo + step)
+                self._cells(target, self.pending[lo:hi], nxt[lo:hi], np.arange(start + lo, start + hi))
             self.done, self.pending = start + k, self.pending[k:]
             start, P, nxt = start + k, 1, nxt[k:]
         if params.temperature == 0.0 and hasattr(target, "mtp_next"):     # greedy, argmax on the target
@@ -382,15 +441,50 @@ class Speculating:
     """What both runners share of speculation (a mixin): the drafter's state and one verify window
     per call. The runner gives verify, mtp, forget, decode, pick, cached_ids, max_context and args."""
 
-    def _init_spec(self, spec) -> None:
-        from ..config import spec_max_drafts
+    def _init_spec(self, spec, draft_window: int = 0, draft_prompt: str = "batched") -> None:
+        """draft_window: --draft-window (0: the whole context; also where the ring would not be
+        smaller than the context); draft_prompt: --draft-prompt."""
+        from ..config import draft_ring, spec_max_drafts
         spec = spec if spec == "auto" else int(spec)
         if spec and not self.args.num_mtp_layers:
             raise InvalidArgument("--mtp: this model has no MTP layer to draft with")
         self.spec = spec                     # drafts per verify window, "auto" or 0 (plain decoding)
-        self.drafter = MtpDrafter() if spec else None
+        draft_window, slots = draft_ring(draft_window, self.max_context) if spec else (0, 0)
+        self.draft_window, self.draft_slots = draft_window, slots
+        self.draft_prompt = draft_prompt
+        self.drafter = MtpDrafter(draft_window, slots, draft_prompt) if spec else None
         self.spec_stats = SpecStats()
         self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
+        self.draft_timing = False            # time each prompt chunk's draft-layer pass (synced; bench)
+        self.draft_chunks: list[tuple[int, float]] = []     # the last prompt's (cells, ms) per chunk
+
+    def _flush_drafter(self) -> None:
+        """A prompt chunk's draft-layer cells (MtpDrafter.flush), counted, and timed with draft_timing
+        (the device synchronized before and after, so the time is the pass's alone)."""
+        if not self.draft_timing:
+            self.spec_stats.prompt_cells += self.drafter.flush(self, self.cached_ids)
+            return
+        self._sync()
+        t0 = time.perf_counter()
+        cells = self.drafter.flush(self, self.cached_ids)
+        self._sync()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.spec_stats.prompt_cells += cells
+        self.spec_stats.prompt_ms += ms
+        self.draft_chunks.append((cells, ms))
+
+    def _sync(self) -> None:
+        """Wait for the device's queued work (none on the CPU)."""
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            stream.synchronize()
+
+    def draft_status(self) -> dict:
+        """The drafter's K/V: its window (0: the whole context), ring slots, prompt mode, and the
+        prompt cells written (with their time where timed)."""
+        return {"window": self.draft_window, "ring_cells": self.draft_slots, "prompt": self.draft_prompt,
+                "prompt_cells": self.spec_stats.prompt_cells, "prompt_ms": self.spec_stats.prompt_ms,
+                "last_prompt_chunks": [{"cells": c, "ms": ms} for c, ms in self.draft_chunks]}
 
     def speculate(self, token: int, params, sampler, left: int) -> list[int]:
         """One verify window after `token`, with at most left - 1 drafts (left: tokens still wanted);

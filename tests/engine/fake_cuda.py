@@ -375,17 +375,59 @@ def _row_bases(bases, B: int, S: int) -> list[int]:
     return [int(c) for c in view(bases, B, np.int32)] if bases else [b * S for b in range(B)]
 
 
-def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, dh):
+def _window_cells(n: int, window: int, ring: int) -> np.ndarray:
+    """The cells (from the sequence's first) a decode row of length n reads: positions
+    max(0, n - window)..n-1 (all of 0..n-1 without a window), position p in cell p % ring (p without)."""
+    pos = np.arange(max(0, n - window) if window > 0 else 0, n)
+    assert ring == 0 or window <= ring, "a window wider than its ring"
+    return pos % ring if ring > 0 else pos
+
+
+def _read_cells(cache: int, vram: int, first: int, n: int, window: int, ring: int, rows: int, vram_cells: int,
+                cell_bytes: int) -> np.ndarray:
+    """The bytes [cells, cell_bytes] of one plane a decode row of length n reads, as the split-K
+    kernels do: _window_cells's cells from the cache at cell `first` on, except positions from
+    max(0, n + rows - 1 - vram_cells) on, read from --kv-resident's VRAM window at p % vram_cells
+    (cuda/kv_codec.cuh VramWindow; vram_cells 0: none)."""
+    cells = _window_cells(n, window, ring)
+    positions = np.arange(n - len(cells), n)
+    near = positions >= (max(0, n + rows - 1 - vram_cells) if vram_cells else n)
+    parts = []
+    if (~near).any():
+        span = int(cells[~near].max()) + 1
+        parts.append(_resolve(cache + first * cell_bytes, span * cell_bytes).reshape(span, cell_bytes)[cells[~near]])
+    if near.any():
+        ring_bytes = _resolve(vram, vram_cells * cell_bytes).reshape(vram_cells, cell_bytes)
+        parts.append(ring_bytes[positions[near] % vram_cells])
+    return np.concatenate(parts)
+
+
+def _kv_ring_append(grid, cells, s0, s1, s2, s3, d0, d1, d2, d3, T, ring_cells, b0, b1, b2, b3):
+    """strata_kv_ring_append: rows t >= T - ring_cells, each plane's cell cells[t] to slot cells[t] % ring_cells."""
+    planes = [(s, d, b) for s, d, b in ((s0, d0, b0), (s1, d1, b1), (s2, d2, b2), (s3, d3, b3)) if b]
+    assert grid[:2] == (T, len(planes)) and ring_cells > 0 and all(b % 2 == 0 for _, _, b in planes)
+    for t, c in enumerate(view(cells, T, np.int32)):
+        if t >= T - ring_cells:
+            for src, dst, n in planes:
+                _resolve(dst + (int(c) % ring_cells) * n, n)[:] = _resolve(src + int(c) * n, n)
+
+
+def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, window, ring,
+                      k_vram, v_vram, vram_cells, dh):
     """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache from cell bases[b], or
-    b * S without bases (S 0: the rows of one sequence's verify window share it)."""
+    b * S without bases (S 0: the rows of one sequence's verify window share it); window > 0: only
+    its last window positions, ring > 0: position p in cell p % ring (the drafter's K/V ring);
+    vram_cells > 0: the newest from --kv-resident's VRAM window (_read_cells)."""
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or S >= int(view(lengths, B, np.int32).max()))
+    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or ring
+                                                        or S >= int(view(lengths, B, np.int32).max()))
+    firsts = _row_bases(bases, B, S)
+    assert not vram_cells or (k_vram and v_vram and not ring and not any(firsts))    # one sequence's window
     G = H // Hk
-    for b, first in enumerate(_row_bases(bases, B, S)):
+    for b, first in enumerate(firsts):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
-        base = first * Hk * dh * 2
-        keys = view(kc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
-        vals = view(vc + base, n * Hk * dh, np.float16).reshape(n, Hk, dh).astype(np.float32)
+        keys, vals = (_read_cells(c, r, first, n, window, ring, B, vram_cells, Hk * dh * 2).view(np.float16)
+                      .reshape(-1, Hk, dh).astype(np.float32) for c, r in ((kc, k_vram), (vc, v_vram)))
         _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
                          part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
 
@@ -462,20 +504,25 @@ def _hadamard(grid, x, rows, dh, rot):
 
 
 def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale,
-                        dh):
+                        window, ring, rkv, rks, rvv, rvs, vram_cells, dh):
     from strata.quant import kv as kvq
     B = grid[2]
-    assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or bases)
+    assert grid == (splits, Hk, B) and 1 <= B <= 8
     lens = view(lengths, B, np.int32).astype(int)
-    firsts = _row_bases(bases, B, 0)
-    rows = max(f + n for f, n in zip(firsts, lens))     # S 0: the rows of one window read one sequence's planes
+    firsts = _row_bases(bases, B, S)       # S 0: the rows of one window share one sequence's planes
+    assert not vram_cells or (rkv and rks and rvv and rvs and not ring and not any(firsts))   # one sequence's
     kc, vc = kvq.codecs(fmt)
-    keys_all = kc.decode(*_plane_views(kc, kv_, ks, rows, Hk, dh))
-    vals_all = vc.decode(*_plane_views(vc, vv, vs, rows, Hk, dh))
+
+    def cells(codec, vals, scales, rvals, rscales, first, n):     # the row's cells of the codec's planes
+        values, sc = codec.empty((1, Hk), dh)
+        got = [_read_cells(p, r, first, n, window, ring, B, vram_cells, a.nbytes).view(a.dtype)
+               .reshape((-1, Hk) + a.shape[2:]) for p, r, a in ((vals, rvals, values), (scales, rscales, sc))]
+        return codec.decode(*got)
     for b, first in enumerate(firsts):
-        _decode_partials(q + 4 * b * H * dh, keys_all[first:first + lens[b]], vals_all[first:first + lens[b]],
-                         part_acc + 4 * b * H * splits * dh, part_ml + 8 * b * H * splits, H, H // Hk, splits,
-                         scale, dh)
+        n = int(lens[b])
+        _decode_partials(q + 4 * b * H * dh, cells(kc, kv_, ks, rkv, rks, first, n),
+                         cells(vc, vv, vs, rvv, rvs, first, n), part_acc + 4 * b * H * splits * dh,
+                         part_ml + 8 * b * H * splits, H, H // Hk, splits, scale, dh)
 
 
 def _kv_dequant_f16(codec_name, grid, vals, scales, out, rows, Hk, dh):
@@ -497,7 +544,7 @@ _EMULATE = {
     "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "gemv_rows": _gemv_rows,
     "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
-    "rope_f32": _rope, "kv_append_f16": _kv_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
+    "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
@@ -673,6 +720,8 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "gdn_conv1d_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d"),
                  "gdn_step_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_step"),
                  "gdn_prompt_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_prompt"),
+                 "gdn_chunk_prep_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_chunk_prep"),
+                 "gdn_chunk_scan_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_chunk_scan"),
                  "gdn_gates_f32": _lazy_emulation("fake_gated_delta", "emulate_gdn_gates"),
                  "sigmoid_mul_f32": _lazy_emulation("fake_gated_delta", "emulate_sigmoid_mul"),
                  "rope_partial_f32": _lazy_emulation("fake_gated_delta", "emulate_rope_partial"),

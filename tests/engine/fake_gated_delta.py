@@ -2,7 +2,8 @@
 strata.backends.cpu_linear_attn, over the fake device memory), with the launch shapes checked."""
 import numpy as np
 
-from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize, sigmoid, softplus
+from strata.backends.cpu_linear_attn import (_unit_lower_inverse, causal_conv1d, gated_delta_recurrent, l2_normalize,
+                                             sigmoid, softplus)
 from tests.engine.fake_cuda import view
 
 
@@ -47,6 +48,64 @@ def emulate_gdn_prompt(grid, q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_
                                      view(g, T * Hv).reshape(T, Hv), view(beta, T * Hv).reshape(T, Hv), S)
     S[:] = S_new
     view(out, T * Hv * Dv)[:] = o.reshape(-1)
+
+
+def _chunk_rows(p, ld, T, lo, width, C=64):
+    """Rows lo .. lo+C of a [T, width] array at p (row stride ld), zeros past T: a chunk as the kernels stage it."""
+    out = np.zeros((C, width), np.float32)
+    for i in range(min(C, T - lo)):
+        out[i] = view(p + (lo + i) * ld * 4, width)
+    return out
+
+
+def emulate_gdn_chunk_prep(grid, q, k, g, beta, scratch, T, Hv, Hg, Dk, q_scale, qk_ld):
+    """cuda/gated_delta_chunk.cu's prep: per (chunk, h) M = (I + A)^-1 diag(beta), P and the row scales,
+    in its scratch layout (its header)."""
+    C, nc, r = 64, -(-T // 64), Hv // Hg
+    assert tuple(grid) == (nc, Hv, 1) and Hv % Hg == 0 and qk_ld >= Hg * Dk and Dk >= 1
+    blocks = view(scratch, nc * Hv * 8448).reshape(nc, Hv, 8448)
+    for ci in range(nc):
+        lo, n = ci * C, min(C, T - ci * C)
+        Q, K = (np.repeat(_chunk_rows(p, qk_ld, T, lo, Hg * Dk).reshape(C, Hg, Dk), r, axis=1).transpose(1, 0, 2)
+                for p in (q, k))                                          # [Hv, C, Dk], raw
+        qinv = q_scale / np.sqrt(np.sum(Q * Q, axis=-1) + np.float32(1e-6))   # [Hv, C]
+        kinv = 1 / np.sqrt(np.sum(K * K, axis=-1) + np.float32(1e-6))
+        c = np.cumsum(_chunk_rows(g, Hv, T, lo, Hv), axis=0).T             # [Hv, C]; past n: c_last
+        b = _chunk_rows(beta, Hv, T, lo, Hv).T
+        valid = np.arange(C) < n
+        lower = np.tril(np.ones((C, C), bool)) & valid[:, None]
+        dec = np.where(lower, np.exp(np.where(lower, c[:, :, None] - c[:, None, :], 0)), 0).astype(np.float32)
+        KK = K @ K.transpose(0, 2, 1)
+        A = np.tril(b[:, :, None] * KK * kinv[:, :, None] * kinv[:, None, :] * dec, -1)
+        P = (Q @ K.transpose(0, 2, 1)) * qinv[:, :, None] * kinv[:, None, :] * dec
+        blk = blocks[ci]
+        blk[:, :4096] = (_unit_lower_inverse(A) * b[:, None, :]).reshape(Hv, -1)
+        blk[:, 4096:8192] = P.reshape(Hv, -1)
+        cl = c[:, n - 1:n]
+        blk[:, 8192:8256] = np.where(valid, qinv * np.exp(c), 0)
+        blk[:, 8256:8320] = np.where(valid, kinv * np.exp(c), 0)
+        blk[:, 8320:8384] = np.where(valid, kinv * np.exp(cl - c), 0)
+        blk[:, 8384] = np.exp(cl[:, 0])
+
+
+def emulate_gdn_chunk_scan(grid, q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld):
+    """cuda/gated_delta_chunk.cu's scan: the chunks in order over the prep's scratch (its header's formulas)."""
+    C, nc, r = 64, -(-T // 64), Hv // Hg
+    assert tuple(grid) == (-(-Dv // 16), Hv, 1) and 1 <= Dk <= 128 and v_ld >= Hv * Dv
+    blocks = view(scratch, nc * Hv * 8448).reshape(nc, Hv, 8448)
+    S = view(state, Hv * Dk * Dv).reshape(Hv, Dk, Dv)
+    o = view(out, T * Hv * Dv).reshape(T, Hv, Dv)
+    for ci in range(nc):
+        lo, n = ci * C, min(C, T - ci * C)
+        Q, K = (np.repeat(_chunk_rows(p, qk_ld, T, lo, Hg * Dk).reshape(C, Hg, Dk), r, axis=1).transpose(1, 0, 2)
+                for p in (q, k))
+        V = _chunk_rows(v, v_ld, T, lo, Hv * Dv).reshape(C, Hv, Dv).transpose(1, 0, 2)
+        blk = blocks[ci]
+        M, P = blk[:, :4096].reshape(Hv, C, C), blk[:, 4096:8192].reshape(Hv, C, C)
+        qs, ka, kb = (blk[:, 8192 + 64 * i:8256 + 64 * i][:, :, None] for i in range(3))
+        Vp = M @ (V - (K * ka) @ S)
+        o[lo:lo + n] = ((Q * qs) @ S + P @ Vp).transpose(1, 0, 2)[:n]
+        S[:] = S * blk[:, 8384, None, None] + (K * kb).transpose(0, 2, 1) @ Vp
 
 
 def emulate_gdn_gates(grid, ba, a, dt_bias, g, beta, T, Hg, r):

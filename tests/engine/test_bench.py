@@ -146,3 +146,24 @@ def test_synthetic_mtp_shape_is_the_30b_shape_plus_one_layer():
     from strata.synthetic import synthetic_source
     src = synthetic_source("qwen3-30b-a3b-mtp")
     assert len(src.experts) == 49 and any(t.name == "blk.48.nextn.eh_proj.weight" for t in src.dense)
+
+
+@pytest.mark.parametrize("mode", ["batched", "own"])
+def test_bench_draft_window_ab_reports_the_draft_layer_after_each_chunk(tmp_path, capsys, monkeypatch, mode):
+    """Seed 003's A/B on the CPU: --draft-window with either --draft-prompt pass prints the draft
+    layer's cells and time after each prompt chunk; the JSON holds them, the window and the ring."""
+    from strata import cli, config as strata_config
+    monkeypatch.setattr(strata_config, "DRAFT_RING_PAGE_CELLS", 8)
+    out = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--synthetic", "tiny-mtp", "--prompt", "40", "--decode", "0", "--device", "cpu",
+                   "--mtp", "--spec", "2", "--draft-window", "16", "--draft-prompt", mode,
+                   "--cache-dir", str(tmp_path), "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    res = json.loads(out.read_text())
+    d = res["prompt"]["40"]["draft"]
+    assert d["mode"] == mode and d["window"] == 16 and d["ring_cells"] == 24
+    # one chunk on the CPU (512 tokens): the 16 cells the window reaches of its 39
+    assert [c["cells"] for c in d["chunks"]] == [16] and d["chunks"][0]["ms"] > 0 and d["ms"] > 0
+    assert res["plan"]["draft_window"] == 16 and res["plan"]["draft_prompt"] == mode
+    assert f"draft layer after each chunk of prompt 40 ({mode}, window 16, ring 24)" in captured.out

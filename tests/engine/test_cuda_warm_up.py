@@ -284,12 +284,16 @@ def _greedy_spec(runner, ids: list, k: int) -> list:
     return out[:k]
 
 
-@pytest.mark.parametrize("spec,layout", [("2", {}), ("auto", {}), ("2", {"expert_cache": "20"})])
-def test_emulated_warm_up_captures_the_speculation_windows(fake, rng, spec, layout):
+@pytest.mark.parametrize("spec,layout", [("2", {}), ("auto", {}), ("2", {"expert_cache": "20"}),
+                                         ("3", {"draft_window": 8})])
+def test_emulated_warm_up_captures_the_speculation_windows(fake, rng, monkeypatch, spec, layout):
     """With --mtp --spec the warm-up also captures the greedy window graph of each draft count the
     runner may run (strata.engine.cuda_window), and still leaves nothing observable: the first
-    request's windows are replays, and its tokens are a cold runner's."""
+    request's windows are replays, and its tokens are a cold runner's. With --draft-window 8 (pages
+    of 8: a ring of 16 cells) the warm-up's draft cells go back into the ring as well."""
+    from strata import config as strata_config
     from strata.config import spec_max_drafts
+    monkeypatch.setattr(strata_config, "DRAFT_RING_PAGE_CELLS", 8)
     pack = open_pack(DEMO)
     config = EngineConfig(device="cuda", prefill="24", mtp=True, spec=spec, **layout)
     warm, cold = CudaRunner(pack, 96, config), CudaRunner(pack, 96, config)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cpu_linear_attn import causal_conv1d, gated_delta_recurrent, l2_normalize
-from strata.backends.cuda.linear_attn import gdn_conv1d, gdn_conv1d_step, gdn_prompt, gdn_step
+from strata.backends.cuda.linear_attn import gdn_conv1d, gdn_conv1d_step, gdn_prompt, gdn_prompt_chunked, gdn_step
 from strata.errors import InvalidArgument
 
 
@@ -71,9 +71,31 @@ def test_prompt_delta_rule_equals_its_steps(ops, fake, rng, T, Hv, Hg, Dk, Dv):
     np.testing.assert_allclose(new, s, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("T,Hv,Hg,Dk,Dv", [(1, 1, 1, 4, 4), (63, 4, 2, 16, 8), (65, 6, 3, 33, 40),
+                                           (130, 2, 1, 128, 128), (200, 3, 3, 24, 16)])
+def test_chunked_prompt_emulation_matches_the_recurrence(ops, fake, rng, T, Hv, Hg, Dk, Dv):
+    """The fake's emulation of cuda/gated_delta_chunk.cu (its scratch layout and its V' = M (V - e^c K S)
+    form) is the recurrence up to f32 rounding: 3e-5 of max |out| (the numpy chunked form's bound, with
+    the normalization folded into row scales); small decays carry the state across chunks."""
+    q, k = rng.standard_normal((2, T, Hg, Dk)).astype(np.float32)
+    v = rng.standard_normal((T, Hv, Dv)).astype(np.float32)
+    g, beta = -rng.uniform(0.001, 0.06, (T, Hv)).astype(np.float32), rng.uniform(0, 1, (T, Hv)).astype(np.float32)
+    state = rng.standard_normal((Hv, Dk, Dv)).astype(np.float32)
+    out, new = gdn_prompt_chunked(ops, q, k, v, g, beta, state)
+    assert fake.launches[-2:] == ["strata_gdn_chunk_prep_f32", "strata_gdn_chunk_scan_f32"]
+    r = Hv // Hg
+    qh = np.repeat(l2_normalize(q), r, axis=1) * np.float32(Dk ** -0.5)
+    want, want_state = gated_delta_recurrent(qh, np.repeat(l2_normalize(k), r, axis=1), v, g, beta, state)
+    np.testing.assert_allclose(out, want, rtol=0, atol=3e-5 * np.abs(want).max())
+    np.testing.assert_allclose(new, want_state, rtol=0, atol=3e-5 * np.abs(want_state).max())
+
+
 def test_bad_shapes_are_refused(ops, rng):
     with pytest.raises(InvalidArgument, match="gdn_conv1d_step"):
         gdn_conv1d_step(ops, np.zeros(4), np.zeros((2, 4)), np.zeros((4, 4)))
     with pytest.raises(InvalidArgument, match="Dk <= 256"):
         gdn_step(ops, np.zeros((1, 257)), np.zeros((1, 257)), np.zeros((1, 4)), np.zeros(1), np.zeros(1),
                  np.zeros((1, 257, 4)))
+    with pytest.raises(InvalidArgument, match="Dk <= 128"):
+        gdn_prompt_chunked(ops, *np.zeros((2, 64, 1, 129)), np.zeros((64, 1, 4)), np.zeros((64, 1)),
+                           np.zeros((64, 1)), np.zeros((1, 129, 4)))

@@ -1,8 +1,9 @@
-"""--kv-resident N on the emulated runtime (tests/engine/fake_cuda): the KV in mapped pinned host
-memory (DeviceKV on_host, HostPlane), decode reading and appending in place over the bus, a prompt
-chunk's attention reading the layer staged in VRAM (f16) or dequantized from the host planes (the
-quantized formats). Logits are bitwise those of the same runner with every cell in VRAM: the kernels
-read the same bytes, only from elsewhere."""
+"""--kv-resident N on the emulated runtime (tests/engine/fake_cuda): the authoritative KV in mapped
+pinned host memory (DeviceKV on_host, HostPlane) and the newest N cells of each layer in a VRAM ring
+(the window); appends write both, decode reads the cells older than the window in place over the bus
+and the newest from the ring, a prompt chunk's attention reads the layer staged in VRAM (f16) or
+dequantized from the host planes (the quantized formats). Logits are bitwise those of the same
+runner with every cell in VRAM: the kernels read the same bytes, only from elsewhere."""
 import dataclasses
 
 import numpy as np
@@ -37,7 +38,8 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
     V = pack.args.vocab_size
     vram, host = _runner(pack, 96, fmt), _runner(pack, 96, fmt, RESIDENT)
     assert host.kv.on_host and all(isinstance(b, HostPlane) for b, _ in host.kv.buffers)
-    assert not vram.kv.on_host and host.kv.vram_bytes == 0 and host.kv.host_bytes == vram.kv.nbytes
+    assert not vram.kv.on_host and host.kv.host_bytes == vram.kv.nbytes
+    assert host.kv.vram_window == RESIDENT and host.kv.vram_bytes == vram.kv.nbytes * RESIDENT // 96
     vram.prefill_chunk = host.prefill_chunk = 12
     ids = rng.integers(0, V, 40).tolist()                      # 12 + 12 + 12 + 4 > N
     assert np.array_equal(vram.prefill(ids, 0), host.prefill(ids, 0))
@@ -50,9 +52,9 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
         a.copy_to_host(want, vram.stream)
         assert np.array_equal(got, want)
     staged = host.ops.bytes_staged_kv
-    if fmt == "f16":            # three chunks of 12 staged every main layer's K and V, all 96 cells of each
+    if fmt == "f16":            # three chunks of 12 staged every main layer's K and V, the cells each reads
         layers = pack.args.num_hidden_layers
-        assert staged == 3 * layers * 2 * 96 * host.kv.buffers[0][1]
+        assert staged == (12 + 24 + 36) * layers * 2 * host.kv.buffers[0][1]
     else:                       # a quantized prompt dequantizes from the host planes in place
         assert staged == 0
     assert host.graphs and vram.graphs                        # decode steps ran as CUDA graphs
@@ -98,14 +100,16 @@ def test_host_kv_plan_and_status(fake, rng, fmt):
     layers = a.num_hidden_layers + a.num_mtp_layers
     host = _runner(pack, 96, fmt, RESIDENT)
     plan = host.plan
-    assert plan.mandatory["kv"] == 0 and plan.kv_cells == 0
+    assert plan.mandatory["kv"] == kv_bytes(a, RESIDENT, fmt, layers) == host.kv.vram_bytes
+    assert plan.kv_cells == RESIDENT
     assert plan.kv_host_bytes == kv_bytes(a, 96, fmt, layers) == host.kv.host_bytes
-    assert plan.kv_bus_bytes_per_token == kv_bytes(a, 96, fmt, layers)
+    assert plan.kv_bus_bytes_per_token == kv_bytes(a, 96 - RESIDENT, fmt, layers)
     host.prefill(rng.integers(0, a.vocab_size, 30).tolist(), 0)
     st = host.status()
-    assert st["kv"]["format"] == fmt and st["kv"]["cells_vram"] == 0 and st["kv"]["cells_host"] == 96
-    assert st["kv"]["bus_bytes_per_token"] == kv_bytes(a, 31, fmt, layers)     # the next token reads 31 cells
-    assert st["gpu"]["kv_bytes"] == 0
+    assert st["kv"]["format"] == fmt and st["kv"]["cells_vram"] == RESIDENT and st["kv"]["cells_host"] == 96
+    # the next token reads 31 cells: the newest 16 from the window, 15 over the bus
+    assert st["kv"]["bus_bytes_per_token"] == kv_bytes(a, 31 - RESIDENT, fmt, layers)
+    assert st["gpu"]["kv_bytes"] == host.kv.vram_bytes == st["kv"]["vram_bytes"]
     # N at or above the context: every cell in VRAM, as without the flag
     whole = _runner(pack, 96, fmt, 96)
     assert not whole.kv.on_host and whole.status()["kv"]["cells_vram"] == 96 and whole.plan.kv_host_bytes == 0
@@ -132,6 +136,111 @@ def test_host_kv_dry_run_is_the_runners_prompt_memory(fake, rng, fmt):
         plain = memory_model.prompt_pool_bytes(sizes, 260, 65536, 8, resident=True, kv="f16")
         staged = memory_model.prompt_pool_bytes(sizes, 260, 65536, 8, resident=True, kv=key)
         assert plain < staged <= plain + 2 * one
+
+
+FORMATS = ["f16", "int8", "q4_0", "k8v4"]
+
+
+def _same_cells(a, b) -> None:
+    """Every plane of KV a's and b's cells bit for bit (the host copy against the VRAM one)."""
+    for (x, _), (y, _) in zip(a.kv.buffers, b.kv.buffers):
+        got, want = np.empty(x.nbytes, np.uint8), np.empty(y.nbytes, np.uint8)
+        x.copy_to_host(got, a.stream)
+        y.copy_to_host(want, b.stream)
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_window_logits_equal_all_resident_bitwise(fake, rng, fmt):
+    """Windows smaller than the prompt (and than a chunk: a chunk's oldest rows are not copied into the
+    ring), equal to the prompt and larger than the whole sequence: a prompt in chunks of 12 (the prompt
+    kernels) and a last one of 4 (the step kernels, reading host and ring), then decode steps that cross
+    the window's length; every logit and cell as with all cells in VRAM."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    ids = rng.integers(0, V, 40).tolist()
+    steps = rng.integers(0, V, 8).tolist()
+    vram = _runner(pack, 96, fmt)
+    vram.prefill_chunk = 12
+    want = [vram.prefill(ids, 0)] + [vram.decode(t) for t in steps]
+    for window in (8, 40, 64):
+        host = _runner(pack, 96, fmt, window)
+        host.prefill_chunk = 12
+        assert host.kv.vram_window == window and host.plan.kv_cells == window
+        got = [host.prefill(ids, 0)] + [host.decode(t) for t in steps]
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert np.array_equal(g, w), (window, i)
+        _same_cells(host, vram)
+        assert host.graphs
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the garbage's NaNs
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_window_cells_are_read_from_vram(fake, rng, fmt):
+    """After a prompt, the host's copies of the cells in the window are overwritten with garbage: the
+    next step reads those cells from the ring, so its logits are still the all-resident ones (and
+    garbage in the cells older than the window does change them: those are read over the bus)."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    ids, step = rng.integers(0, V, 30).tolist(), int(rng.integers(0, V))
+    vram, host, older = (_runner(pack, 96, fmt, n) for n in (0, RESIDENT, RESIDENT))
+    want = [vram.prefill(ids, 0), vram.decode(step)]
+    assert np.array_equal(host.prefill(ids, 0), want[0]) and np.array_equal(older.prefill(ids, 0), want[0])
+    lo = host.kv.vram_from(len(ids) + 1)                  # the first step reads cells lo.. from the ring
+    for r, cells in ((host, range(lo, len(ids))), (older, range(lo - 4, lo))):
+        for layer in range(r.kv.num_layers):
+            for (plane, _), (addr, cell) in zip(r.kv.buffers, r.kv.cell_ranges(layer)):
+                junk = rng.integers(0, 256, cell * len(cells), dtype=np.uint8)
+                plane.copy_from_host(junk, r.stream, offset=addr - plane.ptr + cells[0] * cell)
+    assert np.array_equal(host.decode(step), want[1])
+    assert not np.array_equal(older.decode(step), want[1])
+
+
+@pytest.mark.parametrize("fmt", ["f16", "int8"])
+def test_window_refilled_when_a_prompt_reuses_a_prefix(fake, rng, fmt):
+    """A long first conversation leaves the ring holding its newest cells; a second one reusing only a
+    shorter prefix of it must find that prefix's newest cells in the ring (DeviceKV.vram_refill)."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    vram, host = _runner(pack, 128, fmt), _runner(pack, 128, fmt, RESIDENT)
+    first = rng.integers(0, V, 70).tolist()
+    second = first[:30] + rng.integers(0, V, 6).tolist()
+    for r in (vram, host):
+        r.prefill_chunk = 16
+    assert np.array_equal(vram.prefill(first, 0), host.prefill(first, 0))
+    assert vram.reusable_prefix(second) == host.reusable_prefix(second) == 30
+    assert np.array_equal(vram.prefill(second, 30), host.prefill(second, 30))
+    for t in rng.integers(0, V, 4).tolist():
+        assert np.array_equal(vram.decode(t), host.decode(t))
+
+
+def test_window_after_a_warm_up_between_turns(fake, rng):
+    """A warm-up between two turns writes its own cells into the ring and puts the host cells back
+    only: the second turn (reusing the first's prefix) still equals the all-resident runner's."""
+    pack = open_pack(DEMO)
+    V = pack.args.vocab_size
+    vram, host = _runner(pack, 96, "int8"), _runner(pack, 96, "int8", RESIDENT)
+    first = rng.integers(0, V, 30).tolist()
+    second = first + rng.integers(0, V, 5).tolist()
+    for r in (vram, host):
+        r.prefill(first, 0)
+        r.warm_up(24, 3)
+    assert host.reusable_prefix(second) == 30
+    assert np.array_equal(vram.prefill(second, 30), host.prefill(second, 30))
+    for t in rng.integers(0, V, 4).tolist():
+        assert np.array_equal(vram.decode(t), host.decode(t))
+
+
+def test_vram_refill_copies():
+    """vram_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
+    from types import SimpleNamespace
+    from strata.backends.cuda.memory import DeviceKV
+    kv = object.__new__(DeviceKV)
+    kv.__dict__.update(num_layers=1, vram_window=8, layer_cells=64, base=0, num_kv_heads=1, head_dim=64,
+                       buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
+    assert kv.vram_refill(5) == [(1000, 0, 10)]                      # cells 0..4 at slots 0..4
+    assert kv.vram_refill(13) == [(1000 + 10, 10, 6), (1000, 16, 10)]  # cells 5..7 at 5..7, 8..12 at 0..4
+    assert kv.vram_refill(16) == [(1000, 16, 16)]
 
 
 def test_host_kv_config_refusals():

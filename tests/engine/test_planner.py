@@ -65,11 +65,14 @@ def test_kv_bytes_per_type(q30):
     assert kv_bytes(a, 1000, "int8", 48) == values // 64 * 66
     assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
     assert kv_bytes(a, 1000, "k8v4", 48) == values // 2 // 64 * 66 + values // 2 // 32 * 18
-    # --kv-resident below the context: every cell in pinned host memory, none in VRAM (this version
-    # keeps no window of the newest N there); decode reads the context's cells over the bus
+    # --kv-resident below the context: every cell in pinned host memory, the newest N also in the VRAM
+    # window (priced as mandatory KV); decode reads the cells older than the window over the bus
     small = make_plan(q30, config(max_context=8192, kv_resident=2048, kv="q4_0"), 8 << 30)
-    assert small.kv_cells == 0 and small.mandatory["kv"] == 0
-    assert small.kv_host_bytes == small.kv_bus_bytes_per_token == kv_bytes(a, 8192, "q4_0", 48)
+    assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
+    assert small.kv_host_bytes == kv_bytes(a, 8192, "q4_0", 48)
+    assert small.kv_bus_bytes_per_token == kv_bytes(a, 8192 - 2048, "q4_0", 48)
+    tiny = make_plan(q30, config(max_context=8192, kv_resident=16, kv="q4_0"), 8 << 30)
+    assert tiny.mandatory["kv"] < small.mandatory["kv"] and tiny.cache_slots >= small.cache_slots
     whole = make_plan(q30, config(max_context=8192, kv_resident=8192, kv="q4_0"), 8 << 30)
     assert whole.kv_cells == 8192 and whole.mandatory["kv"] == kv_bytes(a, 8192, "q4_0", 48)
     assert whole.kv_host_bytes == whole.kv_bus_bytes_per_token == 0

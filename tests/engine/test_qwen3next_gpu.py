@@ -4,7 +4,8 @@ precision (tests/engine/qwen3next_checks.py, tests/engine/cpu_f16_kv.py).
 Bound REL = 3e-3 of max |oracle logit|, tests/engine/test_cuda_runner.py's on the device (its
 reduction orders and FMA contractions differ from numpy's more than the emulations' do); the
 emulated runner stays within 1e-5 of the same oracle (tests/engine/test_qwen3next_host.py). The
-oracle's prompt runs the chunked WY delta rule, the GPU the recurrence token by token.
+oracle's prompt runs the chunked WY delta rule, the GPU the same form (cuda/gated_delta_chunk.cu) for chunks
+of at least 64 tokens and the recurrence token by token below.
 
 Greedy: 64 tokens in lockstep with the oracle, every GPU pick equal to the oracle's except at a tie
 within the bound; and through LLM(device="cuda"), 64 free-running greedy tokens, each of which the
@@ -49,7 +50,9 @@ def test_logits_and_steps_match_the_cpu(tmp_path, rng, shape):
 
 
 def test_long_prompt_in_the_plans_chunks(tmp_path, rng):
-    """A prompt of 300 tokens in the plan's own chunk size (the prompt kernels over long chunks)."""
+    """A prompt of 300 tokens in the plan's own chunk size (the prompt kernels over long chunks: the
+    chunked delta rule over 256 tokens, the token loop over the 44 after; prefill N - 4 and 4 steps
+    equal prefill N)."""
     pack, gpu, cpu = runners(tmp_path, "tiny", seed=6, context=400, chunk=256)
     ids = oracle_ids(pack, rng, 300, chunk=256, gap=GAP, tries=10)
     check_logits(gpu, cpu, ids, REL, k=4)

@@ -46,6 +46,15 @@ def test_logits_and_steps_match_the_cpu(fake, tmp_path, rng, shape):
     assert gpu.graphs, "decode steps were not captured into a CUDA graph"
 
 
+def test_long_prompt_chunks_run_the_chunked_delta_rule(fake, tmp_path, rng):
+    """Prompt chunks of at least linear_attn.GDN_CHUNK_MIN_T tokens run cuda/gated_delta_chunk.cu (the
+    chunked form, as the oracle's), shorter ones the token loop: chunks of 70 and tails of <= 20 here."""
+    pack, gpu, cpu = runners(tmp_path, "tiny", seed=6, context=96, chunk=70)
+    ids = oracle_ids(pack, rng, 90, chunk=70)
+    check_logits(gpu, cpu, ids, REL)
+    assert {"strata_gdn_chunk_prep_f32", "strata_gdn_chunk_scan_f32", "strata_gdn_prompt_f32"} <= set(fake.launches)
+
+
 def test_greedy_32_tokens_equal_the_cpu(fake, tmp_path, rng):
     pack, gpu, cpu = runners(tmp_path, "tiny", seed=5)
     prompt = oracle_ids(pack, rng, 14, chunk=12)

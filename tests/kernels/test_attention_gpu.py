@@ -173,3 +173,32 @@ def test_attention_prefill_peaked_scores(ops, rng):
     positions = np.arange(p0, p0 + T)
     out = ops.attention_prefill(q, k_cache, v_cache, positions)
     assert_heads_close(out, reference(q, k_cache, v_cache, positions), H)
+
+
+def window_ring(cache, length, ring_cells):
+    """--kv-resident's VRAM window of one sequence's cache [S, Hk, Dh] after `length` cells: cell c at
+    c % ring_cells for the newest ring_cells cells, NaN in slots no cell reached."""
+    ring = np.full((ring_cells,) + cache.shape[1:], np.nan, cache.dtype)
+    for c in range(max(0, length - ring_cells), length):
+        ring[c % ring_cells] = cache[c]
+    return ring
+
+
+@pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
+@pytest.mark.parametrize("length,ring_cells,rows", [(5000, 1024, 1), (5000, 333, 1), (700, 2048, 1),
+                                                    (1024, 1024, 1), (3001, 100, 6), (40, 64, 8)])
+def test_attention_decode_vram_window_bitwise(ops, rng, H, Hk, dh, length, ring_cells, rows):
+    # --kv-resident: rows of one sequence (lengths length - rows + 1 .. length) read their newest cells
+    # from the ring and the rest from the cache, whose cells in the window are NaN here, so a cell
+    # read from the wrong place fails; the bits equal the same launch over the whole cache
+    S = length + 3
+    k_cache, v_cache = random_cache(rng, (1, S, Hk, dh)), random_cache(rng, (1, S, Hk, dh))
+    lengths = np.arange(length - rows + 1, length + 1, dtype=np.int32)
+    q = rng.standard_normal((rows, H, dh)).astype(np.float32)
+    bases = np.zeros(rows, np.int32)
+    want = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases)
+    ring = (window_ring(k_cache[0], length, ring_cells), window_ring(v_cache[0], length, ring_cells))
+    lo = max(0, length + rows - 1 - ring_cells)      # every row reads these from VRAM (VramWindow)
+    k_cache[0, lo:], v_cache[0, lo:] = F16_NAN, F16_NAN
+    got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

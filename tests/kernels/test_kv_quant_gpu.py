@@ -168,7 +168,7 @@ def test_decode_rows_with_bases_equal_one_row_launches(kvops, rng, fmt, dh, H, H
         out = ops._output(rows * H * dh * 4)
         ops._launch("attention_decode_quant", (splits, Hk, rows),
                     (q_ptr, *(p.ptr for p in planes), len_ptr, base_ptr, part_acc.ptr, part_ml.ptr, H, Hk, 0,
-                     splits, scale), fmt=fmt, dh=dh, g=gp)
+                     splits, scale, 0, 0, 0, 0, 0, 0, 0), fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, rows), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         return ops._download(out, (rows, H * dh), np.float32)
 
@@ -303,3 +303,31 @@ def test_fused_append_at_the_positions_without_cells(kvops, rng, fmt):
 @pytest.mark.parametrize("B, H, dh, splits", [(1, 32, 128, 66), (3, 8, 64, 1), (2, 4, 256, 7), (8, 32, 128, 1024)])
 def test_combine_rot_equals_combine_then_hadamard(kvops, rng, B, H, dh, splits):
     check_combine_rot(kvops, rng, B, H, dh, splits)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("H, Hk, dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
+@pytest.mark.parametrize("length, ring_cells", [(5000, 1024), (5000, 333), (700, 2048), (1024, 1024)])
+def test_decode_vram_window_bitwise(kvops, rng, fmt, H, Hk, dh, length, ring_cells):
+    """--kv-resident: the newest ring_cells cells read from the ring planes (cell c at c % ring_cells),
+    the cache's copies of them NaN-scaled, so a cell read from the wrong place fails; the bits equal
+    the same launch over the whole cache."""
+    kc, vc = kvq.codecs(fmt)
+    S = length + 5
+    k, v = heads(rng, (1, S, Hk, dh)), rng.standard_normal((1, S, Hk, dh)).astype(np.float32)
+    kp, vp = kc.encode(k), vc.encode(v)
+    q = rng.standard_normal((1, H, dh)).astype(np.float32)
+    lengths = np.array([length], np.int32)
+    want = kvops.attention_decode(fmt, q, kp, vp, lengths)
+    lo = max(0, length - ring_cells)
+
+    def ring(plane):
+        r = np.zeros((ring_cells,) + plane.shape[2:], plane.dtype)
+        for c in range(lo, length):
+            r[c % ring_cells] = plane[0, c]
+        return r
+    rings = (tuple(ring(p) for p in kp), tuple(ring(p) for p in vp))
+    for _, scales in (kp, vp):
+        scales[0, lo:] = F16_NAN
+    got = kvops.attention_decode(fmt, q, kp, vp, lengths, vram=rings)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

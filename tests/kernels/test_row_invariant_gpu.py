@@ -105,12 +105,13 @@ def test_decode_attention_rows_equal_one_row_launches(dev, dh, H, Hk):
     for t in range(T):
         buf, host = dev.out((H * dh,))
         decode.launch((splits, Hk, 1), 128, (qp + 4 * H * dh * t, kp, vp, lp + 4 * t, 0, part_acc.ptr,
-                                             part_ml.ptr, H, Hk, cells, splits, scale), stream=dev.stream)
+                                             part_ml.ptr, H, Hk, cells, splits, scale, 0, 0, 0, 0, 0),
+                      stream=dev.stream)
         combine.launch((H, 1), 128, (part_acc.ptr, part_ml.ptr, buf.ptr, H, dh, splits), stream=dev.stream)
         ref[t] = dev.get(buf, host)
     assert np.isfinite(ref).all()
     buf, host = dev.out((T, H * dh))
-    decode.launch((splits, Hk, T), 128, (qp, kp, vp, lp, 0, part_acc.ptr, part_ml.ptr, H, Hk, 0, splits, scale),
+    decode.launch((splits, Hk, T), 128, (qp, kp, vp, lp, 0, part_acc.ptr, part_ml.ptr, H, Hk, 0, splits, scale, 0, 0, 0, 0, 0),
                   stream=dev.stream)
     combine.launch((H, T), 128, (part_acc.ptr, part_ml.ptr, buf.ptr, H, dh, splits), stream=dev.stream)
     assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref))

@@ -158,7 +158,9 @@ KERNELS = {
     "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
     "rope_partial":     _K("rope", "strata_rope_partial_f32", "PPPiiiif", 128, "T: a block per token"),
     "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
-    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiif", 128,
+    # appended cells (every plane of any format) copied into --kv-resident's VRAM window
+    "kv_ring_append":   _K("attention", "strata_kv_ring_append", "PPPPPPPPPiiiiii", 128, "(T, planes)"),
+    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
     # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
@@ -171,7 +173,8 @@ KERNELS = {
     "kv_append_int8":   _K("kv_quant", "strata_kv_append_int8", "PPPPiii", 32, "(T, Hk)"),
     "kv_append_q4r":    _K("kv_quant", "strata_kv_append_q4r", "PPPPiiif", 32, "(T, Hk)"),
     "hadamard":         _K("kv_quant", "strata_hadamard_f32", "Piif", 32, "rows: a warp per head vector"),
-    "attention_decode_quant": _K("kv_quant", "strata_attention_decode_{fmt}_d{dh}_g{g}", "PPPPPPPPPiiiif", 128,
+    "attention_decode_quant": _K("kv_quant", "strata_attention_decode_{fmt}_d{dh}_g{g}", "PPPPPPPPPiiiifiiPPPPi",
+                                 128,
                                  "(splits, Hk, B)",
                                  tuple({"fmt": f, **d} for f in KV_DECODE_FORMATS for d in DECODE_GROUPS)),
     "kv_dequant_f16":   _K("kv_quant", "strata_kv_dequant_{codec}_f16", "PPPiii", 32, "(rows, Hk)",
@@ -205,6 +208,10 @@ KERNELS = {
     "gdn_conv1d":       _K("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq", 256, "ceil(C / 256)"),
     "gdn_step":         _K("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif", 128, "(ceil(Dv / 128), Hv)"),
     "gdn_prompt":       _K("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq", 128, "(ceil(Dv / 128), Hv)"),
+    # the chunked (WY / UT) form of gdn_prompt: prep per (chunk, head), then the scan over the chunks
+    "gdn_chunk_prep":   _K("gated_delta_chunk", "strata_gdn_chunk_prep_f32", "PPPPPiiiifq", 256, "(ceil(T / 64), Hv)"),
+    "gdn_chunk_scan":   _K("gated_delta_chunk", "strata_gdn_chunk_scan_f32", "PPPPPPiiiiiqq", 256,
+                           "(ceil(Dv / 16), Hv)"),
     "gdn_gates":        _K("gated_delta", "strata_gdn_gates_f32", "PPPPPiii", 256, "ceil(T Hv / 256)"),
     "sigmoid_mul":      _K("gated_delta", "strata_sigmoid_mul_f32", "PPPiiqi", 256,
                            "(ceil(n / 256), min(rows, 65535)): it strides"),

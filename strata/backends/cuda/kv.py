@@ -92,10 +92,13 @@ class KVQuantOps:
         return self.ops._download(buf, x.shape, np.float32)
 
     def attention_decode(self, fmt: str, q: np.ndarray, k_planes, v_planes, lengths: np.ndarray,
-                         num_splits: int | None = None, scale: float | None = None) -> np.ndarray:
+                         num_splits: int | None = None, scale: float | None = None, window: int = 0,
+                         ring: int = 0, vram=None) -> np.ndarray:
         """One query per sequence, q [B, H, Dh], over quantized planes [B, S, Hk, ...] of format fmt,
         sequence b reading cells 0..lengths[b]-1 -> [B, H*Dh]: q rotated where K is, the split-K
-        kernel, attention.cu's combine, the output un-rotated where V is rotated."""
+        kernel, attention.cu's combine, the output un-rotated where V is rotated. vram (K planes,
+        V planes) [R, Hk, ...]: --kv-resident's VRAM window of one sequence (B 1), position p at
+        p % R, which the kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow)."""
         ops = self.ops
         if fmt not in DECODE_FORMATS:
             raise InvalidArgument(f"attention_decode: format {fmt!r} not in {DECODE_FORMATS}")
@@ -110,7 +113,9 @@ class KVQuantOps:
             if values.shape != vshape or scales.shape != sshape:
                 raise InvalidArgument(f"attention_decode: {codec.name} planes {values.shape} / {scales.shape}, "
                                       f"want {vshape} / {sshape}")
-        if lengths.shape != (B,) or B == 0 or lengths.min() < 1 or lengths.max() > S:
+        if ring and not (ring == S and 0 < window <= S):
+            raise InvalidArgument(f"attention_decode: a ring must be the planes' {S} cells, its window 1..{S}")
+        if lengths.shape != (B,) or B == 0 or lengths.min() < 1 or (not ring and lengths.max() > S):
             raise InvalidArgument(f"attention_decode: lengths must be [B] in 1..{S} (B >= 1)")
         splits = num_splits or ops.decode_splits(B, Hk, S, dh)
         if not 1 <= splits <= ops.ATTENTION_MAX_SPLITS:
@@ -125,9 +130,18 @@ class KVQuantOps:
         # every buffer held in a local until the launches are queued
         planes = [ops._upload(np.ascontiguousarray(a)) for a in (*k_planes, *v_planes)]
         lengths_dev = ops._upload(lengths)
+        vram_planes, vram_cells = [0] * 4, 0
+        if vram is not None:
+            vram_cells = vram[0][0].shape[0]
+            for codec, (values, scales) in zip((kc, vc), vram):
+                vshape, _, sshape = _planes_shape(codec, (vram_cells, Hk), dh)
+                if values.shape != vshape or scales.shape != sshape:
+                    raise InvalidArgument(f"attention_decode: {codec.name} VRAM window {values.shape} / "
+                                          f"{scales.shape}, want {vshape} / {sshape}")
+            vram_planes = [ops._upload(np.ascontiguousarray(a)) for a in (*vram[0], *vram[1])]
         ops._launch("attention_decode_quant", (splits, Hk, B),
-                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale)),
-                    fmt=fmt, dh=dh, g=gp)
+                    (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring,
+                     *vram_planes, vram_cells), fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:
             self._hadamard(out, B * H, dh)

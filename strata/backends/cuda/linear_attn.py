@@ -9,6 +9,30 @@ from ...errors import InvalidArgument
 
 GDN_MAX_DK = 256            # cuda/gated_delta.cu keeps q and k of a key head in shared memory
 GDN_MAX_K = 8               # and a prompt conv's window in registers
+GDN_CHUNK = 64              # cuda/gated_delta_chunk.cu: tokens per chunk
+GDN_CHUNK_MAX_DK = 128      # its scan keeps a [Dk, 16] state tile in shared memory
+GDN_CHUNK_SCRATCH = 8448    # its scratch floats per (chunk, value head): M, P, row scales
+GDN_SCAN_COLS = 16          # state columns per scan block
+GDN_CHUNK_MIN_T = 64        # prompts shorter than this run the token loop (tools/gdn_chunk_bench.py --sweep)
+
+
+def gdn_chunked_takes(T: int, Dk: int) -> bool:
+    """Whether a prompt of T tokens runs the chunked kernels, else the token loop (strata_gdn_prompt_f32):
+    the one place that says which."""
+    return T >= GDN_CHUNK_MIN_T and Dk <= GDN_CHUNK_MAX_DK
+
+
+def gdn_chunk_scratch_bytes(T: int, Hv: int) -> int:
+    return 4 * -(-T // GDN_CHUNK) * Hv * GDN_CHUNK_SCRATCH
+
+
+def gdn_chunk_launches(q, k, v, g, beta, state, out, scratch, T, Hv, Hg, Dk, Dv, qk_ld, v_ld) -> list:
+    """The chunked delta rule's two launches, (table op, grid, args), over device pointers with
+    gdn_prompt's meaning; scratch holds gdn_chunk_scratch_bytes(T, Hv)."""
+    return [("gdn_chunk_prep", (-(-T // GDN_CHUNK), Hv),
+             (q, k, g, beta, scratch, T, Hv, Hg, Dk, float(Dk ** -0.5), qk_ld)),
+            ("gdn_chunk_scan", (-(-Dv // GDN_SCAN_COLS), Hv),
+             (q, k, v, scratch, state, out, T, Hv, Hg, Dk, Dv, qk_ld, v_ld))]
 
 
 def _f32(a) -> np.ndarray:
@@ -63,21 +87,43 @@ def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
-def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
-    """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
-    state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
+def _prompt_args(name: str, max_dk: int, q, k, v, g, beta, state) -> list[np.ndarray]:
     q, k, v, g, beta, state = (_f32(a) for a in (q, k, v, g, beta, state))
     T, Hg, Dk = q.shape
     Hv, Dv = v.shape[1:]
     if (k.shape != q.shape or v.shape[0] != T or g.shape != (T, Hv) or beta.shape != (T, Hv)
-            or state.shape != (Hv, Dk, Dv) or not 0 < Dk <= GDN_MAX_DK or Hv % Hg):
-        raise InvalidArgument(f"gdn_prompt: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+            or state.shape != (Hv, Dk, Dv) or not 0 < Dk <= max_dk or Hv % Hg):
+        raise InvalidArgument(f"{name}: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
                               f"state {state.shape} are not [T, Hg, Dk], [T, Hv, Dv], [T, Hv], [Hv, Dk, Dv] with "
-                              f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
+                              f"Hv a multiple of Hg and Dk <= {max_dk}")
+    return [q, k, v, g, beta, state]
+
+
+def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
+    state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
+    q, k, v, g, beta, state = _prompt_args("gdn_prompt", GDN_MAX_DK, q, k, v, g, beta, state)
+    T, Hg, Dk = q.shape
+    Hv, Dv = v.shape[1:]
     if T == 0:
         return np.empty((0, Hv, Dv), np.float32), state.copy()
     s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
     ins = [ops._upload(a) for a in (q, k, v, g, beta)]
     ops._launch("gdn_prompt", (-(-Dv // 128), Hv),
                 (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
+    return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
+
+
+def gdn_prompt_chunked(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """gdn_prompt's contract over cuda/gated_delta_chunk.cu (the chunked WY / UT form), at any T >= 1."""
+    q, k, v, g, beta, state = _prompt_args("gdn_prompt_chunked", GDN_CHUNK_MAX_DK, q, k, v, g, beta, state)
+    T, Hg, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    if T == 0:
+        return np.empty((0, Hv, Dv), np.float32), state.copy()
+    s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
+    scratch = ops._output(gdn_chunk_scratch_bytes(T, Hv))
+    ins = [ops._upload(a) for a in (q, k, v, g, beta)]
+    for op, grid, args in gdn_chunk_launches(*ins, s_dev, out, scratch, T, Hv, Hg, Dk, Dv, Hg * Dk, Hv * Dv):
+        ops._launch(op, grid, args)
     return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)

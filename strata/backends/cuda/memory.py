@@ -254,6 +254,19 @@ class DeviceWeights:
         return name in self.pack.meta["dense"]
 
 
+class Positions(DeviceTensor):
+    """A forward's positions [T + 1] int32 on the device (DeviceOps.upload_positions: the positions,
+    then max + 1) with num_cells = max + 1 kept on the host: a prompt chunk's attention reads cells
+    0..num_cells-1 only, so the copy of a layer it reads (staged from the host, or dequantized) needs
+    no more."""
+
+    __slots__ = ("num_cells",)
+
+    def __init__(self, t: DeviceTensor, num_cells: int):
+        super().__init__(t.buf, t.offset, t.shape, t.dtype, t.keep)
+        self.num_cells = num_cells
+
+
 class StepRows(DeviceTensor):
     """The positions of a decode step's rows [T + 1] int32 on the device (the positions, then
     max + 1), with three more int32 arrays [T] beside them in device memory: each row's attention
@@ -317,12 +330,21 @@ class DeviceKV:
     gives them), so nbytes is strata.engine.planner.kv_bytes of the format for all the cells.
 
     on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
-    memory at the same layout; the kernels append to it and decode reads it in place over the bus,
-    and a prompt chunk's attention reads a copy of the layer staged in VRAM (DeviceOps). VRAM then
-    holds none of the cells (vram_bytes 0): the window of the newest cells is still to come."""
+    memory at the same layout, the authoritative cells; the kernels append to it and a prompt chunk's
+    attention reads a copy of the layer staged in VRAM (DeviceOps). vram_window > 0 (one slot) keeps
+    the newest cells in VRAM too: per buffer a ring of `vram_window` cells a layer, [num_layers,
+    vram_window, Hk, ...] (vram_planes()), position p at p % vram_window. Every append is copied
+    into it (strata_kv_ring_append), and a decode step reads a sequence's newest cells from it and
+    the older ones in place over the bus (cuda/kv_codec.cuh VramWindow). It is never read before it
+    is written, so it is not zeroed.
+
+    ring = (window, slots) (--draft-window): the last layer (the MTP draft layer) holds `slots` cells
+    only, after the other layers' in every buffer, position p in cell p % slots, and the decode
+    attention reads its last `window` positions (ring(layer)); one slot of sequences only."""
 
     def __init__(self, rt, device, stream, num_layers: int, max_cells: int, num_kv_heads: int, head_dim: int,
-                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False):
+                 fmt: str = "f16", num_slots: int = 1, on_host: bool = False, ring: tuple[int, int] | None = None,
+                 vram_window: int = 0):
         from ...quant import kv as kv_formats
         if fmt not in kv_formats.KV_FORMATS:
             raise InvalidArgument(f"DeviceKV: KV format must be one of {', '.join(kv_formats.KV_FORMATS)}, got {fmt!r}")
@@ -336,13 +358,19 @@ class DeviceKV:
         self.whole = self               # the cache of every slot (a view's parent)
         self.codecs = kv_formats.codecs(fmt)
         self.on_host = on_host
+        self.ring_window, self.ring_cells = ring or (0, 0)
+        if self.ring_cells and (num_slots > 1 or on_host or not 0 < self.ring_window < self.ring_cells):
+            raise InvalidArgument(f"DeviceKV: a ring of {self.ring_cells} cells (window {self.ring_window}) takes one "
+                                  f"slot in VRAM and a window below its cells")
+        # cells of each buffer: every layer's layer_cells, the last one's ring_cells where it is a ring
+        cells = num_layers * self.layer_cells - (self.layer_cells - self.ring_cells if self.ring_cells else 0)
 
         def buffer(nbytes: int):
             return HostPlane(rt, device, nbytes) if on_host else rt.DeviceBuffer(device, nbytes)
         if fmt == "f16":
             self.layer_bytes = self.layer_cells * num_kv_heads * head_dim * 2
-            self.k = buffer(num_layers * self.layer_bytes)
-            self.v = buffer(num_layers * self.layer_bytes)
+            self.k = buffer(cells * num_kv_heads * head_dim * 2)
+            self.v = buffer(cells * num_kv_heads * head_dim * 2)
             self.buffers = [(self.k, num_kv_heads * head_dim * 2), (self.v, num_kv_heads * head_dim * 2)]
         else:
             self.buffers = []           # (buffer, bytes per cell): K values, K scales, V values, V scales
@@ -350,10 +378,16 @@ class DeviceKV:
                 codec.check(head_dim)
                 values, scales = codec.empty((num_kv_heads,), head_dim)
                 for plane in (values, scales):
-                    self.buffers.append((buffer(num_layers * self.layer_cells * plane.nbytes),
+                    self.buffers.append((buffer(cells * plane.nbytes),
                                          plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
+        if vram_window and not (on_host and num_slots == 1 and not self.ring_cells and 0 < vram_window < max_cells):
+            raise InvalidArgument(f"DeviceKV: a VRAM window of {vram_window} cells needs one slot's cells on the "
+                                  f"host, no ring, and 0 < window < max_cells ({max_cells})")
+        self.vram_window = vram_window
+        self.vram_rings = [rt.DeviceBuffer(device, num_layers * vram_window * cell)
+                           for _, cell in self.buffers] if vram_window else []
 
     @property
     def quantized(self) -> bool:
@@ -365,8 +399,8 @@ class DeviceKV:
 
     @property
     def vram_bytes(self) -> int:
-        """Bytes of the cells in VRAM (none when they live on the host)."""
-        return 0 if self.on_host else self.nbytes
+        """Bytes of the cells in VRAM: every cell, or on the host only the VRAM window's."""
+        return sum(r.nbytes for r in self.vram_rings) if self.on_host else self.nbytes
 
     @property
     def host_bytes(self) -> int:
@@ -377,6 +411,14 @@ class DeviceKV:
     def cell_bytes(self) -> int:
         """Bytes of one cell of one layer, every plane."""
         return sum(cell for _, cell in self.buffers)
+
+    def ring(self, layer: int) -> tuple[int, int]:
+        """(window, cells) of layer's ring, (0, 0) where the layer keeps every position's cell."""
+        return (self.ring_window, self.ring_cells) if self.ring_cells and layer == self.num_layers - 1 else (0, 0)
+
+    def layer_size(self, layer: int) -> int:
+        """Cells layer holds for this cache's sequences (its ring's, or max_cells per slot)."""
+        return self.ring(layer)[1] or self.layer_cells
 
     def _check(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
@@ -402,6 +444,34 @@ class DeviceKV:
         are the bytes [addr + c0 * cell, addr + c1 * cell)."""
         self._check(layer)
         return [(buf.ptr + (layer * self.layer_cells + self.base) * cell, cell) for buf, cell in self.buffers]
+
+    def vram_planes(self, layer: int) -> list[int]:
+        """Device addresses of layer's VRAM window, one per buffer (as cell_ranges orders them), or
+        zeros without one (the decode kernels' null window)."""
+        self._check(layer)
+        if not self.vram_window:
+            return [0] * len(self.buffers)
+        return [r.ptr + layer * self.vram_window * cell for r, (_, cell) in zip(self.vram_rings, self.buffers)]
+
+    def vram_from(self, length: int) -> int:
+        """The first of a sequence's `length` cells the VRAM window holds (VramWindow's rule, one row)."""
+        return max(0, length - self.vram_window) if self.vram_window else length
+
+    def vram_refill(self, length: int) -> list[tuple[int, int, int]]:
+        """(destination, source, bytes) of the copies that make the VRAM window hold the newest of a
+        sequence's `length` cells from the host cells (at most two ranges a plane and layer, the ring
+        wrapping): a prompt that reuses a prefix runs them, since the window may hold a longer earlier
+        sequence's cells, or cells a warm-up or a kept conversation's copy put back on the host only."""
+        lo, w = self.vram_from(length), self.vram_window
+        out = []
+        for layer in range(self.num_layers if w else 0):
+            for (src, cell), dst in zip(self.cell_ranges(layer), self.vram_planes(layer)):
+                c = lo
+                while c < length:
+                    n = min(length - c, w - c % w)
+                    out.append((dst + c % w * cell, src + c * cell, n * cell))
+                    c += n
+        return out
 
     def view(self, slot: int) -> "DeviceKV":
         """Slot `slot` as a one-sequence cache over the same buffers: its layer(), planes() and

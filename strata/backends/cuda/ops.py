@@ -52,7 +52,7 @@ from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
                       KernelPaths)
-from .memory import DeviceTensor, Pool
+from .memory import DeviceTensor, Pool, Positions
 from .moe import moe_decode, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
@@ -134,7 +134,7 @@ class DeviceOps(DenseOps, AttentionOps):
         """Positions [T] -> [T + 1] int32 on the device: the positions, then max + 1 (the decode
         length), the form every op takes. The caller uploads once per forward and passes it down."""
         p = np.asarray(positions, dtype=np.int64).reshape(-1)
-        return self.upload(np.append(p, p.max() + 1).astype(np.int32))
+        return Positions(self.upload(np.append(p, p.max() + 1).astype(np.int32)), int(p.max()) + 1)
 
     @staticmethod
     def _positions(positions) -> DeviceTensor:

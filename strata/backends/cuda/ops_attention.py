@@ -40,6 +40,37 @@ def _one_sequence(pos: DeviceTensor, what: str) -> None:
         raise InvalidArgument(f"{what} reads one sequence's cells; rows of several slots need the split-K "
                               f"decode attention (head dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
 
+def _ring(kv, layer: int, pos=None) -> tuple[int, int]:
+    """(window, cells) of kv's layer where it is a K/V ring (DeviceKV.ring: the MTP drafter under
+    --draft-window), else (0, 0). Rows writing a ring name their cells (StepRows: position % cells),
+    as the positions themselves would land past the ring."""
+    ring = kv.ring(layer) if hasattr(kv, "ring") else (0, 0)
+    if ring[1] and pos is not None and not isinstance(pos, StepRows):
+        raise InvalidArgument(f"KV layer {layer} is a ring of {ring[1]} cells: its rows must name their cells "
+                              f"(StepRows), not write at their positions")
+    return ring
+
+
+def _ring_rows(ring: tuple[int, int], T: int, what: str) -> None:
+    """A ring's cells are read by the split-K decode kernels only: up to DECODE_ROWS_MAX rows."""
+    if ring[1] and T > DECODE_ROWS_MAX:
+        raise InvalidArgument(f"{what}: the draft layer's K/V ring is read {DECODE_ROWS_MAX} rows at a time at most "
+                              f"(split-K decode), not {T}")
+
+
+def _cells_read(pos: DeviceTensor, max_cells: int) -> int:
+    """The cells 0..n-1 a prompt chunk's attention reads (its kernels load no cell past the largest
+    position): n from Positions where the host knows it, else every cell."""
+    return min(getattr(pos, "num_cells", max_cells), max_cells)
+
+
+def _vram(kv, layer: int) -> tuple:
+    """(the VRAM window's planes of layer, cells) of kv (--kv-resident; K and V, or a quantized
+    format's four planes), or null planes and 0 without one."""
+    cells = getattr(kv, "vram_window", 0)
+    return (tuple(kv.vram_planes(layer)) if cells else (0,) * (4 if kv.quantized else 2)), cells
+
+
 QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh kMaxPairs
 
 
@@ -70,35 +101,44 @@ class AttentionOps:
         return getattr(kv, "on_host", False) and T > DECODE_ROWS_MAX and split_k_takes(H, Hk, dh)
 
     def _attend_cells(self, q: DeviceTensor, Hk: int, kv, layer: int, pos: DeviceTensor) -> DeviceTensor:
-        """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): every cell
-        of the layer copied into two f16 [max_cells, Hk, Dh] blocks of the pool (the size of a
-        quantized cache's scratch, so a prompt's memory does not grow along the context; cells never
-        written copy as zeros), then the prompt kernels read the copy, bit for bit the same cells."""
+        """_attend over kv's f16 cells of the layer, where they are, or staged (_stages): the cells
+        the chunk reads (0..max(positions), _cells_read) copied into two f16 [max_cells, Hk, Dh]
+        blocks of the pool (the size of a quantized cache's scratch, so a prompt's memory does not
+        grow along the context), then the prompt kernels read the copy, bit for bit the same cells."""
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
         if not self._stages(kv, T, H, Hk, dh):
-            return self._attend(q, Hk, kc, vc, pos, kv.max_cells)
+            return self._attend(q, Hk, kc, vc, pos, kv.max_cells, _ring(kv, layer, pos), _vram(kv, layer))
         rows = kv.max_cells
         k_stage = self.alloc((rows, Hk, dh), np.float16)
         v_stage = self.alloc((rows, Hk, dh), np.float16)
-        self.rt.copy_d2d(k_stage.ptr, kc, k_stage.nbytes, self.stream)
-        self.rt.copy_d2d(v_stage.ptr, vc, v_stage.nbytes, self.stream)
-        self.bytes_staged_kv += k_stage.nbytes + v_stage.nbytes
+        nbytes = _cells_read(pos, rows) * Hk * dh * 2
+        self.rt.copy_d2d(k_stage.ptr, kc, nbytes, self.stream)
+        self.rt.copy_d2d(v_stage.ptr, vc, nbytes, self.stream)
+        self.bytes_staged_kv += 2 * nbytes
         out = self._attend(q, Hk, k_stage.ptr, v_stage.ptr, pos, rows)
         del k_stage, v_stage                    # in this order (strata._ext.prompt_plan ATTN_STAGED)
         return out
 
-    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int) -> DeviceTensor:
-        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]."""
+    def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int,
+                ring: tuple[int, int] = (0, 0), vram: tuple = ((0, 0), 0)) -> DeviceTensor:
+        """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]
+        (over a ring's last `window` positions, ring = (window, cells): split-K decode only). vram:
+        ((K, V), cells) of --kv-resident's VRAM window, which the split-K decode reads the newest
+        cells from (_vram); the other kernels read every cell at kc, vc."""
         T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
+            _ring_rows(ring, T, "attention")
+            raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
+                                  f"dims {ATTENTION_HEAD_DIMS}, H / Hk <= 16)")
         if not split_k_takes(H, Hk, dh):
             _one_sequence(pos, "attention_rows")
             self.launch("attention_rows", (H, T),
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
-            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale)
+            self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
         elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
             self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
@@ -111,15 +151,29 @@ class AttentionOps:
     def _append(self, k: DeviceTensor, v: DeviceTensor, layer: int, kv, pos) -> None:
         """K [T, Hk, Dh] and V appended at their cells in kv's layer (in its format)."""
         T, Hk, dh = k.shape
+        _ring(kv, layer, pos)
         if not getattr(kv, "quantized", False):
             kc, vc = kv.layer(layer)
             self.launch("kv_append_f16", T, (k.ptr, v.ptr, _cells(pos), kc, vc, T, Hk * dh))
+        else:
+            (kcodec, vcodec), planes = kv.codecs, kv.planes(layer)
+            rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
+            for x, codec, (values, scales) in ((k, kcodec, planes[:2]), (v, vcodec, planes[2:])):
+                extra = (rot,) if codec.rotated else ()
+                self.launch(f"kv_append_{codec.name}", (T, Hk),
+                            (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+        self._vram_append(kv, layer, pos, T)
+
+    def _vram_append(self, kv, layer: int, pos, T: int) -> None:
+        """The T cells just appended to kv's layer copied into its VRAM window (--kv-resident), every
+        plane in one launch (strata_kv_ring_append), so the window equals the host cells."""
+        cells = getattr(kv, "vram_window", 0)
+        if not cells:
             return
-        (kcodec, vcodec), planes = kv.codecs, kv.planes(layer)
-        rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
-        for x, codec, (values, scales) in ((k, kcodec, planes[:2]), (v, vcodec, planes[2:])):
-            extra = (rot,) if codec.rotated else ()
-            self.launch(f"kv_append_{codec.name}", (T, Hk), (x.ptr, _cells(pos), values, scales, T, Hk, dh, *extra))
+        src, dst = kv.cell_ranges(layer), kv.vram_planes(layer)
+        pad = (0,) * (4 - len(src))
+        self.launch("kv_ring_append", (T, len(src)),
+                    (_cells(pos), *(a for a, _ in src), *pad, *dst, *pad, T, cells, *(c for _, c in src), *pad))
 
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
                              positions) -> DeviceTensor:
@@ -140,16 +194,17 @@ class AttentionOps:
             self._hadamard(q.ptr, T * H, dh, rot)
         if self._quantized_split_k(kv, H, Hk, dh, T):
             return self._attend_quantized(q, Hk, kv, layer, pos)
+        _ring_rows(_ring(kv, layer), T, "a quantized cache's prompt attention")
         _one_sequence(pos, "a quantized cache's prompt attention")
-        # every cell of the layer, whatever the positions: the scratch's size is the cache's, so
-        # a prompt's memory does not grow along it (the planner's dry run prices one chunk for
-        # all) and a step reading its positions on the device takes it too; the attention reads
-        # cells 0..max(positions) of it, and cells never written decode to zeros (zeroed planes)
-        rows = kv.max_cells
+        # the scratch's size is the cache's, whatever the positions, so a prompt's memory does not
+        # grow along it (the planner's dry run prices one chunk for all); only the cells the
+        # attention reads (0..max(positions), where the host knows it: _cells_read) are dequantized,
+        # every cell for a step whose positions are read on the device
+        rows, used = kv.max_cells, _cells_read(pos, kv.max_cells)
         scratch = []
         for codec, (values, scales) in ((kc, planes[:2]), (vc, planes[2:])):
             f16 = self.alloc((rows, Hk, dh), np.float16)
-            self.launch("kv_dequant_f16", (rows, Hk), (values, scales, f16.ptr, rows, Hk, dh), codec=codec.name)
+            self.launch("kv_dequant_f16", (used, Hk), (values, scales, f16.ptr, used, Hk, dh), codec=codec.name)
             scratch.append(f16)
         out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
         if vc.rotated:
@@ -169,13 +224,15 @@ class AttentionOps:
         T, H, dh = q.shape
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         out = self.alloc((T, H * dh))
-        splits = self.decode_splits(Hk, kv.max_cells, dh)
+        ring = _ring(kv, layer, pos)
+        splits = self.decode_splits(Hk, ring[0] or kv.max_cells, dh)     # a ring's rows read its window
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, kv.max_cells)
+        vram, vram_cells = _vram(kv, layer)
         self.launch("attention_decode_quant", (splits, Hk, T),
                     (q.ptr, *kv.planes(layer), lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits,
-                     scale), fmt=kv.fmt, dh=dh, g=gp)
+                     scale, *ring, *vram, vram_cells), fmt=kv.fmt, dh=dh, g=gp)
         if kv.codecs[1].rotated:
             self.launch("attention_combine_rot", (H, T),
                         (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits, float(np.float32(1.0 / np.sqrt(dh)))))
@@ -192,18 +249,20 @@ class AttentionOps:
         return decode_splits(1, num_kv_heads, max_cells, head_dim, self.num_sms)
 
     def _attention_decode(self, q, Hk: int, kc: int, vc: int, pos: DeviceTensor, out, max_cells: int,
-                          scale: float) -> None:
-        """Split-K over the cells 0..length-1 (length read on the device), then the combine."""
+                          scale: float, ring: tuple[int, int] = (0, 0), vram: tuple = ((0, 0), 0)) -> None:
+        """Split-K over the cells 0..length-1 (length read on the device; a ring's last window
+        positions; the newest from --kv-resident's VRAM window where there is one), then the combine."""
         _, H, dh = q.shape
         G = H // Hk
         T = q.shape[0]
-        splits = self.decode_splits(Hk, max_cells, dh)
+        splits = self.decode_splits(Hk, ring[0] or max_cells, dh)
         part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
+        (k_vram, v_vram), vram_cells = vram
         self.launch("attention_decode", (splits, Hk, T),
-                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale), dh=dh,
-                    g=gp)
+                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
+                     k_vram, v_vram, vram_cells), dh=dh, g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 
@@ -247,6 +306,7 @@ class AttentionOps:
         -> the normed, roped (rotated) q."""
         T, H, dh = q.shape
         Hk = k.shape[1]
+        _ring(kv, layer, pos)
         q_out = self.alloc(q.shape)
         grid = (max(T, 1), -(-(H + 2 * Hk) // 4))                 # one head per warp
         head = (q.ptr, k.ptr, v.ptr, self._f32_weight(q_norm), self._f32_weight(k_norm), pos.ptr,
@@ -257,4 +317,5 @@ class AttentionOps:
             self.launch("qk_norm_rope_kv_quant", grid, (*head, *kv.planes(layer), *tail, rot), fmt=kv.fmt)
         else:
             self.launch("qk_norm_rope_kv", grid, (*head, *kv.layer(layer), *tail))
+        self._vram_append(kv, layer, pos, T)
         return q_out

@@ -11,8 +11,9 @@ Each op computes what strata.backends.cpu_linear_attn.Qwen3NextCpuOps' op of the
 - Gated DeltaNet: conv1d + SiLU over [q k v] with the layer's conv state (strata_gdn_conv1d_step_f32
   for one token, strata_gdn_conv1d_f32 for a chunk); the decay g and beta from ssm_ba
   (strata_gdn_gates_f32); the gated delta rule with L2-normed q, k in the kernel (strata_gdn_step_f32
-  for one token, strata_gdn_prompt_f32 token by token over a chunk: the recurrence, no WY chunking
-  yet); the gated RMSNorm as rms_norm then swiglu(z, normed) (= normed * silu(z)).
+  for one token; over a prompt chunk, cuda/gated_delta_chunk.cu's chunked WY / UT form where
+  linear_attn.gdn_chunked_takes says so, else strata_gdn_prompt_f32 token by token); the gated RMSNorm
+  as rms_norm then swiglu(z, normed) (= normed * silu(z)).
 - the shared expert: gate and up projections, swiglu, down, times sigmoid(x . ffn_gate_inp_shexp)
   per row (strata_sigmoid_mul_f32 with gate_step 0).
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from ...errors import InvalidArgument, UnsupportedError
 from .. import rope
-from .linear_attn import GDN_MAX_DK, GDN_MAX_K
+from .linear_attn import GDN_MAX_DK, GDN_MAX_K, gdn_chunk_launches, gdn_chunk_scratch_bytes, gdn_chunked_takes
 from .memory import DeviceKV, DeviceTensor
 from .ops import DeviceOps
 
@@ -266,6 +267,11 @@ class Qwen3NextDeviceOps(DeviceOps):
         args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
         if T == 1:
             self.launch("gdn_step", grid, (*args, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+        elif gdn_chunked_takes(T, Dk):
+            scratch = self.alloc((gdn_chunk_scratch_bytes(T, Hv) // 4,))
+            for op, chunk_grid, chunk_args in gdn_chunk_launches(*args, scratch.ptr, T, Hv, Hg, Dk, Dv, Hg * Dk,
+                                                                 Hv * Dv):
+                self.launch(op, chunk_grid, chunk_args)
         else:
             self.launch("gdn_prompt", grid, (*args, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
         return out

@@ -69,11 +69,16 @@ class AttentionWrappers:
 
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None,
-                         bases: np.ndarray | None = None) -> np.ndarray:
+                         bases: np.ndarray | None = None, window: int = 0, ring: int = 0,
+                         vram: tuple | None = None) -> np.ndarray:
         """One query per row: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], row b reading cells
-        0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel). With
+        0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel).
+        window > 0: row b reads only its last `window` positions; ring = S: position p is cell p % S
+        (a K/V ring: lengths may then pass S, the window may not). With
         bases [B], the caches are [N, S, Hk, Dh] of any N, read as N * S cells back to back, and row b's
-        cells start at cell bases[b] (parallel slots' rows in one cache)."""
+        cells start at cell bases[b] (parallel slots' rows in one cache). vram (K, V) [R, Hk, Dh]:
+        --kv-resident's VRAM window of the B rows' one sequence, position p at p % R, which the
+        kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         kc = np.ascontiguousarray(k_cache, dtype=np.float16)
         vc = np.ascontiguousarray(v_cache, dtype=np.float16)
@@ -85,7 +90,9 @@ class AttentionWrappers:
         B, H, dh = q.shape
         S, Hk = kc.shape[1], kc.shape[2]
         G = self._check_attention("attention_decode", q, kc, H, Hk, dh)
-        if B == 0 or lengths.min() < 1 or lengths.max() > S:
+        if ring and not (ring == S and 0 < window <= S):
+            raise InvalidArgument(f"attention_decode: a ring must be the cache's {S} cells, its window 1..{S}")
+        if B == 0 or lengths.min() < 1 or (not ring and lengths.max() > S):
             raise InvalidArgument(f"attention_decode: lengths must be in 1..{S} (B >= 1)")
         bases_dev = 0
         if bases is not None:
@@ -102,9 +109,15 @@ class AttentionWrappers:
         part_ml = self._output(B * H * splits * 2 * 4)
         out = self._output(B * H * dh * 4)
         gp = 1 << (G - 1).bit_length()
+        vram_planes, vram_cells = (0, 0), 0
+        if vram is not None:
+            kr, vr = (np.ascontiguousarray(r, dtype=np.float16) for r in vram)
+            if kr.ndim != 3 or kr.shape != vr.shape or kr.shape[1:] != (Hk, dh):
+                raise InvalidArgument(f"attention_decode: VRAM window {kr.shape} / {vr.shape}, want [R, {Hk}, {dh}]")
+            vram_planes, vram_cells = (self._upload(kr), self._upload(vr)), kr.shape[0]
         self._launch("attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
-                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale)), dh=dh,
-                     g=gp)
+                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring,
+                     *vram_planes, vram_cells), dh=dh, g=gp)
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         return self._download(out, (B, H * dh), np.float32)
 

@@ -134,6 +134,13 @@ function h2dRate(bytes) {
   return Math.max(0, (bytes - last.b) / ((now - last.t) / 1000) / 1e9);
 }
 
+// The KV format, its cells in VRAM and (--kv-resident) on the host, and what a decoded token reads over the bus.
+function kvDetail(kv) {
+  if (!kv) return "";
+  const host = kv.cells_host ? ` · ${fmtInt(kv.cells_host)} on the host · ${fmtBytes(kv.bus_bytes_per_token)} over the bus a token` : "";
+  return ` · ${kv.format} · ${fmtInt(kv.cells_vram)} cells in VRAM${host}`;
+}
+
 function renderVram(s, g, ec) {
   const parts = [
     ["Dense weights", pick(g, "dense_bytes"), "var(--dense)"],
@@ -153,7 +160,7 @@ function renderVram(s, g, ec) {
   const rows = [
     ["Dense weights", fmtBytes(parts[0][1])],
     ["Expert cache", fmtBytes(parts[1][1]) + (slots == null ? "" : ` · ${fmtInt(slots)} slots`)],
-    ["KV cache", fmtBytes(parts[2][1])],
+    ["KV cache", fmtBytes(parts[2][1]) + kvDetail(s.kv)],
     ["Prompt path", fmtBytes(parts[3][1])],
     ["Experts in VRAM", resident == null ? "—" : `${fmtInt(resident)}${total ? " / " + fmtInt(total) : ""}`],
     ["Hit rate", fmtPct(pick(ec, "hit_rate"))],

@@ -1,0 +1,122 @@
+"""The gated delta rule over a prompt at Qwen3-Next-80B's DeltaNet shape (Hv 32, Hg 16, Dk = Dv 128):
+the chunked kernels (cuda/gated_delta_chunk.cu, prep + scan) against the token loop
+(cuda/gated_delta.cu strata_gdn_prompt_f32), per layer.
+
+    python tools/gdn_chunk_bench.py [--json PATH] [--reps N] [--sweep]
+
+Times are CUDA-event medians of back-to-back launches after a warm-up (the state is advanced by each
+launch; the decays keep it bounded). GFLOP counts each form's own multiply-adds (2 flops each): the
+chunked form 2 C^2 Dk (Gram) + C^3 / 6 (the inverse) + 3 C Dk Dv + 2 C^2 Dv a chunk and head, the token
+loop 3 Dk Dv a token and head. GB/s counts the compulsory bytes (q, k, v, g, beta, out, the state read
+and written), the chunked form's scratch (written once, read once per 16 columns) on its own line.
+Shares are of the H200's 67 TFLOP/s f32 (FFMA; the scan's 3xTF32 products count once, as f32 work) and
+4.8 TB/s. --sweep adds short prompts,
+to place linear_attn.GDN_CHUNK_MIN_T where the chunked form starts to win. Also checks the two forms
+agree (max |difference| over max |out|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from strata.backends.cuda.linear_attn import (GDN_CHUNK, GDN_CHUNK_SCRATCH, GDN_SCAN_COLS, gdn_chunk_launches,
+                                              gdn_chunk_scratch_bytes)
+from strata.backends.cuda.testing import CudaOps
+
+HV, HG, DK, DV = 32, 16, 128, 128
+LENGTHS, SWEEP = [512, 4096, 16384], [16, 32, 48, 64, 96, 128, 256]
+PEAK_F32_TFLOPS, PEAK_GBPS = 67.0, 4800.0
+
+
+def time_launches(ops: CudaOps, launch, reps: int) -> float:
+    rt, stream = ops._rt, ops.stream
+    launch()
+    stream.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
+        start.record(stream)
+        launch()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_ms(end))
+    return float(np.median(times))
+
+
+def flops(T: int) -> tuple[float, float]:
+    """(chunked, token loop) flops of one layer over T tokens."""
+    C, nc = GDN_CHUNK, -(-T // GDN_CHUNK)
+    chunked = 2 * nc * HV * (2 * C * C * DK + C ** 3 / 6 + 3 * C * DK * DV + 2 * C * C * DV)
+    return chunked, 2.0 * T * HV * 3 * DK * DV
+
+
+def compulsory_bytes(T: int) -> int:
+    return 4 * (2 * T * HG * DK + 2 * T * HV * DV + 2 * T * HV + 2 * HV * DK * DV)
+
+
+def bench(ops: CudaOps, rng, T: int, reps: int) -> dict:
+    q, k = (ops._upload(a) for a in rng.standard_normal((2, T, HG, DK)).astype(np.float32))
+    v = ops._upload(rng.standard_normal((T, HV, DV)).astype(np.float32))
+    g = ops._upload(-rng.uniform(0.001, 0.06, (T, HV)).astype(np.float32))
+    beta = ops._upload(rng.uniform(0.05, 1, (T, HV)).astype(np.float32))
+    S0 = rng.standard_normal((HV, DK, DV)).astype(np.float32)
+    states = {name: ops._upload(S0) for name in ("chunk", "token")}
+    outs = {name: ops._output(T * HV * DV * 4) for name in ("chunk", "token")}
+    scratch = ops._output(gdn_chunk_scratch_bytes(T, HV))
+    launches = gdn_chunk_launches(q, k, v, g, beta, states["chunk"], outs["chunk"], scratch, T, HV, HG, DK, DV,
+                                  HG * DK, HV * DV)
+    token_args = (q, k, v, g, beta, states["token"], outs["token"], T, HV, HG, DK, DV, float(DK ** -0.5),
+                  HG * DK, HV * DV)
+
+    def chunked():
+        for op, grid, args in launches:
+            ops._launch(op, grid, args)
+
+    chunk_ms = time_launches(ops, chunked, reps)
+    token_ms = time_launches(ops, lambda: ops._launch("gdn_prompt", (-(-DV // 128), HV), token_args),
+                             max(1, reps if T <= 4096 else 2))
+    for name in states:                        # one more launch of each from the same state, to compare
+        states[name].copy_from_host(S0, ops.stream)
+    chunked()
+    ops._launch("gdn_prompt", (-(-DV // 128), HV), token_args)
+    got = {name: ops._download(outs[name], (T, HV, DV), np.float32) for name in outs}
+    diff = float(np.abs(got["chunk"] - got["token"]).max() / np.abs(got["token"]).max())
+    f_chunk, f_token = flops(T)
+    nbytes = compulsory_bytes(T)
+    scratch_bytes = gdn_chunk_scratch_bytes(T, HV) * (1 + -(-DV // GDN_SCAN_COLS))
+    return {"T": T, "chunk_ms": chunk_ms, "token_ms": token_ms, "chunk_gflop": f_chunk / 1e9,
+            "token_gflop": f_token / 1e9, "chunk_tflops": f_chunk / chunk_ms / 1e9,
+            "token_tflops": f_token / token_ms / 1e9, "bytes": nbytes, "scratch_bytes": scratch_bytes,
+            "chunk_gbps": nbytes / chunk_ms / 1e6, "token_gbps": nbytes / token_ms / 1e6, "max_rel_diff": diff}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--reps", type=int, default=10, help="timed launches per form and length")
+    parser.add_argument("--sweep", action="store_true", help=f"also the short prompts {SWEEP}")
+    args = parser.parse_args()
+    rng = np.random.default_rng()
+    ops = CudaOps()
+    rows = [bench(ops, rng, T, args.reps) for T in (SWEEP if args.sweep else []) + LENGTHS]
+    print(f"Hv {HV}, Hg {HG}, Dk {DK}, Dv {DV}, chunks of {GDN_CHUNK}, scratch {GDN_CHUNK_SCRATCH * 4} B a chunk "
+          f"and head; {ops.device.name}; shares of {PEAK_F32_TFLOPS:.0f} TFLOP/s f32 and {PEAK_GBPS:.0f} GB/s")
+    print(f"{'T':>6} {'chunk ms':>9} {'TFLOP/s':>8} {'share':>6} {'GB/s':>7} {'token ms':>9} {'TFLOP/s':>8} "
+          f"{'share':>6} {'GB/s':>7} {'speedup':>8} {'scratch MB':>10} {'rel diff':>9}")
+    for r in rows:
+        print(f"{r['T']:>6} {r['chunk_ms']:>9.3f} {r['chunk_tflops']:>8.2f} "
+              f"{r['chunk_tflops'] / PEAK_F32_TFLOPS:>6.1%} {r['chunk_gbps']:>7.0f} {r['token_ms']:>9.3f} "
+              f"{r['token_tflops']:>8.2f} {r['token_tflops'] / PEAK_F32_TFLOPS:>6.1%} {r['token_gbps']:>7.0f} "
+              f"{r['token_ms'] / r['chunk_ms']:>7.1f}x {r['scratch_bytes'] / 1e6:>10.1f} {r['max_rel_diff']:>9.2e}")
+    if args.json:
+        args.json.write_text(json.dumps({"shape": {"Hv": HV, "Hg": HG, "Dk": DK, "Dv": DV}, "lengths": rows},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
