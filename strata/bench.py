@@ -208,6 +208,10 @@ def _finish(runner, res: BenchResult) -> None:
     if isinstance(status.get("expert_cache"), dict):
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
+        host = status["expert_cache"].get("host")
+        if host:            # --cpu-experts: the host's rates as the run left them
+            r = host["rates"]
+            res.limits["host_expert_ms"] = {"expert": r["expert_ms"], "row": r["row_ms"], "blob_bytes": r["blob_bytes"]}
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -311,6 +315,10 @@ def report(res: BenchResult) -> str:
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
                     f"{host['host_step_ms']:.3f} ms until the token is on the host")
+    rates = res.limits.get("host_expert_ms")
+    if rates:
+        rows.append(f"host expert FFN (cpu_experts, as the run left its rates): {rates['expert']:.3f} ms an "
+                    f"expert of {rates['blob_bytes'] / 1e6:.2f} MB + {rates['row']:.3f} ms a token row")
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")

@@ -178,7 +178,8 @@ def test_bench_and_status_report_the_hosts_share(fake):
     assert res.error is None, res.error
     assert res.prompt[19]["host_experts"] > 0 and res.prompt[19]["host_bytes"] > 0
     assert res.decode[19]["host_experts"] == 0             # decode steps do not split
-    assert "computed on the host (--cpu-experts 0.5): prompt 19:" in report(res)
+    text = report(res)
+    assert "computed on the host (--cpu-experts 0.5): prompt 19:" in text and "host expert FFN" in text
     host = runner.status()["expert_cache"]["host"]
     assert host["mode"] == 0.5 and host["experts"] >= res.prompt[19]["host_experts"]
 
