@@ -147,7 +147,10 @@ def split_cases(sizes: PackSizes, p, config: EngineConfig):
     big = max(range(a.num_hidden_layers), key=sizes.blob)
     rates = random_blob_rates(cpu_experts, sizes.layers[big], a.hidden_size)
     mode = parse_mode(config.cpu_experts)
-    return rates, plan_cases(a, sizes.blob(big), a.num_hidden_layers, p.prompt_cache_slots / p.total_experts,
+    # a short prompt's loan is its ring and a small pool (the loan is sized by the prompt), not the
+    # plan's largest chunk's: it keeps about the cache less the ring
+    kept = max(p.prompt_cache_slots, p.cache_slots - p.prefill_ring)
+    return rates, plan_cases(a, sizes.blob(big), a.num_hidden_layers, kept / p.total_experts,
                              p.cache_slots / p.total_experts, p.h2d_gb_s, rates,
                              mode if isinstance(mode, float) else None)
 
