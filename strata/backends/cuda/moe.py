@@ -228,7 +228,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     if plan.batches is None:
         raise InvalidArgument(f"moe: a prompt chunk of {T} tokens needs a plan with its batches (MoePlan.batches)")
     ids_host, on_host, wait = None, (), None
-    if plan.host is not None:               # the host's share of the missed experts (--cpu-experts)
+    if plan.host is not None and plan.host.may_take(lay.layer):    # the host's share of the misses (--cpu-experts)
         ids_host = ops.to_host(ids)
         on_host, wait = _host_share(ops, x, lay.layer, ids_host, weights, plan)
     if ops.paths.group_on_device and tc and plan.routing_free:

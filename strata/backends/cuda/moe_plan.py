@@ -11,9 +11,11 @@ the function that hands out each layer's experts batch by batch: for a streamed 
 ring's batches of that chunk, each yielded once the compute stream waits for its copies (the
 caller queues a batch's kernels before asking for the next). A prompt chunk's plan may also give the
 host's share of its missed experts (`host`, --cpu-experts: strata.engine.experts.host_compute's
-ChunkSplit): `choose(layer, ids)` names the experts the host computes from the routing on the host,
-`start(layer, experts, x, ids, weights)` starts them and returns a wait() that gives the device
-address of their weighted sum [T, D] (mapped pinned memory), which the combine adds in.
+ChunkSplit): `may_take(layer)` says whether the host may take any of layer's experts (else the
+layer runs as without it, its routing left on the device), `choose(layer, ids)` names the experts
+the host computes from the routing on the host, `start(layer, experts, x, ids, weights)` starts
+them and returns a wait() that gives the device address of their weighted sum [T, D] (mapped
+pinned memory), which the combine adds in.
 """
 from __future__ import annotations
 

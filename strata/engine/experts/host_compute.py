@@ -158,6 +158,11 @@ class ChunkSplit:
         """The experts of layer the ring must not queue (chosen at the start)."""
         return self.sets.get(layer, frozenset()) if self.sets is not None else frozenset()
 
+    def may_take(self, layer: int) -> bool:
+        """Whether the host may take any of layer's experts (a layer without any keeps its routing
+        on the device)."""
+        return self.sets is None or layer in self.sets
+
     def choose(self, layer: int, ids: np.ndarray) -> list[int]:
         return self.host.choose(layer, ids, self.sets)
 
