@@ -208,24 +208,34 @@ def _finish(runner, res: BenchResult) -> None:
     if isinstance(status.get("expert_cache"), dict):
         res.plan["cache_slots"] = status["expert_cache"]["slots"]
         res.plan["policy"] = status["expert_cache"].get("policy")
+        host = status["expert_cache"].get("host")
+        if host:            # --cpu-experts: the host's rates as the run left them
+            r = host["rates"]
+            res.limits["host_expert_ms"] = {"expert": r["expert_ms"], "row": r["row_ms"], "blob_bytes": r["blob_bytes"]}
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _stream_counters(runner) -> tuple:
-    """(hits, misses, bytes host -> device) of the GPU runner's expert store so far; None on the CPU."""
+    """(hits, misses, bytes host -> device, experts and blob bytes the host computed) of the GPU
+    runner's expert store so far; None on the CPU."""
     store = getattr(runner, "store", None)
     if store is None:
         return None
-    return store.stats.hits, store.stats.misses, store.stats.bytes_h2d
+    host = getattr(store, "host_experts", None)
+    return (store.stats.hits, store.stats.misses, store.stats.bytes_h2d,
+            host.stats.experts if host else 0, host.stats.bytes if host else 0)
 
 
 def _stream_delta(runner, before, seconds: float) -> dict:
-    """Hit rate and host -> device traffic of one bench phase (GPU)."""
+    """Hit rate, host -> device traffic and the host's share (--cpu-experts) of one bench phase (GPU)."""
     if before is None:
         return {}
-    hits, misses, h2d = (a - b for a, b in zip(_stream_counters(runner), before))
-    return {"hit_rate": hits / (hits + misses) if hits + misses else None, "bytes_h2d": h2d,
-            "h2d_gb_s": h2d / seconds / 1e9}
+    hits, misses, h2d, host_experts, host_bytes = (a - b for a, b in zip(_stream_counters(runner), before))
+    out = {"hit_rate": hits / (hits + misses) if hits + misses else None, "bytes_h2d": h2d,
+           "h2d_gb_s": h2d / seconds / 1e9}
+    if getattr(runner.store, "host_experts", None) is not None:
+        out.update(host_experts=host_experts, host_bytes=host_bytes)
+    return out
 
 
 def _vram_peak(runner, res) -> None:
@@ -283,6 +293,12 @@ def report(res: BenchResult) -> str:
         share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
         rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"
                     f"{_stream_cols(r, h2d)}")
+    host_rows = [f"{what} {n}: {r['host_experts']:,} experts, {r['host_bytes'] / 1e9:.2f} GB"
+                 for what, d in (("prompt", res.prompt), ("decode after", res.decode)) for n, r in d.items()
+                 if "host_experts" in r]
+    if host_rows:
+        rows.append("computed on the host (--cpu-experts " + str(res.config.get("cpu_experts")) + "): "
+                    + "; ".join(host_rows))
     for ctx, r in res.decode.items():
         if r.get("draft_n"):
             rows.append(f"speculation after {ctx}: {r['draft_n_accepted']} of {r['draft_n']} drafts kept "
@@ -299,6 +315,10 @@ def report(res: BenchResult) -> str:
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
                     f"{host['host_step_ms']:.3f} ms until the token is on the host")
+    rates = res.limits.get("host_expert_ms")
+    if rates:
+        rows.append(f"host expert FFN (cpu_experts, as the run left its rates): {rates['expert']:.3f} ms an "
+                    f"expert of {rates['blob_bytes'] / 1e6:.2f} MB + {rates['row']:.3f} ms a token row")
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")

@@ -154,6 +154,12 @@ class EngineConfig:
                                                                  "is staged through small pinned buffers, decode "
                                                                  "misses staged, no CUDA graphs; 0 = all the system "
                                                                  "allows"})
+    cpu_experts: str = field(default="off", metadata={
+        "help": "the host's cores compute part of each prompt chunk's missed experts (from the pinned arena, "
+                "while the GPU computes the rest), GPU only: off, auto (the share a cost model of the measured "
+                "bus and host rates finds faster; nothing where it does not pay, as for long chunks) or a "
+                "share of the missed experts in (0, 1] for A/B runs; off by default until the device A/B "
+                "has run"})
     expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
                                                                  "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
@@ -259,6 +265,14 @@ class EngineConfig:
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
         if self.prefill_rule not in ("bytes", "slots"):
             raise InvalidArgument(f"prefill_rule must be bytes or slots, got {self.prefill_rule!r}")
+        if str(self.cpu_experts).strip().lower() not in ("off", "auto"):
+            try:
+                share = float(self.cpu_experts)
+            except ValueError:
+                share = -1.0
+            if not 0.0 < share <= 1.0:
+                raise InvalidArgument(f"cpu_experts must be off, auto or a share of the missed experts in (0, 1], "
+                                      f"got {self.cpu_experts!r}")
         if self.expert_policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert_policy must be lru or lfu, got {self.expert_policy!r}")
         if self.expert_cache != "auto" and not self.expert_cache.isdigit():
@@ -290,6 +304,9 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.kv_resident and cfg.device == "cpu":
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: the CPU's KV is in host memory already; the flag "
                               f"is the GPU's")
+    if cfg.device == "cpu" and str(cfg.cpu_experts).strip().lower() != "off":
+        raise InvalidArgument(f"--cpu-experts {cfg.cpu_experts}: on the CPU every expert runs on the host already; "
+                              f"the flag splits the GPU's missed experts")
     if cfg.kv_resident and (cfg.spec != "0" or cfg.mtp):
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --spec/--mtp: the draft layer's KV over the host "
                               f"copy is not built yet (use one of them)")

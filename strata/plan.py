@@ -131,6 +131,45 @@ def trade_text(options, kv_why: str | None) -> str:
     return "\n".join(rows)
 
 
+def split_cases(sizes: PackSizes, p, config: EngineConfig):
+    """(the host's rates, strata.engine.expert_split's PlanCases at this plan) or (None, why not)."""
+    from .engine.expert_split import host_computable, parse_mode, plan_cases, random_blob_rates
+    if p.cache_slots >= p.total_experts:
+        return None, "every expert cached: nothing is missed"
+    why = host_computable(sizes.layers)
+    if why is not None:
+        return None, why
+    try:
+        from ._ext import cpu_experts
+    except ImportError as exc:
+        return None, f"strata._ext.cpu_experts is not built ({exc})"
+    a = sizes.args
+    big = max(range(a.num_hidden_layers), key=sizes.blob)
+    rates = random_blob_rates(cpu_experts, sizes.layers[big], a.hidden_size)
+    mode = parse_mode(config.cpu_experts)
+    # a short prompt's loan is its ring and a small pool (the loan is sized by the prompt), not the
+    # plan's largest chunk's: it keeps about the cache less the ring
+    kept = max(p.prompt_cache_slots, p.cache_slots - p.prefill_ring)
+    return rates, plan_cases(a, sizes.blob(big), a.num_hidden_layers, kept / p.total_experts,
+                             p.cache_slots / p.total_experts, p.h2d_gb_s, rates,
+                             mode if isinstance(mode, float) else None)
+
+
+def split_text(config: EngineConfig, rates, cases) -> str:
+    """The CPU/GPU split of missed experts, per case: experts to each side and the speeds predicted."""
+    if rates is None:
+        return f"  CPU/GPU split       none ({cases})"
+    runs = {"off": "off (auto would split as below)", "auto": "auto"}.get(config.cpu_experts, f"share {config.cpu_experts}")
+    rows = [f"  CPU/GPU split       --cpu-experts {runs}; host {rates.expert_s * 1e3:.3f} ms an expert + "
+            f"{rates.row_s * 1e3:.3f} ms a row ({rates.source})"]
+    for c in cases:
+        s = c.split
+        rows.append(f"    {c.name:<20} {s.host + s.bus:>4} missed a layer: {s.host} on the host, {s.bus} over "
+                    f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound)"
+                    + ("; decode steps do not split yet" if c.tokens == 1 else ""))
+    return "\n".join(rows)
+
+
 def plan_main(args, engine_kwargs: dict) -> int:
     config = EngineConfig.from_kwargs(**engine_kwargs)
     name, sizes = plan_sizes(args.model, args.synthetic)
@@ -146,10 +185,15 @@ def plan_main(args, engine_kwargs: dict) -> int:
         config = dataclasses.replace(config, kv=kv)
     plan = make_plan(sizes, config, budget, source, bandwidths, num_sms)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
+    rates, cases = split_cases(sizes, plan, config)
     if args.json:
         print(json.dumps({"model": name, **plan.to_dict(), "kv_auto": kv_why,
-                          "kv_trade": [dataclasses.asdict(o) for o in options]}, indent=1))
+                          "kv_trade": [dataclasses.asdict(o) for o in options],
+                          "cpu_experts": None if rates is None else
+                          {"host_rates": dataclasses.asdict(rates), "cases": [dataclasses.asdict(c) for c in cases]}},
+                         indent=1))
     else:
         print(plan_text(name, plan))
+        print(split_text(config, rates, cases))
         print(trade_text(options, kv_why))
     return 0

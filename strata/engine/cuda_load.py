@@ -6,6 +6,7 @@ off). strata.engine.cuda_runner.CudaRunner calls these in its constructor.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -162,3 +163,28 @@ def decode_misses(store, config: EngineConfig) -> tuple[str, str | None]:
                           f"({store.pin_reason}): decode misses of the rest are staged, each "
                           f"layer's routing read on the host")
     return config.decode_misses, None
+
+
+def host_experts(rt, dev, store, args, config: EngineConfig, bandwidths):
+    """The host's share of prompt chunks' missed experts (--cpu-experts; strata.engine.expert_split),
+    its rates measured now on a real blob of the arena (a few ms), or None: off, every expert
+    resident, or (auto) a pack whose experts the host's kernels do not read."""
+    from .expert_split import host_computable, measure_host_rates, parse_mode
+    mode = parse_mode(config.cpu_experts)
+    if mode == "off" or store.resident:
+        return None
+    why = host_computable(store.layers_meta)
+    if why is None and not store.pinned[0, 0]:
+        why = "the arena pinned none of experts.bin"
+    if why is not None:
+        if mode is None:
+            sys.stderr.write(f"strata: --cpu-experts auto: every missed expert goes over the bus ({why})\n")
+            return None
+        raise InvalidArgument(f"--cpu-experts {config.cpu_experts}: {why}")
+    from .._ext import cpu_experts
+    from .experts.host_compute import HostExperts
+    lay = store.layers_meta[0]
+    blob = np.frombuffer(store.arena, np.uint8)[int(lay["offset"]):int(lay["offset"]) + int(lay["blob_bytes"])]
+    rates = measure_host_rates(cpu_experts, lay["parts"], blob, int(args.hidden_size),
+                               int(lay["parts"]["gate"]["shape"][0]))
+    return HostExperts(rt, dev, store, args, rates, bandwidths.h2d_gb_s, mode)

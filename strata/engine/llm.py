@@ -81,6 +81,9 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
         return CudaRunner(pack, max_context, config)
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
+    if str(config.cpu_experts).strip().lower() != "off":
+        raise InvalidArgument(f"--cpu-experts {config.cpu_experts}: this run is on the CPU, where every expert runs "
+                              f"on the host already; the flag splits the GPU's missed experts")
     if config.kv_resident:
         raise InvalidArgument(f"--kv-resident {config.kv_resident}: the CPU's KV is in host memory already; the flag "
                               f"is the GPU's")

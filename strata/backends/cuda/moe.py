@@ -98,12 +98,33 @@ def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int) -> No
                (gate, up, out, rows, I, ld, ld, I))
 
 
-def _combine(ops, y: DeviceTensor, rows: int, weights: DeviceTensor, T: int, A: int, D: int) -> DeviceTensor:
-    """out [T, D] = sum_a weights[t, a] * y row (t, a); rows: int32 device pointer, or 0 for t * A + a."""
+def _combine(ops, y: DeviceTensor, rows: int, weights: DeviceTensor, T: int, A: int, D: int,
+             residual: int = 0) -> DeviceTensor:
+    """out [T, D] = residual + sum_a weights[t, a] * y row (t, a); rows: int32 device pointer, or 0 for
+    t * A + a; residual: a device address of [T, D] f32 (the host's experts), 0 for none (zeros)."""
     out = ops.alloc((T, D))
     ops.launch("moe_combine", (-(-D // 256), min(T, 65535)),
-               (ops._zeros_ptr(T * D * 4), y.ptr, rows, weights.ptr, out.ptr, T, A, D))
+               (residual or ops._zeros_ptr(T * D * 4), y.ptr, rows, weights.ptr, out.ptr, T, A, D))
     return out
+
+
+def _host_share(ops, x: DeviceTensor, layer: int, ids: np.ndarray, weights: DeviceTensor, plan: MoePlan):
+    """The host's experts of this layer (plan.host chooses them from the routing ids) started on its
+    worker -> (their ids, wait() giving the device address of their weighted sum), or ((), None)."""
+    experts = plan.host.choose(layer, ids)
+    if not experts:
+        return (), None
+    return experts, plan.host.start(layer, experts, ops.to_host(x), ids, ops.to_host(weights))
+
+
+def _zero_rows(ops, y: DeviceTensor, ids: np.ndarray, experts) -> None:
+    """The sorted output rows (group_by_expert's order) of experts the GPU skipped are zeros, so the
+    combine's weighted sum over them adds nothing."""
+    _, ex, starts, counts, _ = group_by_expert(ids)
+    D = y.shape[1]
+    for e, s0, c in zip(ex.tolist(), starts.tolist(), counts.tolist()):
+        if e in experts:
+            ops.rt.copy_d2d(y.ptr + s0 * D * 4, ops._zeros_ptr(c * D * 4), c * D * 4, ops.stream)
 
 
 def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
@@ -206,9 +227,13 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     tc = all(tensor_core_gemm(p.qtype, p.shape[-1], ops.paths.tensor_core_prompt) for p in (gate, up, down))
     if plan.batches is None:
         raise InvalidArgument(f"moe: a prompt chunk of {T} tokens needs a plan with its batches (MoePlan.batches)")
+    ids_host, on_host, wait = None, (), None
+    if plan.host is not None and plan.host.may_take(lay.layer):    # the host's share of the misses (--cpu-experts)
+        ids_host = ops.to_host(ids)
+        on_host, wait = _host_share(ops, x, lay.layer, ids_host, weights, plan)
     if ops.paths.group_on_device and tc and plan.routing_free:
-        return _moe_grouped_on_device(ops, x, lay, ids, weights, plan)
-    order, experts, starts, counts, rows = group_by_expert(ops.to_host(ids))
+        return _moe_grouped_on_device(ops, x, lay, ids, weights, plan, ids_host, on_host, wait)
+    order, experts, starts, counts, rows = group_by_expert(ids_host if ids_host is not None else ops.to_host(ids))
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
     I = gate.rows
     fused = lay.contiguous_gate_up
@@ -216,7 +241,9 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
-    for batch, blobs in plan.batches(lay.layer, list(where)):
+    for batch, blobs in plan.batches(lay.layer, [e for e in where if e not in on_host]):
+        if not batch:                           # every expert of the layer on the host
+            continue
         r0 = where[batch[0]][0]
         r1 = where[batch[-1]][0] + where[batch[-1]][1]
         if tc:
@@ -237,16 +264,22 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
             for e, blob in zip(batch, blobs):
                 s0, c = where[e]
                 ops._gemm_weight(_at(blob, down), h.ptr + s0 * I * 4, y.ptr + s0 * D * 4, c, D)
-    return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)
+    if wait is None:
+        return _combine(ops, y, index.ptr + S * 4, weights, T, A, D)
+    _zero_rows(ops, y, ids_host, on_host)
+    return _combine(ops, y, index.ptr + S * 4, weights, T, A, D, wait())
 
 
 def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
-                           weights: DeviceTensor, plan: MoePlan) -> DeviceTensor:
+                           weights: DeviceTensor, plan: MoePlan, ids_host: np.ndarray | None = None,
+                           on_host=(), wait=None) -> DeviceTensor:
     """moe_grouped with the routing grouped on the device (nothing read back), for a layer whose
     every expert the store hands out without the routing: all resident (one batch, the layer's
     table row as the addresses), or a chunk that streams every non-cached expert (the store's
     batches in expert order; each batch's launches see an address table with zeros for the other
-    experts, whose tiles moe_gemm skips, and SwiGLU takes the batch's rows from the device)."""
+    experts, whose tiles moe_gemm skips, and SwiGLU takes the batch's rows from the device).
+    on_host: experts the host computes (never in a batch: address 0, skipped), wait() the device
+    address of their sum, added by the combine (ids_host: the routing, read back for them)."""
     T, D = x.shape
     S, E = ids.size, ops.args.num_experts
     index, tiles, n = group_on_device(ops, ids, E)
@@ -256,7 +289,9 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
-    for batch, blobs in plan.batches(lay.layer, list(range(E))):
+    for batch, blobs in plan.batches(lay.layer, [e for e in range(E) if e not in on_host]):
+        if not batch:                           # every expert of the layer on the host
+            continue
         if plan.resident:                       # one batch: the layer's row of the expert table
             ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)
         else:
@@ -267,7 +302,10 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
         _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
         _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld)
         grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)
-    return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
+    if wait is None:
+        return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
+    _zero_rows(ops, y, ids_host, on_host)
+    return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D, wait())
 
 
 def _swiglu_rows(ops, gate: int, up: int, out: int, starts: int, lo: int, hi: int, I: int, ld: int) -> None:

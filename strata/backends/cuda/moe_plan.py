@@ -9,7 +9,13 @@ plan says whether its batches depend on the routing (all experts resident, or a 
 every non-cached expert in a fixed order: the routing may then be grouped on the device) and gives
 the function that hands out each layer's experts batch by batch: for a streamed chunk, the prompt
 ring's batches of that chunk, each yielded once the compute stream waits for its copies (the
-caller queues a batch's kernels before asking for the next).
+caller queues a batch's kernels before asking for the next). A prompt chunk's plan may also give the
+host's share of its missed experts (`host`, --cpu-experts: strata.engine.experts.host_compute's
+ChunkSplit): `may_take(layer)` says whether the host may take any of layer's experts (else the
+layer runs as without it, its routing left on the device), `choose(layer, ids)` names the experts
+the host computes from the routing on the host, `start(layer, experts, x, ids, weights)` starts
+them and returns a wait() that gives the device address of their weighted sum [T, D] (mapped
+pinned memory), which the combine adds in.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ class MoePlan:
     batches: Batches | None = None      # a prompt chunk's experts, batch by batch
     stage: Stage | None = None          # decode misses staged (routing read on the host per layer)
     route_log: int = 0                  # device int32 [layers, GEMV_MAX_T * A]: a step's routing; 0 for none
+    host: object = None                 # a prompt chunk's host share (choose, start; see the module doc)
 
     @property
     def routing_free(self) -> bool:

@@ -58,18 +58,25 @@ class PromptRing:
         self._computed_end = 0                         # ring positions whose compute has been queued
         self._open: _Chunk | None = None               # the last chunk begun, until retired
 
-    def begin(self, T: int, stream_all_tokens: int, layers) -> _Chunk:
+    def streams_all(self, T: int, stream_all_tokens: int) -> bool:
+        """Whether a chunk of T tokens streams every non-cached expert (begin)."""
+        s = self.store
+        return not s.resident and s.ring_slots > 0 and T >= stream_all_tokens
+
+    def begin(self, T: int, stream_all_tokens: int, layers, skipped=None) -> _Chunk:
         """A chunk of T tokens through `layers` layers (a count from layer 0, or a range: the draft
         layer's own chunk) starts: in streaming mode with a big enough chunk, queue every non-cached
-        expert of those layers through the ring (copies start as slots allow). -> the chunk, for
-        layer()."""
+        expert of those layers through the ring (copies start as slots allow), but those skipped(l)
+        names (the host computes them). -> the chunk, for layer()."""
         s = self.store
         s.admissions.land_sync()
         self.retire()
-        chunk = self._open = _Chunk(stream_all=not s.resident and s.ring_slots > 0 and T >= stream_all_tokens)
+        chunk = self._open = _Chunk(stream_all=self.streams_all(T, stream_all_tokens))
         if chunk.stream_all:
             for l in (range(layers) if isinstance(layers, int) else layers):
                 missing = np.flatnonzero(s.slot_of[l] < 0).tolist()
+                if skipped is not None:
+                    missing = [e for e in missing if e not in skipped(l)]
                 self._add_batches(chunk, l, missing)
             self._pump(chunk)
         return chunk

@@ -125,6 +125,7 @@ class ExpertStore:
         self.kept_slots, self.loan_pool_bytes, self.lent = None, 0, False
         self.lent_from = None                # the first slot lent to the prompt running now
         self.staged_decode = False                          # set by the runner: decode misses staged
+        self.host_experts = None                            # set by the runner: the host's share (HostExperts)
         self.stage_pinned_misses = True                     # staged: pinned misses copied too (else zero-copy)
         self.pinned = np.ones((L, E), bool)                 # (l, e) in the pinned arena (or resident)
         self.pinned_bytes, self.pin_reason, self.staging = self.file_bytes, None, None
@@ -274,7 +275,8 @@ class ExpertStore:
                 "arena_pinned_bytes": 0 if self.resident else self.pinned_bytes,
                 "arena_pinned_share": None if self.resident else self.pinned_bytes / max(1, self.file_bytes),
                 "staged_blobs": 0 if self.staging is None else self.staging.staged_blobs,
-                "bytes_h2d": s.bytes_h2d, "bus_cap": None if self.bus_cap is None else self.bus_cap.status()}
+                "bytes_h2d": s.bytes_h2d, "bus_cap": None if self.bus_cap is None else self.bus_cap.status(),
+                "host": None if self.host_experts is None else self.host_experts.status()}
 
     # ---- a run that leaves no trace (CudaRunner.warm_up) -------------------------------------------
     def snapshot(self) -> dict:
@@ -282,6 +284,7 @@ class ExpertStore:
         the policy's scores and where every expert lives (restore() puts them back)."""
         staging = self.staging
         return {"stats": replace(self.stats), "lent_from": self.lent_from, "policy": self.admissions.snapshot(),
+                "host": None if self.host_experts is None else replace(self.host_experts.stats),
                 "arrays": {"slot_of": self.slot_of.copy(), "table_host": self.table_host.copy()},
                 "slot_owner": None if self.resident else self.slot_owner.copy(),
                 "staging": None if staging is None else (staging.staged_blobs, staging.late_fills,
@@ -310,6 +313,8 @@ class ExpertStore:
         for name, array in saved["arrays"].items():
             getattr(self, name)[:] = array
         self.stats = replace(saved["stats"])
+        if self.host_experts is not None and saved.get("host") is not None:
+            self.host_experts.stats = replace(saved["host"])
         if self.staging is not None:
             self.staging.staged_blobs, self.staging.late_fills, self.staging.wait_seconds = saved["staging"]
         self.table.copy_from_host(self.table_host, self.stream)
@@ -404,8 +409,13 @@ class ExpertStore:
     def chunk_plan(self, T: int, stream_all_tokens: int, layers) -> MoePlan:
         """A prompt chunk of more than a decode step's T tokens starts (PromptRing.begin): its plan,
         whose batches are this chunk's (PromptRing.layer), valid until the next chunk begins."""
-        chunk = self.prompts.begin(T, stream_all_tokens, layers)
-        return MoePlan(resident=self.resident, stream_all=chunk.stream_all, batches=partial(self.prompts.layer, chunk))
+        split = None
+        if self.host_experts is not None:     # the host's share of the misses (--cpu-experts)
+            self.admissions.land_sync()       # the split reads where experts are after admissions land
+            split = self.host_experts.chunk(T, self.prompts.streams_all(T, stream_all_tokens), layers)
+        chunk = self.prompts.begin(T, stream_all_tokens, layers, None if split is None else split.skipped)
+        return MoePlan(resident=self.resident, stream_all=chunk.stream_all, batches=partial(self.prompts.layer, chunk),
+                       host=split)
 
     # the policy's state and the routing profile (the runner writes `uses` out; tests compare them)
     @property
