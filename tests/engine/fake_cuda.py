@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import weakref
 
 import numpy as np
 
@@ -32,19 +33,36 @@ from strata.errors import DeviceError, InvalidArgument
 from strata.quant import QTensor, qtype
 
 _bases: list[int] = []
-_arrays: list[np.ndarray] = []
+_arrays: list = []              # np.ndarray (device memory), or a weakref to a HostBuffer (_array)
 _next = [1 << 32]
 launches: list[str] = []        # names of the kernels launched from Python, in order
 graph_launches: list[int] = []  # nodes of each graph launched, in order
 _capturing: list = []           # streams in capture
 
 
+def _array(i: int) -> np.ndarray:
+    """Buffer i's bytes: a HostBuffer is held weakly (a view of it kept here would keep the host
+    memory, experts' arenas among it, alive for the whole test run)."""
+    a = _arrays[i]
+    if isinstance(a, weakref.ref):
+        host = a()
+        return np.zeros(0, np.uint8) if host is None or not len(host) else np.frombuffer(host, np.uint8)
+    return a
+
+
+def _forget(ptr: int) -> None:
+    i = bisect.bisect_left(_bases, ptr)
+    if i < len(_bases) and _bases[i] == ptr:
+        del _bases[i], _arrays[i]
+
+
 def _resolve(ptr: int, nbytes: int) -> np.ndarray:
     i = bisect.bisect_right(_bases, ptr) - 1
-    if i < 0 or ptr + nbytes > _bases[i] + _arrays[i].size or _arrays[i].size == 0:
+    arr = _array(i) if i >= 0 else None
+    if i < 0 or ptr + nbytes > _bases[i] + arr.size or arr.size == 0:
         raise AssertionError(f"fake_cuda: {nbytes} bytes at 0x{ptr:x} are outside every buffer")
     off = ptr - _bases[i]
-    return _arrays[i][off:off + nbytes]
+    return arr[off:off + nbytes]
 
 
 def view(ptr: int, count: int, dtype=np.float32) -> np.ndarray:
@@ -176,7 +194,8 @@ class HostBuffer(bytearray):
         self.ptr = _next[0]
         _next[0] += -(-max(nbytes, 1) // 4096) * 4096 + 4096
         _bases.append(self.ptr)
-        _arrays.append(np.frombuffer(self, np.uint8) if nbytes else np.zeros(0, np.uint8))
+        _arrays.append(weakref.ref(self))
+        weakref.finalize(self, _forget, self.ptr)
 
     @property
     def device_ptr(self) -> int:
