@@ -201,6 +201,13 @@ class Qwen3NextDeviceOps(DeviceOps):
         k = self.rope(self.rms_norm(k, k_norm, eps), positions)
         return self.attention(q, k, v, layer, kv, positions)
 
+    def qk_norm_rope_append(self, q, k, v, q_norm: str, k_norm: str, eps: float, layer: int, kv, positions) -> None:
+        """The K/V cells qk_norm_rope_attention writes (the draft layer's prompt cells); with partial
+        RoPE the whole unfused op, its output unread, so the cells are the full path's bit for bit."""
+        if self.rot >= q.shape[-1]:
+            return super().qk_norm_rope_append(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+        self.qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+
     def attn_q_gate(self, x: DeviceTensor, prefix: str):
         """attn_q holds each head's query rows then its gate rows -> (q [T, H, Dh], gate [T, H*Dh])."""
         a = self.args
