@@ -100,6 +100,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec, config.draft_window, config.draft_prompt)
+        if hybrid and self.spec:    # the DeltaNet states after each row of a verify window (rollback)
+            from ..config import spec_max_drafts
+            self.kv_all.keep_rows(spec_max_drafts(self.spec) + 1)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
@@ -279,9 +282,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         a hybrid model resumes its DeltaNet states only from the live state or a snapshot taken at the
         end of a prompt (DeviceHybridCache, as the CPU's HybridCache)."""
         n = reusable_prefix(self.cached_ids, ids)
-        if self.hybrid:
-            n = self.kv.resumable(n, len(self.cached_ids))
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        if not self.hybrid:
+            return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        n = self.kv.resumable(n, len(self.cached_ids))
+        if self.drafter:        # where the drafter cuts one token off, the states resume from a snapshot
+            cut = self.drafter.reusable(self.cached_ids, ids, n)
+            return cut if cut == n else self.kv.resumable(cut, len(self.cached_ids))
+        return self._bring_back(ids, n)
 
     def _kv_ranges(self, n: int):
         """(buffer, byte offset, bytes) of cells 0..n-1 of this slot, per layer and plane."""

@@ -273,7 +273,10 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
         "kv": (vram_kv_bytes(a, config)
                # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
                + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
-                  else 0)),
+                  else 0)
+               # and a verify window's: the states before it and after each of its rows (rollback)
+               + ((spec_max_drafts(config.spec) + 2) * linear_state_bytes(a)
+                  if a.architecture == "qwen3next" and config.mtp and str(config.spec) != "0" else 0)),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),

@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 from strata.config import SamplingParams  # noqa: E402
 from strata.engine.runner import CpuRunner  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
+from tests.engine.next_spec_checks import GREEDY, check_window_rows, forced_drafts, generate  # noqa: E402
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 
@@ -18,52 +19,6 @@ from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 def pack_path(tmp_path_factory):
     path, _ = make_next_pack(tmp_path_factory.mktemp("next-mtp"), NEXT_SHAPES["tiny"], seed=21, mtp=True)
     return path
-
-
-GREEDY = SamplingParams()
-
-
-def forced_drafts(runner, full: list[int], wrong: list[int]):
-    """Make runner's drafter propose the plain greedy continuation `full` (prompt + tokens), with the
-    draft at index wrong[w % len(wrong)] of window w changed (-1: none), so windows keep 0..N drafts.
-    The drafter's own bookkeeping (its cells, pending rows) still runs: only the proposals change."""
-    real, windows = runner.drafter.draft, []
-
-    def draft(target, token, n, params, draw):
-        drafts, qs = real(target, token, n, params, draw)
-        at = len(target.cached_ids) + 1
-        drafts = [full[at + k] if at + k < len(full) else 0 for k in range(n)]
-        k = wrong[len(windows) % len(wrong)]
-        if 0 <= k < n:
-            drafts[k] = (drafts[k] + 1) % target.args.vocab_size
-        windows.append(k)
-        return drafts, qs
-    runner.drafter.draft = draft
-
-
-class Draws:
-    """The sampler's draw() from a seeded generator."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-
-    def draw(self) -> float:
-        return float(self.rng.random())
-
-
-def generate(runner, ids: list[int], n: int, params=GREEDY, seed: int = 0) -> list[int]:
-    """n tokens after ids (read from the runner's reusable prefix; no stop at EOS), speculating where
-    the runner does."""
-    draws = Draws(seed)
-    runner.prefill(ids, runner.reusable_prefix(ids), logits=False)
-    out = [runner.pick(params, draws.draw())]
-    while len(out) < n:
-        if runner.spec:
-            out += runner.speculate(out[-1], params, draws, n - len(out))
-        else:
-            runner.decode(out[-1], logits=False)
-            out.append(runner.pick(params, draws.draw()))
-    return out
 
 
 def plain_states(pack, ids: list[int], prompt_len: int):
@@ -148,6 +103,13 @@ def test_follow_up_turns_resume_as_without_spec(pack_path, rng):
         assert got == generate(plain, turn, 10)
 
 
+def test_window_rows_are_one_row_steps_bit_for_bit(pack_path, rng):
+    pack = open_pack(pack_path)
+    r = CpuRunner(pack, 64, 12, spec=4)
+    for T in (2, 5):
+        check_window_rows(r, rng.integers(0, 300, 9).tolist(), rng.integers(0, 300, T).tolist(), 0.0)
+
+
 def test_rollback_restores_the_states_after_the_kept_row(pack_path, rng):
     """forget on a DeltaNet layer makes live the states after `start` tokens of the last verify
     window; outside that window it refuses rather than leave wrong states."""
@@ -162,3 +124,90 @@ def test_rollback_restores_the_states_after_the_kept_row(pack_path, rng):
     assert_same_states(r, plain_states(pack, ids[:8], 7), "rolled back to row 0")
     with pytest.raises(KeyError, match="verify window"):
         r.forget(r.kv.layers[:1], 3, 4)
+
+
+# ---- the GPU runner over tests/engine/fake_cuda ---------------------------------------------------
+def gpu_runner(pack, spec: str = "0"):
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    r = CudaRunner(pack, 96, EngineConfig(device="cuda", mtp=spec != "0", spec=spec))
+    r.prefill_chunk = 12            # chunks of 12 (the prompt kernels), tails of <= 8 (the step kernels)
+    return r
+
+
+def assert_states_close(a, b):
+    """The DeltaNet states of two GPU runners: the emulation's T-row GEMVs are numpy matmuls, not the
+    device's row-invariant bodies, so rows agree within 1e-4 of the largest state here (7e-5 seen; a wrong row is O(1) off) (bit for bit on the device:
+    test_qwen3next_gpu.py)."""
+    x, y = a.kv.read_states().view(np.float32), b.kv.read_states().view(np.float32)
+    np.testing.assert_allclose(x, y, rtol=0, atol=1e-4 * np.abs(y).max())
+
+
+def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake, pack_path, rng):
+    """Verify windows of N + 1 rows run the DeltaNet row by row through the one-token kernels and copy
+    each row's states aside; greedy with --spec 1..3 (and forced drafts that windows keep 0..3 of)
+    emits plain greedy's tokens and leaves plain decoding's states."""
+    pack = open_pack(pack_path)
+    plain, spec = gpu_runner(pack), gpu_runner(pack, "3")
+    prompt = rng.integers(0, pack.args.vocab_size, 17).tolist()
+    want = generate(plain, prompt, 20)
+    fake.launches.clear()
+    for n in (1, 2, 3):
+        spec.spec = n
+        spec.reset()
+        assert generate(spec, prompt, 20) == want, f"--spec {n}"
+    assert "strata_gdn_step_f32" in fake.launches and spec.spec_stats.draft_n > 0
+    spec.reset()
+    kept = spec.spec_stats.draft_n_accepted
+    forced_drafts(spec, prompt + want, wrong=[-1, 0, 2, 1])
+    assert generate(spec, prompt, 20) == want
+    del spec.drafter.draft
+    assert spec.spec_stats.draft_n_accepted - kept > 10
+    ref = gpu_runner(pack)
+    ref.prefill(prompt, 0, logits=False)
+    for t in (prompt + want)[len(prompt):len(spec.cached_ids)]:
+        ref.decode(t, logits=False)
+    assert_states_close(spec, ref)
+    assert spec.device_windows == 0        # the window graphs are qwen3moe's: a hybrid's run eagerly
+
+
+def test_window_rows_match_one_row_steps_on_the_emulated_gpu(fake, pack_path, rng):
+    """Within the emulation's T-row GEMVs (numpy matmuls; bit for bit on the device: test_qwen3next_gpu.py)."""
+    r = gpu_runner(open_pack(pack_path), "4")
+    check_window_rows(r, rng.integers(0, 300, 9).tolist(), rng.integers(0, 300, 5).tolist(), 1e-4)
+
+
+def test_sampled_spec_and_follow_up_on_the_emulated_gpu(fake, pack_path, rng):
+    """A sampled run leaves the states plain decoding reaches over its tokens; a follow-up turn then
+    resumes from the live states and gives plain greedy's tokens."""
+    pack = open_pack(pack_path)
+    plain, spec = gpu_runner(pack), gpu_runner(pack, "2")
+    V = pack.args.vocab_size
+    prompt = rng.integers(0, V, 10).tolist()
+    out = generate(spec, prompt, 12, SamplingParams(temperature=1.0, top_k=8), seed=3)
+    n = len(spec.cached_ids)
+    plain.prefill(prompt, 0, logits=False)
+    for t in (prompt + out)[len(prompt):n]:
+        plain.decode(t, logits=False)
+    assert_states_close(spec, plain)
+    follow = (prompt + out)[:n] + rng.integers(0, V, 3).tolist()
+    assert spec.reusable_prefix(follow) == n
+    got = generate(spec, follow, 10)
+    plain.reset()
+    assert got == generate(plain, follow, 10)
+
+
+def test_the_plan_prices_the_window_states(fake, pack_path):
+    """The rows a verify window keeps (the states before it and after each of its rows) are priced
+    with the KV, to the byte of the runner's cache."""
+    from strata.config import EngineConfig
+    from strata.engine import planner
+    from strata.engine.planner import PackSizes
+    pack = open_pack(pack_path)
+    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    kv = {}
+    for spec in ("0", "3"):
+        cfg = EngineConfig(device="cuda", max_context=96, mtp=spec != "0", spec=spec)
+        kv[spec] = planner.mandatory_items(sizes, cfg)["kv"]
+        assert gpu_runner(pack, spec).kv.nbytes - kv[spec] == gpu_runner(pack).kv.nbytes - kv["0"]
+    assert kv["3"] - kv["0"] == 5 * gpu_runner(pack).kv.state_bytes()
