@@ -233,3 +233,12 @@ def test_streamed_experts_and_warm_up_with_spec_on_the_emulated_gpu(fake, pack_p
     spec.reset()
     assert generate(spec, prompt, 16) == generate(plain, prompt, 16)
     assert spec.spec_stats.draft_n > 0
+
+
+def test_llm_with_spec_generates_plain_greedy(pack_path, rng):
+    from strata import LLM
+    plain, spec = LLM(pack_path, device="cpu"), LLM(pack_path, device="cpu", mtp=True, spec="auto")
+    for _ in range(2):
+        prompt = rng.integers(0, 300, 12).tolist()
+        assert spec.generate(prompt, max_tokens=16).token_ids == plain.generate(prompt, max_tokens=16).token_ids
+    assert spec.status()["speculation"]["auto"] is not None      # --spec auto ran its choices
