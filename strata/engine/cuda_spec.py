@@ -44,6 +44,9 @@ def check_spec(config, store, args) -> None:
     """InvalidArgument where the GPU's speculation is not built yet."""
     if args.architecture not in ("qwen3moe", "qwen3next"):
         raise InvalidArgument(f"--spec: speculation on {args.architecture} is not built yet")
+    if args.architecture == "qwen3next" and config.draft_window:
+        raise InvalidArgument(f"--draft-window {config.draft_window}: the draft layer's K/V ring of qwen3next on the "
+                              "GPU is not built yet (its attention cells are DeviceHybridCache's; 0 runs it)")
     if store.staged_decode:
         raise InvalidArgument("--spec on the GPU needs decode misses read in place (zero-copy): staged misses "
                               "(--decode-misses staged, or part of experts.bin unpinned) read each layer's "

@@ -242,3 +242,18 @@ def test_llm_with_spec_generates_plain_greedy(pack_path, rng):
         prompt = rng.integers(0, 300, 12).tolist()
         assert spec.generate(prompt, max_tokens=16).token_ids == plain.generate(prompt, max_tokens=16).token_ids
     assert spec.status()["speculation"]["auto"] is not None      # --spec auto ran its choices
+
+
+def test_draft_window_on_the_cpu_and_refused_on_the_gpu(fake, pack_path, rng):
+    """--draft-window on qwen3next: on the CPU the draft layer's cells are a ring in the HybridCache's
+    KVCache (greedy output stays plain greedy's); the GPU's hybrid cache has no ring yet: one line."""
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.errors import InvalidArgument
+    pack = open_pack(pack_path)
+    plain, spec = CpuRunner(pack, 1024, 12), CpuRunner(pack, 1024, 12, spec=3, draft_window=16)
+    assert spec.draft_slots and spec.kv.window(pack.args.num_hidden_layers) == 16
+    prompt = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    assert generate(spec, prompt, 24) == generate(plain, prompt, 24)
+    with pytest.raises(InvalidArgument, match="--draft-window 16: the draft layer's K/V ring of qwen3next"):
+        CudaRunner(pack, 1024, EngineConfig(device="cuda", mtp=True, spec="2", draft_window=16))
