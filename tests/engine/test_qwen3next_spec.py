@@ -214,18 +214,19 @@ def test_the_plan_prices_the_window_states(fake, pack_path):
 
 
 def test_streamed_experts_and_warm_up_with_spec_on_the_emulated_gpu(fake, pack_path, rng):
-    """Under a small expert cache (the draft layer's experts cached for good, misses read in place),
-    after warm_up (which runs windows of every draft count), greedy with --spec 2 is plain greedy
+    """Under a small expert cache (the draft layer's experts cached for good, misses read in place,
+    lent to a prompt of 12 tokens or more as ring slots: seed 001's room), after warm_up (which runs windows of every draft count), greedy with --spec 2 is plain greedy
     and warm_up left the states and snapshots as they were."""
     from strata.config import EngineConfig
     from strata.engine.cuda_runner import CudaRunner
     pack = open_pack(pack_path)
     plain = gpu_runner(pack)
-    spec = CudaRunner(pack, 96, EngineConfig(device="cuda", mtp=True, spec="2", expert_cache="2"))
+    spec = CudaRunner(pack, 96, EngineConfig(device="cuda", mtp=True, spec="2", expert_cache="2", mtp_room_min=12))
     spec.prefill_chunk = 12
     assert not spec.store.resident
     prompt = rng.integers(0, pack.args.vocab_size, 15).tolist()
     spec.prefill(prompt, 0, logits=False)
+    assert spec.room_lent       # seed 001: the prompt's draft-layer cells read none of its experts (mtp_cells)
     states, snapshots = spec.kv.read_states(), [n for n, _ in spec.kv.snapshots]
     spec.warm_up()
     np.testing.assert_array_equal(spec.kv.read_states(), states)
