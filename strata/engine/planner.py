@@ -261,11 +261,15 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = config.max_context          # the cells attention spans, wherever they live
     # a decode step, a verify window, and the batched steps of 2..parallel slots: a graph each
-    steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS), *range(1, config.parallel + 1)})
+    windows = min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS)
+    # (a hybrid's windows of fewer drafts, near a request's end or under --spec auto, are graphs of their own)
+    hybrid_windows = range(2, windows + 1) if a.architecture == "qwen3next" and config.mtp else ()
+    steps = sorted({1, windows, *hybrid_windows, *range(1, config.parallel + 1)})
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, kv_key(config)) for T in steps]
     graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
-    if config.mtp and str(config.spec) != "0":
+    if config.mtp and str(config.spec) != "0" and a.architecture == "qwen3moe":
         # every window graph (one per draft count) shares one pool's memory: the largest window's
+        # (a hybrid's windows are the verify step's graph: cuda_spec.spec_window)
         graphs += Pool.block_bytes(spec_window_bytes(sizes, min(spec_max_drafts(config.spec), STEP_MAX_TOKENS - 1),
                                                      cells, num_sms, config.kv))
     return {
