@@ -187,7 +187,10 @@ class HybridCache:
         return max([n for n, _, _ in self.snapshots if n <= common], default=0)
 
     def rewind(self, length: int, live: int) -> None:
-        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0)."""
+        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0).
+        The sequence is read anew from there, so snapshots past it go: they hold another sequence's
+        states, which a later turn sharing that many tokens with the new one would resume from."""
+        self.snapshots = [s for s in self.snapshots if s[0] <= length]
         if length == live:
             return
         self.verify_rows = None

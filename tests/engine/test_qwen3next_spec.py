@@ -258,3 +258,24 @@ def test_draft_window_on_the_cpu_and_refused_on_the_gpu(fake, pack_path, rng):
     assert generate(spec, prompt, 24) == generate(plain, prompt, 24)
     with pytest.raises(InvalidArgument, match="--draft-window 16: the draft layer's K/V ring of qwen3next"):
         CudaRunner(pack, 1024, EngineConfig(device="cuda", mtp=True, spec="2", draft_window=16))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_snapshot_of_an_overwritten_sequence_is_not_resumed(fake, pack_path, rng, device):
+    """Prompt a (snapshot at its end), then b sharing a few tokens with it, then c sharing most of b:
+    a's snapshot lies within c's common prefix with the cache but holds a's states, not b's, so the
+    rewind for b drops it and c resumes from b's own states (it once resumed from a's)."""
+    pack = open_pack(pack_path)
+    make = (lambda: CpuRunner(pack, 128, 12)) if device == "cpu" else (lambda: gpu_runner(pack))
+    V = pack.args.vocab_size
+    a = rng.integers(0, V, 40).tolist()
+    b = a[:5] + rng.integers(0, V, 45).tolist()
+    c = b[:45] + rng.integers(0, V, 5).tolist()
+    r = make()
+    for ids in (a, b):
+        r.prefill(ids, r.reusable_prefix(ids), logits=False)
+    assert [s[0] for s in r.kv.snapshots] == [50]
+    start = r.reusable_prefix(c)
+    assert start == 0
+    got, want = r.prefill(c, start), make().prefill(c, 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
