@@ -89,10 +89,7 @@ class CpuRunner(Speculating, Slots):
         if not isinstance(self.kv, HybridCache):
             return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
         n = self.kv.resumable(n, len(self.cached_ids))
-        if self.drafter:        # where the drafter cuts one token off, the states resume from a snapshot
-            cut = self.drafter.reusable(self.cached_ids, ids, n)
-            return cut if cut == n else self.kv.resumable(cut, len(self.cached_ids))
-        return self._bring_back(ids, n)
+        return self._hybrid_reusable(ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _cells_out(self, n: int):
         """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept);
@@ -142,7 +139,7 @@ class CpuRunner(Speculating, Slots):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
-            self.drafter.truncate(start)
+            self._truncate_drafter(start)
             self.draft_chunks = []
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
@@ -159,6 +156,8 @@ class CpuRunner(Speculating, Slots):
                 yield
         if isinstance(self.kv, HybridCache):
             self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
+            if self.drafter:
+                self._snapshot_row(len(ids))
         self._last = out[-1]
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:

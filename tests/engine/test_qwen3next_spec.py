@@ -83,24 +83,37 @@ def test_sampled_windows_leave_the_plain_states(pack_path, rng):
     assert generate(spec, prompt, 14, params, 7) == a
 
 
-def test_follow_up_turns_resume_as_without_spec(pack_path, rng):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_follow_up_turns_resume_as_without_spec(fake, pack_path, rng, device):
     """A turn extending the cached sequence resumes from the live states a window left; one that drops
-    the answer would resume from the prompt's snapshot, but the draft layer's cell before it was
-    written with the answer's first token and the main hidden state to redo it is not kept, so it
-    reads from the start: both give plain greedy's tokens."""
+    the answer resumes from the prompt's snapshot, where the draft layer's cell before it (written with
+    the answer's first token) is redone from the main hidden state kept beside the snapshot: both give
+    plain greedy's tokens, and the redone cell is the one written had the answer never been drafted."""
     pack = open_pack(pack_path)
-    plain, spec = CpuRunner(pack, 128, 12), CpuRunner(pack, 128, 12, spec=2)
-    V = pack.args.vocab_size
+    if device == "cpu":
+        plain, spec, fresh = CpuRunner(pack, 128, 12), CpuRunner(pack, 128, 12, spec=2), CpuRunner(pack, 128, 12, spec=2)
+    else:
+        plain, spec, fresh = gpu_runner(pack), gpu_runner(pack, "2"), gpu_runner(pack, "2")
+    V, L = pack.args.vocab_size, pack.args.num_hidden_layers
     prompt = rng.integers(0, V, 11).tolist()
     first = generate(spec, prompt, 10)
     assert first == generate(plain, prompt, 10)
     follow = prompt + first + rng.integers(0, V, 4).tolist()
     dropped = prompt + rng.integers(0, V, 5).tolist()
-    for turn, start in ((follow, len(spec.cached_ids)), (dropped, 0)):
+    for turn, start in ((follow, len(spec.cached_ids)), (dropped, len(prompt))):
         assert spec.reusable_prefix(turn) == start
         got = generate(spec, turn, 10)
         plain.reset()
         assert got == generate(plain, turn, 10)
+    if device == "cpu":             # the draft layer's cells: as if the answer had never been drafted
+        fresh.prefill(prompt, 0, logits=False)
+        fresh.prefill(dropped, len(prompt), logits=False)
+        spec.reset()
+        spec.prefill(prompt, 0, logits=False)
+        generate(spec, prompt, 6)
+        spec.prefill(dropped, spec.reusable_prefix(dropped), logits=False)
+        n = len(dropped) - 1
+        np.testing.assert_array_equal(spec.kv.kv.read(L, n)[0], fresh.kv.kv.read(L, n)[0])
 
 
 def test_window_rows_are_one_row_steps_bit_for_bit(pack_path, rng):
