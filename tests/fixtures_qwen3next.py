@@ -105,10 +105,41 @@ def make_next_hf_dir(tmp_path, shape: Mapping, seed: int = 0, name: str = "hf", 
     return path, model
 
 
+def add_mtp_layer(hf: Path, shape: Mapping, seed: int = 0) -> dict:
+    """Random HF mtp.* tensors (one draft layer; transformers itself ignores them) written beside the
+    checkpoint in hf, and num_nextn_predict_layers = 1 in its config -> the tensors, float64."""
+    import json
+
+    from safetensors.numpy import save_file
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    (hf / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(seed)
+    D, Dh, E, I = shape["hidden_size"], shape["head_dim"], shape["num_experts"], shape["moe_intermediate_size"]
+    H, Hk, Is = shape["num_attention_heads"], shape["num_key_value_heads"], shape["shared_expert_intermediate_size"]
+    mats = {"self_attn.q_proj.weight": (2 * H * Dh, D), "self_attn.k_proj.weight": (Hk * Dh, D),
+            "self_attn.v_proj.weight": (Hk * Dh, D), "self_attn.o_proj.weight": (D, H * Dh),
+            "mlp.gate.weight": (E, D), "mlp.shared_expert_gate.weight": (1, D),
+            "mlp.shared_expert.gate_proj.weight": (Is, D), "mlp.shared_expert.up_proj.weight": (Is, D),
+            "mlp.shared_expert.down_proj.weight": (D, Is), "mlp.experts.gate_up_proj": (E, 2 * I, D),
+            "mlp.experts.down_proj": (E, D, I), "input_layernorm.weight": (D,),
+            "post_attention_layernorm.weight": (D,), "self_attn.q_norm.weight": (Dh,), "self_attn.k_norm.weight": (Dh,)}
+    t = {f"mtp.layers.0.{k}": 0.1 * rng.standard_normal(s) for k, s in mats.items()}
+    t.update({"mtp.fc.weight": 0.1 * rng.standard_normal((D, 2 * D)), "mtp.norm.weight": 0.1 * rng.standard_normal(D),
+              "mtp.pre_fc_norm_embedding.weight": 0.1 * rng.standard_normal(D),
+              "mtp.pre_fc_norm_hidden.weight": 0.1 * rng.standard_normal(D)})
+    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(hf / "model-mtp.safetensors"))
+    return t
+
+
 def make_next_pack(tmp_path, shape: Mapping, seed: int = 0, qtype: str | None = None, name: str = "pack",
-                   dtype=None):
+                   dtype=None, mtp: bool = False):
+    """A pack of a random Qwen3NextForCausalLM of this shape (with an MTP draft layer: mtp) -> (path,
+    the float32 transformers model)."""
     from strata.pack import convert
     hf, model = make_next_hf_dir(tmp_path, shape, seed=seed, name=name + "-hf", dtype=dtype)
+    if mtp:
+        add_mtp_layer(hf, shape, seed=seed + 1)
     return convert(hf, Path(tmp_path) / name, qtype=qtype, progress=False), model
 
 

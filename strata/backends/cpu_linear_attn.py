@@ -126,6 +126,33 @@ class HybridCache:
     def reset_states(self) -> None:
         self.conv = {l: np.zeros(self.conv_shape, np.float32) for l in self.layers}
         self.ssm = {l: np.zeros(self.ssm_shape, np.float32) for l in self.layers}
+        self.verify_rows = None     # a verify window's states: (its start, [states before it, after row 0, ...])
+
+    # a verify window (speculation): the states after each of its rows, so rejected rows roll back
+    def window_begin(self, start: int) -> None:
+        """A verify window reads tokens from position `start`: keep the states before it (row -1)."""
+        self.verify_rows = (start, [self._states()])
+
+    def window_row(self) -> None:
+        """The window's next row was read: keep the states after it."""
+        self.verify_rows[1].append(self._states())
+
+    def _states(self) -> tuple[dict, dict]:
+        return {l: a.copy() for l, a in self.conv.items()}, {l: a.copy() for l, a in self.ssm.items()}
+
+    def forget(self, layer: int, start: int, stop: int) -> None:
+        """Cells start..stop-1 are rejected: an attention layer's K/V cells are forgotten (KVCache),
+        a DeltaNet layer's states become those after `start` tokens, kept by the verify window."""
+        if layer not in self.conv:
+            self.kv.forget(layer, start, stop)
+            return
+        if stop <= start:
+            return
+        first, rows = self.verify_rows or (start + 1, [])
+        if not 0 <= start - first < len(rows):
+            raise KeyError(f"no DeltaNet states after {start} tokens in the verify window")
+        conv, ssm = rows[start - first]
+        self.conv[layer], self.ssm[layer] = conv[layer].copy(), ssm[layer].copy()
 
     # K/V of the attention layers: as a KVCache
     def write(self, layer, positions, k, v) -> None:
@@ -136,6 +163,12 @@ class HybridCache:
 
     def query(self, q):
         return self.kv.query(q)       # the KV format's view of q (rotated where its K is)
+
+    def window(self, layer):
+        return self.kv.window(layer)  # the draft layer's attention window under --draft-window (a ring)
+
+    def read_window(self, layer, positions):
+        return self.kv.read_window(layer, positions)
 
     def output(self, out):
         return self.kv.output(out)    # and of the attention output (V un-rotated)
@@ -154,9 +187,13 @@ class HybridCache:
         return max([n for n, _, _ in self.snapshots if n <= common], default=0)
 
     def rewind(self, length: int, live: int) -> None:
-        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0)."""
+        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0).
+        The sequence is read anew from there, so snapshots past it go: they hold another sequence's
+        states, which a later turn sharing that many tokens with the new one would resume from."""
+        self.snapshots = [s for s in self.snapshots if s[0] <= length]
         if length == live:
             return
+        self.verify_rows = None
         if length == 0:
             self.reset_states()
             return

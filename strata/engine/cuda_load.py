@@ -25,9 +25,6 @@ def check_config(pack, config: EngineConfig) -> None:
     if pack.args.architecture not in ("qwen3moe", "qwen3next"):
         raise UnsupportedError(f"{pack.args.architecture} runs on the CPU backend only so far (--device cpu)")
     if pack.args.architecture == "qwen3next":
-        if config.mtp and str(config.spec) != "0":
-            raise InvalidArgument("--spec: speculation on qwen3next is not built yet (on the GPU its DeltaNet "
-                                  "states would need rolling back; --spec 0 runs it)")
         if config.kv_resident:
             raise UnsupportedError(f"--kv-resident {config.kv_resident}: qwen3next's KV on the host is not built yet "
                                    "(its attention layers' cache is its own; 0 runs it)")

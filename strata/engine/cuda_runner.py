@@ -100,6 +100,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec, config.draft_window, config.draft_prompt)
+        if hybrid and self.spec:    # the DeltaNet states after each row of a verify window (rollback)
+            from ..config import spec_max_drafts
+            self.kv_all.keep_rows(spec_max_drafts(self.spec) + 1)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
@@ -175,7 +178,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
                  {mode: list(times) for mode, times in step_times.items()}, store.snapshot())
-        saved_states = (self.kv.read_states(), list(self.kv.snapshots)) if self.hybrid else None
+        saved_states = ((self.kv.read_states(), list(self.kv.snapshots), dict(self.snapshot_rows)) if self.hybrid
+                        else None)
         # the draft layer's prompt counters (status "draft") read as before
         saved_draft = (self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks) if self.spec else None
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
@@ -201,7 +205,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             store.restore(snapshot)
             if saved_states is not None:
                 self.kv.write_states(saved_states[0])
-                self.kv.snapshots = saved_states[1]
+                self.kv.snapshots, self.snapshot_rows = saved_states[1], saved_states[2]
             if saved_draft is not None:
                 self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = saved_draft
             self.stream.synchronize()
@@ -279,9 +283,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         a hybrid model resumes its DeltaNet states only from the live state or a snapshot taken at the
         end of a prompt (DeviceHybridCache, as the CPU's HybridCache)."""
         n = reusable_prefix(self.cached_ids, ids)
-        if self.hybrid:
-            n = self.kv.resumable(n, len(self.cached_ids))
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        if not self.hybrid:
+            return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        n = self.kv.resumable(n, len(self.cached_ids))
+        return self._hybrid_reusable(ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _kv_ranges(self, n: int):
         """(buffer, byte offset, bytes) of cells 0..n-1 of this slot, per layer and plane."""
@@ -347,7 +352,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             for dst, src, nbytes in self.kv.vram_refill(start):
                 self.rt.copy_d2d(dst, src, nbytes, self.stream)
         if self.drafter:
-            self.drafter.truncate(start)
+            self._truncate_drafter(start)
             self.draft_chunks = []
         out = None
         pause = self.interleaves
@@ -378,6 +383,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                 self.store.close_room()         # back before the first decode step reads them
         if self.hybrid:
             self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
+            if self.drafter:
+                self._snapshot_row(len(ids))
         return out
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:

@@ -23,6 +23,13 @@ step's (its N + 1 rows). The draft layer's prompt cells (and a long catch-up's) 
 K/V alone, no attention, routed expert or head, so a prompt reads none of its experts. Every KV
 format works: the quantized split-K decode attention and appends are row-invariant too.
 Refused at load in one line: staged decode misses (no graphs).
+
+Qwen3-Next: a window's DeltaNet states cannot be rewound like cells, so the cache keeps them
+(DeviceHybridCache.keep_rows, [1 + rows, states bytes]): verify copies the states before the window
+into row 0, the ops copy each layer's states after row t into row 1 + t as the window's rows run
+through the one-token DeltaNet kernels (ops_next), and forget copies the last accepted row's back
+(one device copy of the states). Its windows run eagerly (verify_next / mtp_next) or as the T-row
+decode step's graph; spec_window's one-graph windows stay qwen3moe's.
 """
 from __future__ import annotations
 
@@ -35,8 +42,11 @@ from .memory_model import STEP_MAX_TOKENS, stream_all_tokens
 
 def check_spec(config, store, args) -> None:
     """InvalidArgument where the GPU's speculation is not built yet."""
-    if args.architecture != "qwen3moe":
+    if args.architecture not in ("qwen3moe", "qwen3next"):
         raise InvalidArgument(f"--spec: speculation on {args.architecture} is not built yet")
+    if args.architecture == "qwen3next" and config.draft_window:
+        raise InvalidArgument(f"--draft-window {config.draft_window}: the draft layer's K/V ring of qwen3next on the "
+                              "GPU is not built yet (its attention cells are DeviceHybridCache's; 0 runs it)")
     if store.staged_decode:
         raise InvalidArgument("--spec on the GPU needs decode misses read in place (zero-copy): staged misses "
                               "(--decode-misses staged, or part of experts.bin unpinned) read each layer's "
@@ -51,6 +61,7 @@ class CudaSpeculation:
         hidden [T, D]) on the host."""
         if start + len(ids) > self.max_context:
             raise InvalidArgument(f"positions up to {start + len(ids) - 1} do not fit the context of {self.max_context}")
+        self._window_begin(start)
         out, self._last = self.steps.step(list(ids), start, self.kv, download=True)
         return out, self.ops.to_host(self.steps.hidden)
 
@@ -107,6 +118,7 @@ class CudaSpeculation:
         if start + T > self.max_context:
             raise InvalidArgument(f"positions up to {start + T - 1} do not fit the context of {self.max_context}")
         kv = self.kv
+        self._window_begin(start)
         _, logits = self.steps.step_rows(list(ids), list(range(start, start + T)), [kv.base] * T, kv.whole,
                                          download=False)
         self._last = last_row_of(logits)
@@ -132,6 +144,8 @@ class CudaSpeculation:
         """A greedy window of n drafts after token as one CUDA graph (strata.engine.cuda_window) ->
         (drafts, the verify rows' argmaxes, their hidden states on the host), or None where that
         path does not apply (the drafter's pending rows are more than n + 1: the eager way)."""
+        if self.hybrid:         # the window graphs are qwen3moe's: a hybrid's windows run eagerly
+            return None
         P = 0 if drafter.pending is None else drafter.pending.shape[0]
         if getattr(self, "_windows", None) is None:
             from .cuda_window import SpecWindows
@@ -159,7 +173,16 @@ class CudaSpeculation:
 
     def forget(self, layers, start: int, stop: int) -> None:
         """Cells start..stop-1 of these layers are past the sequence: nothing reads them before they
-        are written again, so the device keeps them as they are."""
+        are written again, so the device keeps them as they are. A hybrid's DeltaNet states become
+        those after `start` tokens, which the last verify window kept (DeviceHybridCache.roll_back)."""
+        if self.hybrid and stop > start and any(l < self.args.num_hidden_layers and not self.args.is_full_attention(l)
+                                                for l in layers):
+            self.kv.roll_back(start)
+
+    def _window_begin(self, start: int) -> None:
+        """A hybrid's verify window: the states before it kept, as its rows' will be (ops_next)."""
+        if self.hybrid:
+            self.kv.window_begin(start)
 
     def _drafter_steps(self, hidden) -> None:
         """A decode step's or prompt chunk's main hidden states (device) for the drafter."""

@@ -261,11 +261,15 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     mtp_layers = range(a.num_hidden_layers, a.num_hidden_layers + (a.num_mtp_layers if config.mtp else 0))
     cells = config.max_context          # the cells attention spans, wherever they live
     # a decode step, a verify window, and the batched steps of 2..parallel slots: a graph each
-    steps = sorted({1, min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS), *range(1, config.parallel + 1)})
+    windows = min(spec_max_drafts(config.spec) + 1, STEP_MAX_TOKENS)
+    # (a hybrid's windows of fewer drafts, near a request's end or under --spec auto, are graphs of their own)
+    hybrid_windows = range(2, windows + 1) if a.architecture == "qwen3next" and config.mtp else ()
+    steps = sorted({1, windows, *hybrid_windows, *range(1, config.parallel + 1)})
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, kv_key(config)) for T in steps]
     graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
-    if config.mtp and str(config.spec) != "0":
+    if config.mtp and str(config.spec) != "0" and a.architecture == "qwen3moe":
         # every window graph (one per draft count) shares one pool's memory: the largest window's
+        # (a hybrid's windows are the verify step's graph: cuda_spec.spec_window)
         graphs += Pool.block_bytes(spec_window_bytes(sizes, min(spec_max_drafts(config.spec), STEP_MAX_TOKENS - 1),
                                                      cells, num_sms, config.kv))
     return {
@@ -273,7 +277,10 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
         "kv": (vram_kv_bytes(a, config)
                # a hybrid's parallel slots: a home for each slot's DeltaNet states beside the live ones
                + (config.parallel * linear_state_bytes(a) if a.architecture == "qwen3next" and config.parallel > 1
-                  else 0)),
+                  else 0)
+               # and a verify window's: the states before it and after each of its rows (rollback)
+               + ((spec_max_drafts(config.spec) + 2) * linear_state_bytes(a)
+                  if a.architecture == "qwen3next" and config.mtp and str(config.spec) != "0" else 0)),
         # the pool's first segment holds the step unless it is bigger; zeros and norm copies sit beside it
         "decode": (max(SEGMENT_BYTES, *(peak for peak, _ in step_bytes)) + memory_model.ZEROS_MIN_BYTES
                    + memory_model.norm_copies_bytes(sizes)),

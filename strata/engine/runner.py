@@ -24,12 +24,9 @@ class CpuRunner(Speculating, Slots):
         self.ops = (Qwen3NextCpuOps if self.args.architecture == "qwen3next" else CpuOps)(pack, self.args)
         self.model = build(self.args, self.ops)
         # decode steps and verify windows: every row computes what a one-row step does (cpu_rows);
-        # qwen3next steps one token at a time (no speculation on it yet), through its own ops
+        # qwen3next steps one token at a time, and verifies a window as one-row steps (verify)
         hybrid = self.args.architecture == "qwen3next"
         self.step_model = self.model if hybrid else build(self.args, RowOps(self.ops))
-        if str(spec) != "0" and hybrid:
-            raise InvalidArgument("--spec: speculation on qwen3next needs its DeltaNet states rolled back, "
-                                  "which is not built yet")
         self.max_context = max_context
         self._init_spec(spec, draft_window, draft_prompt)
         self.prefill_chunk = prefill_chunk
@@ -89,9 +86,10 @@ class CpuRunner(Speculating, Slots):
         """How many leading tokens of ids already have K/V here (at least one token is always read);
         a hybrid model resumes its DeltaNet states only from the live state or a snapshot (HybridCache)."""
         n = reusable_prefix(self.cached_ids, ids)
-        if isinstance(self.kv, HybridCache):
-            n = self.kv.resumable(n, len(self.cached_ids))
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        if not isinstance(self.kv, HybridCache):
+            return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else self._bring_back(ids, n)
+        n = self.kv.resumable(n, len(self.cached_ids))
+        return self._hybrid_reusable(ids, n) if self.drafter else self._bring_back(ids, n)
 
     def _cells_out(self, n: int):
         """(a copy of cells 0..n-1 of this slot's KV, its bytes) for a kept conversation (slots.Kept);
@@ -141,7 +139,7 @@ class CpuRunner(Speculating, Slots):
             self.kv.rewind(start, len(self.cached_ids))      # start came from reusable_prefix
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
-            self.drafter.truncate(start)
+            self._truncate_drafter(start)
             self.draft_chunks = []
         out = None
         for lo in range(start, len(ids), self.prefill_chunk):
@@ -158,6 +156,8 @@ class CpuRunner(Speculating, Slots):
                 yield
         if isinstance(self.kv, HybridCache):
             self.kv.snapshot(len(ids))                      # a follow-up turn resumes from here
+            if self.drafter:
+                self._snapshot_row(len(ids))
         self._last = out[-1]
 
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
@@ -177,8 +177,17 @@ class CpuRunner(Speculating, Slots):
 
     # speculation (strata.engine.speculate.Speculating drives these) ---------------------------------
     def verify(self, ids: list[int], start: int):
-        """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D])."""
-        return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)
+        """The main model over ids at start.. with row-invariant ops -> (logits [T, V], hidden [T, D]).
+        A hybrid reads the window as one-row steps, keeping the DeltaNet states after each row
+        (HybridCache.window_row), so forget() rolls them back to the last accepted row's."""
+        if not isinstance(self.kv, HybridCache):
+            return self.step_model.forward(np.asarray(ids, np.int64), np.arange(start, start + len(ids)), self.kv)
+        self.kv.window_begin(start)
+        rows = []
+        for i, t in enumerate(ids):
+            rows.append(self.step_model.forward(np.asarray([t]), np.asarray([start + i]), self.kv))
+            self.kv.window_row()
+        return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
 
     def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
         return self.model.mtp_step(hidden, next_ids, positions, self.kv, logits_rows=logits_rows)

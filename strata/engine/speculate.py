@@ -380,8 +380,8 @@ def time_windows(target, max_rows: int, repeats: int = 3) -> dict:
             t0 = time.perf_counter()
             _, hidden = target.verify(ids[:T], start)
             best = min(best, time.perf_counter() - t0)
+            target.forget(range(L), start, start + T)      # (a hybrid's DeltaNet states back to start's)
         out[T] = best * 1e3
-    target.forget(range(L), start, start + max_rows)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -457,6 +457,38 @@ class Speculating:
         self.spec_auto = AutoDrafts(spec_max_drafts(spec)) if spec == "auto" else None
         self.draft_timing = False            # time each prompt chunk's draft-layer pass (synced; bench)
         self.draft_chunks: list[tuple[int, float]] = []     # the last prompt's (cells, ms) per chunk
+        self.snapshot_rows: dict[int, np.ndarray] = {}      # a hybrid's snapshot length -> main hidden [1, D]
+
+    # a hybrid's (Qwen3-Next's) DeltaNet states resume only from the live state or a prompt-end snapshot;
+    # where the draft layer's cell before a snapshot was written with another next token, the main hidden
+    # state of the snapshot's last token, kept beside it, lets the drafter redo that cell
+    def _snapshot_row(self, length: int) -> None:
+        """A prompt of `length` tokens ended with a snapshot: keep the drafter's pending row (its last
+        token's main hidden state) for it (not with a draft ring, whose cells reusable() judges)."""
+        kept = {s[0] for s in self.kv.snapshots}
+        self.snapshot_rows = {n: r for n, r in self.snapshot_rows.items() if n in kept}
+        d = self.drafter
+        if not d.window and d.pending is not None and d.covered == length:
+            self.snapshot_rows[length] = d.pending[-1:].copy()
+
+    def _hybrid_reusable(self, ids: list[int], n: int) -> int:
+        """drafter.reusable over a hybrid's resumable prefix n: a cut of one token (the draft layer's
+        cell n - 1 holds another next token) resumes at n where the snapshot's row is kept, else from
+        a snapshot at or below the cut."""
+        cut = self.drafter.reusable(self.cached_ids, ids, n)
+        if cut == n or (cut == n - 1 and n in self.snapshot_rows and n in {s[0] for s in self.kv.snapshots}):
+            return n
+        return self.kv.resumable(cut, len(self.cached_ids))
+
+    def _truncate_drafter(self, start: int) -> None:
+        """The drafter cut back to a prompt's start; where that is a snapshot whose cell before it is
+        final, its kept row becomes pending again, so the prompt's flush rewrites that cell."""
+        done = self.drafter.done
+        self.drafter.truncate(start)
+        row = self.snapshot_rows.get(start)
+        if row is not None and 0 < start <= done and start in {s[0] for s in getattr(self.kv, "snapshots", ())}:
+            self.drafter.truncate(start - 1)
+            self.drafter.extend(row)
 
     def _flush_drafter(self) -> None:
         """A prompt chunk's draft-layer cells (MtpDrafter.flush), counted, and timed with draft_timing

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelArgs
-from .qwen3moe import Recorder, _no_record, draft_layer
+from .qwen3moe import Recorder, _draft_input, _no_record, draft_layer
 
 
 class Qwen3Next:
@@ -93,3 +93,24 @@ class Qwen3Next:
         at position t and the token at t+1 -> logits for t+2; its K/V is layer L of the cache."""
         _, normed = draft_layer(self, hidden, next_ids, positions, cache, record)
         return self.ops.linear(normed, self.head)
+
+    def mtp_step(self, hidden, next_ids: np.ndarray, positions: np.ndarray, cache,
+                 record: Recorder = _no_record, logits_rows: slice | None = slice(None), plan=None):
+        """mtp_forward for logits_rows (None: no logits, only the K/V written), also returning the
+        layer's output before its final norm [T, D] (a chained draft's input), as Qwen3Moe.mtp_step."""
+        out, normed = draft_layer(self, hidden, next_ids, positions, cache, record, plan)
+        return (None if logits_rows is None else self.ops.linear(normed[logits_rows], self.head)), out
+
+    def mtp_cells(self, hidden, next_ids: np.ndarray, positions: np.ndarray, cache) -> None:
+        """The draft layer's K/V cells of these rows, bit for bit those mtp_step writes, without its
+        output projection, routed experts or head (a prompt's draft rows read no expert)."""
+        a, ops = self.args, self.ops
+        L = a.num_hidden_layers
+        x, attn_norm = _draft_input(self, hidden, next_ids)
+        del x
+        T, p = attn_norm.shape[0], f"blk.{L}."
+        q, _ = ops.attn_q_gate(attn_norm, p)
+        k = ops.reshape(ops.linear(attn_norm, p + "attn_k.weight"), (T, a.num_key_value_heads, a.head_dim))
+        v = ops.reshape(ops.linear(attn_norm, p + "attn_v.weight"), (T, a.num_key_value_heads, a.head_dim))
+        ops.qk_norm_rope_append(q, k, v, p + "attn_q_norm.weight", p + "attn_k_norm.weight", a.rms_norm_eps,
+                                L, cache, positions)

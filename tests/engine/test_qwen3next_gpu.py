@@ -125,3 +125,35 @@ def test_parallel_slots_keep_their_own_deltanet_states(tmp_path, rng):
     """--parallel 2: each slot reads what a one-slot runner reads for its sequence alone, with the
     other slot working in between (qwen3next_checks.check_parallel_slots)."""
     check_parallel_slots(tmp_path, rng, REL)
+
+
+def test_spec_windows_are_one_row_steps_and_greedy_is_plain_greedy(tmp_path, rng):
+    """--mtp --spec on the device (#15): a verify window's rows run the DeltaNet through the one-token
+    kernels and every other op row-invariantly, so its rows' logits and the states after it are the
+    one-row steps' bit for bit; 64 greedy tokens with --spec 1..4, and with forced drafts that windows
+    keep 0..3 of (each rollback from another row), are plain greedy's, the states plain decoding's."""
+    from strata.config import EngineConfig
+    from tests.engine.next_spec_checks import check_window_rows, forced_drafts, generate, states_of
+    path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=21, mtp=True)
+    pack = open_pack(path)
+    plain, spec = CudaRunner(pack, 160), CudaRunner(pack, 160, EngineConfig(device="cuda", mtp=True, spec="4"))
+    plain.prefill_chunk = spec.prefill_chunk = 12
+    V = pack.args.vocab_size
+    for T in (2, 5):
+        check_window_rows(spec, rng.integers(0, V, 15).tolist(), rng.integers(0, V, T).tolist(), 0.0)
+    prompt = rng.integers(0, V, 17).tolist()
+    want = generate(plain, prompt, 64)
+    for n in (1, 2, 3, 4):
+        spec.spec = n
+        spec.reset()
+        assert generate(spec, prompt, 64) == want, f"--spec {n}"
+    spec.spec = 3
+    spec.reset()
+    forced_drafts(spec, prompt + want, wrong=[-1, 0, 2, 1])
+    assert generate(spec, prompt, 64) == want
+    del spec.drafter.draft
+    plain.reset()
+    plain.prefill(prompt, 0, logits=False)
+    for t in (prompt + want)[len(prompt):len(spec.cached_ids)]:
+        plain.decode(t, logits=False)
+    assert np.array_equal(states_of(spec), states_of(plain))

@@ -90,8 +90,10 @@ def test_warm_up_leaves_the_states_as_they_were(fake, tmp_path, rng):
 def test_refusals_are_one_line(fake, tmp_path):
     path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=1)
     pack = open_pack(path)
-    with pytest.raises(InvalidArgument, match="--spec: speculation on qwen3next is not built yet"):
+    with pytest.raises(InvalidArgument, match="--mtp: this model has no MTP layer"):    # (drafting is built)
         CudaRunner(pack, 32, EngineConfig(device="cuda", spec="2", mtp=True))
+    with pytest.raises(InvalidArgument, match="--parallel 2 with --spec 2"):
+        EngineConfig(device="cuda", spec="2", mtp=True, parallel=2)
     with pytest.raises(UnsupportedError, match="--parallel 2: batched slots on the GPU need head dim"):
         CudaRunner(pack, 32, EngineConfig(device="cuda", parallel=2))      # head dim 16
     kv = CudaRunner(pack, 32).kv

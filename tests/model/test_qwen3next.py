@@ -10,7 +10,7 @@ from strata import LLM  # noqa: E402
 from strata.backends.cpu_linear_attn import gated_delta_chunked, gated_delta_recurrent, l2_normalize  # noqa: E402
 from strata.errors import UnsupportedError  # noqa: E402
 from strata.pack import convert  # noqa: E402
-from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_gguf, make_next_hf_dir, make_next_pack  # noqa: E402
+from tests.fixtures_qwen3next import NEXT_SHAPES, add_mtp_layer, make_next_gguf, make_next_hf_dir, make_next_pack  # noqa: E402
 
 
 def hf_logits(model, ids) -> np.ndarray:
@@ -171,28 +171,8 @@ def test_greedy_and_chat_through_the_pack_tokenizer(tmp_path):
 def test_mtp_layer_converts_and_drafts(tmp_path):
     """HF mtp.* tensors (transformers itself ignores them) become blk.L.*, blk.L.nextn.* with the
     zero-centred norms stored as 1 + w; the draft layer runs on the main model's hidden states."""
-    from safetensors.numpy import save_file
-    shape = dict(NEXT_SHAPES["tiny"], num_nextn_predict_layers=1)
     hf, _ = make_next_hf_dir(tmp_path, NEXT_SHAPES["tiny"], seed=6)
-    import json
-    cfg = json.loads((hf / "config.json").read_text())
-    cfg["num_nextn_predict_layers"] = 1
-    (hf / "config.json").write_text(json.dumps(cfg))
-    rng = np.random.default_rng(1)
-    D, Dh, E, I = shape["hidden_size"], shape["head_dim"], shape["num_experts"], shape["moe_intermediate_size"]
-    H, Hk, Is = shape["num_attention_heads"], shape["num_key_value_heads"], shape["shared_expert_intermediate_size"]
-    mats = {"self_attn.q_proj.weight": (2 * H * Dh, D), "self_attn.k_proj.weight": (Hk * Dh, D),
-            "self_attn.v_proj.weight": (Hk * Dh, D), "self_attn.o_proj.weight": (D, H * Dh),
-            "mlp.gate.weight": (E, D), "mlp.shared_expert_gate.weight": (1, D),
-            "mlp.shared_expert.gate_proj.weight": (Is, D), "mlp.shared_expert.up_proj.weight": (Is, D),
-            "mlp.shared_expert.down_proj.weight": (D, Is), "mlp.experts.gate_up_proj": (E, 2 * I, D),
-            "mlp.experts.down_proj": (E, D, I), "input_layernorm.weight": (D,),
-            "post_attention_layernorm.weight": (D,), "self_attn.q_norm.weight": (Dh,), "self_attn.k_norm.weight": (Dh,)}
-    t = {f"mtp.layers.0.{k}": 0.1 * rng.standard_normal(s) for k, s in mats.items()}
-    t.update({"mtp.fc.weight": 0.1 * rng.standard_normal((D, 2 * D)), "mtp.norm.weight": 0.1 * rng.standard_normal(D),
-              "mtp.pre_fc_norm_embedding.weight": 0.1 * rng.standard_normal(D),
-              "mtp.pre_fc_norm_hidden.weight": 0.1 * rng.standard_normal(D)})
-    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(hf / "model-mtp.safetensors"))
+    t = add_mtp_layer(hf, NEXT_SHAPES["tiny"], seed=1)
     llm = LLM(convert(hf, tmp_path / "pack", progress=False), device="cpu")
     a, ops, L = llm.args, llm.runner.ops, llm.args.num_hidden_layers
     assert a.num_mtp_layers == 1 and a.is_full_attention(L)

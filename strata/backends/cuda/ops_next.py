@@ -18,7 +18,11 @@ Each op computes what strata.backends.cpu_linear_attn.Qwen3NextCpuOps' op of the
   per row (strata_sigmoid_mul_f32 with gate_step 0).
 
 The states live in one device buffer of fixed address (DeviceHybridCache.states), so decode steps
-that read and write them can be CUDA graphs.
+that read and write them can be CUDA graphs. A step of 2..8 rows (a verify window, a prompt's short
+tail) runs the DeltaNet one row at a time through the one-token kernels, so each row is bit for bit
+the one-row step's, and, where the cache keeps a window's rows (speculation), each layer's states
+after row t are copied into the cache's row t, from which a rollback makes the last accepted row's
+live (DeviceHybridCache.keep_rows / window_begin / roll_back).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from ...errors import InvalidArgument, UnsupportedError
 from .. import rope
 from .linear_attn import GDN_MAX_DK, GDN_MAX_K, gdn_chunk_launches, gdn_chunk_scratch_bytes, gdn_chunked_takes
 from .memory import DeviceKV, DeviceTensor
+from .ops_attention import DECODE_ROWS_MAX
 from .ops import DeviceOps
 
 
@@ -52,7 +57,7 @@ class DeviceHybridCache:
 
     def __init__(self, rt, device, stream, args, num_layers: int, max_cells: int, fmt: str = "f16",
                  max_snapshots: int = 4, num_slots: int = 1):
-        self.args, self.stream, self.max_snapshots, self.rt = args, stream, max_snapshots, rt
+        self.args, self.stream, self.max_snapshots, self.rt, self.dev = args, stream, max_snapshots, rt, device
         attn = [l for l in range(num_layers) if args.is_full_attention(l)]
         self.index = {l: i for i, l in enumerate(attn)}
         self.kv = DeviceKV(rt, device, stream, max(1, len(attn)), max_cells, args.num_key_value_heads,
@@ -69,6 +74,7 @@ class DeviceHybridCache:
         self.states.fill_bytes(0, stream)
         self.snapshots: list[tuple[int, np.ndarray]] = []
         self.whole, self.base, self.num_slots = self, 0, num_slots
+        self.rows, self.num_rows, self.window_start = None, 0, None      # keep_rows
         self.homes = []
         if num_slots > 1:
             self.homes = [rt.DeviceBuffer(device, self.states.nbytes) for _ in range(num_slots)]
@@ -112,9 +118,40 @@ class DeviceHybridCache:
         self.rt.copy_d2d(self.homes[old].ptr, self.states.ptr, n, self.stream)
         self.rt.copy_d2d(self.states.ptr, self.homes[new].ptr, n, self.stream)
 
+    # a verify window's rows (speculation): the states before it and after each of its rows
+    def keep_rows(self, num_rows: int) -> None:
+        """Keep the states of verify windows of up to num_rows rows: a buffer [1 + num_rows, states
+        bytes] whose row 0 holds the states before the window and row 1 + t those after its row t
+        (the ops copy each DeltaNet layer's states there as a step of several rows reads them)."""
+        self.num_rows = num_rows
+        self.rows = self.rt.DeviceBuffer(self.dev, (1 + num_rows) * self.states.nbytes)
+
+    def row_state_ptrs(self, layer: int, row: int):
+        """(conv, recurrent) destinations of this layer's states after the window's row `row`, or
+        None where no window keeps that row."""
+        if self.rows is None or row >= self.num_rows:
+            return None
+        at = self.rows.ptr + (1 + row) * self.states.nbytes + self._offsets[layer]
+        return at, at + self.conv_floats * 4
+
+    def window_begin(self, start: int) -> None:
+        """A verify window reads tokens from position `start`: its row 0 holds the states now."""
+        self.rt.copy_d2d(self.rows.ptr, self.states.ptr, self.states.nbytes, self.stream)
+        self.window_start = start
+
+    def roll_back(self, length: int) -> None:
+        """Make live the states after `length` tokens, kept by the last verify window (queued on the
+        stream: the next step reads them in order)."""
+        row = length - (self.window_start if self.window_start is not None else length + 1)
+        if not 0 <= row <= self.num_rows:
+            raise KeyError(f"no DeltaNet states after {length} tokens in the verify window")
+        n = self.states.nbytes
+        self.rt.copy_d2d(self.states.ptr, self.rows.ptr + row * n, n, self.stream)
+
     @property
     def nbytes(self) -> int:
-        return self.kv.whole.nbytes + self.states.nbytes * (1 + len(self.homes))
+        rows = self.rows.nbytes if self.rows is not None else 0
+        return self.kv.whole.nbytes + self.states.nbytes * (1 + len(self.homes)) + rows
 
     @property
     def vram_bytes(self) -> int:
@@ -154,7 +191,10 @@ class DeviceHybridCache:
         return max([n for n, _ in self.snapshots if n <= common], default=0)
 
     def rewind(self, length: int, live: int) -> None:
-        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0)."""
+        """Make the states those after `length` tokens (the live ones, a snapshot's, or zeros at 0).
+        The sequence is read anew from there, so snapshots past it go: they hold another sequence's
+        states, which a later turn sharing that many tokens with the new one would resume from."""
+        self.snapshots = [s for s in self.snapshots if s[0] <= length]
         if length == live:
             return
         if length == 0:
@@ -201,6 +241,13 @@ class Qwen3NextDeviceOps(DeviceOps):
         k = self.rope(self.rms_norm(k, k_norm, eps), positions)
         return self.attention(q, k, v, layer, kv, positions)
 
+    def qk_norm_rope_append(self, q, k, v, q_norm: str, k_norm: str, eps: float, layer: int, kv, positions) -> None:
+        """The K/V cells qk_norm_rope_attention writes (the draft layer's prompt cells); with partial
+        RoPE the whole unfused op, its output unread, so the cells are the full path's bit for bit."""
+        if self.rot >= q.shape[-1]:
+            return super().qk_norm_rope_append(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+        self.qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, layer, kv, positions)
+
     def attn_q_gate(self, x: DeviceTensor, prefix: str):
         """attn_q holds each head's query rows then its gate rows -> (q [T, H, Dh], gate [T, H*Dh])."""
         a = self.args
@@ -242,8 +289,10 @@ class Qwen3NextDeviceOps(DeviceOps):
         K = self.args.linear_conv_kernel_dim
         w, state = self._f32_weight(name), cache.conv_ptr(layer)
         out = self.alloc((T, C))
-        if T == 1:
-            self.launch("gdn_conv1d_step", -(-C // 256), (x.ptr, state, w, out.ptr, C, K))
+        if T <= DECODE_ROWS_MAX:        # a step's rows one at a time, each as a one-row step
+            for t in range(T):
+                self.launch("gdn_conv1d_step", -(-C // 256), (x.ptr + t * C * 4, state, w, out.ptr + t * C * 4, C, K))
+                self._keep_row(cache, layer, t, 0, state, (K - 1) * C)
         else:
             self.launch("gdn_conv1d", -(-C // 256), (x.ptr, state, w, out.ptr, T, C, K, C))
         return out
@@ -265,8 +314,13 @@ class Qwen3NextDeviceOps(DeviceOps):
         out = self.alloc((T, Hv, Dv))
         grid = (-(-Dv // 128), Hv)
         args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
-        if T == 1:
-            self.launch("gdn_step", grid, (*args, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+        if T <= DECODE_ROWS_MAX:        # a step's rows one at a time, each as a one-row step
+            qk, vo = Hg * Dk * 4, Hv * Dv * 4
+            for t in range(T):
+                self.launch("gdn_step", grid, (q.ptr + t * qk, k.ptr + t * qk, v.ptr + t * vo, g.ptr + t * Hv * 4,
+                                               beta.ptr + t * Hv * 4, cache.ssm_ptr(layer), out.ptr + t * vo,
+                                               Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+                self._keep_row(cache, layer, t, 1, cache.ssm_ptr(layer), Hv * Dk * Dv)
         elif gdn_chunked_takes(T, Dk):
             scratch = self.alloc((gdn_chunk_scratch_bytes(T, Hv) // 4,))
             for op, chunk_grid, chunk_args in gdn_chunk_launches(*args, scratch.ptr, T, Hv, Hg, Dk, Dv, Hg * Dk,
@@ -275,6 +329,13 @@ class Qwen3NextDeviceOps(DeviceOps):
         else:
             self.launch("gdn_prompt", grid, (*args, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
         return out
+
+    def _keep_row(self, cache, layer: int, row: int, which: int, src: int, floats: int) -> None:
+        """A state (which: 0 conv, 1 recurrent) of this layer after a step's row `row`, copied into
+        the cache's verify-window row where it keeps one."""
+        dst = cache.row_state_ptrs(layer, row) if hasattr(cache, "row_state_ptrs") else None
+        if dst is not None:
+            self.rt.copy_d2d(dst[which], src, floats * 4, self.stream)
 
     def _swiglu(self, gate: DeviceTensor, up: DeviceTensor) -> DeviceTensor:
         """silu(gate) * up over [rows, n] (cuda/swiglu.cu)."""
