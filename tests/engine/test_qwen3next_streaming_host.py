@@ -121,7 +121,7 @@ def test_warm_up_leaves_nothing_observable(fake, rng, packs, layout):
     before, states = observable(warm), warm.kv.read_states()
     fake.launches.clear()
     warm.warm_up()
-    assert "strata_gdn_prompt_f32" in fake.launches and 1 in warm.graphs
+    assert "strata_gdn_chunk_scan_f32" in fake.launches and 1 in warm.graphs     # its 19-token prompt: chunked
     assert_same(before, observable(warm))
     np.testing.assert_array_equal(warm.kv.read_states(), states)
     assert warm.kv.snapshots == [] and warm.reusable_prefix([0, 1, 2]) == 0
