@@ -20,6 +20,7 @@
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
 #     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
+#     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -87,6 +88,11 @@ fi
 if has gdn; then        # the chunked delta rule against the token loop at 80B's DeltaNet shape (#15)
     echo "== gdn chunk bench ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -30
+fi
+if has split; then      # the host's share of a short prompt's missed experts (--cpu-experts, #18)
+    for mode in off auto; do
+        bench "split_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 --cpu-experts "$mode"
+    done
 fi
 if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
     echo "== parallel bench ($(elapsed) s)"
