@@ -89,6 +89,10 @@ if has gdn; then        # the chunked delta rule against the token loop at 80B's
     echo "== gdn chunk bench ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -30
 fi
+if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
+    bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
+    bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
+fi
 if has split; then      # the host's share of a short prompt's missed experts (--cpu-experts, #18)
     for mode in off auto; do
         bench "split_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 --cpu-experts "$mode"
@@ -98,9 +102,5 @@ if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB
     echo "== parallel bench ($(elapsed) s)"
     timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --batch-max 0,1 \
         --clients 1,4 --warm 16 --long 0 --json "$OUT/batch_ab.json" 2>&1 | tail -20
-fi
-if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
-    bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
-    bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
 fi
 echo "== done at $(elapsed) s"
