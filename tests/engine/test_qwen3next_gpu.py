@@ -127,6 +127,9 @@ def test_parallel_slots_keep_their_own_deltanet_states(tmp_path, rng):
     check_parallel_slots(tmp_path, rng, REL)
 
 
+@pytest.mark.xfail(strict=True, reason="on the H200 (ninth session) the tokens were plain greedy's but the "
+                   "DeltaNet states after the run were not plain decoding's; LLM refuses --spec on qwen3next "
+                   "on the GPU until this passes")
 def test_spec_windows_are_one_row_steps_and_greedy_is_plain_greedy(tmp_path, rng):
     """--mtp --spec on the device (#15): a verify window's rows run the DeltaNet through the one-token
     kernels and every other op row-invariantly, so its rows' logits and the states after it are the

@@ -143,3 +143,12 @@ def test_a_kept_conversation_brings_its_deltanet_states_back_on_the_cpu(tmp_path
 
 def test_parallel_slots_keep_their_own_deltanet_states(fake, tmp_path, rng):
     check_parallel_slots(tmp_path, rng, 1e-6)
+
+
+def test_llm_refuses_spec_on_the_gpu(fake, tmp_path):
+    """Until its device test passes (test_qwen3next_gpu.py, xfail), LLM refuses --spec on qwen3next on
+    the GPU in one line (--device auto then falls back to the CPU, as for every UnsupportedError there)."""
+    from strata import LLM
+    path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=2, mtp=True)
+    with pytest.raises(UnsupportedError, match="speculation on qwen3next on the GPU failed its device test"):
+        LLM(path, device="cuda", mtp=True, spec="2", max_context=64)
