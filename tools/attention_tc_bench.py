@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backends.cuda.testing import CudaOps
+from strata.backends.cuda.testing import CudaOps, time_launches
 from strata.backends.cuda.attention_tc import prefill_tc_launch_shape
 
 H, HK, DH, LAYERS, PROMPT = 32, 4, 128, 48, 16384
@@ -29,20 +29,6 @@ CHUNKS = [(512, 0), (4096, 0), (4096, 12288)]
 def causal_flops(T: int, offset: int) -> float:
     return 4.0 * DH * H * (T * offset + T * (T + 1) / 2)
 
-
-def time_launches(ops: CudaOps, launch, reps: int) -> float:
-    rt, stream = ops._rt, ops.stream
-    launch()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
-        start.record(stream)
-        launch()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
-    return float(np.median(times))
 
 
 def bench_chunk(ops: CudaOps, rng, T: int, offset: int, reps: int) -> dict:

@@ -25,26 +25,12 @@ import numpy as np
 
 from strata.backends.cuda.linear_attn import (GDN_CHUNK, GDN_CHUNK_SCRATCH, GDN_SCAN_COLS, gdn_chunk_launches,
                                               gdn_chunk_scratch_bytes)
-from strata.backends.cuda.testing import CudaOps
+from strata.backends.cuda.testing import CudaOps, time_launches
 
 HV, HG, DK, DV = 32, 16, 128, 128
 LENGTHS, SWEEP = [512, 4096, 16384], [16, 32, 48, 64, 96, 128, 256]
 PEAK_F32_TFLOPS, PEAK_GBPS = 67.0, 4800.0
 
-
-def time_launches(ops: CudaOps, launch, reps: int) -> float:
-    rt, stream = ops._rt, ops.stream
-    launch()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
-        start.record(stream)
-        launch()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
-    return float(np.median(times))
 
 
 def flops(T: int) -> tuple[float, float]:

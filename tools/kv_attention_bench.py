@@ -29,7 +29,7 @@ import numpy as np
 from strata.backends import rope
 import strata.backends.cuda as cuda_backend
 from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES
-from strata.backends.cuda.testing import CudaOps
+from strata.backends.cuda.testing import CudaOps, time_launches
 from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
 from strata.quant import kv as kvq
@@ -37,20 +37,6 @@ from strata.quant import kv as kvq
 H, HK, DH = 32, 4, 128
 GRAPH_REPS = 20
 
-
-def time_ms(ops, launch, reps: int) -> float:
-    rt, stream = ops._rt, ops.stream
-    launch()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
-        start.record(stream)
-        launch()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
-    return float(np.median(times))
 
 
 def graph_ms(ops, launches, reps: int) -> float:
@@ -69,7 +55,7 @@ def graph_ms(ops, launches, reps: int) -> float:
     graph.destroy()
     exec_.upload(stream)
     try:
-        return time_ms(ops, lambda: exec_.launch(stream), reps) / GRAPH_REPS
+        return time_launches(ops, lambda: exec_.launch(stream), reps) / GRAPH_REPS
     finally:
         stream.synchronize()
         exec_.destroy()
@@ -108,7 +94,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
         combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
             rotate.launch(H, 32, (out, H, DH, rot), stream=stream)
-    ms = time_ms(ops, launch, reps)
+    ms = time_launches(ops, launch, reps)
 
     # the same sequence as a graph; the split alone; the engine's step (cuda/decode_fused.cu's fused append
     # of the token at cell S - 1, the split, the combine with the un-rotation in it)

@@ -291,17 +291,8 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positi
 
     Query at position p sees cells 0..p; query head h reads KV head h // (H / Hk).
     """
-    T, H, Dh = q.shape
-    S, Hk, _ = keys.shape
-    group = H // Hk
-    qg = q.reshape(T, Hk, group, Dh).transpose(1, 2, 0, 3)               # [Hk, group, T, Dh]
-    kt = keys.transpose(1, 2, 0)                                        # [Hk, Dh, S]
-    scores = (qg @ kt[:, None]) * np.float32(1.0 / np.sqrt(Dh))         # [Hk, group, T, S]
-    mask = np.arange(S)[None, :] > positions[:, None]                   # [T, S]
-    scores = np.where(mask, np.float32(-np.inf), scores)
-    probs = softmax(scores)
-    out = probs @ values.transpose(1, 0, 2)[:, None]                    # [Hk, group, T, Dh]
-    return out.transpose(2, 0, 1, 3).reshape(T, H * Dh).astype(np.float32)
+    S = keys.shape[0]
+    return window_attention(q, keys, values, np.arange(S), positions, np.iinfo(np.int64).max)
 
 
 def window_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_positions: np.ndarray,

@@ -188,3 +188,20 @@ class CudaOps(AttentionWrappers, QuantWrappers):
                      (self._upload(x), self._upload(y), 0 if r is None else self._upload(r), self._upload(w), out,
                       T, A, D))
         return self._download(out, (T, D), np.float32)
+
+
+def time_launches(ops: "CudaOps", launch, reps: int) -> float:
+    """Median device milliseconds of `launch()` (queued on ops.stream) over reps runs, each between
+    two timing events, after one warm run (the benches' timer)."""
+    rt, stream = ops._rt, ops.stream
+    launch()
+    stream.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
+        start.record(stream)
+        launch()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_ms(end))
+    return float(np.median(times))
