@@ -67,7 +67,10 @@ def test_emulated_runner_matches_cpu_with_the_same_format(fake, rng, fmt):
 
 def test_emulated_cells_are_the_formats_encoding(fake, rng):
     """Without the swap: the first layer's cells (inputs equal on both sides) are the CPU's bit for
-    bit, and the logits stay within the quantization's flips of the CPU's."""
+    bit, but for a block scale whose f32 value sits on an f16 rounding boundary: the rotation's sums
+    run in another order on each side, so such a scale may round one f16 ulp apart (1 of 48 V scales
+    with STRATA_TEST_SEED=2989147216, before and after the ninth session), and only that block's
+    values may differ with it."""
     pack = open_pack(DEMO)
     gpu, cpu = _runner(pack, 64, "q4_0"), cpu_runner_f16_kv(pack, 64, "q4_0")
     ids = oracle_ids(pack, rng, 12, kv="q4_0")
@@ -76,8 +79,12 @@ def test_emulated_cells_are_the_formats_encoding(fake, rng):
         gpu.decode(t), cpu.decode(t)
     theirs = gpu_cells(gpu)(0, np.arange(12))
     mine = [a[:12] for plane in cpu.kv.planes[0] for a in plane]
-    for a, b in zip(mine, theirs):
-        assert np.array_equal(a, b)
+    for (values, scales), (their_values, their_scales) in zip(zip(mine[0::2], mine[1::2]),
+                                                              zip(theirs[0::2], theirs[1::2])):
+        ulps = np.abs(scales.view(np.int16).astype(np.int32) - their_scales.view(np.int16).astype(np.int32))
+        assert ulps.max() <= 1 and (ulps > 0).sum() <= max(1, ulps.size // 32), ulps
+        same = (ulps == 0).all(axis=-1)                         # cells x heads whose every scale agrees
+        assert np.array_equal(values[same], their_values[same])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
