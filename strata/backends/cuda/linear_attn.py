@@ -105,28 +105,31 @@ def _prompt_args(name: str, max_dk: int, q, k, v, g, beta, state) -> list[np.nda
 def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
     state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
-    q, k, v, g, beta, state = _prompt_args("gdn_prompt", GDN_MAX_DK, q, k, v, g, beta, state)
-    T, Hg, Dk = q.shape
-    Hv, Dv = v.shape[1:]
-    if T == 0:
-        return np.empty((0, Hv, Dv), np.float32), state.copy()
-    s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
-    ins = [ops._upload(a) for a in (q, k, v, g, beta)]
-    ops._launch("gdn_prompt", (-(-Dv // 128), Hv),
-                (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))
-    return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
+    def launches(ins, s_dev, out, T, Hv, Hg, Dk, Dv):
+        return [("gdn_prompt", (-(-Dv // 128), Hv),
+                 (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))]
+    return _prompt_run(ops, "gdn_prompt", GDN_MAX_DK, launches, q, k, v, g, beta, state)
 
 
 def gdn_prompt_chunked(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     """gdn_prompt's contract over cuda/gated_delta_chunk.cu (the chunked WY / UT form), at any T >= 1."""
-    q, k, v, g, beta, state = _prompt_args("gdn_prompt_chunked", GDN_CHUNK_MAX_DK, q, k, v, g, beta, state)
+    def launches(ins, s_dev, out, T, Hv, Hg, Dk, Dv):
+        scratch = ops._output(gdn_chunk_scratch_bytes(T, Hv))      # held by the launches' args
+        return gdn_chunk_launches(*ins, s_dev, out, scratch, T, Hv, Hg, Dk, Dv, Hg * Dk, Hv * Dv)
+    return _prompt_run(ops, "gdn_prompt_chunked", GDN_CHUNK_MAX_DK, launches, q, k, v, g, beta, state)
+
+
+def _prompt_run(ops, name: str, max_dk: int, launches, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+    """Both prompt forms' wrapper: the arrays checked and uploaded, launches(ins, state, out, T, Hv,
+    Hg, Dk, Dv)'s (op, grid, args) run, the output and the new state downloaded."""
+    q, k, v, g, beta, state = _prompt_args(name, max_dk, q, k, v, g, beta, state)
     T, Hg, Dk = q.shape
     Hv, Dv = v.shape[1:]
     if T == 0:
         return np.empty((0, Hv, Dv), np.float32), state.copy()
     s_dev, out = ops._upload(state), ops._output(T * Hv * Dv * 4)
-    scratch = ops._output(gdn_chunk_scratch_bytes(T, Hv))
     ins = [ops._upload(a) for a in (q, k, v, g, beta)]
-    for op, grid, args in gdn_chunk_launches(*ins, s_dev, out, scratch, T, Hv, Hg, Dk, Dv, Hg * Dk, Hv * Dv):
+    steps = launches(ins, s_dev, out, T, Hv, Hg, Dk, Dv)     # kept until the downloads: its buffers
+    for op, grid, args in steps:
         ops._launch(op, grid, args)
     return ops._download(out, (T, Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
