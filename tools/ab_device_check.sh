@@ -29,7 +29,6 @@ BASE=${BASE:-ab_base} PROMPT=${PROMPT:-16384} DECODE=${DECODE:-64} BUDGET=${BUDG
 . tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests ab pcie)
-has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 start_pack qwen3-30b-a3b 200
 if has ab; then

@@ -1,6 +1,7 @@
 # Sourced by the device scripts that run inside a deadline (tools/stream_device_check.sh,
 # tools/decode_graph_check.sh): needs PY, OUT, DEADLINE_S and T0 (date +%s at the start) set.
 #
+#   has STEP                 whether STEP is among the script's steps (the array `steps`)
 #   elapsed                  seconds since T0
 #   budget SECONDS           SECONDS, or what is left of DEADLINE_S if that is less
 #   start_pack SHAPE SECS    build the synthetic pack SHAPE in the background (its log: $OUT/pack.log,
@@ -14,6 +15,7 @@
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
 
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
 budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 

@@ -22,7 +22,6 @@ DEADLINE_S=${DEADLINE_S:-580}
 . tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(fresh tests first bench long)
-has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 declare -A rc
 
 has long && start_pack qwen3-30b-a3b 300

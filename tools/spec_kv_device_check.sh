@@ -39,7 +39,6 @@ DEADLINE_S=${DEADLINE_S:-570}
 . tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests spec12 room)
-has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 shape=qwen3-30b-a3b-mtp
 has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has draftwin && shape=qwen3-30b-a3b-128k

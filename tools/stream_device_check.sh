@@ -29,7 +29,6 @@ DEADLINE_S=${DEADLINE_S:-570}
 . tools/device_deadline.sh
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests identical resident b12 b8 nocache)
-has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 start_pack qwen3-30b-a3b 200
 
