@@ -96,8 +96,10 @@ class CudaSpeculation:
         p = np.asarray(positions, np.int64).reshape(-1)
         if not self.draft_slots:
             return self.ops.upload_positions(p)
+        from .cuda_decode import stage_rows
         T = len(p)
-        host = np.concatenate([p, [p.max() + 1], p + 1, p % self.draft_slots, np.zeros(T, np.int64)]).astype(np.int32)
+        host = np.empty(4 * T + 1, np.int32)
+        stage_rows(host, 0, T + 1, 2 * T + 1, 3 * T + 1, p, 0, self.draft_slots)
         t = self.ops.upload(host)
         at = t.buf.ptr + t.offset
         return StepRows(t.buf, t.offset, T, t.keep, at + 4 * (T + 1), at + 4 * (2 * T + 1), at + 4 * (3 * T + 1), 1)
