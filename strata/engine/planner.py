@@ -537,13 +537,27 @@ def _speeds(sizes: PackSizes, cache: ExpertCache, slots: int, kept: int, chunk: 
     touched = 1.0 - (1.0 - A / E) ** chunk
     pcie = int(sum((E - k) * b for k, b in zip(cache.per_layer(kept), cache.blobs)) * touched)
     prompt_tps = chunk / (pcie / (bw.h2d_gb_s * 1e9)) if pcie else None
-    expert_read = A * sum(cache.blobs)
-    cached_read = A * sum(k / E * b for k, b in zip(cache.per_layer(slots), cache.blobs))
-    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
-    dense_read = decode_bytes_per_token(pack) - expert_read
-    seconds = ((dense_read + cached_read + kv_read[0]) / (bw.device_copy_gb_s * 1e9)
-               + (expert_read - cached_read + kv_read[1]) / (bw.h2d_gb_s * 1e9))
+    seconds, _ = _step_seconds(sizes, cache, slots, bw, 1, kv_read)
     return pcie, prompt_tps, slots / cache.total_slots, 1.0 / seconds
+
+
+def _step_seconds(sizes: PackSizes, cache: ExpertCache, slots: int, bw: Bandwidths, rows: int,
+                  kv_read: tuple[int, int] = (0, 0)) -> tuple[float, float]:
+    """(seconds, expert bytes over the bus) of a decode step of `rows` rows under uniform routing:
+    the dense weights read once, a layer's experts once each for the distinct ones its rows touch
+    (E(1 - (1 - A/E)^rows) of them: A for one row), cached ones at the device's copy rate and the
+    rest over PCIe, and kv_read's K/V bytes (in VRAM, on the host)."""
+    a = sizes.args
+    E, A = a.num_experts, a.num_experts_per_tok
+    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
+    dense_read = decode_bytes_per_token(pack) - A * sum(cache.blobs)
+    touched = A if rows == 1 else E * (1.0 - (1.0 - A / E) ** rows)
+    share = [k / E for k in cache.per_layer(slots)]
+    cached = sum(touched * f * b for f, b in zip(share, cache.blobs))
+    missed = sum(touched * (1 - f) * b for f, b in zip(share, cache.blobs))
+    seconds = ((dense_read + cached + kv_read[0]) / (bw.device_copy_gb_s * 1e9)
+               + (missed + kv_read[1]) / (bw.h2d_gb_s * 1e9))
+    return seconds, missed
 
 
 def batch_speeds(sizes: PackSizes, cache: ExpertCache, slots: int, bw: Bandwidths, parallel: int):
@@ -553,17 +567,9 @@ def batch_speeds(sizes: PackSizes, cache: ExpertCache, slots: int, bw: Bandwidth
     and the rest over PCIe. Where the cache holds every expert an extra row costs only its experts
     at the device's rate; at a small budget most of them cross the bus, which --batch-max auto's
     measurements then weigh against the dense read they share (the bus bytes say how much)."""
-    a = sizes.args
-    E, A = a.num_experts, a.num_experts_per_tok
-    pack = SimpleNamespace(args=a, meta={"dense": sizes.dense, "experts": {"layers": list(sizes.layers)}})
-    dense_read = decode_bytes_per_token(pack) - A * sum(cache.blobs)
-    share = [k / E for k in cache.per_layer(slots)]
     tok_s, bus = [], []
     for s in range(1, parallel + 1):
-        touched = E * (1.0 - (1.0 - A / E) ** s)
-        cached = sum(touched * f * b for f, b in zip(share, cache.blobs))
-        missed = sum(touched * (1 - f) * b for f, b in zip(share, cache.blobs))
-        seconds = (dense_read + cached) / (bw.device_copy_gb_s * 1e9) + missed / (bw.h2d_gb_s * 1e9)
+        seconds, missed = _step_seconds(sizes, cache, slots, bw, s)
         tok_s.append(round(s / seconds, 1))
         bus.append(int(missed))
     return tuple(tok_s), tuple(bus)
