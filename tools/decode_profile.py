@@ -30,11 +30,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
+    ap.add_argument("--kernels-off", default="", help="kernel paths to turn off (EngineConfig.kernels_off), e.g. l2-prefetch")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.synthetic import synthetic_pack
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 64,
-              vram_budget_gib=args.budget_gib)
+              vram_budget_gib=args.budget_gib, kernels_off=args.kernels_off)
     runner, rt = llm.runner, llm.runner.rt
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Decode at the copy rate (#16): the GPU tests of the decode kernels, then on qwen3-30b-a3b each
+# change against its fallback in the same call (EngineConfig.kernels_off turns a path off, so both
+# arms share one build and one machine state).
+#
+#   tools/decode_device_check.sh [steps...]     default: tests variants bench
+#     tests     build + the decode kernels' GPU tests (TESTS overrides the list)
+#     variants  tools/decode_variants.py --quick at contexts 512 and 16384: L2 prefetch on / off, in turn twice
+#     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens, with and without the L2
+#               prefetch (`--kernels-off l2-prefetch`); bench prints the copy rate it measured
+#     budget    the same at 12 and 8 GiB (--vram-budget-gib): cached experts read through the same kernels
+#     profile   tools/decode_profile.py --graphs-only at context 512, with and without the prefetch
+# DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-decode-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+. tools/device_deadline.sh
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests variants bench)
+
+start_pack qwen3-30b-a3b 240
+if has tests; then
+    device_tests 240 12 ${TESTS:-tests/kernels/test_build.py tests/kernels/test_gemv_gpu.py tests/kernels/test_decode_fused_gpu.py \
+        tests/kernels/test_moe_decode_gpu.py tests/engine/test_cuda_runner.py}
+else
+    device_tests 150 3
+fi
+
+export BENCH_LINES="^prompt|^decode|copy|^plan|^peak|stopped"
+if has variants; then
+    for ctx in 512 16384; do
+        echo "== decode variants, context $ctx ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_variants.py --quick --context $ctx --decode 128 \
+            --json "$OUT/variants_$ctx.json" 2>&1 | tail -5
+    done
+fi
+if has bench; then
+    bench_synthetic resident_pf 70 qwen3-30b-a3b --prompt 512,16384 --decode 64
+    bench_synthetic resident_nopf 70 qwen3-30b-a3b --prompt 512,16384 --decode 64 --kernels-off l2-prefetch
+fi
+if has budget; then
+    for gib in 12 8; do
+        bench_synthetic b${gib}_pf 70 qwen3-30b-a3b --vram-budget-gib $gib --prompt 512 --decode 64
+        bench_synthetic b${gib}_nopf 70 qwen3-30b-a3b --vram-budget-gib $gib --prompt 512 --decode 64 --kernels-off l2-prefetch
+    done
+fi
+if has profile; then
+    for off in "" l2-prefetch; do
+        echo "== decode profile, kernels off: '${off}' ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-off "$off" \
+            --json "$OUT/profile_${off:-pf}.json" 2>&1 | tail -30
+    done
+fi
+echo "== done at $(elapsed) s"
