@@ -5,11 +5,11 @@
 #
 #   tools/decode_device_check.sh [steps...]     default: tests variants bench
 #     tests     build + the decode kernels' GPU tests (TESTS overrides the list)
-#     variants  tools/decode_variants.py --quick at contexts 512 and 16384: L2 prefetch on / off, in turn twice
-#     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens, with and without the L2
-#               prefetch (`--kernels-off l2-prefetch`); bench prints the copy rate it measured
-#     budget    the same at 12 and 8 GiB (--vram-budget-gib): cached experts read through the same kernels
-#     profile   tools/decode_profile.py --graphs-only at context 512, with and without the prefetch
+#     variants  tools/decode_variants.py --quick at contexts 512 and 16384: the L2 prefetch of dense weights,
+#               of experts, of both, and neither, in turn twice (KernelPaths.prefetch_*, off by default)
+#     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens; bench prints the copy rate
+#     budget    the same at 12 and 8 GiB (--vram-budget-gib), prompt 512
+#     profile   tools/decode_profile.py --graphs-only at context 512
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,20 +40,15 @@ if has variants; then
     done
 fi
 if has bench; then
-    bench_synthetic resident_pf 70 qwen3-30b-a3b --prompt 512,16384 --decode 64
-    bench_synthetic resident_nopf 70 qwen3-30b-a3b --prompt 512,16384 --decode 64 --kernels-off l2-prefetch
+    bench_synthetic resident 70 qwen3-30b-a3b --prompt 512,16384 --decode 64
 fi
 if has budget; then
     for gib in 12 8; do
-        bench_synthetic b${gib}_pf 70 qwen3-30b-a3b --vram-budget-gib $gib --prompt 512 --decode 64
-        bench_synthetic b${gib}_nopf 70 qwen3-30b-a3b --vram-budget-gib $gib --prompt 512 --decode 64 --kernels-off l2-prefetch
+        bench_synthetic b${gib} 70 qwen3-30b-a3b --vram-budget-gib $gib --prompt 512 --decode 64
     done
 fi
 if has profile; then
-    for off in "" l2-prefetch; do
-        echo "== decode profile, kernels off: '${off}' ($(elapsed) s)"
-        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-off "$off" \
-            --json "$OUT/profile_${off:-pf}.json" 2>&1 | tail -30
-    done
+    echo "== decode profile ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
 fi
 echo "== done at $(elapsed) s"

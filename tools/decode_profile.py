@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
-    ap.add_argument("--kernels-off", default="", help="kernel paths to turn off (EngineConfig.kernels_off), e.g. l2-prefetch")
+    ap.add_argument("--kernels-off", default="", help="kernel paths to turn off (EngineConfig.kernels_off)")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.synthetic import synthetic_pack

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--json")
-    ap.add_argument("--quick", action="store_true", help="only the L2 prefetch on against off, twice in turn")
+    ap.add_argument("--quick", action="store_true", help="only the L2 prefetch variants, twice in turn")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode
@@ -38,18 +38,22 @@ def main(argv=None) -> int:
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
-    variants = [("fused, split GEMV, PDL, L2 prefetch", True, 2, True, True, True),
-                ("fused, split GEMV, PDL", True, 2, True, True, False),
-                ("fused, split GEMV, no PDL", True, 2, True, False, True),
-                ("fused, no split, PDL", True, 2, False, True, True), ("fused, 1 block/SM, PDL", True, 1, True, True, True),
-                ("moe_gemv path, PDL", False, 2, True, True, True)]
+    # (name, fused MoE, blocks per SM, split GEMV, PDL, L2 prefetch of dense weights, of experts)
+    variants = [("fused, split GEMV, PDL", True, 2, True, True, False, False),
+                ("  + L2 prefetch, dense", True, 2, True, True, True, False),
+                ("  + L2 prefetch, experts", True, 2, True, True, False, True),
+                ("  + L2 prefetch, both", True, 2, True, True, True, True),
+                ("fused, split GEMV, no PDL", True, 2, True, False, False, False),
+                ("fused, no split, PDL", True, 2, False, True, False, False),
+                ("fused, 1 block/SM, PDL", True, 1, True, True, False, False),
+                ("moe_gemv path, PDL", False, 2, True, True, False, False)]
     if args.quick:
-        variants = variants[:2] * 2      # in turn twice: drift of the machine shows as noise
+        variants = variants[:4] * 2      # in turn twice: drift of the machine shows as noise
     rows = []
-    for name, fused, bps, split, pdl, prefetch in variants:
+    for name, fused, bps, split, pdl, pf_dense, pf_experts in variants:
         try:
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   l2_prefetch=prefetch)
+                                                   prefetch_dense=pf_dense, prefetch_experts=pf_experts)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)

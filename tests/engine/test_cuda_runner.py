@@ -292,14 +292,16 @@ def test_programmatic_dependent_launches_change_no_bit(packs, rng):
 
 
 def test_l2_prefetch_changes_no_bit(packs, rng):
-    """KernelPaths.l2_prefetch (cuda/pdl.cuh) makes the decode GEMVs and gate|up ask the L2 for
-    their weights first: a hint, so graph decode with and without it agrees bitwise, the experts
-    resident and streamed (some in pinned host memory, where the prefetch crosses the bus)."""
+    """KernelPaths.prefetch_dense / prefetch_experts (cuda/pdl.cuh) make the decode GEMVs and gate|up
+    ask the L2 for their weights first: a hint, so graph decode with and without it agrees bitwise,
+    the experts resident and streamed (some in pinned host memory, where the prefetch crosses the bus)."""
+    import dataclasses
     pack = packs("kquant-mixed")
     for cache in (None, "3"):
         extra = {"expert_cache": cache} if cache else {}
         on = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, **extra))
-        off = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_off="l2-prefetch", **extra))
+        off = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, **extra))
+        on.ops.paths = dataclasses.replace(on.ops.paths, prefetch_dense=True, prefetch_experts=True)
         if not on.ops.prefetch_bytes:
             pytest.skip("the bulk L2 prefetch needs sm_90 or later")
         assert off.ops.prefetch_bytes == 0

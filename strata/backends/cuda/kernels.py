@@ -50,7 +50,11 @@ class KernelPaths:
     group_on_device: bool = True     # cuda/moe_group.cu groups a chunk's slots when every expert is readable (off: on the host)
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
-    l2_prefetch: bool = True         # decode GEMVs and expert kernels ask the L2 for their weights first (sm_90+, cuda/pdl.cuh)
+    # Experiments, off: the decode GEMVs (dense) and gate|up (experts: its rows and the down matrices)
+    # ask the L2 for their weights first (cuda/pdl.cuh, sm_90+). Both on measured 5% slower on the
+    # H200 (docs/PERF.md, tenth session); tools/decode_variants.py turns them on one at a time.
+    prefetch_dense: bool = False
+    prefetch_experts: bool = False
 
     @classmethod
     def without(cls, names: str) -> "KernelPaths":
@@ -62,7 +66,7 @@ class KernelPaths:
         return cls(**{n.replace("-", "_"): False for n in off})
 
 
-assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KERNEL_PATHS]
+assert [f.name for f in fields(KernelPaths) if f.default] == [n.replace("-", "_") for n in KERNEL_PATHS]
 
 
 # ---- the kernel table --------------------------------------------------------------------------------

@@ -100,8 +100,8 @@ DOWN_PREFETCH_MAX_BYTES = 12 << 20
 
 def down_prefetch(ops, down_q: str, T: int, A: int, D: int, I: int) -> int:
     """strata_moe_gate_up's down_bytes: one expert's down matrix (the block's share of each is asked of
-    the L2), -1 (gate and up rows only) past DOWN_PREFETCH_MAX_BYTES, 0 without ops.prefetch_bytes."""
-    if not getattr(ops, "prefetch_bytes", 0):
+    the L2), -1 (gate and up rows only) past DOWN_PREFETCH_MAX_BYTES, 0 unless KernelPaths.prefetch_experts."""
+    if not (ops.paths.prefetch_experts and getattr(ops, "sm90", False)):
         return 0
     down_bytes = D * qtype(down_q).row_bytes(I)
     return down_bytes if T * A * down_bytes <= DOWN_PREFETCH_MAX_BYTES else -1

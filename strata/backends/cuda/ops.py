@@ -86,8 +86,8 @@ class DeviceOps(DenseOps, AttentionOps):
     @property
     def prefetch_bytes(self) -> int:
         """The dynamic shared memory the decode GEMVs are launched with: 16 asks each to have the L2 fetch
-        its weights before it waits for the kernel ahead (cuda/pdl.cuh; KernelPaths.l2_prefetch, sm_90+)."""
-        return 16 if self.paths.l2_prefetch and self.sm90 else 0
+        its weights before it waits for the kernel ahead (cuda/pdl.cuh; KernelPaths.prefetch_dense, sm_90+)."""
+        return 16 if self.paths.prefetch_dense and self.sm90 else 0
 
     def launch(self, op: str, grid, args, shared_bytes: int = 0, **fields) -> None:
         """Queue kernel `op` of kernels.KERNELS (the entry its fields name: qtype=, dh=, ...) on the
