@@ -39,8 +39,22 @@
 // with 8 weights a thread through decode8's 3-5 small __ldg and L1/TEX ~96% busy, in brackets):
 // experts gate|up Q4_K 159 (81), down Q4_K 148 (87), down Q6_K 120 (70), dense q Q8_0 165, o 173
 // (101-104), k/v 99 (128 CTAs: under one wave), head Q8_0 (16 rows) 892 GB/s of weights (840).
-// Next step: cp.async staging of raw block bytes into shared memory (more than the 8 KiB left
-// under 48 KiB at this tile size, i.e. an opt-in dynamic size), then ncu to see what binds now.
+// Next step (done as v2 below; measure it): cp.async staging of raw block bytes into shared memory.
+//
+// v2, strata_moe_gemm2_<q> for q4_k q6_k q8_0: the same signature, tiles, requirements and bits (each
+// output's k order and operands are the ones above), staged differently. A CTA computes 128 x 256
+// (kBN 256: half the X reads from L2 per flop) with 8 warps, 2 (M) x 4 (N), each 64 x 64; k steps of
+// 32. Raw bytes go to shared memory with cp.async into a ring of kStages slots (4; Q6_K 3): per slot
+// X [128][32] f32 (rows past m zero-filled, not read) and, per weight row, the 16-byte aligned chunks
+// holding what the step's 32 weights need (Q4_K: header + 32 quant bytes; Q8_0: the 3 chunks of its
+// 2-byte aligned block; Q6_K: 3 for ql, 3 for qh, 2 for scales + d), chunk-major so the thread of
+// row n reads its chunks conflict-free. Per step: issue stage s + kStages; convert raw stage s + 1
+// (X to f16; thread n decodes row n's 32 weights, one header decode) into the other f16 tile pair;
+// mma on stage s; cp.async.wait_group(kStages - 2); one barrier. Decoders give the same floats with
+// fewer instructions: Q4_K's dl * q is exact, so fma(dl, q, -ml) rounds as fsub(fmul) does; Q8_0's
+// f16(d * q) (exact product) is mul.rn.f16x2 of f16 d and f16 q. Dynamic shared memory (opt-in):
+// 176128 bytes (Q4_K, Q8_0), 208896 (Q6_K); one CTA per SM; ~220 registers, no spills (sm_90).
+// strata.backends.cuda.moe_gemm.launch_for picks v1 or v2 (kernel path staged-gemm).
 //
 // Precision: inputs are f16(X) and f16(W) (round to nearest even; W decoded exactly in f32 first),
 // their products are exact in f32, and the sum runs in the tensor cores' f32 accumulator. With
@@ -381,6 +395,352 @@ __device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restri
     }
 }
 
+
+// ---- v2 (strata_moe_gemm2_<q>): cp.async-staged raw blocks, 128 x 256 tiles ------------------------
+// The same contract and bits as above (see the header's "v2" paragraph); only the staging differs.
+namespace v2 {
+
+constexpr int kBM = 128, kBN = 256, kBK = 32, kThreads = 256;
+constexpr int kLds = kBK + 8;  // padded f16 row (80 bytes: ldmatrix's 8 rows hit distinct banks)
+constexpr int kWarpM = 64, kWarpN = 64, kWarpsN = kBN / kWarpN;  // 2 (M) x 4 (N) warps
+constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 8;
+constexpr int kTileBytes = 2 * (kBM + kBN) * kLds * 2;  // f16 A and B tiles, double-buffered: 61440
+constexpr int kXRowBytes = kBK * 4;                     // one raw f32 X row of a stage: 8 chunks
+constexpr int kXBytes = kBM * kXRowBytes;               // 16384
+constexpr int kXPerThread = kXBytes / 16 / kThreads;    // 16-byte X chunks a thread stages: 4
+constexpr int kChunkPlane = kBN * 16;                   // one 16-byte chunk of every weight row
+static_assert(kThreads == kBN, "one thread per weight row: it stages and decodes that row");
+static_assert((kBM / kWarpM) * kWarpsN * 32 == kThreads, "warp grid covers the tile");
+static_assert(kXPerThread * 16 * kThreads == kXBytes && kThreads % (kXRowBytes / 16) == 0, "X staging");
+
+__device__ __forceinline__ void cp_async_ca16(void* dst, const void* src) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+// src_bytes 0: the 16 bytes are zero-filled and nothing is read
+__device__ __forceinline__ void cp_async_cg16(void* dst, const void* src, int src_bytes) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// f16x2 a - b and a * b, each rounded once to nearest even (.rn: never contracted into an fma;
+// f16 subnormals kept)
+__device__ __forceinline__ uint32_t hsub2_rn(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ const uint8_t* align16(const uint8_t* p) {
+    return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(15));
+}
+__device__ __forceinline__ uint32_t lead16(const uint8_t* p) {
+    return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p)) & 15u;
+}
+
+// The 32 bytes at the even byte offset o (0 <= o <= 16) of three staged 16-byte chunks, as 8 words
+// (selects on o's bits, no indexed registers).
+__device__ __forceinline__ void bytes32(const uint4* c, uint32_t o, uint32_t (&out)[8]) {
+    const uint32_t w[12] = {c[0].x, c[0].y, c[0].z, c[0].w, c[1].x, c[1].y, c[1].z, c[1].w,
+                            c[2].x, c[2].y, c[2].z, c[2].w};
+    const uint32_t q = o >> 2;
+    uint32_t t[12], u[10], v[9];
+#pragma unroll
+    for (int i = 0; i < 12; ++i) t[i] = (q & 4u) ? (i + 4 < 12 ? w[i + 4] : 0u) : w[i];
+#pragma unroll
+    for (int i = 0; i < 10; ++i) u[i] = (q & 2u) ? t[i + 2] : t[i];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = (q & 1u) ? u[i + 1] : u[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __funnelshift_r(v[i], v[i + 1], 8u * (o & 3u));
+}
+
+// Byte e (0..31) of two staged chunks.
+__device__ __forceinline__ uint32_t byte32(uint4 c0, uint4 c1, uint32_t e) {
+    const uint4 a = (e & 16u) ? c1 : c0;
+    const uint32_t b0 = (e & 8u) ? a.z : a.x, b1 = (e & 8u) ? a.w : a.y;
+    return byte_at((e & 4u) ? b1 : b0, e & 3u);
+}
+
+// h[2i], h[2i + 1] = the 4 halves f16(mul * (byte - bias)) of word w (bias includes 2^23): the same
+// product as scale16<false>, so the same bits.
+__device__ __forceinline__ void scale4(uint32_t w, float bias, float mul, uint32_t* h) {
+    float v[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) v[b] = __fmul_rn(mul, __fsub_rn(biased_byte(w, b), bias));
+    h[0] = half2_bits(v[0], v[1]);
+    h[1] = half2_bits(v[2], v[3]);
+}
+
+// Per type: kChunks 16-byte chunks of a weight row hold what weights k0 .. k0 + 31 need (sources()
+// gives their aligned global addresses); decode() turns them, staged, into the 32 f16 weights (16
+// words, weight k0 + 2i in the low half of word i), exactly scale16's values. kStages: the raw ring.
+template <class B>
+struct Staged;
+
+// Q4_K (16-byte aligned blocks): the header chunk and the 32 quant bytes of the stage's 64-weight
+// group (the stage uses one nibble of each; the group's other stage the other).
+template <>
+struct Staged<BlockQ4_K> {
+    static constexpr int kChunks = 3, kStages = 4;
+    static __device__ __forceinline__ void sources(const uint8_t* row, int k0, const uint8_t* (&p)[kChunks]) {
+        const uint8_t* blk = row + static_cast<long long>(k0 >> 8) * BlockQ4_K::kBytes;
+        p[0] = blk;
+        p[1] = blk + 16 + 32 * ((k0 & 255) >> 6);
+        p[2] = p[1] + 16;
+    }
+    static __device__ __forceinline__ void decode(const uint8_t*, int k0, const uint4 (&c)[kChunks], uint32_t (&h)[16]) {
+        const uint4 head = c[0];
+        const int s = (k0 & 255) >> 5;  // sub-block
+        const uint32_t j = static_cast<uint32_t>(s & 3);
+        const int b1 = static_cast<int>(byte_at(head.y, j)), b2 = static_cast<int>(byte_at(head.z, j));
+        const int b3 = static_cast<int>(byte_at(head.w, j));
+        const int sc = s < 4 ? (b1 & 63) : ((b3 & 15) | ((b1 >> 6) << 4));
+        const int m = s < 4 ? (b2 & 63) : ((b3 >> 4) | ((b2 >> 6) << 4));
+        const float dl = __fmul_rn(f16_bits(head.x), exact_float(sc));
+        const float nml = -__fmul_rn(f16_bits(head.x >> 16), exact_float(m));
+        const uint32_t qw[8] = {c[1].x, c[1].y, c[1].z, c[1].w, c[2].x, c[2].y, c[2].z, c[2].w};
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t w = (qw[i] >> shift) & 0x0F0F0F0Fu;
+            float v[4];
+            // dl * q is exact (at most 11 + 6 + 4 significant bits), so the fma rounds once, where
+            // the other kernel's __fsub_rn(__fmul_rn(dl, q), ml) rounds: the same float
+#pragma unroll
+            for (int b = 0; b < 4; ++b) v[b] = __fmaf_rn(dl, __fsub_rn(biased_byte(w, b), kTwo23), nml);
+            h[2 * i] = half2_bits(v[0], v[1]);
+            h[2 * i + 1] = half2_bits(v[2], v[3]);
+        }
+    }
+};
+
+// Q6_K (2-byte aligned): the chunks holding the 32 ql bytes, the 32 qh bytes, and scales + d.
+template <>
+struct Staged<BlockQ6_K> {
+    static constexpr int kChunks = 8, kStages = 3;
+    static __device__ __forceinline__ void fields(const uint8_t* row, int k0, const uint8_t*& ql, const uint8_t*& qh,
+                                                  const uint8_t*& sd) {
+        const uint8_t* blk = row + static_cast<long long>(k0 >> 8) * BlockQ6_K::kBytes;
+        const int kb = k0 & 255, h = kb >> 7, p = (kb >> 5) & 3;
+        ql = blk + 64 * h + 32 * (p & 1);
+        qh = blk + 128 + 32 * h;
+        sd = blk + 192;
+    }
+    static __device__ __forceinline__ void sources(const uint8_t* row, int k0, const uint8_t* (&p)[kChunks]) {
+        const uint8_t *ql, *qh, *sd;
+        fields(row, k0, ql, qh, sd);
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+            p[i] = align16(ql) + 16 * i;
+            p[3 + i] = align16(qh) + 16 * i;
+        }
+        p[6] = align16(sd);  // scales[16] and d: 18 bytes from a lead of at most 14, two chunks
+        p[7] = p[6] + 16;
+    }
+    static __device__ __forceinline__ void decode(const uint8_t* row, int k0, const uint4 (&c)[kChunks], uint32_t (&h)[16]) {
+        const uint8_t *ql_p, *qh_p, *sd_p;
+        fields(row, k0, ql_p, qh_p, sd_p);
+        const int kb = k0 & 255, p = (kb >> 5) & 3;
+        uint32_t ql[8], qh[8];
+        bytes32(&c[0], lead16(ql_p), ql);
+        bytes32(&c[3], lead16(qh_p), qh);
+        const uint32_t o = lead16(sd_p), e = o + static_cast<uint32_t>(kb >> 4);
+        const int sc0 = static_cast<int8_t>(byte32(c[6], c[7], e)), sc1 = static_cast<int8_t>(byte32(c[6], c[7], e + 1));
+        const uint32_t dw = (o & 8u) ? ((o & 4u) ? c[7].w : c[7].z) : ((o & 4u) ? c[7].y : c[7].x);  // d: bytes o + 16, 17
+        const float d = f16_bits(dw >> (8u * (o & 2u)));
+        const float dl0 = __fmul_rn(d, exact_float(sc0)), dl1 = __fmul_rn(d, exact_float(sc1));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t w = ((ql[i] >> (4 * (p >> 1))) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * p)) & 0x03030303u) << 4);
+            scale4(w, kTwo23 + 32.0f, i < 4 ? dl0 : dl1, &h[2 * i]);
+        }
+    }
+};
+
+// Q8_0 (2-byte aligned 34-byte blocks, one a stage): the three chunks holding the block. Halves:
+// f16(d * q) with d * q exact in float32 is the one f16 rounding of the exact product, which is what
+// mul.rn.f16x2 of f16 d and f16 q (exact) gives: 1.5 instructions a weight instead of 3.5.
+template <>
+struct Staged<BlockQ8_0> {
+    static constexpr int kChunks = 3, kStages = 4;
+    static __device__ __forceinline__ const uint8_t* block(const uint8_t* row, int k0) {
+        return row + static_cast<long long>(k0 >> 5) * BlockQ8_0::kBytes;
+    }
+    static __device__ __forceinline__ void sources(const uint8_t* row, int k0, const uint8_t* (&p)[kChunks]) {
+        const uint8_t* a = align16(block(row, k0));
+#pragma unroll
+        for (int i = 0; i < 3; ++i) p[i] = a + 16 * i;
+    }
+    static __device__ __forceinline__ void decode(const uint8_t* row, int k0, const uint4 (&c)[kChunks], uint32_t (&h)[16]) {
+        const uint32_t o = lead16(block(row, k0));
+        const uint32_t dw = (o & 8u) ? ((o & 4u) ? c[0].w : c[0].z) : ((o & 4u) ? c[0].y : c[0].x);
+        const uint32_t d = (dw >> (8u * (o & 2u))) & 0xFFFFu, d2 = d | (d << 16);
+        uint32_t q[8];
+        bytes32(&c[0], o + 2u, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t u = q[i] ^ 0x80808080u;  // int8 + 128
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                // halves 1024 + u of bytes 2hh, 2hh + 1; minus 1152 = the int8 quant, exactly
+                const uint32_t x = __byte_perm(u, 0x64646464u, hh ? 0x4342u : 0x4140u);
+                h[2 * i + hh] = hmul2_rn(hsub2_rn(x, 0x64806480u), d2);
+            }
+        }
+    }
+};
+
+template <class B>
+__host__ __device__ constexpr int stage_bytes() {
+    return kXBytes + Staged<B>::kChunks * kChunkPlane;
+}
+template <class B>
+__host__ __device__ constexpr int smem_bytes() {
+    return kTileBytes + Staged<B>::kStages * stage_bytes<B>();
+}
+static_assert(smem_bytes<BlockQ4_K>() == 176128 && smem_bytes<BlockQ8_0>() == 176128 &&
+                  smem_bytes<BlockQ6_K>() == 208896,
+              "strata/backends/cuda/moe_gemm.py STAGED_SHARED_BYTES spells these out");
+
+// One kBK step of the warp's 64 x 64 sub-tile (the fragment order of mma_step, more fragments).
+__device__ __forceinline__ void mma_step(const __half (*a)[kLds], const __half (*b)[kLds], int wm, int wn,
+                                         int lane, float (&acc)[kFragM][kFragN][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+        uint32_t af[kFragM][4], bf[kFragN / 2][4];
+#pragma unroll
+        for (int i = 0; i < kFragM; ++i)
+            ldmatrix_x4(af[i], &a[wm + 16 * i + (lane & 15)][kk + 8 * (lane >> 4)]);
+#pragma unroll
+        for (int j = 0; j < kFragN / 2; ++j)
+            ldmatrix_x4(bf[j], &b[wn + 16 * j + (lane & 7) + 8 * (lane >> 4)][kk + 8 * ((lane >> 3) & 1)]);
+#pragma unroll
+        for (int i = 0; i < kFragM; ++i)
+#pragma unroll
+            for (int j = 0; j < kFragN; ++j) mma_16816(acc[i][j], af[i], bf[j / 2][2 * (j & 1)], bf[j / 2][2 * (j & 1) + 1]);
+    }
+}
+
+template <class B>
+__device__ __forceinline__ void moe_gemm_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                              const int* __restrict__ tiles, const float* __restrict__ X,
+                                              long long ldx, float* __restrict__ Y, long long ldy, int N, int K) {
+    using S = Staged<B>;
+    constexpr int R = S::kStages, kStage = stage_bytes<B>();
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int4 tile = __ldg(reinterpret_cast<const int4*>(tiles) + blockIdx.y);
+    const int s0 = tile.y, m = tile.z;
+    if (m <= 0) return;
+    if (ptrs[tile.x] == 0) return;
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < static_cast<unsigned>(smem_bytes<B>())) __trap();  // launched without its shared memory
+    }
+    auto a = reinterpret_cast<__half (*)[kBM][kLds]>(smem);                     // [2][kBM][kLds] f16(X)
+    auto b = reinterpret_cast<__half (*)[kBN][kLds]>(smem + 2 * kBM * kLds * 2);  // [2][kBN][kLds] f16(W)
+    unsigned char* raw = smem + kTileBytes;  // R stages: X [kBM][kBK] f32, then W chunk planes [kChunks][kBN][16]
+    const int n0 = blockIdx.x * kBN;
+
+    // W: thread tid stages and decodes weight row n0 + tid (rows past N re-read row N - 1)
+    const long long row_bytes = static_cast<long long>(K / B::kWeights) * B::kBytes;
+    const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[tile.x] + part_offset) +
+                           static_cast<long long>(min(n0 + tid, N - 1)) * row_bytes;
+    // X: chunk tid + kThreads * i is row xr + 32 i, floats 4 xc .. 4 xc + 3 (8 threads a 128-byte row)
+    constexpr int kXRowsPerPass = kThreads / (kXRowBytes / 16);
+    const int xc = tid & 7, xr = tid >> 3;
+    const float* x_src[kXPerThread];
+    int x_bytes[kXPerThread];
+#pragma unroll
+    for (int i = 0; i < kXPerThread; ++i) {
+        const int r = xr + kXRowsPerPass * i;
+        x_src[i] = X + static_cast<long long>(s0 + min(r, m - 1)) * ldx + 4 * xc;
+        x_bytes[i] = r < m ? 16 : 0;  // rows past m: zeros, not read
+    }
+
+    const int wm = kWarpM * (warp / kWarpsN), wn = kWarpN * (warp % kWarpsN);
+    const bool busy = wm < m;
+    float acc[kFragM][kFragN][4] = {};
+    const int steps = K / kBK;
+
+    auto issue = [&](int stage) {  // raw bytes of a stage into its ring slot, one commit group (maybe empty)
+        if (stage < steps) {
+            unsigned char* st = raw + (stage % R) * kStage;
+            const int k0 = stage * kBK;
+#pragma unroll
+            for (int i = 0; i < kXPerThread; ++i)
+                cp_async_cg16(st + (xr + kXRowsPerPass * i) * kXRowBytes + 16 * xc, x_src[i] + k0, x_bytes[i]);
+            const uint8_t* src[S::kChunks];
+            S::sources(w_row, k0, src);
+#pragma unroll
+            for (int c = 0; c < S::kChunks; ++c) cp_async_ca16(st + kXBytes + c * kChunkPlane + 16 * tid, src[c]);
+        }
+        cp_async_commit();
+    };
+    auto convert = [&](int stage) {  // raw slot -> f16 tiles [stage & 1]
+        const unsigned char* st = raw + (stage % R) * kStage;
+        const int buf = stage & 1;
+#pragma unroll
+        for (int i = 0; i < kXPerThread; ++i) {
+            const int r = xr + kXRowsPerPass * i;
+            const float4 v = *reinterpret_cast<const float4*>(st + r * kXRowBytes + 16 * xc);
+            *reinterpret_cast<uint2*>(&a[buf][r][4 * xc]) = make_uint2(half2_bits(v.x, v.y), half2_bits(v.z, v.w));
+        }
+        uint4 c[S::kChunks];
+#pragma unroll
+        for (int i = 0; i < S::kChunks; ++i) c[i] = *reinterpret_cast<const uint4*>(st + kXBytes + i * kChunkPlane + 16 * tid);
+        uint32_t h[16];
+        S::decode(w_row, stage * kBK, c, h);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            *reinterpret_cast<uint4*>(&b[buf][tid][8 * q]) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+    };
+
+    // Ring: at the top of step s, tiles [s & 1] hold stage s, raw stage s + 1 has landed, stages up
+    // to s + R - 1 are issued, and slot s % R (stage s, converted already) is free.
+    for (int s = 0; s < R; ++s) issue(s);
+    cp_async_wait<R - 2>();
+    __syncthreads();
+    convert(0);
+    __syncthreads();
+    for (int s = 0; s < steps; ++s) {
+        issue(s + R);
+        if (s + 1 < steps) convert(s + 1);
+        if (busy) mma_step(a[s & 1], b[s & 1], wm, wn, lane, acc);
+        cp_async_wait<R - 2>();  // stage s + 2 landed (this thread's copies; the barrier makes them everyone's)
+        __syncthreads();
+    }
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < kFragM; ++i) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int row = wm + 16 * i + g + 8 * hh;
+            if (row >= m) continue;
+            float* y_row = Y + static_cast<long long>(s0 + row) * ldy;
+#pragma unroll
+            for (int j = 0; j < kFragN; ++j) {
+                const int n = n0 + wn + 8 * j + 2 * t;
+                if (n < N) y_row[n] = acc[i][j][2 * hh];
+                if (n + 1 < N) y_row[n + 1] = acc[i][j][2 * hh + 1];
+            }
+        }
+    }
+}
+
+}  // namespace v2
+
 }  // namespace
 
 #define STRATA_MOE_GEMM(name, Block)                                                                   \
@@ -405,3 +765,15 @@ STRATA_MOE_GEMM(q5_k, BlockQ5_K)
 STRATA_MOE_GEMM(q6_k, BlockQ6_K)
 STRATA_MOE_GEMM(iq4_nl, BlockIQ4_NL)
 STRATA_MOE_GEMM(iq4_xs, BlockIQ4_XS)
+
+// v2: cp.async-staged (see the header); 176128 (Q4_K, Q8_0) or 208896 (Q6_K) bytes of dynamic shared memory
+#define STRATA_MOE_GEMM2(name, Block)                                                                  \
+    extern "C" __global__ void __launch_bounds__(v2::kThreads, 1) strata_moe_gemm2_##name(             \
+        const unsigned long long* ptrs, long long part_offset, const int* tiles, const float* X,      \
+        long long ldx, float* Y, long long ldy, int N, int K) {                                        \
+        v2::moe_gemm_body<Block>(ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K);                      \
+    }
+
+STRATA_MOE_GEMM2(q4_k, BlockQ4_K)
+STRATA_MOE_GEMM2(q6_k, BlockQ6_K)
+STRATA_MOE_GEMM2(q8_0, BlockQ8_0)
