@@ -10,6 +10,8 @@
 #     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens; bench prints the copy rate
 #     budget    the same at 12 and 8 GiB (--vram-budget-gib), prompt 512
 #     profile   tools/decode_profile.py --graphs-only at context 512
+#     gemm      the staged grouped GEMM (#17): tools/moe_gemm_bench.py (v1 against v2 per shape, their bits
+#               compared), then resident prompts 512,4096,16384 with v2 and with v1 (--kernels-off staged-gemm)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +52,11 @@ fi
 if has profile; then
     echo "== decode profile ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
+fi
+if has gemm; then
+    echo "== moe_gemm bench ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25
+    bench_synthetic prompt_v2 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
+    bench_synthetic prompt_v1 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0 --kernels-off staged-gemm
 fi
 echo "== done at $(elapsed) s"
