@@ -1,9 +1,6 @@
-"""Time strata_moe_gemm_<q> (cuda/moe_gemm.cu, v1) and strata_moe_gemm2_<q> (v2) on Qwen3-30B-A3B prompt shapes.
+"""Time strata_moe_gemm_<q> (cuda/moe_gemm.cu) on Qwen3-30B-A3B prompt shapes.
 
-    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--kernels v1,v2] [--json PATH]
-
-Each shape runs under each kernel that has its type (v2: Q4_K, Q6_K, Q8_0); the two outputs are
-compared bit for bit (they must agree: "bits" says so) and v2's speedup over v1 is printed.
+    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--json PATH]
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -19,8 +16,7 @@ import sys
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.kernels import STAGED_GEMM_QTYPES
-from strata.backends.cuda.moe_gemm import BLOCK, BN2, STAGED_SHARED_BYTES, grid_for, tiles_for
+from strata.backends.cuda.moe_gemm import BLOCK, grid_for, tiles_for
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -43,9 +39,7 @@ def shapes(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, int, i
     ]
 
 
-def bench_shape(ops, rng, name, N, K, rows, repeats, kernels):
-    """{kernel: result} for each of kernels ("v1", "v2") that has the type; results carry "bits": the
-    output agrees with the first kernel's bit for bit."""
+def bench_shape(ops, rng, name, N, K, rows, repeats):
     rt = ops._rt
     row_bytes = qtype(name).row_bytes(K)
     stride = -(-N * row_bytes // 256) * 256
@@ -61,34 +55,23 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, kernels):
     tiles = tiles_for(ranges)
     X = rng.standard_normal((s, K)).astype(np.float32)
     ptrs = np.array([blob.ptr + g * stride for g in range(G)], np.uint64)
-    x_dev, ptrs_dev, tiles_dev = ops._upload(X), ops._upload(ptrs), ops._upload(tiles)
-    out, first = {}, None
-    for which in kernels:
-        if which == "v2" and name not in STAGED_GEMM_QTYPES:
-            continue
-        y = ops._output(s * N * 4)
-        args = (ptrs_dev, 0, tiles_dev, x_dev, K, y, N, N, K)
-        if which == "v2":
-            kernel, grid, shared = ops._kernel("moe_gemm2", qtype=name), (-(-N // BN2), len(tiles)), STAGED_SHARED_BYTES[name]
-        else:
-            kernel, grid, shared = ops._kernel("moe_gemm", qtype=name), grid_for(N, len(tiles)), 0
-        start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
-        times = []
-        for i in range(repeats + 3):
-            start.record(ops.stream)
-            kernel.launch(grid, BLOCK, args, shared, stream=ops.stream)
-            end.record(ops.stream)
-            end.synchronize()
-            if i >= 3:
-                times.append(start.elapsed_ms(end))
-        Y = ops._download(y, (s, N), np.float32)
-        first = Y if first is None else first
-        ms = float(np.median(times))
-        flops = 2.0 * s * N * K
-        out[which] = {"kernel": which, "qtype": name, "N": N, "K": K, "groups": G, "rows": s, "tiles": len(tiles),
-                      "ms": ms, "tflops": flops / ms / 1e9, "weight_gbps": G * N * row_bytes / ms / 1e6,
-                      "bits": bool(np.array_equal(Y.view(np.uint32), first.view(np.uint32)))}
-    return out
+    y = ops._output(s * N * 4)
+    args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
+    kernel = ops._kernel("moe_gemm", qtype=name)
+    grid = grid_for(N, len(tiles))
+    start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
+    times = []
+    for i in range(repeats + 3):
+        start.record(ops.stream)
+        kernel.launch(grid, BLOCK, args, stream=ops.stream)
+        end.record(ops.stream)
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_ms(end))
+    ms = float(np.median(times))
+    flops = 2.0 * s * N * K
+    return {"qtype": name, "N": N, "K": K, "groups": G, "rows": s, "tiles": len(tiles), "ms": ms,
+            "tflops": flops / ms / 1e9, "weight_gbps": G * N * row_bytes / ms / 1e6}
 
 
 def main(argv=None) -> int:
@@ -96,29 +79,19 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
     ap.add_argument("--only", metavar="TEXT", help="only shapes whose label or type contains TEXT")
-    ap.add_argument("--kernels", default="v1,v2", help="comma-separated: v1 (strata_moe_gemm_*), v2 (strata_moe_gemm2_*)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    if not kernels or set(kernels) - {"v1", "v2"}:
-        ap.error(f"--kernels {args.kernels!r}: v1 and/or v2")
     ops = CudaOps()
     rng = np.random.default_rng(0)
     results = []
-    print(f"{'shape':<16} {'type':<5} {'kernel':<6} {'N':>7} {'K':>5} {'groups':>6} {'rows':>6} {'ms':>8} "
-          f"{'TFLOP/s':>8} {'W GB/s':>7} {'bits':>5} {'vs v1':>6}")
+    print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'groups':>6} {'rows':>6} {'ms':>8} {'TFLOP/s':>8} {'W GB/s':>7}")
     for label, name, N, K, rows in shapes(args.tokens, rng):
         if args.only and args.only not in f"{label} {name}":
             continue
-        for which, r in bench_shape(ops, rng, name, N, K, rows, args.repeats, kernels).items():
-            r = {"shape": label, **r}
-            results.append(r)
-            v1 = next((q for q in results if q["shape"] == label and q["qtype"] == name and q["N"] == N
-                       and q["kernel"] == "v1"), None)
-            speed = f"{v1['ms'] / r['ms']:>5.2f}x" if v1 is not None and which != "v1" else ""
-            print(f"{label:<16} {name:<5} {which:<6} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "
-                  f"{r['tflops']:>8.1f} {r['weight_gbps']:>7.0f} {'same' if r['bits'] else 'DIFF':>5} {speed:>6}",
-                  flush=True)
+        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats)}
+        results.append(r)
+        print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "
+              f"{r['tflops']:>8.1f} {r['weight_gbps']:>7.0f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": ops.device.name, "tokens": args.tokens, "results": results}, f, indent=1)

@@ -61,6 +61,5 @@ cdef class Kernel:
     cdef readonly str signature
     cdef CUfunction func
     cdef int num_params
-    cdef unsigned int shared_optin  # dynamic shared bytes the function is opted into (48 KiB by default)
     cdef char kinds[MAX_PARAMS]
     cdef int _check_params(self, CUkernel kern) except -1

@@ -18,14 +18,13 @@ from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, Py
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    CU_EVENT_DEFAULT, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_EVENT_DISABLE_TIMING,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     CUdevice_attribute, CUlaunchAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
     cuDeviceTotalMem, cuDriverGetVersion, cuEventCreate, cuEventDestroy, cuEventElapsedTime,
-    cuEventQuery, cuEventRecord, cuEventSynchronize, cuFuncSetAttribute, cuGetErrorName, cuGetErrorString, cuInit,
+    cuEventQuery, cuEventRecord, cuEventSynchronize, cuGetErrorName, cuGetErrorString, cuInit,
     cuKernelGetFunction, cuKernelGetParamInfo, cuLaunchKernel, cuLaunchKernelEx, cuLibraryGetKernel, cuLibraryLoadData,
     cuLibraryUnload, cuMemAlloc, cuMemFree, cuMemFreeHost, cuMemGetInfo, cuMemHostAlloc,
     cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
@@ -147,11 +146,6 @@ cdef class Device:
     @property
     def multiprocessor_count(self) -> int:
         return self._attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-
-    @property
-    def max_shared_per_block_optin(self) -> int:
-        """The most shared memory (bytes) a block may have once its kernel opts in (Kernel.launch does)."""
-        return self._attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
 
     def memory_info(self) -> tuple:
         """(free_bytes, total_bytes) as the driver sees them now."""
@@ -529,8 +523,6 @@ cdef class Library:
         return Kernel(self, device, name, signature)
 
 
-DEFAULT_DYNAMIC_SHARED = 48 << 10  # dynamic shared memory a launch gets without opting in
-
 cdef dict _KIND_BYTES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8}
 
 cdef union ArgSlot:
@@ -590,7 +582,6 @@ cdef class Kernel:
             raise InvalidArgument(f"kernel {name}: signature {signature!r} needs at most {MAX_PARAMS} of the letters PiIqQfd")
         self.library, self.device, self.name, self.signature = library, device, name, signature
         self.num_params = len(signature)
-        self.shared_optin = DEFAULT_DYNAMIC_SHARED
         for i, k in enumerate(signature.encode()):
             self.kinds[i] = k
         with nogil:
@@ -614,8 +605,7 @@ cdef class Kernel:
         """Queue the kernel on `stream` (None: the legacy default stream). grid and block are an int
         or a tuple of 1 to 3 ints; args has one value per signature letter. pdl: a programmatic
         dependent launch (sm_90+), which may start while the stream's previous kernel runs: only
-        for kernels that wait for it first (cuda/pdl.cuh). Dynamic shared memory past the 48 KiB a kernel
-        gets by default is opted into first (cuFuncSetAttribute, each time a launch asks for more)."""
+        for kernels that wait for it first (cuda/pdl.cuh)."""
         cdef unsigned int g[3]
         cdef unsigned int b[3]
         cdef ArgSlot slots[MAX_PARAMS]
@@ -635,12 +625,6 @@ cdef class Kernel:
                 raise InvalidArgument(f"kernel {self.name}: argument {i} {args[i]!r} does not fit "
                                       f"{self.signature[i]!r} ({exc})") from None
             params[i] = &slots[i]
-        if shared_bytes > self.shared_optin:
-            with nogil:
-                self.device.activate()
-                check(cuFuncSetAttribute(self.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
-                      "cuFuncSetAttribute")
-            self.shared_optin = shared_bytes
         if pdl:
             attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1

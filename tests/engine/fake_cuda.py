@@ -93,7 +93,6 @@ class Device:
             raise DeviceError(f"CUDA device {ordinal}: not found (1 visible)")
         self.ordinal, self.name, self.multiprocessor_count = ordinal, "Fake GPU", 8
         self.compute_capability = (9, 0)
-        self.max_shared_per_block_optin = 227 << 10     # an H100/H200's: cuda/moe_gemm.cu's v2 fits
 
     def memory_info(self):
         return 8 << 30, 16 << 30
@@ -274,7 +273,7 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm2", "moe_gemm", "dequant",
+        for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -735,7 +734,6 @@ def _lazy_emulation(module: str, name: str):
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
-                 "moe_gemm2": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm2"),
                  "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
                  "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
                  "gdn_conv1d_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d"),

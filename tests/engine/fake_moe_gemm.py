@@ -1,7 +1,6 @@
 """numpy emulation of strata_moe_gemm_<q> (cuda/moe_gemm.cu) on fake_cuda's memory, for the GPU
 engine's host tests. To wire it in fake_cuda (the signature comes from kernels.KERNELS):
-"moe_gemm" among Kernel.run's per-quant-type prefixes, and _EMULATE["moe_gemm"] = emulate_moe_gemm (v2,
-strata_moe_gemm2_<q>: "moe_gemm2" and emulate_moe_gemm2, the same product over BN2-wide CTAs).
+"moe_gemm" among Kernel.run's per-quant-type prefixes, and _EMULATE["moe_gemm"] = emulate_moe_gemm.
 
 It checks what the real launch needs (grid, tile fields, alignment, K) and computes like the kernel:
 f16-rounded X and weights, float32 products and sums (numpy's order, not the tensor cores', so
@@ -11,21 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.backends.cuda.kernels import STAGED_GEMM_QTYPES
 from strata.quant import qtype
 from tests.engine.fake_cuda import _aligned, _weights, view
 
-BM, BN, BN2 = 128, 128, 256   # cuda/moe_gemm.cu kBM, kBN, v2::kBN (strata.backends.cuda.moe_gemm mirrors them)
+BM, BN = 128, 128   # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda.moe_gemm mirrors them)
 
 
-def emulate_moe_gemm2(q, grid, *args):
-    assert q in STAGED_GEMM_QTYPES, f"moe_gemm2: no v2 kernel for {q}"
-    return emulate_moe_gemm(q, grid, *args, bn=BN2)
-
-
-def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, bn=BN):
+def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
     n_tiles = grid[1]
-    assert grid[0] * bn >= N > 0 and (grid[0] - 1) * bn < N, f"moe_gemm: grid {grid} is not N {N} in tiles of {bn}"
+    assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"
     assert K > 0 and K % max(qtype(q).block_size, 8) == 0, f"moe_gemm: K {K} for {q}"
     assert X % 16 == 0 and ldx % 4 == 0 and Y % 4 == 0, f"moe_gemm: X 0x{X:x} ldx {ldx} Y 0x{Y:x}"
     _aligned("moe_gemm tiles", tiles, ptrs)

@@ -42,7 +42,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
             "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64", "strata_moe_group"} <= used
     pdl = set(fake.pdl_launches)       # the decode path's libraries only (cuda/pdl.cuh)
     assert {"strata_gemv3_q8_0", "strata_moe_gate_up_q8_0", "strata_add_rms_norm_f32"} <= pdl
-    assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_gemm2_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
+    assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
@@ -70,8 +70,7 @@ def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert_close(gpu.decode(ids[0]), cpu.decode(ids[0]))
-    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k"} <= set(fake.launches)
-    assert {"strata_moe_gemm2_q4_k", "strata_moe_gemm2_q6_k"} <= set(fake.launches)   # v2 where launch_for takes it
+    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k", "strata_moe_gemm_q4_k"} <= set(fake.launches)
 
 
 def test_status_and_limits(fake):

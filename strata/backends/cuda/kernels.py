@@ -25,7 +25,6 @@ TC_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_tc.cu's prompt kern
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
 MOE_ROUTE_MAX_TOP_K = 32
-STAGED_GEMM_QTYPES = ("Q4_K", "Q6_K", "Q8_0")  # cuda/moe_gemm.cu's v2 kernels (strata_moe_gemm2_<q>)
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: int, num_sms: int,
@@ -51,7 +50,6 @@ class KernelPaths:
     group_on_device: bool = True     # cuda/moe_group.cu groups a chunk's slots when every expert is readable (off: on the host)
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
-    staged_gemm: bool = True         # cuda/moe_gemm.cu's v2 (cp.async-staged) for its types where it fits (off: v1, same bits)
     # Experiments, off: the decode GEMVs (dense) and gate|up (experts: its rows and the down matrices)
     # ask the L2 for their weights first (cuda/pdl.cuh, sm_90+). Both on measured 5% slower on the
     # H200 (docs/PERF.md, tenth session); tools/decode_variants.py turns them on one at a time.
@@ -204,10 +202,6 @@ KERNELS = {
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
                            ALL_QTYPES),
-    # v2: cp.async-staged, 128 x 256 tiles, bit for bit moe_gemm's; opt-in dynamic shared memory
-    "moe_gemm2":        _K("moe_gemm", "strata_moe_gemm2_{qtype}", "PqPPqPqii", 256,
-                           "(ceil(N / 256), tiles) and dynamic shared memory: moe_gemm.launch_for",
-                           _each(qtype=STAGED_GEMM_QTYPES)),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiiiqq", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,

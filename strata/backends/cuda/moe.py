@@ -24,7 +24,7 @@ from .kernels import KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import launch_for, tiles_for
+from .moe_gemm import grid_for, tiles_for
 from .moe_decode import MAX_ACTIVE, down_launch, down_prefetch, gate_up_launch
 from .moe_plan import MoePlan
 
@@ -69,8 +69,8 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
     if n_tiles:
-        op, grid, shared = launch_for(w.qtype, N, n_tiles, getattr(ops, "staged_gemm", False), ops.num_sms)
-        ops.launch(op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]), shared, qtype=w.qtype)
+        ops.launch("moe_gemm", grid_for(N, n_tiles), (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]),
+                   qtype=w.qtype)
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):

@@ -3,9 +3,6 @@
 strata_moe_gemm_<q> computes, in one launch, every group's rows of Y = f16(X) f16(W_g)^T; a tile is
 at most BM consecutive rows of one group. The engine builds the tile table once per step (tiles_for)
 and launches once per weight matrix per layer with grid (ceil(N / BN), n_tiles) and BLOCK threads.
-
-strata_moe_gemm2_<q> (v2: Q4_K, Q6_K, Q8_0) computes the same bits from the same tile table with
-BN2-wide CTAs and opt-in dynamic shared memory; launch_for picks the kernel of a launch.
 """
 
 from __future__ import annotations
@@ -16,16 +13,13 @@ import strata.backends.cuda as _cuda     # _runtime() looked up per call, as tes
 from strata.errors import InvalidArgument
 from strata.quant import QTYPES, qtype
 
-from .kernels import KERNELS, STAGED_GEMM_QTYPES
+from .kernels import KERNELS
 
 BM = 128                # token rows per tile (cuda/moe_gemm.cu kBM; a tile of fewer rows skips the idle warps' mma)
 BN = 128                # weight rows per CTA (kBN)
 BLOCK = KERNELS["moe_gemm"].block   # threads per CTA (kThreads)
 SHARED_BYTES = 40960    # static shared memory per CTA; under 48 KiB, so no opt-in, none dynamic
 SIGNATURE = KERNELS["moe_gemm"].signature  # ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K
-BN2 = 256               # weight rows per CTA of v2 (cuda/moe_gemm.cu v2::kBN)
-# v2's dynamic shared memory per type (cuda/moe_gemm.cu v2::smem_bytes, static_asserted there)
-STAGED_SHARED_BYTES = {"Q4_K": 176128, "Q6_K": 208896, "Q8_0": 176128}
 QTYPE_NAMES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                "Q6_K", "IQ4_NL", "IQ4_XS")
 
@@ -62,33 +56,15 @@ def grid_for(N: int, n_tiles: int) -> tuple[int, int]:
     return -(-N // BN), n_tiles
 
 
-def staged_fits(max_shared_optin: int) -> bool:
-    """Whether a device whose blocks may opt into this much shared memory runs every v2 kernel (sm_90
-    and sm_100: 227 KiB; sm_80: 163 KiB and sm_86/89/120: 99 KiB do not)."""
-    return max_shared_optin >= max(STAGED_SHARED_BYTES.values())
-
-
-def launch_for(qtype_name: str, N: int, n_tiles: int, staged: bool, num_sms: int) -> tuple[str, tuple, int]:
-    """(table op, grid, dynamic shared bytes) of one grouped GEMM launch. v2 where it exists for the
-    type, `staged` allows it (the kernel path and staged_fits) and its grid fills the SMs at least once
-    (a small one, like a 512-row projection of a 4096-token chunk, keeps v1's twice as many CTAs)."""
-    name = qtype(qtype_name).name
-    grid2 = (-(-N // BN2), n_tiles)
-    if staged and name in STAGED_SHARED_BYTES and grid2[0] * grid2[1] >= num_sms:
-        return "moe_gemm2", grid2, STAGED_SHARED_BYTES[name]
-    return "moe_gemm", grid_for(N, n_tiles), 0
-
-
 def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
-             tiles: np.ndarray | None = None, kernel: str = "v1") -> np.ndarray:
+             tiles: np.ndarray | None = None) -> np.ndarray:
     """Y [S, N] float32 with Y[s] = f16(X[s]) @ f16(W_g)^T for s in each range (g, s0, rows); rows
     outside every range stay NaN (the output is poisoned). weights[g]: raw bytes of an [N, K] matrix,
     or None for a group at address 0, which the kernel skips (its rows stay NaN).
 
     offsets[g] (a multiple of 16) places group g's bytes that far into its own device buffer, so
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
-    kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). kernel: "v1"
-    (strata_moe_gemm_<q>) or "v2" (strata_moe_gemm2_<q>, STAGED_GEMM_QTYPES only). ops: a CudaOps
+    kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
     whose device and stream are used (one is made if None)."""
     from strata.backends.cuda.testing import CudaOps
 
@@ -99,8 +75,6 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         raise InvalidArgument(f"moe_gemm: X {X.shape} must be [S, K]")
     S, K = X.shape
     check_k(qtype_name, K)
-    if kernel not in ("v1", "v2") or (kernel == "v2" and qtype(qtype_name).name not in STAGED_GEMM_QTYPES):
-        raise InvalidArgument(f"moe_gemm: no kernel {kernel!r} for {qtype_name}")
     row_bytes = qtype(qtype_name).row_bytes(K)
     sizes = {int(np.asarray(w).nbytes) for w in weights if w is not None}
     if len(sizes) != 1 or next(iter(sizes)) % row_bytes:
@@ -124,15 +98,10 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         return Y
     y_dev = ops._output(Y.nbytes)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    if kernel == "v2":
-        ops._launch("moe_gemm2", (-(-N // BN2), len(tiles)), args, STAGED_SHARED_BYTES[qtype(qtype_name).name],
-                    qtype=qtype_name)
-    else:
-        ops._launch("moe_gemm", grid_for(N, len(tiles)), args, qtype=qtype_name)
+    ops._launch("moe_gemm", grid_for(N, len(tiles)), args, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y
 
 
 assert set(QTYPE_NAMES) <= set(QTYPES)
-assert set(STAGED_SHARED_BYTES) == set(STAGED_GEMM_QTYPES) <= set(QTYPE_NAMES)

@@ -56,7 +56,6 @@ from .memory import DeviceTensor, Pool, Positions
 from .moe import moe_decode, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
-from .moe_gemm import staged_fits
 from .moe_plan import RESIDENT, MoePlan
 
 
@@ -72,8 +71,6 @@ class DeviceOps(DenseOps, AttentionOps):
         self.paths = paths
         self.sm90 = tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
         self.pdl = paths.pdl and self.sm90
-        # cuda/moe_gemm.cu's v2 where the device has its shared memory (launch_for decides per launch)
-        self.staged_gemm = paths.staged_gemm and staged_fits(getattr(device, "max_shared_per_block_optin", 0))
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
