@@ -361,32 +361,18 @@ __device__ __forceinline__ void gemv3_batch_body(const Three& m, const float* __
 #define STRATA_GEMV3_ARGS                                                                              \
     const uint8_t *W0, const uint8_t *W1, const uint8_t *W2, const float *x, float *y0, float *y1, float *y2, \
         int rows0, int rows1, int rows2, int n, int batch
-// pdl.cuh's entry, after this block's share of each matrix is asked of the L2 where the launch has
-// dynamic shared memory (the kernels use none otherwise)
-#define STRATA_GEMV3_ENTRY(Block)                                                                     \
-    do {                                                                                              \
-        if (dynamic_smem_bytes() != 0) {                                                              \
-            prefetch_l2_share(W0, static_cast<long long>(rows0) * n * Block::kBytes / Block::kWeights, \
-                              blockIdx.x, gridDim.x);                                                 \
-            prefetch_l2_share(W1, static_cast<long long>(rows1) * n * Block::kBytes / Block::kWeights, \
-                              blockIdx.x, gridDim.x);                                                 \
-            prefetch_l2_share(W2, static_cast<long long>(rows2) * n * Block::kBytes / Block::kWeights, \
-                              blockIdx.x, gridDim.x);                                                 \
-        }                                                                                             \
-        STRATA_PDL_ENTRY();                                                                           \
-    } while (0)
 #define STRATA_GEMV3_THREE Three{W0, W1, W2, y0, y1, y2, rows0, rows1, rows2}
 
 #define STRATA_GEMV3(name, Unit, Block)                                                                \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         if (batch == 1)                                                                                \
             gemv3_body<Unit>(STRATA_GEMV3_THREE, x, n, nullptr);                                       \
         else                                                                                           \
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv3_rows_body<Unit>(STRATA_GEMV3_THREE, x, n, nullptr, batch);                               \
     }
 
@@ -404,7 +390,7 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
 // IQ4 types: the 16-value codebook in shared memory; every thread reaches the barrier.
 #define STRATA_GEMV3_IQ4(name, Unit, Block)                                                            \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         if (batch == 1)                                                                                \
@@ -413,7 +399,7 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv3_rows_body<Unit>(STRATA_GEMV3_THREE, x, n, table, batch);                                 \
@@ -425,7 +411,7 @@ STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 // Float types, one token: 8 weights per unit when n % 8 == 0, else one (as strata_gemv_<type>).
 #define STRATA_GEMV3_FLOAT(name, Block, Elem)                                                          \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         if (batch > 1)                                                                                 \
             gemv3_batch_body<Block>(STRATA_GEMV3_THREE, x, n, batch);                                  \
         else if (n % 8 == 0)                                                                           \
@@ -434,7 +420,7 @@ STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
             gemv3_body<UnitFloat1<Elem>>(STRATA_GEMV3_THREE, x, n, nullptr);                           \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_rows_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_GEMV3_ENTRY(Block);                                                                     \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv3_rows_body<UnitFloat8<Block>>(STRATA_GEMV3_THREE, x, n, nullptr, batch);              \
         else                                                                                           \

@@ -58,12 +58,6 @@ using namespace strata_gemv;
 
 constexpr int kWarps = 4;
 
-// Bytes of a [rows, n] matrix of B's blocks (for the float types any n: n * element bytes).
-template <class B>
-__device__ __forceinline__ long long matrix_bytes(int rows, int n) {
-    return static_cast<long long>(rows) * n * B::kBytes / B::kWeights;
-}
-
 template <class B>
 __device__ __forceinline__ void gemv_batch_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int n, int batch) {
@@ -86,22 +80,22 @@ __device__ __forceinline__ void gemv_batch_body(const uint8_t* __restrict__ W, c
 #define STRATA_GEMV(name, Unit, Block)                                                                 \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                            \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, nullptr);                                      \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_multi_body<kWarps, Unit>(W, x, y, rows, n, nullptr, batch);                               \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_split_multi_body<kWarps, Unit>(W, x, y, rows, n, nullptr, batch);                         \
     }                                                                                                  \
     STRATA_GEMV_BATCH(name, Block)
@@ -120,28 +114,28 @@ STRATA_GEMV(q6_k, UnitQ6_K, BlockQ6_K)
 #define STRATA_GEMV_IQ4(name, Unit, Block)                                                             \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_body<kWarps, Unit>(W, x, y, rows, n, table);                                              \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_split_body<kWarps, Unit>(W, x, y, rows, n, table);                                        \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_multi_body<kWarps, Unit>(W, x, y, rows, n, table, batch);                                 \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         fill_iq4_table(table);                                                                         \
         gemv_split_multi_body<kWarps, Unit>(W, x, y, rows, n, table, batch);                           \
@@ -155,7 +149,7 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 #define STRATA_GEMV_FLOAT(name, Block, Elem)                                                           \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {              \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                           \
         else                                                                                           \
@@ -163,7 +157,7 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {        \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_split_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr);                     \
         else                                                                                           \
@@ -171,7 +165,7 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_multi_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr, batch);              \
         else                                                                                           \
@@ -179,7 +173,7 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_rows_split_##name(const uint8_t* W, const float* x, float* y, int rows, int n, int batch) { \
-        STRATA_PDL_ENTRY_PREFETCH(W, matrix_bytes<Block>(rows, n));                                    \
+        STRATA_PDL_ENTRY();                                                                            \
         if (n % 8 == 0)                                                                                \
             gemv_split_multi_body<kWarps, UnitFloat8<Block>>(W, x, y, rows, n, nullptr, batch);        \
         else                                                                                           \

@@ -2,14 +2,10 @@
 // through a device-side pointer table (a VRAM cache slot or mapped pinned host memory, read with
 // plain global loads, so a CUDA graph follows table changes between steps).
 //
-// strata_moe_gate_up_<qtype>(ptrs, gate_off, up_off, ids, x, h, A, I, D, down_off, down_bytes)
+// strata_moe_gate_up_<qtype>(ptrs, gate_off, up_off, ids, x, h, A, I, D)
 //   for token t = blockIdx.y, slot s = t * A + a (a < A), e = ids[s], blob = ptrs[e]:
 //     g = gate_e[r] . x[t], u = up_e[r] . x[t]          gate_e row r at blob + gate_off + r * row_bytes(D)
 //     h[s * I + r] = g / (1 + expf(-g)) * u               (cuda/swiglu.cu's formula), r < I
-//   With down_bytes > 0, each block first asks the L2 (cuda/pdl.cuh, cp.async.bulk.prefetch) for the
-//   gate and up rows it will read and for its share of each expert's down matrix, the down_bytes at
-//   blob + down_off: the experts' bytes are then fetched at once, and moe_down reads them from L2.
-//   A hint only: the values are the same with down_bytes = 0.
 // strata_moe_down_<qtype>(ptrs, down_off, ids, h, weights, out, A, D, I)
 //   out[t * D + d] = fmaf over a = 0..A-1 in order of weights[s] * (down_e[d] . h[s]), from 0
 //   (down_e row d at blob + down_off + d * row_bytes(I)); no atomics, so the result is deterministic.
@@ -66,6 +62,12 @@ __device__ __forceinline__ float sum_lanes(float v, int lanes) {  // within alig
 
 __device__ __forceinline__ int lanes_per_row(int units) {
     return units >= 32 ? 32 : 1 << (32 - __clz(max(units, 1) - 1));
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
 }
 
 // Per unit type: kPairs gate/up pairs per subgroup job (down: 2 * kPairs rows), kHold units per
@@ -277,7 +279,6 @@ struct GateUp {
     const float* x;
     float* h;
     int A, I, D;
-    long long down_off, down_bytes;  // down_bytes > 0: ask the L2 for the experts' bytes (below)
 };
 
 template <int P>
@@ -299,20 +300,6 @@ __device__ void gate_up_body(const GateUp& k, float* table, float* xs) {
     const uint8_t* blob = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[s]]) : nullptr;
     const float* xg = k.x + static_cast<long long>(t) * k.D;
     float* h_row = k.h + s * k.I;
-    if (k.down_bytes > 0 && threadIdx.x < 3 * k.A) {
-        // Thread 3a + j asks the L2 for expert a's rows of this block's chunk of gate (j = 0) and up
-        // (j = 1), or (j = 2) the block's share of its down matrix, which moe_down then finds in L2.
-        const int a = threadIdx.x / 3, j = threadIdx.x - 3 * a;
-        const uint8_t* b = reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[static_cast<long long>(t) * k.A + a]]);
-        if (j < 2) {
-            const long long r0 = static_cast<long long>(sp.begin) * set_rows;
-            const long long r1 = min(static_cast<long long>(sp.end) * set_rows, static_cast<long long>(k.I));
-            if (r1 > r0) prefetch_l2_range(b + (j ? k.up_off : k.gate_off) + r0 * L.row_bytes, (r1 - r0) * L.row_bytes);
-        } else {
-            const long long per = (k.down_bytes + gridDim.x - 1) / gridDim.x, at = blockIdx.x * per;
-            if (at < k.down_bytes) prefetch_l2_range(b + k.down_off + at, min(per, k.down_bytes - at));
-        }
-    }
     const bool staged = dynamic_smem_bytes() >= 4u * staged_floats<U>(k.D);
     const uint8_t* row[Q];
     auto point = [&](int set) {  // the job's rows; past the end: row I - 1, read but not written
@@ -467,7 +454,7 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
 
 #define STRATA_GATE_UP_ARGS                                                                            \
     const unsigned long long *ptrs, long long gate_off, long long up_off, const int *ids, const float *x, float *h, \
-        int A, int I, int D, long long down_off, long long down_bytes
+        int A, int I, int D
 #define STRATA_DOWN_ARGS                                                                               \
     const unsigned long long *ptrs, long long down_off, const int *ids, const float *h, const float *weights, \
         float *out, int A, int D, int I
@@ -477,7 +464,7 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
         STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
-        const GateUp k{ptrs, gate_off, up_off, ids, x, h, A, I, D, down_off, down_bytes};             \
+        const GateUp k{ptrs, gate_off, up_off, ids, x, h, A, I, D};                                    \
         GateUpUnit;                                                                                    \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_down_##name(STRATA_DOWN_ARGS) {  \

@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Decode at the copy rate (#16): the GPU tests of the decode kernels, then on qwen3-30b-a3b each
-# change against its fallback in the same call (EngineConfig.kernels_off turns a path off, so both
-# arms share one build and one machine state).
+# Decode at the copy rate (#16) and prompt GEMMs (#17): the GPU tests of the decode kernels, then
+# on qwen3-30b-a3b the variants (one load, kernel paths toggled) and benches.
 #
 #   tools/decode_device_check.sh [steps...]     default: tests variants bench
 #     tests     build + the decode kernels' GPU tests (TESTS overrides the list)
-#     variants  tools/decode_variants.py --quick at contexts 512 and 16384: the L2 prefetch of dense weights,
-#               of experts, of both, and neither, in turn twice (KernelPaths.prefetch_*, off by default)
+#     variants  tools/decode_variants.py at contexts 512 and 16384 (PDL, split GEMV, fused MoE grids)
 #     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens; bench prints the copy rate
 #     budget    the same at 12 and 8 GiB (--vram-budget-gib), prompt 512
 #     profile   tools/decode_profile.py --graphs-only at context 512
-#     gemm      the staged grouped GEMM (#17): tools/moe_gemm_bench.py (v1 against v2 per shape, their bits
-#               compared), then resident prompts 512,4096,16384 with v2 and with v1 (--kernels-off staged-gemm)
+#     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
+#               prompts 512,4096,16384
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +35,7 @@ export BENCH_LINES="^prompt|^decode|copy|^plan|^peak|stopped"
 if has variants; then
     for ctx in 512 16384; do
         echo "== decode variants, context $ctx ($(elapsed) s)"
-        timeout "$(budget 90)" $PY tools/decode_variants.py --quick --context $ctx --decode 128 \
+        timeout "$(budget 90)" $PY tools/decode_variants.py --context $ctx --decode 128 \
             --json "$OUT/variants_$ctx.json" 2>&1 | tail -5
     done
 fi
@@ -56,7 +54,6 @@ fi
 if has gemm; then
     echo "== moe_gemm bench ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25
-    bench_synthetic prompt_v2 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
-    bench_synthetic prompt_v1 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0 --kernels-off staged-gemm
+    bench_synthetic prompt 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
 fi
 echo "== done at $(elapsed) s"

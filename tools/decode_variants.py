@@ -1,5 +1,5 @@
-"""Decode tok/s of the decode variants on one loaded model: the L2 prefetch of weights and programmatic
-dependent launches on and off (cuda/pdl.cuh), the fused MoE kernels (cuda/moe_decode.cu) at other blocks-per-SM grid sizes
+"""Decode tok/s of the decode variants on one loaded model: programmatic dependent launches on and
+off (cuda/pdl.cuh), the fused MoE kernels (cuda/moe_decode.cu) at other blocks-per-SM grid sizes
 (any grid gives the same bits), the moe_gemv path, and the one-token GEMVs with and without the
 split-K kernel.
 
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--json")
-    ap.add_argument("--quick", action="store_true", help="only the L2 prefetch variants, twice in turn")
+    ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode
@@ -38,22 +38,15 @@ def main(argv=None) -> int:
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
-    # (name, fused MoE, blocks per SM, split GEMV, PDL, L2 prefetch of dense weights, of experts)
-    variants = [("fused, split GEMV, PDL", True, 2, True, True, False, False),
-                ("  + L2 prefetch, dense", True, 2, True, True, True, False),
-                ("  + L2 prefetch, experts", True, 2, True, True, False, True),
-                ("  + L2 prefetch, both", True, 2, True, True, True, True),
-                ("fused, split GEMV, no PDL", True, 2, True, False, False, False),
-                ("fused, no split, PDL", True, 2, False, True, False, False),
-                ("fused, 1 block/SM, PDL", True, 1, True, True, False, False),
-                ("moe_gemv path, PDL", False, 2, True, True, False, False)]
+    variants = [("fused, split GEMV, PDL", True, 2, True, True), ("fused, split GEMV, no PDL", True, 2, True, False),
+                ("fused, no split, PDL", True, 2, False, True), ("fused, 1 block/SM, PDL", True, 1, True, True),
+                ("moe_gemv path, PDL", False, 2, True, True)]
     if args.quick:
-        variants = variants[:4] * 2      # in turn twice: drift of the machine shows as noise
+        variants = variants[:2]
     rows = []
-    for name, fused, bps, split, pdl, pf_dense, pf_experts in variants:
+    for name, fused, bps, split, pdl in variants:
         try:
-            runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   prefetch_dense=pf_dense, prefetch_experts=pf_experts)
+            runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)

@@ -30,7 +30,7 @@ def _check_start(op: str, q: str, ptr: int, fused_after: int | None = None) -> N
     assert ptr % 16 == 0 or ptr == fused_after, f"fake_cuda: {op} {q} matrix at 0x{ptr:x} is not 16-byte aligned"
 
 
-def emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D, down_off, down_bytes):
+def emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D):
     """h [T * A, I] = silu(gate_e @ x[t]) * (up_e @ x[t]), e = ids[t * A + a]."""
     T = _check_grid("moe_gate_up", grid, A)
     fake_cuda._aligned("moe_gate_up", x)
@@ -42,8 +42,6 @@ def emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D, dow
         blob = _blob(ptrs, int(e))
         _check_start("moe_gate_up", q, blob + gate_off)
         _check_start("moe_gate_up", q, blob + up_off, blob + gate_off + I * row_bytes)
-        if down_bytes > 0:      # the L2 prefetch's range must lie inside the expert's allocation
-            fake_cuda.view(blob + down_off, down_bytes, np.uint8)
         gate = fake_cuda._weights(q, blob + gate_off, I, D) @ xs[s // A]
         up = fake_cuda._weights(q, blob + up_off, I, D) @ xs[s // A]
         out[s] = swiglu(gate, up)

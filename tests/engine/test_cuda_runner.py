@@ -289,23 +289,3 @@ def test_programmatic_dependent_launches_change_no_bit(packs, rng):
     assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
     for t in ids[12:]:
         assert np.array_equal(on.decode(t), off.decode(t))
-
-
-def test_l2_prefetch_changes_no_bit(packs, rng):
-    """KernelPaths.prefetch_dense / prefetch_experts (cuda/pdl.cuh) make the decode GEMVs and gate|up
-    ask the L2 for their weights first: a hint, so graph decode with and without it agrees bitwise,
-    the experts resident and streamed (some in pinned host memory, where the prefetch crosses the bus)."""
-    import dataclasses
-    pack = packs("kquant-mixed")
-    for cache in (None, "3"):
-        extra = {"expert_cache": cache} if cache else {}
-        on = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, **extra))
-        off = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, **extra))
-        on.ops.paths = dataclasses.replace(on.ops.paths, prefetch_dense=True, prefetch_experts=True)
-        if not on.ops.prefetch_bytes:
-            pytest.skip("the bulk L2 prefetch needs sm_90 or later")
-        assert off.ops.prefetch_bytes == 0
-        ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
-        assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
-        for t in ids[12:]:
-            assert np.array_equal(on.decode(t), off.decode(t))

@@ -78,7 +78,4 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
         for at in kernels:
             body = src[src.index("{", at) + 1:]
             # (a kernel a macro defines continues its lines with backslashes)
-            # (or with STRATA_PDL_ENTRY_PREFETCH / decode_fused's STRATA_GEMV3_ENTRY: an L2 prefetch of
-            # weights, which no kernel writes, then the wait)
-            assert re.match(r"[\s\\]*(STRATA_PDL_ENTRY\(\)|STRATA_PDL_ENTRY_PREFETCH\(|STRATA_GEMV3_ENTRY\()", body), \
-                f"{lib}.cu: a kernel at offset {at} does not begin with it"
+            assert re.match(r"[\s\\]*STRATA_PDL_ENTRY\(\);", body), f"{lib}.cu: a kernel at offset {at} does not begin with it"

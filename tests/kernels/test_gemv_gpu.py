@@ -72,19 +72,6 @@ def test_gemv_split_matches_float64(ops, rng, name):
         check_gemv(ops, rng, name, data, shape, split=True)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K", "F32", "IQ4_XS"])
-def test_gemv_l2_prefetch_changes_no_bit(ops, rng, name):
-    """With 16 bytes of dynamic shared memory the one-token GEMVs ask the L2 for W before the PDL wait
-    (cuda/pdl.cuh): a hint, so the same bits, split or not, for the shapes of a decode step."""
-    for shape in [(2048, 4096), (128, 2048), (4096, 2048), (13, 3 * QTYPES[name].block_size)]:
-        data = random_qtensor_bytes(name, shape, rng)
-        x = rng.standard_normal(shape[1]).astype(np.float32)
-        for split in (False, True):
-            want = ops.gemv(name, data, shape, x, split=split)
-            got = ops.gemv(name, data, shape, x, split=split, prefetch=True)
-            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{name} {shape} split {split}"
-
-
 def test_gemv_split_is_deterministic(ops, rng):
     data = random_qtensor_bytes("Q8_0", (2048, 4096), rng)
     x = rng.standard_normal(4096).astype(np.float32)

@@ -50,11 +50,6 @@ class KernelPaths:
     group_on_device: bool = True     # cuda/moe_group.cu groups a chunk's slots when every expert is readable (off: on the host)
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
-    # Experiments, off: the decode GEMVs (dense) and gate|up (experts: its rows and the down matrices)
-    # ask the L2 for their weights first (cuda/pdl.cuh, sm_90+). Both on measured 5% slower on the
-    # H200 (docs/PERF.md, tenth session); tools/decode_variants.py turns them on one at a time.
-    prefetch_dense: bool = False
-    prefetch_experts: bool = False
 
     @classmethod
     def without(cls, names: str) -> "KernelPaths":
@@ -66,7 +61,7 @@ class KernelPaths:
         return cls(**{n.replace("-", "_"): False for n in off})
 
 
-assert [f.name for f in fields(KernelPaths) if f.default] == [n.replace("-", "_") for n in KERNEL_PATHS]
+assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KERNEL_PATHS]
 
 
 # ---- the kernel table --------------------------------------------------------------------------------
@@ -202,7 +197,7 @@ KERNELS = {
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
                            ALL_QTYPES),
-    "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiiiqq", 256,
+    "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),

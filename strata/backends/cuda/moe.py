@@ -25,7 +25,7 @@ from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
 from .moe_gemm import grid_for, tiles_for
-from .moe_decode import MAX_ACTIVE, down_launch, down_prefetch, gate_up_launch
+from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 from .moe_plan import MoePlan
 
 GROUP_SIGNATURE = KERNELS["moe_group"].signature
@@ -138,9 +138,8 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     if ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
         h = ops.alloc((T * A, I))
         spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
-        ops.launch("moe_gate_up", spec.grid, (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D, down.ptr,
-                                              down_prefetch(ops, down.qtype, T, A, D, I)),
-                   spec.shared_bytes, qtype=gate.qtype)
+        ops.launch("moe_gate_up", spec.grid,
+                   (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes, qtype=gate.qtype)
         out = ops.alloc((T, D))
         spec = down_launch(down.qtype, T, A, D, I, ops.num_sms)
         ops.launch("moe_down", spec.grid, (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I),

@@ -92,21 +92,6 @@ def down_launch(q: str, T: int, A: int, D: int, I: int, num_sms: int = NUM_SMS, 
     return _launch("moe_down", q, T, D, I, 2 * _tile(q, I)[2], A, num_sms, blocks_per_sm)
 
 
-# The most bytes of down matrices strata_moe_gate_up asks the L2 for ahead of moe_down: a quarter of an
-# H100's 50 MB L2, so what it fetches is still there when moe_down reads it (one token's 8 Q4_K experts
-# of Qwen3-30B-A3B: 7.1 MB; a window of 8 rows: 57 MB, too many: those fetch their gate and up rows only).
-DOWN_PREFETCH_MAX_BYTES = 12 << 20
-
-
-def down_prefetch(ops, down_q: str, T: int, A: int, D: int, I: int) -> int:
-    """strata_moe_gate_up's down_bytes: one expert's down matrix (the block's share of each is asked of
-    the L2), -1 (gate and up rows only) past DOWN_PREFETCH_MAX_BYTES, 0 unless KernelPaths.prefetch_experts."""
-    if not (ops.paths.prefetch_experts and getattr(ops, "sm90", False)):
-        return 0
-    down_bytes = D * qtype(down_q).row_bytes(I)
-    return down_bytes if T * A * down_bytes <= DOWN_PREFETCH_MAX_BYTES else -1
-
-
 def check_sizes(op: str, q: str, T: int, A: int, I: int, D: int) -> None:
     """InvalidArgument unless the kernels take these sizes (n a multiple of the block, A <= 8)."""
     bs = qtype(q).block_size
@@ -153,20 +138,18 @@ class MoeDecodeOps:
             ptrs[e] = buf.ptr + pad
         return ptrs
 
-    def _run(self, spec: Launch, args_head, out_shape, tail=()) -> np.ndarray:
+    def _run(self, spec: Launch, args_head, out_shape) -> np.ndarray:
         out = self.ops._output(int(np.prod(out_shape)) * 4)
-        self.ops._launch(spec.op, spec.grid, (*args_head[:-3], out, *args_head[-3:], *tail), spec.shared_bytes,
+        self.ops._launch(spec.op, spec.grid, (*args_head[:-3], out, *args_head[-3:]), spec.shared_bytes,
                          stream=self.stream, qtype=spec.qtype)
         result = self.ops._download(out, out_shape, np.float32)
         self._keep.clear()
         return result
 
     def moe_gate_up(self, q: str, blobs, gate_off: int, up_off: int, ids, x, A: int, I: int, D: int, *,
-                    host=(), pads=None, gx: int | None = None, down_off: int = 0, down_bytes: int = 0) -> np.ndarray:
+                    host=(), pads=None, gx: int | None = None) -> np.ndarray:
         """h [T * A, I] = silu(gate_e . x[t]) * (up_e . x[t]) for slot s = t * A + a, e = ids[s];
-        blobs[e] holds expert e's matrices at the offsets; host: experts kept in pinned host memory.
-        down_bytes != 0: the kernel asks the L2 for the rows first (and for the down_bytes at down_off
-        where > 0), which must not change a bit."""
+        blobs[e] holds expert e's matrices at the offsets; host: experts kept in pinned host memory."""
         q = qtype(q).name
         ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -179,7 +162,7 @@ class MoeDecodeOps:
         spec = spec._replace(grid=(gx, T, 1)) if gx else spec
         ptrs = self._place_blobs(blobs, frozenset(host), pads)
         args = (self.ops._upload(ptrs), gate_off, up_off, self.ops._upload(ids), self.ops._upload(x), A, I, D)
-        return self._run(spec, args, (T * A, I), (down_off, down_bytes))
+        return self._run(spec, args, (T * A, I))
 
     def moe_down(self, q: str, blobs, down_off: int, ids, h, weights, A: int, D: int, I: int, *,
                  host=(), pads=None, gx: int | None = None) -> np.ndarray:

@@ -69,8 +69,7 @@ class DeviceOps(DenseOps, AttentionOps):
         self.pool = Pool(rt, device)
         self.num_sms = device.multiprocessor_count
         self.paths = paths
-        self.sm90 = tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
-        self.pdl = paths.pdl and self.sm90
+        self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
@@ -83,12 +82,6 @@ class DeviceOps(DenseOps, AttentionOps):
         self.inv_freq = self.upload(inv.astype(np.float32))
 
     # ---- plumbing ----------------------------------------------------------------------------
-    @property
-    def prefetch_bytes(self) -> int:
-        """The dynamic shared memory the decode GEMVs are launched with: 16 asks each to have the L2 fetch
-        its weights before it waits for the kernel ahead (cuda/pdl.cuh; KernelPaths.prefetch_dense, sm_90+)."""
-        return 16 if self.paths.prefetch_dense and self.sm90 else 0
-
     def launch(self, op: str, grid, args, shared_bytes: int = 0, **fields) -> None:
         """Queue kernel `op` of kernels.KERNELS (the entry its fields name: qtype=, dh=, ...) on the
         stream; library, signature and block come from the table."""

@@ -43,10 +43,9 @@ class DenseOps:
         split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
         if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
             self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
-                        (w.ptr, x, y, rows, n, T), self.prefetch_bytes, qtype=q)
+                        (w.ptr, x, y, rows, n, T), qtype=q)
             return
-        self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid, (w.ptr, x, y, rows, n),
-                    self.prefetch_bytes, qtype=q)
+        self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid, (w.ptr, x, y, rows, n), qtype=q)
 
     def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
         """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
@@ -106,7 +105,6 @@ class DenseOps:
         sets = sum(-(-rows // per_set) for _, _, rows in mats)
         # more tokens: the row-invariant kernel, each token's rows those of a one-token launch
         self.launch("gemv3_rows" if T > 1 else "gemv3", max(1, -(-sets // 4)),
-                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T),
-                    self.prefetch_bytes, qtype=q)
+                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T), qtype=q)
         out = dict(zip(fused, ys))
         return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))

@@ -50,13 +50,12 @@ class QuantWrappers:
             self._launch("dequant", grid, (blocks, out, num_blocks), stream=stream, qtype=qt.name)
 
     def gemv_into(self, qtype_name: str, w, x, y, rows: int, n: int, batch: int | None = None,
-                  stream=None, split: bool = False, prefetch: bool = False) -> None:
+                  stream=None, split: bool = False) -> None:
         """Queue y = W x with W [rows, n] in its block bytes at `w` (16-byte aligned): x [n] -> y [rows]
         (strata_gemv_<qtype>, or with split strata_gemv_split_<qtype>: the block's warps split each
         row's units, for matrices of few rows); with batch B in 1..8, x [B, n] -> y [B, rows]
         (strata_gemv_batch_<qtype>, n % 8 == 0). x is 16-byte aligned (4 for a float type with
-        n % 8 != 0), y 4-byte aligned. prefetch: the one-token kernels ask the L2 for W first
-        (launched with 16 bytes of dynamic shared memory, cuda/pdl.cuh); the same bits either way."""
+        n % 8 != 0), y 4-byte aligned."""
         qt = qtype(qtype_name)
         if not (0 < rows < 2**31 and 0 < n < 2**31 and n % qt.block_size == 0) or \
                 (batch is not None and not (1 <= batch <= self.GEMV_MAX_BATCH and n % 8 == 0)):
@@ -67,8 +66,8 @@ class QuantWrappers:
         _check_aligned(f"gemv_into {qt.name}", 4, y=y)
         if batch is None:
             per_block = self.gemv_rows_per_block(qt.name, n) // (self.GEMV_THREADS // 32 if split else 1)
-            self._launch("gemv_split" if split else "gemv", -(-rows // per_block), (w, x, y, rows, n),
-                         16 if prefetch else 0, stream=stream, qtype=qt.name)
+            self._launch("gemv_split" if split else "gemv", -(-rows // per_block), (w, x, y, rows, n), stream=stream,
+                         qtype=qt.name)
         else:
             grid = -(-rows // (self.GEMV_THREADS // 32 * self.GEMV_BATCH_ROWS))
             self._launch("gemv_batch", grid, (w, x, y, rows, n, batch), stream=stream, qtype=qt.name)
@@ -83,8 +82,7 @@ class QuantWrappers:
         self.dequantize_into(qt.name, self._upload(data), out, data.size // qt.type_size)
         return self._download(out, shape, np.float32)
 
-    def gemv(self, qtype_name: str, data: np.ndarray, shape: tuple, x: np.ndarray, split: bool = False,
-             prefetch: bool = False) -> np.ndarray:
+    def gemv(self, qtype_name: str, data: np.ndarray, shape: tuple, x: np.ndarray, split: bool = False) -> np.ndarray:
         """W x in float32, W [rows, n] given as flat block bytes: x [n] -> [rows] (split: the split-K
         kernel); x [B, n] (B <= 8, the batched kernel) -> [B, rows]."""
         qt, shape, data = _quant_tensor("gemv", qtype_name, data, shape)
@@ -99,7 +97,7 @@ class QuantWrappers:
             return np.zeros(out_shape, np.float32)
         w_dev, x_dev, y = self._upload(data), self._upload(x), self._output(x.size // n * rows * 4)
         if x.ndim == 1:
-            self.gemv_into(qt.name, w_dev, x_dev, y, rows, n, split=split, prefetch=prefetch)
+            self.gemv_into(qt.name, w_dev, x_dev, y, rows, n, split=split)
         elif n % 8 == 0:
             self.gemv_into(qt.name, w_dev, x_dev, y, rows, n, batch=x.shape[0])
         else:  # float types with odd rows have no batched kernel: one launch per token
