@@ -63,6 +63,9 @@ class DecodeSteps:
         # in pinned memory (memory.StepRows)
         self.step_in = rt.DeviceBuffer(dev, 4 * (5 * STEP_MAX_TOKENS + 1))
         self._step_host = np.frombuffer(rt.HostBuffer(dev, self.step_in.nbytes), np.int32)
+        # recorded after each staging copy: the copy engine reads the pinned bytes when the copy runs,
+        # so the next step's inputs may go there only once it has (stage_inputs)
+        self._staged = rt.Event(dev)
         self._logits_host = np.frombuffer(rt.HostBuffer(dev, 4 * STEP_MAX_TOKENS * args.vocab_size), np.float32)
         self._route_pending = 0      # tokens of a step whose routing log is on its way to the host
         self._step_timing = None     # (mode, start, submit seconds) of a step whose pick() is to come
@@ -108,11 +111,17 @@ class DecodeSteps:
         T = len(ids)
         if not 1 <= T <= STEP_MAX_TOKENS:
             raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
+        # The last step's copy may still be queued behind work the device has not reached (steps
+        # queued without a pick in between: a hybrid's slots in turn, decode(logits=False) in a
+        # row): rewriting the pinned buffer before it runs would send this step's inputs to that
+        # one. Usually long done (a pick synchronized the stream); else the host waits for it.
+        self._staged.synchronize()
         host = self._step_host[:5 * T + 1]
         host[:T] = ids
         stage_rows(host, T, 2 * T + 1, 3 * T + 1, 4 * T + 1, np.asarray(positions, np.int64),
                    np.asarray(bases, np.int64))
         self.step_in.copy_from_host(host, self.stream)
+        self._staged.record(self.stream)
         self.ops.bytes_h2d += host.nbytes
         buf, p = self.step_in, self.step_in.ptr
         return (DeviceTensor(buf, 0, (T,), np.int32, buf),

@@ -138,14 +138,6 @@ class LLM:
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
-        if (self.device == "cuda" and self.args.architecture == "qwen3next" and self.config.mtp
-                and str(self.config.spec) != "0"):
-            # the GPU runner runs it (tests/engine/test_qwen3next_host.py, emulated), but on the H200
-            # the DeltaNet states after a speculative run were not plain decoding's, though every
-            # token was: a follow-up turn would resume from them (docs/DESIGN.md)
-            raise UnsupportedError(f"--spec {self.config.spec}: speculation on qwen3next on the GPU failed its device "
-                                   "test (the DeltaNet states after it); --spec 0 runs it on the GPU, --device cpu "
-                                   "speculates")
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:

@@ -16,6 +16,13 @@ instead of running them, and a GraphExec's launch runs them again (reading devic
 then, as a replay does). As in the driver's thread-local capture mode, an allocation, a host copy or
 a synchronize while capturing raises; freed buffers are unmapped, so a graph (or anything) that
 reads memory after it was freed fails loudly.
+
+lagging() makes the device lag the host as far as it can: work queued on a stream (launches,
+copies, memsets, graph launches) runs only when the host waits for it (a stream's or an event's
+synchronize, a copy to host memory, a free), in the order it was queued. A copy from page-locked
+memory (a HostBuffer) reads the host bytes when it runs, as the copy engine does; one from pageable
+memory reads them when queued, as the driver stages those. So a host that rewrites a pinned buffer
+before the copy from it has run, which the immediate emulation cannot show, sends the new bytes.
 """
 from __future__ import annotations
 
@@ -38,6 +45,44 @@ _next = [1 << 32]
 launches: list[str] = []        # names of the kernels launched from Python, in order
 graph_launches: list[int] = []  # nodes of each graph launched, in order
 _capturing: list = []           # streams in capture
+_lag = [False]                  # lagging(): stream work waits for the host to wait for it
+_pending: list = []             # that work, in queue order (callables)
+
+
+class lagging:
+    """with lagging(): the device lags the host (module doc); the work still queued runs at exit."""
+
+    def __enter__(self):
+        _lag[0] = True
+        return self
+
+    def __exit__(self, *exc):
+        _drain()
+        _lag[0] = False
+
+
+def _queue(stream, work) -> bool:
+    """Queue work() behind the stream's earlier work when the device lags (-> True), else False:
+    the caller runs it now."""
+    if not _lag[0] or stream is None:
+        return False
+    _pending.append(work)
+    return True
+
+
+def _drain() -> None:
+    """Run every queued piece of work, in order (the host waits for the device)."""
+    while _pending:
+        _pending.pop(0)()
+
+
+def _pinned(src) -> bool:
+    """Whether the buffer src (a numpy array, a memoryview, a HostBuffer) is page-locked memory."""
+    while src is not None:
+        if isinstance(src, HostBuffer):
+            return True
+        src = src.obj if isinstance(src, memoryview) else getattr(src, "base", None)
+    return False
 
 
 def _array(i: int) -> np.ndarray:
@@ -51,6 +96,8 @@ def _array(i: int) -> np.ndarray:
 
 
 def _forget(ptr: int) -> None:
+    if _pending:
+        _drain()
     i = bisect.bisect_left(_bases, ptr)
     if i < len(_bases) and _bases[i] == ptr:
         del _bases[i], _arrays[i]
@@ -98,7 +145,7 @@ class Device:
         return 8 << 30, 16 << 30
 
     def synchronize(self):
-        pass
+        _drain()
 
 
 def _no_capture(call: str, stream=None) -> None:
@@ -118,6 +165,7 @@ class Stream:
 
     def synchronize(self):
         _no_capture("cuStreamSynchronize", self)
+        _drain()
 
     def wait_event(self, event):
         pass
@@ -131,9 +179,10 @@ class Event:
         pass
 
     def synchronize(self):
-        pass
+        _drain()
 
     def query(self):
+        _drain()
         return True
 
     def elapsed_ms(self, end):
@@ -159,10 +208,17 @@ class DeviceBuffer:
     def copy_from_host(self, src, stream=None, offset: int = 0):
         _no_capture("cuMemcpyHtoDAsync", stream)
         data = np.frombuffer(memoryview(src).cast("B"), np.uint8)
+        if not _pinned(src):
+            data = data.copy()          # pageable: staged now
+        if not _queue(stream, lambda: self._write(offset, data)):
+            self._write(offset, data)
+
+    def _write(self, offset: int, data: np.ndarray) -> None:
         self._range(offset, data.size)[:] = data
 
     def copy_to_host(self, dst, stream=None, offset: int = 0):
         _no_capture("cuMemcpyDtoHAsync", stream)
+        _drain()
         out = np.frombuffer(memoryview(dst).cast("B"), np.uint8)
         out[:] = self._range(offset, out.size)
 
@@ -170,9 +226,12 @@ class DeviceBuffer:
         if stream is not None and stream.capture is not None:
             stream.capture.append(("memset", self, value))
             return
-        self._range(0, self.nbytes)[:] = value
+        if not _queue(stream, lambda: self.fill_bytes(value)):
+            self._range(0, self.nbytes)[:] = value
 
     def free(self):
+        if _pending:
+            _drain()
         if self.ptr in _bases:      # later reads of this memory find no buffer
             i = _bases.index(self.ptr)
             del _bases[i], _arrays[i]
@@ -203,18 +262,23 @@ class HostBuffer(bytearray):
         return self.ptr
 
 
-def copy_h2d(dst: int, src: int, nbytes: int, stream) -> None:
-    _no_capture("cuMemcpyHtoDAsync", stream)
+def _copy(dst: int, src: int, nbytes: int) -> None:
     if nbytes:
         _resolve(dst, nbytes)[:] = _resolve(src, nbytes)
+
+
+def copy_h2d(dst: int, src: int, nbytes: int, stream) -> None:
+    _no_capture("cuMemcpyHtoDAsync", stream)          # src: pinned memory, read when the copy runs
+    if not _queue(stream, lambda: _copy(dst, src, nbytes)):
+        _copy(dst, src, nbytes)
 
 
 def copy_d2d(dst: int, src: int, nbytes: int, stream) -> None:
     if stream is not None and stream.capture is not None:
         stream.capture.append(("memcpy", dst, src, nbytes))
         return
-    if nbytes:
-        _resolve(dst, nbytes)[:] = _resolve(src, nbytes)
+    if not _queue(stream, lambda: _copy(dst, src, nbytes)):
+        _copy(dst, src, nbytes)
 
 
 def copy_h2d_batch(dst, src, nbytes, stream) -> None:
@@ -269,7 +333,8 @@ class Kernel:
             stream.capture.append(("kernel", self, grid, args))
             return
         launches.append(self.name)
-        self.run(grid, args)
+        if not _queue(stream, lambda: self.run(grid, args)):
+            self.run(grid, args)
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
@@ -307,10 +372,12 @@ def _gemv_batch(q, grid, W, x, y, rows, n, batch):
 
 
 def _gemv_rows(q, grid, W, x, y, rows, n, batch):
-    """strata_gemv_rows_* (and _split_): each row the one-token product, any n the type takes."""
+    """strata_gemv_rows_* (and _split_): each row the one-token product (_gemv's), any n the type takes."""
     _aligned("gemv_rows", W, x, y)
     assert 1 <= batch <= 8
-    view(y, batch * rows).reshape(batch, rows)[:] = view(x, batch * n).reshape(batch, n) @ _weights(q, W, rows, n).T
+    w = _weights(q, W, rows, n)
+    for b in range(batch):          # _gemv's product on each row: bit for bit, as on the device
+        view(y + b * rows * 4, rows)[:] = w @ view(x + b * n * 4, n)
 
 
 def _moe_gemv(q, grid, ptrs, part_offset, ids, x, x_div, y, rows, n):
@@ -385,8 +452,11 @@ def _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh):
 
 
 def _attention_rows(grid, q, kc, vc, pos, out, T, H, Hk, dh, scale):
+    """One block per (query, head) on the device: each row alone, so a row's bits do not depend on
+    the step's other rows."""
     assert grid[:2] == (H, T)
-    _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh)
+    for t in range(T):
+        _attention_prefill(grid, q + t * H * dh * 4, kc, vc, pos + 4 * t, out + t * H * dh * 4, 1, H, Hk, scale, dh)
 
 
 def _row_bases(bases, B: int, S: int) -> list[int]:
@@ -616,7 +686,9 @@ def _gemv3_rows(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batc
     xs = view(x, batch * n).reshape(batch, n)
     for W, y, rows in ((W0, y0, rows0), (W1, y1, rows1), (W2, y2, rows2)):
         _aligned("gemv3_rows", W, x, y)
-        view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
+        w = _weights(q, W, rows, n).T
+        for b in range(batch):      # gemv3's batch-1 product on each row: bit for bit, as on the device
+            view(y + b * rows * 4, rows)[:] = (xs[b:b + 1] @ w)[0]
 
 
 def _qk_norm_rope_kv_quant(fmt, grid, q, k, v, q_w, k_w, pos, cells, inv, q_out, kv_, ks, vv, vs, T, H, Hk, dh, eps,
@@ -712,7 +784,12 @@ class GraphExec:
         assert self.nodes is not None, "fake_cuda: launch of a destroyed graph"
         _no_capture("cuGraphLaunch", stream)
         graph_launches.append(len(self.nodes))
-        for node in self.nodes:
+        if not _queue(stream, lambda: self._run(list(self.nodes))):
+            self._run(self.nodes)
+
+    @staticmethod
+    def _run(nodes: list) -> None:
+        for node in nodes:
             if node[0] == "kernel":
                 node[1].run(node[2], node[3])
             elif node[0] == "memcpy":

@@ -179,6 +179,28 @@ def test_emulated_graph_decode_equals_eager_bitwise(fake, rng):
     assert "graph" not in eager.status()["decode"]["host_ms"] and not eager.graphs
 
 
+def test_steps_queued_without_a_pick_read_their_own_inputs(fake, rng):
+    """decode(logits=False) steps in a row, nothing synchronizing the stream between them, on a device
+    that lags the host as far as it can (fake_cuda.lagging: each staging copy reads the pinned buffer
+    when it runs): each step still reads its own token and position, so the next logits are those of
+    steps picked one by one. The staging buffer was once rewritten before the copy of the step queued
+    before had run, sending the newest inputs to every step still queued (#15)."""
+    pack = open_pack(DEMO)
+    ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    queued, picked = CudaRunner(pack, 64), CudaRunner(pack, 64)
+    with fake.lagging():
+        queued.prefill(ids[:9], 0, logits=False)
+        for t in ids[9:-1]:
+            queued.decode(t, logits=False)
+        replays = len(fake.graph_launches)
+        got = queued.decode(ids[-1])
+    picked.prefill(ids[:9], 0, logits=False)
+    for t in ids[9:-1]:
+        picked.decode(t)
+    assert np.array_equal(got, picked.decode(ids[-1]))
+    assert replays == 9            # every step after the eager first one ran as the graph
+
+
 def test_emulated_replay_runs_no_python_per_layer(fake, rng):
     pack = open_pack(DEMO)
     runner = CudaRunner(pack, 64)
