@@ -160,13 +160,18 @@ def split_text(config: EngineConfig, rates, cases) -> str:
     if rates is None:
         return f"  CPU/GPU split       none ({cases})"
     runs = {"off": "off (auto would split as below)", "auto": "auto"}.get(config.cpu_experts, f"share {config.cpu_experts}")
+    from .engine.expert_split import FIXED_MARGIN, MIN_GAIN, STREAM_ALL_SYNC_S
+    parts = ", ".join(f"{name.replace('_', ' ')} {sec * 1e3:.3f}" for name, sec in rates.fixed_parts().items())
     rows = [f"  CPU/GPU split       --cpu-experts {runs}; host {rates.expert_s * 1e3:.3f} ms an expert + "
-            f"{rates.row_s * 1e3:.3f} ms a row ({rates.source})"]
+            f"{rates.row_s * 1e3:.3f} ms a row ({rates.source})",
+            f"    fixed a layer      {rates.fixed_s * 1e3:.3f} ms counted where the host takes part ({parts} ms; "
+            f"+{STREAM_ALL_SYNC_S * 1e3:.3f} ms sync for a chunk routed on the device; {rates.fixed_source}); "
+            f"auto splits when it saves that x{FIXED_MARGIN:g} and {MIN_GAIN:.0%} of the layer net"]
     for c in cases:
         s = c.split
         rows.append(f"    {c.name:<20} {s.host + s.bus:>4} missed a layer: {s.host} on the host, {s.bus} over "
-                    f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound)"
-                    + ("; decode steps do not split yet" if c.tokens == 1 else ""))
+                    f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound); "
+                    + ("decode steps do not split yet" if c.tokens == 1 else s.why()))
     return "\n".join(rows)
 
 

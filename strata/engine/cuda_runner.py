@@ -91,7 +91,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self.total_experts = num_layers * a.num_experts
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
-        self.store.host_experts = cuda_load.host_experts(rt, self.dev, self.store, a, config, vram.bandwidths)
+        self.store.host_experts = cuda_load.host_experts(rt, self.dev, self.stream, self.store, a, config, vram.bandwidths)
         self.steps = DecodeSteps(self.ops, self.model, self.store, self.weights, a,
                                  config.cuda_graphs and graph_error is None, graph_error)
         self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram,
