@@ -194,7 +194,12 @@ def _finish(runner, res: BenchResult) -> None:
         status = runner.status()
     except Exception:           # after a failure the numbers measured so far still count
         status = {}
-    res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
+    res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring", "prefill_kept", "prefill_rule") if k in status}
+    options = getattr(getattr(runner, "plan", None), "prompt_options", ())
+    chosen = next((o for o in options if o.chosen), None)
+    if chosen is not None:          # --prefill auto: what the cost model predicted for the plan it took
+        res.plan["prefill_predicted_tok_s"] = {N: round(t) for N, t in zip(runner.plan.prompt_lengths,
+                                                                        chosen.tok_s(runner.plan.prompt_lengths))}
     if isinstance(status.get("kv"), dict):
         kv = status["kv"]
         res.plan.update(kv=kv["format"], kv_cells_vram=kv["cells_vram"], kv_cells_host=kv["cells_host"],

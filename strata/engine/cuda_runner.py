@@ -507,6 +507,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     "prompt_bytes": prompt},
             "prefill_chunk": self.prefill_chunk,
             "prefill_ring": store.ring_slots,
+            "prefill_kept": self.plan.prompt_cache_slots,
+            "prefill_rule": self.plan.prefill_rule,
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),
