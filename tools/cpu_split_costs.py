@@ -127,7 +127,6 @@ def main(argv=None) -> int:
         out["worker_round_trip_ms"] = {
             "back_to_back": _median(lambda i: worker.submit(lambda: None).result(), 200) * 1e3,
             "after_1ms_idle": _median(lambda i: worker.submit(lambda: None).result(), 50, 1e-3) * 1e3}
-    zeros = np.zeros((1, D), np.float32)
     ids = rng.integers(0, E, (19, A))
     experts = np.unique(ids)[:8].tolist()
     o = np.zeros((19, D), np.float32)
@@ -141,7 +140,6 @@ def main(argv=None) -> int:
                                  layers_meta=[{"blob_bytes": int(blob.size)}])
     fake.rates, fake.h2d_gb_s, fake.share = BENCH_HOST_RATES, 55.4, None
     out["choose_ms"] = _median(lambda i: fake.choose(0, ids, None), 200) * 1e3
-    del zeros
     for k in ("pool_dispatch_ms", "worker_round_trip_ms"):
         if k in out:
             print(f"{k}: back to back {out[k]['back_to_back']:.3f}, after 1 ms idle {out[k]['after_1ms_idle']:.3f}")
