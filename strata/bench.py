@@ -194,7 +194,12 @@ def _finish(runner, res: BenchResult) -> None:
         status = runner.status()
     except Exception:           # after a failure the numbers measured so far still count
         status = {}
-    res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring") if k in status}
+    res.plan = {k: status[k] for k in ("prefill_chunk", "prefill_ring", "prefill_kept", "prefill_rule") if k in status}
+    options = getattr(getattr(runner, "plan", None), "prompt_options", ())
+    chosen = next((o for o in options if o.chosen), None)
+    if chosen is not None:          # --prefill auto: what the cost model predicted for the plan it took
+        res.plan["prefill_predicted_tok_s"] = {N: round(t) for N, t in zip(runner.plan.prompt_lengths,
+                                                                        chosen.tok_s(runner.plan.prompt_lengths))}
     if isinstance(status.get("kv"), dict):
         kv = status["kv"]
         res.plan.update(kv=kv["format"], kv_cells_vram=kv["cells_vram"], kv_cells_host=kv["cells_host"],
@@ -211,7 +216,8 @@ def _finish(runner, res: BenchResult) -> None:
         host = status["expert_cache"].get("host")
         if host:            # --cpu-experts: the host's rates as the run left them
             r = host["rates"]
-            res.limits["host_expert_ms"] = {"expert": r["expert_ms"], "row": r["row_ms"], "blob_bytes": r["blob_bytes"]}
+            res.limits["host_expert_ms"] = {"expert": r["expert_ms"], "row": r["row_ms"], "blob_bytes": r["blob_bytes"],
+                                            "fixed": r.get("fixed_ms", {})}
     res.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -317,8 +323,11 @@ def report(res: BenchResult) -> str:
                     f"{host['host_step_ms']:.3f} ms until the token is on the host")
     rates = res.limits.get("host_expert_ms")
     if rates:
+        fixed = rates.get("fixed") or {}
         rows.append(f"host expert FFN (cpu_experts, as the run left its rates): {rates['expert']:.3f} ms an "
-                    f"expert of {rates['blob_bytes'] / 1e6:.2f} MB + {rates['row']:.3f} ms a token row")
+                    f"expert of {rates['blob_bytes'] / 1e6:.2f} MB + {rates['row']:.3f} ms a token row"
+                    + (f"; fixed a layer split {sum(fixed.values()):.3f} ms ("
+                       + ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in fixed.items()) + ")" if fixed else ""))
     if res.vram_peak_bytes:
         rows.append(f"peak VRAM in use on the device {res.vram_peak_bytes / 2**30:.2f} GiB")
     rows.append(f"peak host memory {res.peak_host_bytes / 2**30:.2f} GiB")

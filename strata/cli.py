@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("model", nargs="?", help="pack dir, .gguf or HF dir (default: the built-in demo model)")
     pl.add_argument("--synthetic", metavar="SHAPE", help="sizes of a real shape, no weights written: qwen3-30b-a3b, "
                     "qwen3-30b-a3b-mtp, qwen3-30b-a3b-128k, qwen3-next-80b-a3b, small, tiny")
+    pl.add_argument("--prompt", default="", help="prompt lengths (comma-separated) to predict each --prefill auto "
+                    "candidate's prompt seconds at, besides the ones auto weighs (4096, 16384, 32768)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_engine_flags(pl)
     return p

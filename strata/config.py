@@ -163,10 +163,13 @@ class EngineConfig:
     expert_profile: str = field(default="", metadata={"help": "routing profile (.npy) to start the expert cache "
                                                                  "warm from; written back when the engine closes"})
     prefill: str = field(default="auto", metadata={"help": "prompt chunk: auto, N or auto:N (a ceiling)"})
-    prefill_rule: str = field(default="bytes", metadata={"help": "prompt ring and chunk rule: bytes (the ring a byte "
-                                                                 "budget, the largest chunk that leaves it full) or "
-                                                                 "slots (the older rule: 384 slots, the first chunk "
-                                                                 "of a fixed list that fits; for A/B runs)"})
+    prefill_rule: str = field(default="auto", metadata={"help": "prompt chunk, ring and kept cache rule under "
+                                                                "--prefill auto: auto (the plan the prompt cost model "
+                                                                "predicts fastest, the byte-budget ring its floor), "
+                                                                "bytes (the ring a byte budget, the largest chunk that "
+                                                                "leaves it full) or slots (the older rule: 384 slots, "
+                                                                "the first chunk of a fixed list that fits); bytes and "
+                                                                "slots for A/B runs"})
     kernels_off: str = field(default="", metadata={
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
     kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
@@ -263,8 +266,8 @@ class EngineConfig:
                                   f"(known: {', '.join(KERNEL_PATHS)})")
         if self.decode_misses not in ("zero-copy", "staged"):
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
-        if self.prefill_rule not in ("bytes", "slots"):
-            raise InvalidArgument(f"prefill_rule must be bytes or slots, got {self.prefill_rule!r}")
+        if self.prefill_rule not in ("auto", "bytes", "slots"):
+            raise InvalidArgument(f"prefill_rule must be auto, bytes or slots, got {self.prefill_rule!r}")
         if str(self.cpu_experts).strip().lower() not in ("off", "auto"):
             try:
                 share = float(self.cpu_experts)

@@ -71,7 +71,7 @@ def _gib(n: int) -> str:
 def plan_text(name: str, p) -> str:
     m = p.mandatory
     share = p.cache_slots / p.total_experts
-    prompt = (f"{p.prompt_tok_s:,.0f} tok/s (PCIe-bound ceiling; compute not modeled)" if p.prompt_tok_s
+    prompt = (f"{p.prompt_tok_s:,.0f} tok/s (PCIe-bound ceiling of a chunk; compute in the prompt plans above)" if p.prompt_tok_s
               else "nothing streams (every expert cached); compute-bound, not modeled")
     rows = [
         f"plan for {name}: VRAM budget {_gib(p.vram_budget_bytes)} ({p.budget_source})",
@@ -94,6 +94,7 @@ def plan_text(name: str, p) -> str:
         f"{p.ring_full_slots} slots, from a {RING_BUDGET_BYTES / 2**20:.2f} MiB byte budget)",
         f"  during a prompt     {_gib(p.prompt_loan_bytes)} lent; {p.cache_slots - p.prompt_cache_slots} cache "
         f"slots lent, {p.prompt_cache_slots} kept",
+        *prompt_options_text(p),
         f"  over PCIe a chunk   {p.pcie_bytes_per_chunk / 1e9:.2f} GB",
         f"  prompt              {prompt}",
         f"  decode              {p.decode_tok_s:,.1f} tok/s (bandwidth ceiling at a {p.decode_hit_rate:.1%} "
@@ -103,6 +104,24 @@ def plan_text(name: str, p) -> str:
         *([batch_text(p)] if p.parallel > 1 else []),
     ]
     return "\n".join(rows)
+
+
+def prompt_options_text(p) -> list[str]:
+    """--prefill auto's candidates (Plan.prompt_options): the chosen one (*), the two rules' plans and
+    the best others, with the prompt seconds and tok/s strata.engine.prompt_cost predicts for each."""
+    if not p.prompt_options:
+        return []
+    from .engine.prompt_cost import DEFAULT_PROMPT_RATES, PROMPT_BUS_EFFICIENCY
+    lengths = p.prompt_lengths
+    rows = [f"  prompt plans        predicted at prompts of {' / '.join(f'{N:,}' for N in lengths)} tokens "
+            f"(compute {DEFAULT_PROMPT_RATES.source}; copies at {PROMPT_BUS_EFFICIENCY:.0%} of "
+            f"{p.h2d_gb_s:,.1f} GB/s; the ring's stalls counted):"]
+    for o in p.prompt_options:
+        secs = " / ".join(f"{x:.3f}" for x in o.seconds)
+        tps = " / ".join(f"{x:,.0f}" for x in o.tok_s(lengths))
+        rows.append(f"    {'*' if o.chosen else ' '} chunk {o.chunk:>6}, ring {o.ring:>3}, kept {o.kept:>5} "
+                    f"({o.rule:<5}) {secs} s, {tps} tok/s")
+    return rows
 
 
 def batch_text(p) -> str:
@@ -160,13 +179,18 @@ def split_text(config: EngineConfig, rates, cases) -> str:
     if rates is None:
         return f"  CPU/GPU split       none ({cases})"
     runs = {"off": "off (auto would split as below)", "auto": "auto"}.get(config.cpu_experts, f"share {config.cpu_experts}")
+    from .engine.expert_split import FIXED_MARGIN, MIN_GAIN, STREAM_ALL_SYNC_S
+    parts = ", ".join(f"{name.replace('_', ' ')} {sec * 1e3:.3f}" for name, sec in rates.fixed_parts().items())
     rows = [f"  CPU/GPU split       --cpu-experts {runs}; host {rates.expert_s * 1e3:.3f} ms an expert + "
-            f"{rates.row_s * 1e3:.3f} ms a row ({rates.source})"]
+            f"{rates.row_s * 1e3:.3f} ms a row ({rates.source})",
+            f"    fixed a layer      {rates.fixed_s * 1e3:.3f} ms counted where the host takes part ({parts} ms; "
+            f"+{STREAM_ALL_SYNC_S * 1e3:.3f} ms sync for a chunk routed on the device; {rates.fixed_source}); "
+            f"auto splits when it saves that x{FIXED_MARGIN:g} and {MIN_GAIN:.0%} of the layer net"]
     for c in cases:
         s = c.split
         rows.append(f"    {c.name:<20} {s.host + s.bus:>4} missed a layer: {s.host} on the host, {s.bus} over "
-                    f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound)"
-                    + ("; decode steps do not split yet" if c.tokens == 1 else ""))
+                    f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound); "
+                    + ("decode steps do not split yet" if c.tokens == 1 else s.why()))
     return "\n".join(rows)
 
 
@@ -183,7 +207,8 @@ def plan_main(args, engine_kwargs: dict) -> int:
     if config.kv == "auto":
         kv, kv_why = resolve_gpu(sizes, config, budget, bandwidths, num_sms)
         config = dataclasses.replace(config, kv=kv)
-    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms)
+    show = tuple(int(n) for n in str(args.prompt or "").split(",") if n.strip())
+    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
     rates, cases = split_cases(sizes, plan, config)
     if args.json:

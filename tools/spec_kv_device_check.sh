@@ -21,6 +21,11 @@
 #              131,072-token context less the decode) and 64 decoded tokens
 #     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
 #     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
+#     splitcap the split arms with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot), where
+#              the cost model still gives the host a share of the short prompts
+#     prefill  --prefill auto's cost-model plan against --prefill-rule bytes and slots at 8 and 12 GiB,
+#              prompts 4096,16384,32768 and nothing decoded (#18 item 4; bench's plan line names the
+#              chunk, ring and kept slots each took and auto's predicted tok/s), ~30 s an arm
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -95,6 +100,22 @@ fi
 if has split; then      # the host's share of a short prompt's missed experts (--cpu-experts, #18)
     for mode in off auto; do
         bench "split_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 --cpu-experts "$mode"
+    done
+fi
+if has splitcap; then   # the same at a PCIe 4.0 slot's rate (the cap only delays: logits as uncapped)
+    for mode in off auto; do
+        bench "splitcap_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 \
+            --cpu-experts "$mode" --pcie-gbs 25
+    done
+fi
+if has prefill; then    # the prompt plan: the cost model's choice against the two fixed rules (#18 item 4)
+    secs=90             # the first arm may verify the freshly built pack's checksums
+    for gib in 8 12; do
+        for rule in auto bytes slots; do
+            bench "prefill_${rule}_${gib}" "$secs" qwen3-30b-a3b-mtp --vram-budget-gib "$gib" --prefill-rule "$rule" \
+                --prompt 4096,16384,32768 --decode 0
+            secs=32
+        done
     done
 fi
 if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)

@@ -14,7 +14,8 @@ shapes, T and KV formats; a change to the forward's allocations must change the 
 
 decode_step does the same for a decode step (or a verify window) of T <= GEMV_MAX_T tokens, whose ids
 and positions are already on the device. largest_chunk is the planner's bisection for `--prefill
-auto` over the closed form.
+auto` over the closed form. prompt_cost is strata.engine.prompt_cost's recurrence (a prompt's
+seconds under a chunk, ring and kept slots), which --prefill auto runs over its candidate plans.
 """
 
 from libcpp.vector cimport vector
@@ -439,3 +440,70 @@ def decode_step(long long T, long long max_cells, int attention_path, bint k_rot
         x, normed = x_next, normed_next
     p.take(4 * T * model[M_V])
     return p.peak, p.total
+
+
+def prompt_cost(dense_macs, expert_macs, attention_macs, blob, missing, long long N, long long T, long long R,
+                double bus_bytes_s, double linear_flop_s, double attention_flop_s, long long num_experts,
+                long long top_k, long long stream_all_tokens):
+    """strata.engine.prompt_cost's recurrence (its module doc; _prompt_cost_py there is the same in
+    Python) -> (seconds, bus bytes, ring wait s, bus wait s) of a prompt of N tokens in chunks of T
+    through a ring of R slots, per main layer: its MACs a token (dense, experts), a token and
+    position (attention), blob bytes and experts not kept during the prompt."""
+    cdef Py_ssize_t L = len(dense_macs), l, head = 0
+    cdef vector[double] dm, em, am, bl
+    cdef vector[long long] miss
+    for l in range(L):
+        dm.push_back(dense_macs[l]); em.push_back(expert_macs[l]); am.push_back(attention_macs[l])
+        bl.push_back(blob[l]); miss.push_back(missing[l])
+    cdef vector[long long] o_start, o_end
+    cdef vector[double] o_done
+    cdef long long pos = 0, lo = 0, Tc, m, b0, k, end, need, nbytes = 0
+    cdef double c_end = 0.0, copy_end = 0.0, ring_wait = 0.0, bus_wait = 0.0
+    cdef double touched, pre, moe, c_pre, wait, start
+    cdef int i
+    if N <= 0 or T <= 0 or R <= 0:
+        return 0.0, 0, 0.0, 0.0
+    with nogil:
+        while lo < N:
+            Tc = T if N - lo > T else N - lo
+            if Tc >= stream_all_tokens:
+                touched = 1.0
+            else:
+                touched = 1.0
+                for i in range(Tc):
+                    touched *= 1.0 - <double>top_k / num_experts
+                touched = 1.0 - touched
+            for l in range(L):
+                pre = 2.0 * (dm[l] * Tc / linear_flop_s + am[l] * Tc * (lo + 0.5 * Tc) / attention_flop_s)
+                moe = 2.0 * em[l] * Tc / linear_flop_s
+                m = <long long>(miss[l] * touched + 0.5)
+                c_pre = c_end + pre
+                if m == 0:
+                    c_end = c_pre + moe
+                    continue
+                b0 = 0
+                while b0 < m:
+                    k = R if m - b0 > R else m - b0
+                    end = pos + k
+                    need = end - R - 1
+                    wait = 0.0
+                    while head < <Py_ssize_t>o_end.size() and o_end[head] <= need:
+                        head += 1
+                    if need >= 0 and head < <Py_ssize_t>o_end.size() and o_start[head] <= need:
+                        wait = o_done[head]
+                    if wait > copy_end:
+                        ring_wait += wait - copy_end
+                    start = copy_end if copy_end > wait else wait
+                    copy_end = start + k * bl[l] / bus_bytes_s
+                    nbytes += k * <long long>bl[l]
+                    if copy_end > c_pre:
+                        bus_wait += copy_end - c_pre
+                    c_end = (c_pre if c_pre > copy_end else copy_end) + moe * k / m
+                    c_pre = c_end
+                    o_start.push_back(pos)
+                    o_end.push_back(end)
+                    o_done.push_back(c_end)
+                    pos = end
+                    b0 += k
+            lo += Tc
+    return c_end, nbytes, ring_wait, bus_wait

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -162,11 +163,12 @@ def decode_misses(store, config: EngineConfig) -> tuple[str, str | None]:
     return config.decode_misses, None
 
 
-def host_experts(rt, dev, store, args, config: EngineConfig, bandwidths):
+def host_experts(rt, dev, stream, store, args, config: EngineConfig, bandwidths):
     """The host's share of prompt chunks' missed experts (--cpu-experts; strata.engine.expert_split),
-    its rates measured now on a real blob of the arena (a few ms), or None: off, every expert
+    priced with rates measured now through the engine's own path (HostExperts.measure: tens of ms)
+    and the device reads a split adds to a layer (measure_sync), or None: off, every expert
     resident, or (auto) a pack whose experts the host's kernels do not read."""
-    from .expert_split import host_computable, measure_host_rates, parse_mode
+    from .expert_split import host_computable, parse_mode
     mode = parse_mode(config.cpu_experts)
     if mode == "off" or store.resident:
         return None
@@ -178,10 +180,27 @@ def host_experts(rt, dev, store, args, config: EngineConfig, bandwidths):
             sys.stderr.write(f"strata: --cpu-experts auto: every missed expert goes over the bus ({why})\n")
             return None
         raise InvalidArgument(f"--cpu-experts {config.cpu_experts}: {why}")
-    from .._ext import cpu_experts
     from .experts.host_compute import HostExperts
-    lay = store.layers_meta[0]
-    blob = np.frombuffer(store.arena, np.uint8)[int(lay["offset"]):int(lay["offset"]) + int(lay["blob_bytes"])]
-    rates = measure_host_rates(cpu_experts, lay["parts"], blob, int(args.hidden_size),
-                               int(lay["parts"]["gate"]["shape"][0]))
-    return HostExperts(rt, dev, store, args, rates, bandwidths.h2d_gb_s, mode)
+    host = HostExperts(rt, dev, store, args, None, bandwidths.h2d_gb_s, mode)
+    sync = measure_sync(rt, dev, stream, int(args.hidden_size), int(args.num_experts_per_tok))
+    host.rates = dataclasses.replace(host.rates, sync_s=sync, fixed_source=(
+        "the device reads, the host round trip and choosing measured at load; the GPU's resume as "
+        "estimated for the H200 machine"))
+    return host
+
+
+def measure_sync(rt, dev, stream, D: int, A: int, T: int = 19, repeats: int = 5) -> float:
+    """What a split adds to a layer on the device side: the chunk's input rows [T, D] and routing
+    weights [T, A] read to the host as ops.to_host reads them (a copy, then a stream sync), the
+    median of `repeats`."""
+    buf = rt.DeviceBuffer(dev, T * D * 4)
+    x, w = np.empty((T, D), np.float32), np.empty((T, A), np.float32)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for out in (x, w):
+            buf.copy_to_host(out, stream)
+            stream.synchronize()
+        times.append(time.perf_counter() - t0)
+    buf.free()
+    return float(np.median(times[1:]))

@@ -91,7 +91,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self.total_experts = num_layers * a.num_experts
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
-        self.store.host_experts = cuda_load.host_experts(rt, self.dev, self.store, a, config, vram.bandwidths)
+        self.store.host_experts = cuda_load.host_experts(rt, self.dev, self.stream, self.store, a, config, vram.bandwidths)
         self.steps = DecodeSteps(self.ops, self.model, self.store, self.weights, a,
                                  config.cuda_graphs and graph_error is None, graph_error)
         self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram,
@@ -507,6 +507,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                     "prompt_bytes": prompt},
             "prefill_chunk": self.prefill_chunk,
             "prefill_ring": store.ring_slots,
+            "prefill_kept": self.plan.prompt_cache_slots,
+            "prefill_rule": self.plan.prefill_rule,
             "expert_cache": cache_status,
             "bytes_h2d": w.bytes_h2d + ops.bytes_h2d + store.upload_bytes + store.stats.bytes_h2d,
             "decode": self.decode_status(),

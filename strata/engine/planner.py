@@ -22,11 +22,17 @@ docs/DESIGN.md's "The memory plan" (the ring's byte budget from the earlier desi
   max_blob. The ring is a byte budget: R = floor(RING_BUDGET_BYTES / max_blob) clamped to
   [RING_MIN_SLOTS, RING_CAP_SLOTS] (and to the model's experts), the budget chosen so that Q2_0's
   1,382,400-byte blob gives exactly 384 slots: 384 x 1,382,400 B = 530,841,600 B = 506.25 MiB.
-- `--prefill auto`: the largest chunk on the 256-token grid (up to AUTO_CHUNK_MAX, `auto:N`'s N,
-  and the context) that still leaves the ring full, counted in bytes, found by bisection; when no
-  chunk can, the largest chunk over a RING_MIN_SLOTS ring, the ring then taking what is left.
-  `--prefill N` is fixed. A plan that caches every expert needs no ring when a chunk fits beside
-  the cache.
+- `--prefill auto` (`--prefill-rule auto`): of candidate (chunk, ring, kept slots) plans, the one
+  strata.engine.prompt_cost predicts fastest over prompts of AUTO_PROMPTS tokens (capped at the
+  context): rings from the byte budget's (the floor) to RING_CAP_SLOTS, for each the chunk the
+  bytes rule would take over it, the older rule's chunks and even splits of those prompts; the two
+  rules' own plans always among them, and a plan predicted slower than either of them at any of
+  those prompts taken only when none is at least as fast at every one (prompt_plans).
+  `--prefill-rule bytes`: the largest chunk on the 256-token grid (up to AUTO_CHUNK_MAX, `auto:N`'s
+  N, and the context) that still leaves the ring full, counted in bytes, found by bisection; when
+  no chunk can, the largest chunk over a RING_MIN_SLOTS ring, the ring then taking what is left.
+  `--prefill-rule slots`: _legacy_choice. `--prefill N` is fixed. A plan that caches every expert
+  needs no ring when a chunk fits beside the cache.
 
 bytes_needed(T) follows the CURRENT GPU prompt path (strata.engine.memory_model replays its
 allocations in the real Pool, and strata._ext.prompt_plan in closed form, equal to that dry run:
@@ -53,7 +59,7 @@ from ..backends.cuda.memory import SEGMENT_BYTES, Pool
 from ..config import EngineConfig, ModelArgs, spec_max_drafts
 from ..errors import InvalidArgument
 from ..quant import kv as kv_formats
-from . import memory_model
+from . import memory_model, prompt_cost
 from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 from .hybrid_sizes import attention_layers, linear_state_bytes
 
@@ -65,6 +71,9 @@ CHUNK_GRID = 256
 LEGACY_RING_SLOTS = 384                            # --prefill-rule slots: seed 000's "before" arm
 LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024)
 AUTO_CHUNK_MAX = 32768                            # --prefill auto's ceiling
+RING_STEP = 64                                    # the cost model's ring candidates: the byte budget's, then every 64
+AUTO_SPLITS = 4                                   # ... and chunks that read each AUTO_PROMPTS prompt in 1..4 even parts
+PROMPT_OPTIONS_SHOWN = 6                          # candidates a plan keeps for `plan` beside the two rules' plans
 DEFAULT_NUM_SMS = 132                             # an H200's, for decode attention splits without a GPU
 
 
@@ -396,9 +405,104 @@ class Plan:
     batch_bus_bytes: tuple = ()     # expert bytes over the bus of a step of 1..parallel rows
     draft_window: int = 0           # --draft-window's window (0: the draft layer keeps the whole context)
     draft_ring_cells: int = 0       # the draft layer's K/V ring, priced in "kv" instead of its context
+    prompt_lengths: tuple = ()      # the prompts prompt_options' seconds are predicted at
+    prompt_options: tuple = ()      # PromptOption: the chosen plan, the two rules' and the best others
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PromptOption:
+    """A candidate prompt plan: chunk, ring slots, cache slots kept while the plan's largest chunk
+    runs, which rule proposed it (bytes, slots, cost), and per prompt of Plan.prompt_lengths the
+    predicted seconds and the seconds the compute waited for copies (strata.engine.prompt_cost)."""
+    chunk: int
+    ring: int
+    kept: int
+    rule: str
+    seconds: tuple
+    bus_wait_s: tuple
+    chosen: bool = False
+
+    def tok_s(self, lengths) -> tuple:
+        return tuple(N / s if s > 0 else 0.0 for N, s in zip(lengths, self.seconds))
+
+
+def auto_lengths(max_context: int) -> tuple:
+    """The prompts --prefill auto weighs: AUTO_PROMPTS capped at the context."""
+    return tuple(sorted({min(N, max_context) for N in prompt_cost.AUTO_PROMPTS}))
+
+
+def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room: int, spare: int, full: int,
+                 cands: list[int], need, search, bandwidths: Bandwidths, num_sms: int,
+                 show: tuple = ()) -> tuple[tuple[int, int, str], tuple, tuple]:
+    """--prefill auto's choice (module doc) -> ((chunk, ring, rule), the lengths shown, PromptOptions:
+    the chosen one first, then the bytes and slots rules' plans, then the best others). A prompt of
+    N tokens is priced as the runner reads it: the loan's pool sized by its largest chunk
+    (PromptChunks.loan_pool_bytes), so the cache slots it keeps are its own."""
+    a, mb = sizes.args, sizes.max_blob
+    E, A = a.num_experts, a.num_experts_per_tok
+    work = prompt_cost.layer_work(sizes)
+    rates = prompt_cost.DEFAULT_PROMPT_RATES.at(num_sms)
+    stream_all = memory_model.stream_all_tokens(a)
+    weigh = auto_lengths(config.max_context)
+    lengths = tuple(sorted(set(weigh) | {min(int(N), config.max_context) for N in show if int(N) > 0}))
+
+    def kept_for(T: int, R: int) -> int:
+        loan = need(T) + R * mb
+        return slots if loan <= spare else min(slots, cache.slots_within(room - loan))
+
+    def costs(T: int, R: int) -> list:
+        out = []
+        for N in lengths:
+            kept = kept_for(min(T, 1 << max(4, (N - 1).bit_length())), R)
+            missing = [E - k for k in cache.per_layer(kept)]
+            out.append(prompt_cost.prompt_cost(work, missing, N, T, R, bandwidths.h2d_gb_s, rates, E, A, stream_all))
+        return out
+
+    bytes_T, bytes_R, bytes_why = _prompt_choice(cands, False, need, search, room, spare, False, full, mb)
+    legacy_T, legacy_R, _ = _legacy_choice(config, need, room, cache.total_slots, mb)
+    ctx = config.max_context
+    plans = {(min(bytes_T, ctx), bytes_R): "bytes"}
+    if legacy_T <= cands[-1]:
+        plans.setdefault((min(legacy_T, ctx), legacy_R), "slots")
+    top = min(RING_CAP_SLOTS, cache.total_slots)
+    rings = sorted({full, *range(-(-full // RING_STEP) * RING_STEP, top + 1, RING_STEP),
+                    min(LEGACY_RING_SLOTS, top)} - {0})
+    for R in rings:
+        if R < full or need(cands[0]) + R * mb > room:
+            continue
+        chunks = {search(room, R * mb), *LEGACY_CHUNKS,
+                  *(-(-(-(-N // k)) // CHUNK_GRID) * CHUNK_GRID for N in weigh for k in range(1, AUTO_SPLITS + 1))}
+        for T in sorted({min(c, ctx) for c in chunks if c is not None and cands[0] <= c <= cands[-1]}):
+            if need(T) + R * mb <= room:
+                plans.setdefault((T, R), "cost")
+    options = []
+    for (T, R), rule in plans.items():
+        c = costs(T, R)
+        options.append(PromptOption(T, R, kept_for(T, R), rule, tuple(x.seconds for x in c),
+                                    tuple(x.bus_wait_s for x in c)))
+    at = [lengths.index(N) for N in weigh]
+    rules = [o for o in options if o.rule != "cost"]
+    best_each = [min(o.seconds[i] for o in rules) for i in at]
+
+    def score(o):
+        return sum(o.seconds[i] / lengths[i] for i in at)
+    eligible = [o for o in options if all(o.seconds[i] <= b * (1 + 1e-9) for i, b in zip(at, best_each))]
+    best = min(score(o) for o in eligible or options)
+    # within 0.1% of the best, the plan that keeps the most cache slots (the decode after the prompt
+    # finds more of them); the first of equals, so the rules' plans before the others
+    chosen = min(eligible or options, key=lambda o: (round(score(o) / best, 3), -o.kept))
+    chosen = dataclasses.replace(chosen, chosen=True)
+    others = sorted((o for o in options if (o.chunk, o.ring) != (chosen.chunk, chosen.ring) and o.rule == "cost"),
+                    key=score)[:PROMPT_OPTIONS_SHOWN]
+    shown = (chosen, *(o for o in rules if (o.chunk, o.ring) != (chosen.chunk, chosen.ring)), *others)
+    same = {"bytes": " (the bytes rule's plan)", "slots": " (the slots rule's plan)"}.get(chosen.rule, "")
+    why = (f"auto: the fastest predicted of {len(options)} plans at prompts "
+           f"{'/'.join(str(N) for N in weigh)}{same}" + ("" if eligible else
+                                                        "; none as fast as the better rule at every one"))
+    return (chosen.chunk, chosen.ring, why), lengths, shown
 
 
 def _too_small(budget: int, items: dict, loan: int, chunk: int) -> InvalidArgument:
@@ -449,11 +553,12 @@ def _legacy_choice(config, need, room: int, total_slots: int, max_blob: int) -> 
 
 def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
               bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS,
-              what_if: dict | None = None) -> Plan:
+              what_if: dict | None = None, show_prompts: tuple = ()) -> Plan:
     """The plan for this pack, engine config and VRAM budget, at the context fit_context gives.
     InvalidArgument (naming the bytes needed) when the budget cannot hold the mandatory items and
     the smallest prompt loan, or a fixed --expert-cache N does not fit beside them. what_if: see
-    priced() (test-only)."""
+    priced() (test-only). show_prompts: prompt lengths whose predicted seconds the plan's
+    prompt_options also carry (`plan --prompt`)."""
     config = priced(config, what_if)
     context, context_source = fit_context(sizes, config, budget_bytes, num_sms)
     config = priced(config, max_context=context)
@@ -480,11 +585,15 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                                   f"bytes, {room} are left beside the mandatory {mandatory} bytes")
     spare = room - cache.nbytes(slots)
     full = min(ring_slots(mb), cache.total_slots)
+    lengths, options = (), ()
     if config.prefill_rule == "slots" and slots < cache.total_slots:
         T, ring, rule = _legacy_choice(config, need, room, cache.total_slots, mb)
     else:
         search = chunk_search(sizes, cands, config.max_context, cells, key, need)
         T, ring, rule = _prompt_choice(cands, fixed, need, search, room, spare, slots == cache.total_slots, full, mb)
+        if config.prefill_rule == "auto" and not fixed and ring:        # streaming: the cost model's choice
+            (T, ring, rule), lengths, options = prompt_plans(sizes, config, cache, slots, room, spare, full, cands,
+                                                             need, search, bandwidths, num_sms, show_prompts)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)
@@ -498,7 +607,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
                 context_source, config.parallel, kv_host_bytes(sizes, config),
                 kv_bus_bytes_per_token(sizes, config), config.batch_max,
                 *batch_speeds(sizes, cache, slots, bandwidths, config.parallel),
-                draft_window=draft_window, draft_ring_cells=draft_cells)
+                draft_window=draft_window, draft_ring_cells=draft_cells, prompt_lengths=lengths,
+                prompt_options=options)
 
 
 def decode_bytes_per_token(pack) -> int:

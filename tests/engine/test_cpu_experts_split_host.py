@@ -182,6 +182,23 @@ def test_bench_and_status_report_the_hosts_share(fake):
     assert "computed on the host (--cpu-experts 0.5): prompt 19:" in text and "host expert FFN" in text
     host = runner.status()["expert_cache"]["host"]
     assert host["mode"] == 0.5 and host["experts"] >= res.prompt[19]["host_experts"]
+    assert "fixed a layer split" in text
+    assert set(host["rates"]["fixed_ms"]) == {"sync", "choose", "host_round_trip", "gpu_resume"}
+
+
+def test_rates_are_measured_at_load_through_the_path(fake):
+    """The runner prices the split with what its own path costs: the rates through the worker
+    thread (HostExperts.measure), choosing, and the device reads (cuda_load.measure_sync); the pool
+    leaves a core to the engine's thread. Only the GPU's resume stays an estimate."""
+    from strata._ext import cpu_experts
+    from strata.engine.expert_split import RESUME_S
+    from strata.engine.experts.host_compute import host_threads
+    r = _runner(open_pack(DEMO), expert_cache="10", cpu_experts="auto")
+    rates = r.store.host_experts.rates
+    assert "through the engine's path" in rates.source and "measured at load" in rates.fixed_source
+    assert rates.expert_s > 0 and rates.row_s > 0 and rates.layer_s > 0 and rates.choose_s > 0
+    assert rates.sync_s > 0 and rates.resume_s == RESUME_S
+    assert cpu_experts.threads() == host_threads()
 
 
 def test_qwen3next_streamed_split(fake, rng, tmp_path):

@@ -127,7 +127,7 @@ def test_largest_fitting_is_the_scan(rng):
 def test_auto_chunk_equals_a_scan_of_the_grid(q30, q30_needs, rng, monkeypatch):
     monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
     monkeypatch.setattr(planner, "CHUNK_GRID", SCAN_STEP)
-    cfg = config(prefill="auto:32768")
+    cfg = config(prefill="auto:32768", prefill_rule="bytes")
     fixed = mandatory(q30, cfg)
     full = ring_slots(q30.max_blob)
     lo, hi = q30_needs[SCAN_STEP] + full * q30.max_blob, q30_needs[32768] + full * q30.max_blob
@@ -141,7 +141,7 @@ def test_auto_chunk_equals_a_scan_of_the_grid(q30, q30_needs, rng, monkeypatch):
 def test_no_full_ring_falls_back_to_the_floor(q30, q30_needs, monkeypatch):
     monkeypatch.setattr(planner, "bytes_needed", lambda s, T, *a: q30_needs[T])
     monkeypatch.setattr(planner, "CHUNK_GRID", SCAN_STEP)
-    cfg = config(expert_cache="0")
+    cfg = config(expert_cache="0", prefill_rule="bytes")
     mb, full = q30.max_blob, ring_slots(q30.max_blob)
     room = q30_needs[SCAN_STEP] + (full - 1) * mb           # not even 256 tokens beside a full ring
     plan = make_plan(q30, cfg, mandatory(q30, cfg) + room)
@@ -154,9 +154,10 @@ def test_no_full_ring_falls_back_to_the_floor(q30, q30_needs, monkeypatch):
 
 
 def test_ceiling_fixed_chunk_and_context(q30):
-    assert make_plan(q30, config(prefill="auto:1000"), 12 << 30).prefill_chunk == 768
-    assert make_plan(q30, config(prefill="auto:100"), 12 << 30).prefill_chunk == 100
-    assert make_plan(q30, config(), 12 << 30).prefill_chunk > 4096
+    for rule in ("bytes", "auto"):
+        assert make_plan(q30, config(prefill="auto:1000", prefill_rule=rule), 12 << 30).prefill_chunk == 768
+        assert make_plan(q30, config(prefill="auto:100", prefill_rule=rule), 12 << 30).prefill_chunk == 100
+    assert make_plan(q30, config(prefill_rule="bytes"), 12 << 30).prefill_chunk > 4096
     assert make_plan(q30, config(max_context=1000), 12 << 30).prefill_chunk == 1000
     plan = make_plan(q30, config(prefill="3000"), 12 << 30)
     assert plan.prefill_chunk == 3000 and plan.prefill_rule == "fixed --prefill"
@@ -357,8 +358,8 @@ def test_cli_plan_qwen3next_budgets(capsys):
     """Qwen3-Next-80B-A3B (48 layers of 512 experts, top-10) at 8, 12 and 24 GiB streams its experts:
     a cache of at least a token's experts in every layer, a full 300-slot ring of its 1,769,472-byte
     blobs, prompt chunks past stream_all_tokens (103); at 8 GiB the f16 KV lowers the context."""
-    plans = [_cli_json(capsys, "--synthetic", "qwen3-next-80b-a3b", "--vram-budget-gib", str(g), "--device", "cpu")
-             for g in (8, 12, 24)]
+    plans = [_cli_json(capsys, "--synthetic", "qwen3-next-80b-a3b", "--vram-budget-gib", str(g), "--device", "cpu",
+                       "--prefill-rule", "bytes") for g in (8, 12, 24)]
     assert [p["total_experts"] for p in plans] == [48 * 512] * 3
     slots = [p["cache_slots"] for p in plans]
     assert 480 <= slots[0] < slots[1] < slots[2] < 48 * 512
@@ -390,7 +391,7 @@ def test_legacy_slots_rule_for_the_ab(q30):
     """--prefill-rule slots: 384 slots whatever the blob (1.02 GB of 2.65 MB blobs, twice the byte
     budget's 200 slots) and the first chunk of the fixed list that fits beside them."""
     budget = int(8 * 2**30)
-    new = make_plan(q30, config(prefill="auto:16384", max_context=16448), budget)
+    new = make_plan(q30, config(prefill="auto:16384", max_context=16448, prefill_rule="bytes"), budget)
     old = make_plan(q30, config(prefill="auto:16384", max_context=16448, prefill_rule="slots"), budget)
     assert new.prefill_ring == 200 and old.prefill_ring == planner.LEGACY_RING_SLOTS
     assert old.prefill_chunk in planner.LEGACY_CHUNKS and "fixed chunk list" in old.prefill_rule

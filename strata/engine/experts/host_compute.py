@@ -13,9 +13,16 @@ brought its routing down, so the last layer's combine has read the buffer by the
 Chunks of a size that streams every non-cached expert (the ring queues them before the routing is
 known) take a host set chosen per layer at the chunk's start, from the expected rows per expert;
 smaller chunks choose per layer from the routing's own row counts. Unpinned experts stay on the bus.
+
+The rates the split is priced with are measured at load through this same path (measure_path): jobs
+submitted to the worker thread, experts of layers not touched before (not in the host's caches),
+after an idle gap (the pool's threads asleep, as between layers), while the submitting thread keeps
+busy the way the engine's thread does queueing the GPU's share. The pool leaves one core to the
+engine's own thread (host_threads).
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +31,99 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..expert_split import STREAM_ALL_SYNC_S, HostRates, expected_rows, split_layer
+
+MEASURE_REPEATS = 5         # jobs of each kind measure_path times (the median counts)
+MEASURE_GAP_S = 1e-3        # idle before each job: the pool's threads asleep, as while the GPU runs a layer
+MEASURE_BUSY_S = 150e-6     # the submitting thread's Python after a submit (the engine queueing the bus's share)
+MEASURE_EXPERTS = 11        # distinct experts a repetition touches: 1, then 5 at 1 row, then 5 at 8 rows
+
+
+def host_threads() -> int:
+    """The pool's threads while the host takes experts: the cores this process may use, up to 16, less
+    one for the engine's own thread (which queues the GPU's share and waits on the device meanwhile)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:          # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(16, cores) - 1)
+
+
+def ffn_sum(ffn, arena: np.ndarray, parts: dict, base, D: int, experts, x: np.ndarray, ids: np.ndarray,
+            weights: np.ndarray, out: np.ndarray) -> int:
+    """out [T, D] = sum over experts e of weights(t, e) x FFN_e(x[t]) for the tokens t routed to e
+    (ids [T, A]); e's blob at arena[base[e]:], its gate/up/down at parts' offsets -> rows computed."""
+    I = int(parts["gate"]["shape"][0])
+    out[:] = 0.0
+    rows = 0
+    for e in experts:
+        tok, slot = np.nonzero(ids == e)          # a token routes to an expert at most once
+        b = int(base[e])
+
+        def view(p):
+            o = b + int(parts[p]["offset"])
+            return arena[o:o + int(parts[p]["nbytes"])]
+        y = ffn(parts["gate"]["qtype"], view("gate"), parts["up"]["qtype"], view("up"),
+                parts["down"]["qtype"], view("down"), D, I, x[tok])
+        out[tok] += weights[tok, slot][:, None] * y
+        rows += len(tok)
+    return rows
+
+
+def _busy(seconds: float) -> None:
+    """The engine's thread after a submit: Python with the GIL let go often (its launches do)."""
+    a = np.zeros(16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        np.add(a, 1.0, out=a)
+        os.sched_yield()
+
+
+def measure_path(run, worker, picks, D: int, blob_bytes: int, source: str, out: np.ndarray | None = None,
+                 repeats: int = MEASURE_REPEATS, gap_s: float = MEASURE_GAP_S, busy_s: float = MEASURE_BUSY_S,
+                 seed: int = 0) -> HostRates:
+    """The host's rates as the engine pays them: run(layer, experts, x, ids, weights, out) -> rows (the
+    path's own FFN sum) submitted to worker (its executor) and timed from submit to the result on
+    this thread, which stays busy busy_s meanwhile; each job after gap_s idle. picks[r]: (layer,
+    MEASURE_EXPERTS expert ids) of repetition r, experts no job touched before where the pack has
+    enough. Jobs: none (the bare round trip), 1 expert of 1 row, 5 of 1 row, 5 of 8 rows each; their
+    medians over repetitions give expert_s and row_s, and layer_s (the round trip with the pool's
+    first wake: the larger of the bare one and what the 1-expert job leaves over its expert)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((8, D), np.float32) if out is None else out
+
+    def job(layer, experts, T):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        ids = np.full((T, max(1, len(experts))), -1, np.int64)
+        ids[:, :len(experts)] = experts
+        w = np.full(ids.shape, 0.125, np.float32)
+        time.sleep(gap_s)
+        t0 = time.perf_counter()
+        f = worker.submit(run, layer, experts, x, ids, w, out[:T])
+        if experts:             # the empty job is the bare round trip: nothing to run beside
+            _busy(busy_s)
+        f.result()
+        return time.perf_counter() - t0
+
+    times = {"none": [], "1x1": [], "5x1": [], "5x8": []}
+    for r in range(repeats):
+        layer, e = picks[r % len(picks)]
+        times["none"].append(job(layer, [], 1))
+        times["1x1"].append(job(layer, e[:1], 1))
+        times["5x1"].append(job(layer, e[1:6], 1))
+        times["5x8"].append(job(layer, e[6:11], 8))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    per_expert = max(1e-7, (med["5x1"] - med["1x1"]) / 4)
+    row_s = max(1e-8, (med["5x8"] - med["5x1"]) / 35)
+    return HostRates(expert_s=max(1e-7, per_expert - row_s), row_s=row_s, blob_bytes=int(blob_bytes),
+                     source=source, layer_s=max(med["none"], med["1x1"] - per_expert))
+
+
+def measure_picks(layers, num_experts: int, repeats: int = MEASURE_REPEATS) -> list:
+    """(layer, MEASURE_EXPERTS ids) per repetition: a different layer each where there are enough,
+    distinct experts within it (ids wrap on a pack of fewer experts)."""
+    layers = list(layers)
+    return [(layers[r * max(1, len(layers) // repeats) % len(layers)],
+             [(r * MEASURE_EXPERTS + i) % num_experts for i in range(MEASURE_EXPERTS)]) for r in range(repeats)]
 
 
 @dataclass
@@ -39,24 +139,56 @@ class HostExperts:
     """The host's expert work of one store (module doc). share: --cpu-experts SHARE (the host's share
     of each layer's missed experts), or None for auto (the cost model's split)."""
 
-    def __init__(self, rt, device, store, args, rates: HostRates, h2d_gb_s: float, share: float | None):
+    def __init__(self, rt, device, store, args, rates: HostRates | None, h2d_gb_s: float, share: float | None):
         from ..._ext import cpu_experts
         self.rt, self.device, self.store = rt, device, store
         self.ffn = cpu_experts.expert_ffn
+        if cpu_experts.threads() != host_threads():
+            cpu_experts.set_threads(host_threads())
         self.D, self.A = int(args.hidden_size), int(args.num_experts_per_tok)
-        self.rates, self.h2d_gb_s, self.share = rates, h2d_gb_s, share
+        self.h2d_gb_s, self.share = h2d_gb_s, share
         self.stats = HostStats()
         self._arena = np.frombuffer(store.arena, np.uint8)
         self._out, self._out_view = None, None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="strata-cpu-experts")
         weakref.finalize(self, self._worker.shutdown, False)
+        self.rates = rates if rates is not None else self.measure()
+
+    def measure(self) -> HostRates:
+        """The host's rates through this path (measure_path) on the arena's own experts, and what
+        choosing a split costs (choose_s: choose() over a 19-token routing); the device reads
+        (sync_s) are the runner's to measure (cuda_load.host_experts)."""
+        from ..._ext import cpu_experts
+        s = self.store
+        pinned = [l for l in range(len(s.layers_meta)) if s.pinned[l, :MEASURE_EXPERTS].all()]
+        lay = max(pinned or [0], key=self._blob)
+        picks = measure_picks([l for l in pinned if self._blob(l) == self._blob(lay)] or [lay], s.num_experts)
+        run = (lambda layer, experts, x, ids, w, out:
+               ffn_sum(self.ffn, self._arena, s.layers_meta[layer]["parts"], s._offsets[layer], self.D, experts,
+                       x, ids, w, out))
+        rates = measure_path(run, self._worker, picks, self.D, self._blob(lay),
+                             f"measured at load through the engine's path ({cpu_experts.threads()} threads, "
+                             f"{cpu_experts.simd()})")
+        self.rates = rates              # choose() prices with them
+        rng = np.random.default_rng(1)
+        times = []
+        for _ in range(MEASURE_REPEATS):
+            ids = rng.integers(0, s.num_experts, (19, self.A))
+            t0 = time.perf_counter()
+            self.choose(lay, ids, None)
+            times.append(time.perf_counter() - t0)
+        return replace(rates, choose_s=float(np.median(times)),
+                       fixed_source="the host round trip and choosing measured at load; the device reads and "
+                                    "the GPU's resume as estimated for the H200 machine")
 
     def status(self) -> dict:
         s, r = self.stats, self.rates
         return {"mode": "auto" if self.share is None else self.share, "experts": s.experts, "rows": s.rows,
                 "bytes": s.bytes, "layers": s.layers, "seconds": round(s.seconds, 6),
                 "rates": {"expert_ms": r.expert_s * 1e3, "row_ms": r.row_s * 1e3, "blob_bytes": r.blob_bytes,
-                          "source": r.source}}
+                          "source": r.source,
+                          "fixed_ms": {k: v * 1e3 for k, v in r.fixed_parts().items()},
+                          "fixed_source": r.fixed_source}}
 
     def _blob(self, layer: int) -> int:
         return int(self.store.layers_meta[layer]["blob_bytes"])
@@ -75,7 +207,7 @@ class HostExperts:
             return ChunkSplit(self, None)
         E = self.store.num_experts
         touched, rows = expected_rows(T, E, self.A)
-        rates = replace(self.rates, layer_s=self.rates.layer_s + STREAM_ALL_SYNC_S)
+        rates = replace(self.rates, sync_s=self.rates.sync_s + STREAM_ALL_SYNC_S)
         sets = {}
         for l in (range(layers) if isinstance(layers, int) else layers):
             missing = self._missed(l, np.arange(E))
@@ -118,22 +250,9 @@ class HostExperts:
     def _compute(self, layer: int, experts: list, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                  out: np.ndarray) -> None:
         t0 = time.perf_counter()
-        s, lay = self.store, self.store.layers_meta[layer]
-        parts, blob = lay["parts"], self._blob(layer)
-        D, I = self.D, int(parts["gate"]["shape"][0])
-        out[:] = 0.0
-        rows = 0
-        for e in experts:
-            tok, slot = np.nonzero(ids == e)          # a token routes to an expert at most once
-            base = int(s._offsets[layer, e])
-
-            def view(p):
-                o = base + int(parts[p]["offset"])
-                return self._arena[o:o + int(parts[p]["nbytes"])]
-            y = self.ffn(parts["gate"]["qtype"], view("gate"), parts["up"]["qtype"], view("up"),
-                         parts["down"]["qtype"], view("down"), D, I, x[tok])
-            out[tok] += weights[tok, slot][:, None] * y
-            rows += len(tok)
+        s, blob = self.store, self._blob(layer)
+        rows = ffn_sum(self.ffn, self._arena, s.layers_meta[layer]["parts"], s._offsets[layer], self.D, experts,
+                       x, ids, weights, out)
         seconds = time.perf_counter() - t0
         st = self.stats
         st.experts += len(experts)

@@ -1,0 +1,163 @@
+"""What a prompt costs under a plan's chunk, ring and kept cache slots: the cost model `--prefill auto`
+chooses its plan with (strata.engine.planner.prompt_plans), and `plan` prints.
+
+A prompt of N tokens runs in chunks of T; a chunk of at least stream_all_tokens streams every expert
+of every layer that the cache does not keep during the prompt (experts.ring: layer by layer, issued
+as far ahead as the ring's R slots allow), a smaller one the experts its routing names. Per layer
+the GPU computes the part before the experts (attention, its projections, the router: `pre`),
+then the experts (`moe`), which wait for the layer's batch of copies; a copy waits for the compute
+that last read the ring slots it overwrites (R positions back), and copies run one after another on
+the copy stream at PROMPT_BUS_EFFICIENCY of the pinned rate. So, batch by batch (a layer's misses
+in batches of at most R, the compute of its experts shared out by batch size):
+
+    copy_start = max(last copy's end, done time of the batch holding position (end - R - 1))
+    copy_end   = copy_start + misses x blob / bus rate
+    done       = max(compute so far + pre, copy_end) + moe
+
+which is where a ring too shallow for two layers' misses stalls the bus (the next layer's copies wait
+for this layer's compute), and where a chunk the bus cannot hide behind its compute costs its
+bytes. Compute per token is the layer's multiply-accumulates at PromptRates (linear: the weights'
+rows x columns a token, its A experts' too; attention: 2 x heads x head_dim a token and earlier
+position, on the layers with softmax attention). The defaults are fitted to the H200's resident
+prompt (docs/PERF.md: 20,292 tok/s at 4096, 15,890 at 16384, synthetic qwen3-30b-a3b); with them
+this model gives the third session's ring A/B at 8 GiB within 8% (byte ring 200 slots, chunk
+14848: 9,306 / 12,864 tok/s at 4096 / 16384 against 10,048 / 13,062 measured; 384 slots, chunk
+8192: 14,104 / 15,854 against 14,078 / 15,510), a PCIe-bound 4096-token prompt at 17,586 against
+17,761, and the rerun with the loan sized by the prompt 15% high at 4096 (10,916 against 9,529).
+Never touches a device: tested on the CPU (tests/engine/test_prompt_cost.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROMPT_BUS_EFFICIENCY = 0.92      # a ring's copies against the pinned rate (docs/PERF.md: 92% when PCIe-bound)
+AUTO_PROMPTS = (4096, 16384, 32768)   # the prompt lengths --prefill auto weighs (capped at the context)
+DEFAULT_NUM_SMS = 132
+
+
+@dataclass(frozen=True)
+class PromptRates:
+    """The GPU's prompt compute: FLOP/s on the linear layers (dense and expert GEMMs) and on the
+    attention scores and values, at num_sms SMs (scaled by SM count on another GPU: a rough proxy)."""
+    linear_flop_s: float
+    attention_flop_s: float
+    num_sms: int
+    source: str
+
+    def at(self, num_sms: int) -> "PromptRates":
+        if num_sms == self.num_sms or num_sms <= 0:
+            return self
+        f = num_sms / self.num_sms
+        return PromptRates(self.linear_flop_s * f, self.attention_flop_s * f, num_sms,
+                           f"{self.source}, scaled to {num_sms} SMs")
+
+
+# fitted to the H200's resident prompt on the synthetic qwen3-30b-a3b (2.73 GMAC a token on its
+# linear layers, 393 kMAC a token and earlier position in attention): 44.75 us a token + 2.219 ns a
+# token and position
+DEFAULT_PROMPT_RATES = PromptRates(122.0e12, 354.0e12, DEFAULT_NUM_SMS,
+                                   "fitted to the H200's resident prompt (docs/PERF.md)")
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """A main layer's compute and bytes: multiply-accumulates a token outside the experts (dense),
+    in its A experts, a token and earlier position in attention; its expert blob's bytes."""
+    dense_macs: float
+    expert_macs: float
+    attention_macs: float
+    blob: int
+
+
+def layer_work(sizes) -> list[LayerWork]:
+    """LayerWork of each main layer of a pack's sizes (strata.engine.planner.PackSizes)."""
+    a = sizes.args
+    out = []
+    for l in range(a.num_hidden_layers):
+        prefix = f"blk.{l}."
+        dense = sum(t["shape"][0] * t["shape"][1] for n, t in sizes.dense.items()
+                    if n.startswith(prefix) and len(t["shape"]) == 2)
+        parts = sizes.layers[l]["parts"]
+        expert = a.num_experts_per_tok * sum(p["shape"][0] * p["shape"][1] for p in parts.values())
+        full = a.is_full_attention(l) if hasattr(a, "is_full_attention") else True
+        attention = 2 * a.num_attention_heads * a.head_dim if full else 0
+        out.append(LayerWork(float(dense), float(expert), float(attention), sizes.blob(l)))
+    return out
+
+
+@dataclass(frozen=True)
+class PromptCost:
+    """A prompt's predicted seconds, the bytes its chunks stream, and the seconds the copy stream
+    sat waiting for ring slots (the ring's stalls) and the compute for copies (the bus's)."""
+    seconds: float
+    bus_bytes: int
+    ring_wait_s: float
+    bus_wait_s: float
+
+
+def prompt_cost(work: list[LayerWork], missing: list[int], N: int, T: int, R: int, h2d_gb_s: float,
+                rates: PromptRates, num_experts: int, top_k: int, stream_all_tokens: int) -> PromptCost:
+    """The recurrence of the module doc for a prompt of N tokens in chunks of T through a ring of R
+    slots; missing[l]: layer l's experts the cache does not keep during the prompt."""
+    if N <= 0:
+        return PromptCost(0.0, 0, 0.0, 0.0)
+    native = _native()
+    if native is not None:
+        return PromptCost(*native.prompt_cost([w.dense_macs for w in work], [w.expert_macs for w in work],
+                                              [w.attention_macs for w in work], [w.blob for w in work],
+                                              list(missing), N, T, R, h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY,
+                                              rates.linear_flop_s, rates.attention_flop_s, num_experts, top_k,
+                                              stream_all_tokens))
+    return _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens)
+
+
+def _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens) -> PromptCost:
+    from collections import deque
+    bus = h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY
+    lin, att = rates.linear_flop_s, rates.attention_flop_s
+    owners = deque()                 # (ring start, end, done) of batches a later copy may wait for
+    pos, c_end, copy_end = 0, 0.0, 0.0
+    ring_wait = bus_wait = 0.0
+    nbytes = 0
+    lo = 0
+    while lo < N:
+        Tc = min(T, N - lo)
+        touched = 1.0 if Tc >= stream_all_tokens else 1.0 - (1.0 - top_k / num_experts) ** Tc
+        for w, miss in zip(work, missing):
+            pre = 2.0 * (w.dense_macs * Tc / lin + w.attention_macs * Tc * (lo + 0.5 * Tc) / att)
+            moe = 2.0 * w.expert_macs * Tc / lin
+            m = int(miss * touched + 0.5)
+            c_pre = c_end + pre
+            if m == 0:
+                c_end = c_pre + moe
+                continue
+            for b0 in range(0, m, R):
+                k = min(R, m - b0)
+                end = pos + k
+                need = end - R - 1
+                wait = 0.0
+                while owners and owners[0][1] <= need:
+                    owners.popleft()
+                if need >= 0 and owners and owners[0][0] <= need:
+                    wait = owners[0][2]
+                if wait > copy_end:
+                    ring_wait += wait - copy_end
+                start = max(copy_end, wait)
+                copy_end = start + k * w.blob / bus
+                nbytes += k * w.blob
+                if copy_end > c_pre:
+                    bus_wait += copy_end - c_pre
+                c_end = max(c_pre, copy_end) + moe * k / m
+                c_pre = c_end
+                owners.append((pos, end, c_end))
+                pos = end
+        lo += Tc
+    return PromptCost(c_end, nbytes, ring_wait, bus_wait)
+
+
+def _native():
+    try:
+        from .._ext import prompt_plan
+    except ImportError:
+        return None
+    return prompt_plan if hasattr(prompt_plan, "prompt_cost") else None

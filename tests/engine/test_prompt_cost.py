@@ -1,0 +1,168 @@
+"""The prompt cost model (strata.engine.prompt_cost) and `--prefill auto`'s choice of chunk, ring and
+kept cache slots from it (strata.engine.planner.prompt_plans), on the CPU, on the synthetic
+qwen3-30b-a3b shape's numbers against what docs/PERF.md measured on the H200."""
+import json
+
+import numpy as np
+import pytest
+
+from strata import cli
+from strata.config import EngineConfig
+from strata.engine import planner, prompt_cost
+from strata.engine.planner import ExpertCache, make_plan
+from strata.engine.prompt_cost import DEFAULT_PROMPT_RATES, layer_work
+from strata.plan import plan_sizes
+
+H2D = 55.4      # the H200's pinned rate (DEFAULT_BANDWIDTHS)
+
+
+@pytest.fixture(scope="module")
+def q30():
+    return plan_sizes(None, "qwen3-30b-a3b")[1]
+
+
+@pytest.fixture(scope="module")
+def q30mtp():
+    return plan_sizes(None, "qwen3-30b-a3b-mtp")[1]
+
+
+def _tok_s(sizes, N, T, R, kept, h2d=H2D):
+    cache = ExpertCache(sizes)
+    missing = [sizes.args.num_experts - k for k in cache.per_layer(kept)]
+    c = prompt_cost.prompt_cost(layer_work(sizes), missing, N, T, R, h2d, DEFAULT_PROMPT_RATES,
+                                sizes.args.num_experts, sizes.args.num_experts_per_tok, 32)
+    return N / c.seconds, c
+
+
+def test_native_recurrence_is_the_python_one(q30, rng):
+    if prompt_cost._native() is None:
+        pytest.skip("strata._ext.prompt_plan is not built")
+    work = layer_work(q30)
+    for _ in range(30):
+        N, T = int(rng.integers(1, 40000)), int(rng.integers(16, 20000))
+        R = int(rng.integers(16, 600))
+        missing = rng.integers(0, 129, len(work)).tolist()
+        args = (work, missing, N, T, R, float(rng.uniform(5, 60)), DEFAULT_PROMPT_RATES, 128, 8, 32)
+        native, py = prompt_cost.prompt_cost(*args), prompt_cost._prompt_cost_py(*args)
+        assert native.bus_bytes == py.bus_bytes
+        for f in ("seconds", "ring_wait_s", "bus_wait_s"):
+            assert getattr(native, f) == pytest.approx(getattr(py, f), rel=1e-9, abs=1e-12), f
+
+
+def test_resident_prompt_is_the_fit(q30):
+    """No expert streams: the compute alone, fitted to the H200's resident prompt (docs/PERF.md)."""
+    for N, measured in ((4096, 20_291.8), (16384, 15_890.5)):
+        tok_s, c = _tok_s(q30, N, N, 200, q30.args.num_experts * q30.args.num_hidden_layers)
+        assert c.bus_bytes == 0 and tok_s == pytest.approx(measured, rel=0.01)
+
+
+# docs/PERF.md, third session's `ab` and `abbytes` and the 8 GiB row (8 GiB, synthetic qwen3-30b-a3b):
+# (prompt, chunk, ring, cache slots kept during the prompt, tok/s measured)
+AB = [(4096, 14848, 200, 28, 10_048.0), (16384, 14848, 200, 28, 13_062.3),      # bytes rule, loan of the plan's chunk
+      (4096, 8192, 384, 616, 14_077.7), (16384, 8192, 384, 616, 15_509.6),      # slots rule
+      (4096, 14848, 200, 1275, 9_529.2), (16384, 14848, 200, 28, 12_794.2),     # bytes, loan sized by the prompt
+      (4096, 4161, 200, 1720, 17_761.1)]                                        # context 4161: PCIe-bound
+
+
+def test_the_model_reproduces_the_ring_rules_ab(q30):
+    predicted = [_tok_s(q30, N, T, R, kept)[0] for N, T, R, kept, _ in AB]
+    for (N, T, R, kept, measured), p in zip(AB, predicted):
+        assert p == pytest.approx(measured, rel=0.16), (N, T, R, kept, p, measured)
+    # the ordering the A/B found: the older rule wins at both lengths, by about as much
+    assert predicted[2] > 1.3 * predicted[0] and predicted[3] > 1.1 * predicted[1]
+
+
+def test_a_ring_under_two_layers_of_misses_stalls_the_bus(q30):
+    """200 slots against 128 misses a layer: a layer's copies wait for the previous layer's compute
+    (the bus idles behind the ring), 256 double-buffers them."""
+    shallow = _tok_s(q30, 4096, 4096, 200, 0)[1]
+    deep = _tok_s(q30, 4096, 4096, 256, 0)[1]
+    assert shallow.bus_bytes == deep.bus_bytes == 48 * 128 * q30.max_blob
+    assert shallow.seconds > 1.2 * deep.seconds
+    assert shallow.ring_wait_s > 0.1 and deep.ring_wait_s == 0.0
+    # bus-bound, the deep ring runs the copies back to back at the bus's rate
+    bus = deep.bus_bytes / (H2D * 1e9 * prompt_cost.PROMPT_BUS_EFFICIENCY)
+    assert bus < deep.seconds < 1.1 * bus
+
+
+def _rules(sizes, gib, ctx):
+    cfg = dict(max_context=ctx)
+    return {rule: make_plan(sizes, EngineConfig(**cfg, prefill_rule=rule), gib << 30) for rule in ("auto", "bytes", "slots")}
+
+
+@pytest.mark.parametrize("gib", [8, 12])
+@pytest.mark.parametrize("ctx", [16385, 32768])
+def test_auto_is_predicted_at_least_as_fast_as_either_rule(q30mtp, gib, ctx):
+    """At 8 and 12 GiB, 4K/16K/32K prompts (the bench's contexts): auto's plan is predicted no slower
+    than the bytes or the slots rule's at any of them, its ring at least the byte budget's, and its
+    candidates hold the two rules' plans as the rules themselves make them."""
+    plans = _rules(q30mtp, gib, ctx)
+    auto = plans["auto"]
+    opts = {o.rule: o for o in auto.prompt_options if o.rule != "cost"}
+    chosen = next(o for o in auto.prompt_options if o.chosen)
+    assert auto.prompt_options[0] is chosen and (chosen.chunk, chosen.ring) == (auto.prefill_chunk, auto.prefill_ring)
+    assert auto.prompt_cache_slots == chosen.kept and auto.prompt_lengths == tuple(sorted({min(N, ctx) for N in
+                                                                                      (4096, 16384, 32768)}))
+    for rule in ("bytes", "slots"):
+        p = plans[rule]
+        o = opts.get(rule) or chosen
+        assert (o.chunk, o.ring, o.kept) == (p.prefill_chunk, p.prefill_ring, p.prompt_cache_slots), rule
+        assert all(c <= r * (1 + 1e-9) for c, r in zip(chosen.seconds, o.seconds)), (rule, chosen, o)
+    assert auto.prefill_ring >= auto.ring_full_slots == 200
+    assert auto.prompt_loan_bytes <= auto.vram_budget_bytes - auto.mandatory_bytes
+
+
+def test_auto_takes_the_older_rules_shape_where_it_won(q30mtp):
+    """8 GiB, context 16385 (docs/PERF.md's A/B: the older rule, a deeper ring and a smaller chunk,
+    won by 40% at 4096 and 19% at 16384): auto's plan is that shape (a ring deeper than two layers'
+    misses, a chunk near the older rule's) and predicted as fast as it; the bytes rule's well behind."""
+    plans = _rules(q30mtp, 8, 16385)
+    auto = plans["auto"]
+    chosen = auto.prompt_options[0]
+    slots = next(o for o in auto.prompt_options if o.rule == "slots")
+    bytes_ = next(o for o in auto.prompt_options if o.rule == "bytes")
+    assert auto.prefill_ring >= 2 * q30mtp.args.num_experts and auto.prefill_chunk <= 8448
+    assert auto.prompt_cache_slots >= plans["slots"].prompt_cache_slots
+    for i in range(len(auto.prompt_lengths)):
+        assert chosen.seconds[i] <= slots.seconds[i] and chosen.seconds[i] < 0.9 * bytes_.seconds[i]
+
+
+def test_12_gib_keeps_the_cache_where_the_rules_tie(q30mtp):
+    """12 GiB: the prompt is compute-bound under the bytes rule's plan and auto's alike; auto's keeps
+    more of the cache (the decode after the prompt finds those slots)."""
+    for ctx in (16385, 32768):
+        plans = _rules(q30mtp, 12, ctx)
+        assert plans["auto"].prompt_cache_slots > plans["bytes"].prompt_cache_slots
+
+
+def test_fixed_rules_and_resident_plans_skip_the_model(q30):
+    for rule in ("bytes", "slots"):
+        assert make_plan(q30, EngineConfig(max_context=16385, prefill_rule=rule), 8 << 30).prompt_options == ()
+    assert make_plan(q30, EngineConfig(max_context=16385, prefill="4096"), 8 << 30).prompt_options == ()
+    assert make_plan(q30, EngineConfig(max_context=4096), 24 << 30).prompt_options == ()     # every expert cached
+    with pytest.raises(Exception, match="prefill_rule must be auto, bytes or slots"):
+        EngineConfig(prefill_rule="rows")
+
+
+def test_plan_prints_the_candidates(capsys):
+    argv = ["plan", "--synthetic", "qwen3-30b-a3b", "--vram-budget-gib", "8", "--device", "cpu",
+            "--max-context", "16385", "--prompt", "8192"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "prompt plans        predicted at prompts of 4,096 / 8,192 / 16,384 / 16,385 tokens" in text
+    rows = [r for r in text.splitlines() if r.startswith("    ") and "chunk" in r and "ring" in r]
+    assert rows[0].startswith("    * ") and sum(r.startswith("    * ") for r in rows) == 1
+    assert any("(bytes)" in r for r in rows) and any("(slots)" in r for r in rows)
+    assert "auto: the fastest predicted of" in text
+    assert cli.main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["prompt_lengths"] == [4096, 8192, 16384, 16385]
+    assert [o["chosen"] for o in plan["prompt_options"]].count(True) == 1
+    assert all(len(o["seconds"]) == 4 and min(o["seconds"]) > 0 for o in plan["prompt_options"])
+
+
+def test_prompt_rates_scale_with_sms():
+    half = DEFAULT_PROMPT_RATES.at(66)
+    assert half.linear_flop_s == pytest.approx(DEFAULT_PROMPT_RATES.linear_flop_s / 2)
+    assert DEFAULT_PROMPT_RATES.at(132) is DEFAULT_PROMPT_RATES
+    assert np.isfinite(half.attention_flop_s) and "66 SMs" in half.source
