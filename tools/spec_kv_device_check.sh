@@ -97,6 +97,16 @@ if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM:
     bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
     bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
 fi
+if has prefill; then    # the prompt plan: the cost model's choice against the two fixed rules (#18 item 4)
+    secs=90             # the first arm may verify the freshly built pack's checksums
+    for gib in 8 12; do
+        for rule in auto bytes slots; do
+            bench "prefill_${rule}_${gib}" "$secs" qwen3-30b-a3b-mtp --vram-budget-gib "$gib" --prefill-rule "$rule" \
+                --prompt 4096,16384,32768 --decode 0
+            secs=32
+        done
+    done
+fi
 if has split; then      # the host's share of a short prompt's missed experts (--cpu-experts, #18)
     for mode in off auto; do
         bench "split_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 --cpu-experts "$mode"
@@ -106,16 +116,6 @@ if has splitcap; then   # the same at a PCIe 4.0 slot's rate (the cap only delay
     for mode in off auto; do
         bench "splitcap_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 \
             --cpu-experts "$mode" --pcie-gbs 25
-    done
-fi
-if has prefill; then    # the prompt plan: the cost model's choice against the two fixed rules (#18 item 4)
-    secs=90             # the first arm may verify the freshly built pack's checksums
-    for gib in 8 12; do
-        for rule in auto bytes slots; do
-            bench "prefill_${rule}_${gib}" "$secs" qwen3-30b-a3b-mtp --vram-budget-gib "$gib" --prefill-rule "$rule" \
-                --prompt 4096,16384,32768 --decode 0
-            secs=32
-        done
     done
 fi
 if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
