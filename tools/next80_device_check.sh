@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Qwen3-Next-80B-A3B's shape on the device (#15): the synthetic pack (about 45 GB, built on the CPUs
+# while the kernels build), then `strata bench` resident and under budgets, then the chunked Gated
+# DeltaNet kernels' bench. The pack wants the whole call: nothing else is built.
+#
+#   tools/next80_device_check.sh [steps...]     default: resident b12 b8
+#     resident  prompts 512,4096,16384, 64 decoded tokens after each, every weight in VRAM
+#     b12, b8   the same at --vram-budget-gib 12 / 8 (experts cached and streamed)
+#     gdn       tools/gdn_chunk_bench.py --sweep
+# DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-next80-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+. tools/device_deadline.sh
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(resident b12 b8)
+
+start_pack qwen3-next-80b-a3b 300
+device_tests 300 3
+df -h /root 2>/dev/null | tail -1
+export BENCH_LINES="^prompt|^decode|copy|^plan|^peak|stopped"
+has resident && bench_synthetic next80_resident 120 qwen3-next-80b-a3b --prompt 512,4096,16384 --decode 64
+for gib in 12 8; do
+    has b$gib && bench_synthetic next80_b$gib 110 qwen3-next-80b-a3b --vram-budget-gib $gib --prompt 512,4096,16384 --decode 64
+done
+if has gdn; then
+    echo "== gdn chunk bench ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -20
+fi
+echo "== done at $(elapsed) s"
