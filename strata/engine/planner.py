@@ -534,9 +534,9 @@ def _prompt_choice(cands, fixed, need, search, room, spare, resident, full, max_
         return T, min(full, (room - need(T)) // max_blob), "fixed --prefill"
     T = search(room, full * max_blob)
     if T is not None:
-        return T, full, "auto: the largest chunk that leaves the ring full"
+        return T, full, "bytes: the largest chunk that leaves the ring full"
     T = search(room, RING_MIN_SLOTS * max_blob)
-    return T, min(full, (room - need(T)) // max_blob), (f"auto: no chunk leaves the ring full; the largest "
+    return T, min(full, (room - need(T)) // max_blob), (f"bytes: no chunk leaves the ring full; the largest "
                                                          f"over a {RING_MIN_SLOTS}-slot floor")
 
 

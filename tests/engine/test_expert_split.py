@@ -186,3 +186,27 @@ def test_plan_shows_the_split_and_its_speeds(capsys):
     for c in cases:
         s = c["split"]
         assert s["host"] + s["bus"] > 0 and c["split_tok_s"] >= c["bus_tok_s"] > 0
+
+
+def _host_experts_stub(h2d_gb_s: float, rates, layers: int = 4, E: int = 128, A: int = 8, blob: int = 2_654_208):
+    """A HostExperts whose store has no expert cached and every expert pinned (chunk() reads no more)."""
+    from types import SimpleNamespace
+
+    from strata.engine.experts.host_compute import HostExperts
+    h = object.__new__(HostExperts)
+    h.store = SimpleNamespace(num_experts=E, slot_of=np.full((layers, E), -1), pinned=np.ones((layers, E), bool),
+                              layers_meta=[{"blob_bytes": blob}] * layers)
+    h.A, h.h2d_gb_s, h.share, h.rates = A, h2d_gb_s, None, rates
+    return h
+
+
+def test_routed_only_chunk_skips_the_host_path_when_no_layer_is_expected_to_split():
+    """Choosing costs a routing read and the split's Python a layer: on the H200's bus a 19-token
+    chunk ran 30% slower with auto choosing nothing (tenth session), so a routed-only chunk whose
+    expected split (uniform routing) gives the host nothing gets no host share at all; a capped bus
+    with fast host cores still lets every layer choose from its routing."""
+    assert _host_experts_stub(H200_BUS, DEFAULT_HOST_RATES).chunk(19, False, 4) is None
+    assert _host_experts_stub(H200_BUS, DEFAULT_HOST_RATES).chunk(19, True, 4) is None
+    split = _host_experts_stub(BUS_25, DEFAULT_HOST_RATES).chunk(19, False, 4)
+    assert split is not None and split.sets is None and all(split.may_take(l) for l in range(4))
+    assert not split.may_take(4)
