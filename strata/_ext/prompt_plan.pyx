@@ -444,11 +444,12 @@ def decode_step(long long T, long long max_cells, int attention_path, bint k_rot
 
 def prompt_cost(dense_macs, expert_macs, attention_macs, blob, missing, long long N, long long T, long long R,
                 double bus_bytes_s, double linear_flop_s, double attention_flop_s, long long num_experts,
-                long long top_k, long long stream_all_tokens):
+                long long top_k, long long stream_all_tokens, double layer_chunk_s=0.0):
     """strata.engine.prompt_cost's recurrence (its module doc; _prompt_cost_py there is the same in
     Python) -> (seconds, bus bytes, ring wait s, bus wait s) of a prompt of N tokens in chunks of T
     through a ring of R slots, per main layer: its MACs a token (dense, experts), a token and
-    position (attention), blob bytes and experts not kept during the prompt."""
+    position (attention), blob bytes and experts not kept during the prompt; layer_chunk_s: the fixed
+    seconds a layer of a chunk costs besides its multiply-adds."""
     cdef Py_ssize_t L = len(dense_macs), l, head = 0
     cdef vector[double] dm, em, am, bl
     cdef vector[long long] miss
@@ -474,7 +475,7 @@ def prompt_cost(dense_macs, expert_macs, attention_macs, blob, missing, long lon
                     touched *= 1.0 - <double>top_k / num_experts
                 touched = 1.0 - touched
             for l in range(L):
-                pre = 2.0 * (dm[l] * Tc / linear_flop_s + am[l] * Tc * (lo + 0.5 * Tc) / attention_flop_s)
+                pre = layer_chunk_s + 2.0 * (dm[l] * Tc / linear_flop_s + am[l] * Tc * (lo + 0.5 * Tc) / attention_flop_s)
                 moe = 2.0 * em[l] * Tc / linear_flop_s
                 m = <long long>(miss[l] * touched + 0.5)
                 c_pre = c_end + pre

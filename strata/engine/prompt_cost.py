@@ -18,12 +18,14 @@ which is where a ring too shallow for two layers' misses stalls the bus (the nex
 for this layer's compute), and where a chunk the bus cannot hide behind its compute costs its
 bytes. Compute per token is the layer's multiply-accumulates at PromptRates (linear: the weights'
 rows x columns a token, its A experts' too; attention: 2 x heads x head_dim a token and earlier
-position, on the layers with softmax attention). The defaults are fitted to the H200's resident
-prompt (docs/PERF.md: 20,292 tok/s at 4096, 15,890 at 16384, synthetic qwen3-30b-a3b); with them
-this model gives the third session's ring A/B at 8 GiB within 8% (byte ring 200 slots, chunk
-14848: 9,306 / 12,864 tok/s at 4096 / 16384 against 10,048 / 13,062 measured; 384 slots, chunk
-8192: 14,104 / 15,854 against 14,078 / 15,510), a PCIe-bound 4096-token prompt at 17,586 against
-17,761, and the rerun with the loan sized by the prompt 15% high at 4096 (10,916 against 9,529).
+position, on the layers with softmax attention), plus a fixed cost a layer of each chunk
+(PromptRates.layer_chunk_s). The defaults are fitted to the H200 (DEFAULT_PROMPT_RATES says how);
+with them this model gives the tenth session's prompt-plan A/B at 8 and 12 GiB within 5% at 16,384
+and 32,768 tokens and the rules' plans within 6% at 4096, and the third session's ring A/B at 8 GiB
+within 3% (byte ring 200 slots, chunk 14848: 9,799 / 13,009 tok/s at 4096 / 16384 against 10,048 /
+13,062 measured; 384 slots, chunk 8192: 14,127 / 15,471 against 14,078 / 15,510), a PCIe-bound
+4096-token prompt at 17,620 against 17,761, and the rerun with the loan sized by the prompt 22% high
+at 4096 (11,602 against 9,529).
 Never touches a device: tested on the CPU (tests/engine/test_prompt_cost.py).
 """
 from __future__ import annotations
@@ -38,25 +40,33 @@ DEFAULT_NUM_SMS = 132
 @dataclass(frozen=True)
 class PromptRates:
     """The GPU's prompt compute: FLOP/s on the linear layers (dense and expert GEMMs) and on the
-    attention scores and values, at num_sms SMs (scaled by SM count on another GPU: a rough proxy)."""
+    attention scores and values, at num_sms SMs (scaled by SM count on another GPU: a rough proxy),
+    and the fixed seconds each layer of a chunk costs besides them (launches, grouping, syncs: not
+    scaled)."""
     linear_flop_s: float
     attention_flop_s: float
     num_sms: int
     source: str
+    layer_chunk_s: float = 0.0
 
     def at(self, num_sms: int) -> "PromptRates":
         if num_sms == self.num_sms or num_sms <= 0:
             return self
         f = num_sms / self.num_sms
         return PromptRates(self.linear_flop_s * f, self.attention_flop_s * f, num_sms,
-                           f"{self.source}, scaled to {num_sms} SMs")
+                           f"{self.source}, scaled to {num_sms} SMs", self.layer_chunk_s)
 
 
-# fitted to the H200's resident prompt on the synthetic qwen3-30b-a3b (2.73 GMAC a token on its
-# linear layers, 393 kMAC a token and earlier position in attention): 44.75 us a token + 2.219 ns a
-# token and position
-DEFAULT_PROMPT_RATES = PromptRates(122.0e12, 354.0e12, DEFAULT_NUM_SMS,
-                                   "fitted to the H200's resident prompt (docs/PERF.md)")
+# Fitted to the H200 on the synthetic qwen3-30b-a3b (2.73 GMAC a token on its linear layers, 393 kMAC
+# a token and earlier position in attention, 48 layers): 36.6 us a token + 3.04 ns a token and
+# position + 25 ms a chunk (0.52 ms a layer). The chunk's cost is the tenth session's prompt-plan A/B
+# at 12 GiB (docs/PERF.md: one more chunk of the same prompt, compute-bound, cost 27 ms at 16,384
+# and 23 at 32,768 tokens); the two rates then fit the resident prompt (20,422 tok/s at 4096, 15,855
+# at 16384, one chunk each), and the model puts a resident 512-token prompt at 44 ms against 50
+# measured. The ninth session's fit had no chunk term (44.75 us + 2.219 ns), which priced a prompt
+# in more chunks the same as in fewer and so let auto trade 2.6% of a prompt for kept cache slots.
+DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
+                                   "fitted to the H200's resident prompt and chunk A/B (docs/PERF.md)", 0.52e-3)
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ def prompt_cost(work: list[LayerWork], missing: list[int], N: int, T: int, R: in
                                               [w.attention_macs for w in work], [w.blob for w in work],
                                               list(missing), N, T, R, h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY,
                                               rates.linear_flop_s, rates.attention_flop_s, num_experts, top_k,
-                                              stream_all_tokens))
+                                              stream_all_tokens, rates.layer_chunk_s))
     return _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens)
 
 
@@ -124,7 +134,7 @@ def _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k,
         Tc = min(T, N - lo)
         touched = 1.0 if Tc >= stream_all_tokens else 1.0 - (1.0 - top_k / num_experts) ** Tc
         for w, miss in zip(work, missing):
-            pre = 2.0 * (w.dense_macs * Tc / lin + w.attention_macs * Tc * (lo + 0.5 * Tc) / att)
+            pre = rates.layer_chunk_s + 2.0 * (w.dense_macs * Tc / lin + w.attention_macs * Tc * (lo + 0.5 * Tc) / att)
             moe = 2.0 * w.expert_macs * Tc / lin
             m = int(miss * touched + 0.5)
             c_pre = c_end + pre
