@@ -222,13 +222,13 @@ def _finish(runner, res: BenchResult) -> None:
 
 
 def _stream_counters(runner) -> tuple:
-    """(hits, misses, bytes host -> device, experts and blob bytes the host computed) of the GPU
-    runner's expert store so far; None on the CPU."""
+    """(hits, misses, bytes copied host -> device, bytes of decode misses read in place, experts and
+    blob bytes the host computed) of the GPU runner's expert store so far; None on the CPU."""
     store = getattr(runner, "store", None)
     if store is None:
         return None
     host = getattr(store, "host_experts", None)
-    return (store.stats.hits, store.stats.misses, store.stats.bytes_h2d,
+    return (store.stats.hits, store.stats.misses, store.stats.bytes_h2d, store.stats.bytes_in_place,
             host.stats.experts if host else 0, host.stats.bytes if host else 0)
 
 
@@ -236,9 +236,10 @@ def _stream_delta(runner, before, seconds: float) -> dict:
     """Hit rate, host -> device traffic and the host's share (--cpu-experts) of one bench phase (GPU)."""
     if before is None:
         return {}
-    hits, misses, h2d, host_experts, host_bytes = (a - b for a, b in zip(_stream_counters(runner), before))
+    hits, misses, h2d, in_place, host_experts, host_bytes = (a - b for a, b in zip(_stream_counters(runner), before))
+    # the bus's traffic: copies, and decode misses the kernels read in place (zero-copy)
     out = {"hit_rate": hits / (hits + misses) if hits + misses else None, "bytes_h2d": h2d,
-           "h2d_gb_s": h2d / seconds / 1e9}
+           "bytes_in_place": in_place, "h2d_gb_s": (h2d + in_place) / seconds / 1e9}
     if getattr(runner.store, "host_experts", None) is not None:
         out.update(host_experts=host_experts, host_bytes=host_bytes)
     return out

@@ -50,9 +50,12 @@ class Admissions:
         cached = s.slot_of[ls, es] >= 0
         s.stats.hits += int(cached.sum())
         s.stats.misses += int((~cached).sum())
-        if s.bus_cap is not None and not s.staged_decode:     # staged misses were paced as copies
+        if not s.staged_decode:     # zero-copy misses crossed the bus in place (staged ones are copies: bytes_h2d)
             read = np.unique(ls[~cached] * s.num_experts + es[~cached]) // s.num_experts
-            s.bus_cap.zero_copy(s.stream, int(s._blob[read].sum()))
+            nbytes = int(s._blob[read].sum())
+            s.stats.bytes_in_place += nbytes
+            if s.bus_cap is not None:
+                s.bus_cap.zero_copy(s.stream, nbytes)
         self.last_use[ls, es] = self.tick
         self.freq *= LFU_DECAY
         np.add.at(self.freq, (ls, es), 1.0)

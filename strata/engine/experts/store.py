@@ -75,6 +75,7 @@ class StoreStats:
     admitted: int = 0
     evicted: int = 0
     bytes_h2d: int = 0            # copied host -> device (arena fill excluded)
+    bytes_in_place: int = 0       # decode misses read in place over the bus (zero-copy), each missed blob once a step
     prompt_streamed: int = 0      # blobs copied into the ring
     room_lends: int = 0           # prompts that borrowed the draft layer's experts as ring slots
 
