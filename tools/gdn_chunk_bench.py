@@ -2,7 +2,7 @@
 the chunked kernels (cuda/gated_delta_chunk.cu, prep + scan) against the token loop
 (cuda/gated_delta.cu strata_gdn_prompt_f32), per layer.
 
-    python tools/gdn_chunk_bench.py [--json PATH] [--reps N] [--sweep]
+    python tools/gdn_chunk_bench.py [--json PATH] [--reps N] [--sweep] [--decode]
 
 Times are CUDA-event medians of back-to-back launches after a warm-up (the state is advanced by each
 launch; the decays keep it bounded). GFLOP counts each form's own multiply-adds (2 flops each): the
@@ -13,6 +13,12 @@ Shares are of the H200's 67 TFLOP/s f32 (FFMA; the scan's 3xTF32 products count 
 4.8 TB/s. --sweep adds short prompts,
 to place linear_attn.GDN_CHUNK_MIN_T where the chunked form starts to win. Also checks the two forms
 agree (max |difference| over max |out|).
+
+--decode adds a decoded token's DeltaNet kernels of one layer (cuda/gated_delta.cu strata_gdn_step_f32
+and strata_gdn_conv1d_step_f32, conv channels 2 Hg Dk + Hv Dv, kernel 4): their compulsory bytes (the
+recurrent state read and written, the conv state and taps, the token's inputs and outputs) per
+microsecond against the device copy rate (read + write) measured in the same run, and what the 36
+DeltaNet layers of a token cost together.
 """
 
 from __future__ import annotations
@@ -80,11 +86,41 @@ def bench(ops: CudaOps, rng, T: int, reps: int) -> dict:
             "chunk_gbps": nbytes / chunk_ms / 1e6, "token_gbps": nbytes / token_ms / 1e6, "max_rel_diff": diff}
 
 
+CONV_K, DELTANET_LAYERS = 4, 36
+
+
+def bench_decode(ops: CudaOps, rng, reps: int) -> dict:
+    """One token's gdn_step and conv1d_step at this shape: device ms and compulsory GB/s."""
+    from strata.backends.cuda.bandwidth import copy_rates
+    C = 2 * HG * DK + HV * DV
+    q, k = (ops._upload(a) for a in rng.standard_normal((2, HG, DK)).astype(np.float32))
+    v = ops._upload(rng.standard_normal((HV, DV)).astype(np.float32))
+    g = ops._upload(-rng.uniform(0.001, 0.06, HV).astype(np.float32))
+    beta = ops._upload(rng.uniform(0.05, 1, HV).astype(np.float32))
+    state, out = ops._upload(rng.standard_normal((HV, DK, DV)).astype(np.float32)), ops._output(HV * DV * 4)
+    x = ops._upload(rng.standard_normal(C).astype(np.float32))
+    conv_state = ops._upload(rng.standard_normal((CONV_K - 1, C)).astype(np.float32))
+    taps = ops._upload(rng.standard_normal((C, CONV_K)).astype(np.float32))
+    conv_out = ops._output(C * 4)
+    step_ms = time_launches(ops, lambda: ops._launch("gdn_step", (-(-DV // 128), HV),
+                                                     (q, k, v, g, beta, state, out, HV, HG, DK, DV,
+                                                      float(DK ** -0.5))), reps)
+    conv_ms = time_launches(ops, lambda: ops._launch("gdn_conv1d_step", -(-C // 256),
+                                                     (x, conv_state, taps, conv_out, C, CONV_K)), reps)
+    step_bytes = 4 * (2 * HV * DK * DV + 2 * HG * DK + 2 * HV * DV + 2 * HV)
+    conv_bytes = 4 * (2 * (CONV_K - 1) * C + C * CONV_K + 2 * C)
+    _, copy = copy_rates(ops._rt, ops.device, ops.stream, 256 << 20)
+    return {"step_ms": step_ms, "step_bytes": step_bytes, "step_gbps": step_bytes / step_ms / 1e6,
+            "conv_ms": conv_ms, "conv_bytes": conv_bytes, "conv_gbps": conv_bytes / conv_ms / 1e6,
+            "copy_gbps": copy, "token_ms": DELTANET_LAYERS * (step_ms + conv_ms)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--reps", type=int, default=10, help="timed launches per form and length")
     parser.add_argument("--sweep", action="store_true", help=f"also the short prompts {SWEEP}")
+    parser.add_argument("--decode", action="store_true", help="also one decoded token's DeltaNet kernels")
     args = parser.parse_args()
     rng = np.random.default_rng()
     ops = CudaOps()
@@ -98,9 +134,16 @@ def main() -> int:
               f"{r['chunk_tflops'] / PEAK_F32_TFLOPS:>6.1%} {r['chunk_gbps']:>7.0f} {r['token_ms']:>9.3f} "
               f"{r['token_tflops']:>8.2f} {r['token_tflops'] / PEAK_F32_TFLOPS:>6.1%} {r['token_gbps']:>7.0f} "
               f"{r['token_ms'] / r['chunk_ms']:>7.1f}x {r['scratch_bytes'] / 1e6:>10.1f} {r['max_rel_diff']:>9.2e}")
+    dec = bench_decode(ops, rng, max(args.reps, 50)) if args.decode else None
+    if dec:
+        print(f"decode step, one layer: gdn_step {dec['step_ms'] * 1e3:.1f} us for {dec['step_bytes'] / 1e6:.2f} MB "
+              f"({dec['step_gbps']:.0f} GB/s, {dec['step_gbps'] / dec['copy_gbps']:.1%} of the {dec['copy_gbps']:.0f} "
+              f"GB/s device copy measured now); conv1d_step {dec['conv_ms'] * 1e3:.1f} us for "
+              f"{dec['conv_bytes'] / 1e6:.2f} MB ({dec['conv_gbps']:.0f} GB/s, {dec['conv_gbps'] / dec['copy_gbps']:.1%}); "
+              f"{DELTANET_LAYERS} layers: {dec['token_ms']:.3f} ms a token")
     if args.json:
-        args.json.write_text(json.dumps({"shape": {"Hv": HV, "Hg": HG, "Dk": DK, "Dv": DV}, "lengths": rows},
-                                        indent=1))
+        args.json.write_text(json.dumps({"shape": {"Hv": HV, "Hg": HG, "Dk": DK, "Dv": DV}, "lengths": rows,
+                                         "decode": dec}, indent=1))
     return 0
 
 
