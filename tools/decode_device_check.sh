@@ -13,15 +13,9 @@
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/strata-decode-check}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
+SCRIPT_ARGS=("$@")
 . tools/device_deadline.sh
-steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests variants bench)
+device_setup decode-check tests variants bench
 
 start_pack qwen3-30b-a3b 240
 if has tests; then

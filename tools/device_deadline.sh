@@ -1,6 +1,12 @@
 # Sourced by the device scripts that run inside a deadline (tools/stream_device_check.sh,
-# tools/decode_graph_check.sh): needs PY, OUT, DEADLINE_S and T0 (date +%s at the start) set.
+# tools/decode_graph_check.sh): needs PY, OUT, DEADLINE_S and T0 (date +%s at the start) set, or
+# device_setup to set them.
 #
+#   device_setup NAME [STEP...]
+#                            the step-driven scripts' start: OUT (default /tmp/strata-NAME) made,
+#                            PY, PYTHONUNBUFFERED and STRATA_CUDA_ARCHS (default 90) exported, T0 now,
+#                            DEADLINE_S (default 570); steps = the script's arguments (SCRIPT_ARGS),
+#                            or the STEPs given when there are none
 #   has STEP                 whether STEP is among the script's steps (the array `steps`)
 #   elapsed                  seconds since T0
 #   budget SECONDS           SECONDS, or what is left of DEADLINE_S if that is less
@@ -15,6 +21,18 @@
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
 
+device_setup() {
+    local name=$1; shift
+    OUT=${OUT:-/tmp/strata-$name}
+    mkdir -p "$OUT"
+    PY=${PYTHON:-python3}
+    export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
+    T0=$(date +%s)
+    DEADLINE_S=${DEADLINE_S:-570}
+    steps=("${SCRIPT_ARGS[@]}")
+    [ ${#steps[@]} -eq 0 ] && steps=("$@")
+    return 0
+}
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
 budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }

@@ -10,15 +10,9 @@
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/strata-next80-check}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
+SCRIPT_ARGS=("$@")
 . tools/device_deadline.sh
-steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(resident b12 b8)
+device_setup next80-check resident b12 b8
 
 start_pack qwen3-next-80b-a3b 300
 device_tests 300 3

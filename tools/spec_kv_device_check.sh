@@ -35,15 +35,9 @@
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/strata-spec-kv-check}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
+SCRIPT_ARGS=("$@")
 . tools/device_deadline.sh
-steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests spec12 room)
+device_setup spec-kv-check tests spec12 room
 
 shape=qwen3-30b-a3b-mtp
 has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has draftwin && shape=qwen3-30b-a3b-128k

@@ -20,15 +20,9 @@
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/strata-stream-check}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 STRATA_CUDA_ARCHS=${STRATA_CUDA_ARCHS:-90}
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
+SCRIPT_ARGS=("$@")
 . tools/device_deadline.sh
-steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests identical resident b12 b8 nocache)
+device_setup stream-check tests identical resident b12 b8 nocache
 
 start_pack qwen3-30b-a3b 200
 
