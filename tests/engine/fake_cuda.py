@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import threading
 import weakref
 
 import numpy as np
@@ -54,18 +55,20 @@ _capturing: list = []           # streams in capture
 _lag = [False]                  # lagging(): stream work waits for the host to wait for it
 _pending: list = []             # that work, in queue order (callables)
 _counts = [0, 0]                # pieces of work queued, and run, so far (an Event's record marks the first)
+_device = threading.RLock()     # one thread runs queued work at a time (staging helpers wait on events)
 
 
 class lagging:
     """with lagging(): the device lags the host (module doc); the work still queued runs at exit."""
 
     def __enter__(self):
+        self._was = _lag[0]
         _lag[0] = True
         return self
 
     def __exit__(self, *exc):
         _drain()
-        _lag[0] = False
+        _lag[0] = self._was         # nested (STRATA_FAKE_LAG=1: every test lags): still lagging
 
 
 def _queue(stream, work) -> bool:
@@ -73,17 +76,19 @@ def _queue(stream, work) -> bool:
     the caller runs it now."""
     if not _lag[0] or stream is None:
         return False
-    _pending.append(work)
-    _counts[0] += 1
+    with _device:
+        _pending.append(work)
+        _counts[0] += 1
     return True
 
 
 def _drain(upto: int | None = None) -> None:
     """Run queued work in order (the host waits for the device): all of it, or until the first
     `upto` pieces ever queued have run (an event's mark)."""
-    while _pending and (upto is None or _counts[1] < upto):
-        _counts[1] += 1
-        _pending.pop(0)()
+    with _device:
+        while _pending and (upto is None or _counts[1] < upto):
+            _counts[1] += 1
+            _pending.pop(0)()
 
 
 def _pinned(src) -> bool:
@@ -189,7 +194,8 @@ class Event:
         self._mark = 0
 
     def record(self, stream=None):
-        self._mark = _counts[0]
+        with _device:
+            self._mark = _counts[0]
 
     def synchronize(self):
         _drain(self._mark)
