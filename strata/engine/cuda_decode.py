@@ -58,6 +58,9 @@ class DecodeSteps:
             self.route_log.fill_bytes(0, self.stream)
             self._route_host = np.frombuffer(rt.HostBuffer(dev, self.route_log.nbytes), np.int32).reshape(
                 num_layers, GEMV_MAX_T * args.num_experts_per_tok)
+        # recorded after each routing log's copy to the host: that copy writes the pinned buffer when
+        # it runs, so the host reads it, or lets the next step's copy overwrite it, only after (_route_copy)
+        self._routed = rt.Event(dev)
         self.plan = store.step_plan(0 if self.route_log is None else self.route_log.ptr)
         # [ids T | positions T | max + 1 | lengths T | cells T | bases T] int32 on the device, staged
         # in pinned memory (memory.StepRows)
@@ -190,7 +193,15 @@ class DecodeSteps:
         """Queue the step's routing log to the host (experts streaming); _after_route() reads it
         once the stream has been synchronized."""
         if self.route_log is not None:
+            if self._route_pending:
+                # A step queued before with no pick since (decode(logits=False) in a row, a hybrid's
+                # slots in turn): its routing, not read yet, goes to the cache before this step's
+                # copy lands on it. The host waits for that step (this one is queued behind it); with
+                # a pick after every step nothing is pending here.
+                self._routed.synchronize()
+                self._after_route()
             self.route_log.copy_to_host(self._route_host, self.stream)
+            self._routed.record(self.stream)
             self._route_pending = T
 
     def _after_route(self) -> None:

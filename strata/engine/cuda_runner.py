@@ -105,7 +105,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.kv_all.keep_rows(spec_max_drafts(self.spec) + 1)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
-        # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32]
+        # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32], pinned; pick() synchronizes the
+        # stream before it returns, so its copies in and out are done before the next one writes
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         self._last = None            # device logits [1, V] pick() reads, or None
@@ -472,6 +473,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if mask.shape != (words,) or mask.dtype.itemsize != 4:
             raise InvalidArgument(f"pick(): the token mask must be {words} 32-bit words for V = {V}, got "
                                   f"{mask.shape} {mask.dtype}")
+        # pinned, rewritten by the next pick only: this one synchronizes once the mask has been read
         if getattr(self, "_mask_dev", None) is None:      # the first constrained pick: 4 bytes per 32 tokens
             self._mask_dev = self.rt.DeviceBuffer(self.dev, 4 * words)
             self._mask_host = np.frombuffer(self.rt.HostBuffer(self.dev, 4 * words), np.int32)

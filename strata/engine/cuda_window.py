@@ -60,6 +60,8 @@ class SpecWindows:
         D = runner.args.hidden_size
         self.D = D
         self.buf = rt.DeviceBuffer(dev, HIDDEN + 4 * R_MAX * D)
+        # pinned both ways: run() synchronizes the stream before it returns, so a window's copies in
+        # and out are done before the next window writes (or reads) these
         self.host = rt.HostBuffer(dev, self.buf.nbytes)
         self.ints = np.frombuffer(self.host, np.int32, INTS)
         self.hid = np.frombuffer(self.host, np.float32, R_MAX * D, HIDDEN).reshape(R_MAX, D)

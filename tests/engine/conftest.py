@@ -1,5 +1,10 @@
 """Fixtures of the engine tests: `fake` puts tests/engine/fake_cuda (numpy emulations of the
-kernels) in place of the CUDA runtime, so the GPU engine's host logic runs on any machine."""
+kernels) in place of the CUDA runtime, so the GPU engine's host logic runs on any machine.
+STRATA_FAKE_LAG=1 runs every test using it on a device that lags the host as far as it can
+(fake_cuda.lagging): a host that rewrites a pinned buffer under a queued copy, or reads one before
+the copy into it has landed, shows there."""
+import os
+
 import pytest
 
 import strata.backends.cuda as cuda_backend
@@ -14,4 +19,8 @@ def fake(monkeypatch):
     fake_cuda.graph_launches.clear()
     fake_cuda.pdl_launches.clear()
     fake_cuda.bus_calls.clear()
-    return fake_cuda
+    if os.environ.get("STRATA_FAKE_LAG") == "1":      # every emulated test on a device lagging the host
+        with fake_cuda.lagging():
+            yield fake_cuda
+    else:
+        yield fake_cuda

@@ -18,17 +18,24 @@ a synchronize while capturing raises; freed buffers are unmapped, so a graph (or
 reads memory after it was freed fails loudly.
 
 lagging() makes the device lag the host as far as it can: work queued on a stream (launches,
-copies, memsets, graph launches) runs only when the host waits for it (a stream's or an event's
-synchronize, a copy to host memory, a free), in the order it was queued. A copy from page-locked
+copies, memsets, graph launches) runs only when the host waits for it (a stream's synchronize, a
+copy to pageable host memory, a free: everything queued; an event's synchronize or query: what was
+queued before the event's record), in the order it was queued. A copy from page-locked
 memory (a HostBuffer) reads the host bytes when it runs, as the copy engine does; one from pageable
 memory reads them when queued, as the driver stages those. So a host that rewrites a pinned buffer
 before the copy from it has run, which the immediate emulation cannot show, sends the new bytes.
+Likewise a copy to page-locked memory writes it when it runs (the host sees the bytes only after
+waiting for it, and a later copy to the same bytes overwrites them whether or not the host has read
+them), while one to pageable memory returns only once done, as the driver's does. Kernels reading
+mapped host memory (the expert arena, --kv-resident's planes, --cpu-experts' output) read it when
+they run, like every queued launch.
 """
 from __future__ import annotations
 
 import bisect
 import math
 import re
+import threading
 import weakref
 
 import numpy as np
@@ -47,18 +54,21 @@ graph_launches: list[int] = []  # nodes of each graph launched, in order
 _capturing: list = []           # streams in capture
 _lag = [False]                  # lagging(): stream work waits for the host to wait for it
 _pending: list = []             # that work, in queue order (callables)
+_counts = [0, 0]                # pieces of work queued, and run, so far (an Event's record marks the first)
+_device = threading.RLock()     # one thread runs queued work at a time (staging helpers wait on events)
 
 
 class lagging:
     """with lagging(): the device lags the host (module doc); the work still queued runs at exit."""
 
     def __enter__(self):
+        self._was = _lag[0]
         _lag[0] = True
         return self
 
     def __exit__(self, *exc):
         _drain()
-        _lag[0] = False
+        _lag[0] = self._was         # nested (STRATA_FAKE_LAG=1: every test lags): still lagging
 
 
 def _queue(stream, work) -> bool:
@@ -66,14 +76,19 @@ def _queue(stream, work) -> bool:
     the caller runs it now."""
     if not _lag[0] or stream is None:
         return False
-    _pending.append(work)
+    with _device:
+        _pending.append(work)
+        _counts[0] += 1
     return True
 
 
-def _drain() -> None:
-    """Run every queued piece of work, in order (the host waits for the device)."""
-    while _pending:
-        _pending.pop(0)()
+def _drain(upto: int | None = None) -> None:
+    """Run queued work in order (the host waits for the device): all of it, or until the first
+    `upto` pieces ever queued have run (an event's mark)."""
+    with _device:
+        while _pending and (upto is None or _counts[1] < upto):
+            _counts[1] += 1
+            _pending.pop(0)()
 
 
 def _pinned(src) -> bool:
@@ -172,17 +187,21 @@ class Stream:
 
 
 class Event:
+    """Marks the work queued before its record (lagging): waiting for it runs that work, no more."""
+
     def __init__(self, device, timing: bool = False):
         self.device = device
+        self._mark = 0
 
     def record(self, stream=None):
-        pass
+        with _device:
+            self._mark = _counts[0]
 
     def synchronize(self):
-        _drain()
+        _drain(self._mark)
 
     def query(self):
-        _drain()
+        _drain(self._mark)
         return True
 
     def elapsed_ms(self, end):
@@ -218,8 +237,13 @@ class DeviceBuffer:
 
     def copy_to_host(self, dst, stream=None, offset: int = 0):
         _no_capture("cuMemcpyDtoHAsync", stream)
-        _drain()
         out = np.frombuffer(memoryview(dst).cast("B"), np.uint8)
+        if _pinned(dst) and _queue(stream, lambda: self._read(offset, out)):
+            return                      # pinned: lands when the copy runs
+        _drain()                        # pageable: the driver returns once the copy is done
+        self._read(offset, out)
+
+    def _read(self, offset: int, out: np.ndarray) -> None:
         out[:] = self._range(offset, out.size)
 
     def fill_bytes(self, value: int, stream=None):

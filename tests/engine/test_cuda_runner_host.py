@@ -331,6 +331,7 @@ def test_emulated_capture_refuses_allocations_and_copies(fake):
     graph = fake.end_capture(stream)
     assert graph.num_nodes == 1 and not (fake.view(buf.ptr, 64, np.uint8) == 7).any()
     graph.instantiate().launch(stream)
+    stream.synchronize()
     assert (fake.view(buf.ptr, 64, np.uint8) == 7).all()
 
 

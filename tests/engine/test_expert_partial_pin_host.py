@@ -93,6 +93,7 @@ def test_staging_ring_order_and_reuse(fake, rng):
     for i in range(0, len(order), 3):
         ls, es = zip(*order[i:i + 3])
         ring.copy(dst[i:i + 3], ls, es, stream, expected=True)
+    dev.synchronize()                   # the copies ran (STRATA_FAKE_LAG=1: only now)
     np.testing.assert_array_equal(fake_cuda.view(out.ptr, L * E * blob, np.uint8), source)
     assert ring.staged_blobs == L * E and not ring._ready and not ring._pending
     assert ring.late_fills == 2 + 4                 # keys[5:7] out of order, keys[8:] unannounced

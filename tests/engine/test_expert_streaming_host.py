@@ -281,3 +281,27 @@ def test_decode_steps_carry_their_plan(fake, rng):
     resident = _runner(pack)
     resident.prefill(ids[:-1], 0)
     np.testing.assert_array_equal(staged.ops.to_host(logits)[-1], resident.decode(ids[-1]))
+
+
+def test_steps_queued_without_a_pick_all_reach_the_cache(fake, rng):
+    """decode(logits=False) steps in a row (a hybrid's --parallel slots in turn do the same), nothing
+    synchronizing the stream between them, on a device lagging the host (fake_cuda.lagging: each
+    step's routing lands in the pinned buffer when its copy runs): every step's routing reaches the
+    cache, its admissions and the routing profile, as when each step is picked. Each step's copy
+    once overwrote the routing of the step queued before, which the host had not read yet: only
+    the last step before a pick counted."""
+    pack = open_pack(DEMO)
+    ids = rng.integers(0, pack.args.vocab_size, 20).tolist()
+    queued, picked = _runner(pack, expert_cache="9"), _runner(pack, expert_cache="9")
+    with fake.lagging():
+        queued.prefill(ids[:9], 0, logits=False)
+        for t in ids[9:-1]:
+            queued.decode(t, logits=False)
+        got = queued.decode(ids[-1])
+    picked.prefill(ids[:9], 0, logits=False)
+    for t in ids[9:-1]:
+        picked.decode(t)
+    np.testing.assert_array_equal(got, picked.decode(ids[-1]))
+    assert queued.store.uses.sum() == 11 * pack.args.num_hidden_layers * pack.args.num_experts_per_tok
+    np.testing.assert_array_equal(queued.store.uses, picked.store.uses)
+    assert queued.store.status() == picked.store.status() and queued.store.stats.admitted > 0

@@ -115,6 +115,13 @@ class ExpertStore:
         self._offsets = np.array([[lay["offset"] + e * lay["stride"] for e in range(E)] for lay in self.layers_meta],
                                  np.uint64)
         self._blob = np.array([lay["blob_bytes"] for lay in self.layers_meta], np.uint64)
+        # The table goes to the device whole from this one pinned buffer, so a copy still queued when
+        # the host writes it again sends the newer table early. Harmless, as every write leaves
+        # entries any step may read from then on: an eviction points back at the arena (an unpinned
+        # expert's 0 is read by no kernel: decode runs staged), a placement comes once the slot's
+        # copy has landed (Admissions.land) or, after a stream sync, behind the slot's copies
+        # (restore, close_room); and a slot is refilled only after the table copy that evicted it
+        # has run (the events of Admissions.after_step and lend), which sends that eviction or newer.
         self._table_host_buf = rt.HostBuffer(device, L * E * 8)
         self.table_host = np.frombuffer(self._table_host_buf, np.uint64).reshape(L, E)
         self.table = rt.DeviceBuffer(device, L * E * 8)
