@@ -19,7 +19,7 @@ for this layer's compute), and where a chunk the bus cannot hide behind its comp
 bytes. Compute per token is the layer's multiply-accumulates at PromptRates (linear: the weights'
 rows x columns a token, its A experts' too; attention: 2 x heads x head_dim a token and earlier
 position, on the layers with softmax attention), plus a fixed cost a layer of each chunk
-(PromptRates.layer_chunk_s). The defaults are fitted to the H200 (DEFAULT_PROMPT_RATES says how);
+(PromptRates.expert_chunk_s times the layer's routed experts). The defaults are fitted to the H200 (DEFAULT_PROMPT_RATES says how);
 with them this model gives the tenth session's prompt-plan A/B at 8 and 12 GiB within 5% at 16,384
 and 32,768 tokens and the rules' plans within 6% at 4096, and the third session's ring A/B at 8 GiB
 within 3% (byte ring 200 slots, chunk 14848: 9,799 / 13,009 tok/s at 4096 / 16384 against 10,048 /
@@ -30,7 +30,9 @@ Never touches a device: tested on the CPU (tests/engine/test_prompt_cost.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ..backends.cuda.kernels import TC_ATTENTION_HEAD_DIMS
 
 PROMPT_BUS_EFFICIENCY = 0.92      # a ring's copies against the pinned rate (docs/PERF.md: 92% when PCIe-bound)
 AUTO_PROMPTS = (4096, 16384, 32768)   # the prompt lengths --prefill auto weighs (capped at the context)
@@ -42,41 +44,58 @@ class PromptRates:
     """The GPU's prompt compute: FLOP/s on the linear layers (dense and expert GEMMs) and on the
     attention scores and values, at num_sms SMs (scaled by SM count on another GPU: a rough proxy),
     and the fixed seconds each layer of a chunk costs besides them (launches, grouping, syncs: not
-    scaled)."""
+    scaled); the attention of head sizes without a tensor-core prompt kernel (CUDA cores) and the
+    chunked gated delta rule of linear-attention layers at their own rates."""
     linear_flop_s: float
     attention_flop_s: float
     num_sms: int
     source: str
-    layer_chunk_s: float = 0.0
+    expert_chunk_s: float = 0.0       # a layer's fixed cost of a chunk, per routed expert of the layer
+    attention_cuda_core_flop_s: float = 0.0
+    gdn_flop_s: float = 0.0
 
     def at(self, num_sms: int) -> "PromptRates":
         if num_sms == self.num_sms or num_sms <= 0:
             return self
         f = num_sms / self.num_sms
         return PromptRates(self.linear_flop_s * f, self.attention_flop_s * f, num_sms,
-                           f"{self.source}, scaled to {num_sms} SMs", self.layer_chunk_s)
+                           f"{self.source}, scaled to {num_sms} SMs", self.expert_chunk_s,
+                           self.attention_cuda_core_flop_s * f, self.gdn_flop_s * f)
 
 
 # Fitted to the H200 on the synthetic qwen3-30b-a3b (2.73 GMAC a token on its linear layers, 393 kMAC
-# a token and earlier position in attention, 48 layers): 36.6 us a token + 3.04 ns a token and
-# position + 25 ms a chunk (0.52 ms a layer). The chunk's cost is the tenth session's prompt-plan A/B
-# at 12 GiB (docs/PERF.md: one more chunk of the same prompt, compute-bound, cost 27 ms at 16,384
-# and 23 at 32,768 tokens); the two rates then fit the resident prompt (20,422 tok/s at 4096, 15,855
-# at 16384, one chunk each), and the model puts a resident 512-token prompt at 44 ms against 50
-# measured. The ninth session's fit had no chunk term (44.75 us + 2.219 ns), which priced a prompt
-# in more chunks the same as in fewer and so let auto trade 2.6% of a prompt for kept cache slots.
+# a token and earlier position in attention, 48 layers of 128 experts): 36.6 us a token + 3.04 ns a
+# token and position + 25 ms a chunk (0.52 ms a layer, 4.06 us an expert of it). The chunk's cost is
+# the tenth session's prompt-plan A/B at 12 GiB (docs/PERF.md: one more chunk of the same prompt,
+# compute-bound, cost 27 ms at 16,384 and 23 at 32,768 tokens); the two rates then fit the resident
+# prompt (20,422 tok/s at 4096, 15,855 at 16384, one chunk each), and the model puts a resident
+# 512-token prompt at 44 ms against 50 measured. The ninth session's fit had no chunk term (44.75 us +
+# 2.219 ns), which priced a prompt in more chunks the same as in fewer and so let auto trade 2.6% of
+# a prompt for kept cache slots. The chunk's cost is taken per expert from the 80B shape (512 experts
+# a layer): its resident prompt fits 115 ms a chunk, 4x the 30B's, as its experts are. The other two
+# rates are the 80B's too: its head_dim-256 attention on the CUDA-core kernel fits 10.4 ns a token and
+# position for 196,608 flops (18.9 TFLOP/s), and the chunked delta rule ran 12.1 TFLOP/s of its own
+# flops at 16,384 tokens (tools/gdn_chunk_bench.py). With them the model puts the 80B's resident
+# prompt at 0.132 / 0.430 / 2.47 s for 512 / 4096 / 16384 tokens against 0.158 / 0.536 / 2.85
+# measured (the rest: its expert GEMMs at 80-320 rows an expert, the DeltaNet's small kernels).
 DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
-                                   "fitted to the H200's resident prompt and chunk A/B (docs/PERF.md)", 0.52e-3)
+                                   "fitted to the H200's resident prompts and chunk A/B (docs/PERF.md)", 4.06e-6,
+                                   18.9e12, 12.1e12)
+GDN_CHUNK_TOKENS = 64             # strata.backends.cuda.linear_attn.GDN_CHUNK
 
 
 @dataclass(frozen=True)
 class LayerWork:
     """A main layer's compute and bytes: multiply-accumulates a token outside the experts (dense),
-    in its A experts, a token and earlier position in attention; its expert blob's bytes."""
+    in its A experts, a token and earlier position in attention; its expert blob's bytes; whether its
+    attention has a tensor-core prompt kernel, and the chunked delta rule's flops a token of a
+    linear-attention layer."""
     dense_macs: float
     expert_macs: float
     attention_macs: float
     blob: int
+    tensor_core_attention: bool = True
+    gdn_flops: float = 0.0
 
 
 def layer_work(sizes) -> list[LayerWork]:
@@ -91,7 +110,28 @@ def layer_work(sizes) -> list[LayerWork]:
         expert = a.num_experts_per_tok * sum(p["shape"][0] * p["shape"][1] for p in parts.values())
         full = a.is_full_attention(l) if hasattr(a, "is_full_attention") else True
         attention = 2 * a.num_attention_heads * a.head_dim if full else 0
-        out.append(LayerWork(float(dense), float(expert), float(attention), sizes.blob(l)))
+        gdn = 0.0
+        if not full:        # chunks of C: the Gram matrix, its inverse, the state's update and output
+            C, Hv = GDN_CHUNK_TOKENS, a.linear_num_value_heads
+            Dk, Dv = a.linear_key_head_dim, a.linear_value_head_dim
+            gdn = 2.0 * Hv * (2 * C * Dk + C * C / 6 + 3 * Dk * Dv + 2 * C * Dv)
+        out.append(LayerWork(float(dense), float(expert), float(attention), sizes.blob(l),
+                             not full or a.head_dim in TC_ATTENTION_HEAD_DIMS, gdn))
+    return out
+
+
+def _effective(work: list[LayerWork], rates: PromptRates) -> list[LayerWork]:
+    """work with the CUDA-core attention and the delta rule priced at the linear and tensor-core
+    attention rates the recurrence uses (the same seconds)."""
+    out = []
+    for w in work:
+        att = w.attention_macs
+        if not w.tensor_core_attention and rates.attention_cuda_core_flop_s > 0:
+            att *= rates.attention_flop_s / rates.attention_cuda_core_flop_s
+        dense = w.dense_macs
+        if w.gdn_flops and rates.gdn_flop_s > 0:
+            dense += 0.5 * w.gdn_flops * rates.linear_flop_s / rates.gdn_flop_s
+        out.append(replace(w, dense_macs=dense, attention_macs=att, tensor_core_attention=True, gdn_flops=0.0))
     return out
 
 
@@ -111,17 +151,19 @@ def prompt_cost(work: list[LayerWork], missing: list[int], N: int, T: int, R: in
     slots; missing[l]: layer l's experts the cache does not keep during the prompt."""
     if N <= 0:
         return PromptCost(0.0, 0, 0.0, 0.0)
+    work = _effective(work, rates)
     native = _native()
     if native is not None:
         return PromptCost(*native.prompt_cost([w.dense_macs for w in work], [w.expert_macs for w in work],
                                               [w.attention_macs for w in work], [w.blob for w in work],
                                               list(missing), N, T, R, h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY,
                                               rates.linear_flop_s, rates.attention_flop_s, num_experts, top_k,
-                                              stream_all_tokens, rates.layer_chunk_s))
+                                              stream_all_tokens, rates.expert_chunk_s * num_experts))
     return _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens)
 
 
 def _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens) -> PromptCost:
+    work = _effective(work, rates)          # (idempotent)
     from collections import deque
     bus = h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY
     lin, att = rates.linear_flop_s, rates.attention_flop_s
@@ -134,7 +176,7 @@ def _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k,
         Tc = min(T, N - lo)
         touched = 1.0 if Tc >= stream_all_tokens else 1.0 - (1.0 - top_k / num_experts) ** Tc
         for w, miss in zip(work, missing):
-            pre = rates.layer_chunk_s + 2.0 * (w.dense_macs * Tc / lin + w.attention_macs * Tc * (lo + 0.5 * Tc) / att)
+            pre = rates.expert_chunk_s * num_experts + 2.0 * (w.dense_macs * Tc / lin + w.attention_macs * Tc * (lo + 0.5 * Tc) / att)
             moe = 2.0 * w.expert_macs * Tc / lin
             m = int(miss * touched + 0.5)
             c_pre = c_end + pre

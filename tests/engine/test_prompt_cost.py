@@ -202,3 +202,16 @@ def test_prompt_rates_scale_with_sms():
     assert half.linear_flop_s == pytest.approx(DEFAULT_PROMPT_RATES.linear_flop_s / 2)
     assert DEFAULT_PROMPT_RATES.at(132) is DEFAULT_PROMPT_RATES
     assert np.isfinite(half.attention_flop_s) and "66 SMs" in half.source
+
+
+def test_the_80b_resident_prompt_within_a_quarter():
+    """Qwen3-Next-80B's shape (tenth session, docs/PERF.md): its head_dim-256 attention on the CUDA-core
+    kernel, its DeltaNet layers' delta rule and 512 experts' chunk cost bring the model within 25% of
+    the measured resident prompt (it was 2.5-3.4x too fast without them); the 30B's fit is unchanged."""
+    sizes = plan_sizes(None, "qwen3-next-80b-a3b")[1]
+    work = layer_work(sizes)
+    assert sum(not w.tensor_core_attention for w in work) == 12 and sum(w.gdn_flops > 0 for w in work) == 36
+    for N, measured in ((512, 3_239.4), (4096, 7_642.2), (16384, 5_755.5)):
+        c = prompt_cost.prompt_cost(work, [0] * len(work), N, N, 200, H2D, DEFAULT_PROMPT_RATES,
+                                    sizes.args.num_experts, sizes.args.num_experts_per_tok, 32)
+        assert N / c.seconds == pytest.approx(measured, rel=0.25), (N, N / c.seconds)
