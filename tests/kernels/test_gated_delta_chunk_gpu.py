@@ -56,6 +56,16 @@ def bound(Dk, S):
     return 1e-6 * (Dk + 2 * C + 8) * max(1.0, float(np.abs(S).max()))
 
 
+def assert_is_the_recurrence(out, S, q, k, v, g, beta, S0):
+    """out and the state S after the prompt within bound() of the float64 recurrence from S0; -> (the
+    recurrence's out, the tolerance used)."""
+    want, want_S = recurrent_f64(q, k, v, g, beta, S0)
+    tol = bound(q.shape[-1], want_S) + bound(q.shape[-1], S0)
+    np.testing.assert_allclose(out, want, rtol=0, atol=tol)
+    np.testing.assert_allclose(S, want_S, rtol=0, atol=tol)
+    return want, tol
+
+
 # T: one token, a chunk less one, one chunk, one more, a short last chunk, 32 chunks;
 # shapes: Qwen3-Next-80B's (32, 16, 128, 128) and odd ones (Dk not a multiple of 32, Dv past one tile)
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "state"])
@@ -67,10 +77,7 @@ def test_chunked_equals_the_recurrence_and_the_token_kernel(ops, rng, T, Hv, Hg,
     from strata.backends.cuda.linear_attn import gdn_prompt, gdn_prompt_chunked
     q, k, v, g, beta, S0 = draw(rng, T, Hv, Hg, Dk, Dv, with_state)
     out, S = gdn_prompt_chunked(ops, q, k, v, g, beta, S0)
-    want, want_S = recurrent_f64(q, k, v, g, beta, S0)
-    tol = bound(Dk, want_S) + bound(Dk, S0)
-    np.testing.assert_allclose(out, want, rtol=0, atol=tol)
-    np.testing.assert_allclose(S, want_S, rtol=0, atol=tol)
+    want, tol = assert_is_the_recurrence(out, S, q, k, v, g, beta, S0)
     tok, tok_S = gdn_prompt(ops, q, k, v, g, beta, S0)
     np.testing.assert_allclose(out, tok, rtol=0, atol=2 * tol)
     np.testing.assert_allclose(S, tok_S, rtol=0, atol=2 * tol)

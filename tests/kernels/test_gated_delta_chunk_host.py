@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.kernels.test_gated_delta_chunk_gpu import bound, draw, recurrent_f64
+from tests.kernels.test_gated_delta_chunk_gpu import assert_is_the_recurrence, draw
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,7 +55,4 @@ def run(lib, q, k, v, g, beta, S0):
 def test_kernel_source_on_the_host_equals_the_recurrence(lib, rng, T, Hv, Hg, Dk, Dv):
     q, k, v, g, beta, S0 = draw(rng, T, Hv, Hg, Dk, Dv, True)
     out, S = run(lib, q, k, v, g, beta, S0)
-    want, want_S = recurrent_f64(q, k, v, g, beta, S0)
-    tol = bound(Dk, want_S) + bound(Dk, S0)
-    np.testing.assert_allclose(out, want, rtol=0, atol=tol)
-    np.testing.assert_allclose(S, want_S, rtol=0, atol=tol)
+    assert_is_the_recurrence(out, S, q, k, v, g, beta, S0)
