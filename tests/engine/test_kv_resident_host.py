@@ -4,26 +4,23 @@ pinned host memory (DeviceKV on_host, HostPlane) and the newest N cells of each 
 and the newest from the ring, a prompt chunk's attention reads the layer staged in VRAM (f16) or
 dequantized from the host planes (the quantized formats). Logits are bitwise those of the same
 runner with every cell in VRAM: the kernels read the same bytes, only from elsewhere."""
-import dataclasses
 
 import numpy as np
 import pytest
 
 from strata.backends.cuda.memory import HostPlane
 from strata.config import EngineConfig
-from strata.engine import memory_model, planner
-from strata.engine.cuda_runner import CudaRunner
+from strata.engine import memory_model
 from strata.engine.llm import demo_model_path
 from strata.engine.planner import PackSizes, kv_bytes
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
+from tests.engine.kv_resident_checks import check_windows_equal_all_resident, kv_runner
 
 DEMO = demo_model_path()
 RESIDENT = 16           # below every context here: the cells live on the host
 
 
-def _runner(pack, max_context, fmt, resident=0, **kw):
-    return CudaRunner(pack, max_context, EngineConfig(device="cuda", kv=fmt, kv_resident=resident, **kw))
 
 
 def _sizes(pack):
@@ -36,7 +33,7 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
     decode steps past it: every logit as with all cells in VRAM."""
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
-    vram, host = _runner(pack, 96, fmt), _runner(pack, 96, fmt, RESIDENT)
+    vram, host = kv_runner(pack, 96, fmt), kv_runner(pack, 96, fmt, RESIDENT)
     assert host.kv.on_host and all(isinstance(b, HostPlane) for b, _ in host.kv.buffers)
     assert not vram.kv.on_host and host.kv.host_bytes == vram.kv.nbytes
     assert host.kv.vram_window == RESIDENT and host.kv.vram_bytes == vram.kv.nbytes * RESIDENT // 96
@@ -63,8 +60,8 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
 @pytest.mark.parametrize("fmt", ["f16", "q4_0"])
 def test_host_kv_graph_decode_equals_eager(fake, rng, fmt):
     pack = open_pack(DEMO)
-    eager = _runner(pack, 128, fmt, RESIDENT, cuda_graphs=False)
-    graph = _runner(pack, 128, fmt, RESIDENT, cuda_graphs=True)
+    eager = kv_runner(pack, 128, fmt, RESIDENT, cuda_graphs=False)
+    graph = kv_runner(pack, 128, fmt, RESIDENT, cuda_graphs=True)
     ids = rng.integers(0, pack.args.vocab_size, 60).tolist()
     assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
     for t in rng.integers(0, pack.args.vocab_size, 8).tolist():   # lengths 61..68: over a 64-cell tile
@@ -77,7 +74,7 @@ def test_host_kv_follow_up_turn_reuses_the_prefix(fake, rng):
     logits and steps as an all-resident runner's on the same path."""
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
-    vram, host = _runner(pack, 96, "f16"), _runner(pack, 96, "f16", RESIDENT)
+    vram, host = kv_runner(pack, 96, "f16"), kv_runner(pack, 96, "f16", RESIDENT)
     for r in (vram, host):
         r.prefill_chunk = 12
     seq = rng.integers(0, V, 50).tolist()
@@ -98,7 +95,7 @@ def test_host_kv_plan_and_status(fake, rng, fmt):
     pack = open_pack(DEMO)
     a = pack.args
     layers = a.num_hidden_layers + a.num_mtp_layers
-    host = _runner(pack, 96, fmt, RESIDENT)
+    host = kv_runner(pack, 96, fmt, RESIDENT)
     plan = host.plan
     assert plan.mandatory["kv"] == kv_bytes(a, RESIDENT, fmt, layers) == host.kv.vram_bytes
     assert plan.kv_cells == RESIDENT
@@ -111,7 +108,7 @@ def test_host_kv_plan_and_status(fake, rng, fmt):
     assert st["kv"]["bus_bytes_per_token"] == kv_bytes(a, 31 - RESIDENT, fmt, layers)
     assert st["gpu"]["kv_bytes"] == host.kv.vram_bytes == st["kv"]["vram_bytes"]
     # N at or above the context: every cell in VRAM, as without the flag
-    whole = _runner(pack, 96, fmt, 96)
+    whole = kv_runner(pack, 96, fmt, 96)
     assert not whole.kv.on_host and whole.status()["kv"]["cells_vram"] == 96 and whole.plan.kv_host_bytes == 0
 
 
@@ -123,7 +120,7 @@ def test_host_kv_dry_run_is_the_runners_prompt_memory(fake, rng, fmt):
     sizes = _sizes(pack)
     key = fmt + memory_model.HOST_SUFFIX
     for T in (130, 260):
-        runner = _runner(pack, 512, fmt, RESIDENT)
+        runner = kv_runner(pack, 512, fmt, RESIDENT)
         runner.prefill_chunk = T
         base = runner.ops.pool.used_bytes
         runner.prefill(rng.integers(0, pack.args.vocab_size, T).tolist(), 0)
@@ -141,37 +138,13 @@ def test_host_kv_dry_run_is_the_runners_prompt_memory(fake, rng, fmt):
 FORMATS = ["f16", "int8", "q4_0", "k8v4"]
 
 
-def _same_cells(a, b) -> None:
-    """Every plane of KV a's and b's cells bit for bit (the host copy against the VRAM one)."""
-    for (x, _), (y, _) in zip(a.kv.buffers, b.kv.buffers):
-        got, want = np.empty(x.nbytes, np.uint8), np.empty(y.nbytes, np.uint8)
-        x.copy_to_host(got, a.stream)
-        y.copy_to_host(want, b.stream)
-        assert np.array_equal(got, want)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_window_logits_equal_all_resident_bitwise(fake, rng, fmt):
     """Windows smaller than the prompt (and than a chunk: a chunk's oldest rows are not copied into the
     ring), equal to the prompt and larger than the whole sequence: a prompt in chunks of 12 (the prompt
     kernels) and a last one of 4 (the step kernels, reading host and ring), then decode steps that cross
     the window's length; every logit and cell as with all cells in VRAM."""
-    pack = open_pack(DEMO)
-    V = pack.args.vocab_size
-    ids = rng.integers(0, V, 40).tolist()
-    steps = rng.integers(0, V, 8).tolist()
-    vram = _runner(pack, 96, fmt)
-    vram.prefill_chunk = 12
-    want = [vram.prefill(ids, 0)] + [vram.decode(t) for t in steps]
-    for window in (8, 40, 64):
-        host = _runner(pack, 96, fmt, window)
-        host.prefill_chunk = 12
-        assert host.kv.vram_window == window and host.plan.kv_cells == window
-        got = [host.prefill(ids, 0)] + [host.decode(t) for t in steps]
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert np.array_equal(g, w), (window, i)
-        _same_cells(host, vram)
-        assert host.graphs
+    check_windows_equal_all_resident(open_pack(DEMO), rng, fmt, 96, 12, 40, 8, (8, 40, 64))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the garbage's NaNs
@@ -183,7 +156,7 @@ def test_window_cells_are_read_from_vram(fake, rng, fmt):
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
     ids, step = rng.integers(0, V, 30).tolist(), int(rng.integers(0, V))
-    vram, host, older = (_runner(pack, 96, fmt, n) for n in (0, RESIDENT, RESIDENT))
+    vram, host, older = (kv_runner(pack, 96, fmt, n) for n in (0, RESIDENT, RESIDENT))
     want = [vram.prefill(ids, 0), vram.decode(step)]
     assert np.array_equal(host.prefill(ids, 0), want[0]) and np.array_equal(older.prefill(ids, 0), want[0])
     lo = host.kv.vram_from(len(ids) + 1)                  # the first step reads cells lo.. from the ring
@@ -202,7 +175,7 @@ def test_window_refilled_when_a_prompt_reuses_a_prefix(fake, rng, fmt):
     shorter prefix of it must find that prefix's newest cells in the ring (DeviceKV.vram_refill)."""
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
-    vram, host = _runner(pack, 128, fmt), _runner(pack, 128, fmt, RESIDENT)
+    vram, host = kv_runner(pack, 128, fmt), kv_runner(pack, 128, fmt, RESIDENT)
     first = rng.integers(0, V, 70).tolist()
     second = first[:30] + rng.integers(0, V, 6).tolist()
     for r in (vram, host):
@@ -219,7 +192,7 @@ def test_window_after_a_warm_up_between_turns(fake, rng):
     only: the second turn (reusing the first's prefix) still equals the all-resident runner's."""
     pack = open_pack(DEMO)
     V = pack.args.vocab_size
-    vram, host = _runner(pack, 96, "int8"), _runner(pack, 96, "int8", RESIDENT)
+    vram, host = kv_runner(pack, 96, "int8"), kv_runner(pack, 96, "int8", RESIDENT)
     first = rng.integers(0, V, 30).tolist()
     second = first + rng.integers(0, V, 5).tolist()
     for r in (vram, host):
