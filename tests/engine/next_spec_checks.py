@@ -52,6 +52,36 @@ def generate(runner, ids: list[int], n: int, params=GREEDY, seed: int = 0) -> li
     return out
 
 
+def check_spec_is_plain_greedy(plain, spec, prompt: list[int], n: int, wrong: list[int],
+                                before_spec=lambda: None) -> tuple[list[int], int]:
+    """plain's n greedy tokens after prompt; then spec's with --spec 1..4, and with --spec 3 and drafts
+    forced to that continuation (forced_drafts' `wrong`), each the same tokens. before_spec() runs
+    between plain's run and spec's. -> (the tokens, drafts kept under the forced ones)."""
+    plain.reset()
+    want = generate(plain, prompt, n)
+    before_spec()
+    for k in (1, 2, 3, 4):
+        spec.spec = k
+        spec.reset()
+        assert generate(spec, prompt, n) == want, f"--spec {k}"
+    spec.spec = 3
+    spec.reset()
+    kept = spec.spec_stats.draft_n_accepted
+    forced_drafts(spec, prompt + want, wrong)
+    assert generate(spec, prompt, n) == want
+    del spec.drafter.draft
+    return want, spec.spec_stats.draft_n_accepted - kept
+
+
+def replay_plain(plain, prompt: list[int], full: list[int], upto: int) -> None:
+    """plain reset, then prompt prefilled and full[len(prompt):upto] decoded a step each, no pick
+    between (the states spec's should hold after `upto` cached tokens)."""
+    plain.reset()
+    plain.prefill(prompt, 0, logits=False)
+    for t in full[len(prompt):upto]:
+        plain.decode(t, logits=False)
+
+
 def check_window_rows(runner, prompt: list[int], toks: list[int], atol: float) -> None:
     """A verify window over toks after the prompt, rolled back whole, then toks as one-row windows:
     each row's logits and the states after the last row agree within atol (0: bit for bit)."""

@@ -137,7 +137,7 @@ def test_spec_windows_are_one_row_steps_and_greedy_is_plain_greedy(tmp_path, rng
     DecodeSteps.stage_inputs now waits for the last staging copy. Emulated with a lagging device:
     test_qwen3next_spec.py.)"""
     from strata.config import EngineConfig
-    from tests.engine.next_spec_checks import check_window_rows, forced_drafts, generate, states_of
+    from tests.engine.next_spec_checks import check_spec_is_plain_greedy, check_window_rows, replay_plain, states_of
     path, _ = make_next_pack(tmp_path, SHAPES["tiny"], seed=21, mtp=True)
     pack = open_pack(path)
     plain, spec = CudaRunner(pack, 160), CudaRunner(pack, 160, EngineConfig(device="cuda", mtp=True, spec="4"))
@@ -146,18 +146,6 @@ def test_spec_windows_are_one_row_steps_and_greedy_is_plain_greedy(tmp_path, rng
     for T in (2, 5):
         check_window_rows(spec, rng.integers(0, V, 15).tolist(), rng.integers(0, V, T).tolist(), 0.0)
     prompt = rng.integers(0, V, 17).tolist()
-    want = generate(plain, prompt, 64)
-    for n in (1, 2, 3, 4):
-        spec.spec = n
-        spec.reset()
-        assert generate(spec, prompt, 64) == want, f"--spec {n}"
-    spec.spec = 3
-    spec.reset()
-    forced_drafts(spec, prompt + want, wrong=[-1, 0, 2, 1])
-    assert generate(spec, prompt, 64) == want
-    del spec.drafter.draft
-    plain.reset()
-    plain.prefill(prompt, 0, logits=False)
-    for t in (prompt + want)[len(prompt):len(spec.cached_ids)]:
-        plain.decode(t, logits=False)
+    want, _ = check_spec_is_plain_greedy(plain, spec, prompt, 64, wrong=[-1, 0, 2, 1])
+    replay_plain(plain, prompt, prompt + want, len(spec.cached_ids))
     assert np.array_equal(states_of(spec), states_of(plain))

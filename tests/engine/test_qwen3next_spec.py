@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 from strata.config import SamplingParams  # noqa: E402
 from strata.engine.runner import CpuRunner  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
-from tests.engine.next_spec_checks import GREEDY, check_window_rows, forced_drafts, generate  # noqa: E402
+from tests.engine.next_spec_checks import (check_spec_is_plain_greedy, check_window_rows, generate,  # noqa: E402
+                                         replay_plain)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 
@@ -40,21 +41,11 @@ def test_greedy_with_spec_1_to_4_equals_plain(pack_path, rng):
     plain, spec = CpuRunner(pack, 128, 12), CpuRunner(pack, 128, 12, spec=4)
     for _ in range(2):
         prompt = rng.integers(0, pack.args.vocab_size, int(rng.integers(5, 20))).tolist()
-        plain.reset()
-        want = generate(plain, prompt, 24)
+        # --spec 1..4, then drafts forced to agree with the target: windows keep 0..N of them, each
+        # rollback from another row
+        want, kept = check_spec_is_plain_greedy(plain, spec, prompt, 24, wrong=[-1, 0, 2, 1, -1])
         full = prompt + want
-        for n in (1, 2, 3, 4):
-            spec.spec = n
-            spec.reset()
-            assert generate(spec, prompt, 24) == want, f"--spec {n}"
-        # drafts that agree with the target: windows keep 0..N of them, each rollback from another row
-        spec.spec = 3
-        spec.reset()
-        kept = spec.spec_stats.draft_n_accepted
-        forced_drafts(spec, full, wrong=[-1, 0, 2, 1, -1])
-        assert generate(spec, prompt, 24) == want
-        del spec.drafter.draft
-        assert spec.spec_stats.draft_n_accepted - kept > 12
+        assert kept > 12
         n = len(spec.cached_ids)
         assert_same_states(spec, plain_states(pack, full[:n], len(prompt)), "after forced drafts")
     assert spec.spec_stats.draft_n > 0
@@ -170,24 +161,11 @@ def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake, pack_path, rng)
         for T in (2, 5):
             check_window_rows(spec, rng.integers(0, V, 15).tolist(), rng.integers(0, V, T).tolist(), 0.0)
         prompt = rng.integers(0, V, 17).tolist()
-        want = generate(plain, prompt, 40)
-        fake.launches.clear()
-        for n in (1, 2, 3, 4):
-            spec.spec = n
-            spec.reset()
-            assert generate(spec, prompt, 40) == want, f"--spec {n}"
-        assert "strata_gdn_step_f32" in fake.launches and spec.spec_stats.draft_n > 0
-        spec.spec = 3
-        spec.reset()
-        kept = spec.spec_stats.draft_n_accepted
-        forced_drafts(spec, prompt + want, wrong=[-1, 0, 2, 1])
-        assert generate(spec, prompt, 40) == want
-        del spec.drafter.draft
-        assert spec.spec_stats.draft_n_accepted - kept > 20
-        plain.reset()
-        plain.prefill(prompt, 0, logits=False)
-        for t in (prompt + want)[len(prompt):len(spec.cached_ids)]:
-            plain.decode(t, logits=False)
+        want, kept = check_spec_is_plain_greedy(plain, spec, prompt, 40, wrong=[-1, 0, 2, 1],
+                                                before_spec=fake.launches.clear)
+        assert "strata_gdn_step_f32" in fake.launches and spec.spec_stats.draft_n > 0     # spec's launches only
+        assert kept > 20
+        replay_plain(plain, prompt, prompt + want, len(spec.cached_ids))
         assert_states_close(spec, plain)
     assert spec.device_windows == 0        # the window graphs are qwen3moe's: a hybrid's run eagerly
     assert set(spec.graphs) == {1, 2, 3, 4, 5}      # windows of every size replayed as graphs
