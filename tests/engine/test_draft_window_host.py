@@ -9,7 +9,7 @@ import pytest
 from strata import config as strata_config
 from strata.engine.llm import LLM
 from strata.errors import InvalidArgument
-from tests.engine.test_spec_gpu import check_windowed_decode
+from tests.engine.test_spec_gpu import check_drafter_over_the_ring, check_windowed_decode
 
 PAGE = 8
 PROMPT = "Once upon a time, in a quiet village by the sea, there lived an old fisherman and his cat"
@@ -65,18 +65,7 @@ def test_the_plan_prices_the_ring_that_the_runner_allocates(fake, small_pages):
 def test_drafter_logits_over_the_ring_equal_the_cpu_oracle(fake, small_pages):
     """After a 60-token prompt (the 24-cell ring wrapped twice), the drafter's row at the last position:
     the emulated GPU's logits are the CPU oracle's windowed drafter's (f16 cells against f32)."""
-    cpu = LLM(device="cpu", mtp=True, spec=2, draft_window=16)
-    gpu = LLM(device="cuda", mtp=True, spec=2, draft_window=16)
-    ids = (cpu.tokenizer.encode(PROMPT) * 3)[:60]
-    out = []
-    for llm in (cpu, gpu):
-        r = llm.runner
-        r.reset()
-        r.prefill(ids, 0, logits=False)
-        logits, _ = r.mtp(r.drafter.pending, np.asarray([ids[3]]), np.asarray([len(ids) - 1]),
-                          logits_rows=slice(-1, None))
-        out.append(logits[-1])
-    np.testing.assert_allclose(out[1], out[0], rtol=0, atol=2e-3 * np.abs(out[0]).max())
+    check_drafter_over_the_ring(16, PROMPT, 60)
 
 
 def test_a_ring_layer_refuses_rows_without_their_cells(fake, small_pages):

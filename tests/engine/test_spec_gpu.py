@@ -147,12 +147,15 @@ def test_greedy_with_a_draft_window_equals_plain(plain, cfg):
         assert st["draft"]["prompt_cells"] <= 2 * 64
 
 
-def test_draft_window_drafter_logits_equal_the_cpu_oracle():
-    """The drafter's logits over a wrapped ring on the GPU against the CPU runner's windowed drafter
-    (the oracle; f16 cells against f32: within 2e-3 of the largest logit)."""
-    cpu = LLM(device="cpu", mtp=True, spec=2, draft_window=64)
-    gpu = LLM(device="cuda", mtp=True, spec=2, draft_window=64)
-    ids = (cpu.tokenizer.encode(" ".join(PROMPTS)) * 40)[:700]
+def check_drafter_over_the_ring(window: int, text: str, n: int) -> None:
+    """After a prompt of n tokens (text repeated), the drafter's row at the last position with
+    --draft-window `window`: the GPU's logits within 2e-3 of the largest of the CPU runner's windowed
+    drafter's (the oracle; f16 cells against f32). Also run on the emulated GPU
+    (test_draft_window_host.py)."""
+    cpu = LLM(device="cpu", mtp=True, spec=2, draft_window=window)
+    gpu = LLM(device="cuda", mtp=True, spec=2, draft_window=window)
+    ids = cpu.tokenizer.encode(text)
+    ids = (ids * -(-n // len(ids)))[:n]
     out = []
     for llm in (cpu, gpu):
         r = llm.runner
@@ -162,3 +165,8 @@ def test_draft_window_drafter_logits_equal_the_cpu_oracle():
                           logits_rows=slice(-1, None))
         out.append(logits[-1])
     np.testing.assert_allclose(out[1], out[0], rtol=0, atol=2e-3 * np.abs(out[0]).max())
+
+
+def test_draft_window_drafter_logits_equal_the_cpu_oracle():
+    """The drafter's logits over a 64-cell ring wrapped many times, against the CPU oracle."""
+    check_drafter_over_the_ring(64, " ".join(PROMPTS), 700)
