@@ -50,9 +50,9 @@ class Admissions:
         cached = s.slot_of[ls, es] >= 0
         s.stats.hits += int(cached.sum())
         s.stats.misses += int((~cached).sum())
+        missed = np.unique(ls[~cached] * s.num_experts + es[~cached])     # (layer, expert) keys, once each
         if not s.staged_decode:     # zero-copy misses crossed the bus in place (staged ones are copies: bytes_h2d)
-            read = np.unique(ls[~cached] * s.num_experts + es[~cached]) // s.num_experts
-            nbytes = int(s._blob[read].sum())
+            nbytes = int(s._blob[missed // s.num_experts].sum())
             s.stats.bytes_in_place += nbytes
             if s.bus_cap is not None:
                 s.bus_cap.zero_copy(s.stream, nbytes)
@@ -64,8 +64,7 @@ class Admissions:
             if dirty:
                 s.table.copy_from_host(s.table_host, s.stream)
             return
-        keys = np.unique(ls[~cached] * s.num_experts + es[~cached])
-        keys = keys[s.slot_of.reshape(-1)[keys] < 0]     # not landed by land() just now
+        keys = missed[s.slot_of.reshape(-1)[missed] < 0]     # not landed by land() just now
         dirty |= self._admit(keys, np.unique(ls * s.num_experts + es))
         if dirty:
             s.table.copy_from_host(s.table_host, s.stream)
