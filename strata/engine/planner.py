@@ -443,8 +443,8 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
     (PromptChunks.loan_pool_bytes), so the cache slots it keeps are its own."""
     a, mb = sizes.args, sizes.max_blob
     E, A = a.num_experts, a.num_experts_per_tok
-    work = prompt_cost.layer_work(sizes)
     rates = prompt_cost.DEFAULT_PROMPT_RATES.at(num_sms)
+    work = prompt_cost.effective_work(prompt_cost.layer_work(sizes), rates)     # once for every candidate
     stream_all = memory_model.stream_all_tokens(a)
     weigh = auto_lengths(config.max_context)
     lengths = tuple(sorted(set(weigh) | {min(int(N), config.max_context) for N in show if int(N) > 0}))

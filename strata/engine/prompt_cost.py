@@ -120,11 +120,15 @@ def layer_work(sizes) -> list[LayerWork]:
     return out
 
 
-def _effective(work: list[LayerWork], rates: PromptRates) -> list[LayerWork]:
+def effective_work(work: list[LayerWork], rates: PromptRates) -> list[LayerWork]:
     """work with the CUDA-core attention and the delta rule priced at the linear and tensor-core
-    attention rates the recurrence uses (the same seconds)."""
+    attention rates the recurrence uses (the same seconds); a layer that has neither is kept as it is,
+    so work made effective once passes through again at the cost of a look."""
     out = []
     for w in work:
+        if w.tensor_core_attention and not w.gdn_flops:
+            out.append(w)
+            continue
         att = w.attention_macs
         if not w.tensor_core_attention and rates.attention_cuda_core_flop_s > 0:
             att *= rates.attention_flop_s / rates.attention_cuda_core_flop_s
@@ -151,7 +155,7 @@ def prompt_cost(work: list[LayerWork], missing: list[int], N: int, T: int, R: in
     slots; missing[l]: layer l's experts the cache does not keep during the prompt."""
     if N <= 0:
         return PromptCost(0.0, 0, 0.0, 0.0)
-    work = _effective(work, rates)
+    work = effective_work(work, rates)
     native = _native()
     if native is not None:
         return PromptCost(*native.prompt_cost([w.dense_macs for w in work], [w.expert_macs for w in work],
@@ -163,7 +167,7 @@ def prompt_cost(work: list[LayerWork], missing: list[int], N: int, T: int, R: in
 
 
 def _prompt_cost_py(work, missing, N, T, R, h2d_gb_s, rates, num_experts, top_k, stream_all_tokens) -> PromptCost:
-    work = _effective(work, rates)          # (idempotent)
+    """prompt_cost's recurrence in Python, over work already made effective (effective_work)."""
     from collections import deque
     bus = h2d_gb_s * 1e9 * PROMPT_BUS_EFFICIENCY
     lin, att = rates.linear_flop_s, rates.attention_flop_s
