@@ -209,20 +209,20 @@ class HostExperts:
         E = self.store.num_experts
         touched, rows = expected_rows(T, E, self.A)
         rates = replace(self.rates, sync_s=self.rates.sync_s + STREAM_ALL_SYNC_S) if stream_all else self.rates
-        sets = {}
+        taking, sets = [], {}
         for l in (range(layers) if isinstance(layers, int) else layers):
             missing = self._missed(l, np.arange(E))
             m = int(round(len(missing) * touched / E))
             split = split_layer(np.full(m, max(1, int(round(rows)))), self._blob(l), self.h2d_gb_s, rates, self.share)
-            if split.host and not stream_all:
-                sets[l] = None
-            elif split.host:
-                # the share of all missing ones: an untouched one costs neither the bus nor the host
+            if not split.host:
+                continue
+            taking.append(l)
+            if stream_all:      # the share of all missing ones: an untouched one costs neither the bus nor the host
                 k = min(len(missing), int(round(split.host * len(missing) / max(1, m))))
                 sets[l] = frozenset(missing[len(missing) - k:].tolist())
-        if not sets:
+        if not taking:
             return None
-        return ChunkSplit(self, sets) if stream_all else ChunkSplit(self, None, frozenset(sets))
+        return ChunkSplit(self, sets) if stream_all else ChunkSplit(self, None, frozenset(taking))
 
     def choose(self, layer: int, ids: np.ndarray, sets: dict | None) -> list[int]:
         """The experts of layer the host computes for routing ids [T, A] (ascending)."""
