@@ -20,12 +20,19 @@
 #     long     qwen3-30b-a3b-128k at 12 GiB, --kv q4_0: a 131,008-token prompt (the bench clips it to the
 #              131,072-token context less the decode) and 64 decoded tokens
 #     gdn      tools/gdn_chunk_bench.py --sweep (the chunked Gated DeltaNet prompt kernels, #15)
+#     gdndec   tools/gdn_chunk_bench.py --decode: the decode step's DeltaNet kernels (gdn_step,
+#              conv1d_step) at 80B's shape in GB/s against a device copy in the same run (#15); with
+#              GDN_PARENT=<file>, an earlier cuda/gated_delta.cu (e.g. `git show C:cuda/gated_delta.cu`
+#              into a carried path) built aside and its gdn_step timed too
+#     batchres tools/parallel_bench.py resident, --batch-max auto, 1, 2, 4 and 8 clients, no long prompt (#19)
 #     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
 #     splitcap the split arms with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot), where
 #              the cost model still gives the host a share of the short prompts
 #     prefill  --prefill auto's cost-model plan against --prefill-rule bytes and slots at 8 and 12 GiB,
 #              prompts 4096,16384,32768 and nothing decoded (#18 item 4; bench's plan line names the
-#              chunk, ring and kept slots each took and auto's predicted tok/s), ~30 s an arm
+#              chunk, ring and kept slots each took and auto's predicted tok/s), ~30 s an arm;
+#              PREFILL_GIBS (default "8 12") and PREFILL_RULES (default "auto bytes slots") narrow it
+#     p2048    prompts 512 and 2048 at 12 GiB, 32 decoded, --cpu-experts off against auto (#18's targets)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -87,14 +94,23 @@ if has gdn; then        # the chunked delta rule against the token loop at 80B's
     echo "== gdn chunk bench ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --sweep --json "$OUT/gdn_chunk.json" 2>&1 | tail -30
 fi
+if has gdndec; then     # the decode step's DeltaNet kernels against the copy rate (#15)
+    echo "== gdn decode bench ($(elapsed) s)"
+    parent=()
+    if [ -n "${GDN_PARENT:-}" ]; then
+        nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -o /tmp/gdn_parent.fatbin "$GDN_PARENT" \
+            && parent=(--parent /tmp/gdn_parent.fatbin)
+    fi
+    timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --decode --reps 3 "${parent[@]}" --json "$OUT/gdn_decode.json" 2>&1 | tail -20
+fi
 if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
     bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64
     bench kvall12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --prompt 16384 --decode 64
 fi
 if has prefill; then    # the prompt plan: the cost model's choice against the two fixed rules (#18 item 4)
     secs=90             # the first arm may verify the freshly built pack's checksums
-    for gib in 8 12; do
-        for rule in auto bytes slots; do
+    for gib in ${PREFILL_GIBS:-8 12}; do
+        for rule in ${PREFILL_RULES:-auto bytes slots}; do
             bench "prefill_${rule}_${gib}" "$secs" qwen3-30b-a3b-mtp --vram-budget-gib "$gib" --prefill-rule "$rule" \
                 --prompt 4096,16384,32768 --decode 0
             secs=32
@@ -106,11 +122,21 @@ if has split; then      # the host's share of a short prompt's missed experts (-
         bench "split_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 --cpu-experts "$mode"
     done
 fi
+if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split off and on
+    for mode in off auto; do
+        bench "p2048_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 --cpu-experts "$mode"
+    done
+fi
 if has splitcap; then   # the same at a PCIe 4.0 slot's rate (the cap only delays: logits as uncapped)
     for mode in off auto; do
         bench "splitcap_$mode" 80 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19,64,512 --decode 32 \
             --cpu-experts "$mode" --pcie-gbs 25
     done
+fi
+if has batchres; then   # aggregate decode at 1..8 clients, every weight in VRAM (#19's must-show)
+    echo "== parallel bench resident ($(elapsed) s)"
+    timeout "$(budget 180)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 0 --batch-max 0 \
+        --clients 1,2,4,8 --warm 16 --long 0 --json "$OUT/batch_res.json" 2>&1 | tail -20
 fi
 if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
     echo "== parallel bench ($(elapsed) s)"

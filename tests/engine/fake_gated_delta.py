@@ -25,7 +25,7 @@ def emulate_conv1d(grid, x, state, w, out, T, C, K, x_ld):
 
 
 def emulate_gdn_step(grid, q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale):
-    assert grid[0] * 128 >= Dv and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
+    assert grid[0] == -(-Dv // 32) and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
     r = Hv // Hg
     qh = np.repeat(l2_normalize(view(q, Hg * Dk).reshape(Hg, Dk)), r, axis=0) * np.float32(q_scale)
     kh = np.repeat(l2_normalize(view(k, Hg * Dk).reshape(Hg, Dk)), r, axis=0)
@@ -37,7 +37,7 @@ def emulate_gdn_step(grid, q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale
 
 
 def emulate_gdn_prompt(grid, q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld):
-    assert grid[0] * 128 >= Dv and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
+    assert grid[0] == -(-Dv // 32) and grid[1] == Hv and 0 < Dk <= 256 and Hv % Hg == 0
     assert qk_ld >= Hg * Dk and v_ld >= Hv * Dv
     r = Hv // Hg
     rows = lambda p, ld, n: np.stack([view(p + t * ld * 4, n) for t in range(T)])   # noqa: E731

@@ -206,8 +206,8 @@ KERNELS = {
     "mask_logits":      _K("mask_logits", "strata_mask_logits_f32", "PPi", 256, "(ceil(V / 256), B, 1)"),
     "gdn_conv1d_step":  _K("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii", 256, "ceil(C / 256)"),
     "gdn_conv1d":       _K("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq", 256, "ceil(C / 256)"),
-    "gdn_step":         _K("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif", 128, "(ceil(Dv / 128), Hv)"),
-    "gdn_prompt":       _K("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq", 128, "(ceil(Dv / 128), Hv)"),
+    "gdn_step":         _K("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif", 256, "(ceil(Dv / 32), Hv)"),
+    "gdn_prompt":       _K("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq", 256, "(ceil(Dv / 32), Hv)"),
     # the chunked (WY / UT) form of gdn_prompt: prep per (chunk, head), then the scan over the chunks
     "gdn_chunk_prep":   _K("gated_delta_chunk", "strata_gdn_chunk_prep_f32", "PPPPPiiiifq", 256, "(ceil(T / 64), Hv)"),
     "gdn_chunk_scan":   _K("gated_delta_chunk", "strata_gdn_chunk_scan_f32", "PPPPPPiiiiiqq", 256,

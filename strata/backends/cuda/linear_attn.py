@@ -9,6 +9,7 @@ from ...errors import InvalidArgument
 
 GDN_MAX_DK = 256            # cuda/gated_delta.cu keeps q and k of a key head in shared memory
 GDN_MAX_K = 8               # and a prompt conv's window in registers
+GDN_STEP_COLS = 32          # state columns a gdn_step / gdn_prompt block owns (one a lane, 8 warps of rows)
 GDN_CHUNK = 64              # cuda/gated_delta_chunk.cu: tokens per chunk
 GDN_CHUNK_MAX_DK = 128      # its scan keeps a [Dk, 16] state tile in shared memory
 GDN_CHUNK_SCRATCH = 8448    # its scratch floats per (chunk, value head): M, P, row scales
@@ -17,6 +18,11 @@ GDN_SCAN_COLS = 16          # state columns per scan block
 # kernels took 0.089 ms at T 16 against the loop's 0.113 (0.0066 ms a token), 4.6x at 64, 14.7x at
 # 16,384 (tools/gdn_chunk_bench.py --sweep, ninth session)
 GDN_CHUNK_MIN_T = 16
+
+
+def gdn_step_grid(Dv: int, Hv: int) -> tuple[int, int]:
+    """strata_gdn_step_f32's and strata_gdn_prompt_f32's grid: 32 columns of one value head a block."""
+    return -(-Dv // GDN_STEP_COLS), Hv
 
 
 def gdn_chunked_takes(T: int, Dk: int) -> bool:
@@ -86,7 +92,7 @@ def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
                               f"Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
     s_dev, out = ops._upload(state), ops._output(Hv * Dv * 4)
     ins = [ops._upload(a) for a in (q, k, v, g, beta)]
-    ops._launch("gdn_step", (-(-Dv // 128), Hv), (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+    ops._launch("gdn_step", gdn_step_grid(Dv, Hv), (*ins, s_dev, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
     return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
@@ -106,7 +112,7 @@ def gdn_prompt(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     """A prompt's gated delta rule in one launch: q, k [T, Hg, Dk], v [T, Hv, Dv], g, beta [T, Hv],
     state [Hv, Dk, Dv] -> (out [T, Hv, Dv], new state)."""
     def launches(ins, s_dev, out, T, Hv, Hg, Dk, Dv):
-        return [("gdn_prompt", (-(-Dv // 128), Hv),
+        return [("gdn_prompt", gdn_step_grid(Dv, Hv),
                  (*ins, s_dev, out, T, Hv, Hg, Dk, Dv, float(Dk ** -0.5), Hg * Dk, Hv * Dv))]
     return _prompt_run(ops, "gdn_prompt", GDN_MAX_DK, launches, q, k, v, g, beta, state)
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from ...errors import InvalidArgument, UnsupportedError
 from .. import rope
-from .linear_attn import GDN_MAX_DK, GDN_MAX_K, gdn_chunk_launches, gdn_chunk_scratch_bytes, gdn_chunked_takes
+from .linear_attn import (GDN_MAX_DK, GDN_MAX_K, gdn_chunk_launches, gdn_chunk_scratch_bytes, gdn_chunked_takes,
+                          gdn_step_grid)
 from .memory import DeviceKV, DeviceTensor
 from .ops_attention import DECODE_ROWS_MAX
 from .ops import DeviceOps
@@ -312,7 +313,7 @@ class Qwen3NextDeviceOps(DeviceOps):
         T, Hg, Dk = q.shape
         Hv, Dv = v.shape[1:]
         out = self.alloc((T, Hv, Dv))
-        grid = (-(-Dv // 128), Hv)
+        grid = gdn_step_grid(Dv, Hv)
         args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
         if T <= DECODE_ROWS_MAX:        # a step's rows one at a time, each as a one-row step
             qk, vo = Hg * Dk * 4, Hv * Dv * 4
