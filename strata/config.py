@@ -15,7 +15,7 @@ from .errors import InvalidArgument
 SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback.
-KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl")
+KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 PARALLEL_MAX = 8                    # --parallel: a batched decode step takes up to 8 rows (GEMV_MAX_T)

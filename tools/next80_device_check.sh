@@ -4,7 +4,11 @@
 # DeltaNet kernels' bench. The pack wants the whole call: nothing else is built.
 #
 #   tools/next80_device_check.sh [steps...]     default: resident b12 b8
+#     tests     the GPU tests in TESTS (default: the DeltaNet kernels, the tensor-core prompt attention
+#               and the Qwen3-Next engine), run while the pack builds
 #     resident  prompts 512,4096,16384, 64 decoded tokens after each, every weight in VRAM
+#     residentcc  prompts 4096,16384 resident with --kernels-off tc-attention (the gated attention on
+#               the CUDA-core kernel: the A/B of the head_dim-256 tensor-core prompt attention)
 #     b12, b8   the same at --vram-budget-gib 12 / 8 (experts cached and streamed)
 #     gdn       tools/gdn_chunk_bench.py --sweep
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -15,10 +19,17 @@ SCRIPT_ARGS=("$@")
 device_setup next80-check resident b12 b8
 
 start_pack qwen3-next-80b-a3b 300
-device_tests 300 3
+if has tests; then
+    device_tests 300 20 ${TESTS:-tests/kernels/test_gated_delta_gpu.py tests/kernels/test_attention_tc_gpu.py \
+        tests/engine/test_qwen3next_gpu.py}
+else
+    device_tests 300 3
+fi
 df -h /root 2>/dev/null | tail -1
 export BENCH_LINES="^prompt|^decode|copy|^plan|^peak|stopped"
 has resident && bench_synthetic next80_resident 120 qwen3-next-80b-a3b --prompt 512,4096,16384 --decode 64
+has residentcc && bench_synthetic next80_residentcc 90 qwen3-next-80b-a3b --prompt 4096,16384 --decode 0 \
+    --kernels-off tc-attention
 for gib in 12 8; do
     has b$gib && bench_synthetic next80_b$gib 110 qwen3-next-80b-a3b --vram-budget-gib $gib --prompt 512,4096,16384 --decode 64
 done

@@ -45,6 +45,18 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
 
 
+def test_tc_attention_off_takes_the_cuda_core_prompt_kernel(fake, rng):
+    """--kernels-off tc-attention (the A/B of cuda/attention_tc.cu): prompts attend through
+    attention.cu's kernel instead, to the same precision."""
+    pack = open_pack(DEMO)
+    gpu = CudaRunner(pack, 64, EngineConfig(kernels_off="tc-attention"))
+    cpu = cpu_runner_f16_kv(pack, 64)
+    ids = oracle_ids(pack, rng, 20)
+    assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
+    assert "strata_attention_prefill_f16_d64" in fake.launches
+    assert "strata_attention_prefill_tc_f16_d64" not in fake.launches
+
+
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     pytest.importorskip("torch")
     from tests.fixtures import SHAPES, make_pack

@@ -50,6 +50,7 @@ class KernelPaths:
     group_on_device: bool = True     # cuda/moe_group.cu groups a chunk's slots when every expert is readable (off: on the host)
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
+    tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
 
     @classmethod
     def without(cls, names: str) -> "KernelPaths":

@@ -139,7 +139,7 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
-        elif dh in TC_ATTENTION_HEAD_DIMS:     # tensor-core flash attention (cuda/attention_tc.cu)
+        elif dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention:     # tensor-core flash attention (attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
             self.launch("attention_prefill_tc", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         else:
