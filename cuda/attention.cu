@@ -165,7 +165,7 @@ extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, 
 // bit for bit (the window and ring change which cells are read, never the float arithmetic).
 // vram_cells > 0 (--kv-resident N, the caches then in mapped host memory): k_vram / v_vram
 // [vram_cells, Hk, DH] hold one sequence's newest cells, position p at p % vram_cells, and row b
-// reads positions from strata_kv::VramWindow's `from` (lengths[b] + B - 1 - vram_cells) on there,
+// reads positions from strata_kv::VramWindow's `from` (lengths[b] + B - 1 - (vram_cells - 16)) on there,
 // older ones in place over the bus; only the addresses change, so the output is bit for bit that of
 // vram_cells 0 (ring 0 with it: the rows are one sequence's at consecutive positions).
 //

@@ -125,16 +125,22 @@ __device__ __forceinline__ void append_head(float (&v)[PER], int lane, int64_t r
 }
 
 // Where a decode row's cells live under --kv-resident's VRAM window: the sequence's newest cells are
-// also in a VRAM ring of vram_cells cells, position p at p % vram_cells, and cells from `from` on are
-// read there, older ones from the caches (mapped host memory); vram_cells 0: every cell in the
-// caches. B rows of one sequence at consecutive positions: the newest row's length is at most
-// length + B - 1 and the ring holds that row's newest vram_cells cells, so from = length + B - 1 -
-// vram_cells is safe for every row. The split-K decode kernels of cuda/attention.cu and
-// cuda/kv_quant.cu share it; only addresses depend on it, never the float arithmetic.
+// also in a VRAM ring of vram_cells cells, position p at p % vram_cells, and the newest
+// vram_cells - kVramSlack of them, from `from` on, are read there, older ones from the caches (mapped
+// host memory); vram_cells 0: every cell in the caches. B rows of one sequence at consecutive
+// positions: the newest row's length is at most length + B - 1, so from = length + B - 1 - (vram_cells
+// - kVramSlack) is safe for every row. The slack: a speculation window appends up to 8 rows past the
+// sequence's length and most may be rejected; their slots are those of positions kVramSlack or more
+// cells older than anything read later, so the rejected cells never clobber a cell a later row reads
+// from the ring (strata/backends/cuda/memory.py DeviceKV has the argument). The split-K decode kernels
+// of cuda/attention.cu and cuda/kv_quant.cu share it; only addresses depend on it, never the float
+// arithmetic.
+constexpr int kVramSlack = 16;      // strata.backends.cuda.memory.KV_VRAM_SLACK
+
 struct VramWindow {
     int from, first_slot, cells;
     __device__ VramWindow(int length, int rows, int vram_cells)
-        : from(vram_cells > 0 ? max(0, length + rows - 1 - vram_cells) : length),
+        : from(vram_cells > 0 ? max(0, length + rows - 1 - (vram_cells - kVramSlack)) : length),
           first_slot(vram_cells > 0 ? from % vram_cells : 0), cells(vram_cells) {}
     __device__ bool holds(int position) const { return position >= from; }
     // position % cells for positions in from..from + cells - 1 (every position a row reads there)

@@ -18,6 +18,9 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
+# cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a
+# speculation window's rejected rows land (strata.backends.cuda.memory.DeviceKV); > SPEC_MAX_DRAFTS + 1
+KV_VRAM_SLACK = 16
 PARALLEL_MAX = 8                    # --parallel: a batched decode step takes up to 8 rows (GEMV_MAX_T)
 SPEC_AUTO_MAX_DRAFTS = 4            # --spec auto chooses N in 0..4 (windows of 1..5 rows)
 DRAFT_RING_PAGE_CELLS = 256         # the draft ring's page: its slots are the window rounded up to pages,
@@ -310,9 +313,10 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.device == "cpu" and str(cfg.cpu_experts).strip().lower() != "off":
         raise InvalidArgument(f"--cpu-experts {cfg.cpu_experts}: on the CPU every expert runs on the host already; "
                               f"the flag splits the GPU's missed experts")
-    if cfg.kv_resident and (cfg.spec != "0" or cfg.mtp):
-        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --spec/--mtp: the draft layer's KV over the host "
-                              f"copy is not built yet (use one of them)")
+    if cfg.kv_resident and cfg.draft_window:
+        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --draft-window {cfg.draft_window}: the draft "
+                              f"layer's K/V ring is VRAM-only, and with --kv-resident it keeps the host copy and the "
+                              f"window every layer has (use one of them)")
     if cfg.kv_resident and cfg.parallel > 1:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV and its "
                               f"VRAM window run one sequence so far (use one of them)")

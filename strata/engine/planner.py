@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..backends.cuda.memory import SEGMENT_BYTES, Pool
-from ..config import EngineConfig, ModelArgs, spec_max_drafts
+from ..config import KV_VRAM_SLACK, EngineConfig, ModelArgs, spec_max_drafts
 from ..errors import InvalidArgument
 from ..quant import kv as kv_formats
 from . import memory_model, prompt_cost
@@ -340,11 +340,13 @@ def plan_draft_ring(args: ModelArgs, config) -> tuple[int, int]:
 
 def vram_kv_bytes(args: ModelArgs, config) -> int:
     """The KV in VRAM: kv_cells per slot of every layer the runner allocates (the MTP layer's too,
-    drafting or not), the draft layer's ring instead of its context where --draft-window gives one."""
+    drafting or not; with the cells on the host, the window's ring and its KV_VRAM_SLACK cells), the
+    draft layer's ring instead of its context where --draft-window gives one."""
     L = args.num_hidden_layers + args.num_mtp_layers
     _, ring = plan_draft_ring(args, config)
     if not ring:
-        return kv_bytes(args, kv_cells(config) * config.parallel, config.kv, L)
+        slack = KV_VRAM_SLACK if kv_on_host(config) else 0
+        return kv_bytes(args, (kv_cells(config) + slack) * config.parallel, config.kv, L)
     return (kv_bytes(args, kv_cells(config) * config.parallel, config.kv, args.num_hidden_layers)
             + kv_bytes(args, ring, config.kv, args.num_mtp_layers))
 

@@ -500,11 +500,13 @@ def _read_cells(cache: int, vram: int, first: int, n: int, window: int, ring: in
                 cell_bytes: int) -> np.ndarray:
     """The bytes [cells, cell_bytes] of one plane a decode row of length n reads, as the split-K
     kernels do: _window_cells's cells from the cache at cell `first` on, except positions from
-    max(0, n + rows - 1 - vram_cells) on, read from --kv-resident's VRAM window at p % vram_cells
-    (cuda/kv_codec.cuh VramWindow; vram_cells 0: none)."""
+    max(0, n + rows - 1 - (vram_cells - KV_VRAM_SLACK)) on, read from --kv-resident's VRAM ring at
+    p % vram_cells (cuda/kv_codec.cuh VramWindow; vram_cells 0: none)."""
+    from strata.backends.cuda.memory import KV_VRAM_SLACK
     cells = _window_cells(n, window, ring)
     positions = np.arange(n - len(cells), n)
-    near = positions >= (max(0, n + rows - 1 - vram_cells) if vram_cells else n)
+    assert not vram_cells or vram_cells > KV_VRAM_SLACK, "a VRAM ring no wider than its slack"
+    near = positions >= (max(0, n + rows - 1 - (vram_cells - KV_VRAM_SLACK)) if vram_cells else n)
     parts = []
     if (~near).any():
         span = int(cells[~near].max()) + 1

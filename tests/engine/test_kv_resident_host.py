@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cuda.memory import HostPlane
-from strata.config import EngineConfig
+from strata.config import KV_VRAM_SLACK, EngineConfig
 from strata.engine import memory_model
 from strata.engine.llm import demo_model_path
 from strata.engine.planner import PackSizes, kv_bytes
@@ -36,7 +36,8 @@ def test_host_kv_logits_equal_all_resident_bitwise(fake, rng, fmt):
     vram, host = kv_runner(pack, 96, fmt), kv_runner(pack, 96, fmt, RESIDENT)
     assert host.kv.on_host and all(isinstance(b, HostPlane) for b, _ in host.kv.buffers)
     assert not vram.kv.on_host and host.kv.host_bytes == vram.kv.nbytes
-    assert host.kv.vram_window == RESIDENT and host.kv.vram_bytes == vram.kv.nbytes * RESIDENT // 96
+    assert host.kv.vram_window == RESIDENT
+    assert host.kv.vram_bytes == vram.kv.nbytes * (RESIDENT + KV_VRAM_SLACK) // 96
     vram.prefill_chunk = host.prefill_chunk = 12
     ids = rng.integers(0, V, 40).tolist()                      # 12 + 12 + 12 + 4 > N
     assert np.array_equal(vram.prefill(ids, 0), host.prefill(ids, 0))
@@ -97,7 +98,8 @@ def test_host_kv_plan_and_status(fake, rng, fmt):
     layers = a.num_hidden_layers + a.num_mtp_layers
     host = kv_runner(pack, 96, fmt, RESIDENT)
     plan = host.plan
-    assert plan.mandatory["kv"] == kv_bytes(a, RESIDENT, fmt, layers) == host.kv.vram_bytes
+    # the window's ring: its cells and the slack speculation's rejected rows land in
+    assert plan.mandatory["kv"] == kv_bytes(a, RESIDENT + KV_VRAM_SLACK, fmt, layers) == host.kv.vram_bytes
     assert plan.kv_cells == RESIDENT
     assert plan.kv_host_bytes == kv_bytes(a, 96, fmt, layers) == host.kv.host_bytes
     assert plan.kv_bus_bytes_per_token == kv_bytes(a, 96 - RESIDENT, fmt, layers)
@@ -205,20 +207,84 @@ def test_window_after_a_warm_up_between_turns(fake, rng):
 
 
 def test_vram_refill_copies():
-    """vram_refill's copies: the newest cells of a length, at most two ranges a plane and layer."""
+    """vram_refill's copies: the window's newest cells of a length, at most two ranges a plane and
+    layer, at their slots in the ring of window + KV_VRAM_SLACK cells."""
     from types import SimpleNamespace
     from strata.backends.cuda.memory import DeviceKV
+    assert KV_VRAM_SLACK == 16
     kv = object.__new__(DeviceKV)
-    kv.__dict__.update(num_layers=1, vram_window=8, layer_cells=64, base=0, num_kv_heads=1, head_dim=64,
-                       buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
+    kv.__dict__.update(num_layers=1, vram_window=8, vram_ring_cells=24, layer_cells=64, base=0, num_kv_heads=1,
+                       head_dim=64, buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
     assert kv.vram_refill(5) == [(1000, 0, 10)]                      # cells 0..4 at slots 0..4
-    assert kv.vram_refill(13) == [(1000 + 10, 10, 6), (1000, 16, 10)]  # cells 5..7 at 5..7, 8..12 at 0..4
-    assert kv.vram_refill(16) == [(1000, 16, 16)]
+    assert kv.vram_refill(13) == [(1000 + 10, 10, 16)]               # cells 5..12 at 5..12
+    assert kv.vram_refill(30) == [(1000 + 44, 44, 4), (1000, 48, 12)]  # cells 22, 23 at 22, 23, 24..29 at 0..5
 
 
 def test_host_kv_config_refusals():
     EngineConfig(kv_resident=64, device="cuda")
+    EngineConfig(kv_resident=64, device="cuda", spec="2", mtp=True)      # speculation over the window
     for kw, what in (({"device": "cpu"}, "CPU"), ({"parallel": 2}, "--parallel"),
-                     ({"spec": "2", "mtp": True}, "--spec")):
+                     ({"spec": "2", "mtp": True, "draft_window": 32}, "--draft-window")):
         with pytest.raises(InvalidArgument, match=what):
             EngineConfig(kv_resident=64, **kw)
+
+
+
+SPEC_PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by the sea, there lived"]
+WINDOW_NS = [0, 0, 3, 1, 0, 3, 2, 0, 2, 1, 3, 3, 2, 1, 0] * 3     # draft counts, plain steps (0) between
+
+
+def _greedy_with_changing_windows(spec, plain, prompt, n=40):
+    """(tokens, plain greedy's) of a prompt decoded by verify windows of changing draft counts and
+    plain steps between them (as --spec auto runs): a window that follows a larger rejected one
+    appends fewer rows than that one left in the ring, so its reads meet the rejected rows' slots."""
+    from strata.config import SamplingParams
+
+    class Draws:
+        def draw(self):
+            return 0.5
+
+    r, greedy = spec.runner, SamplingParams()
+    ids = spec.tokenizer.encode(prompt)
+    want = plain.generate(ids, max_tokens=n).token_ids
+    r.reset()
+    r.prefill(ids, 0, logits=False)
+    got = [r.pick(greedy, 0.5)]
+    for k in WINDOW_NS:
+        if len(got) >= n:
+            break
+        r.spec = k
+        got += r.speculate(got[-1], greedy, Draws(), n - len(got))
+    return got[:n], want
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_spec_over_the_window_is_plain_greedy(fake, fmt):
+    """--mtp --spec with the cells on the host and a 16-cell VRAM window (every layer's, the draft
+    layer's too), windows of changing draft counts: rejected verify rows and drafts land in the
+    ring's slack, never on a cell a later row reads, so the tokens are plain greedy's with every
+    cell in VRAM, through generate() and through changing windows alike."""
+    from strata.engine.llm import LLM
+    plain = LLM(device="cuda", kv=fmt)
+    spec = LLM(device="cuda", kv=fmt, mtp=True, spec=3, kv_resident=RESIDENT)
+    assert spec.runner.kv.on_host and spec.runner.kv.vram_window == RESIDENT
+    for prompt in SPEC_PROMPTS:
+        assert spec.generate(prompt, max_tokens=40).token_ids == plain.generate(prompt, max_tokens=40).token_ids
+        got, want = _greedy_with_changing_windows(spec, plain, prompt)
+        assert got == want, prompt
+    st = spec.status()["speculation"]
+    assert st["draft_n"] > st["draft_n_accepted"] > 0 and st["verify_passes"] > 0     # both outcomes met
+
+
+def test_spec_over_the_window_needs_the_slack(fake, monkeypatch):
+    """The same with the ring as wide as its window (no slack; the emulated kernels and DeviceKV
+    read KV_VRAM_SLACK alike): a rejected row's cell overwrites one a later row reads from the ring
+    and the tokens part from plain greedy's. So the slack is what keeps them."""
+    import strata.backends.cuda.memory as memory
+    from strata.engine.llm import LLM
+    plain = LLM(device="cuda")
+    monkeypatch.setattr(memory, "KV_VRAM_SLACK", 0)
+    spec = LLM(device="cuda", mtp=True, spec=3, kv_resident=RESIDENT)
+    assert spec.runner.kv.vram_ring_cells == RESIDENT
+    pairs = [_greedy_with_changing_windows(spec, plain, p) for p in SPEC_PROMPTS]
+    assert any(got != want for got, want in pairs)

@@ -7,7 +7,7 @@ import pytest
 import strata.backends.cuda as cuda_backend
 from strata import cli
 from strata.backends.cuda.memory import Pool
-from strata.config import EngineConfig
+from strata.config import KV_VRAM_SLACK, EngineConfig
 from strata.engine import memory_model, planner
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
@@ -66,9 +66,10 @@ def test_kv_bytes_per_type(q30):
     assert kv_bytes(a, 1000, "q4_0", 48) == values // 32 * 18
     assert kv_bytes(a, 1000, "k8v4", 48) == values // 2 // 64 * 66 + values // 2 // 32 * 18
     # --kv-resident below the context: every cell in pinned host memory, the newest N also in the VRAM
-    # window (priced as mandatory KV); decode reads the cells older than the window over the bus
+    # window (priced as mandatory KV, with the ring's slack); decode reads the cells older than the
+    # window over the bus
     small = make_plan(q30, config(max_context=8192, kv_resident=2048, kv="q4_0"), 8 << 30)
-    assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048, "q4_0", 48)
+    assert small.kv_cells == 2048 and small.mandatory["kv"] == kv_bytes(a, 2048 + KV_VRAM_SLACK, "q4_0", 48)
     assert small.kv_host_bytes == kv_bytes(a, 8192, "q4_0", 48)
     assert small.kv_bus_bytes_per_token == kv_bytes(a, 8192 - 2048, "q4_0", 48)
     tiny = make_plan(q30, config(max_context=8192, kv_resident=16, kv="q4_0"), 8 << 30)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cpu import causal_attention
+from strata.config import KV_VRAM_SLACK
 
 pytestmark = pytest.mark.gpu
 
@@ -198,7 +199,10 @@ def test_attention_decode_vram_window_bitwise(ops, rng, H, Hk, dh, length, ring_
     bases = np.zeros(rows, np.int32)
     want = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases)
     ring = (window_ring(k_cache[0], length, ring_cells), window_ring(v_cache[0], length, ring_cells))
-    lo = max(0, length + rows - 1 - ring_cells)      # every row reads these from VRAM (VramWindow)
+    for r in ring:                  # 8 rejected speculative rows' cells: the slack's slots, never read
+        r[np.arange(length, length + 8) % ring_cells] = F16_NAN
+    # every row reads these from VRAM (VramWindow: the ring's newest ring_cells - KV_VRAM_SLACK)
+    lo = max(0, length + rows - 1 - (ring_cells - KV_VRAM_SLACK))
     k_cache[0, lo:], v_cache[0, lo:] = F16_NAN, F16_NAN
     got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

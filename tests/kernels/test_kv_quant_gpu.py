@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from strata.backends.cpu import causal_attention
+from strata.config import KV_VRAM_SLACK
 from strata.quant import kv as kvq
 
 pytestmark = pytest.mark.gpu
@@ -327,7 +328,10 @@ def test_decode_vram_window_bitwise(kvops, rng, fmt, H, Hk, dh, length, ring_cel
             r[c % ring_cells] = plane[0, c]
         return r
     rings = (tuple(ring(p) for p in kp), tuple(ring(p) for p in vp))
+    near = max(0, length - (ring_cells - KV_VRAM_SLACK))     # what VramWindow reads from the ring
     for _, scales in (kp, vp):
-        scales[0, lo:] = F16_NAN
+        scales[0, near:] = F16_NAN
+    for _, scales in rings:         # 8 rejected speculative rows' cells: the slack's slots, never read
+        scales[np.arange(length, length + 8) % ring_cells] = F16_NAN
     got = kvops.attention_decode(fmt, q, kp, vp, lengths, vram=rings)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...config import KV_VRAM_SLACK
 from ...errors import DeviceError, InvalidArgument, UnsupportedError
 from ...pack.source import memmap
 
@@ -332,11 +333,18 @@ class DeviceKV:
     on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
     memory at the same layout, the authoritative cells; the kernels append to it and a prompt chunk's
     attention reads a copy of the layer staged in VRAM (DeviceOps). vram_window > 0 (one slot) keeps
-    the newest cells in VRAM too: per buffer a ring of `vram_window` cells a layer, [num_layers,
-    vram_window, Hk, ...] (vram_planes()), position p at p % vram_window. Every append is copied
-    into it (strata_kv_ring_append), and a decode step reads a sequence's newest cells from it and
-    the older ones in place over the bus (cuda/kv_codec.cuh VramWindow). It is never read before it
-    is written, so it is not zeroed.
+    the newest cells in VRAM too: per buffer a ring of vram_ring_cells = vram_window + KV_VRAM_SLACK
+    cells a layer, [num_layers, vram_ring_cells, Hk, ...] (vram_planes()), position p at
+    p % vram_ring_cells. Every append is copied into it (strata_kv_ring_append), and a decode step
+    reads a sequence's newest vram_window cells from it and the older ones in place over the bus
+    (cuda/kv_codec.cuh VramWindow). It is never read before it is written, so it is not zeroed.
+
+    The slack keeps speculation's rejected cells harmless: a verify window (and the drafter) writes
+    positions p < n + KV_VRAM_SLACK for a sequence of n cells (at most 8 rows past it), into the slot
+    of position p - vram_ring_cells < n - vram_window, older than every position a later row reads from
+    the ring (a sequence never shrinks except by a rewind, after which vram_refill rewrites the
+    window). So the ring needs no repair after a rejection: the next window's appends rewrite those
+    positions, host and ring alike.
 
     ring = (window, slots) (--draft-window): the last layer (the MTP draft layer) holds `slots` cells
     only, after the other layers' in every buffer, position p in cell p % slots, and the decode
@@ -386,7 +394,8 @@ class DeviceKV:
             raise InvalidArgument(f"DeviceKV: a VRAM window of {vram_window} cells needs one slot's cells on the "
                                   f"host, no ring, and 0 < window < max_cells ({max_cells})")
         self.vram_window = vram_window
-        self.vram_rings = [rt.DeviceBuffer(device, num_layers * vram_window * cell)
+        self.vram_ring_cells = vram_window + KV_VRAM_SLACK if vram_window else 0
+        self.vram_rings = [rt.DeviceBuffer(device, num_layers * self.vram_ring_cells * cell)
                            for _, cell in self.buffers] if vram_window else []
 
     @property
@@ -446,12 +455,12 @@ class DeviceKV:
         return [(buf.ptr + (layer * self.layer_cells + self.base) * cell, cell) for buf, cell in self.buffers]
 
     def vram_planes(self, layer: int) -> list[int]:
-        """Device addresses of layer's VRAM window, one per buffer (as cell_ranges orders them), or
+        """Device addresses of layer's VRAM ring, one per buffer (as cell_ranges orders them), or
         zeros without one (the decode kernels' null window)."""
         self._check(layer)
         if not self.vram_window:
             return [0] * len(self.buffers)
-        return [r.ptr + layer * self.vram_window * cell for r, (_, cell) in zip(self.vram_rings, self.buffers)]
+        return [r.ptr + layer * self.vram_ring_cells * cell for r, (_, cell) in zip(self.vram_rings, self.buffers)]
 
     def vram_from(self, length: int) -> int:
         """The first of a sequence's `length` cells the VRAM window holds (VramWindow's rule, one row)."""
@@ -462,7 +471,7 @@ class DeviceKV:
         sequence's `length` cells from the host cells (at most two ranges a plane and layer, the ring
         wrapping): a prompt that reuses a prefix runs them, since the window may hold a longer earlier
         sequence's cells, or cells a warm-up or a kept conversation's copy put back on the host only."""
-        lo, w = self.vram_from(length), self.vram_window
+        lo, w = self.vram_from(length), self.vram_ring_cells
         out = []
         for layer in range(self.num_layers if w else 0):
             for (src, cell), dst in zip(self.cell_ranges(layer), self.vram_planes(layer)):

@@ -67,7 +67,7 @@ def _cells_read(pos: DeviceTensor, max_cells: int) -> int:
 def _vram(kv, layer: int) -> tuple:
     """(the VRAM window's planes of layer, cells) of kv (--kv-resident; K and V, or a quantized
     format's four planes), or null planes and 0 without one."""
-    cells = getattr(kv, "vram_window", 0)
+    cells = getattr(kv, "vram_ring_cells", 0)
     return (tuple(kv.vram_planes(layer)) if cells else (0,) * (4 if kv.quantized else 2)), cells
 
 
@@ -167,7 +167,7 @@ class AttentionOps:
     def _vram_append(self, kv, layer: int, pos, T: int) -> None:
         """The T cells just appended to kv's layer copied into its VRAM window (--kv-resident), every
         plane in one launch (strata_kv_ring_append), so the window equals the host cells."""
-        cells = getattr(kv, "vram_window", 0)
+        cells = getattr(kv, "vram_ring_cells", 0)
         if not cells:
             return
         src, dst = kv.cell_ranges(layer), kv.vram_planes(layer)
