@@ -21,7 +21,7 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
                 "Q6_K", "IQ4_NL", "IQ4_XS")
 
 ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
-TC_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_tc.cu's prompt kernels
+TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
