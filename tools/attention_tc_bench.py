@@ -1,7 +1,9 @@
-"""Causal prompt attention at Qwen3-30B-A3B's shape (H 32, Hk 4, Dh 128): the tensor-core kernel
-(cuda/attention_tc.cu) against the FFMA one (strata_attention_prefill_f16_d128 in attention.cu).
+"""Causal prompt attention, the tensor-core kernel (cuda/attention_tc.cu) against the FFMA one.
 
-    python tools/attention_tc_bench.py [--json PATH] [--reps N]
+At Qwen3-30B-A3B's shape (H 32, Hk 4, Dh 128) or Qwen3-Next-80B's (--shape 80b: H 16, Hk 2, Dh 256,
+12 full-attention layers of 48); the FFMA kernel is strata_attention_prefill_f16_d<Dh> in attention.cu.
+
+    python tools/attention_tc_bench.py [--shape 30b|80b] [--json PATH] [--reps N]
 
 For each (T, offset) chunk: T queries at positions offset..offset+T-1 over offset+T cached cells.
 Times are CUDA-event medians of back-to-back launches after a warm-up; TFLOP/s counts the causal
@@ -20,9 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps, time_launches
-from strata.backends.cuda.attention_tc import prefill_tc_launch_shape
+from strata.backends.cuda.attention_tc import prefill_tc_launch_shape, table_op
 
-H, HK, DH, LAYERS, PROMPT = 32, 4, 128, 48, 16384
+# (H, Hk, Dh, layers with softmax attention)
+SHAPES = {"30b": (32, 4, 128, 48), "80b": (16, 2, 256, 12)}
+H, HK, DH, LAYERS = SHAPES["30b"]
+PROMPT = 16384
 CHUNKS = [(512, 0), (4096, 0), (4096, 12288)]
 
 
@@ -41,10 +46,10 @@ def bench_chunk(ops: CudaOps, rng, T: int, offset: int, reps: int) -> dict:
     outs = {name: rt.DeviceBuffer(dev, T * H * DH * 4) for name in ("tc", "ffma")}
     args = (q, kc, vc, pos)
     scale = 1 / math.sqrt(DH)
-    tc = ops._kernel("attention_prefill_tc", dh=DH)
+    tc = ops._kernel(table_op(DH), dh=DH)
     grid, block = prefill_tc_launch_shape(T, H, HK, DH)
     ffma = ops._kernel("attention_prefill", dh=DH)
-    ffma_grid = (-(-T * (H // HK) // 32), HK)
+    ffma_grid = (-(-T * (H // HK) // (16 if DH == 256 else 32)), HK)      # its rows a block
     tc_ms = time_launches(ops, lambda: tc.launch(grid, block, (*args, outs["tc"], T, H, HK, scale), stream=stream), reps)
     ffma_ms = time_launches(
         ops, lambda: ffma.launch(ffma_grid, 128, (*args, outs["ffma"], T, H, HK, scale), stream=stream), reps)
@@ -59,7 +64,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--reps", type=int, default=10, help="timed launches per kernel and chunk")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="30b", help="the model's attention heads")
     args = parser.parse_args()
+    global H, HK, DH, LAYERS
+    H, HK, DH, LAYERS = SHAPES[args.shape]
     rng = np.random.default_rng()
     ops = CudaOps()
     rows = [bench_chunk(ops, rng, T, offset, args.reps) for T, offset in CHUNKS]

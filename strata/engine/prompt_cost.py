@@ -78,6 +78,11 @@ class PromptRates:
 # flops at 16,384 tokens (tools/gdn_chunk_bench.py). With them the model puts the 80B's resident
 # prompt at 0.132 / 0.430 / 2.47 s for 512 / 4096 / 16384 tokens against 0.158 / 0.536 / 2.85
 # measured (the rest: its expert GEMMs at 80-320 rows an expert, the DeltaNet's small kernels).
+# Since then cuda/attention_tc.cu has a head_dim-256 kernel, so the 80B's attention is priced at the
+# tensor-core rate, the 30B's Dh-128 fit: an assumption until tools/attention_tc_bench.py --shape 80b
+# measures it (the kernel runs one block an SM on 32-cell tiles: it may fall short of Dh 128's rate).
+# The model then puts the 16K prompt at 1.17 s (0.35 s at 4096); the CUDA-core rate is left for head
+# dims without a tensor-core kernel.
 DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
                                    "fitted to the H200's resident prompts and chunk A/B (docs/PERF.md)", 4.06e-6,
                                    18.9e12, 12.1e12)

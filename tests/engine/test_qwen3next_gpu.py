@@ -31,7 +31,9 @@ pytestmark = pytest.mark.gpu
 
 REL = 3e-3
 GAP = 2e-3          # router top-k margin of the oracle's draws (test_cuda_runner.py's GAP)
-SHAPES = {**NEXT_SHAPES, "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10)}
+# dh256: Qwen3-Next's own head dim, whose prompt chunks run cuda/attention_tc.cu's warp-pair kernel
+SHAPES = {**NEXT_SHAPES, "top10": dict(NEXT_SHAPES["tiny"], num_experts=24, num_experts_per_tok=10),
+          "dh256": dict(NEXT_SHAPES["tiny"], head_dim=256)}
 
 
 def runners(tmp_path, shape, seed, context=160, chunk=12):
@@ -42,7 +44,7 @@ def runners(tmp_path, shape, seed, context=160, chunk=12):
     return pack, gpu, cpu
 
 
-@pytest.mark.parametrize("shape", ["tiny", "odd", "wide", "kquant", "top10"])
+@pytest.mark.parametrize("shape", ["tiny", "odd", "wide", "kquant", "top10", "dh256"])
 def test_logits_and_steps_match_the_cpu(tmp_path, rng, shape):
     pack, gpu, cpu = runners(tmp_path, shape, seed=3)
     ids = oracle_ids(pack, rng, 40, chunk=12, gap=GAP)

@@ -11,27 +11,31 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, load_kernel
+from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, load_kernel
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
 SIGNATURE = KERNELS["attention_prefill_tc"].signature
 HEAD_DIMS = TC_ATTENTION_HEAD_DIMS
 MAX_GROUP = 16        # G = H / Hk tested up to here (any G works)
-ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps x 16 query rows
-THREADS = KERNELS["attention_prefill_tc"].block
+ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps (8 at Dh 256, two per 16 rows) x 16 query rows
+
+
+def table_op(head_dim: int) -> str:
+    """The KERNELS op of the head dim's kernel: Dh 256 runs on warp pairs, 256 threads a block."""
+    return "attention_prefill_tc_pairs" if head_dim in TC_ATTENTION_PAIR_HEAD_DIMS else "attention_prefill_tc"
 
 
 def kernel_name(head_dim: int) -> str:
-    return KERNELS["attention_prefill_tc"].name(dh=head_dim)
+    return KERNELS[table_op(head_dim)].name(dh=head_dim)
 
 
 def prefill_tc_launch_shape(T: int, H: int, Hk: int, Dh: int) -> tuple[tuple[int, int], int]:
     """(grid, block) of strata_attention_prefill_tc_f16_d<Dh> for T queries of H heads over Hk KV
-    heads: one block per 64 (token, head-in-group) rows of one KV head."""
+    heads: one block per 64 (token, head-in-group) rows of one KV head; 128 threads, 256 at Dh 256."""
     if Dh not in HEAD_DIMS or T < 1 or Hk < 1 or H % Hk or not 1 <= H // Hk <= MAX_GROUP:
         raise InvalidArgument(f"attention_prefill_tc: T {T}, H {H}, Hk {Hk}, Dh {Dh}: needs T >= 1, "
                               f"Dh in {HEAD_DIMS} and H a multiple of Hk with H / Hk <= {MAX_GROUP}")
-    return (-(-T * (H // Hk) // ROWS_PER_BLOCK), Hk), THREADS
+    return (-(-T * (H // Hk) // ROWS_PER_BLOCK), Hk), KERNELS[table_op(Dh)].block
 
 
 def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
@@ -66,7 +70,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
         bufs.append(buf)
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
-    kernel = load_kernel(rt, dev, "attention_prefill_tc", dh=dh)
+    kernel = load_kernel(rt, dev, table_op(dh), dh=dh)
     kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)

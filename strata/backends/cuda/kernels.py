@@ -21,7 +21,8 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
                 "Q6_K", "IQ4_NL", "IQ4_XS")
 
 ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
-TC_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_tc.cu's prompt kernels
+TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
+TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
 MOE_ROUTE_MAX_TOP_K = 32
@@ -170,7 +171,11 @@ KERNELS = {
                             "(ceil(T G / rows), Hk), rows 32 (16 at Dh 256)", _each(dh=ATTENTION_HEAD_DIMS)),
     "attention_rows":   _K("attention_rows", "strata_attention_rows_f16", "PPPPPiiiif", 128, "(H, T)"),
     "attention_prefill_tc": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 128,
-                               "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_HEAD_DIMS)),
+                               "(ceil(T G / 64), Hk)",
+                               _each(dh=[d for d in TC_ATTENTION_HEAD_DIMS if d not in TC_ATTENTION_PAIR_HEAD_DIMS])),
+    # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
+    "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
+                                     "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),
     "kv_append_int8":   _K("kv_quant", "strata_kv_append_int8", "PPPPiii", 32, "(T, Hk)"),
     "kv_append_q4r":    _K("kv_quant", "strata_kv_append_q4r", "PPPPiiif", 32, "(T, Hk)"),
     "hadamard":         _K("kv_quant", "strata_hadamard_f32", "Piif", 32, "rows: a warp per head vector"),
