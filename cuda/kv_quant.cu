@@ -33,8 +33,9 @@
 //     window > 0: only its last `window` positions; ring > 0: position p in cell p % ring (the MTP
 //     drafter's K/V ring; attention.cu's decode header); 0, 0: bit for bit as without them;
 //     vram_cells > 0 (--kv-resident's VRAM window): the vram planes [vram_cells, Hk, ...] hold one
-//     sequence's newest cells at p % vram_cells, read from strata_kv::VramWindow's `from` on (the
-//     older ones in place over the bus), bit for bit the same sums: only the addresses change
+//     sequence's newest cells at p % vram_cells, the newest vram_cells - 16 (kVramSlack) of them read
+//     from strata_kv::VramWindow's `from` on (the older ones in place over the bus), bit for bit the
+//     same sums: only the addresses change
 //     fmt: int8 (int8 K and V), q4_0 (q4r K and V), k8v4 (int8 K, q4r V); GP = G = H / Hk rounded up
 //     to 1, 2, 4, 8, 16 (Dh 256: <= 8). The partials are attention.cu's (its combine reads them):
 //     part_acc [B, H, splits, Dh], part_ml [B, H, splits, 2] (running max in the log2 domain, sum).

@@ -24,6 +24,11 @@
 #              conv1d_step) at 80B's shape in GB/s against a device copy in the same run (#15); with
 #              GDN_PARENT=<file>, an earlier cuda/gated_delta.cu (e.g. `git show C:cuda/gated_delta.cu`
 #              into a carried path) built aside and its gdn_step timed too
+#     kvdigest tools/kv_decode_digest.py with this build's cuda/kv_quant.cu and with KV_PARENT's (an
+#              earlier kv_quant.cu carried in .whl/, built aside and swapped into strata/kernels for one
+#              run): the diff of the two must be empty (a load-path change that keeps the sums bit for bit)
+#     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (quantized decode attention, #14)
+#     tcbench  tools/attention_tc_bench.py --shape 80b (the head_dim-256 tensor-core prompt attention)
 #     batchres tools/parallel_bench.py resident, --batch-max auto, 1, 2, 4 and 8 clients, no long prompt (#19)
 #     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
 #     splitcap the split arms with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot), where
@@ -102,6 +107,31 @@ if has gdndec; then     # the decode step's DeltaNet kernels against the copy ra
             && parent=(--parent /tmp/gdn_parent.fatbin)
     fi
     timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --decode --reps 3 "${parent[@]}" --json "$OUT/gdn_decode.json" 2>&1 | tail -20
+fi
+if has kvdigest; then   # the quantized decode's outputs, this build against KV_PARENT's kv_quant.cu
+    echo "== kv decode digests ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/kv_decode_digest.py >"$OUT/kv_digest_new.txt" 2>&1
+    kdir=strata/kernels
+    if [ -n "${KV_PARENT:-}" ] && cp $kdir/kv_quant.fatbin /tmp/kv_quant_new.fatbin && cp $kdir/manifest.json /tmp/manifest_new.json \
+        && nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o $kdir/kv_quant.fatbin "$KV_PARENT"; then
+        $PY -c "import hashlib, json; p='$kdir/manifest.json'; m=json.load(open(p)); e=m['kernels']['kv_quant']; \
+e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); json.dump(m, open(p,'w'))"
+        timeout "$(budget 120)" $PY tools/kv_decode_digest.py >"$OUT/kv_digest_parent.txt" 2>&1
+        cp /tmp/kv_quant_new.fatbin $kdir/kv_quant.fatbin && cp /tmp/manifest_new.json $kdir/manifest.json
+        echo "digest lines: $(wc -l <"$OUT/kv_digest_new.txt") new, $(wc -l <"$OUT/kv_digest_parent.txt") parent;" \
+            "differing: $(diff "$OUT/kv_digest_new.txt" "$OUT/kv_digest_parent.txt" | grep -c '^<')"
+        diff "$OUT/kv_digest_new.txt" "$OUT/kv_digest_parent.txt" | head -12
+    else
+        tail -3 "$OUT/kv_digest_new.txt"
+    fi
+fi
+if has kvbench; then
+    echo "== kv attention bench ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 2>&1 | tail -24
+fi
+if has tcbench; then
+    echo "== attention_tc bench, 80B shape ($(elapsed) s)"
+    timeout "$(budget 60)" $PY tools/attention_tc_bench.py --shape 80b 2>&1 | tail -14
 fi
 if has kvres; then      # the VRAM window over host K/V against all K/V in VRAM: the same logits sha256
     bench kvres12 100 qwen3-30b-a3b-mtp --vram-budget-gib 12 --kv q4_0 --kv-resident 4096 --prompt 16384 --decode 64

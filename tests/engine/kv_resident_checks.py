@@ -38,3 +38,46 @@ def check_windows_equal_all_resident(pack, rng, fmt, max_context, chunk, prompt_
             assert np.array_equal(g, w), (window, i)
         assert_same_cells(host, vram)
         assert host.graphs, host.graph_error
+
+
+SPEC_PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by the sea, there lived"]
+WINDOW_NS = [0, 0, 3, 1, 0, 3, 2, 0, 2, 1, 3, 3, 2, 1, 0] * 3     # draft counts, plain steps (0) between
+
+
+def greedy_with_changing_windows(spec, plain, prompt, n=40):
+    """(tokens, plain greedy's) of a prompt decoded by verify windows of changing draft counts and
+    plain steps between them (as --spec auto runs): a window that follows a larger rejected one
+    appends fewer rows than that one left in the ring, so its reads meet the rejected rows' slots."""
+    from strata.config import SamplingParams
+
+    class Draws:
+        def draw(self):
+            return 0.5
+
+    r, greedy = spec.runner, SamplingParams()
+    ids = spec.tokenizer.encode(prompt)
+    want = plain.generate(ids, max_tokens=n).token_ids
+    r.reset()
+    r.prefill(ids, 0, logits=False)
+    got = [r.pick(greedy, 0.5)]
+    for k in WINDOW_NS:
+        if len(got) >= n:
+            break
+        r.spec = k
+        got += r.speculate(got[-1], greedy, Draws(), n - len(got))
+    return got[:n], want
+
+
+def check_spec_over_the_window(fmt: str, resident: int) -> None:
+    """--mtp --spec 3 over a `resident`-cell VRAM window of host K/V: plain greedy's tokens through
+    generate() and through windows of changing draft counts, with drafts both rejected and accepted."""
+    from strata.engine.llm import LLM
+    plain = LLM(device="cuda", kv=fmt)
+    spec = LLM(device="cuda", kv=fmt, mtp=True, spec=3, kv_resident=resident)
+    assert spec.runner.kv.on_host and spec.runner.kv.vram_window == resident
+    for prompt in SPEC_PROMPTS:
+        assert spec.generate(prompt, max_tokens=40).token_ids == plain.generate(prompt, max_tokens=40).token_ids
+        got, want = greedy_with_changing_windows(spec, plain, prompt)
+        assert got == want, prompt
+    st = spec.status()["speculation"]
+    assert st["draft_n"] > st["draft_n_accepted"] > 0 and st["verify_passes"] > 0     # both outcomes met

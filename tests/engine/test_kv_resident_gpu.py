@@ -10,7 +10,7 @@ import pytest
 
 from strata.engine.llm import demo_model_path
 from strata.pack import open_pack
-from tests.engine.kv_resident_checks import check_windows_equal_all_resident, kv_runner
+from tests.engine.kv_resident_checks import check_spec_over_the_window, check_windows_equal_all_resident, kv_runner
 
 pytestmark = pytest.mark.gpu
 
@@ -96,3 +96,9 @@ def test_window_refilled_when_a_prompt_reuses_a_prefix(rng, fmt):
     assert np.array_equal(vram.prefill(second, 150), host.prefill(second, 150))
     for t in rng.integers(0, V, 8).tolist():
         assert np.array_equal(vram.decode(t), host.decode(t))
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_spec_over_the_window_is_plain_greedy(fmt):
+    """--mtp --spec over the VRAM window: the ring's slack takes the rejected rows (kv_resident_checks)."""
+    check_spec_over_the_window(fmt, RESIDENT)

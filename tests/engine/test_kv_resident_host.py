@@ -15,7 +15,8 @@ from strata.engine.llm import demo_model_path
 from strata.engine.planner import PackSizes, kv_bytes
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
-from tests.engine.kv_resident_checks import check_windows_equal_all_resident, kv_runner
+from tests.engine.kv_resident_checks import (SPEC_PROMPTS, check_spec_over_the_window, check_windows_equal_all_resident,
+                                             greedy_with_changing_windows, kv_runner)
 
 DEMO = demo_model_path()
 RESIDENT = 16           # below every context here: the cells live on the host
@@ -230,50 +231,12 @@ def test_host_kv_config_refusals():
 
 
 
-SPEC_PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by the sea, there lived"]
-WINDOW_NS = [0, 0, 3, 1, 0, 3, 2, 0, 2, 1, 3, 3, 2, 1, 0] * 3     # draft counts, plain steps (0) between
-
-
-def _greedy_with_changing_windows(spec, plain, prompt, n=40):
-    """(tokens, plain greedy's) of a prompt decoded by verify windows of changing draft counts and
-    plain steps between them (as --spec auto runs): a window that follows a larger rejected one
-    appends fewer rows than that one left in the ring, so its reads meet the rejected rows' slots."""
-    from strata.config import SamplingParams
-
-    class Draws:
-        def draw(self):
-            return 0.5
-
-    r, greedy = spec.runner, SamplingParams()
-    ids = spec.tokenizer.encode(prompt)
-    want = plain.generate(ids, max_tokens=n).token_ids
-    r.reset()
-    r.prefill(ids, 0, logits=False)
-    got = [r.pick(greedy, 0.5)]
-    for k in WINDOW_NS:
-        if len(got) >= n:
-            break
-        r.spec = k
-        got += r.speculate(got[-1], greedy, Draws(), n - len(got))
-    return got[:n], want
-
-
 @pytest.mark.parametrize("fmt", ["f16", "q4_0"])
 def test_spec_over_the_window_is_plain_greedy(fake, fmt):
     """--mtp --spec with the cells on the host and a 16-cell VRAM window (every layer's, the draft
-    layer's too), windows of changing draft counts: rejected verify rows and drafts land in the
-    ring's slack, never on a cell a later row reads, so the tokens are plain greedy's with every
-    cell in VRAM, through generate() and through changing windows alike."""
-    from strata.engine.llm import LLM
-    plain = LLM(device="cuda", kv=fmt)
-    spec = LLM(device="cuda", kv=fmt, mtp=True, spec=3, kv_resident=RESIDENT)
-    assert spec.runner.kv.on_host and spec.runner.kv.vram_window == RESIDENT
-    for prompt in SPEC_PROMPTS:
-        assert spec.generate(prompt, max_tokens=40).token_ids == plain.generate(prompt, max_tokens=40).token_ids
-        got, want = _greedy_with_changing_windows(spec, plain, prompt)
-        assert got == want, prompt
-    st = spec.status()["speculation"]
-    assert st["draft_n"] > st["draft_n_accepted"] > 0 and st["verify_passes"] > 0     # both outcomes met
+    layer's too): rejected verify rows and drafts land in the ring's slack, never on a cell a later
+    row reads, so the tokens are plain greedy's with every cell in VRAM (kv_resident_checks)."""
+    check_spec_over_the_window(fmt, RESIDENT)
 
 
 def test_spec_over_the_window_needs_the_slack(fake, monkeypatch):
@@ -286,5 +249,5 @@ def test_spec_over_the_window_needs_the_slack(fake, monkeypatch):
     monkeypatch.setattr(memory, "KV_VRAM_SLACK", 0)
     spec = LLM(device="cuda", mtp=True, spec=3, kv_resident=RESIDENT)
     assert spec.runner.kv.vram_ring_cells == RESIDENT
-    pairs = [_greedy_with_changing_windows(spec, plain, p) for p in SPEC_PROMPTS]
+    pairs = [greedy_with_changing_windows(spec, plain, p) for p in SPEC_PROMPTS]
     assert any(got != want for got, want in pairs)
