@@ -5,6 +5,8 @@ Bound REL = 3e-4 of max |oracle logit|: the emulations compute each kernel's ari
 what is left is the delta rule's two algorithms (the oracle's prompt chunked, the GPU's token by
 token: up to 1.2e-5 on the CPU) and summation order; 9e-6 seen typically over the three shapes, but
 1.02e-4 with STRATA_TEST_SEED=3746076951 on the tiny shape (about one run in 15 went past 1e-4)."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,7 @@ from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
 from tests.engine.qwen3next_checks import (  # noqa: E402
-    assert_close, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
+    assert_close, check_batched_rows, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 REL = 3e-4
@@ -143,9 +145,10 @@ def test_a_kept_conversation_brings_its_deltanet_states_back_on_the_cpu(tmp_path
 
 @pytest.mark.parametrize("lag", [False, True])
 def test_parallel_slots_keep_their_own_deltanet_states(fake, tmp_path, rng, lag):
-    """lag: the device lags the host (fake_cuda.lagging), so decode_batch's steps of the slots in turn,
-    queued with no pick between, are all still to run when the next one is staged: each step's inputs
-    must reach its own step (the staging buffer was once rewritten under a queued copy)."""
+    """lag: the device lags the host (fake_cuda.lagging), so steps queued with no pick between (once
+    decode_batch's steps of a hybrid's slots in turn, now its one batched step and the swaps after)
+    are all still to run when the next one is staged: each step's inputs must reach its own step (the
+    staging buffer was once rewritten under a queued copy)."""
     if not lag:
         check_parallel_slots(tmp_path, rng, 1e-6)
         return
@@ -169,3 +172,32 @@ def test_llm_speculates_on_the_gpu(fake, tmp_path, rng):
             assert spec.generate(prompt, max_tokens=16).token_ids == want, f"turn {turn}"
             prompt = prompt + want + rng.integers(0, V, 3).tolist()
     assert spec.status()["speculation"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("lag", [False, True])
+def test_batched_slots_are_one_step_whose_rows_are_each_slots_own(fake, tmp_path, rng, lag):
+    """--parallel 4: decode_batch runs the slots' rows as one step (the DeltaNet row kernels, graphs
+    "rows1".."rows4"), each row's logits and each slot's states at the end those of the slot stepping
+    alone (qwen3next_checks.check_batched_rows); lag: on a device lagging the host, so the step's
+    staged inputs (the rows' state addresses among them) must reach their own step."""
+    with fake.lagging() if lag else contextlib.nullcontext():
+        par = check_batched_rows(tmp_path, rng, 1e-5)
+    used = set(fake.launches)
+    assert {"strata_gdn_conv1d_rows_f32", "strata_gdn_step_rows_f32"} <= used
+    assert fake.graph_launches and par.kv_all.nbytes == par.kv_all.kv.nbytes + par.kv_all.states.nbytes * 5
+
+
+@pytest.mark.parametrize("wrong", ["another slot's", "the home of the slot in use"])
+def test_batched_rows_reading_the_wrong_states_are_caught(fake, tmp_path, rng, monkeypatch, wrong):
+    """Mutations of where a row's states are (DeviceHybridCache.slot_states_ptr): each row reading the
+    next slot's states, or the slot in use read from its home (stale while it is in use), make
+    check_batched_rows fail, so it tells when rows read the wrong slot's states."""
+    from strata.backends.cuda.ops_next import DeviceHybridCache
+    right = DeviceHybridCache.slot_states_ptr
+    if wrong == "another slot's":
+        mutant = lambda self, slot, in_use: right(self, (slot + 1) % self.num_slots, in_use)   # noqa: E731
+    else:
+        mutant = lambda self, slot, in_use: self.homes[slot].ptr                                # noqa: E731
+    monkeypatch.setattr(DeviceHybridCache, "slot_states_ptr", mutant)
+    with pytest.raises(AssertionError, match="slot"):
+        check_batched_rows(tmp_path, rng, 1e-5)
