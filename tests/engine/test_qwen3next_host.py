@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from strata.config import EngineConfig  # noqa: E402
+from strata.config import EngineConfig, SamplingParams  # noqa: E402
 from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
@@ -201,3 +201,33 @@ def test_batched_rows_reading_the_wrong_states_are_caught(fake, tmp_path, rng, m
     monkeypatch.setattr(DeviceHybridCache, "slot_states_ptr", mutant)
     with pytest.raises(AssertionError, match="slot"):
         check_batched_rows(tmp_path, rng, 1e-5)
+
+
+@pytest.mark.parametrize("batch_max", [2, 0])
+def test_the_scheduler_batches_hybrid_slots_and_each_gets_its_greedy_tokens_alone(fake, tmp_path, rng, batch_max):
+    """Through LLM's scheduler (--parallel 4, groups of up to --batch-max rows, 0: the auto rule):
+    requests whose decode steps run batched get each the greedy tokens it gets alone; the slots'
+    picks between steps (use(slot) swapping the states buffer) and prompts read in between leave
+    every slot's states where the next batched step looks for them."""
+    from strata import LLM
+    from strata.engine.scheduler import Request
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=19)
+    V = open_pack(path).args.vocab_size
+    prompts = [rng.integers(0, V, n).tolist() for n in (11, 7, 16, 9)]
+    one = LLM(path, device="cuda", max_context=64)
+    one.tokenizer.eos_token_ids = []
+    want = []
+    for p in prompts:
+        one.runner.reset()
+        want.append(one.generate(p, max_tokens=8, temperature=0.0).token_ids)
+    par = LLM(path, device="cuda", parallel=4, max_context=64, batch_max=batch_max)
+    par.tokenizer.eos_token_ids = []
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    reqs = [par.scheduler.submit(Request(p, SamplingParams(max_tokens=8, temperature=0.0))) for p in prompts]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == want
+    assert sizes and max(sizes) == (batch_max or 4)
+    assert any(k.startswith("rows") for k in par.runner.graphs)
