@@ -22,7 +22,10 @@ that read and write them can be CUDA graphs. A step of 2..8 rows (a verify windo
 tail) runs the DeltaNet one row at a time through the one-token kernels, so each row is bit for bit
 the one-row step's, and, where the cache keeps a window's rows (speculation), each layer's states
 after row t are copied into the cache's row t, from which a rollback makes the last accepted row's
-live (DeviceHybridCache.keep_rows / window_begin / roll_back).
+live (DeviceHybridCache.keep_rows / window_begin / roll_back). A batched step of distinct
+sequences (--parallel slots) gets the cache as HybridRows instead: its DeltaNet layers run every row
+in one launch of the row kernels (strata_gdn_conv1d_rows_f32, strata_gdn_step_rows_f32), each row
+over its own slot's states wherever they are.
 """
 from __future__ import annotations
 
