@@ -94,11 +94,9 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(con
     gdn_conv1d_channel(x, state, w, out, C, K, c);
 }
 
-extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_rows_f32(const float* x,
-                                                                             const unsigned long long* __restrict__ row_states,
-                                                                             int64_t state_off,
-                                                                             const float* __restrict__ w, float* out,
-                                                                             int C, int K) {
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_rows_f32(
+        const float* x, const unsigned long long* __restrict__ row_states, int64_t state_off,
+        const float* __restrict__ w, float* out, int C, int K) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int r = blockIdx.y;
