@@ -9,6 +9,13 @@
 //   then state shifts one row up and its last row becomes x. out may alias x (each thread reads its
 //   x[c] first). Launch: grid = (ceil(C / 256), 1, 1), block = (256, 1, 1); one thread per channel.
 //
+// strata_gdn_conv1d_rows_f32(x, row_states, state_off, w, out, C, K)
+//   One token of each of `rows` distinct sequences (a batched decode step of parallel slots): row r's
+//   x [C] at x + r * C, out at out + r * C, its state at the device address row_states[r] + state_off
+//   bytes (row_states [rows], in device memory, so a CUDA graph captured once reads whatever
+//   sequences a later step's rows are). Each row is strata_gdn_conv1d_step_f32 bit for bit (the same
+//   device function); the rows' states must not overlap. Launch: grid = (ceil(C / 256), rows, 1).
+//
 // strata_gdn_conv1d_f32(x, state, w, out, T, C, K, x_ld)
 //   The same over a prompt of T tokens: x [T, C] with row stride x_ld (the conv input may be the first
 //   C columns of a wider projection), out [T, C] contiguous; token t's window is the K-1 inputs before
@@ -29,6 +36,13 @@
 //   in order), added in warp order through shared memory: a fixed order, so the step is deterministic.
 //   The earlier form (one thread a column, 128-thread blocks: 32 blocks at the 80B's shape, two passes
 //   over the state) ran at 5% of the copy rate on the H200 (24 us for 4.2 MB a layer).
+//
+// strata_gdn_step_rows_f32(q, k, v, g, beta, row_states, state_off, out, Hv, Hg, Dk, Dv, q_scale)
+//   One token of each of `rows` distinct sequences: row r's q, k at q + r * Hg * Dk, k + r * Hg * Dk,
+//   v and out at + r * Hv * Dv, g and beta at + r * Hv (rows contiguous), its state S at the device
+//   address row_states[r] + state_off bytes (as strata_gdn_conv1d_rows_f32's). Each row is
+//   strata_gdn_step_f32 bit for bit (the same device function); the rows' states must not overlap.
+//   Launch: grid = (ceil(Dv / 32), Hv, rows), block = (256, 1, 1).
 //
 // strata_gdn_prompt_f32(q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld)
 //   The same rule over a prompt of T tokens in one launch, token by token (the recurrent form: the
@@ -58,11 +72,10 @@
 #define GDN_MAX_DK 256
 #define GDN_MAX_K 8
 
-extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(const float* x, float* state,
-                                                                             const float* __restrict__ w, float* out,
-                                                                             int C, int K) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+// One channel's conv step (strata_gdn_conv1d_step_f32's contract): the one-row kernel and the rows
+// kernel run this same code, so a row of a batched step is the one-row step bit for bit.
+__device__ __forceinline__ void gdn_conv1d_channel(const float* x, float* state, const float* __restrict__ w,
+                                                   float* out, int C, int K, int c) {
     const float xc = x[c];
     const float* wc = w + (int64_t)c * K;
     float acc = 0.0f;
@@ -71,6 +84,24 @@ extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(con
     for (int j = 0; j + 1 < K - 1; ++j) state[(int64_t)j * C + c] = state[(int64_t)(j + 1) * C + c];
     if (K > 1) state[(int64_t)(K - 2) * C + c] = xc;
     out[c] = acc / (1.0f + expf(-acc));
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_step_f32(const float* x, float* state,
+                                                                             const float* __restrict__ w, float* out,
+                                                                             int C, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    gdn_conv1d_channel(x, state, w, out, C, K, c);
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_rows_f32(
+        const float* x, const unsigned long long* __restrict__ row_states, int64_t state_off,
+        const float* __restrict__ w, float* out, int C, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int r = blockIdx.y;
+    float* state = reinterpret_cast<float*>(row_states[r] + (unsigned long long)state_off);
+    gdn_conv1d_channel(x + (int64_t)r * C, state, w, out + (int64_t)r * C, C, K, c);
 }
 
 extern "C" __global__ void __launch_bounds__(256) strata_gdn_conv1d_f32(const float* __restrict__ x, float* state,
@@ -189,13 +220,13 @@ __device__ __forceinline__ float gdn_column(float (&s)[GDN_ROWS], const float* q
     return gdn_column_sum(o, outp, w, lane);
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_THREADS) strata_gdn_step_f32(const float* __restrict__ q,
-                                                                              const float* __restrict__ k,
-                                                                              const float* __restrict__ v,
-                                                                              const float* __restrict__ g,
-                                                                              const float* __restrict__ beta,
-                                                                              float* state, float* out, int Hv,
-                                                                              int Hg, int Dk, int Dv, float q_scale) {
+// One token of one sequence (strata_gdn_step_f32's contract), this block's 32 columns of head
+// blockIdx.y: the one-row kernel and the rows kernel run this same code, so a row of a batched step is
+// the one-row step bit for bit.
+__device__ __forceinline__ void gdn_step_block(const float* __restrict__ q, const float* __restrict__ k,
+                                               const float* __restrict__ v, const float* __restrict__ g,
+                                               const float* __restrict__ beta, float* state, float* out, int Hv,
+                                               int Hg, int Dk, int Dv, float q_scale) {
     __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK], scratch[32];
     __shared__ float pred[GDN_THREADS], outp[GDN_THREADS];
     const int h = blockIdx.y, kh = h / (Hv / Hg);
@@ -210,6 +241,26 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS) strata_gdn_step_f32(co
                                outp, w, lane);
     gdn_store_rows(s, S, Dk, Dv, w, col);
     if (col && w == 0) out[(int64_t)h * Dv + j] = o;
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) strata_gdn_step_f32(const float* __restrict__ q,
+                                                                              const float* __restrict__ k,
+                                                                              const float* __restrict__ v,
+                                                                              const float* __restrict__ g,
+                                                                              const float* __restrict__ beta,
+                                                                              float* state, float* out, int Hv,
+                                                                              int Hg, int Dk, int Dv, float q_scale) {
+    gdn_step_block(q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) strata_gdn_step_rows_f32(
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+        const float* __restrict__ g, const float* __restrict__ beta, const unsigned long long* __restrict__ row_states,
+        int64_t state_off, float* out, int Hv, int Hg, int Dk, int Dv, float q_scale) {
+    const int64_t r = blockIdx.z, qk = (int64_t)Hg * Dk, vo = (int64_t)Hv * Dv;
+    float* state = reinterpret_cast<float*>(row_states[r] + (unsigned long long)state_off);
+    gdn_step_block(q + r * qk, k + r * qk, v + r * vo, g + r * Hv, beta + r * Hv, state, out + r * vo, Hv, Hg, Dk,
+                   Dv, q_scale);
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_THREADS) strata_gdn_prompt_f32(const float* __restrict__ q,

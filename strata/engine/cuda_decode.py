@@ -20,6 +20,10 @@ from ..errors import DeviceError, InvalidArgument
 from .memory_model import STEP_MAX_TOKENS
 
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
+# byte offset in DecodeSteps.step_in of the rows' state addresses [STEP_MAX_TOKENS] uint64 (a hybrid's
+# batched step of distinct slots): past the int32 inputs of the largest step, so at one address
+# whatever the row count (a view of the cache that names it serves every step's graph)
+ROW_STATES_AT = -(-4 * (5 * STEP_MAX_TOKENS + 1) // 16) * 16
 
 
 def stage_rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, positions: np.ndarray, bases,
@@ -63,8 +67,9 @@ class DecodeSteps:
         self._routed = rt.Event(dev)
         self.plan = store.step_plan(0 if self.route_log is None else self.route_log.ptr)
         # [ids T | positions T | max + 1 | lengths T | cells T | bases T] int32 on the device, staged
-        # in pinned memory (memory.StepRows)
-        self.step_in = rt.DeviceBuffer(dev, 4 * (5 * STEP_MAX_TOKENS + 1))
+        # in pinned memory (memory.StepRows); at ROW_STATES_AT, a step of distinct sequences' rows
+        # with states of their own has each row's state address (uint64, row_states)
+        self.step_in = rt.DeviceBuffer(dev, ROW_STATES_AT + 8 * STEP_MAX_TOKENS)
         self._step_host = np.frombuffer(rt.HostBuffer(dev, self.step_in.nbytes), np.int32)
         # recorded after each staging copy: the copy engine reads the pinned bytes when the copy runs,
         # so the next step's inputs may go there only once it has (stage_inputs)
@@ -86,16 +91,29 @@ class DecodeSteps:
         out, logits = self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download)
         return out, last_row_of(logits)
 
-    def step_rows(self, ids: list[int], positions: list[int], bases: list[int], kv, download: bool = True):
+    @property
+    def row_states_ptr(self) -> int:
+        """Device address of the rows' state addresses [T] uint64 a step_rows(row_states=...) stages
+        (the same for every step: what a hybrid cache's rows view reads, DeviceHybridCache.rows_view)."""
+        return self.step_in.ptr + ROW_STATES_AT
+
+    def step_rows(self, ids: list[int], positions: list[int], bases: list[int], kv, download: bool = True,
+                  row_states: list[int] | None = None):
         """Logits of ids [T] (T <= STEP_MAX_TOKENS), row t at positions[t] of the sequence whose
         cell 0 is cache cell bases[t] of kv (the whole cache: rows of one sequence, or of several
         parallel slots): a graph replay where one is captured for T, else the model's launches from
         Python (capturing them on the second step). -> (logits [T, V] on the host, or None without
-        `download`; the logits [T, V] on the device)."""
+        `download`; the logits [T, V] on the device).
+
+        row_states: rows of distinct sequences with recurrent states of their own (a hybrid's parallel
+        slots): row t's states at device address row_states[t], staged at row_states_ptr for kv, the
+        cache's view that reads them there (DeviceHybridCache.rows_view). Its graphs are "rows{T}", apart
+        from the one-sequence steps' (whose launches read one sequence's states at a fixed address)."""
         T = len(ids)
         t0 = time.perf_counter()
-        ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots)
-        logits, self.hidden, mode = self.launch(T, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan),
+        ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states)
+        key = T if row_states is None else f"rows{T}"
+        logits, self.hidden, mode = self.launch(key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan),
                                                 kv, (self.step_in, self.route_log, self.weights))
         t1 = time.perf_counter()
         if download:
@@ -107,10 +125,12 @@ class DecodeSteps:
             self._step_timing = (mode, t0, t1 - t0)
         return out, logits
 
-    def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1):
+    def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1,
+                     row_states: list[int] | None = None):
         """One host->device copy of [ids | positions | max + 1 | lengths | cells | bases] into
         step_in; -> (ids [T], StepRows [T + 1]). Row t attends to cells 0..positions[t] of its
-        sequence, whose cell 0 is bases[t], and appends its K/V at cell bases[t] + positions[t]."""
+        sequence, whose cell 0 is bases[t], and appends its K/V at cell bases[t] + positions[t].
+        row_states [T] (device addresses): go with them, in the same copy, to row_states_ptr."""
         T = len(ids)
         if not 1 <= T <= STEP_MAX_TOKENS:
             raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
@@ -123,6 +143,12 @@ class DecodeSteps:
         host[:T] = ids
         stage_rows(host, T, 2 * T + 1, 3 * T + 1, 4 * T + 1, np.asarray(positions, np.int64),
                    np.asarray(bases, np.int64))
+        if row_states is not None:          # (the padding before them goes along: one copy)
+            if len(row_states) != T:
+                raise InvalidArgument(f"a step of {T} rows takes {T} state addresses, got {len(row_states)}")
+            at = ROW_STATES_AT // 4
+            self._step_host[at:at + 2 * T].view(np.uint64)[:] = row_states
+            host = self._step_host[:at + 2 * T]
         self.step_in.copy_from_host(host, self.stream)
         self._staged.record(self.stream)
         self.ops.bytes_h2d += host.nbytes

@@ -409,27 +409,50 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         """One batched decode step: token i appended to slot slots[i]'s sequence, every row in one
         launch of each kernel (a graph per row count) over the whole cache, each row naming its
         slot's cells (memory.StepRows); row i's logits stay on the device for that slot's pick().
-        Each row computes what that slot's own one-row step does (row-invariant kernels). A hybrid
-        model's rows step one slot at a time (the DeltaNet step kernels read one sequence's states)."""
+        Each row computes what that slot's own one-row step does (row-invariant kernels).
+
+        A hybrid model's rows also name their slots' DeltaNet states: row i's states address (the
+        states buffer for the slot in use, its home for any other: DeviceHybridCache.slot_states_ptr)
+        goes with the step's inputs, and the DeltaNet layers launch the row kernels over them
+        (ops_next.HybridRows), each row the one-row kernels' arithmetic. No states move, and the slot
+        in use stays in use (no swap). Where that path is off (_rows_batched), the slots step in turn."""
         if len(set(slots)) != len(slots):
             raise InvalidArgument(f"decode_batch: slots {slots} repeat")
-        if self.hybrid:
+        if self.hybrid and not self._rows_batched():
             self._decode_in_turn(slots, tokens)
             return
         positions = [len(self.slot_ids(s)) for s in slots]
         if max(positions) + 1 > self.max_context:
             raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
-        _, logits = self.steps.step_rows(list(tokens), positions, [s * self.max_context for s in slots],
-                                         self.kv_all, download=False)
+        bases = [s * self.max_context for s in slots]
+        if self.hybrid:
+            if getattr(self, "_rows_kv", None) is None:      # one object: the rows graphs are valid for it
+                self._rows_kv = self.kv_all.rows_view(self.steps.row_states_ptr)
+            states = [self.kv_all.slot_states_ptr(s, self.slot) for s in slots]
+            _, logits = self.steps.step_rows(list(tokens), positions, bases, self._rows_kv, download=False,
+                                             row_states=states)
+        else:
+            _, logits = self.steps.step_rows(list(tokens), positions, bases, self.kv_all, download=False)
         V = self.args.vocab_size
         for row, (slot, token) in enumerate(zip(slots, tokens)):
+            last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
+            if self.hybrid:         # no use(): that would move states the rows left where they are
+                self._append_to(slot, token, last)
+                continue
             self.use(slot)
             self.cached_ids.append(token)
-            self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
+            self._last = last
+
+    def _rows_batched(self) -> bool:
+        """Whether a hybrid model's slots step as one batched step (decode_batch): not with
+        speculation (its verify windows keep one sequence's states row by row), a draft layer, or
+        the KV on the host (--kv-resident), which step the slots in turn."""
+        return self.num_slots > 1 and not self.spec and self.drafter is None and not self.kv_on_host
 
     def _decode_in_turn(self, slots: list[int], tokens: list[int]) -> None:
-        """decode_batch of a hybrid model: one step per slot, each slot's logits copied aside (the next
-        slot's step writes the same output), so every slot's pick() reads its own."""
+        """decode_batch of a hybrid model where _rows_batched says no: one step per slot, each slot's
+        logits copied aside (the next slot's step writes the same output), so every slot's pick()
+        reads its own."""
         V = self.args.vocab_size
         if getattr(self, "_turn_logits", None) is None:
             self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * V * 4)

@@ -274,6 +274,9 @@ def mandatory_items(sizes: PackSizes, config: EngineConfig, num_sms: int = DEFAU
     # (a hybrid's windows of fewer drafts, near a request's end or under --spec auto, are graphs of their own)
     hybrid_windows = range(2, windows + 1) if a.architecture == "qwen3next" and config.mtp else ()
     steps = sorted({1, windows, *hybrid_windows, *range(1, config.parallel + 1)})
+    # a hybrid's batched steps of parallel slots are graphs of their own (rows1..rowsN: the DeltaNet
+    # row kernels), beside its one-sequence steps': the same sizes, one more graph of a row
+    steps += [1] if a.architecture == "qwen3next" and config.parallel > 1 else []
     step_bytes = [memory_model.decode_step_bytes(sizes, T, cells, num_sms, kv_key(config)) for T in steps]
     graphs = sum(Pool.block_bytes(total) for _, total in step_bytes)
     if config.mtp and str(config.spec) != "0" and a.architecture == "qwen3moe":

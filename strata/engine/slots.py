@@ -116,6 +116,18 @@ class Slots:
         self.slot = slot
         self._last_used[slot] = next(self._clock)
 
+    def _append_to(self, slot: int, token: int, last) -> None:
+        """A batched step appended token to slot `slot`'s sequence and left its logits at `last`:
+        that slot's state, in use or parked, says so (the slot in use does not change)."""
+        if slot == self.slot:
+            self.cached_ids.append(token)
+            self._last = last
+        else:
+            kv, ids, _ = self._parked[slot]
+            ids.append(token)
+            self._parked[slot] = (kv, ids, last)
+        self._last_used[slot] = next(self._clock)
+
     def slot_ids(self, slot: int) -> list[int]:
         """The tokens slot `slot` holds K/V for."""
         return self.cached_ids if slot == self.slot else self._parked[slot][1]

@@ -15,6 +15,21 @@ def emulate_conv1d_step(grid, x, state, w, out, C, K):
     view(out, C)[:] = y[0]
 
 
+def _row_states(row_states, rows):
+    """The rows' state addresses (uint64 in device memory, read when the launch runs, as a graph
+    replay reads them): distinct, as the row kernels' contract asks."""
+    addrs = [int(a) for a in view(row_states, rows, np.uint64)]
+    assert len(set(addrs)) == rows, f"fake_cuda: rows share states at {[hex(a) for a in addrs]}"
+    return addrs
+
+
+def emulate_conv1d_rows(grid, x, row_states, state_off, w, out, C, K):
+    """Each row the one-row step over its own state (cuda/gated_delta.cu strata_gdn_conv1d_rows_f32)."""
+    assert grid[0] * 256 >= C and grid[1] >= 1 and grid[2] == 1
+    for r, base in enumerate(_row_states(row_states, grid[1])):
+        emulate_conv1d_step((grid[0], 1, 1), x + r * C * 4, base + state_off, w, out + r * C * 4, C, K)
+
+
 def emulate_conv1d(grid, x, state, w, out, T, C, K, x_ld):
     assert grid[0] * 256 >= C and grid[1] == grid[2] == 1 and 1 <= K <= 8
     s = view(state, (K - 1) * C).reshape(K - 1, C)
@@ -34,6 +49,15 @@ def emulate_gdn_step(grid, q, k, v, g, beta, state, out, Hv, Hg, Dk, Dv, q_scale
                                      view(g, Hv)[None], view(beta, Hv)[None], S)
     S[:] = S_new
     view(out, Hv * Dv)[:] = o.reshape(-1)
+
+
+def emulate_gdn_step_rows(grid, q, k, v, g, beta, row_states, state_off, out, Hv, Hg, Dk, Dv, q_scale):
+    """Each row the one-row step over its own state (cuda/gated_delta.cu strata_gdn_step_rows_f32)."""
+    assert grid[2] >= 1
+    qk, vo = Hg * Dk * 4, Hv * Dv * 4
+    for r, base in enumerate(_row_states(row_states, grid[2])):
+        emulate_gdn_step((grid[0], grid[1], 1), q + r * qk, k + r * qk, v + r * vo, g + r * Hv * 4, beta + r * Hv * 4,
+                         base + state_off, out + r * vo, Hv, Hg, Dk, Dv, q_scale)
 
 
 def emulate_gdn_prompt(grid, q, k, v, g, beta, state, out, T, Hv, Hg, Dk, Dv, q_scale, qk_ld, v_ld):

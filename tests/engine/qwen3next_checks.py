@@ -108,9 +108,9 @@ def check_llm(path, rng, rel, max_tokens):
 
 def check_parallel_slots(tmp_path, rng, rel):
     """--parallel 2 on the GPU: each slot's prompt, decode steps (one at a time and through
-    decode_batch, which steps a hybrid's slots in turn) and follow-up turn read what a one-slot
-    runner reads for that sequence alone, while the other slot works in between (the states buffer
-    swapped at each use())."""
+    decode_batch, one batched step whose rows read each slot's states where they are) and follow-up
+    turn read what a one-slot runner reads for that sequence alone, while the other slot works in
+    between (the states buffer swapped at each use())."""
     from strata.config import EngineConfig, SamplingParams
     from strata.engine.cuda_runner import CudaRunner
     from strata.pack import open_pack
@@ -144,3 +144,71 @@ def check_parallel_slots(tmp_path, rng, rel):
     assert start == len(prompts[0]) + 4 == alone[0].reusable_prefix(follow)
     assert_close(par.prefill(follow, start), alone[0].prefill(follow, start), rel, "slot 0 follow-up")
     assert par.kv_all.nbytes == alone[0].kv_all.kv.nbytes * 2 + alone[0].kv_all.states.nbytes * 3
+
+
+# decode_batch's orders for check_batched_rows: every row count 1..4, slots in shuffled orders (each
+# shape eager, then captured, then replayed), the slot in use (its states in the states buffer, the
+# others' in their homes) among the rows or not; ("decode", s): slot s steps alone in between
+BATCH_ORDERS = ([0, 1, 2, 3], [3, 1], [2, 0, 1], ("decode", 2), [1, 3, 0, 2], [0], [3, 2, 1, 0], [2, 3],
+                ("decode", 0), [1, 0, 2], [3], [0, 2])
+
+
+def check_batched_rows(tmp_path, rng, rel=0.0):
+    """--parallel 4: decode_batch of a hybrid model is one batched step (the DeltaNet row kernels over
+    each row's own slot's states), and each row reads what that slot's own one-row steps read: the
+    logits of every step, then every slot's DeltaNet states at the end, against a one-slot runner
+    stepping each sequence alone. rel 0: bit for bit (the device, whose kernels are row-invariant);
+    else within rel of max |logit| (the emulations' numpy GEMMs may round by row count). Fails
+    (AssertionError naming the slot) if a row reads another slot's states."""
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=17)
+    pack = open_pack(path)
+    V = pack.args.vocab_size
+    par = CudaRunner(pack, 96, EngineConfig(device="cuda", parallel=4))
+    one = CudaRunner(pack, 96)
+    par.prefill_chunk = one.prefill_chunk = 12
+    prompts = [rng.integers(0, V, n).tolist() for n in (19, 9, 26, 14)]
+    steps = [sum(s in (o[1:] if isinstance(o, tuple) else o) for o in BATCH_ORDERS) for s in range(4)]
+    tokens = [[int(t) for t in rng.integers(0, V, n)] for n in steps]
+    want, want_states = [], []
+    for ids, more in zip(prompts, tokens):
+        one.reset()
+        one.prefill(ids, 0, logits=False)
+        want.append([one.decode(t) for t in more])
+        want_states.append(one.kv.read_states())
+    for slot, ids in enumerate(prompts):
+        par.use(slot)
+        par.prefill(ids, 0, logits=False)
+
+    def same(got, ref, what):
+        if rel == 0.0:
+            assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{what}: not bit for bit"
+        else:
+            assert_close(got, ref, rel, what)
+
+    done = [0] * 4
+    for order in BATCH_ORDERS:
+        if isinstance(order, tuple):
+            s = order[1]
+            par.use(s)
+            same(par.decode(tokens[s][done[s]]), want[s][done[s]], f"slot {s} alone, step {done[s]}")
+            done[s] += 1
+            continue
+        in_use = par.slot
+        par.decode_batch(order, [tokens[s][done[s]] for s in order])
+        assert par.slot == in_use                   # a hybrid's batched step swaps no states
+        for s in order:
+            par.use(s)
+            got = par.ops.to_host(par._last)[0]
+            same(got, want[s][done[s]], f"slot {s} batched in {order}, step {done[s]}")
+            done[s] += 1
+    assert done == steps and [len(par.slot_ids(s)) for s in range(4)] == [len(p) + n for p, n in zip(prompts, steps)]
+    for s in range(4):
+        par.use(s)
+        got, ref = par.kv.read_states().view(np.float32), want_states[s].view(np.float32)
+        same(got, ref, f"slot {s}'s DeltaNet states")
+    assert {"rows1", "rows2", "rows3", "rows4"} <= set(par.graphs), sorted(map(str, par.graphs))
+    return par

@@ -99,3 +99,33 @@ def test_bad_shapes_are_refused(ops, rng):
     with pytest.raises(InvalidArgument, match="Dk <= 128"):
         gdn_prompt_chunked(ops, *np.zeros((2, 64, 1, 129)), np.zeros((64, 1, 4)), np.zeros((64, 1)),
                            np.zeros((64, 1)), np.zeros((1, 129, 4)))
+
+
+@pytest.mark.parametrize("R,C,K", [(1, 3, 4), (3, 257, 4), (8, 64, 2)])
+def test_conv1d_rows_are_each_rows_own_step(ops, fake, rng, R, C, K):
+    """strata_gdn_conv1d_rows_f32: row r reads and advances the state at row_states[r] (laid out here in
+    reverse row order), as the one-row step over that state alone."""
+    from strata.backends.cuda.linear_attn import gdn_conv1d_rows
+    x, states = rng.standard_normal((R, C)).astype(np.float32), rng.standard_normal((R, K - 1, C)).astype(np.float32)
+    w = rng.standard_normal((C, K)).astype(np.float32)
+    out, new = gdn_conv1d_rows(ops, x, states, w)
+    assert fake.launches[-1] == "strata_gdn_conv1d_rows_f32"
+    for r in range(R):
+        y, s = gdn_conv1d_step(ops, x[r], states[r], w)
+        np.testing.assert_array_equal(out[r], y)
+        np.testing.assert_array_equal(new[r], s)
+
+
+@pytest.mark.parametrize("R,Hv,Hg,Dk,Dv", [(1, 1, 1, 4, 4), (3, 4, 2, 16, 8), (8, 6, 3, 33, 129)])
+def test_gdn_step_rows_are_each_rows_own_step(ops, fake, rng, R, Hv, Hg, Dk, Dv):
+    from strata.backends.cuda.linear_attn import gdn_step_rows
+    q, k = rng.standard_normal((2, R, Hg, Dk)).astype(np.float32)
+    v = rng.standard_normal((R, Hv, Dv)).astype(np.float32)
+    g, beta = -rng.uniform(0, 2, (R, Hv)).astype(np.float32), rng.uniform(0, 1, (R, Hv)).astype(np.float32)
+    states = rng.standard_normal((R, Hv, Dk, Dv)).astype(np.float32)
+    out, new = gdn_step_rows(ops, q, k, v, g, beta, states)
+    assert fake.launches[-1] == "strata_gdn_step_rows_f32"
+    for r in range(R):
+        o, s = gdn_step(ops, q[r], k[r], v[r], g[r], beta[r], states[r])
+        np.testing.assert_array_equal(out[r], o)
+        np.testing.assert_array_equal(new[r], s)

@@ -24,7 +24,7 @@ from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
 from tests.engine.qwen3next_checks import (  # noqa: E402
-    check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
+    check_batched_rows, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -127,6 +127,15 @@ def test_parallel_slots_keep_their_own_deltanet_states(tmp_path, rng):
     """--parallel 2: each slot reads what a one-slot runner reads for its sequence alone, with the
     other slot working in between (qwen3next_checks.check_parallel_slots)."""
     check_parallel_slots(tmp_path, rng, REL)
+
+
+def test_batched_slots_are_one_step_whose_rows_are_each_slots_own_bit_for_bit(tmp_path, rng):
+    """--parallel 4: decode_batch is one step over the slots' rows (the DeltaNet row kernels over each
+    row's own slot's states, graphs rows1..rows4, every row count eager, captured and replayed), and
+    each row's logits, and each slot's states at the end, are that slot's own one-row steps' bit for
+    bit (qwen3next_checks.check_batched_rows)."""
+    par = check_batched_rows(tmp_path, rng)
+    assert par.use_graphs and par.graphs["rows4"].launches >= 1
 
 
 def test_spec_windows_are_one_row_steps_and_greedy_is_plain_greedy(tmp_path, rng):

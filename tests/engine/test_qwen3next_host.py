@@ -5,19 +5,21 @@ Bound REL = 3e-4 of max |oracle logit|: the emulations compute each kernel's ari
 what is left is the delta rule's two algorithms (the oracle's prompt chunked, the GPU's token by
 token: up to 1.2e-5 on the CPU) and summation order; 9e-6 seen typically over the three shapes, but
 1.02e-4 with STRATA_TEST_SEED=3746076951 on the tiny shape (about one run in 15 went past 1e-4)."""
+import contextlib
+
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from strata.config import EngineConfig  # noqa: E402
+from strata.config import EngineConfig, SamplingParams  # noqa: E402
 from strata.engine.cuda_runner import CudaRunner  # noqa: E402
 from strata.errors import InvalidArgument, UnsupportedError  # noqa: E402
 from strata.pack import open_pack  # noqa: E402
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids  # noqa: E402
 from tests.engine.qwen3next_checks import (  # noqa: E402
-    assert_close, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
+    assert_close, check_batched_rows, check_follow_up, check_greedy, check_llm, check_logits, check_parallel_slots)
 from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack  # noqa: E402
 
 REL = 3e-4
@@ -155,9 +157,10 @@ def test_a_kept_conversation_brings_its_deltanet_states_back_on_the_cpu(tmp_path
 
 @pytest.mark.parametrize("lag", [False, True])
 def test_parallel_slots_keep_their_own_deltanet_states(fake, tmp_path, rng, lag):
-    """lag: the device lags the host (fake_cuda.lagging), so decode_batch's steps of the slots in turn,
-    queued with no pick between, are all still to run when the next one is staged: each step's inputs
-    must reach its own step (the staging buffer was once rewritten under a queued copy)."""
+    """lag: the device lags the host (fake_cuda.lagging), so steps queued with no pick between (once
+    decode_batch's steps of a hybrid's slots in turn, now its one batched step and the swaps after)
+    are all still to run when the next one is staged: each step's inputs must reach its own step (the
+    staging buffer was once rewritten under a queued copy)."""
     if not lag:
         check_parallel_slots(tmp_path, rng, 1e-6)
         return
@@ -181,3 +184,62 @@ def test_llm_speculates_on_the_gpu(fake, tmp_path, rng):
             assert spec.generate(prompt, max_tokens=16).token_ids == want, f"turn {turn}"
             prompt = prompt + want + rng.integers(0, V, 3).tolist()
     assert spec.status()["speculation"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("lag", [False, True])
+def test_batched_slots_are_one_step_whose_rows_are_each_slots_own(fake, tmp_path, rng, lag):
+    """--parallel 4: decode_batch runs the slots' rows as one step (the DeltaNet row kernels, graphs
+    "rows1".."rows4"), each row's logits and each slot's states at the end those of the slot stepping
+    alone (qwen3next_checks.check_batched_rows); lag: on a device lagging the host, so the step's
+    staged inputs (the rows' state addresses among them) must reach their own step."""
+    with fake.lagging() if lag else contextlib.nullcontext():
+        par = check_batched_rows(tmp_path, rng, 1e-5)
+    used = set(fake.launches)
+    assert {"strata_gdn_conv1d_rows_f32", "strata_gdn_step_rows_f32"} <= used
+    assert fake.graph_launches and par.kv_all.nbytes == par.kv_all.kv.nbytes + par.kv_all.states.nbytes * 5
+
+
+@pytest.mark.parametrize("wrong", ["another slot's", "the home of the slot in use"])
+def test_batched_rows_reading_the_wrong_states_are_caught(fake, tmp_path, rng, monkeypatch, wrong):
+    """Mutations of where a row's states are (DeviceHybridCache.slot_states_ptr): each row reading the
+    next slot's states, or the slot in use read from its home (stale while it is in use), make
+    check_batched_rows fail, so it tells when rows read the wrong slot's states."""
+    from strata.backends.cuda.ops_next import DeviceHybridCache
+    right = DeviceHybridCache.slot_states_ptr
+    if wrong == "another slot's":
+        mutant = lambda self, slot, in_use: right(self, (slot + 1) % self.num_slots, in_use)   # noqa: E731
+    else:
+        mutant = lambda self, slot, in_use: self.homes[slot].ptr                                # noqa: E731
+    monkeypatch.setattr(DeviceHybridCache, "slot_states_ptr", mutant)
+    with pytest.raises(AssertionError, match="slot"):
+        check_batched_rows(tmp_path, rng, 1e-5)
+
+
+@pytest.mark.parametrize("batch_max", [2, 0])
+def test_the_scheduler_batches_hybrid_slots_and_each_gets_its_greedy_tokens_alone(fake, tmp_path, rng, batch_max):
+    """Through LLM's scheduler (--parallel 4, groups of up to --batch-max rows, 0: the auto rule):
+    requests whose decode steps run batched get each the greedy tokens it gets alone; the slots'
+    picks between steps (use(slot) swapping the states buffer) and prompts read in between leave
+    every slot's states where the next batched step looks for them."""
+    from strata import LLM
+    from strata.engine.scheduler import Request
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=19)
+    V = open_pack(path).args.vocab_size
+    prompts = [rng.integers(0, V, n).tolist() for n in (11, 7, 16, 9)]
+    one = LLM(path, device="cuda", max_context=64)
+    one.tokenizer.eos_token_ids = []
+    want = []
+    for p in prompts:
+        one.runner.reset()
+        want.append(one.generate(p, max_tokens=8, temperature=0.0).token_ids)
+    par = LLM(path, device="cuda", parallel=4, max_context=64, batch_max=batch_max)
+    par.tokenizer.eos_token_ids = []
+    sizes = []
+    batch = par.runner.decode_batch
+    par.runner.decode_batch = lambda slots, tokens: (sizes.append(len(slots)), batch(slots, tokens))
+    reqs = [par.scheduler.submit(Request(p, SamplingParams(max_tokens=8, temperature=0.0))) for p in prompts]
+    for r in reqs:
+        assert list(par.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == want
+    assert sizes and max(sizes) == (batch_max or 4)
+    assert any(k.startswith("rows") for k in par.runner.graphs)

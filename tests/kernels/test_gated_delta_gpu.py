@@ -164,3 +164,36 @@ def test_rope_partial(ops, rng, T, heads, dh, rot):
     want[..., :rot] = rope.apply(x[..., :rot].astype(np.float64), cos, sin)
     np.testing.assert_array_equal(got[..., rot:], x[..., rot:])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the row kernels of a batched step of parallel slots (each row's states at its own address) ----
+
+@pytest.mark.parametrize("R,C,K", [(1, 7, 2), (3, 257, 4), (8, 8192, 4)])
+def test_conv1d_rows_equal_each_rows_own_step_bit_for_bit(ops, rng, R, C, K):
+    """strata_gdn_conv1d_rows_f32 runs strata_gdn_conv1d_step_f32's code per row over the state at
+    row_states[r] (laid out in reverse row order): equal bits, out and states."""
+    from strata.backends.cuda.linear_attn import gdn_conv1d_rows, gdn_conv1d_step
+    x, states = rng.standard_normal((R, C)).astype(np.float32), rng.standard_normal((R, K - 1, C)).astype(np.float32)
+    w = (0.5 * rng.standard_normal((C, K))).astype(np.float32)
+    out, new = gdn_conv1d_rows(ops, x, states, w)
+    for r in range(R):
+        y, s = gdn_conv1d_step(ops, x[r], states[r], w)
+        np.testing.assert_array_equal(out[r], y)
+        np.testing.assert_array_equal(new[r], s)
+
+
+@pytest.mark.parametrize("R,Hv,Hg,Dk,Dv", [(1, 3, 3, 7, 5), (3, 6, 2, 33, 129), (4, 32, 16, 128, 128),
+                                           (8, 2, 1, 256, 64)])
+def test_gdn_step_rows_equal_each_rows_own_step_bit_for_bit(ops, rng, R, Hv, Hg, Dk, Dv):
+    """strata_gdn_step_rows_f32 runs strata_gdn_step_f32's code per row over the state at row_states[r]:
+    equal bits, out and states (the 80B's shape among them)."""
+    from strata.backends.cuda.linear_attn import gdn_step, gdn_step_rows
+    q, k = rng.standard_normal((2, R, Hg, Dk)).astype(np.float32)
+    v = rng.standard_normal((R, Hv, Dv)).astype(np.float32)
+    g, beta = -rng.uniform(0.01, 3, (R, Hv)).astype(np.float32), rng.uniform(0.05, 1, (R, Hv)).astype(np.float32)
+    states = rng.standard_normal((R, Hv, Dk, Dv)).astype(np.float32)
+    out, new = gdn_step_rows(ops, q, k, v, g, beta, states)
+    for r in range(R):
+        o, s = gdn_step(ops, q[r], k[r], v[r], g[r], beta[r], states[r])
+        np.testing.assert_array_equal(out[r], o)
+        np.testing.assert_array_equal(new[r], s)

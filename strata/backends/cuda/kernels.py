@@ -211,8 +211,12 @@ KERNELS = {
     "sample":           _K("sample", "strata_sample_f32", "PPPPPPPi", 1024, "(B, 1, 1); the block must be 1024"),
     "mask_logits":      _K("mask_logits", "strata_mask_logits_f32", "PPi", 256, "(ceil(V / 256), B, 1)"),
     "gdn_conv1d_step":  _K("gated_delta", "strata_gdn_conv1d_step_f32", "PPPPii", 256, "ceil(C / 256)"),
+    # a batched step's rows of distinct sequences, each with its own states (row_states [rows] on the device)
+    "gdn_conv1d_rows":  _K("gated_delta", "strata_gdn_conv1d_rows_f32", "PPqPPii", 256, "(ceil(C / 256), rows)"),
     "gdn_conv1d":       _K("gated_delta", "strata_gdn_conv1d_f32", "PPPPiiiq", 256, "ceil(C / 256)"),
     "gdn_step":         _K("gated_delta", "strata_gdn_step_f32", "PPPPPPPiiiif", 256, "(ceil(Dv / 32), Hv)"),
+    "gdn_step_rows":    _K("gated_delta", "strata_gdn_step_rows_f32", "PPPPPPqPiiiif", 256,
+                           "(ceil(Dv / 32), Hv, rows)"),
     "gdn_prompt":       _K("gated_delta", "strata_gdn_prompt_f32", "PPPPPPPiiiiifqq", 256, "(ceil(Dv / 32), Hv)"),
     # the chunked (WY / UT) form of gdn_prompt: prep per (chunk, head), then the scan over the chunks
     "gdn_chunk_prep":   _K("gated_delta_chunk", "strata_gdn_chunk_prep_f32", "PPPPPiiiifq", 256, "(ceil(T / 64), Hv)"),

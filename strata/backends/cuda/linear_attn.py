@@ -96,6 +96,60 @@ def gdn_step(ops, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     return ops._download(out, (Hv, Dv), np.float32), ops._download(s_dev, state.shape, np.float32)
 
 
+def _rows_states(ops, states: np.ndarray, off: int):
+    """Rows' states [R, ...] uploaded as the row kernels find them: each after `off` bytes of its own
+    block of one buffer, the blocks in reverse row order (so an address taken by row index, not from
+    row_states, reads another row's). -> (buffer, row_states [R] uint64 on the device, read back)."""
+    R, n = states.shape[0], states[0].nbytes
+    block = off + n
+    host = np.zeros(R * block, np.uint8)
+    for r in range(R):
+        at = (R - 1 - r) * block + off
+        host[at:at + n] = states[r].reshape(-1).view(np.uint8)
+    buf = ops._upload(host)
+    addrs = ops._upload(np.array([buf.ptr + (R - 1 - r) * block for r in range(R)], np.uint64))
+
+    def read_back() -> np.ndarray:
+        got = ops._download(buf, (R * block,), np.uint8)
+        return np.stack([got[(R - 1 - r) * block + off:(R - 1 - r) * block + off + n].view(np.float32)
+                         .reshape(states.shape[1:]) for r in range(R)])
+    return buf, addrs, read_back
+
+
+def gdn_conv1d_rows(ops, x, states, w, off: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """One token of each of R sequences (strata_gdn_conv1d_rows_f32): x [R, C], states [R, K-1, C]
+    (each at its own address, `off` bytes into its block), w [C, K] -> (out [R, C], new states)."""
+    x, states, w = _f32(x), _f32(states), _f32(w)
+    R, C = x.shape
+    if w.ndim != 2 or w.shape[0] != C or states.shape != (R, w.shape[1] - 1, C) or R < 1 or off % 16:
+        raise InvalidArgument(f"gdn_conv1d_rows: x {x.shape}, states {states.shape}, w {w.shape} are not "
+                              f"[R, C], [R, K-1, C], [C, K] (off {off} a multiple of 16)")
+    K = w.shape[1]
+    buf, addrs, read_back = _rows_states(ops, states, off)
+    x_dev, w_dev, out = ops._upload(x), ops._upload(w), ops._output(R * C * 4)
+    ops._launch("gdn_conv1d_rows", (-(-C // 256), R), (x_dev, addrs, off, w_dev, out, C, K))
+    return ops._download(out, (R, C), np.float32), read_back()
+
+
+def gdn_step_rows(ops, q, k, v, g, beta, states, off: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """One token's gated delta rule for each of R sequences (strata_gdn_step_rows_f32): q, k [R, Hg, Dk],
+    v [R, Hv, Dv], g, beta [R, Hv], states [R, Hv, Dk, Dv] (each at its own address) -> (out [R, Hv, Dv],
+    new states)."""
+    q, k, v, g, beta, states = (_f32(a) for a in (q, k, v, g, beta, states))
+    R, Hg, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    if (k.shape != q.shape or v.shape[0] != R or g.shape != (R, Hv) or beta.shape != (R, Hv)
+            or states.shape != (R, Hv, Dk, Dv) or not 0 < Dk <= GDN_MAX_DK or Hv % Hg or off % 16):
+        raise InvalidArgument(f"gdn_step_rows: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                              f"states {states.shape} are not [R, Hg, Dk], [R, Hv, Dv], [R, Hv], [R, Hv, Dk, Dv] "
+                              f"with Hv a multiple of Hg and Dk <= {GDN_MAX_DK}")
+    buf, addrs, read_back = _rows_states(ops, states, off)
+    ins, out = [ops._upload(a) for a in (q, k, v, g, beta)], ops._output(R * Hv * Dv * 4)
+    ops._launch("gdn_step_rows", (*gdn_step_grid(Dv, Hv), R),
+                (*ins, addrs, off, out, Hv, Hg, Dk, Dv, float(Dk ** -0.5)))
+    return ops._download(out, (R, Hv, Dv), np.float32), read_back()
+
+
 def _prompt_args(name: str, max_dk: int, q, k, v, g, beta, state) -> list[np.ndarray]:
     q, k, v, g, beta, state = (_f32(a) for a in (q, k, v, g, beta, state))
     T, Hg, Dk = q.shape

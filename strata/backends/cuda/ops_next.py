@@ -22,7 +22,10 @@ that read and write them can be CUDA graphs. A step of 2..8 rows (a verify windo
 tail) runs the DeltaNet one row at a time through the one-token kernels, so each row is bit for bit
 the one-row step's, and, where the cache keeps a window's rows (speculation), each layer's states
 after row t are copied into the cache's row t, from which a rollback makes the last accepted row's
-live (DeviceHybridCache.keep_rows / window_begin / roll_back).
+live (DeviceHybridCache.keep_rows / window_begin / roll_back). A batched step of distinct
+sequences (--parallel slots) gets the cache as HybridRows instead: its DeltaNet layers run every row
+in one launch of the row kernels (strata_gdn_conv1d_rows_f32, strata_gdn_step_rows_f32), each row
+over its own slot's states wherever they are.
 """
 from __future__ import annotations
 
@@ -109,6 +112,18 @@ class DeviceHybridCache:
         v.__dict__.update(self.__dict__)
         v.kv, v.base, v.whole, v.snapshots = kv, kv.base, self, []
         return v
+
+    def slot_states_ptr(self, slot: int, in_use: int) -> int:
+        """Where slot `slot`'s states are now, `in_use` being the slot in use: the states buffer for
+        that one, its home for any other (what swap() keeps true)."""
+        if slot == in_use or not self.homes:
+            return self.states.ptr
+        return self.homes[slot].ptr
+
+    def rows_view(self, row_states: int) -> "HybridRows":
+        """This cache for a batched step of distinct slots' rows, each row's states at the device
+        address that row_states[row] (uint64 [rows] in device memory) holds (HybridRows)."""
+        return HybridRows(self.whole, row_states)
 
     def swap(self, old: int, new: int) -> None:
         """Slot `old` leaves, slot `new` comes in: the states buffer's bytes to old's home, new's home
@@ -208,6 +223,33 @@ class DeviceHybridCache:
         raise KeyError(f"no DeltaNet state snapshot after {length} tokens (have {[s[0] for s in self.snapshots]})")
 
 
+class HybridRows:
+    """The whole DeviceHybridCache for a decode step whose rows are distinct sequences (--parallel
+    slots), each row's DeltaNet states wherever they are: row r's layer l states at the device
+    address row_states[r] (a uint64 in device memory, staged with the step's other inputs) plus the
+    layer's offset. The ops launch the row kernels (cuda/gated_delta.cu strata_gdn_conv1d_rows_f32,
+    strata_gdn_step_rows_f32: all rows in one launch, each row the one-row kernel's arithmetic), so a
+    CUDA graph captured once serves every later step of that row count, whatever slots are in it
+    and wherever their states are. The attention layers' K/V are the cache's, through the step's
+    StepRows. One object per runner: a decode graph is valid for the cache object it captured."""
+
+    def __init__(self, cache: DeviceHybridCache, row_states: int):
+        self.cache, self.row_states = cache, row_states
+
+    def __getattr__(self, name):            # the cache's for the rest (K/V layers, slots, offsets)
+        if name == "cache":
+            raise AttributeError(name)
+        return getattr(self.cache, name)
+
+    def conv_offset(self, layer: int) -> int:
+        """Byte offset of the layer's conv state from a row's states address."""
+        return self.cache._offsets[layer]
+
+    def ssm_offset(self, layer: int) -> int:
+        """Byte offset of the layer's recurrent state from a row's states address."""
+        return self.cache._offsets[layer] + self.cache.conv_floats * 4
+
+
 class Qwen3NextDeviceOps(DeviceOps):
     """DeviceOps plus the ops of strata.model.qwen3next (module doc)."""
 
@@ -288,8 +330,13 @@ class Qwen3NextDeviceOps(DeviceOps):
     def conv1d_silu(self, x: DeviceTensor, name: str, layer: int, cache) -> DeviceTensor:
         T, C = x.shape
         K = self.args.linear_conv_kernel_dim
-        w, state = self._f32_weight(name), cache.conv_ptr(layer)
+        w = self._f32_weight(name)
         out = self.alloc((T, C))
+        if isinstance(cache, HybridRows):     # distinct sequences' rows, each with its own states
+            self.launch("gdn_conv1d_rows", (-(-C // 256), T),
+                        (x.ptr, cache.row_states, cache.conv_offset(layer), w, out.ptr, C, K))
+            return out
+        state = cache.conv_ptr(layer)
         if T <= DECODE_ROWS_MAX:        # a step's rows one at a time, each as a one-row step
             for t in range(T):
                 self.launch("gdn_conv1d_step", -(-C // 256), (x.ptr + t * C * 4, state, w, out.ptr + t * C * 4, C, K))
@@ -314,6 +361,11 @@ class Qwen3NextDeviceOps(DeviceOps):
         Hv, Dv = v.shape[1:]
         out = self.alloc((T, Hv, Dv))
         grid = gdn_step_grid(Dv, Hv)
+        if isinstance(cache, HybridRows):     # distinct sequences' rows, each with its own states
+            self.launch("gdn_step_rows", (*grid, T), (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.row_states,
+                                                      cache.ssm_offset(layer), out.ptr, Hv, Hg, Dk, Dv,
+                                                      float(Dk ** -0.5)))
+            return out
         args = (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, cache.ssm_ptr(layer), out.ptr)
         if T <= DECODE_ROWS_MAX:        # a step's rows one at a time, each as a one-row step
             qk, vo = Hg * Dk * 4, Hv * Dv * 4
