@@ -16,7 +16,15 @@
 #   device_tests SECS TAIL [pytest paths...]
 #                            tools/device_check.sh over the paths, its last TAIL lines shown (without
 #                            paths: the build and test_runtime.py alone); then the tests' site dir on
-#                            PYTHONPATH and start_pack's pack waited for
+#                            PYTHONPATH, the script's during_pack function if it defines one, and
+#                            start_pack's pack waited for
+#   with_parent LIB PARENT_CU CMD...
+#                            CMD run with strata/kernels/LIB.fatbin built from PARENT_CU (an earlier
+#                            cuda/LIB.cu carried in .whl/) and the manifest's sha256 patched to it; this
+#                            build's fatbin and manifest are put back after (the A/B of one library)
+#   kv_bench_ab              tools/kv_attention_bench.py --cells ${KV_CELLS:-16384,32768,131072}; with
+#                            KV_PARENT (an earlier cuda/kv_quant.cu) also over that one, then this
+#                            build again: the quantized decode attention's A/B in one call
 #   bench_synthetic NAME SECS SHAPE [bench args...]
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
@@ -54,6 +62,7 @@ device_tests() {
         OUT=$OUT timeout "$(budget "$secs")" bash tools/device_check.sh tests/kernels/test_runtime.py 2>&1 | tail -3
     fi
     export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+    if declare -F during_pack >/dev/null; then during_pack; fi     # the script's GPU work that needs no pack
     wait $pack_pid
     cat "$OUT/pack.log"
 }
@@ -64,4 +73,32 @@ bench_synthetic() {
     timeout "$(budget "$secs")" $PY -m strata bench --synthetic "$shape" --device cuda --json "$OUT/$name.json" "$@" \
         2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "${BENCH_LINES:-.}"
     [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
+}
+
+with_parent() {
+    local lib=$1 parent=$2 kdir=strata/kernels rc; shift 2
+    cp "$kdir/$lib.fatbin" "/tmp/$lib.new.fatbin" && cp "$kdir/manifest.json" /tmp/manifest.new.json || return 1
+    if ! nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o "$kdir/$lib.fatbin" "$parent"; then
+        cp "/tmp/$lib.new.fatbin" "$kdir/$lib.fatbin"
+        return 1
+    fi
+    $PY -c "import hashlib, json; p='$kdir/manifest.json'; m=json.load(open(p)); e=m['kernels']['$lib']; \
+e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); json.dump(m, open(p,'w'))"
+    "$@"
+    rc=$?
+    cp "/tmp/$lib.new.fatbin" "$kdir/$lib.fatbin" && cp /tmp/manifest.new.json "$kdir/manifest.json"
+    return $rc
+}
+
+kv_bench_once() {
+    echo "== kv attention bench, $1 ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells "${KV_CELLS:-16384,32768,131072}" 2>&1 | tail -12
+}
+
+kv_bench_ab() {
+    kv_bench_once "this build"
+    if [ -n "${KV_PARENT:-}" ]; then
+        with_parent kv_quant "$KV_PARENT" kv_bench_once "$KV_PARENT"
+        kv_bench_once "this build, again"
+    fi
 }

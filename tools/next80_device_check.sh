@@ -9,6 +9,8 @@
 #     resident  prompts 512,4096,16384, 64 decoded tokens after each, every weight in VRAM
 #     residentcc  prompts 4096,16384 resident with --kernels-off tc-attention (the gated attention on
 #               the CUDA-core kernel: the A/B of the head_dim-256 tensor-core prompt attention)
+#     kvbench   tools/kv_attention_bench.py (device_deadline.sh kv_bench_ab: with KV_PARENT, the A/B
+#               of an earlier cuda/kv_quant.cu), while the pack is still building if it is
 #     b12, b8   the same at --vram-budget-gib 12 / 8 (experts cached and streamed)
 #     gdn       tools/gdn_chunk_bench.py --sweep
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -19,6 +21,7 @@ SCRIPT_ARGS=("$@")
 device_setup next80-check resident b12 b8
 
 start_pack qwen3-next-80b-a3b 300
+during_pack() { has kvbench && kv_bench_ab; }
 if has tests; then
     device_tests 300 20 ${TESTS:-tests/kernels/test_gated_delta_gpu.py tests/kernels/test_attention_tc_gpu.py \
         tests/engine/test_qwen3next_gpu.py}

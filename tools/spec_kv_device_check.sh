@@ -27,7 +27,8 @@
 #     kvdigest tools/kv_decode_digest.py with this build's cuda/kv_quant.cu and with KV_PARENT's (an
 #              earlier kv_quant.cu carried in .whl/, built aside and swapped into strata/kernels for one
 #              run): the diff of the two must be empty (a load-path change that keeps the sums bit for bit)
-#     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (quantized decode attention, #14)
+#     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (KV_CELLS; quantized decode attention,
+#              #14); with KV_PARENT, then over that kv_quant.cu, then this build again (the A/B in one call)
 #     tcbench  tools/attention_tc_bench.py --shape 80b (the head_dim-256 tensor-core prompt attention)
 #     batchres tools/parallel_bench.py resident, --batch-max auto, 1, 2, 4 and 8 clients, no long prompt (#19)
 #     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
@@ -111,13 +112,8 @@ fi
 if has kvdigest; then   # the quantized decode's outputs, this build against KV_PARENT's kv_quant.cu
     echo "== kv decode digests ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/kv_decode_digest.py >"$OUT/kv_digest_new.txt" 2>&1
-    kdir=strata/kernels
-    if [ -n "${KV_PARENT:-}" ] && cp $kdir/kv_quant.fatbin /tmp/kv_quant_new.fatbin && cp $kdir/manifest.json /tmp/manifest_new.json \
-        && nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o $kdir/kv_quant.fatbin "$KV_PARENT"; then
-        $PY -c "import hashlib, json; p='$kdir/manifest.json'; m=json.load(open(p)); e=m['kernels']['kv_quant']; \
-e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); json.dump(m, open(p,'w'))"
-        timeout "$(budget 120)" $PY tools/kv_decode_digest.py >"$OUT/kv_digest_parent.txt" 2>&1
-        cp /tmp/kv_quant_new.fatbin $kdir/kv_quant.fatbin && cp /tmp/manifest_new.json $kdir/manifest.json
+    if [ -n "${KV_PARENT:-}" ] && with_parent kv_quant "$KV_PARENT" \
+            timeout "$(budget 120)" $PY tools/kv_decode_digest.py >"$OUT/kv_digest_parent.txt" 2>&1; then
         echo "digest lines: $(wc -l <"$OUT/kv_digest_new.txt") new, $(wc -l <"$OUT/kv_digest_parent.txt") parent;" \
             "differing: $(diff "$OUT/kv_digest_new.txt" "$OUT/kv_digest_parent.txt" | grep -c '^<')"
         diff "$OUT/kv_digest_new.txt" "$OUT/kv_digest_parent.txt" | head -12
@@ -125,10 +121,7 @@ e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); js
         tail -3 "$OUT/kv_digest_new.txt"
     fi
 fi
-if has kvbench; then
-    echo "== kv attention bench ($(elapsed) s)"
-    timeout "$(budget 120)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 2>&1 | tail -24
-fi
+has kvbench && kv_bench_ab
 if has tcbench; then
     echo "== attention_tc bench, 80B shape ($(elapsed) s)"
     timeout "$(budget 60)" $PY tools/attention_tc_bench.py --shape 80b 2>&1 | tail -14
