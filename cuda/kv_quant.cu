@@ -43,11 +43,8 @@
 // The decode runs both products on the tensor cores (mma.sync m16n8k16, f16 operands, f32 sums) with
 // operands that are exact (the codes, V's codes times a power of two) or split into hi + lo halves (the
 // query, the probabilities times V's scale mantissas), so it keeps f32 accuracy; see "decode on the
-// tensor cores" below. Each lane reads its own bytes of each int8 cell straight from global memory (int8
-// K: 16 bytes a block); the q4r planes (q4_0's K and V, k8v4's V, and their scales) go through shared
-// memory (16-byte cp.async copies, two tiles in flight a warp, ldmatrix into the fragments), the same
-// bytes into the same registers. No cell needs a warp reduction, and the warps merge in shared memory
-// at the end.
+// tensor cores" below. Each lane reads its own bytes of each cell straight from global memory (int8 K:
+// 16 bytes a block), no cell needs a warp reduction, and the warps merge in shared memory at the end.
 
 #include <cuda_fp16.h>
 
@@ -108,36 +105,13 @@ __device__ __forceinline__ void load_cell(const void* values, const __half* scal
 //   values  O [16 rows x 8 dims] += P' [16 rows x 16 cells] V, one V scale block per 8-dim n-tile.
 //           dV = mant * 2^k: the power of two goes into V's codes (code * 2^k is exact in f16), the
 //           mantissa (|mant| < 128) into P' = p * mant, split into hi + lo halves as the query is.
-// A warp takes tiles of NSUB * 16 cells; lane (g = lane / 4, t = lane % 4) holds K of cells g and
+// A warp takes tiles of NSUB * 16 cells; lane (g = lane / 4, t = lane % 4) loads K of cells g and
 // 8 + g of each 16 (the B operand: 4 dims of each 16-dim slice, its own 16 or 8 consecutive dims of
 // each K block), and V and both scales of cells 2t, 2t + 1, 2t + 8, 2t + 9 (V's B operand: dim g of
-// each 8-dim n-tile, 8 or 4 consecutive dims of each V block), so no cell needs a warp reduction. The
-// score layout of the first MMA is the row layout of the P' operand, so p never leaves its lane; the
-// online softmax (max over the tile: 2 shuffles) rescales the accumulator once per tile. The warps
-// merge in shared memory at the end.
-//
-// Where those bytes come from. An int8 plane: each lane's own loads from global memory (K 16 bytes a
-// block, V 8, the scales 2 * NB). A q4r plane: a lane's share of a cell is 4 bytes of each K block and
-// 2 of each V block, so its own loads were 4- and 2-byte ones, 64 a tile at Dh 128 (the q4_0 decode
-// was load-issue-bound at ~30% of the copy rate while int8 ran at 65%). Instead the warp stages its
-// tiles in shared memory, two buffers in the warp's own acc_s region (free until its sums go there):
-// while it computes tile i, tile i + 1's values go out as 16-byte cp.async copies (lane l: chunks l,
-// l + 32, .. of the tile, a chunk being one 32-value block of one cell, Q4Tile's swizzled layout) and
-// its scales as one 2 * NB-byte copy a cell; cells past the end are zero-filled, as load_raw's zeros.
-// The fragments then come out of shared memory by ldmatrix, which hands lane (g, t) exactly the bytes
-// its own loads read: K, plain, rows = cells 8i + g, one matrix a K block -> word t of the block =
-// the old 4-byte load; V, .trans, rows = cells 8pr + 2t, 8pr + 2t + 1, one matrix a V block -> b16 g of
-// both rows in one register = the old __byte_perm(2-byte load, 2-byte load, 0x5410). The scales are
-// read where they are used. So every MMA gets the same operands in the same order as with the direct
-// loads, and the outputs are meant to be bit for bit those of the direct loads: the mapping is checked
-// on the host (tests/kernels/test_kv_q4_fragments.py, a model of the staging and of ldmatrix's
-// fragment layout); on the GPU, tools/kv_decode_digest.py's digests of a build with the direct loads
-// and of this one must be equal, and tests/kernels/test_kv_quant_gpu.py holds both to float64.
-// ptxas (sm_90, nvcc 13.0): q4_0 d128 g8 241 -> 168 registers, 20.8 -> 41.2 KB shared; k8v4 d128 g8
-// 249 -> 203 registers; the spills q4_0 d128 g16 (64 bytes), d256 (24..44) and k8v4 d256 g1..4, d64
-// g1..4 (4) had are gone; no entry spills. Per tile and lane at Dh 128, q4_0's 64 global loads are
-// 8 cp.async + 8 ldmatrix + 2 scale copies + 16 shared scale reads, and 3 blocks fit an SM instead of 2.
-// Expected: the q4_0 and k8v4 decode near int8's rate; not yet measured.
+// each 8-dim n-tile, 8 or 4 consecutive dims of each V block), all straight from global memory, so
+// no cell needs a warp reduction. The score layout of the first MMA is the row layout of the P'
+// operand, so p never leaves its lane; the online softmax (max over the tile: 2 shuffles) rescales
+// the accumulator once per tile. The warps merge in shared memory at the end.
 
 __device__ __forceinline__ __half2 as_h2(uint32_t u) {
     __half2 h;
@@ -192,56 +166,11 @@ __device__ __forceinline__ typename RawT<N>::T load_raw(const void* p, bool vali
     return v;
 }
 
-// cp.async of N bytes (4, 8 or 16) global -> shared; src-size 0 zero-fills them, as load_raw's !valid
-template <int N>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    if constexpr (N == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(N),
-                     "r"(valid ? N : 0)
-                     : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// four 8 x 8 b16 matrices, lanes 8m .. 8m + 7 the addresses of matrix m's rows 0..7 (16 bytes each):
-// lane (g, t) gets r[m] = bytes 4t .. 4t + 3 of row g (plain) or {b16 g of row 2t, b16 g of row 2t + 1}
-// (.trans, row 2t in the low half)
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
 template <bool Q4, int DH>
 struct Plane {
     static constexpr int BS = Q4 ? 32 : 64;      // values per scale
     static constexpr int NB = DH / BS;           // scale blocks per head vector
     static constexpr int ROW = Q4 ? DH / 2 : DH; // value bytes per head vector
-};
-
-// A warp's staged tile of q4r cells (TILE cells, chunk = 16 bytes = one q4 block of a cell): chunk
-// (cell c, block b) at c ROW + 16 (b ^ ((c / RP) % CPR)), CPR chunks a row, RP rows per 128 bytes. The
-// swizzle puts the 8 rows of an ldmatrix (cells 8i .. 8i + 7, one block) in 8 distinct 16-byte bank
-// groups, so no ldmatrix has a bank conflict.
-template <int DH>
-struct Q4Tile {
-    static constexpr int ROW = DH / 2;
-    static constexpr int CPR = ROW / 16;
-    static constexpr int RP = 8 / CPR;
-    static constexpr int SB = DH / 16;            // scale bytes per cell (2 per 32 values)
-    __device__ static constexpr int chunk(int c, int b) { return c * ROW + 16 * (b ^ ((c / RP) % CPR)); }
 };
 
 // K (the scores' B operand): the dim of slice j's k position 2t + {0, 1} (e = 0, 1) and 2t + 8 + {0, 1}
@@ -289,17 +218,8 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     constexpr int VBYTES = VP::ROW / VP::NB / 8; // a lane's V bytes per block (8 or 2)
     // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
     constexpr int KMAX = VQ4 ? 27 : 24;
-    // the q4r planes (values and scales) go through shared memory, two buffers a warp:
-    // [K values][V values][K scales][V scales] of the q4r ones, TILE cells each (Q4Tile's layout)
-    using QT = Q4Tile<DH>;
-    constexpr bool STAGED = KQ4 || VQ4;
-    constexpr int KVB = KQ4 ? TILE * QT::ROW : 0, VVB = VQ4 ? TILE * QT::ROW : 0;
-    constexpr int KSB = KQ4 ? TILE * QT::SB : 0, VSB = VQ4 ? TILE * QT::SB : 0;
-    constexpr int BUF = KVB + VVB + KSB + VSB;
-    constexpr int WREG = GP * DH > BUF / 2 ? GP * DH : BUF / 2;   // floats a warp: its sums or its 2 buffers
 
-    // warp w's region: q [GP][DH] first (w = 0), its staged tiles in the loop, then its sums [GP][DH]
-    __shared__ alignas(128) float acc_s[kWarps][WREG];
+    __shared__ alignas(16) float acc_s[kWarps][GP][DH];       // q [GP][DH] first, then the warps' sums
     __shared__ alignas(16) uint4 qfrag_s[NSLICE * NPASS][32];
     __shared__ float ml_s[kWarps][GP][2];
     __shared__ int qexp_s[GP];
@@ -323,52 +243,8 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
         return;
     }
 
-    const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
-    const int64_t row0 = first * Hk + kvh;
-    const uint8_t* kv8 = static_cast<const uint8_t*>(k_values);
-    const uint8_t* vv8 = static_cast<const uint8_t*>(v_values);
-    const uint8_t* vram_kv8 = static_cast<const uint8_t*>(vram_k_values);
-    const uint8_t* vram_vv8 = static_cast<const uint8_t*>(vram_v_values);
-    const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
-    // the head's row of a cell's planes, in the VRAM window (in_vram) or in the cache
-    auto row_of = [&](int cell, bool in_vram) -> int64_t {
-        return in_vram ? vram.slot(cell) * Hk + kvh
-                       : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
-    };
-
-    // a tile of the q4r planes -> buffer `buf` of the warp's region (cells past the end zero-filled, as
-    // load_raw's): lane l copies 16-byte chunks l, l + 32, .. (cell c = chunk / CPR, block chunk % CPR)
-    // and the scales of cell l
-    const int c_first = start + warp * TILE;
-    unsigned char* const stage_s = reinterpret_cast<unsigned char*>(acc_s[warp]);
-    auto stage = [&](int buf, int c0) {
-        unsigned char* sb = stage_s + buf * BUF;
-#pragma unroll
-        for (int i = 0; i < TILE * QT::CPR / 32; ++i) {
-            const int ch = lane + 32 * i, c = ch / QT::CPR, blk = ch % QT::CPR, cell = c0 + c;
-            const bool ok = cell < end, in_vram = ok && vram.holds(cell);
-            const int64_t off = ok ? row_of(cell, in_vram) * QT::ROW + blk * 16 : 0;
-            if constexpr (KQ4) cp_async<16>(sb + QT::chunk(c, blk), (in_vram ? vram_kv8 : kv8) + off, ok);
-            if constexpr (VQ4) cp_async<16>(sb + KVB + QT::chunk(c, blk), (in_vram ? vram_vv8 : vv8) + off, ok);
-        }
-        if (lane < TILE) {
-            const int cell = c0 + lane;
-            const bool ok = cell < end, in_vram = ok && vram.holds(cell);
-            const int64_t row = ok ? row_of(cell, in_vram) : 0;
-            if constexpr (KQ4)
-                cp_async<QT::SB>(sb + KVB + VVB + lane * QT::SB, (in_vram ? vram_k_scales : k_scales) + row * KP::NB,
-                                 ok);
-            if constexpr (VQ4)
-                cp_async<QT::SB>(sb + KVB + VVB + KSB + lane * QT::SB,
-                                 (in_vram ? vram_v_scales : v_scales) + row * VP::NB, ok);
-        }
-    };
-    // warps 1.. start their first tile now; warp 0's region holds q until the prologue is done
-    if constexpr (STAGED)
-        if (warp != 0 && c_first < end) stage(0, c_first);
-
     // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
-    float* q_s = &acc_s[0][0];
+    float* q_s = &acc_s[0][0][0];
     const float qscale = scale * kLog2e;
     for (int j = threadIdx.x; j < GP * DH; j += blockDim.x) {
         const int h = j / DH;
@@ -413,67 +289,55 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     float qinv[NH];
 #pragma unroll
     for (int h = 0; h < NH; ++h) qinv[h] = g + 8 * h < GP ? ldexpf(1.0f, -qexp_s[g + 8 * h]) : 1.0f;
-    __syncthreads();  // q_s is dead: acc_s is the warps' staged tiles, then their sums, from here
-    if constexpr (STAGED) {
-        if (warp == 0 && c_first < end) stage(0, c_first);
-        cp_async_commit();
-    }
+    __syncthreads();  // q_s is dead: acc_s is the warps' sums from here
 
     float acc[NT][4] = {};
     float m[NH], l[NH];
 #pragma unroll
     for (int h = 0; h < NH; ++h) m[h] = -INFINITY, l[h] = 0.0f;
 
+    const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
+    const int64_t row0 = first * Hk + kvh;
+    const uint8_t* kv8 = static_cast<const uint8_t*>(k_values);
+    const uint8_t* vv8 = static_cast<const uint8_t*>(v_values);
+    const uint8_t* vram_kv8 = static_cast<const uint8_t*>(vram_k_values);
+    const uint8_t* vram_vv8 = static_cast<const uint8_t*>(vram_v_values);
+    const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
+    // the head's row of a cell's planes, in the VRAM window (in_vram) or in the cache
+    auto row_of = [&](int cell, bool in_vram) -> int64_t {
+        return in_vram ? vram.slot(cell) * Hk + kvh
+                       : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
+    };
 
-    int buf = 0;
-    for (int c0 = c_first; c0 < end; c0 += kWarps * TILE, buf ^= 1) {
-        // the staged planes of this tile: the next one's copies go out first, then this one's wait
-        const unsigned char* sb = stage_s + buf * BUF;
-        if constexpr (STAGED) {
-            if (c0 + kWarps * TILE < end) stage(buf ^ 1, c0 + kWarps * TILE);
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncwarp();
-        }
-        typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];       // int8 K (q4r K: ldmatrix below)
-        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];       // int8 V (q4r V: ldmatrix below)
+    for (int c0 = start + warp * TILE; c0 < end; c0 += kWarps * TILE) {
+        typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];
+        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];
         typename RawT<2 * KP::NB>::T ks[NSUB][4];
         typename RawT<2 * VP::NB>::T vs[NSUB][4];
         bool valid[NSUB][4];
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub) {
-            if constexpr (!KQ4) {
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    const int cell = c0 + sub * 16 + nt * 8 + g;
-                    const bool in_vram = cell < end && vram.holds(cell);
-                    const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
+            for (int nt = 0; nt < 2; ++nt) {
+                const int cell = c0 + sub * 16 + nt * 8 + g;
+                const bool in_vram = cell < end && vram.holds(cell);
+                const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
 #pragma unroll
-                    for (int kb = 0; kb < KP::NB; ++kb)
-                        kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
-                }
+                for (int kb = 0; kb < KP::NB; ++kb)
+                    kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
             }
 #pragma unroll
             for (int ci = 0; ci < 4; ++ci) {
                 const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                const bool in_vram = cell < end && vram.holds(cell);
+                const int64_t row = row_of(cell, in_vram);
+                const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
                 valid[sub][ci] = cell < end;
-                if constexpr (!KQ4 || !VQ4) {     // (q4r scales: from the buffer where they are used)
-                    const bool in_vram = cell < end && vram.holds(cell);
-                    const int64_t row = row_of(cell, in_vram);
-                    if constexpr (!VQ4) {
-                        const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
 #pragma unroll
-                        for (int vb = 0; vb < VP::NB; ++vb)
-                            vw[sub][ci][vb] =
-                                load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
-                    }
-                    if constexpr (!KQ4)
-                        ks[sub][ci] =
-                            load_raw<2 * KP::NB>((in_vram ? vram_k_scales : k_scales) + row * KP::NB, cell < end);
-                    if constexpr (!VQ4)
-                        vs[sub][ci] =
-                            load_raw<2 * VP::NB>((in_vram ? vram_v_scales : v_scales) + row * VP::NB, cell < end);
-                }
+                for (int vb = 0; vb < VP::NB; ++vb)
+                    vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
+                ks[sub][ci] = load_raw<2 * KP::NB>((in_vram ? vram_k_scales : k_scales) + row * KP::NB, cell < end);
+                vs[sub][ci] = load_raw<2 * VP::NB>((in_vram ? vram_v_scales : v_scales) + row * VP::NB, cell < end);
             }
         }
 
@@ -482,23 +346,6 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub) {
             float sacc[NH][4] = {};
-            // q4r K: word t of block kb of cells g and 8 + g (the bytes kw's 4-byte loads read), 4 blocks
-            // an ldmatrix: matrix m of call j is (nt, kb) = (4j + m) / NB, (4j + m) % NB
-            uint32_t kq[2][KP::NB];
-            if constexpr (KQ4) {
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci)
-                    ks[sub][ci] = *reinterpret_cast<const typename RawT<2 * KP::NB>::T*>(
-                        sb + KVB + VVB + (sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1)) * QT::SB);
-#pragma unroll
-                for (int j = 0; j < 2 * KP::NB / 4; ++j) {
-                    const int mi = 4 * j + (lane >> 3);
-                    uint32_t r[4];
-                    ldmatrix_x4(r, sb + QT::chunk(sub * 16 + mi / KP::NB * 8 + (lane & 7), mi % KP::NB));
-#pragma unroll
-                    for (int mm = 0; mm < 4; ++mm) kq[(4 * j + mm) / KP::NB][(4 * j + mm) % KP::NB] = r[mm];
-                }
-            }
 #pragma unroll
             for (int kb = 0; kb < KP::NB; ++kb) {
                 float c[2][4] = {};
@@ -509,7 +356,7 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) {
                         if constexpr (KQ4) {
-                            const uint32_t w = kq[nt][kb];
+                            const uint32_t w = kw[sub][nt][kb];
                             bf[nt][0] = q4_pair(w, jj ? 8 : 0);
                             bf[nt][1] = q4_pair(w, jj ? 12 : 4);
                         } else {
@@ -579,24 +426,6 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
         // P' V
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub) {
-            // q4r V: {bytes 2g, 2g + 1 of cell 2t, of cell 2t + 1} of pair pr's cells (8 pr + ..) and
-            // block vb, as __byte_perm(vw[2pr], vw[2pr + 1], 0x5410) of the 2-byte loads: ldmatrix.trans
-            // with the cells as rows; matrix m of call j is (pr, vb) = (4j + m) / NB, (4j + m) % NB
-            uint32_t vq[2][VP::NB];
-            if constexpr (VQ4) {
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci)
-                    vs[sub][ci] = *reinterpret_cast<const typename RawT<2 * VP::NB>::T*>(
-                        sb + KVB + VVB + KSB + (sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1)) * QT::SB);
-#pragma unroll
-                for (int j = 0; j < 2 * VP::NB / 4; ++j) {
-                    const int mi = 4 * j + (lane >> 3);
-                    uint32_t r[4];
-                    ldmatrix_x4_trans(r, sb + KVB + QT::chunk(sub * 16 + mi / VP::NB * 8 + (lane & 7), mi % VP::NB));
-#pragma unroll
-                    for (int mm = 0; mm < 4; ++mm) vq[(4 * j + mm) / VP::NB][(4 * j + mm) % VP::NB] = r[mm];
-                }
-            }
 #pragma unroll
             for (int vb = 0; vb < VP::NB; ++vb) {
                 // dV = mant 2^k per cell: 2^k (f16) for the codes, mant for p
@@ -631,7 +460,8 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                     uint32_t* out = pr ? vb23 : vb01;
                     const __half2 pw = pr ? pow23 : pow01;
                     if constexpr (VQ4) {
-                        const uint32_t w = vq[pr][vb];
+                        const uint32_t w = __byte_perm(static_cast<uint32_t>(vw[sub][2 * pr][vb]),
+                                                       static_cast<uint32_t>(vw[sub][2 * pr + 1][vb]), 0x5410);
 #pragma unroll
                         for (int ii = 0; ii < NTB; ++ii) out[ii] = as_u32(__hmul2(as_h2(q4_pair(w, 4 * ii)), pw));
                     } else {
@@ -655,11 +485,6 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                                  vb23[ii]);
             }
         }
-        if constexpr (STAGED) __syncwarp();   // every lane's reads of the buffer done: the next tile refills it
-    }
-    if constexpr (STAGED) {
-        cp_async_wait<0>();                   // (nothing is in flight past the last tile: its group was empty)
-        __syncwarp();                         // the region is the warp's sums from here
     }
 
     // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
@@ -673,7 +498,7 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
-                    acc_s[warp][head * DH + v_dim<VQ4>(n / NTB, n % NTB, 2 * t + j)] =
+                    acc_s[warp][head][v_dim<VQ4>(n / NTB, n % NTB, 2 * t + j)] =
                         STACK ? acc[n][j] + acc[n][2 + j] : acc[n][2 * h + j];
             if (t == 0) ml_s[warp][head][0] = m[h], ml_s[warp][head][1] = l[h];
         }
@@ -689,7 +514,7 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
         for (int w = 0; w < kWarps; ++w) {
             const float mw = ml_s[w][hd][0];
             const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-            a = fmaf(acc_s[w][hd * DH + d], e, a);
+            a = fmaf(acc_s[w][hd][d], e, a);
             lsum = fmaf(ml_s[w][hd][1], e, lsum);
         }
         const int64_t slot = slot0 + static_cast<int64_t>(hd) * num_splits;
