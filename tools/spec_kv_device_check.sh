@@ -39,6 +39,7 @@
 #              chunk, ring and kept slots each took and auto's predicted tok/s), ~30 s an arm;
 #              PREFILL_GIBS (default "8 12") and PREFILL_RULES (default "auto bytes slots") narrow it
 #     p2048    prompts 512 and 2048 at 12 GiB, 32 decoded, --cpu-experts off against auto (#18's targets)
+#     p2048cap the same with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -148,6 +149,12 @@ fi
 if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split off and on
     for mode in off auto; do
         bench "p2048_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 --cpu-experts "$mode"
+    done
+fi
+if has p2048cap; then   # the same at a PCIe 4.0 slot's rate
+    for mode in off auto; do
+        bench "p2048cap_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 \
+            --cpu-experts "$mode" --pcie-gbs 25
     done
 fi
 if has splitcap; then   # the same at a PCIe 4.0 slot's rate (the cap only delays: logits as uncapped)
