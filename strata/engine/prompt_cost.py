@@ -79,14 +79,16 @@ class PromptRates:
 # prompt at 0.132 / 0.430 / 2.47 s for 512 / 4096 / 16384 tokens against 0.158 / 0.536 / 2.85
 # measured (the rest: its expert GEMMs at 80-320 rows an expert, the DeltaNet's small kernels).
 # Since then cuda/attention_tc.cu has a head_dim-256 kernel, so the 80B's attention is priced at the
-# tensor-core rate, the 30B's Dh-128 fit: an assumption until tools/attention_tc_bench.py --shape 80b
-# measures it (the kernel runs one block an SM on 32-cell tiles: it may fall short of Dh 128's rate).
-# The model then puts the 16K prompt at 1.17 s (0.35 s at 4096); the CUDA-core rate is left for head
-# dims without a tensor-core kernel.
+# tensor-core rate, the 30B's Dh-128 fit, slowed by TC_ATTENTION_SLOWDOWN: the Dh-256 kernel (one
+# block an SM on 32-cell tiles) ran 169 TFLOP/s at the 80B's shape (tools/attention_tc_bench.py
+# --shape 80b, eleventh session) where the Dh-128 one ran 285 at the 30B's (its header). The model
+# then puts the 80B's resident 16K prompt within 25% of the 9,762 tok/s measured with it (a test);
+# the CUDA-core rate is left for head dims without a tensor-core kernel.
 DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
                                    "fitted to the H200's resident prompts and chunk A/B (docs/PERF.md)", 4.06e-6,
                                    18.9e12, 12.1e12)
 GDN_CHUNK_TOKENS = 64             # strata.backends.cuda.linear_attn.GDN_CHUNK
+TC_ATTENTION_SLOWDOWN = {256: 285.0 / 169.0}    # a head dim's tensor-core prompt attention against Dh 128's
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def layer_work(sizes) -> list[LayerWork]:
         expert = a.num_experts_per_tok * sum(p["shape"][0] * p["shape"][1] for p in parts.values())
         full = a.is_full_attention(l) if hasattr(a, "is_full_attention") else True
         attention = 2 * a.num_attention_heads * a.head_dim if full else 0
+        if a.head_dim in TC_ATTENTION_HEAD_DIMS:    # priced as Dh-128 work at its measured rate
+            attention *= TC_ATTENTION_SLOWDOWN.get(a.head_dim, 1.0)
         gdn = 0.0
         if not full:        # chunks of C: the Gram matrix, its inverse, the state's update and output
             C, Hv = GDN_CHUNK_TOKENS, a.linear_num_value_heads

@@ -227,12 +227,19 @@ def test_the_80b_resident_prompt_within_a_quarter():
 
 
 def test_the_80b_attention_on_tensor_cores():
-    """With attention_tc.cu's head_dim-256 kernel the 80B's attention is priced at the tensor-core rate
-    (the Dh-128 fit: not yet measured at Dh 256). It was half of a resident 16K prompt: the model's
-    16K prompt more than doubles (6,639 -> 13,958 tok/s; the measured 5,756 less the saved 1.29 s is
-    ~10,500), a 512-token prompt, whose attention is small, moves by ~1%."""
+    """With attention_tc.cu's head_dim-256 kernel (priced at the Dh-128 fit slowed by the two kernels'
+    measured rates, TC_ATTENTION_SLOWDOWN) the model's seconds land within 30% of the 80B's resident
+    prompts measured with it (eleventh session, docs/PERF.md: 3,079.7 / 8,817.6 / 9,761.7 tok/s; the
+    model is 22-26% short, as it was on the CUDA-core rows: the part it does not model is the expert
+    GEMMs at 80-320 rows an expert and the DeltaNet's small kernels, not the attention, whose saving it
+    puts at 1.23 s of a 16K prompt against 1.18 measured), and the 16K prompt gains most over the
+    CUDA-core kernel (1.70x measured in the same call); a 512-token prompt, whose attention is small,
+    moves by ~1%."""
     sizes = plan_sizes(None, "qwen3-next-80b-a3b")[1]
     work = layer_work(sizes)
-    cuda_core = [replace(w, tensor_core_attention=False) if w.attention_macs else w for w in work]
-    assert _80b_tok_s(work, sizes, 16384) > 2 * _80b_tok_s(cuda_core, sizes, 16384)
+    for N, measured in ((512, 3_079.7), (4096, 8_817.6), (16384, 9_761.7)):
+        assert N / _80b_tok_s(work, sizes, N) == pytest.approx(N / measured, rel=0.30), N
+    cuda_core = [replace(w, tensor_core_attention=False, attention_macs=w.attention_macs / prompt_cost.TC_ATTENTION_SLOWDOWN[256])
+                 if w.attention_macs else w for w in work]
+    assert _80b_tok_s(work, sizes, 16384) > 1.4 * _80b_tok_s(cuda_core, sizes, 16384)
     assert _80b_tok_s(work, sizes, 512) == pytest.approx(_80b_tok_s(cuda_core, sizes, 512), rel=0.02)
