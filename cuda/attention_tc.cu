@@ -138,6 +138,94 @@ __device__ __forceinline__ void mask_and_softmax(float (&s)[CTILES][4], float (&
     }
 }
 
+
+// The prologue both kernels share. A block's rows are the flattened (token, head in group) list;
+// this thread holds two of them, `first` and first + 8 (gq and gq + 8 of its 16-row group).
+struct RowPlace {
+    int64_t first, num_rows;
+    int G, H, kvh, DH;
+    __device__ __forceinline__ int64_t flat(int i) const { return first + 8 * i; }
+    __device__ __forceinline__ int64_t offset(int i) const {  // element offset of row i in q and out
+        const int64_t f = flat(i);
+        return (f / G * H + kvh * G + f % G) * DH;
+    }
+};
+
+// The smallest and largest position of the block's tokens (at most kRows of them): per warp by
+// shuffles into pos_s[warp]; block_span reduces the warps after a barrier. No atomics.
+__device__ __forceinline__ void block_positions(const int* __restrict__ positions, int64_t row0, int64_t num_rows,
+                                                int G, int warp, int lane, int (*pos_s)[2]) {
+    const int64_t t_first = row0 / G, t_last = (min(row0 + kRows, num_rows) - 1) / G;
+    const int64_t t = t_first + threadIdx.x;
+    const bool valid = t <= t_last;
+    int lo = valid ? positions[t] : INT32_MAX, hi = valid ? positions[t] : -1;
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) pos_s[warp][0] = lo, pos_s[warp][1] = hi;
+}
+
+struct Span {
+    int min_pos, num_cells;  // cells 0..num_cells-1 are the most any row of the block reads
+};
+
+template <int WARPS>
+__device__ __forceinline__ Span block_span(const int (*pos_s)[2]) {
+    int min_pos = pos_s[0][0], max_pos = pos_s[0][1];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) min_pos = min(min_pos, pos_s[w][0]), max_pos = max(max_pos, pos_s[w][1]);
+    return {min_pos, max_pos + 1};
+}
+
+// This thread's two rows: their positions (-1: past the end) and their Q as mma A fragments over
+// KSTEPS k-steps of 16 dims, scaled by qscale and rounded to f16 (zeros for a row past the end).
+template <int KSTEPS>
+__device__ __forceinline__ void load_rows_q(const float* __restrict__ q, const int* __restrict__ positions,
+                                            const RowPlace& rows, int tq, float qscale, int (&row_pos)[2],
+                                            unsigned (&qa)[KSTEPS][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int64_t f = rows.flat(i);
+        row_pos[i] = f < rows.num_rows ? positions[f / rows.G] : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float* qrow = q + (row_pos[i] >= 0 ? rows.offset(i) : 0);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // a[i + 2h]: row gq + 8i, cols ks*16 + 2tq + 8h, +1
+                float2 v = make_float2(0.0f, 0.0f);
+                if (row_pos[i] >= 0) v = *reinterpret_cast<const float2*>(qrow + ks * 16 + 2 * tq + 8 * h);
+                qa[ks][i + 2 * h] = pack_half2(v.x * qscale, v.y * qscale);
+            }
+        }
+    }
+}
+
+// Tiles of CELLS cells of one KV head's cache rows (row_stride halves apart) into a shared tile of
+// KS-half rows, by cp.async 16 bytes at a time: each thread copies one fixed 16-byte column of every
+// (THREADS / CHUNKS)-th cell; cells at or past num_cells are zero-filled, never read.
+template <int CELLS, int THREADS, int CHUNKS, int KS>
+struct TileLoader {
+    int64_t row_stride;
+    int num_cells, c_first, part;
+    __device__ __forceinline__ TileLoader(int64_t stride, int cells)
+        : row_stride(stride), num_cells(cells), c_first(threadIdx.x / CHUNKS), part((threadIdx.x % CHUNKS) * 8) {}
+    __device__ __forceinline__ void operator()(unsigned base, const __half* src, int cell0) const {
+        constexpr int kStep = THREADS / CHUNKS;
+        const __half* p = src + (cell0 + c_first) * row_stride + part;
+        const unsigned dst = base + (c_first * KS + part) * 2;
+#pragma unroll
+        for (int it = 0; it < CELLS / kStep; ++it) {
+            const bool valid = cell0 + c_first + it * kStep < num_cells;
+            cp_async16(dst + it * kStep * KS * 2, valid ? p + it * kStep * row_stride : src, valid);
+        }
+        cp_async_commit();
+    }
+};
+
 }  // namespace
 
 template <int DH>
@@ -160,50 +248,15 @@ __device__ __forceinline__ void attention_prefill_tc(const float* __restrict__ q
     const int64_t num_rows = static_cast<int64_t>(T) * G;
     const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first
 
-    // smallest and largest position of the block's tokens (no atomics: shuffles, then 4 warps)
-    {
-        const int64_t t_first = row0 / G, t_last = (min(row0 + kRows, num_rows) - 1) / G;
-        const int64_t t = t_first + threadIdx.x;
-        const bool valid = t <= t_last;
-        int lo = valid ? positions[t] : INT32_MAX, hi = valid ? positions[t] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-        }
-        if (lane == 0) pos_s[warp][0] = lo, pos_s[warp][1] = hi;
-    }
-
+    block_positions(positions, row0, num_rows, G, warp, lane, pos_s);   // no atomics: shuffles, then warps
     // this thread's two rows (gq and gq + 8 of its warp's 16): position (-1: past the end) and Q fragments
     int row_pos[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int64_t f = row0 + warp * 16 + gq + 8 * i;
-        row_pos[i] = f < num_rows ? positions[f / G] : -1;
-    }
-    auto row_offset = [&](int i) {  // element offset of this thread's row i in q and out
-        const int64_t f = row0 + warp * 16 + gq + 8 * i;
-        return (f / G * H + kvh * G + f % G) * DH;
-    };
     unsigned qa[KSTEPS][4];
-    const float qscale = scale * kLog2e;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float* qrow = q + (row_pos[i] >= 0 ? row_offset(i) : 0);
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // a[i + 2h]: row gq + 8i, cols ks*16 + 2tq + 8h, +1
-                float2 v = make_float2(0.0f, 0.0f);
-                if (row_pos[i] >= 0) v = *reinterpret_cast<const float2*>(qrow + ks * 16 + 2 * tq + 8 * h);
-                qa[ks][i + 2 * h] = pack_half2(v.x * qscale, v.y * qscale);
-            }
-        }
-    }
+    const RowPlace rows{row0 + warp * 16 + gq, num_rows, G, H, kvh, DH};
+    load_rows_q(q, positions, rows, tq, scale * kLog2e, row_pos, qa);
     __syncthreads();
-    int min_pos = pos_s[0][0], max_pos = pos_s[0][1];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) min_pos = min(min_pos, pos_s[w][0]), max_pos = max(max_pos, pos_s[w][1]);
-    const int num_cells = max_pos + 1;
+    const Span span = block_span<kWarps>(pos_s);
+    const int min_pos = span.min_pos, num_cells = span.num_cells;
     const int num_tiles = (num_cells + kCells - 1) / kCells;
 
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
@@ -211,19 +264,7 @@ __device__ __forceinline__ void attention_prefill_tc(const float* __restrict__ q
     const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
     const unsigned k_base = static_cast<unsigned>(__cvta_generic_to_shared(&k_s[0][0]));
     const unsigned v_base = static_cast<unsigned>(__cvta_generic_to_shared(&v_s[0][0]));
-    // each thread copies one fixed 16-byte column of every (kThreads / CHUNKS)-th cell of a tile
-    constexpr int kStep = kThreads / CHUNKS;
-    const int c_first = threadIdx.x / CHUNKS, part = (threadIdx.x % CHUNKS) * 8;
-    auto load_tile = [&](unsigned base, const __half* src, int cell0) {
-        const __half* p = src + (cell0 + c_first) * row_stride + part;
-        const unsigned dst = base + (c_first * KS + part) * 2;
-#pragma unroll
-        for (int it = 0; it < kCells / kStep; ++it) {
-            const bool valid = cell0 + c_first + it * kStep < num_cells;
-            cp_async16(dst + it * kStep * KS * 2, valid ? p + it * kStep * row_stride : src, valid);
-        }
-        cp_async_commit();
-    };
+    const TileLoader<kCells, kThreads, CHUNKS, KS> load_tile{row_stride, num_cells};
     // ldmatrix lane addresses. K (non-trans): matrices (cells +0..7, dims +0..7), (+0..7, +8..15),
     // (+8..15, +0..7), (+8..15, +8..15) = b0, b1 of two cell n-tiles. V (trans): (cells +0..7, dims
     // +0..7), (+8..15, +0..7), (+0..7, +8..15), (+8..15, +8..15) = b0, b1 of two dim n-tiles.
@@ -287,7 +328,7 @@ __device__ __forceinline__ void attention_prefill_tc(const float* __restrict__ q
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
         if (row_pos[i] < 0) continue;
         const float inv = 1.0f / l[i];
-        float* dst = out + row_offset(i) + 2 * tq;
+        float* dst = out + rows.offset(i) + 2 * tq;
 #pragma unroll
         for (int n = 0; n < DTILES; ++n)
             *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
@@ -327,48 +368,14 @@ __device__ __forceinline__ void attention_prefill_tc_pairs(const float* __restri
     const int64_t num_rows = static_cast<int64_t>(T) * G;
     const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first
 
-    {  // smallest and largest position of the block's tokens (at most kRows of them)
-        const int64_t t_first = row0 / G, t_last = (min(row0 + kRows, num_rows) - 1) / G;
-        const int64_t t = t_first + threadIdx.x;
-        const bool valid = t <= t_last;
-        int lo = valid ? positions[t] : INT32_MAX, hi = valid ? positions[t] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-        }
-        if (lane == 0) pos_s[warp][0] = lo, pos_s[warp][1] = hi;
-    }
-
+    block_positions(positions, row0, num_rows, G, warp, lane, pos_s);
     int row_pos[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int64_t f = row0 + rg * 16 + gq + 8 * i;
-        row_pos[i] = f < num_rows ? positions[f / G] : -1;
-    }
-    auto row_offset = [&](int i) {
-        const int64_t f = row0 + rg * 16 + gq + 8 * i;
-        return (f / G * H + kvh * G + f % G) * DH;
-    };
     unsigned qa[KSTEPS][4];
-    const float qscale = scale * kLog2e;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float* qrow = q + (row_pos[i] >= 0 ? row_offset(i) : 0);
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float2 v = make_float2(0.0f, 0.0f);
-                if (row_pos[i] >= 0) v = *reinterpret_cast<const float2*>(qrow + ks * 16 + 2 * tq + 8 * h);
-                qa[ks][i + 2 * h] = pack_half2(v.x * qscale, v.y * qscale);
-            }
-        }
-    }
+    const RowPlace rows{row0 + rg * 16 + gq, num_rows, G, H, kvh, DH};
+    load_rows_q(q, positions, rows, tq, scale * kLog2e, row_pos, qa);
     __syncthreads();
-    int min_pos = pos_s[0][0], max_pos = pos_s[0][1];
-#pragma unroll
-    for (int w = 1; w < kPairWarps; ++w) min_pos = min(min_pos, pos_s[w][0]), max_pos = max(max_pos, pos_s[w][1]);
-    const int num_cells = max_pos + 1;
+    const Span span = block_span<kPairWarps>(pos_s);
+    const int min_pos = span.min_pos, num_cells = span.num_cells;
     const int num_tiles = (num_cells + kPairCells - 1) / kPairCells;
 
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
@@ -376,18 +383,7 @@ __device__ __forceinline__ void attention_prefill_tc_pairs(const float* __restri
     const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
     const unsigned k_base = static_cast<unsigned>(__cvta_generic_to_shared(&k_s[0][0]));
     const unsigned v_base = static_cast<unsigned>(__cvta_generic_to_shared(&v_s[0][0]));
-    constexpr int kStep = kPairThreads / CHUNKS;
-    const int c_first = threadIdx.x / CHUNKS, part = (threadIdx.x % CHUNKS) * 8;
-    auto load_tile = [&](unsigned base, const __half* src, int cell0) {
-        const __half* p = src + (cell0 + c_first) * row_stride + part;
-        const unsigned dst = base + (c_first * KS + part) * 2;
-#pragma unroll
-        for (int it = 0; it < kPairCells / kStep; ++it) {
-            const bool valid = cell0 + c_first + it * kStep < num_cells;
-            cp_async16(dst + it * kStep * KS * 2, valid ? p + it * kStep * row_stride : src, valid);
-        }
-        cp_async_commit();
-    };
+    const TileLoader<kPairCells, kPairThreads, CHUNKS, KS> load_tile{row_stride, num_cells};
     // ldmatrix lane addresses as above, moved to this warp's 16 cells of K and 128 columns of V
     const unsigned k_lane =
         k_base + ((half * 16 + (lane & 7) + ((lane >> 4) << 3)) * KS + ((lane >> 3) & 1) * 8) * 2;
@@ -458,7 +454,7 @@ __device__ __forceinline__ void attention_prefill_tc_pairs(const float* __restri
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
         if (row_pos[i] < 0) continue;
         const float inv = 1.0f / l[i];
-        float* dst = out + row_offset(i) + half * HALF + 2 * tq;
+        float* dst = out + rows.offset(i) + half * HALF + 2 * tq;
 #pragma unroll
         for (int n = 0; n < DTILES; ++n)
             *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
