@@ -197,14 +197,14 @@ def split_chunk(T: int, num_experts: int, top_k: int, cached_share: float, blob_
 
 
 # A decode step's misses are read in place by the GPU's kernels (zero-copy), not copied: docs/PERF.md
-# measured them at about 27 GB/s on the H200 (373 missed experts a token, 660 MB, at 42 tok/s) against
-# 55.4 GB/s of pinned copies, and the engine measures no in-place rate of its own
+# measured them at about 27 GB/s on the H200 (the 80B at 12 GiB: 373 missed experts a token, 660 MB, at
+# 42 tok/s) against 55.4 GB/s of pinned copies; the engine measures no in-place rate of its own
 IN_PLACE_SHARE = 0.5
 # A split decode step runs eagerly (its per-layer reads of the routing cannot be captured), so it loses
 # the graph: its launches are queued from Python between the layers' syncs, with no GPU work queued
-# ahead to hide them. docs/PERF.md (tools/decode_graph_ab.py, Qwen3-30B-A3B's 48 layers): 14.6-21.1 ms
-# of host time to queue an eager step against 0.03-0.04 ms to launch its graph, before the fused decode
-# kernels cut the launches a layer, so per layer an upper estimate where the runner measured none
+# ahead to hide them. docs/PERF.md (2026-11-30, tools/decode_graph_ab.py, Qwen3-30B-A3B's 48 layers):
+# 14.6-21.1 ms of host time to queue an eager step against 0.03-0.04 ms to launch its graph, before the
+# fused decode kernels cut the launches a layer: per layer an upper estimate where the runner measured none
 EAGER_LAYER_S = 14.6e-3 / 48
 
 
