@@ -330,7 +330,8 @@ def report(res: BenchResult) -> str:
         p = split.get("pricing") or {}
         rows.append(f"decode split (--cpu-experts {split['mode']}), since load: {split['steps']} steps split (eager), "
                     f"{split['experts']:,} experts on the host"
-                    + (f", {split['host_ms']['host_step_ms']:.3f} ms a split step on the host" if split.get("host_ms") else "")
+                    + (f", {split['host_ms']['host_step_ms']:.3f} ms a split step on the host"
+                       if split.get("host_ms") else "")
                     + (f"; last pricing: {p['why']} (misses read in place at {p['in_place_gb_s']:.1f} GB/s, the "
                        f"eager step counted at {p['eager_ms']:.2f} ms)" if p else ""))
     rates = res.limits.get("host_expert_ms")

@@ -136,8 +136,9 @@ class DecodeSteps:
             logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.split_plan)
             self._split_keys, mode = self.split_plan.host.end_step(), "split"
         else:
-            logits, self.hidden, mode = self.launch(key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan),
-                                                    kv, (self.step_in, self.route_log, self.weights))
+            logits, self.hidden, mode = self.launch(
+                key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan), kv,
+                (self.step_in, self.route_log, self.weights))
         t1 = time.perf_counter()
         if download:
             out = self.download(logits)
@@ -311,7 +312,8 @@ class DecodeSteps:
                 # --cpu-experts on decode steps: whether they split and the pricing that said so
                 "cpu_experts_split": None if host is None else
                 {"mode": "auto" if host.share is None else host.share, "steps": host.stats.decode_steps,
-                 "experts": host.stats.decode_experts, "pricing": None if host.decode is None else host.decode.to_dict()},
+                 "experts": host.stats.decode_experts,
+                 "pricing": None if host.decode is None else host.decode.to_dict()},
                 "graphs": {T: {"nodes": g.num_nodes, "capture_ms": g.capture_ms, "pool_bytes": g.keep[0].capacity_bytes}
                            for T, g in self.graphs.items()},
                 "host_ms": times}

@@ -255,7 +255,8 @@ class DecodeSplit:
         return (f"refused: {s.best_host} of {s.host + s.bus} missed a layer on the host would take the step's "
                 f"misses {self.bus_seconds * 1e3:.2f} -> {self.seconds * 1e3:.2f} ms, "
                 f"{self.fixed_seconds * 1e3:.2f} ms of it fixed (the eager step's {self.eager_s * 1e3:.2f} ms "
-                f"included): a gain under the margin ({gain_needed(self.bus_seconds, self.fixed_seconds) * 1e3:.2f} ms)")
+                f"included): a gain under the margin "
+                f"({gain_needed(self.bus_seconds, self.fixed_seconds) * 1e3:.2f} ms)")
 
     def to_dict(self) -> dict:
         s = self.layer

@@ -186,7 +186,8 @@ def test_bench_and_status_report_the_hosts_share(fake):
     host = runner.status()["expert_cache"]["host"]
     assert host["mode"] == 0.5 and host["experts"] >= res.prompt[19]["host_experts"]
     assert "fixed a layer split" in text
-    assert "decode split (--cpu-experts 0.5), since load:" in text and "steps split (eager)" in text and "forced" in text
+    assert "decode split (--cpu-experts 0.5), since load:" in text and "steps split (eager)" in text
+    assert "forced" in text
     assert set(host["rates"]["fixed_ms"]) == {"sync", "choose", "host_round_trip", "gpu_resume"}
 
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..expert_split import STREAM_ALL_SYNC_S, DecodeSplit, HostRates, expected_rows, in_place_gb_s, split_decode, split_layer
+from ..expert_split import (STREAM_ALL_SYNC_S, DecodeSplit, HostRates, expected_rows, in_place_gb_s, split_decode,
+                            split_layer)
 
 MEASURE_REPEATS = 5         # jobs of each kind measure_path times (the median counts)
 MEASURE_GAP_S = 1e-3        # idle before each job: the pool's threads asleep, as while the GPU runs a layer
