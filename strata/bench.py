@@ -207,6 +207,9 @@ def _finish(runner, res: BenchResult) -> None:
     host = (status.get("decode") or {}).get("host_ms", {}).get("graph")
     if host:
         res.limits["host_ms_per_token"] = host
+    split = (status.get("decode") or {}).get("cpu_experts_split")
+    if split:               # --cpu-experts on decode steps: the steps split, their host time, the pricing
+        res.limits["decode_split"] = {**split, "host_ms": (status["decode"].get("host_ms") or {}).get("split")}
     if isinstance(status.get("draft"), dict):       # --draft-window and --draft-prompt
         res.plan.update(draft_window=status["draft"]["window"], draft_ring_cells=status["draft"]["ring_cells"],
                         draft_prompt=status["draft"]["prompt"])
@@ -322,6 +325,15 @@ def report(res: BenchResult) -> str:
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "
                     f"{host['host_step_ms']:.3f} ms until the token is on the host")
+    split = res.limits.get("decode_split")
+    if split:
+        p = split.get("pricing") or {}
+        rows.append(f"decode split (--cpu-experts {split['mode']}), since load: {split['steps']} steps split (eager), "
+                    f"{split['experts']:,} experts on the host"
+                    + (f", {split['host_ms']['host_step_ms']:.3f} ms a split step on the host"
+                       if split.get("host_ms") else "")
+                    + (f"; last pricing: {p['why']} (misses read in place at {p['in_place_gb_s']:.1f} GB/s, the "
+                       f"eager step counted at {p['eager_ms']:.2f} ms)" if p else ""))
     rates = res.limits.get("host_expert_ms")
     if rates:
         fixed = rates.get("fixed") or {}

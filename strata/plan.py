@@ -150,9 +150,11 @@ def trade_text(options, kv_why: str | None) -> str:
     return "\n".join(rows)
 
 
-def split_cases(sizes: PackSizes, p, config: EngineConfig):
-    """(the host's rates, strata.engine.expert_split's PlanCases at this plan) or (None, why not)."""
-    from .engine.expert_split import host_computable, parse_mode, plan_cases, random_blob_rates
+def split_cases(sizes: PackSizes, p, config: EngineConfig, bus_gb_s: float | None = None):
+    """(the host's rates, strata.engine.expert_split's PlanCases at this plan) or (None, why not).
+    bus_gb_s: the pinned copy rate before --pcie-gbs (decode's in-place reads are paced to the cap
+    after they ran at half of it: expert_split.in_place_gb_s); None: the plan's."""
+    from .engine.expert_split import host_computable, in_place_gb_s, parse_mode, plan_cases, random_blob_rates
     if p.cache_slots >= p.total_experts:
         return None, "every expert cached: nothing is missed"
     why = host_computable(sizes.layers)
@@ -169,9 +171,11 @@ def split_cases(sizes: PackSizes, p, config: EngineConfig):
     # a short prompt's loan is its ring and a small pool (the loan is sized by the prompt), not the
     # plan's largest chunk's: it keeps about the cache less the ring
     kept = max(p.prompt_cache_slots, p.cache_slots - p.prefill_ring)
+    capped = bool(config.pcie_gbs) and bus_gb_s is not None and config.pcie_gbs < bus_gb_s
     return rates, plan_cases(a, sizes.blob(big), a.num_hidden_layers, kept / p.total_experts,
                              p.cache_slots / p.total_experts, p.h2d_gb_s, rates,
-                             mode if isinstance(mode, float) else None)
+                             mode if isinstance(mode, float) else None,
+                             in_place_gb_s(bus_gb_s, config.pcie_gbs) if capped else None)
 
 
 def split_text(config: EngineConfig, rates, cases) -> str:
@@ -188,9 +192,15 @@ def split_text(config: EngineConfig, rates, cases) -> str:
             f"auto splits when it saves that x{FIXED_MARGIN:g} and {MIN_GAIN:.0%} of the layer net"]
     for c in cases:
         s = c.split
+        if c.decode is not None:
+            d = c.decode
+            rows.append(f"    {c.name:<20} {s.host + s.bus:>4} missed a layer: {s.host} on the host, {s.bus} read "
+                        f"in place ({d.in_place_gb_s:.1f} GB/s); {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s "
+                        f"(PCIe-bound; a split step runs eagerly, {d.eager_s * 1e3:.2f} ms counted); {d.why()}")
+            continue
         rows.append(f"    {c.name:<20} {s.host + s.bus:>4} missed a layer: {s.host} on the host, {s.bus} over "
                     f"the bus; {c.bus_tok_s:,.1f} -> {c.split_tok_s:,.1f} tok/s (x{s.speedup:.2f}, PCIe-bound); "
-                    + ("decode steps do not split yet" if c.tokens == 1 else s.why()))
+                    + s.why())
     return "\n".join(rows)
 
 
@@ -199,6 +209,7 @@ def plan_main(args, engine_kwargs: dict) -> int:
     name, sizes = plan_sizes(args.model, args.synthetic)
     gpu = _gpu(config)
     free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
+    bus_gb_s = bandwidths.h2d_gb_s
     if config.pcie_gbs and config.pcie_gbs < bandwidths.h2d_gb_s:
         bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
                                 f"{bandwidths.source}; host->device capped by --pcie-gbs")
@@ -210,7 +221,7 @@ def plan_main(args, engine_kwargs: dict) -> int:
     show = tuple(int(n) for n in str(args.prompt or "").split(",") if n.strip())
     plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
-    rates, cases = split_cases(sizes, plan, config)
+    rates, cases = split_cases(sizes, plan, config, bus_gb_s)
     if args.json:
         print(json.dumps({"model": name, **plan.to_dict(), "kv_auto": kv_why,
                           "kv_trade": [dataclasses.asdict(o) for o in options],

@@ -5,7 +5,12 @@ every later one a replay), and, when experts stream, the step's routing written 
 that comes back with the logits for the cache's admissions (ExpertStore.after_step).
 
 Every step carries the same expert plan (ExpertStore.step_plan: the table, the routing log, staged
-misses where decode runs staged), so a captured graph serves every later step.
+misses where decode runs staged), so a captured graph serves every later step. The exception is
+--cpu-experts' decode split (strata.engine.expert_split.split_decode; forced by a share, or taken by
+auto when priced faster, repriced every PRICE_EVERY steps): a one-token step of one sequence then
+runs eagerly with a plan whose host share (DecodeStepSplit) reads each layer's routing on the host
+and computes some of its misses there (strata.backends.cuda.moe.moe_decode_split). Steps of several
+rows (speculation windows, batched slots) and staged decode never split.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from ..errors import DeviceError, InvalidArgument
 from .memory_model import STEP_MAX_TOKENS
 
 STEP_TIMES_KEPT = 4096              # decode steps whose host times status() summarizes
+PRICE_EVERY = 32                    # decode steps between two pricings of the decode split (auto)
 # byte offset in DecodeSteps.step_in of the rows' state addresses [STEP_MAX_TOKENS] uint64 (a hybrid's
 # batched step of distinct slots): past the int32 inputs of the largest step, so at one address
 # whatever the row count (a view of the cache that names it serves every step's graph)
@@ -81,8 +87,20 @@ class DecodeSteps:
         self.graph_error = graph_error     # why graphs are off in this runner
         self.graphs: dict = {}             # T -> DecodeGraph
         self.step_bytes: dict[int, int] = {}   # T -> pool bytes the eager step allocated (a graph's reserve)
-        self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph")}
+        self.step_times = {m: deque(maxlen=STEP_TIMES_KEPT) for m in ("eager", "capture", "graph", "split")}
         self.hidden = None                 # the last step's hidden states [T, D] on the device
+        # --cpu-experts: the plan of a split decode step (None: decode never splits), its pricing
+        host = store.host_experts
+        self.split_plan = None
+        if host is not None and not store.staged_decode:
+            from dataclasses import replace
+
+            from .experts.host_compute import DecodeStepSplit
+            self.split_plan = replace(self.plan, host=DecodeStepSplit(host))
+        self._priced_at = None             # (step count, decode hits, decode misses) of the last pricing
+        self._steps = 0                    # one-sequence one-token steps so far
+        self._split_keys = np.zeros(0, np.int64)     # (layer, expert) keys the host took in the last step
+        self._route_keys = self._split_keys          # ... of the step whose routing is on its way
 
     def step(self, ids: list[int], lo: int, kv, download: bool = True):
         """Logits of ids at positions lo.. of kv's sequence (T <= STEP_MAX_TOKENS; kv a slot's view
@@ -111,10 +129,16 @@ class DecodeSteps:
         from the one-sequence steps' (whose launches read one sequence's states at a fixed address)."""
         T = len(ids)
         t0 = time.perf_counter()
+        split = T == 1 and row_states is None and self._splits()
         ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states)
         key = T if row_states is None else f"rows{T}"
-        logits, self.hidden, mode = self.launch(key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan),
-                                                kv, (self.step_in, self.route_log, self.weights))
+        if split:       # eager, never captured: each layer reads its routing on the host
+            logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.split_plan)
+            self._split_keys, mode = self.split_plan.host.end_step(), "split"
+        else:
+            logits, self.hidden, mode = self.launch(
+                key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan), kv,
+                (self.step_in, self.route_log, self.weights))
         t1 = time.perf_counter()
         if download:
             out = self.download(logits)
@@ -124,6 +148,28 @@ class DecodeSteps:
             self._route_copy(T)
             self._step_timing = (mode, t0, t1 - t0)
         return out, logits
+
+    def _splits(self) -> bool:
+        """Whether this one-token step splits its misses with the host (--cpu-experts; module doc):
+        never without a split plan, always under a forced share, else (auto) as the last pricing
+        said, repriced every PRICE_EVERY steps from the decode hit rate measured since the last
+        (the cache's cached share before any) and the eager step's host time measured so far
+        (expert_split.EAGER_LAYER_S a layer before any)."""
+        if self.split_plan is None:
+            return False
+        self._steps += 1
+        host, st = self.split_plan.host.host, self.store.stats
+        last = self._priced_at
+        if last is None or self._steps - last[0] >= PRICE_EVERY:
+            from .expert_split import EAGER_LAYER_S
+            hits, misses = st.decode_hits - (last[1] if last else 0), st.decode_misses - (last[2] if last else 0)
+            miss_rate = misses / (hits + misses) if hits + misses else 1.0 - self.store.cached / self.store.total
+            eager = self.step_times["eager"]
+            eager_s = (float(np.median([t[0] for t in eager])) if eager
+                       else EAGER_LAYER_S * self.args.num_hidden_layers)
+            host.price_decode(miss_rate * self.args.num_experts_per_tok, self.args.num_hidden_layers, eager_s)
+            self._priced_at = (self._steps, st.decode_hits, st.decode_misses)
+        return host.decode.taken
 
     def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1,
                      row_states: list[int] | None = None):
@@ -229,11 +275,13 @@ class DecodeSteps:
             self.route_log.copy_to_host(self._route_host, self.stream)
             self._routed.record(self.stream)
             self._route_pending = T
+            self._route_keys, self._split_keys = self._split_keys, np.zeros(0, np.int64)
 
     def _after_route(self) -> None:
         if self._route_pending:
             self.store.after_step(self._route_host[:self.args.num_hidden_layers,
-                                                   :self._route_pending * self.args.num_experts_per_tok])
+                                                   :self._route_pending * self.args.num_experts_per_tok],
+                                  self._route_keys)
             self._route_pending = 0
 
     def picked(self) -> None:
@@ -259,7 +307,13 @@ class DecodeSteps:
                 a = np.asarray(steps) * 1e3
                 times[mode] = {"steps": len(a), "host_submit_ms": float(np.median(a[:, 0])),
                                "host_step_ms": float(np.median(a[:, 1]))}
+        host = None if self.split_plan is None else self.split_plan.host.host
         return {"cuda_graphs": self.use_graphs, "graph_error": self.graph_error,
+                # --cpu-experts on decode steps: whether they split and the pricing that said so
+                "cpu_experts_split": None if host is None else
+                {"mode": "auto" if host.share is None else host.share, "steps": host.stats.decode_steps,
+                 "experts": host.stats.decode_experts,
+                 "pricing": None if host.decode is None else host.decode.to_dict()},
                 "graphs": {T: {"nodes": g.num_nodes, "capture_ms": g.capture_ms, "pool_bytes": g.keep[0].capacity_bytes}
                            for T, g in self.graphs.items()},
                 "host_ms": times}

@@ -164,11 +164,12 @@ def decode_misses(store, config: EngineConfig) -> tuple[str, str | None]:
 
 
 def host_experts(rt, dev, stream, store, args, config: EngineConfig, bandwidths):
-    """The host's share of prompt chunks' missed experts (--cpu-experts; strata.engine.expert_split),
-    priced with rates measured now through the engine's own path (HostExperts.measure: tens of ms)
-    and the device reads a split adds to a layer (measure_sync), or None: off, every expert
-    resident, or (auto) a pack whose experts the host's kernels do not read."""
-    from .expert_split import host_computable, parse_mode
+    """The host's share of prompt chunks' and decode steps' missed experts (--cpu-experts;
+    strata.engine.expert_split), priced with rates measured now through the engine's own path
+    (HostExperts.measure: tens of ms), the device reads a split adds to a layer (measure_sync) and
+    the rate decode misses are read in place at (expert_split.in_place_gb_s), or None: off, every
+    expert resident, or (auto) a pack whose experts the host's kernels do not read."""
+    from .expert_split import host_computable, in_place_gb_s, parse_mode
     mode = parse_mode(config.cpu_experts)
     if mode == "off" or store.resident:
         return None
@@ -186,6 +187,8 @@ def host_experts(rt, dev, stream, store, args, config: EngineConfig, bandwidths)
     host.rates = dataclasses.replace(host.rates, sync_s=sync, fixed_source=(
         "the device reads, the host round trip and choosing measured at load; the GPU's resume as "
         "estimated for the H200 machine"))
+    if store.bus_cap is not None:           # decode misses read in place, then paced to --pcie-gbs
+        host.in_place_gb_s = in_place_gb_s(store.bus_cap.bus_gbs, store.bus_cap.gbs)
     return host
 
 

@@ -22,6 +22,20 @@ minimises that. With equal rows and no fixed costs that is the share g / (c + g)
 (g: an expert's bus time, c: its host time). auto splits only when the net gain clears the fixed
 costs again (FIXED_MARGIN of them: they are the least known part) and MIN_GAIN of the layer; many
 rows per expert (long chunks) give the host nothing.
+
+A decode step (split_decode) prices the same split with zero-copy as the alternative: each layer
+misses `missed` experts of the token (A x the decode miss rate the runner measured, or the cache's
+uncached share), each read in place by the fused decode kernels at in_place_gb_s (IN_PLACE_SHARE of
+the pinned copy rate: docs/PERF.md's estimate, nothing in the engine measures it; under --pcie-gbs
+plus the cap's sleep), against the host's expert at one row and the layer's fixed costs. A split
+step also loses its CUDA graph (reading the routing on the host cannot be captured): its launches are
+queued from Python between the layers' syncs, nothing queued ahead to hide them, so it pays eager_s,
+the eager step's host time (measured by the runner, else EAGER_LAYER_S a layer). Step time:
+layers x (sync_s + choose_s + max(bus, layer_s + host) + resume_s) + eager_s against layers x bus;
+auto takes it when that saves the same margins over the step's fixed costs (the layers' and
+eager_s). On the H200's full bus it refuses: a host expert of one row (~0.38 ms on 16 cores through
+the engine's path) costs more than reading it in place (~0.11 ms); on a slow bus with a fast host it
+takes decode. A share forces it. Not measured on a GPU yet.
 """
 from __future__ import annotations
 
@@ -139,10 +153,12 @@ def gain_needed(bus_seconds: float, fixed_seconds: float) -> float:
     return max(MIN_GAIN * bus_seconds, FIXED_MARGIN * fixed_seconds)
 
 
-def split_layer(rows, blob_bytes: int, h2d_gb_s: float, host: HostRates, share: float | None = None) -> LayerSplit:
+def split_layer(rows, blob_bytes: int, h2d_gb_s: float, host: HostRates, share: float | None = None,
+                needed: float | None = None) -> LayerSplit:
     """The split of one layer's missed experts with rows[i] token rows each (module doc). share:
     a forced host share of the experts (0..1; --cpu-experts SHARE), else the cheapest split when
-    its net gain clears gain_needed, else none."""
+    its net gain clears `needed` seconds (None: gain_needed; a decode step's layer passes 0, the
+    step's margin having been cleared for the whole step, split_decode), else none."""
     rows = np.asarray(rows, np.int64)
     m = len(rows)
     bus_s = blob_bytes / (h2d_gb_s * 1e9)
@@ -156,7 +172,8 @@ def split_layer(rows, blob_bytes: int, h2d_gb_s: float, host: HostRates, share: 
     if share is not None:
         k = min(m, int(round(share * m)))
     else:
-        k = best if m and cost[0] - cost[best] >= gain_needed(cost[0], fixed) else 0
+        need = gain_needed(cost[0], fixed) if needed is None else needed
+        k = best if m and cost[best] < cost[0] and cost[0] - cost[best] >= need else 0
     return LayerSplit(k, m - k, float(cost[k]), float(m * bus_s), tuple(sorted(order[:k].tolist())), fixed,
                       best, float(cost[best]))
 
@@ -177,6 +194,98 @@ def split_chunk(T: int, num_experts: int, top_k: int, cached_share: float, blob_
     touched, rows = expected_rows(T, num_experts, top_k)
     missed = int(round(touched * (1.0 - cached_share)))
     return split_layer(np.full(missed, max(1, int(round(rows)))), blob_bytes, h2d_gb_s, host, share)
+
+
+# A decode step's misses are read in place by the GPU's kernels (zero-copy), not copied: docs/PERF.md
+# measured them at about 27 GB/s on the H200 (the 80B at 12 GiB: 373 missed experts a token, 660 MB, at
+# 42 tok/s) against 55.4 GB/s of pinned copies; the engine measures no in-place rate of its own
+IN_PLACE_SHARE = 0.5
+# A split decode step runs eagerly (its per-layer reads of the routing cannot be captured), so it loses
+# the graph: its launches are queued from Python between the layers' syncs, with no GPU work queued
+# ahead to hide them. docs/PERF.md (2026-11-30, tools/decode_graph_ab.py, Qwen3-30B-A3B's 48 layers):
+# 14.6-21.1 ms of host time to queue an eager step against 0.03-0.04 ms to launch its graph, before the
+# fused decode kernels cut the launches a layer: per layer an upper estimate where the runner measured none
+EAGER_LAYER_S = 14.6e-3 / 48
+
+
+def in_place_gb_s(bus_gb_s: float, cap_gb_s: float = 0.0) -> float:
+    """The rate decode misses are read in place at: IN_PLACE_SHARE of the pinned copy rate bus_gb_s,
+    and under --pcie-gbs cap_gb_s the sleep strata.engine.experts.bus_cap adds after each step
+    (missed bytes x (1/cap - 1/bus))."""
+    per_gb = 1.0 / (IN_PLACE_SHARE * bus_gb_s)
+    if cap_gb_s and cap_gb_s < bus_gb_s:
+        per_gb += 1.0 / cap_gb_s - 1.0 / bus_gb_s
+    return 1.0 / per_gb
+
+
+@dataclass(frozen=True)
+class DecodeSplit:
+    """A decode step's split (split_decode): each of `layers` layers misses `missed` experts of the
+    token on average, `layer` the split of one such layer (its bus side read in place); step seconds
+    of those misses all over the bus and with the split (the layers' splits, their fixed costs and
+    the eager step's eager_s); `taken`: whether decode steps split."""
+    layers: int
+    missed: float
+    layer: LayerSplit
+    bus_seconds: float
+    seconds: float
+    eager_s: float
+    fixed_seconds: float
+    in_place_gb_s: float
+    taken: bool
+    forced: bool = False
+
+    @property
+    def speedup(self) -> float:
+        return self.bus_seconds / self.seconds if self.seconds > 0 else 1.0
+
+    def why(self) -> str:
+        s = self.layer
+        if self.forced:
+            return (f"forced: {s.host} of {s.host + s.bus} missed a layer on the host, predicted "
+                    f"{self.bus_seconds * 1e3:.2f} -> {self.seconds * 1e3:.2f} ms a step of misses")
+        if not s.best_host:
+            return "nothing missed"
+        if self.taken:
+            return (f"saves {(self.bus_seconds - self.seconds) * 1e3:.2f} ms a step net of "
+                    f"{self.fixed_seconds * 1e3:.2f} ms fixed (the eager step's {self.eager_s * 1e3:.2f} ms included)")
+        if s.best_seconds >= s.bus_seconds:
+            return (f"the host never beats the bus at one row an expert (its best share, {s.best_host} of "
+                    f"{s.host + s.bus}, costs {(s.best_seconds - s.bus_seconds) * 1e3:.3f} ms more a layer)")
+        return (f"refused: {s.best_host} of {s.host + s.bus} missed a layer on the host would take the step's "
+                f"misses {self.bus_seconds * 1e3:.2f} -> {self.seconds * 1e3:.2f} ms, "
+                f"{self.fixed_seconds * 1e3:.2f} ms of it fixed (the eager step's {self.eager_s * 1e3:.2f} ms "
+                f"included): a gain under the margin "
+                f"({gain_needed(self.bus_seconds, self.fixed_seconds) * 1e3:.2f} ms)")
+
+    def to_dict(self) -> dict:
+        s = self.layer
+        return {"taken": self.taken, "forced": self.forced, "missed_a_layer": round(self.missed, 3),
+                "host_a_layer": s.host if (self.taken or self.forced) else s.best_host,
+                "bus_ms": round(self.bus_seconds * 1e3, 4), "split_ms": round(self.seconds * 1e3, 4),
+                "eager_ms": round(self.eager_s * 1e3, 4), "fixed_ms": round(self.fixed_seconds * 1e3, 4),
+                "in_place_gb_s": round(self.in_place_gb_s, 2), "why": self.why()}
+
+
+def split_decode(missed: float, layers: int, blob_bytes: int, in_place_gb_s_: float, host: HostRates,
+                 eager_s: float, share: float | None = None) -> DecodeSplit:
+    """Whether one-token decode steps split (module doc): each layer misses `missed` experts of the
+    token (expected), one row each, read in place at in_place_gb_s_ without the split; a split step
+    pays each layer's split with its fixed costs, plus eager_s for running without its graph. share:
+    forced (--cpu-experts SHARE, taken whatever the price); None (auto): the layer's cheapest split,
+    taken when the step's net gain clears the prompt split's margins over the step's fixed costs
+    (the layers' and eager_s)."""
+    m = max(0, int(round(missed)))
+    # auto: the layer's cheapest split whenever it beats the bus (needed 0); the margins are the step's
+    layer = split_layer(np.ones(m, np.int64), blob_bytes, in_place_gb_s_, host, share, needed=0.0)
+    bus = layers * layer.bus_seconds
+    fixed = layers * host.fixed_s + eager_s
+    with_split = layers * (layer.seconds if layer.host else layer.best_seconds) + eager_s if m else bus
+    taken = layer.host > 0 and (share is not None or bus - with_split >= gain_needed(bus, fixed))
+    if not taken:       # what the split would cost (why() shows it); the step reads its misses in place
+        layer = replace(layer, host=0, bus=m, seconds=layer.bus_seconds, chosen=())
+    return DecodeSplit(layers, float(missed), layer, bus, with_split, eager_s, fixed, in_place_gb_s_, taken,
+                       share is not None)
 
 
 def parse_mode(text: str) -> float | None | str:
@@ -212,24 +321,36 @@ PLAN_CASES = (("a 19-token turn", 19), ("a 512-token chunk", 512), ("a decode st
 
 @dataclass(frozen=True)
 class PlanCase:
-    """What `plan` shows for one case: a layer's split and the bus-bound speeds without and with it."""
+    """What `plan` shows for one case: a layer's split and the bus-bound speeds without and with it
+    (decode: the step's split, split_decode, with its eager step)."""
     name: str
     tokens: int
     split: LayerSplit
     bus_tok_s: float
     split_tok_s: float
+    decode: DecodeSplit | None = None
 
 
 def plan_cases(args, blob_bytes: int, num_layers: int, prompt_cached: float, decode_cached: float,
-               h2d_gb_s: float, host: HostRates, share: float | None = None) -> list[PlanCase]:
+               h2d_gb_s: float, host: HostRates, share: float | None = None,
+               in_place: float | None = None) -> list[PlanCase]:
     """The split of PLAN_CASES at the plan's cached shares (the prompt's kept slots, the decode
-    cache), with tok/s ceilings from the missed experts alone (uniform routing, compute not modelled)."""
+    cache), with tok/s ceilings from the missed experts alone (uniform routing, compute not modelled).
+    A decode step's misses are read in place at in_place GB/s (None: in_place_gb_s(h2d_gb_s)), its
+    split priced by split_decode with EAGER_LAYER_S a layer for the graph it loses."""
     out = []
+    speed = (lambda T, sec: T / sec if sec > 0 else float("inf"))
     for name, T in PLAN_CASES:
-        s = split_chunk(T, args.num_experts, args.num_experts_per_tok, decode_cached if T == 1 else prompt_cached,
+        if T == 1:
+            d = split_decode(args.num_experts_per_tok * (1.0 - decode_cached), num_layers, blob_bytes,
+                             in_place_gb_s(h2d_gb_s) if in_place is None else in_place, host,
+                             EAGER_LAYER_S * num_layers, share)
+            out.append(PlanCase(name, T, d.layer, speed(1, d.bus_seconds),
+                                speed(1, d.seconds if d.taken else d.bus_seconds), d))
+            continue
+        s = split_chunk(T, args.num_experts, args.num_experts_per_tok, prompt_cached,
                         blob_bytes, h2d_gb_s, host, share, stream_all_tokens(args))
-        speed = (lambda sec: T / (num_layers * sec) if sec > 0 else float("inf"))
-        out.append(PlanCase(name, T, s, speed(s.bus_seconds), speed(s.seconds)))
+        out.append(PlanCase(name, T, s, speed(T, num_layers * s.bus_seconds), speed(T, num_layers * s.seconds)))
     return out
 
 

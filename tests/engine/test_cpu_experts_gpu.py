@@ -11,7 +11,10 @@ its residual, while the GPU skips those experts.
   error within 15%; auto where the host never pays is bit for bit the run without the split;
 - the synthetic 30B shape at 8 GiB: a 19-token turn with auto and the bus capped at 25 GB/s
   (--pcie-gbs, which only delays) computes some experts on the host and stays within the RMS bound
-  (on the H200's full bus the cost model refuses the split: tests/engine/test_expert_split.py).
+  (on the H200's full bus the cost model refuses the split: tests/engine/test_expert_split.py);
+- decode steps with a forced share (eager; the fused kernels over the host's slots pointed at a cached
+  expert with weight 0, the host's sum added from mapped memory): the whole-run bounds over steps fed
+  the same tokens (tests/engine/test_cpu_experts_decode_split.py runs it on the emulated runtime).
 """
 import numpy as np
 import pytest
@@ -86,3 +89,21 @@ def test_30b_shape_19_token_turn_with_auto(rng):
     assert host["experts"] > 0, host
     err = np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean())
     assert err <= BOUND, err
+
+
+@pytest.mark.parametrize("share", ["0.5", "1"])
+def test_decode_split_tokens_and_rms(rng, share):
+    from tests.engine.test_cpu_experts_decode_split import _forced
+    pack = open_pack(DEMO)
+    off, split = _runner(pack, expert_cache="20"), _runner(pack, expert_cache="20", cpu_experts=share)
+    split.store.host_experts.chunk = lambda *args: None     # the prompt on the GPU: the steps start from the same K/V
+    prompt = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    tokens = rng.integers(0, pack.args.vocab_size, 10).tolist()
+    want, got = _forced(off, prompt, tokens), _forced(split, prompt, tokens)
+    _close(got, want)
+    top2 = np.sort(want, axis=1)[:, -2:]
+    margin = (top2[:, 1] - top2[:, 0]) > MARGIN * np.abs(want).max()
+    np.testing.assert_array_equal(got.argmax(1)[margin], want.argmax(1)[margin])
+    host = split.store.host_experts.stats
+    assert host.decode_steps > 0 and host.decode_experts > 0
+    assert split.status()["decode"]["host_ms"]["split"]["steps"] == len(tokens)

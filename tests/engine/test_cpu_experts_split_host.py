@@ -118,7 +118,7 @@ def test_forced_share_equals_all_gpu_within_the_activation_bound(fake, rng, monk
     assert host["experts"] > 0 and host["bytes"] == host["experts"] * pack.meta["max_blob"]
     # the host's experts did not cross the bus
     assert split.store.stats.prompt_streamed < gpu.store.stats.prompt_streamed
-    # the decode path is untouched: the split runs on prompt chunks only
+    # decode steps split too (tests/engine/test_cpu_experts_decode_split.py checks them closely)
     a, b = split.prefill(ids[:40], 0), gpu.prefill(ids[:40], 0)
     _close(a, b)
     for t in ids[40:44]:
@@ -177,12 +177,17 @@ def test_bench_and_status_report_the_hosts_share(fake):
     res = run_bench(llm, [19, 40], 4)
     assert res.error is None, res.error
     assert res.prompt[19]["host_experts"] > 0 and res.prompt[19]["host_bytes"] > 0
-    assert res.decode[19]["host_experts"] == 0             # decode steps do not split
+    assert res.decode[19]["host_experts"] > 0              # a forced share splits decode steps too
+    split = runner.status()["decode"]["cpu_experts_split"]
+    assert split["mode"] == 0.5 and split["steps"] > 0 and split["pricing"]["forced"]
+    assert "host_ms" in runner.status()["decode"] and "split" in runner.status()["decode"]["host_ms"]
     text = report(res)
     assert "computed on the host (--cpu-experts 0.5): prompt 19:" in text and "host expert FFN" in text
     host = runner.status()["expert_cache"]["host"]
     assert host["mode"] == 0.5 and host["experts"] >= res.prompt[19]["host_experts"]
     assert "fixed a layer split" in text
+    assert "decode split (--cpu-experts 0.5), since load:" in text and "steps split (eager)" in text
+    assert "forced" in text
     assert set(host["rates"]["fixed_ms"]) == {"sync", "choose", "host_round_trip", "gpu_resume"}
 
 

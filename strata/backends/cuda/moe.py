@@ -148,6 +148,36 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     return _moe_decode_gemv(ops, x, lay, ids, weights)
 
 
+def gpu_slots(ids: np.ndarray, weights: np.ndarray, experts, stand_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """The routing the GPU runs when the host computes `experts`: their slots read expert stand_in
+    (cached in VRAM) with weight 0, the other slots as routed."""
+    mine = np.isin(ids, experts)
+    return (np.where(mine, stand_in, ids).astype(ids.dtype), np.where(mine, 0.0, weights).astype(weights.dtype))
+
+
+def moe_decode_split(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor,
+                     host) -> DeviceTensor:
+    """moe_decode with the host's share of the step's misses (--cpu-experts; host: MoePlan.host of a
+    split decode step, DecodeStepSplit): the routing, its weights and x come to the host (one stream
+    sync), host.choose picks the host's experts and a cached expert of the layer, the host starts on
+    its experts, and the GPU runs moe_decode over the routing with the host's slots pointed at that
+    cached expert with weight 0 (read from VRAM, not the bus; fmaf(0, finite, acc) leaves the sum as
+    it was); then out += the host's weighted sum (mapped pinned memory, read once the host is done)."""
+    ids_h, w_h, x_h = (np.empty(t.shape, t.dtype) for t in (ids, weights, x))
+    for t, h in ((ids, ids_h), (weights, w_h), (x, x_h)):
+        t.buf.copy_to_host(h, ops.stream, t.offset)
+    ops.stream.synchronize()
+    experts, stand_in = host.choose(lay.layer, ids_h)
+    if not experts:
+        return moe_decode(ops, x, lay, ids, weights)
+    wait = host.start(lay.layer, experts, x_h, ids_h, w_h)
+    gpu_ids, gpu_w = gpu_slots(ids_h, w_h, experts, stand_in)
+    gpu = moe_decode(ops, x, lay, ops.upload(gpu_ids), ops.upload(gpu_w))
+    out = ops.alloc(gpu.shape)
+    ops.launch("add", max(1, min(-(-gpu.size // 1024), 8 * ops.num_sms)), (gpu.ptr, wait(), out.ptr, gpu.size))
+    return out
+
+
 def _moe_decode_gemv(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
     """The GEMV path: three GEMV launches (two when gate|up are one matrix), SwiGLU, combine."""
     T, D = x.shape

@@ -15,7 +15,10 @@ ChunkSplit): `may_take(layer)` says whether the host may take any of layer's exp
 layer runs as without it, its routing left on the device), `choose(layer, ids)` names the experts
 the host computes from the routing on the host, `start(layer, experts, x, ids, weights)` starts
 them and returns a wait() that gives the device address of their weighted sum [T, D] (mapped
-pinned memory), which the combine adds in.
+pinned memory), which the combine adds in. A split decode step's plan (strata.engine.cuda_decode,
+run eagerly) carries the decode form of it (host_compute.DecodeStepSplit): `choose(layer, ids)` gives
+the host's experts and a cached expert the GPU reads in their slots with weight 0, `start` as above;
+moe_decode_split adds the host's sum to the fused kernels' output.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class MoePlan:
     batches: Batches | None = None      # a prompt chunk's experts, batch by batch
     stage: Stage | None = None          # decode misses staged (routing read on the host per layer)
     route_log: int = 0                  # device int32 [layers, GEMV_MAX_T * A]: a step's routing; 0 for none
-    host: object = None                 # a prompt chunk's host share (choose, start; see the module doc)
+    host: object = None                 # the host's share of a chunk or a split decode step (module doc)
 
     @property
     def routing_free(self) -> bool:

@@ -53,7 +53,7 @@ from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
                       KernelPaths)
 from .memory import DeviceTensor, Pool, Positions
-from .moe import moe_decode, moe_grouped
+from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
 from .moe_plan import RESIDENT, MoePlan
@@ -236,5 +236,7 @@ class DeviceOps(DenseOps, AttentionOps):
             lay = self.w.layers[layer]
             if plan.stage is not None:       # routing to the host: staged, or unpinned
                 lay = dataclasses.replace(lay, table=plan.stage(layer, self.to_host(expert_ids)))
+            elif plan.host is not None:      # a split decode step: the host's share of the misses
+                return moe_decode_split(self, x, lay, expert_ids, expert_weights, plan.host)
             return moe_decode(self, x, lay, expert_ids, expert_weights)
         return moe_grouped(self, x, self.w.layers[layer], expert_ids, expert_weights, plan)

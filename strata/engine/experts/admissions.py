@@ -35,9 +35,10 @@ class Admissions:
     def admitting(self) -> int:
         return len(self._pending)
 
-    def after_step(self, routed: np.ndarray) -> None:
+    def after_step(self, routed: np.ndarray, host_keys=()) -> None:
         """A decode step's routing [layers, T * A] (the step is done): count hits and misses, queue
-        admissions of missed experts for later steps (see the module doc)."""
+        admissions of missed experts for later steps (see the module doc). host_keys: misses the
+        host computed (--cpu-experts' decode split): missed all the same, but not read over the bus."""
         s = self.store
         self.tick += 1
         L = routed.shape[0]
@@ -50,9 +51,12 @@ class Admissions:
         cached = s.slot_of[ls, es] >= 0
         s.stats.hits += int(cached.sum())
         s.stats.misses += int((~cached).sum())
+        s.stats.decode_hits += int(cached.sum())
+        s.stats.decode_misses += int((~cached).sum())
         missed = np.unique(ls[~cached] * s.num_experts + es[~cached])     # (layer, expert) keys, once each
         if not s.staged_decode:     # zero-copy misses crossed the bus in place (staged ones are copies: bytes_h2d)
-            nbytes = int(s._blob[missed // s.num_experts].sum())
+            bus = missed[~np.isin(missed, np.asarray(host_keys, np.int64))]
+            nbytes = int(s._blob[bus // s.num_experts].sum())
             s.stats.bytes_in_place += nbytes
             if s.bus_cap is not None:
                 s.bus_cap.zero_copy(s.stream, nbytes)

@@ -1,5 +1,5 @@
-"""The host's share of a prompt chunk's missed experts (--cpu-experts; the split is
-strata.engine.expert_split's): computed by strata._ext.cpu_experts from their blobs in the pinned
+"""The host's share of a prompt chunk's or a decode step's missed experts (--cpu-experts; the split
+is strata.engine.expert_split's): computed by strata._ext.cpu_experts from their blobs in the pinned
 arena, on a worker thread, while the GPU computes the layer's other experts.
 
 At a layer the ops (strata.backends.cuda.moe) bring the routing, the layer's input rows and the
@@ -13,6 +13,17 @@ brought its routing down, so the last layer's combine has read the buffer by the
 Chunks of a size that streams every non-cached expert (the ring queues them before the routing is
 known) take a host set chosen per layer at the chunk's start, from the expected rows per expert;
 smaller chunks choose per layer from the routing's own row counts. Unpinned experts stay on the bus.
+
+Decode steps (DecodeStepSplit, the MoePlan.host of strata.engine.cuda_decode's split steps): a step
+that splits (forced by a share, or priced faster by price_decode: expert_split.split_decode) runs
+eagerly; at each layer the routing, its weights and the token's input come to the host (one stream
+sync), choose_decode takes the host's experts among the misses at the in-place rate, and names a
+cached expert of the layer that the GPU reads in the host's slots, with weight 0
+(strata.backends.cuda.moe.moe_decode_split); a layer with no cached expert does not split. The host's
+sum goes through the same mapped buffer, added to the GPU's output once the worker is done; the next
+layer's host job starts after its own routing's stream sync, so the add has read the buffer by then.
+The host's (layer, expert) keys go with the step's routing to the cache's admissions: missed all the
+same (admitted as any miss), but not read over the bus (StoreStats.bytes_in_place).
 
 The rates the split is priced with are measured at load through this same path (measure_path): jobs
 submitted to the worker thread, experts of layers not touched before (not in the host's caches),
@@ -30,7 +41,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..expert_split import STREAM_ALL_SYNC_S, HostRates, expected_rows, split_layer
+from ..expert_split import (STREAM_ALL_SYNC_S, DecodeSplit, HostRates, expected_rows, in_place_gb_s, split_decode,
+                            split_layer)
 
 MEASURE_REPEATS = 5         # jobs of each kind measure_path times (the median counts)
 MEASURE_GAP_S = 1e-3        # idle before each job: the pool's threads asleep, as while the GPU runs a layer
@@ -133,6 +145,8 @@ class HostStats:
     bytes: int = 0               # blob bytes the host read for them (bytes that did not cross the bus)
     layers: int = 0              # layers the host took part in
     seconds: float = 0.0         # the worker's time
+    decode_steps: int = 0        # decode steps that split (the host took an expert of some layer)
+    decode_experts: int = 0      # of `experts`, those of decode steps
 
 
 class HostExperts:
@@ -147,6 +161,8 @@ class HostExperts:
             cpu_experts.set_threads(host_threads())
         self.D, self.A = int(args.hidden_size), int(args.num_experts_per_tok)
         self.h2d_gb_s, self.share = h2d_gb_s, share
+        self.in_place_gb_s = in_place_gb_s(h2d_gb_s)    # decode misses' rate (the runner sets it: --pcie-gbs)
+        self.decode: DecodeSplit | None = None          # the decode split's last pricing (DecodeSteps)
         self.stats = HostStats()
         self._arena = np.frombuffer(store.arena, np.uint8)
         self._out, self._out_view = None, None
@@ -185,6 +201,8 @@ class HostExperts:
         s, r = self.stats, self.rates
         return {"mode": "auto" if self.share is None else self.share, "experts": s.experts, "rows": s.rows,
                 "bytes": s.bytes, "layers": s.layers, "seconds": round(s.seconds, 6),
+                "decode_steps": s.decode_steps, "decode_experts": s.decode_experts,
+                "decode": None if self.decode is None else self.decode.to_dict(),
                 "rates": {"expert_ms": r.expert_s * 1e3, "row_ms": r.row_s * 1e3, "blob_bytes": r.blob_bytes,
                           "source": r.source,
                           "fixed_ms": {k: v * 1e3 for k, v in r.fixed_parts().items()},
@@ -237,6 +255,34 @@ class HostExperts:
         split = split_layer(rows, self._blob(layer), self.h2d_gb_s, self.rates, self.share)
         return sorted(missed[list(split.chosen)].tolist())
 
+    def price_decode(self, missed: float, layers: int, eager_s: float) -> DecodeSplit:
+        """Whether one-token decode steps split now (expert_split.split_decode at this store's largest
+        blob, the in-place rate and the rates as measured): kept as `decode` for status."""
+        blob = max(self._blob(l) for l in range(len(self.store.layers_meta)))
+        self.decode = split_decode(missed, layers, blob, self.in_place_gb_s, self.rates, eager_s, self.share)
+        return self.decode
+
+    def choose_decode(self, layer: int, ids: np.ndarray) -> tuple[list[int], int]:
+        """A split decode step's layer: (the experts the host computes for routing ids [T, A],
+        ascending; an expert of layer cached in VRAM the GPU reads in their slots instead), or
+        ([], -1): nothing missed that the host may take, the split declines them, or no expert of
+        the layer is cached (the GPU's stand-in would be read over the bus). Priced per layer at the
+        in-place rate; auto takes the layer's cheapest split that beats the bus, the step's margins
+        having been cleared by price_decode."""
+        s = self.store
+        cached = np.flatnonzero(s.slot_of[layer] >= 0)
+        if not cached.size:
+            return [], -1
+        active, counts = np.unique(ids, return_counts=True)
+        keep = np.isin(active, self._missed(layer, active))
+        missed, rows = active[keep], counts[keep]
+        if not len(missed):
+            return [], -1
+        split = split_layer(rows, self._blob(layer), self.in_place_gb_s, self.rates, self.share, needed=0.0)
+        if not split.host:
+            return [], -1
+        return sorted(missed[list(split.chosen)].tolist()), int(cached[0])
+
     def _out_buffer(self, T: int) -> np.ndarray:
         need = T * self.D * 4
         if self._out is None or self._out.nbytes < need:
@@ -244,11 +290,15 @@ class HostExperts:
             self._out_view = np.frombuffer(self._out, np.float32)
         return self._out_view[:T * self.D].reshape(T, self.D)
 
-    def start(self, layer: int, experts: list, x: np.ndarray, ids: np.ndarray, weights: np.ndarray):
+    def start(self, layer: int, experts: list, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+              count_misses: bool = True):
         """Start the host's experts of layer on the worker -> wait(): blocks until the sum
-        [T, D] is in the mapped buffer, returns its device address (moe_combine's residual)."""
+        [T, D] is in the mapped buffer, returns its device address (moe_combine's residual).
+        count_misses: count them as the cache's misses (a decode step's are counted with its
+        routing, Admissions.after_step)."""
         out = self._out_buffer(x.shape[0])
-        self.store.stats.misses += len(experts)      # missed by the cache all the same (hit rates compare)
+        if count_misses:
+            self.store.stats.misses += len(experts)      # missed by the cache all the same (hit rates compare)
         future = self._worker.submit(self._compute, layer, experts, x, ids, weights, out)
         return lambda: (future.result(), self._out.device_ptr)[1]
 
@@ -295,3 +345,30 @@ class ChunkSplit:
 
     def start(self, layer: int, experts: list, x: np.ndarray, ids: np.ndarray, weights: np.ndarray):
         return self.host.start(layer, experts, x, ids, weights)
+
+
+class DecodeStepSplit:
+    """The host's share of split decode steps (MoePlan.host of DecodeSteps' split plan, read by
+    strata.backends.cuda.moe.moe_decode_split): per layer, choose() the host's experts among the
+    step's misses and the cached expert the GPU reads in their slots, start() them; the (layer,
+    expert) keys the host took since end_step(), which the step's routing log does not tell apart
+    from misses read in place."""
+
+    def __init__(self, host: HostExperts):
+        self.host = host
+        self._taken: list = []
+
+    def choose(self, layer: int, ids: np.ndarray) -> tuple[list[int], int]:
+        return self.host.choose_decode(layer, ids)
+
+    def start(self, layer: int, experts: list, x: np.ndarray, ids: np.ndarray, weights: np.ndarray):
+        self.host.stats.decode_experts += len(experts)
+        self._taken.extend(layer * self.host.store.num_experts + e for e in experts)
+        return self.host.start(layer, experts, x, ids, weights, count_misses=False)
+
+    def end_step(self) -> np.ndarray:
+        """The keys (layer * E + expert) the host took in the step now done; counts the step."""
+        keys, self._taken = np.asarray(self._taken, np.int64), []
+        if keys.size:
+            self.host.stats.decode_steps += 1
+        return keys

@@ -76,6 +76,8 @@ class StoreStats:
     evicted: int = 0
     bytes_h2d: int = 0            # copied host -> device (arena fill excluded)
     bytes_in_place: int = 0       # decode misses read in place over the bus (zero-copy), each missed blob once a step
+    decode_hits: int = 0          # of hits and misses, a decode step's (the decode split's pricing reads them)
+    decode_misses: int = 0
     prompt_streamed: int = 0      # blobs copied into the ring
     room_lends: int = 0           # prompts that borrowed the draft layer's experts as ring slots
 
@@ -403,9 +405,10 @@ class ExpertStore:
         return np.flatnonzero(self.slot_owner[:usable] < 0)
 
     # ---- what the runner calls, done by the parts: the plans a forward carries to the ops ----------
-    def after_step(self, routed: np.ndarray) -> None:
-        """A decode step's routing [layers, T * A] (the step is done): Admissions.after_step."""
-        self.admissions.after_step(routed)
+    def after_step(self, routed: np.ndarray, host_keys=()) -> None:
+        """A decode step's routing [layers, T * A] (the step is done): Admissions.after_step;
+        host_keys: the (layer * E + expert) misses the host computed (--cpu-experts), not read in place."""
+        self.admissions.after_step(routed, host_keys)
 
     def step_plan(self, route_log: int = 0) -> MoePlan:
         """The plan of every decode step (and prompt chunk of a step's size): read the table, write
