@@ -40,6 +40,8 @@
 #              PREFILL_GIBS (default "8 12") and PREFILL_RULES (default "auto bytes slots") narrow it
 #     p2048    prompts 512 and 2048 at 12 GiB, 32 decoded, --cpu-experts off against auto (#18's targets)
 #     p2048cap the same with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot)
+#     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, 1 (every
+#              miss a step takes on the host) and auto, then off and 1 with the bus capped at 25 GB/s
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -149,6 +151,13 @@ fi
 if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split off and on
     for mode in off auto; do
         bench "p2048_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 --cpu-experts "$mode"
+    done
+fi
+if has dsplit; then     # decode misses on the host's cores against read in place (#18 item 3)
+    for arm in "off 0" "1 0" "auto 0" "off 25" "1 25"; do
+        set -- $arm
+        bench "dsplit_$1_$2" 40 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19 --decode 32 --cpu-experts "$1" \
+            --pcie-gbs "$2"
     done
 fi
 if has p2048cap; then   # the same at a PCIe 4.0 slot's rate
