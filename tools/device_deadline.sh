@@ -43,7 +43,8 @@ device_setup() {
 }
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
-budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+# at least 1: `timeout 0` would mean no limit at all (a step reached after the deadline ran unbounded)
+budget() { local left=$(( DEADLINE_S - $(elapsed) )); [ "$left" -lt 1 ] && left=1; [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 
 start_pack() {
     $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/strata-pack-site \
