@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import FormatError, InvalidArgument
 from ..quant import qtype as qtype_of
 from .format import FORMAT, VERSION, is_pack_dir, layout, write_stamp
@@ -53,6 +55,30 @@ def _checked(data, nbytes: int, what: str):
     return data
 
 
+# A float weight this large is corruption, not training: trained norm gains, embeddings and router
+# rows stay far below it, while one bit flipped in an f32 exponent (1.0 -> 1.7e38) overflows the
+# first RMSNorm to inf and every logit after it to NaN: a model that loads and answers garbage.
+FLOAT_WEIGHT_LIMIT = 1e8
+
+
+def _finite_weights(data, qtype: str, what: str, chunk: int = 1 << 22):
+    """data (a float tensor's bytes) unless a value is NaN, infinite or beyond FLOAT_WEIGHT_LIMIT,
+    read chunk values at a time (an F16 embedding of a large vocabulary stays a few MB of f32 here)."""
+    if qtype not in ("F32", "F16", "BF16"):
+        return data
+    raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+    vals = raw.view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qtype])
+    for lo in range(0, vals.size, chunk):
+        part = vals[lo:lo + chunk]
+        x = (part.astype(np.uint32) << 16).view(np.float32) if qtype == "BF16" else part.astype(np.float32)
+        bad = ~(np.abs(x) <= FLOAT_WEIGHT_LIMIT)            # NaN compares false: bad too
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise FormatError(f"{what}: {qtype} value {float(x[i])!r} at element {lo + i} is not a finite weight "
+                              f"within {FLOAT_WEIGHT_LIMIT:g} (a corrupt file?)")
+    return data
+
+
 def write_pack(source: Source, out: Path, progress: Progress) -> dict:
     """Write a complete pack for `source` into the (new, empty) directory `out`; returns pack.json."""
     source_entry = source.stat_entry()     # before reading: a source edited meanwhile looks changed
@@ -65,7 +91,7 @@ def write_pack(source: Source, out: Path, progress: Progress) -> dict:
     for spec in source.dense:
         entry = plan["dense"][spec.name]
         w.pad_to(entry["offset"])
-        w.write(_checked(spec.read(), entry["nbytes"], spec.name))
+        w.write(_finite_weights(_checked(spec.read(), entry["nbytes"], spec.name), spec.qtype, spec.name))
         progress.advance(entry["nbytes"], spec.name)
     files["dense.bin"] = w.close()
     w = _HashedFile(out / "experts.bin")

@@ -100,7 +100,7 @@ def _tokenizer(tok, vocab_size: int) -> None:
         raise _Bad("tokenizer.eos_token_ids is not a list")
     ids += [("eos_token_ids", v) for v in eos]
     for key, v in ids:
-        if v is not None and (not is_int(v) or not 0 <= v < vocab_size):
+        if (v is not None or key == "eos_token_ids") and (not is_int(v) or not 0 <= v < vocab_size):   # bos, pad: may be null
             raise _Bad(f"tokenizer.{key}: {v!r:.80} is not a token id below the vocabulary size {vocab_size}")
     if not isinstance(tok.get("add_bos_token", False), bool):
         raise _Bad("tokenizer.add_bos_token is not true or false")

@@ -56,6 +56,8 @@ _lag = [False]                  # lagging(): stream work waits for the host to w
 _pending: list = []             # that work, in queue order (callables)
 _counts = [0, 0]                # pieces of work queued, and run, so far (an Event's record marks the first)
 _device = threading.RLock()     # one thread runs queued work at a time (staging helpers wait on events)
+_running = [0]                  # queued work running now (depth): a buffer freed meanwhile is forgotten after
+_forgotten: list[int] = []      # those buffers
 
 
 class lagging:
@@ -86,9 +88,15 @@ def _drain(upto: int | None = None) -> None:
     """Run queued work in order (the host waits for the device): all of it, or until the first
     `upto` pieces ever queued have run (an event's mark)."""
     with _device:
-        while _pending and (upto is None or _counts[1] < upto):
-            _counts[1] += 1
-            _pending.pop(0)()
+        _running[0] += 1
+        try:
+            while _pending and (upto is None or _counts[1] < upto):
+                _counts[1] += 1
+                _pending.pop(0)()
+        finally:
+            _running[0] -= 1
+        while _forgotten and not _running[0]:
+            _forget(_forgotten.pop())
 
 
 def _pinned(src) -> bool:
@@ -100,10 +108,9 @@ def _pinned(src) -> bool:
     return False
 
 
-def _array(i: int) -> np.ndarray:
-    """Buffer i's bytes: a HostBuffer is held weakly (a view of it kept here would keep the host
-    memory, experts' arenas among it, alive for the whole test run)."""
-    a = _arrays[i]
+def _array(a) -> np.ndarray:
+    """A registered buffer's bytes (its _arrays entry): a HostBuffer is held weakly (a view of it
+    kept here would keep the host memory, experts' arenas among it, alive for the whole test run)."""
     if isinstance(a, weakref.ref):
         host = a()
         return np.zeros(0, np.uint8) if host is None or not len(host) else np.frombuffer(host, np.uint8)
@@ -111,6 +118,11 @@ def _array(i: int) -> np.ndarray:
 
 
 def _forget(ptr: int) -> None:
+    """A freed buffer leaves the map once the queued work has run (cudaFree waits for the device);
+    freed while work runs (a collection inside an emulated kernel), after that work, not inside it."""
+    if _running[0]:
+        _forgotten.append(ptr)
+        return
     if _pending:
         _drain()
     i = bisect.bisect_left(_bases, ptr)
@@ -120,10 +132,13 @@ def _forget(ptr: int) -> None:
 
 def _resolve(ptr: int, nbytes: int) -> np.ndarray:
     i = bisect.bisect_right(_bases, ptr) - 1
-    arr = _array(i) if i >= 0 else None
-    if i < 0 or ptr + nbytes > _bases[i] + arr.size or arr.size == 0:
+    # the base and its entry are read together, before anything allocates: an allocation may run a
+    # garbage collection whose finalizers forget other buffers (_forget), shifting both lists
+    base, entry = (_bases[i], _arrays[i]) if i >= 0 else (0, None)
+    arr = _array(entry) if i >= 0 else None
+    if i < 0 or ptr + nbytes > base + arr.size or arr.size == 0:
         raise AssertionError(f"fake_cuda: {nbytes} bytes at 0x{ptr:x} are outside every buffer")
-    off = ptr - _bases[i]
+    off = ptr - base
     return arr[off:off + nbytes]
 
 

@@ -67,6 +67,21 @@ def test_bad_metadata(bases, tmp_path, key, vtype, raw, patterns):
     _convert_fails(_edited_gguf(bases, tmp_path, _set_kv(key, vtype, raw)), tmp_path, "bad.gguf", *patterns)
 
 
+@pytest.mark.parametrize("value", [3.2e38, np.nan, -np.inf])
+def test_corrupt_float_weight_fails_at_convert(bases, tmp_path, value):
+    """A float weight no training makes (an f32 exponent bit flipped: 1.0 -> 3.2e38; NaN; inf) is
+    refused at convert, naming the tensor: loaded, it would overflow the first norm and every logit
+    after it would be NaN, a model that loads and answers garbage."""
+    import gguf
+    t = next(t for t in gguf.GGUFReader(bases["gguf"]).tensors if t.name == "output_norm.weight")
+    assert t.tensor_type.name == "F32"
+    data = bytearray(open(bases["gguf"], "rb").read())
+    struct.pack_into("<f", data, int(t.data_offset) + 4 * 3, value)
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(bytes(data))
+    _convert_fails(path, tmp_path, "output_norm.weight", "F32", "element 3")
+
+
 def _tensor(g, name):
     return next(t for t in g.tensors if t[0] == name)
 
@@ -120,6 +135,7 @@ def _layer(meta, i=1):
     (lambda m: m["dense"]["blk.0.attn_q.weight"].__setitem__("qtype", "F16"), ["blk.0.attn_q", "nbytes"]),
     (lambda m: m["tokenizer"].__setitem__("chat_template", 7), ["chat_template"]),
     (lambda m: m["tokenizer"].__setitem__("eos_token_ids", [10 ** 6]), ["eos_token_ids"]),
+    (lambda m: m["tokenizer"].__setitem__("eos_token_ids", [None]), ["eos_token_ids", "None"]),
     (lambda m: m["tokenizer"].__setitem__("file", "../../etc/passwd"), ["tokenizer.file"]),
     (lambda m: m.__setitem__("max_blob", 0), ["max_blob"]),
     (lambda m: m["files"]["dense.bin"].__setitem__("bytes", "71936"), ["files.dense.bin.bytes"]),
