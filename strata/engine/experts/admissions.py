@@ -49,10 +49,11 @@ class Admissions:
             s.stats.hits += es.size
             return
         cached = s.slot_of[ls, es] >= 0
-        s.stats.hits += int(cached.sum())
-        s.stats.misses += int((~cached).sum())
-        s.stats.decode_hits += int(cached.sum())
-        s.stats.decode_misses += int((~cached).sum())
+        hits = int(cached.sum())
+        s.stats.hits += hits
+        s.stats.misses += cached.size - hits
+        s.stats.decode_hits += hits
+        s.stats.decode_misses += cached.size - hits
         missed = np.unique(ls[~cached] * s.num_experts + es[~cached])     # (layer, expert) keys, once each
         if not s.staged_decode:     # zero-copy misses crossed the bus in place (staged ones are copies: bytes_h2d)
             bus = missed[~np.isin(missed, np.asarray(host_keys, np.int64))]

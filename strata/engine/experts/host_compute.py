@@ -244,15 +244,20 @@ class HostExperts:
 
     def choose(self, layer: int, ids: np.ndarray, sets: dict | None) -> list[int]:
         """The experts of layer the host computes for routing ids [T, A] (ascending)."""
-        active, counts = np.unique(ids, return_counts=True)
         if sets is not None:
             mine = sets.get(layer, frozenset())
-            return [e for e in active.tolist() if e in mine]
+            return [e for e in np.unique(ids).tolist() if e in mine]
+        return self._split_missed(layer, ids, self.h2d_gb_s)
+
+    def _split_missed(self, layer: int, ids: np.ndarray, gb_s: float, needed: float | None = None) -> list[int]:
+        """Of the experts routing ids [T, A] names at layer, the missed ones (_missed) split_layer gives
+        the host, each with its rows, against the bus at gb_s (ascending; [] where nothing is missed)."""
+        active, counts = np.unique(ids, return_counts=True)
         keep = np.isin(active, self._missed(layer, active))
         missed, rows = active[keep], counts[keep]
         if not len(missed):
             return []
-        split = split_layer(rows, self._blob(layer), self.h2d_gb_s, self.rates, self.share)
+        split = split_layer(rows, self._blob(layer), gb_s, self.rates, self.share, needed=needed)
         return sorted(missed[list(split.chosen)].tolist())
 
     def price_decode(self, missed: float, layers: int, eager_s: float) -> DecodeSplit:
@@ -269,19 +274,11 @@ class HostExperts:
         the layer is cached (the GPU's stand-in would be read over the bus). Priced per layer at the
         in-place rate; auto takes the layer's cheapest split that beats the bus, the step's margins
         having been cleared by price_decode."""
-        s = self.store
-        cached = np.flatnonzero(s.slot_of[layer] >= 0)
+        cached = np.flatnonzero(self.store.slot_of[layer] >= 0)
         if not cached.size:
             return [], -1
-        active, counts = np.unique(ids, return_counts=True)
-        keep = np.isin(active, self._missed(layer, active))
-        missed, rows = active[keep], counts[keep]
-        if not len(missed):
-            return [], -1
-        split = split_layer(rows, self._blob(layer), self.in_place_gb_s, self.rates, self.share, needed=0.0)
-        if not split.host:
-            return [], -1
-        return sorted(missed[list(split.chosen)].tolist()), int(cached[0])
+        experts = self._split_missed(layer, ids, self.in_place_gb_s, needed=0.0)
+        return (experts, int(cached[0])) if experts else ([], -1)
 
     def _out_buffer(self, T: int) -> np.ndarray:
         need = T * self.D * 4
