@@ -51,12 +51,8 @@ def main() -> int:
     ap.add_argument("--draft-windows", default="0,32,64,128,256")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    from kv_quality import held_out_windows
-    from strata.engine.llm import DEMO_PACK
-    from strata.pack import open_pack
-    from strata.tokenizer import Tokenizer
-    pack = open_pack(DEMO_PACK)
-    prompts = held_out_windows(Tokenizer(pack.tokenizer_path, pack.tokenizer_meta), args.prompt, args.windows)
+    from kv_quality import demo_held_out
+    _, prompts = demo_held_out(args.prompt, args.windows)
     t0 = time.perf_counter()
     rows, base_outs = [], None
     for w in (int(x) for x in args.draft_windows.split(",")):

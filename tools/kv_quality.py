@@ -86,6 +86,15 @@ def held_out_windows(tokenizer, ctx: int, count: int) -> list[list[int]]:
     return [stream[i * ctx:(i + 1) * ctx] for i in range(count)]
 
 
+def demo_held_out(ctx: int, count: int):
+    """(the demo pack, held_out_windows of it): what this tool and tools/draft_window_acceptance.py read."""
+    from strata.engine.llm import DEMO_PACK
+    from strata.pack import open_pack
+    from strata.tokenizer import Tokenizer
+    pack = open_pack(DEMO_PACK)
+    return pack, held_out_windows(Tokenizer(pack.tokenizer_path, pack.tokenizer_meta), ctx, count)
+
+
 def markdown(table: dict, ctx: int, windows: int) -> str:
     rows = ["| KV | bytes per value | mean KL (nats) | 99th pct KL | top-1 same | perplexity |",
             "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -107,11 +116,7 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
-    from strata.engine.llm import DEMO_PACK
-    from strata.pack import open_pack
-    from strata.tokenizer import Tokenizer
-    pack = open_pack(DEMO_PACK)
-    windows = held_out_windows(Tokenizer(pack.tokenizer_path, pack.tokenizer_meta), args.ctx, args.windows)
+    pack, windows = demo_held_out(args.ctx, args.windows)
     t0 = time.perf_counter()
     table = kv_quality(pack, windows)
     print(markdown(table, args.ctx, args.windows) if args.markdown else json.dumps(table, indent=1))
