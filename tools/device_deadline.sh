@@ -71,9 +71,17 @@ device_tests() {
 bench_synthetic() {
     local name=$1 secs=$2 shape=$3; shift 3
     echo "== bench $name: $shape $* ($(elapsed) s)"
-    timeout "$(budget "$secs")" $PY -m strata bench --synthetic "$shape" --device cuda --json "$OUT/$name.json" "$@" \
-        2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "${BENCH_LINES:-.}"
-    [ "${PIPESTATUS[0]}" -ne 0 ] && tail -5 "$OUT/$name.err"
+    # SIGABRT at the deadline: with PYTHONFAULTHANDLER every thread's Python stack goes to the .err
+    PYTHONFAULTHANDLER=1 timeout -s ABRT -k 5 "$(budget "$secs")" $PY -m strata bench --synthetic "$shape" --device cuda \
+        --json "$OUT/$name.json" "$@" 2>"$OUT/$name.err" | tee "$OUT/$name.log" | grep -E "${BENCH_LINES:-.}"
+    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+        if grep -q "most recent call first" "$OUT/$name.err"; then
+            echo "-- $name ran past its ${secs} s; where its threads were:"
+            grep -E "^(Thread|Current thread)|File .*strata" "$OUT/$name.err" | head -30
+        else
+            tail -5 "$OUT/$name.err"
+        fi
+    fi
 }
 
 with_parent() {

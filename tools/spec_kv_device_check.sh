@@ -42,6 +42,7 @@
 #     p2048cap the same with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot)
 #     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, 1 (every
 #              miss a step takes on the host) and auto, then off and 1 with the bus capped at 25 GB/s
+#     ttft     tools/ttft_server.py: `strata serve` at 8 GiB, six short chat turns' time to first token (#18)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -153,10 +154,17 @@ if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split o
         bench "p2048_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 --cpu-experts "$mode"
     done
 fi
+if has ttft; then       # a short chat turn's first token through the server, 8 GiB (#18)
+    echo "== ttft through serve, 8 GiB ($(elapsed) s)"
+    pack=$(PYTHONPATH=/tmp/strata-pack-site $PY -c "from strata.synthetic import synthetic_pack; print(synthetic_pack('$shape', progress=False))")
+    timeout "$(budget 120)" $PY tools/ttft_server.py "$pack" --device cuda --turns 6 --words ${TTFT_WORDS:-4} \
+        --serve-arg=--vram-budget-gib=8 --ready-timeout 100 --json "$OUT/ttft.json" 2>&1 | tail -9
+fi
 if has dsplit; then     # decode misses on the host's cores against read in place (#18 item 3)
-    for arm in "off 0" "1 0" "auto 0" "off 25" "1 25"; do
+    # the forced arms last: the host's every miss may be slow, and their tracebacks show where (SIGABRT)
+    for arm in "off 0 45" "auto 0 45" "off 25 45" "auto 25 50" "1 25 90" "1 0 80"; do
         set -- $arm
-        bench "dsplit_$1_$2" 40 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19 --decode 32 --cpu-experts "$1" \
+        bench "dsplit_$1_$2" "$3" qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 19 --decode 32 --cpu-experts "$1" \
             --pcie-gbs "$2"
     done
 fi
