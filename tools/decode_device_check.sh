@@ -11,7 +11,6 @@
 #     ncu       Nsight Compute over tools/moe_decode_bench.py (Q4_K, 1 and 4 tokens, the graph's kernel
 #               nodes one by one): speed of light, memory workload, warp stalls and occupancy of the MoE
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
-#               (not yet run on the device: its first call says whether these section names hold)
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -49,17 +48,7 @@ if has profile; then
     echo "== decode profile ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
 fi
-if has ncu; then
-    echo "== ncu: the MoE decode kernels ($(elapsed) s)"
-    timeout "$(budget 150)" ncu --target-processes all --graph-profiling node --kernel-name regex:strata_moe_ \
-        --launch-skip 20 --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section WarpStateStats --section Occupancy --section LaunchStats --csv --page details \
-        $PY tools/moe_decode_bench.py --types Q4_K --tokens 1,4 --blocks-per-sm 2 --reps 5 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
-    echo "ncu rc=$?"
-    grep -E "Kernel Name|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp" \
-        "$OUT/ncu.csv" | cut -c1-220 | head -60
-    tail -3 "$OUT/ncu.err"
-fi
+has ncu && ncu_moe_decode
 if has gemm; then
     echo "== moe_gemm bench ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25

@@ -25,6 +25,9 @@
 #   kv_bench_ab              tools/kv_attention_bench.py --cells ${KV_CELLS:-16384,32768,131072}; with
 #                            KV_PARENT (an earlier cuda/kv_quant.cu) also over that one, then this
 #                            build again: the quantized decode attention's A/B in one call
+#   ncu_moe_decode           Nsight Compute (clocks left alone) over tools/moe_decode_bench.py: the MoE
+#                            decode kernels' speed of light, memory workload, warp stalls and occupancy
+#                            (NCU_TYPES, default Q4_K; 1 and 4 tokens); the report in $OUT/ncu.csv
 #   bench_synthetic NAME SECS SHAPE [bench args...]
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
@@ -110,4 +113,17 @@ kv_bench_ab() {
         with_parent kv_quant "$KV_PARENT" kv_bench_once "$KV_PARENT"
         kv_bench_once "this build, again"
     fi
+}
+
+ncu_moe_decode() {
+    echo "== ncu: the MoE decode kernels ($(elapsed) s)"
+    timeout "$(budget 150)" ncu --clock-control none --target-processes all --graph-profiling node \
+        --kernel-name regex:strata_moe_ --launch-skip 20 --launch-count 8 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        --csv --page details $PY tools/moe_decode_bench.py --types "${NCU_TYPES:-Q4_K}" --tokens 1,4 \
+        --blocks-per-sm 2 --reps 5 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    echo "ncu rc=$?"
+    grep -E "Kernel Name|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|Eligible|L1/TEX Hit|L2 Hit" \
+        "$OUT/ncu.csv" | cut -c1-200 | head -70
+    tail -3 "$OUT/ncu.err"
 }

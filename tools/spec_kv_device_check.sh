@@ -43,6 +43,7 @@
 #     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, 1 (every
 #              miss a step takes on the host) and auto, then off and 1 with the bus capped at 25 GB/s
 #     ttft     tools/ttft_server.py: `strata serve` at 8 GiB, six short chat turns' time to first token (#18)
+#     ncu      Nsight Compute over the MoE decode kernels (device_deadline.sh's ncu_moe_decode, #16)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
@@ -61,7 +62,7 @@ has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has dr
 start_pack "$shape" 240
 
 if has tests; then
-    device_tests 240 20 ${TESTS:-tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py tests/engine/test_cuda_runner.py tests/engine/test_kv_gpu_runner.py}
+    device_tests ${TESTS_S:-240} 20 ${TESTS:-tests/engine/test_kv_resident_gpu.py tests/engine/test_qwen3next_gpu.py tests/engine/test_spec_gpu.py tests/engine/test_cuda_runner.py tests/engine/test_kv_gpu_runner.py}
 else
     device_tests 120 3
 fi
@@ -190,4 +191,5 @@ if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB
     timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --batch-max 0,1 \
         --clients 1,4 --warm 16 --long 0 --json "$OUT/batch_ab.json" 2>&1 | tail -20
 fi
+has ncu && ncu_moe_decode
 echo "== done at $(elapsed) s"
