@@ -11,6 +11,8 @@
 #     ncu       Nsight Compute over tools/moe_decode_bench.py (Q4_K, 1 and 4 tokens, the graph's kernel
 #               nodes one by one): speed of light, memory workload, warp stalls and occupancy of the MoE
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
+#     moeab     device_deadline.sh's moe_decode_ab: this build's MoE decode kernels against MOE_VARIANTS
+#     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -49,6 +51,8 @@ if has profile; then
     timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
 fi
 has ncu && ncu_moe_decode
+has moeab && moe_decode_ab
+has ttft && ttft_serve qwen3-30b-a3b
 if has gemm; then
     echo "== moe_gemm bench ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25

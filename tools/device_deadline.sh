@@ -28,6 +28,12 @@
 #   ncu_moe_decode           Nsight Compute (clocks left alone) over tools/moe_decode_bench.py: the MoE
 #                            decode kernels' speed of light, memory workload, warp stalls and occupancy
 #                            (NCU_TYPES, default Q4_K; 1 and 4 tokens); the report in $OUT/ncu.csv
+#   ttft_serve SHAPE         tools/ttft_server.py: `strata serve` on SHAPE's synthetic pack at 8 GiB, six
+#                            short chat turns' time to first token (#18); its log in $OUT/ttft.log
+#   moe_decode_ab            tools/moe_decode_bench.py (MOE_TYPES, default Q4_K,Q6_K,Q8_0; 1 and 4
+#                            tokens; blocks per SM 2,3,4) on this build, then on each .cu of
+#                            MOE_VARIANTS (variants of cuda/moe_decode.cu carried in .whl/), each with
+#                            ptxas's registers and spills of its Q4_K kernels
 #   bench_synthetic NAME SECS SHAPE [bench args...]
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
@@ -126,4 +132,25 @@ ncu_moe_decode() {
     grep -E "Kernel Name|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|Eligible|L1/TEX Hit|L2 Hit" \
         "$OUT/ncu.csv" | cut -c1-200 | head -70
     tail -3 "$OUT/ncu.err"
+}
+
+ttft_serve() {
+    echo "== ttft through serve, 8 GiB ($(elapsed) s)"
+    local pack
+    pack=$(PYTHONPATH=/tmp/strata-pack-site $PY -c "from strata.synthetic import synthetic_pack; print(synthetic_pack('$1', progress=False))")
+    timeout "$(budget 120)" $PY tools/ttft_server.py "$pack" --device cuda --turns 6 --words "${TTFT_WORDS:-4}" \
+        --serve-arg=--vram-budget-gib=8 --ready-timeout 100 --json "$OUT/ttft.json" >"$OUT/ttft.log" 2>&1
+    tail -12 "$OUT/ttft.log"
+}
+
+moe_decode_ab() {
+    local v bench=(tools/moe_decode_bench.py --types "${MOE_TYPES:-Q4_K,Q6_K,Q8_0}" --tokens 1,4 --blocks-per-sm 2,3,4)
+    echo "== moe_decode bench, this build ($(elapsed) s)"
+    timeout "$(budget 60)" $PY "${bench[@]}" 2>&1 | tail -20
+    for v in ${MOE_VARIANTS:-}; do
+        echo "== moe_decode bench, $v ($(elapsed) s)"
+        nvcc -cubin -O3 -std=c++17 -arch=sm_90 -Icuda -Xptxas -v -o /tmp/moe_variant.cubin "$v" 2>&1 \
+            | grep -A4 -E "Compiling entry.*(gate_up|down)_q4_k" | grep -oE "(Compiling entry[^']*'[a-z_0-9]+|Used [0-9]+ registers|[0-9]+ bytes spill stores)" | paste -sd' '
+        with_parent moe_decode "$v" timeout "$(budget 60)" $PY "${bench[@]}" 2>&1 | tail -20
+    done
 }

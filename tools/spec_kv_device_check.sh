@@ -155,12 +155,7 @@ if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split o
         bench "p2048_$mode" 60 qwen3-30b-a3b-mtp --vram-budget-gib 12 --prompt 512,2048 --decode 32 --cpu-experts "$mode"
     done
 fi
-if has ttft; then       # a short chat turn's first token through the server, 8 GiB (#18)
-    echo "== ttft through serve, 8 GiB ($(elapsed) s)"
-    pack=$(PYTHONPATH=/tmp/strata-pack-site $PY -c "from strata.synthetic import synthetic_pack; print(synthetic_pack('$shape', progress=False))")
-    timeout "$(budget 120)" $PY tools/ttft_server.py "$pack" --device cuda --turns 6 --words ${TTFT_WORDS:-4} \
-        --serve-arg=--vram-budget-gib=8 --ready-timeout 100 --json "$OUT/ttft.json" 2>&1 | tail -9
-fi
+has ttft && ttft_serve "$shape"
 if has dsplit; then     # decode misses on the host's cores against read in place (#18 item 3)
     # the forced arms last: the host's every miss may be slow, and their tracebacks show where (SIGABRT)
     for arm in "off 0 45" "auto 0 45" "off 25 45" "auto 25 50" "1 25 90" "1 0 80"; do
