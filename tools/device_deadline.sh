@@ -22,6 +22,8 @@
 #                            CMD run with strata/kernels/LIB.fatbin built from PARENT_CU (an earlier
 #                            cuda/LIB.cu carried in .whl/) and the manifest's sha256 patched to it; this
 #                            build's fatbin and manifest are put back after (the A/B of one library)
+#   with_fatbin LIB FATBIN CMD...
+#                            the same with a fatbin built already
 #   kv_bench_ab              tools/kv_attention_bench.py --cells ${KV_CELLS:-16384,32768,131072}; with
 #                            KV_PARENT (an earlier cuda/kv_quant.cu) also over that one, then this
 #                            build again: the quantized decode attention's A/B in one call
@@ -31,9 +33,9 @@
 #   ttft_serve SHAPE         tools/ttft_server.py: `strata serve` on SHAPE's synthetic pack at 8 GiB, six
 #                            short chat turns' time to first token (#18); its log in $OUT/ttft.log
 #   moe_decode_ab            tools/moe_decode_bench.py (MOE_TYPES, default Q4_K,Q6_K,Q8_0; 1 and 4
-#                            tokens; blocks per SM 2,3,4) on this build, then on each .cu of
-#                            MOE_VARIANTS (variants of cuda/moe_decode.cu carried in .whl/), each with
-#                            ptxas's registers and spills of its Q4_K kernels
+#                            tokens; blocks per SM 2,3,4) on each .cu of MOE_VARIANTS (cuda/moe_decode.cu
+#                            itself, variants of it carried in .whl/), each with ptxas's registers and
+#                            spills of its kernels of those types
 #   bench_synthetic NAME SECS SHAPE [bench args...]
 #                            `strata bench --synthetic SHAPE --device cuda`, JSON and log under $OUT
 #                            (BENCH_LINES: an egrep pattern of the lines to show, default all)
@@ -94,12 +96,15 @@ bench_synthetic() {
 }
 
 with_parent() {
-    local lib=$1 parent=$2 kdir=strata/kernels rc; shift 2
+    local lib=$1 parent=$2; shift 2
+    nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o "/tmp/$lib.parent.fatbin" "$parent" || return 1
+    with_fatbin "$lib" "/tmp/$lib.parent.fatbin" "$@"
+}
+
+with_fatbin() {         # with_fatbin LIB FATBIN CMD...: CMD with strata/kernels/LIB.fatbin replaced by FATBIN
+    local lib=$1 fatbin=$2 kdir=strata/kernels rc; shift 2
     cp "$kdir/$lib.fatbin" "/tmp/$lib.new.fatbin" && cp "$kdir/manifest.json" /tmp/manifest.new.json || return 1
-    if ! nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o "$kdir/$lib.fatbin" "$parent"; then
-        cp "/tmp/$lib.new.fatbin" "$kdir/$lib.fatbin"
-        return 1
-    fi
+    cp "$fatbin" "$kdir/$lib.fatbin" || return 1
     $PY -c "import hashlib, json; p='$kdir/manifest.json'; m=json.load(open(p)); e=m['kernels']['$lib']; \
 e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); json.dump(m, open(p,'w'))"
     "$@"
@@ -145,12 +150,12 @@ ttft_serve() {
 
 moe_decode_ab() {
     local v bench=(tools/moe_decode_bench.py --types "${MOE_TYPES:-Q4_K,Q6_K,Q8_0}" --tokens 1,4 --blocks-per-sm 2,3,4)
-    echo "== moe_decode bench, this build ($(elapsed) s)"
-    timeout "$(budget 60)" $PY "${bench[@]}" 2>&1 | tail -20
     for v in ${MOE_VARIANTS:-}; do
         echo "== moe_decode bench, $v ($(elapsed) s)"
-        nvcc -cubin -O3 -std=c++17 -arch=sm_90 -Icuda -Xptxas -v -o /tmp/moe_variant.cubin "$v" 2>&1 \
-            | grep -A4 -E "Compiling entry.*(gate_up|down)_q4_k" | grep -oE "(Compiling entry[^']*'[a-z_0-9]+|Used [0-9]+ registers|[0-9]+ bytes spill stores)" | paste -sd' '
-        with_parent moe_decode "$v" timeout "$(budget 60)" $PY "${bench[@]}" 2>&1 | tail -20
+        nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -Xptxas -v -o /tmp/moe_variant.fatbin "$v" 2>/tmp/moe_variant.ptxas \
+            || { tail -5 /tmp/moe_variant.ptxas; continue; }
+        grep -A4 -E "Compiling entry.*(gate_up|down)_(q4_k|q6_k|q8_0)" /tmp/moe_variant.ptxas \
+            | grep -oE "(entry function '[a-z_0-9]+|Used [0-9]+ registers|[0-9]+ bytes spill stores)" | paste -sd' '
+        with_fatbin moe_decode /tmp/moe_variant.fatbin timeout "$(budget 60)" $PY "${bench[@]}" 2>&1 | tail -20
     done
 }
