@@ -149,7 +149,7 @@ ttft_serve() {
 }
 
 moe_decode_ab() {
-    local v bench=(tools/moe_decode_bench.py --types "${MOE_TYPES:-Q4_K,Q6_K,Q8_0}" --tokens 1,4 --blocks-per-sm 2,3,4)
+    local v bench=(tools/moe_decode_bench.py --types "${MOE_TYPES:-Q4_K,Q6_K,Q8_0}" --tokens 1,4 --blocks-per-sm 2,3,4 --digest)
     for v in ${MOE_VARIANTS:-}; do
         echo "== moe_decode bench, $v ($(elapsed) s)"
         nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -Xptxas -v -o /tmp/moe_variant.fatbin "$v" 2>/tmp/moe_variant.ptxas \

@@ -2,7 +2,7 @@
 at decode shapes, launched from a CUDA graph as the decode step runs them.
 
     python tools/moe_decode_bench.py [--types Q4_K,Q6_K] [--tokens 1,4] [--blocks-per-sm 1,2,4,8]
-                                     [--host] [--json PATH]
+                                     [--host] [--digest] [--json PATH]
 
 Default shape Qwen3-30B-A3B (D 2048, I 768, A 8, gate|up fused). Each timed launch routes its tokens
 to distinct experts (T * A of them) drawn from a pool of --experts per type (default 256 Q4_K
@@ -14,6 +14,7 @@ the device-to-device copy rate (torch, read + write) beside when torch has CUDA.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 
@@ -108,6 +109,18 @@ def bench_type(mo: MoeDecodeOps, q: str, args, rng) -> list[dict]:
                   f"{row['gate_up_gbps']:7.0f} GB/s | down {us['down']:7.2f} us {row['down_gbps']:7.0f} GB/s | "
                   f"both {us['both']:7.2f} us {row['both_gbps']:7.0f} GB/s ({(gu_bytes + down_bytes) / 1e6:.1f} MB)",
                   flush=True)
+        if args.digest:         # one eager launch of each on the first routing: the outputs' bits
+            g, d = gate_up_launch(q, T, A, I, D, mo.num_sms, 2), down_launch(q, T, A, D, I, mo.num_sms, 2)
+            mo.ops._kernel(g.op, qtype=g.qtype).launch(g.grid, g.block, (ptrs, gate_off, up_off, ids[0], x, h, A, I, D),
+                                                      g.shared_bytes, stream=mo.stream)
+            mo.ops._kernel(d.op, qtype=d.qtype).launch(d.grid, d.block, (ptrs, down_off, ids[0], h, w, out, A, D, I),
+                                                      d.shared_bytes, stream=mo.stream)
+            hh, oo = np.empty((S, I), np.float32), np.empty((T, D), np.float32)
+            h.copy_to_host(hh, mo.stream)
+            out.copy_to_host(oo, mo.stream)
+            mo.stream.synchronize()
+            print(f"digest {q} T {T}: h {hashlib.sha256(hh.tobytes()).hexdigest()[:16]} "
+                  f"out {hashlib.sha256(oo.tobytes()).hexdigest()[:16]} (finite {bool(np.isfinite(oo).all())})", flush=True)
     del pool
     return rows
 
@@ -123,6 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--experts", type=int, default=0, help="pool size per type (default: ~680 MB of it, >= 64)")
     p.add_argument("--reps", type=int, default=50, help="launches per graph, each with its own routing")
     p.add_argument("--host", action="store_true", help="experts in pinned host memory (zero-copy over the bus)")
+    p.add_argument("--digest", action="store_true", help="also print sha256 of h and out after one eager launch "
+                   "of each kernel per token count (the same seed gives the same inputs: compares builds' bits)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     args.tokens = [int(t) for t in args.tokens.split(",")]
