@@ -6,7 +6,8 @@
 #                            the step-driven scripts' start: OUT (default /tmp/strata-NAME) made,
 #                            PY, PYTHONUNBUFFERED and STRATA_CUDA_ARCHS (default 90) exported, T0 now,
 #                            DEADLINE_S (default 570); steps = the script's arguments (SCRIPT_ARGS),
-#                            or the STEPs given when there are none
+#                            or the STEPs given when there are none; with BUNDLE=1, at exit every
+#                            file of $OUT goes into $OUT/all.tgz (the device tool returns 8 files)
 #   has STEP                 whether STEP is among the script's steps (the array `steps`)
 #   elapsed                  seconds since T0
 #   budget SECONDS           SECONDS, or what is left of DEADLINE_S if that is less
@@ -50,7 +51,16 @@ device_setup() {
     DEADLINE_S=${DEADLINE_S:-570}
     steps=("${SCRIPT_ARGS[@]}")
     [ ${#steps[@]} -eq 0 ] && steps=("$@")
+    # the device tool returns at most 8 files of $OUT: BUNDLE=1 leaves one, every log in it
+    [ "${BUNDLE:-0}" = 1 ] && trap 'bundle_out' EXIT
     return 0
+}
+
+bundle_out() {
+    local tmp
+    tmp=$(mktemp -d) && mv "$OUT"/* "$tmp"/ 2>/dev/null
+    tar czf "$OUT/all.tgz" --exclude=build.log -C "$tmp" . && rm -rf "$tmp"
+    echo "== $OUT/all.tgz: $(tar tzf "$OUT/all.tgz" | grep -vc '/$') files"
 }
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
