@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 WORDS = ["river", "owl", "prime", "moon", "haiku", "forest", "copper", "violin", "glacier", "lantern",
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     port = args.port or free_port()
     cmd = [sys.executable, "-m", "strata", "serve", *([args.model] if args.model else []), "--device", args.device,
            "--host", "127.0.0.1", "--port", str(port), *args.serve_arg]
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, text=True)
+    err = tempfile.TemporaryFile("w+")         # not a pipe: a chatty server must never block on it
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         ready_s = wait_ready(port, proc, args.ready_timeout)
         turns = []
@@ -119,12 +119,14 @@ def main(argv=None) -> int:
     finally:
         proc.terminate()
         try:
-            _, err = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
+            proc.wait()
         if proc.returncode not in (0, -15):
-            sys.stderr.write(err[-2000:])
+            err.seek(0)
+            sys.stderr.write(err.read()[-2000:])
+        err.close()
     return 0
 
 
