@@ -14,6 +14,7 @@ its case is killed by its pid and replaced, so one hang costs one case.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -289,7 +290,9 @@ def mutate_pack_meta(meta: dict, rng) -> str:
             other = siblings[int(rng.integers(len(siblings)))]
             parent[key], parent[other] = parent[other], old
             return f"swap {path} with {other!r}"
-    parent[key] = _PALETTE[int(rng.integers(len(_PALETTE)))]
+    # a copy: the palette's lists and dicts are shared, so a second mutation could set one inside
+    # itself (a cycle json.dumps refuses) or change the palette for every later case of the worker
+    parent[key] = copy.deepcopy(_PALETTE[int(rng.integers(len(_PALETTE)))])
     return f"{path}: set to {parent[key]!r}"
 
 
