@@ -11,7 +11,8 @@
 #     ncu       Nsight Compute over tools/moe_decode_bench.py (Q4_K, 1 and 4 tokens, the graph's kernel
 #               nodes one by one): speed of light, memory workload, warp stalls and occupancy of the MoE
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
-#     moeab     device_deadline.sh's moe_decode_ab: this build's MoE decode kernels against MOE_VARIANTS
+#     moeab     device_deadline.sh's moe_decode_ab: the MoE decode kernels of each .cu in MOE_VARIANTS
+#               (cuda/moe_decode.cu itself among them for the A/B), speed, registers and output digests
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384

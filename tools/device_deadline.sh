@@ -7,7 +7,8 @@
 #                            PY, PYTHONUNBUFFERED and STRATA_CUDA_ARCHS (default 90) exported, T0 now,
 #                            DEADLINE_S (default 570); steps = the script's arguments (SCRIPT_ARGS),
 #                            or the STEPs given when there are none; with BUNDLE=1, at exit every
-#                            file of $OUT goes into $OUT/all.tgz (the device tool returns 8 files)
+#                            file of $OUT but build.log goes into $OUT/all.tgz (the device tool
+#                            returns 8 files)
 #   has STEP                 whether STEP is among the script's steps (the array `steps`)
 #   elapsed                  seconds since T0
 #   budget SECONDS           SECONDS, or what is left of DEADLINE_S if that is less
@@ -24,7 +25,8 @@
 #                            cuda/LIB.cu carried in .whl/) and the manifest's sha256 patched to it; this
 #                            build's fatbin and manifest are put back after (the A/B of one library)
 #   with_fatbin LIB FATBIN CMD...
-#                            the same with a fatbin built already
+#                            the same with a fatbin built already (build_fatbin SRC OUT [flags]: nvcc's
+#                            fatbin of SRC for sm_90)
 #   kv_bench_ab              tools/kv_attention_bench.py --cells ${KV_CELLS:-16384,32768,131072}; with
 #                            KV_PARENT (an earlier cuda/kv_quant.cu) also over that one, then this
 #                            build again: the quantized decode attention's A/B in one call
@@ -107,8 +109,13 @@ bench_synthetic() {
 
 with_parent() {
     local lib=$1 parent=$2; shift 2
-    nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -o "/tmp/$lib.parent.fatbin" "$parent" || return 1
+    build_fatbin "$parent" "/tmp/$lib.parent.fatbin" || return 1
     with_fatbin "$lib" "/tmp/$lib.parent.fatbin" "$@"
+}
+
+build_fatbin() {        # build_fatbin SRC OUT [nvcc flags...]: SRC (a cuda/*.cu or a variant of one) for the H200
+    local src=$1 out=$2; shift 2
+    nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda "$@" -o "$out" "$src"
 }
 
 with_fatbin() {         # with_fatbin LIB FATBIN CMD...: CMD with strata/kernels/LIB.fatbin replaced by FATBIN
@@ -162,7 +169,7 @@ moe_decode_ab() {
     local v bench=(tools/moe_decode_bench.py --types "${MOE_TYPES:-Q4_K,Q6_K,Q8_0}" --tokens 1,4 --blocks-per-sm 2,3,4 --digest)
     for v in ${MOE_VARIANTS:-}; do
         echo "== moe_decode bench, $v ($(elapsed) s)"
-        nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda -Xptxas -v -o /tmp/moe_variant.fatbin "$v" 2>/tmp/moe_variant.ptxas \
+        build_fatbin "$v" /tmp/moe_variant.fatbin -Xptxas -v 2>/tmp/moe_variant.ptxas \
             || { tail -5 /tmp/moe_variant.ptxas; continue; }
         grep -A4 -E "Compiling entry.*(gate_up|down)_(q4_k|q6_k|q8_0)" /tmp/moe_variant.ptxas \
             | grep -oE "(entry function '[a-z_0-9]+|Used [0-9]+ registers|[0-9]+ bytes spill stores)" | paste -sd' '

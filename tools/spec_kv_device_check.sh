@@ -40,8 +40,8 @@
 #              PREFILL_GIBS (default "8 12") and PREFILL_RULES (default "auto bytes slots") narrow it
 #     p2048    prompts 512 and 2048 at 12 GiB, 32 decoded, --cpu-experts off against auto (#18's targets)
 #     p2048cap the same with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot)
-#     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, 1 (every
-#              miss a step takes on the host) and auto, then off and 1 with the bus capped at 25 GB/s
+#     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, auto and
+#              1 (every miss a step takes on the host), at the full bus and capped at 25 GB/s
 #     ttft     tools/ttft_server.py: `strata serve` at 8 GiB, six short chat turns' time to first token (#18)
 #     ncu      Nsight Compute over the MoE decode kernels (device_deadline.sh's ncu_moe_decode, #16)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
@@ -109,7 +109,7 @@ if has gdndec; then     # the decode step's DeltaNet kernels against the copy ra
     echo "== gdn decode bench ($(elapsed) s)"
     parent=()
     if [ -n "${GDN_PARENT:-}" ]; then
-        nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -o /tmp/gdn_parent.fatbin "$GDN_PARENT" \
+        build_fatbin "$GDN_PARENT" /tmp/gdn_parent.fatbin \
             && parent=(--parent /tmp/gdn_parent.fatbin)
     fi
     timeout "$(budget 90)" $PY tools/gdn_chunk_bench.py --decode --reps 3 "${parent[@]}" --json "$OUT/gdn_decode.json" 2>&1 | tail -20

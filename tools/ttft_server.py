@@ -37,13 +37,15 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout_s: float) -> float:
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode} before it answered /health")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")
             if conn.getresponse().status == 200:
                 return time.monotonic() - t0
         except OSError:
             pass
+        finally:
+            conn.close()
         time.sleep(0.25)
     raise SystemExit(f"the server did not answer /health within {timeout_s:.0f} s")
 
