@@ -27,14 +27,14 @@ from cuda.bindings.cydriver cimport (
     cuEventQuery, cuEventRecord, cuEventSynchronize, cuGetErrorName, cuGetErrorString, cuInit,
     cuKernelGetFunction, cuKernelGetParamInfo, cuLaunchKernel, cuLaunchKernelEx, cuLibraryGetKernel, cuLibraryLoadData,
     cuLibraryUnload, cuMemAlloc, cuMemFree, cuMemFreeHost, cuMemGetInfo, cuMemHostAlloc,
-    cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
+    cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyPeerAsync, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
     cuStreamCreateWithPriority, cuStreamDestroy, cuStreamSynchronize, cuStreamWaitEvent,
 )
 
 from strata.errors import DeviceError, InvalidArgument
 
 __all__ = ["init", "driver_version", "device_count", "Device", "Stream", "Event", "DeviceBuffer",
-           "HostBuffer", "copy_h2d", "copy_d2d", "copy_h2d_batch", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
+           "HostBuffer", "copy_h2d", "copy_d2d", "copy_peer", "copy_h2d_batch", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
 
 
 cdef str _error_text(CUresult err):
@@ -435,6 +435,17 @@ def copy_d2d(uint64_t dst, uint64_t src, size_t nbytes, Stream stream not None):
         with nogil:
             stream.device.activate()
             check(cuMemcpyDtoDAsync(<CUdeviceptr>dst, <CUdeviceptr>src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+
+
+def copy_peer(uint64_t dst, Device dst_device not None, uint64_t src, Device src_device not None, size_t nbytes,
+              Stream stream not None):
+    """Queue a copy from src on src_device to dst on dst_device (a layer split's hand-off between two
+    GPUs): peer to peer where the GPUs allow it, else the driver stages it through host memory."""
+    if nbytes:
+        with nogil:
+            stream.device.activate()
+            check(cuMemcpyPeerAsync(<CUdeviceptr>dst, dst_device.ctx, <CUdeviceptr>src, src_device.ctx, nbytes,
+                                    stream.handle), "cuMemcpyPeerAsync")
 
 
 @cython.boundscheck(False)

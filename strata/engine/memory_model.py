@@ -136,15 +136,26 @@ def _chunk_plan(T: int, args, resident: bool) -> MoePlan:
                    batches=_every_expert_at_no_address)
 
 
+HEAD_NAMES = ("token_embd.weight", "output.weight", "output_norm.weight")
+
+
 class _SizesWeights:
     """DeviceWeights from pack sizes alone: tensors at null addresses."""
 
     def __init__(self, sizes):
         self.dense_meta = sizes.dense
+        self.vocab, self.hidden = sizes.args.vocab_size, sizes.args.hidden_size
         self.layers = [ExpertLayer.from_meta(l, lay, 0) for l, lay in enumerate(sizes.layers)]
 
     def tensor(self, name: str) -> Weight:
-        t = self.dense_meta[name]
+        t = self.dense_meta.get(name)
+        if t is None and name in HEAD_NAMES:
+            # a layer split's card without the embedding or the head (strata.engine.layer_split):
+            # the dry run still runs them, as f32 (no dequant scratch); hand_in allocates what the
+            # embedding and its norm do, and a card without the head allocates less
+            return Weight(1 << 36, "F32", (self.vocab, self.hidden))
+        if t is None:
+            raise InvalidArgument(f"no dense tensor {name!r} in the pack's sizes")
         return Weight(1 << 36, t["qtype"], tuple(t["shape"]))
 
     def has(self, name: str) -> bool:
@@ -265,6 +276,12 @@ def _layer_row(sizes, paths: KernelPaths, l: int) -> dict:
 _TABLES: dict = {}      # sizes.key -> prompt_tables(sizes)
 
 
+def _vocab(sizes) -> int:
+    """The head's rows; a layer split's card without the head prices one as the dry run runs it."""
+    head = sizes.dense.get("token_embd.weight" if sizes.args.tie_word_embeddings else "output.weight")
+    return math.prod(head["shape"][:-1]) if head is not None else sizes.args.vocab_size
+
+
 def prompt_tables(sizes) -> tuple[np.ndarray, np.ndarray]:
     """(model [MODEL_FIELDS], layers [L, LAYER_FIELDS]) int64: what strata._ext.prompt_plan replays
     the prompt path from, for the default KernelPaths (the dry run's)."""
@@ -276,8 +293,7 @@ def prompt_tables(sizes) -> tuple[np.ndarray, np.ndarray]:
     paths, a = KernelPaths(), sizes.args
     model = dict(hidden=a.hidden_size, heads=a.num_attention_heads, kv_heads=a.num_key_value_heads,
                  head_dim=a.head_dim, experts=a.num_experts, top_k=a.num_experts_per_tok,
-                 vocab=math.prod(sizes.dense["output.weight" if not a.tie_word_embeddings
-                                               else "token_embd.weight"]["shape"][:-1]),
+                 vocab=_vocab(sizes),
                  layers=a.num_hidden_layers, align=ALIGN_BYTES, tile_rows=GEMM_BM,
                  stream_all_tokens=stream_all_tokens(a), group_on_device=int(paths.group_on_device))
     rows = [_layer_row(sizes, paths, l) for l in range(a.num_hidden_layers)]

@@ -620,10 +620,11 @@ def decode_bytes_per_token(pack) -> int:
     """Weight bytes one decoded token reads: every dense matrix, one embedding row, A experts a layer."""
     args, meta = pack.args, pack.meta
     dense = sum(t["nbytes"] for n, t in meta["dense"].items() if n != "token_embd.weight")
-    embd = meta["dense"]["token_embd.weight"]
-    dense += embd["nbytes"] // embd["shape"][0]
-    if args.tie_word_embeddings:
-        dense += embd["nbytes"]
+    embd = meta["dense"].get("token_embd.weight")       # absent on a layer split's later cards
+    if embd is not None:
+        dense += embd["nbytes"] // embd["shape"][0]
+        if args.tie_word_embeddings:
+            dense += embd["nbytes"]
     layers = meta["experts"]["layers"][: args.num_hidden_layers]
     return int(dense + args.num_experts_per_tok * sum(l["blob_bytes"] for l in layers))
 

@@ -109,8 +109,28 @@ def expert_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
     return {"gate": (I, D), "up": (I, D), "down": (D, I)}
 
 
-def memmap(path: Path) -> np.ndarray:
-    """A read-only uint8 memory map of a whole file (an empty array for an empty file)."""
+@dataclass(frozen=True)
+class FileSlice:
+    """Bytes start..start + nbytes of a file, read where a whole file would be (memmap, and the
+    expert store's pinning): a layer split's stage reads its own layers' part of experts.bin."""
+    path: Path
+    start: int
+    nbytes: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.name}[{self.start}:{self.start + self.nbytes}]"
+
+    def __str__(self) -> str:
+        return f"{self.path} (bytes {self.start}..{self.start + self.nbytes})"
+
+
+def memmap(path) -> np.ndarray:
+    """A read-only uint8 memory map of a whole file (an empty array for an empty file), or of a
+    FileSlice's bytes (as many of them as the file has: a short file stays short)."""
+    if isinstance(path, FileSlice):
+        whole = memmap(path.path)
+        return whole[path.start:path.start + path.nbytes]
     if os.path.getsize(path) == 0:
         return np.zeros(0, dtype=np.uint8)
     return np.memmap(path, dtype=np.uint8, mode="r")

@@ -312,6 +312,10 @@ def copy_h2d(dst: int, src: int, nbytes: int, stream) -> None:
         _copy(dst, src, nbytes)
 
 
+def copy_peer(dst: int, dst_device, src: int, src_device, nbytes: int, stream) -> None:
+    copy_d2d(dst, src, nbytes, stream)      # one address space here, as under unified addressing
+
+
 def copy_d2d(dst: int, src: int, nbytes: int, stream) -> None:
     if stream is not None and stream.capture is not None:
         stream.capture.append(("memcpy", dst, src, nbytes))

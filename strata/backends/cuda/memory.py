@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import KV_VRAM_SLACK
-from ...errors import DeviceError, InvalidArgument, UnsupportedError
-from ...pack.source import memmap
+from ...errors import DeviceError, InvalidArgument, PackError, UnsupportedError
+from ...pack.source import FileSlice, memmap
 
 ALIGN_BYTES = 256               # pool blocks start on this, as cuMemAlloc's own buffers do
 SEGMENT_BYTES = 64 << 20        # smallest pool segment
@@ -194,13 +194,16 @@ class ExpertLayer:
         return cls(layer, table, parts, fused)
 
 
-def upload_file(rt, device, stream, path, dst, progress: bool = True) -> None:
-    """Copy a whole file into the device buffer dst through two pinned staging buffers: filling one
-    from the memory map overlaps the DMA of the other."""
-    size = dst.nbytes
-    if size == 0:
-        return
+def upload_file(rt, device, stream, path, dst, progress: bool = True, dst_offset: int = 0) -> None:
+    """Copy a whole file (or a pack.source.FileSlice) into the device buffer dst from byte dst_offset
+    (the rest of dst, at most) through two pinned staging buffers: filling one from the memory map
+    overlaps the DMA of the other. A file shorter than that is a PackError naming it."""
     src = memmap(path)
+    size = path.nbytes if isinstance(path, FileSlice) else dst.nbytes - dst_offset
+    if size <= 0:
+        return
+    if src.size < size or dst_offset + size > dst.nbytes:
+        raise PackError(f"{path}: ends at byte {src.size}, pack.json says at least {size}")
     chunk = min(STAGE_BYTES, size)
     stages = [rt.HostBuffer(device, chunk) for _ in range(2)]
     views = [np.frombuffer(s, np.uint8) for s in stages]
@@ -212,7 +215,7 @@ def upload_file(rt, device, stream, path, dst, progress: bool = True) -> None:
         if i >= 2:
             done[j].synchronize()
         views[j][:n] = src[off:off + n]
-        dst.copy_from_host(views[j][:n], stream, off)
+        dst.copy_from_host(views[j][:n], stream, dst_offset + off)
         done[j].record(stream)
         now = time.perf_counter()
         if show and (now - last > 1.0 or off + n == size):
@@ -231,7 +234,12 @@ class DeviceWeights:
         self.pack = pack
         self._check_alignment(pack)
         self.dense = rt.DeviceBuffer(device, int(pack.meta["files"]["dense.bin"]["bytes"]))
-        upload_file(rt, device, stream, pack.path / "dense.bin", self.dense, progress)
+        pieces = getattr(pack, "dense_pieces", None)
+        if pieces is None:
+            upload_file(rt, device, stream, pack.path / "dense.bin", self.dense, progress)
+        else:   # a layer split's stage (strata.engine.layer_split.StagePack): its tensors, packed anew
+            for src, n, dst in pieces:
+                upload_file(rt, device, stream, src, self.dense, progress, dst_offset=dst)
         self.bytes_h2d = self.dense.nbytes
         self.layers = [ExpertLayer.from_meta(l, lay, experts.table_row(l))
                        for l, lay in enumerate(pack.meta["experts"]["layers"])]

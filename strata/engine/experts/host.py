@@ -58,7 +58,8 @@ def _read_prefix(path, arena, nbytes: int, progress: bool) -> None:
     show = progress and nbytes >= PROGRESS_MIN_BYTES
     t0 = last = time.perf_counter()
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open(getattr(path, "path", path), "rb", buffering=0) as f:
+            f.seek(getattr(path, "start", 0))       # a FileSlice (a layer split's stage) reads its bytes
             off = 0
             while off < nbytes:
                 n = f.readinto(view[off:min(nbytes, off + READ_BYTES)])

@@ -102,7 +102,7 @@ class ExpertStore:
         if policy not in ("lru", "lfu"):
             raise InvalidArgument(f"expert cache policy must be lru or lfu, got {policy!r}")
         self.rt, self.device, self.stream = rt, device, stream
-        self.path = pack.path / "experts.bin"
+        self.path = getattr(pack, "experts_file", None) or pack.path / "experts.bin"   # a stage's: a FileSlice
         self.layers_meta = pack.meta["experts"]["layers"]
         self.num_layers = len(self.layers_meta)
         self.num_experts = int(pack.args.num_experts)
