@@ -210,6 +210,9 @@ def _finish(runner, res: BenchResult) -> None:
     split = (status.get("decode") or {}).get("cpu_experts_split")
     if split:               # --cpu-experts on decode steps: the steps split, their host time, the pricing
         res.limits["decode_split"] = {**split, "host_ms": (status["decode"].get("host_ms") or {}).get("split")}
+    if isinstance(status.get("layer_split"), dict):  # --gpus 0,1: the cards' layers and the hand-off
+        res.plan["layer_split"] = {k: v for k, v in status["layer_split"].items() if k != "cards"}
+        res.plan["layer_split"]["cache_slots"] = [c["expert_cache"]["slots"] for c in status["layer_split"]["cards"]]
     if isinstance(status.get("draft"), dict):       # --draft-window and --draft-prompt
         res.plan.update(draft_window=status["draft"]["window"], draft_ring_cells=status["draft"]["ring_cells"],
                         draft_prompt=status["draft"]["prompt"])

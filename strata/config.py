@@ -139,8 +139,12 @@ class ModelArgs:
 class EngineConfig:
     """Engine knobs; each field is a CLI flag (--vram-budget-gib) and an env var (STRATA_VRAM_BUDGET_GIB)."""
     device: str = field(default="auto", metadata={"help": "cpu, cuda or auto (the GPU when one is present)"})
-    gpus: str = field(default="0", metadata={"help": "GPU ordinals to use, comma-separated"})
-    vram_budget_gib: float = field(default=0.0, metadata={"help": "cap on VRAM Strata uses; 0 = all free VRAM"})
+    gpus: str = field(default="0", metadata={"help": "GPU ordinals to use, comma-separated; two or more split the "
+                                                     "layers over them (--layer-split), and an ordinal may repeat "
+                                                     "(0,0: two logical cards on one GPU)"})
+    vram_budget_gib: float | str = field(default=0.0, metadata={
+        "help": "cap on VRAM Strata uses; 0 = all free VRAM; with several --gpus one cap for each (8,12) or one "
+                "for all"})
     expert_cache: str = field(default="auto", metadata={"help": "expert cache slots: auto or N"})
     expert_policy: str = field(default="lru", metadata={"help": "expert cache admission: lru (every miss, over the "
                                                                    "least recently used) or lfu (over a colder expert)"})
@@ -216,7 +220,9 @@ class EngineConfig:
                                                          "the grouping whose measured step times cost least, so a "
                                                          "budget where each extra row's experts come over the bus "
                                                          "runs smaller steps"})
-    layer_split: str = field(default="auto", metadata={"help": "layer split over GPUs: auto or A,B"})
+    layer_split: str = field(default="auto", metadata={
+        "help": "with several --gpus, the main layers each card runs, in order: auto (the split that caches "
+                "the most experts within each card's budget) or counts like 20,28 summing to the model's layers"})
     cuda_graphs: bool = field(default=True, metadata={"help": "decode as one CUDA graph per step shape, replayed "
                                                                 "every token (STRATA_CUDA_GRAPHS=0: launch each "
                                                                 "kernel from Python)"})
@@ -226,8 +232,14 @@ class EngineConfig:
     def __post_init__(self):
         if self.device not in ("cpu", "cuda", "auto"):
             raise InvalidArgument(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.vram_budget_gib < 0:
-            raise InvalidArgument(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        budgets = _budgets(self.vram_budget_gib)
+        cards = _gpu_ordinals(self.gpus)
+        if len(budgets) not in (1, len(cards)):
+            raise InvalidArgument(f"--vram-budget-gib {self.vram_budget_gib}: give one budget, or one for each of "
+                                  f"the {len(cards)} --gpus {self.gpus}")
+        if len(budgets) == 1:       # one number, as given before a split existed: a float
+            object.__setattr__(self, "vram_budget_gib", budgets[0])
+        _check_split(self.layer_split, len(cards))
         if not self.pcie_gbs >= 0:
             raise InvalidArgument(f"pcie_gbs must be >= 0 (0: no cap), got {self.pcie_gbs}")
         if not self.pin_limit_gib >= 0:
@@ -297,11 +309,55 @@ class EngineConfig:
         return cls(**{**kwargs, **env_overrides(cls)})
 
 
+    def cards(self) -> list[tuple[int, float]]:
+        """(GPU ordinal, VRAM budget in GiB, 0 = all free) of each card of --gpus, in order."""
+        ordinals, budgets = _gpu_ordinals(self.gpus), _budgets(self.vram_budget_gib)
+        return [(o, budgets[min(i, len(budgets) - 1)]) for i, o in enumerate(ordinals)]
+
+    @property
+    def split(self) -> bool:
+        """Whether the layers are split over several cards (two or more --gpus)."""
+        return len(_gpu_ordinals(self.gpus)) > 1
+
+
 def _gpu_ordinals(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",")]
+    parts = [p.strip() for p in str(text).split(",")]
     if not parts or not all(p.isdigit() for p in parts):
-        raise InvalidArgument(f"--gpus must be GPU ordinals, comma-separated (like 0), got {text!r}")
+        raise InvalidArgument(f"--gpus must be GPU ordinals, comma-separated (like 0 or 0,1), got {text!r}")
     return [int(p) for p in parts]
+
+
+def _budgets(value) -> list[float]:
+    """--vram-budget-gib's budgets in GiB: one number, or several comma-separated (one per card)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"vram_budget_gib must be a number of GiB, got {value!r}")
+    parts = [value] if isinstance(value, (int, float)) else str(value).split(",")
+    out = []
+    for p in parts:
+        try:
+            out.append(float(p))
+        except ValueError:
+            raise InvalidArgument(f"--vram-budget-gib must be GiB (8) or one per card (8,12), got {value!r}") from None
+    if any(not b >= 0 for b in out):
+        raise InvalidArgument(f"vram_budget_gib must be >= 0, got {value}")
+    return out
+
+
+def split_counts(text: str) -> list[int] | None:
+    """--layer-split's counts (None for auto); InvalidArgument where they are not counts."""
+    if text == "auto":
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) < 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InvalidArgument(f"--layer-split must be auto or two or more layer counts >= 1 (like 20,28), got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _check_split(text: str, num_cards: int) -> None:
+    counts = split_counts(text)
+    if counts is not None and len(counts) != num_cards:
+        raise InvalidArgument(f"--layer-split {text}: {len(counts)} ranges for {num_cards} card(s) of --gpus; give one "
+                              f"count per card (--gpus 0,1 --layer-split 20,28; 0,0 for two logical cards on one GPU)")
 
 
 def _refuse_not_implemented(cfg: "EngineConfig") -> None:
@@ -332,12 +388,21 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     if cfg.parallel > 1 and cfg.spec != "0":
         raise InvalidArgument(f"--parallel {cfg.parallel} with --spec {cfg.spec}: speculation in parallel slots is not "
                               f"implemented yet (use one of them)")
-    if cfg.layer_split != "auto":
-        raise InvalidArgument(f"--layer-split {cfg.layer_split}: splitting layers over GPUs is not implemented "
-                              f"yet (auto)")
-    if len(_gpu_ordinals(cfg.gpus)) > 1:
-        raise InvalidArgument(f"--gpus {cfg.gpus}: running on more than one GPU is not implemented yet; give "
-                              f"one ordinal")
+    if cfg.split:
+        _refuse_with_split(cfg)
+
+
+def _refuse_with_split(cfg: "EngineConfig") -> None:
+    """What a layer split over several cards (strata.engine.layer_split) does not run yet: one line each."""
+    flag = f"--gpus {cfg.gpus}"
+    if cfg.device == "cpu":
+        raise InvalidArgument(f"{flag}: a layer split is over GPUs; the CPU runs every layer already")
+    for on, what in ((cfg.mtp or cfg.spec != "0", f"--mtp/--spec {cfg.spec}: speculation"),
+                     (cfg.kv_resident, f"--kv-resident {cfg.kv_resident}: the host KV"),
+                     (str(cfg.cpu_experts).strip().lower() != "off", f"--cpu-experts {cfg.cpu_experts}: the host's "
+                                                                      f"share of the misses")):
+        if on:
+            raise InvalidArgument(f"{flag}: {what} over a layer split is not built yet (one GPU runs it)")
 
 
 def _parse_field(f: dataclasses.Field, text: str) -> Any:

@@ -20,7 +20,7 @@ from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
 from .engine.kv_choice import kv_trade, resolve_gpu
-from .errors import InvalidArgument
+from .errors import DeviceError, InvalidArgument
 
 MEASURE_BYTES = 256 << 20
 MEASURE_REPEATS = 5
@@ -204,9 +204,37 @@ def split_text(config: EngineConfig, rates, cases) -> str:
     return "\n".join(rows)
 
 
+def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) -> int:
+    """`plan --gpus 0,1 [--layer-split A,B] [--vram-budget-gib 8,12]`: the layer split's plan (the
+    cards' budgets from their GPUs where there are GPUs, else from --vram-budget-gib alone)."""
+    from .engine.layer_split import Card, choose_split
+    from .engine.layer_split import split_text as layer_split_text
+    try:
+        from .engine.cuda_split import split_cards
+        cards = split_cards(config)
+    except (DeviceError, ImportError):
+        missing = [o for o, gib in config.cards() if not gib]
+        if missing:
+            raise InvalidArgument(f"--gpus {config.gpus}: no GPU here to measure; give each card's budget "
+                                  f"(--vram-budget-gib 8,12)") from None
+        cards = [Card(o, int(gib * 2**30)) for o, gib in config.cards()]
+    p = choose_split(sizes, config, cards)
+    if args.json:
+        print(json.dumps({"model": name, "layer_split": p.to_dict(),
+                          "cards": [dataclasses.asdict(c) for c in cards]}, indent=1, default=str))
+    else:
+        print(f"{name}")
+        print(layer_split_text(p, cards))
+        for k, ((lo, hi), card, plan) in enumerate(zip(p.ranges(), cards, p.plans)):
+            print(plan_text(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1})", plan))
+    return 0
+
+
 def plan_main(args, engine_kwargs: dict) -> int:
     config = EngineConfig.from_kwargs(**engine_kwargs)
     name, sizes = plan_sizes(args.model, args.synthetic)
+    if config.split:
+        return layer_split_main(args, config, name, sizes)
     gpu = _gpu(config)
     free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
     bus_gb_s = bandwidths.h2d_gb_s

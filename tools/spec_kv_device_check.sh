@@ -40,6 +40,9 @@
 #              PREFILL_GIBS (default "8 12") and PREFILL_RULES (default "auto bytes slots") narrow it
 #     p2048    prompts 512 and 2048 at 12 GiB, 32 decoded, --cpu-experts off against auto (#18's targets)
 #     p2048cap the same with the bus capped at 25 GB/s (--pcie-gbs 25: a PCIe 4.0 slot)
+#     layers   the layer split (#21) on qwen3-30b-a3b-mtp: --gpus 0,1 at 8+8 GiB (0,0 where the machine has one
+#              GPU: two logical cards on it), against one card at 16 and at 8 GiB; prompt 4096, 64 decoded;
+#              bench's plan line gives the split, each card's cache and the hand-off's time a step
 #     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, auto and
 #              1 (every miss a step takes on the host), at the full bus and capped at 25 GB/s
 #     ttft     tools/ttft_server.py: `strata serve` at 8 GiB, six short chat turns' time to first token (#18)
@@ -156,6 +159,13 @@ if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split o
     done
 fi
 has ttft && ttft_serve "$shape"
+if has layers; then     # a layer split over two cards against one card (#21)
+    pair=0,1
+    [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && pair=0,0
+    bench layers_split 120 qwen3-30b-a3b-mtp --gpus "$pair" --vram-budget-gib 8,8 --prompt 4096 --decode 64
+    bench layers_one16 90 qwen3-30b-a3b-mtp --vram-budget-gib 16 --prompt 4096 --decode 64
+    bench layers_one8 90 qwen3-30b-a3b-mtp --vram-budget-gib 8 --prompt 4096 --decode 64
+fi
 if has dsplit; then     # decode misses on the host's cores against read in place (#18 item 3)
     # the forced arms last: the host's every miss may be slow, and their tracebacks show where (SIGABRT)
     for arm in "off 0 45" "auto 0 45" "off 25 45" "auto 25 50" "1 25 90" "1 0 80"; do

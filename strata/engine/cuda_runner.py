@@ -20,6 +20,7 @@ back with the logits, for the cache's admissions.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from pathlib import Path
@@ -42,7 +43,11 @@ from .speculate import Speculating
 class CudaRunner(Speculating, CudaSpeculation, Slots):
     device = "cuda"
 
-    def __init__(self, pack, max_context: int, config: EngineConfig | None = None):
+    def __init__(self, pack, max_context: int, config: EngineConfig | None = None,
+                 stage: tuple[bool, bool] = (True, True)):
+        """stage: (first, last) of a layer split's card (strata.engine.cuda_split): pack is then its
+        StagePack, and the model takes its rows from the card before (first False) or hands them
+        to the next (last False)."""
         from ..backends.cuda import _runtime
         from ..backends.cuda.kernels import KernelPaths
         from ..backends.cuda.memory import DeviceKV, DeviceWeights
@@ -87,7 +92,11 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.kv = self.kv_all.view(0)
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
                                                                  KernelPaths.without(config.kernels_off))
-        self.model = build(a, self.ops)
+        self.stage = stage
+        self.model = build(a, self.ops, *stage)
+        if not stage[0]:        # a later card: a decode step's rows from the card before (ops.hand_in)
+            from .memory_model import STEP_MAX_TOKENS
+            self.ops.hand_buf = rt.DeviceBuffer(self.dev, 2 * STEP_MAX_TOKENS * a.hidden_size * 4)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self.total_experts = num_layers * a.num_experts
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
@@ -167,14 +176,34 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         decode timings read as they did. What stays is memory it allocated for good: the grown
         activation pool and the captured graph (status() lists both, as after any request)."""
         from ..config import SamplingParams
-        for k in range(4, max(4, (self.prefill_chunk - 1).bit_length()) + 1):
-            self.prompts.loan_pool_bytes(1 << k, self.prefill_chunk)   # every size class of a prompt's loan (a host replay, memoized)
+        self.warm_loans()
         n = max(1, min(num_tokens, self.max_context - steps))
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
+        params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
+        with self.scratch(n + steps + _window_cells(drafts), drafts):
+            self.prefill([t % self.args.vocab_size for t in range(n)], 0, logits=False)
+            token = self.pick(params[0], 0.5)
+            for i in range(steps):
+                self.decode(token, logits=False)
+                token = self.pick(params[(i + 1) % 2], 0.5)
+            if drafts:
+                self._warm_windows(token, drafts)
+
+    def warm_loans(self) -> None:
+        """The loan of every size class of a prompt, computed now (a host replay, memoized)."""
+        for k in range(4, max(4, (self.prefill_chunk - 1).bit_length()) + 1):
+            self.prompts.loan_pool_bytes(1 << k, self.prefill_chunk)
+
+    @contextlib.contextmanager
+    def scratch(self, cells: int, drafts: list[int] = ()):
+        """Work inside leaves nothing a request can observe (warm_up's contract): the first `cells`
+        KV cells get their bytes back, and the cached prefix, pick()'s logits, the expert cache and
+        its counters, the routing profile, the byte counters, the decode timings, a hybrid's states
+        and the drafter's state read as they did before."""
         saved_spec = ((self.drafter.done, self.drafter.pending, self.drafter.first_held, self.device_windows)
                       if drafts else None)
-        saved_cells = self._save_cells(min(self.max_context, n + steps + _window_cells(drafts)))
+        saved_cells = self._save_cells(min(self.max_context, cells))
         ops, store = self.ops, self.store
         step_times = self.steps.step_times
         saved = (self.cached_ids, self._last, ops.expert_uses, ops.bytes_h2d,
@@ -183,16 +212,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                         else None)
         # the draft layer's prompt counters (status "draft") read as before
         saved_draft = (self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks) if self.spec else None
-        params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         try:
             self.cached_ids = []
-            self.prefill([t % self.args.vocab_size for t in range(n)], 0, logits=False)
-            token = self.pick(params[0], 0.5)
-            for i in range(steps):
-                self.decode(token, logits=False)
-                token = self.pick(params[(i + 1) % 2], 0.5)
-            if drafts:
-                self._warm_windows(token, drafts)
+            yield
         finally:
             if drafts:
                 self._restore_spec(*saved_spec)
@@ -424,15 +446,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         positions = [len(self.slot_ids(s)) for s in slots]
         if max(positions) + 1 > self.max_context:
             raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
-        bases = [s * self.max_context for s in slots]
-        if self.hybrid:
-            if getattr(self, "_rows_kv", None) is None:      # one object: the rows graphs are valid for it
-                self._rows_kv = self.kv_all.rows_view(self.steps.row_states_ptr)
-            states = [self.kv_all.slot_states_ptr(s, self.slot) for s in slots]
-            _, logits = self.steps.step_rows(list(tokens), positions, bases, self._rows_kv, download=False,
-                                             row_states=states)
-        else:
-            _, logits = self.steps.step_rows(list(tokens), positions, bases, self.kv_all, download=False)
+        logits = self.batch_rows(slots, tokens, positions)
         V = self.args.vocab_size
         for row, (slot, token) in enumerate(zip(slots, tokens)):
             last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits)
@@ -442,6 +456,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.use(slot)
             self.cached_ids.append(token)
             self._last = last
+
+    def batch_rows(self, slots: list[int], tokens: list[int], positions: list[int]):
+        """decode_batch's step: row i is token i at positions[i] of slot slots[i]'s cells (and, in
+        a hybrid, its states) -> the rows' logits [T, V] on the device (a layer split's card before
+        the last: its normed rows; steps.hidden has the rows' output). Nobody's state changes here."""
+        bases = [s * self.max_context for s in slots]
+        if self.hybrid:
+            if getattr(self, "_rows_kv", None) is None:      # one object: the rows graphs are valid for it
+                self._rows_kv = self.kv_all.rows_view(self.steps.row_states_ptr)
+            states = [self.kv_all.slot_states_ptr(s, self.slot) for s in slots]
+            return self.steps.step_rows(list(tokens), positions, bases, self._rows_kv, download=False,
+                                        row_states=states)[1]
+        return self.steps.step_rows(list(tokens), positions, bases, self.kv_all, download=False)[1]
 
     def _rows_batched(self) -> bool:
         """Whether a hybrid model's slots step as one batched step (decode_batch): not with

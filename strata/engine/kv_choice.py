@@ -98,6 +98,8 @@ def resolve(device: str, pack, config):
         return config, None
     if device != "cuda":
         return dataclasses.replace(config, kv="f16"), "auto: f16 on the CPU (its cells are exact)"
+    if config.split:
+        return dataclasses.replace(config, kv="f16"), "auto: f16 over a layer split (the trade is not priced per card yet)"
     from ..backends.cuda import device_info
     from .planner import DEFAULT_BANDWIDTHS, PackSizes, vram_budget
     d = device_info(int(config.gpus.split(",")[0]))

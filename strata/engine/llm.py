@@ -61,6 +61,10 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
     """(max_context, why): --max-context or the model's trained context, fitted to the device's memory."""
     from .planner import PackSizes, asked_context, fit_context, vram_budget
     trained = pack.args.max_position_embeddings
+    if device == "cuda" and config.split:
+        from .cuda_split import split_plan
+        plan, _ = split_plan(pack, config, config.max_context or None)
+        return plan.max_context, plan.context_source
     if device == "cuda":
         from ..backends.cuda import device_info
         ordinal = int(config.gpus.split(",")[0])
@@ -76,9 +80,14 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
 
 
 def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
+    if device == "cuda" and config.split:
+        from .cuda_split import SplitRunner
+        return SplitRunner(pack, max_context, config)
     if device == "cuda":
         from .cuda_runner import CudaRunner
         return CudaRunner(pack, max_context, config)
+    if config.split:
+        raise InvalidArgument(f"--gpus {config.gpus}: a layer split runs on GPUs, and this run is on the CPU")
     if config.pcie_gbs:
         raise InvalidArgument("--pcie-gbs caps the GPU's host->device bus; this run is on the CPU")
     if str(config.cpu_experts).strip().lower() != "off":

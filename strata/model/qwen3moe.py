@@ -47,12 +47,40 @@ def _draft_input(model, hidden, next_ids: np.ndarray):
     return x, ops.rms_norm(x, f"blk.{L}.attn_norm.weight", a.rms_norm_eps)
 
 
-class Qwen3Moe:
-    """Decoder stack of `args.num_hidden_layers` layers: GQA attention with QK-norm, routed SwiGLU experts."""
+def stack_forward(model, ids, positions: np.ndarray, cache, record: Recorder = _no_record,
+                  logits_rows: slice | None = None, plan=None):
+    """The decoder stack of `model` (Qwen3Moe or Qwen3Next, each with first, last, head and layer())
+    over ids [T] at positions [T] -> (logits [T', V] for logits_rows, hidden [T, D]); a layer split's
+    card that is not the last -> (normed [T, D], hidden [T, D]) of every row (Qwen3Moe's doc)."""
+    a, ops = model.args, model.ops
+    L = a.num_hidden_layers
+    if model.first:
+        x = ops.embed("token_embd.weight", ids)
+        normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
+    else:
+        x, normed = ops.hand_in(ids.shape[0])
+    for l in range(L):
+        next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L or not model.last else "output_norm.weight"
+        x, normed = model.layer(l, x, normed, positions, cache, next_norm, record, plan)
+    if not model.last:
+        return normed, x
+    rows = normed if logits_rows is None else normed[logits_rows]      # the norm is per row
+    return ops.linear(rows, model.head), x
 
-    def __init__(self, args: ModelArgs, ops):
+
+class Qwen3Moe:
+    """Decoder stack of `args.num_hidden_layers` layers: GQA attention with QK-norm, routed SwiGLU experts.
+
+    One stage of a layer split (strata.engine.layer_split) is this stack over its own layers,
+    renumbered from 0: a stage that is not the first (first=False) takes its input rows from
+    ops.hand_in(T) instead of the embedding, and one that is not the last (last=False) ends with its
+    last layer's output and that output normed with the next stage's first attention norm
+    (blk.N.attn_norm, N its layer count), which its forward returns in place of logits."""
+
+    def __init__(self, args: ModelArgs, ops, first: bool = True, last: bool = True):
         self.args = args
         self.ops = ops
+        self.first, self.last = first, last
         self.head = "token_embd.weight" if args.tie_word_embeddings else "output.weight"
         # Qwen3-Next gives the draft layer its own final norm; DeepSeek-style packs share the main one.
         own = f"blk.{args.num_hidden_layers}.nextn.shared_head_norm.weight"
@@ -108,18 +136,10 @@ class Qwen3Moe:
 
         hidden is the last layer's output before the final norm: the MTP draft layer's input. plan:
         the runner's expert plan of this step (strata.backends.cuda.moe_plan on the GPU), passed to
-        every layer's ops.moe.
+        every layer's ops.moe. A stage that is not the last returns (normed [T, D], hidden [T, D]):
+        every row, whatever logits_rows says, for the next stage's hand_in (class doc).
         """
-        a, ops = self.args, self.ops
-        L = a.num_hidden_layers
-        x = ops.embed("token_embd.weight", ids)
-        normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
-        for l in range(L):
-            next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L else "output_norm.weight"
-            x, normed = self.layer(l, x, normed, positions, kv, next_norm, record, plan)
-        rows = normed if logits_rows is None else normed[logits_rows]      # the norm is per row
-        logits = ops.linear(rows, self.head)
-        return logits, x
+        return stack_forward(self, ids, positions, kv, record, logits_rows, plan)
 
     def mtp_forward(self, hidden, next_ids: np.ndarray, positions: np.ndarray, kv,
                     record: Recorder = _no_record):

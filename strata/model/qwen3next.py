@@ -11,13 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelArgs
-from .qwen3moe import Recorder, _draft_input, _no_record, draft_layer
+from .qwen3moe import Recorder, _draft_input, _no_record, draft_layer, stack_forward
 
 
 class Qwen3Next:
-    def __init__(self, args: ModelArgs, ops):
+    """first/last: a layer split's card (Qwen3Moe's doc); the split's boundaries are multiples of
+    full_attention_interval, so a card's layers, renumbered from 0, keep their kinds."""
+
+    def __init__(self, args: ModelArgs, ops, first: bool = True, last: bool = True):
         self.args = args
         self.ops = ops
+        self.first, self.last = first, last
         self.head = "token_embd.weight" if args.tie_word_embeddings else "output.weight"
         self.mtp_norm = f"blk.{args.num_hidden_layers}.nextn.shared_head_norm.weight"
 
@@ -77,15 +81,7 @@ class Qwen3Next:
 
         positions must continue the sequence the cache's DeltaNet states have read (they have no
         positions of their own: the runner rewinds them to a snapshot before a prompt resumes)."""
-        a, ops = self.args, self.ops
-        L = a.num_hidden_layers
-        x = ops.embed("token_embd.weight", ids)
-        normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
-        for l in range(L):
-            next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L else "output_norm.weight"
-            x, normed = self.layer(l, x, normed, positions, cache, next_norm, record, plan)
-        rows = normed if logits_rows is None else normed[logits_rows]
-        return ops.linear(rows, self.head), x
+        return stack_forward(self, ids, positions, cache, record, logits_rows, plan)
 
     def mtp_forward(self, hidden, next_ids: np.ndarray, positions: np.ndarray, cache,
                     record: Recorder = _no_record):

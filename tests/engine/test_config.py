@@ -33,15 +33,35 @@ def test_model_args_reject_unsupported_architecture():
         ModelArgs("llama", 10, 8, 1, 2, 1, 4, 4, 2, 8)
 
 
-# Flags the engine accepts in form but does not run yet: each refused with its own one-line reason.
-NOT_IMPLEMENTED = [({"layer_split": "20,28"}, "--layer-split"), ({"gpus": "0,1"}, "--gpus 0,1")]
+# A layer split's flags (strata.engine.layer_split): checked in form here, each refusal one line.
+SPLIT_REFUSED = [
+    ({"layer_split": "20,28"}, "--layer-split 20,28: 2 ranges for 1 card(s)"),
+    ({"gpus": "0,1", "layer_split": "20,28,4"}, "--layer-split 20,28,4: 3 ranges for 2 card(s)"),
+    ({"gpus": "0,1", "layer_split": "20,0"}, "--layer-split must be auto or two or more layer counts"),
+    ({"gpus": "0,1", "layer_split": "48"}, "--layer-split must be auto or two or more layer counts"),
+    ({"gpus": "0,1", "vram_budget_gib": "8,12,4"}, "--vram-budget-gib 8,12,4: give one budget, or one for each"),
+    ({"gpus": "0,1", "vram_budget_gib": "8,x"}, "--vram-budget-gib must be GiB"),
+    ({"gpus": "0,1", "vram_budget_gib": "8,-1"}, "vram_budget_gib must be >= 0"),
+    ({"gpus": "0,1", "device": "cpu"}, "--gpus 0,1: a layer split is over GPUs"),
+    ({"gpus": "0,1", "mtp": True, "spec": 2}, "--gpus 0,1: --mtp/--spec 2: speculation over a layer split"),
+    ({"gpus": "0,1", "kv_resident": 4096}, "--gpus 0,1: --kv-resident 4096: the host KV over a layer split"),
+    ({"gpus": "0,1", "cpu_experts": "auto"}, "--gpus 0,1: --cpu-experts auto: the host's share"),
+]
 
 
-@pytest.mark.parametrize("kw, match", NOT_IMPLEMENTED)
-def test_flags_that_would_do_nothing_are_refused(kw, match):
-    with pytest.raises(InvalidArgument, match="not implemented yet") as info:
+@pytest.mark.parametrize("kw, match", SPLIT_REFUSED)
+def test_split_flags_refused_in_one_line(kw, match):
+    with pytest.raises(InvalidArgument) as info:
         EngineConfig.from_kwargs(**kw)
     assert str(info.value).startswith(match) and "\n" not in str(info.value)
+
+
+def test_split_cards_and_budgets():
+    cfg = EngineConfig.from_kwargs(gpus="0,1", vram_budget_gib="8,12", layer_split="20,28")
+    assert cfg.split and cfg.cards() == [(0, 8.0), (1, 12.0)]
+    assert EngineConfig.from_kwargs(gpus="0,0", vram_budget_gib="6").cards() == [(0, 6.0), (0, 6.0)]
+    one = EngineConfig.from_kwargs(vram_budget_gib="7.5")
+    assert not one.split and one.vram_budget_gib == 7.5 and one.cards() == [(0, 7.5)]
 
 
 # Speculation runs (strata/engine/speculate.py) but only in its one form: --mtp with --spec N.

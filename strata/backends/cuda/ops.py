@@ -130,6 +130,32 @@ class DeviceOps(DenseOps, AttentionOps):
         """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""
         return x if x.ptr % 16 == 0 else self.copy(x)
 
+    # ---- a layer split's hand-off (strata.engine.cuda_split) -------------------------------------
+    hand_buf = None         # a later card's rows of a decode step: x [STEP rows, D] then normed, f32
+    hand_src = None         # (normed, x, copy(dst, src, nbytes)) of a prompt chunk on the card before
+
+    def hand_in(self, T: int):
+        """A later card's input rows (x [T, D], normed [T, D]) in place of the embedding: for a
+        prompt chunk, copied from the card before into this pool (hand_src, set by the split runner
+        before the forward; what the embedding and its norm allocate); for a decode step (no
+        hand_src), views of hand_buf, which the split runner fills before each step, so a captured
+        graph reads it at one address."""
+        D = self.args.hidden_size
+        if self.hand_src is None:
+            if self.hand_buf is None or 2 * T * D * 4 > self.hand_buf.nbytes:
+                raise InvalidArgument(f"hand_in: no hand-off of {T} rows here (a layer split's later card only)")
+            half = self.hand_buf.nbytes // 2
+            return (DeviceTensor(self.hand_buf, 0, (T, D), np.float32, self.hand_buf),
+                    DeviceTensor(self.hand_buf, half, (T, D), np.float32, self.hand_buf))
+        normed_src, x_src, copy = self.hand_src
+        self.hand_src = None
+        if normed_src.shape != (T, D) or x_src.shape != (T, D):
+            raise InvalidArgument(f"hand_in: {T} rows of {D} asked, {x_src.shape} handed")
+        x, normed = self.alloc((T, D)), self.alloc((T, D))
+        copy(x.ptr, x_src.ptr, x.nbytes)
+        copy(normed.ptr, normed_src.ptr, normed.nbytes)
+        return x, normed
+
     def upload_positions(self, positions: np.ndarray) -> DeviceTensor:
         """Positions [T] -> [T + 1] int32 on the device: the positions, then max + 1 (the decode
         length), the form every op takes. The caller uploads once per forward and passes it down."""

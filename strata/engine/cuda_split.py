@@ -1,0 +1,401 @@
+"""The GPU engine over a layer split (--gpus 0,1): one CudaRunner per card, each on its StagePack
+(strata.engine.layer_split), and the hand-off of hidden rows from each card to the next.
+
+Every card is a whole runner of its own layers: its dense weights, its K/V, its expert cache or
+resident experts, its prompt ring and loan, its decode graphs, planned within its own budget. The
+first card embeds the tokens; each card but the last ends a forward with its last layer's output and
+that output normed (two [T, D] f32 tensors), which the next card's first op (DeviceOps.hand_in)
+takes in place of the embedding. The last card runs the head, pick() and the MTP layer's weights.
+
+A hand-off: the card before records an event after its forward; the next card's stream waits for
+it, copies the two tensors (cuMemcpyPeerAsync between two GPUs, a device copy where both cards are
+one GPU: --gpus 0,0), and records an event that the card before waits for before it writes those
+tensors again. A decode step copies into the next card's fixed hand_buf before that card's step,
+so each card's step stays one CUDA graph. A prompt chunk is handed over in the next card's pool; the
+card before only waits for the copies, not for the next card's chunk, so on two GPUs the cards work
+on consecutive chunks at once. Every card reads a prompt in the same chunk (the smallest of the
+cards' planned chunks).
+
+--parallel N: every card has the N slots, used in lockstep; a batched step's rows go through each
+card's batched step (CudaRunner.batch_rows) and are handed on together. Not run over a split yet
+(refused in config.py, one line each): speculation (--mtp/--spec), --kv-resident, --cpu-experts. A qwen3next split starts each card at a multiple of the model's
+full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
+layers' states and snapshots. The cached conversation is the one in the cards' caches (no kept
+conversations in host RAM). --expert-profile keeps a profile per card (PATH.cardK).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections import deque
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..errors import InvalidArgument
+from .layer_split import Card, StagePack, choose_split
+from ..backends.cuda.memory import DeviceTensor
+from .memory_model import VRAM_RESERVE_BYTES
+from .planner import PackSizes
+from .slots import Slots, reusable_prefix
+
+STEP_TIMES_KEPT = 4096
+
+
+def split_cards(config: EngineConfig) -> list[Card]:
+    """The cards of --gpus with their budgets: --vram-budget-gib's, capped by the GPU's free VRAM less
+    the reserve; logical cards on one GPU (an ordinal repeated) share its free VRAM, those without
+    a budget evenly what the others leave."""
+    from ..backends.cuda import device_info
+    cards = config.cards()
+    info = {o: device_info(o) for o in {o for o, _ in cards}}
+    out = []
+    for o, gib in cards:
+        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
+        mates = [g for oo, g in cards if oo == o]
+        given = sum(int(g * 2**30) for g in mates if g)
+        share = max(0, free - given) // max(1, sum(1 for g in mates if not g))
+        budget = min(int(gib * 2**30), free) if gib else share
+        out.append(Card(o, budget, num_sms=info[o]["multiprocessor_count"]))
+    if sum(c.budget_bytes for c in out if c.ordinal == out[0].ordinal) > \
+            max(0, info[out[0].ordinal]["free_memory_bytes"] - VRAM_RESERVE_BYTES) and len(info) == 1:
+        raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {out[0].ordinal} ask "
+                              f"more than its {info[out[0].ordinal]['free_memory_bytes'] / 2**30:.1f} GiB free")
+    return out
+
+
+def split_plan(pack, config: EngineConfig, max_context: int | None = None):
+    """(the split's plan, its cards) for this pack and --gpus / --layer-split / --vram-budget-gib, at
+    most max_context tokens of context (or --max-context's)."""
+    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    cards = split_cards(config)
+    if max_context:
+        config = dataclasses.replace(config, max_context=max_context)
+    return choose_split(sizes, config, cards), cards
+
+
+class SplitRunner(Slots):
+    """The runner interface (reset, reusable_prefix, prefill, prefill_steps, decode, pick, logits_all,
+    status, warm_up, measure_limits; use, best_slot and decode_batch of --parallel slots) over one
+    CudaRunner per card (module doc). Every card's runner has the same slots, used in lockstep: use()
+    switches each card's; the split's own per-slot state is the tokens each slot holds."""
+
+    device = "cuda"
+    spec = 0
+
+    def __init__(self, pack, max_context: int, config: EngineConfig):
+        from ..backends.cuda import _runtime
+        from .cuda_runner import CudaRunner
+        self.rt = rt = _runtime()
+        self.args = pack.args
+        self.max_context = max_context
+        self.split, self.cards = split_plan(pack, config, max_context)
+        self.stages = []
+        for k, ((lo, hi), card) in enumerate(zip(self.split.ranges(), self.cards)):
+            stage_pack = StagePack(pack, lo, hi)
+            # no kept conversations: each card would keep its own part, and their choices could differ
+            cfg = dataclasses.replace(config, gpus=str(card.ordinal), vram_budget_gib=card.budget_bytes / 2**30,
+                                      layer_split="auto", max_context=max_context, keep_conversations_gib=0.0,
+                                      expert_profile=f"{config.expert_profile}.card{k}" if config.expert_profile
+                                      else "")
+            try:
+                self.stages.append(CudaRunner(stage_pack, max_context, cfg, stage=(stage_pack.first, stage_pack.last)))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1}): {exc}") from None
+        self.last = self.stages[-1]
+        self.prefill_chunk = min(s.prefill_chunk for s in self.stages)
+        self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
+        self.kv = self._last = None         # Slots' other per-slot state: the cards hold it
+        self._init_slots(config.parallel, lambda slot: None)
+        # per boundary: the card before's rows are ready (sent), the next card has copied them (taken),
+        # and timing events around the copies (the hand-off's time, read once a step is picked)
+        self._sent = [rt.Event(s.dev) for s in self.stages[:-1]]
+        self._taken = [rt.Event(s.dev) for s in self.stages[1:]]
+        self._timing = [(rt.Event(s.dev, True), rt.Event(s.dev, True)) for s in self.stages[1:]]
+        self._timed = False              # a decode step's hand-offs are timed and not yet read
+        self.handoff_ms: deque = deque(maxlen=STEP_TIMES_KEPT)     # a decode step's hand-offs, all boundaries
+        self.step_ms: deque = deque(maxlen=STEP_TIMES_KEPT)        # a decode step on the host, every card
+        self._step_t0 = None
+
+    @property
+    def store(self) -> "_Stores":
+        """The cards' expert stores as one for the bench's counters (stats summed)."""
+        return _Stores([s.store for s in self.stages])
+
+    # ---- the hand-off --------------------------------------------------------------------------
+    def _copier(self, k: int):
+        """copy(dst, src, nbytes) on card k + 1's stream from card k's memory, each copy followed by
+        the event card k waits for before it writes that memory again."""
+        src, dst = self.stages[k], self.stages[k + 1]
+        rt, taken = self.rt, self._taken[k]
+        if src.dev.ordinal == dst.dev.ordinal:
+            def copy(d, s, n):
+                rt.copy_d2d(d, s, n, dst.stream)
+                taken.record(dst.stream)
+        else:
+            def copy(d, s, n):
+                rt.copy_peer(d, dst.dev, s, src.dev, n, dst.stream)
+                taken.record(dst.stream)
+        return copy
+
+    def _send(self, k: int) -> None:
+        """Card k + 1's stream waits for card k's forward so far."""
+        self._sent[k].record(self.stages[k].stream)
+        self.stages[k + 1].stream.wait_event(self._sent[k])
+
+    def _handed(self, k: int) -> None:
+        """Card k's next work waits for card k + 1's copies of its rows."""
+        self.stages[k].stream.wait_event(self._taken[k])
+
+    def _hand_step(self, k: int, normed, x) -> None:
+        """A decode step's rows from card k into card k + 1's hand_buf (x, then normed at its half)."""
+        self._send(k)
+        dst = self.stages[k + 1]
+        buf, copy = dst.ops.hand_buf, self._copier(k)
+        start, end = self._timing[k]
+        start.record(dst.stream)
+        copy(buf.ptr, x.ptr, x.nbytes)
+        copy(buf.ptr + buf.nbytes // 2, normed.ptr, normed.nbytes)
+        end.record(dst.stream)
+        self._handed(k)
+
+    # ---- the runner interface ------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cached_ids = []
+        for s in self.stages:
+            s.reset()
+
+    @property
+    def interleaves(self) -> bool:
+        """Whether prefill_steps pauses between chunks (CudaRunner.interleaves): every card resident."""
+        return all(s.interleaves for s in self.stages)
+
+    def use(self, slot: int) -> None:
+        """Slots.use, on every card too."""
+        super().use(slot)
+        for s in self.stages:
+            s.use(slot)
+
+    def reusable_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of ids every card already has K/V for (at least one is read); a
+        hybrid model's cards resume their DeltaNet states only from the live state or a snapshot
+        taken at the end of a prompt (CudaRunner.reusable_prefix), the same on every card."""
+        n = reusable_prefix(self.cached_ids, ids)
+        for s in self.stages:
+            if s.hybrid:
+                n = min(n, s.kv.resumable(n, len(s.cached_ids)))
+        return n
+
+    def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
+        steps = self.prefill_steps(ids, start, on_progress, logits)
+        for _ in steps:
+            pass
+        return steps.out[-1] if logits else None
+
+    def prefill_steps(self, ids: list[int], start: int, on_progress=None, logits: bool = False):
+        from .cuda_runner import _PrefillSteps
+        return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
+
+    def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
+        if not 0 <= start <= len(self.cached_ids):
+            raise InvalidArgument(f"prefill from {start}: only {len(self.cached_ids)} tokens are cached")
+        self.cached_ids = self.cached_ids[:start]
+        for s in self.stages:
+            if s.hybrid:        # start came from reusable_prefix: the states at a snapshot or live
+                s.kv.rewind(start, len(s.cached_ids))
+            s.cached_ids = s.cached_ids[:start]
+        out = None
+        pause = self.interleaves
+        with contextlib.ExitStack() as loans:
+            for s in self.stages:
+                loans.enter_context(s.prompts.loan(len(ids) - start, self.prefill_chunk))
+            for lo in range(start, len(ids), self.prefill_chunk):
+                hi = min(len(ids), lo + self.prefill_chunk)
+                # no chunk but the last waits for the host: card 0 may run ahead into the next chunk
+                out = self._chunk(ids[lo:hi], lo, last_only=True, download=logits and hi == len(ids))
+                if on_progress is not None:
+                    on_progress(hi - start, len(ids) - start)
+                if pause and hi < len(ids):
+                    yield None          # other slots may step; the caller use()s this slot again
+        for s in self.stages:
+            if s.hybrid:
+                s.kv.snapshot(len(ids))             # a follow-up turn resumes from here
+        return out
+
+    def _chunk(self, chunk: list[int], lo: int, last_only: bool, download: bool):
+        """One prompt chunk through every card; -> the last card's host logits (or None)."""
+        rows = None
+        for k, s in enumerate(self.stages):
+            if k:
+                normed, x = rows
+                self._send(k - 1)
+                s.ops.hand_src = (normed, x, self._copier(k - 1))
+            if s is self.last:
+                out = s.prompts.forward(chunk, lo, s.kv, last_only=last_only, download=download)
+                s._last = s.prompts.last_row
+            else:
+                rows = s.prompts.forward_rows(chunk, lo, s.kv)
+            if k:
+                self._handed(k - 1)
+                s.ops.hand_src = None
+            s.cached_ids.extend(chunk)
+        self.cached_ids.extend(chunk)
+        return out
+
+    def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
+        """Append one token at the next position, through every card; -> its logits [V] (None
+        without `logits`: they stay on the last card for pick())."""
+        lo = len(self.cached_ids)
+        if lo + 1 > self.max_context:
+            raise InvalidArgument(f"positions up to {lo} do not fit the context of {self.max_context}")
+        self._step_t0 = time.perf_counter()
+        out = None
+        for k, s in enumerate(self.stages):
+            if s is self.last:
+                out, s._last = s.steps.step([token], lo, s.kv, download=logits)
+            else:
+                _, normed = s.steps.step_rows([token], [lo], [s.kv.base], s.kv.whole, download=False)
+                self._hand_step(k, normed, s.steps.hidden)
+            s.cached_ids.append(token)
+        self.cached_ids.append(token)
+        self._timed = True
+        if logits:
+            self._picked()
+            return out[-1]
+        return None
+
+    def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
+        """One batched decode step of several slots through every card (CudaRunner.decode_batch on
+        each, the rows handed on between them); row i's logits stay on the last card for slot
+        slots[i]'s pick(). The slot in use stays in use."""
+        if len(set(slots)) != len(slots):
+            raise InvalidArgument(f"decode_batch: slots {slots} repeat")
+        positions = [len(self.slot_ids(s)) for s in slots]
+        if max(positions) + 1 > self.max_context:
+            raise InvalidArgument(f"positions up to {max(positions)} do not fit the context of {self.max_context}")
+        self._step_t0 = time.perf_counter()
+        for k, s in enumerate(self.stages):
+            out = s.batch_rows(slots, tokens, positions)
+            if s is not self.last:
+                self._hand_step(k, out, s.steps.hidden)
+        V = self.args.vocab_size
+        for row, (slot, token) in enumerate(zip(slots, tokens)):
+            for s in self.stages:
+                last = (DeviceTensor(out.buf, out.offset + row * V * 4, (1, V), np.float32, out) if s is self.last
+                        else None)
+                s._append_to(slot, token, last)
+            self._append_to(slot, token, None)
+        self._timed = True
+
+    def pick(self, params, u: float, mask=None) -> int:
+        """The next token from the last card's logits (CudaRunner.pick); the earlier cards' routing
+        then goes to their caches."""
+        token = self.last.pick(params, u, mask)
+        self._picked()
+        return token
+
+    def _picked(self) -> None:
+        for s in self.stages[:-1]:
+            s.steps.picked()
+        if self._timed:
+            self._timed = False
+            self.handoff_ms.append(sum(a.elapsed_ms(b) for a, b in self._timing))
+            if self._step_t0 is not None:
+                self.step_ms.append((time.perf_counter() - self._step_t0) * 1e3)
+                self._step_t0 = None
+
+    def logits_all(self, ids: list[int]) -> np.ndarray:
+        """Logits at every position of one prompt, read from position 0 [T, V]."""
+        self.reset()
+        out = []
+        with contextlib.ExitStack() as loans:
+            for s in self.stages:
+                loans.enter_context(s.prompts.loan(len(ids), self.prefill_chunk, pool=False))
+            for lo in range(0, len(ids), self.prefill_chunk):
+                out.append(self._chunk(ids[lo:lo + self.prefill_chunk], lo, last_only=False, download=True))
+        return np.concatenate(out).astype(np.float32)
+
+    def warm_up(self, num_tokens: int = 19, steps: int = 3) -> None:
+        """CudaRunner.warm_up over the split: a short prompt, `steps` decode steps (each card's graph
+        captured) and both picks, leaving nothing a request can observe on any card."""
+        from ..config import SamplingParams
+        n = max(1, min(num_tokens, self.max_context - steps))
+        steps = max(0, min(steps, self.max_context - n))
+        params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
+        saved = (self.cached_ids, list(self.handoff_ms), list(self.step_ms))
+        with contextlib.ExitStack() as scratch:
+            for s in self.stages:
+                s.warm_loans()
+                scratch.enter_context(s.scratch(n + steps))
+            try:
+                self.cached_ids = []
+                self.prefill([t % self.args.vocab_size for t in range(n)], 0, logits=False)
+                token = self.pick(params[0], 0.5)
+                for i in range(steps):
+                    self.decode(token, logits=False)
+                    token = self.pick(params[(i + 1) % 2], 0.5)
+            finally:
+                self.cached_ids = saved[0]
+                self.handoff_ms.clear()
+                self.handoff_ms.extend(saved[1])
+                self.step_ms.clear()
+                self.step_ms.extend(saved[2])
+                self._timed, self._step_t0 = False, None
+
+    def save_profile(self) -> None:
+        for s in self.stages:
+            s.save_profile()
+
+    def status(self) -> dict:
+        """The last card's status (its expert cache, decode graphs, K/V), the VRAM of every card
+        summed under "gpu", and "layer_split": each card's layers, VRAM, expert cache and decode
+        graphs, the hand-off's bytes and measured time per decode step, the plan's predicted speeds."""
+        cards = [s.status() for s in self.stages]
+        out = dict(cards[-1])
+        gpu = {k: sum(c["gpu"][k] for c in cards) for k in cards[-1]["gpu"] if k != "name"}
+        gpu["name"] = " + ".join(c["gpu"]["name"] for c in cards)
+        out["gpu"] = gpu
+        out["bytes_h2d"] = sum(c["bytes_h2d"] for c in cards)
+        out["prefill_chunk"] = self.prefill_chunk
+        hand = np.asarray(self.handoff_ms, np.float64)
+        steps = np.asarray(self.step_ms, np.float64)
+        out["layer_split"] = {
+            "counts": list(self.split.counts), "source": self.split.source,
+            "handoff_bytes_per_token": self.split.handoff_bytes_per_token,
+            "handoff_ms_per_step": float(np.median(hand)) if hand.size else None,
+            "host_step_ms": float(np.median(steps)) if steps.size else None,
+            "predicted_decode_tok_s": round(self.split.decode_tok_s, 1),
+            "cards": [{"gpu": card.ordinal, "layers": [lo, hi], "vram": c["gpu"], "expert_cache": c["expert_cache"],
+                       "decode": c["decode"]}
+                      for card, (lo, hi), c in zip(self.cards, self.split.ranges(), cards)],
+        }
+        return out
+
+    def measure_limits(self, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
+        """The last card's copy rates (CudaRunner.measure_limits)."""
+        return self.last.measure_limits(nbytes, repeats)
+
+    def vram_used_bytes(self) -> int:
+        """VRAM in use on the cards' GPUs now (each GPU once)."""
+        seen, used = set(), 0
+        for s in self.stages:
+            if s.dev.ordinal not in seen:
+                seen.add(s.dev.ordinal)
+                used += s.vram_used_bytes()
+        return used
+
+
+class _Stores:
+    """What the bench reads of an expert store (stats, host_experts), over every card's store."""
+
+    host_experts = None
+
+    def __init__(self, stores):
+        self.stores = stores
+
+    @property
+    def stats(self):
+        from .experts.store import StoreStats
+        return StoreStats(**{f.name: sum(getattr(s.stats, f.name) for s in self.stores)
+                             for f in dataclasses.fields(StoreStats)})

@@ -1,0 +1,246 @@
+"""A layer split (strata.engine.layer_split, strata.engine.cuda_split) on the CPU: the cards' views of
+the pack, the split's plan, and SplitRunner over tests/engine/fake_cuda with two logical cards on
+one emulated GPU (--gpus 0,0). The emulated kernels are the same numpy on the same rows split or not,
+so the split's logits must equal the unsplit runner's bit for bit; on a GPU test_layer_split_gpu.py
+checks the same with the real kernels."""
+import numpy as np
+import pytest
+
+import strata
+from strata.config import EngineConfig
+from strata.engine.cuda_runner import CudaRunner
+from strata.engine.cuda_split import SplitRunner
+from strata.engine.layer_split import Card, StagePack, choose_split, split_text, stage_meta, stage_sizes
+from strata.engine.llm import demo_model_path
+from strata.engine.planner import PackSizes
+from strata.errors import InvalidArgument
+from strata.pack import open_pack
+from strata.plan import plan_sizes
+
+DEMO = demo_model_path()
+
+
+def _cfg(**kw):
+    return EngineConfig(**{"device": "cuda", "prefill": "24", **kw})
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(a, b)
+
+
+# ---- the cards' views of the pack ------------------------------------------------------------------
+@pytest.mark.parametrize("counts", [(1, 5), (3, 3), (5, 1), (2, 2, 2)])
+def test_stage_views_cover_the_pack(counts):
+    pack = open_pack(DEMO)
+    L, M = pack.args.num_hidden_layers, pack.args.num_mtp_layers
+    seen, expert_bytes, lo = set(), 0, 0
+    for n in counts:
+        s = StagePack(pack, lo, lo + n)
+        assert s.args.num_hidden_layers == n and s.args.num_mtp_layers == (M if s.last else 0)
+        for name in s.dense_names():                 # each tensor's bytes are the pack's, renamed
+            t, l = s.dense(name), name.split(".")
+            whole = f"blk.{int(l[1]) + lo}.{'.'.join(l[2:])}" if name.startswith("blk.") else name
+            _same(t.data, pack.dense(whole).data)
+            seen.add(whole)
+        if not s.last:      # the next card's first attention norm, for the normed rows it hands on
+            assert s.has_dense(f"blk.{n}.attn_norm.weight") and not s.has_dense("output.weight")
+        assert s.has_dense("token_embd.weight") == s.first
+        for layer in range(n + (M if s.last else 0)):
+            _same(s.expert_blob(layer, 3), pack.expert_blob(lo + layer, 3))
+            lay = s.meta["experts"]["layers"][layer]        # and where the store reads them: the file slice
+            start = s.experts_file.start + lay["offset"] + 3 * lay["stride"]
+            _same(np.fromfile(pack.path / "experts.bin", np.uint8, lay["blob_bytes"], offset=start),
+                  pack.expert_blob(lo + layer, 3))
+        expert_bytes += s.experts_file.nbytes
+        assert sum(n for _, n, _ in s.dense_pieces) == sum(t["nbytes"] for t in s.meta["dense"].values())
+        lo += n
+    assert seen == set(pack.dense_names())
+    assert expert_bytes == pack.meta["files"]["experts.bin"]["bytes"]      # the slices tile experts.bin
+
+
+def test_stage_meta_refuses_a_range_that_is_not_a_split():
+    meta = open_pack(DEMO).meta
+    with pytest.raises(InvalidArgument, match="is not a split's"):
+        stage_meta(meta, 2, 4, True, False)
+    with pytest.raises(InvalidArgument, match="is not a split's"):
+        stage_meta(meta, 0, 7, True, True)
+
+
+# ---- the plan --------------------------------------------------------------------------------------
+def test_auto_split_caches_the_most_experts():
+    _, sizes = plan_sizes(None, "qwen3-30b-a3b")
+    cfg = EngineConfig(device="cuda", gpus="0,1", vram_budget_gib="8,12")
+    cards = [Card(0, 8 << 30), Card(1, 12 << 30)]
+    p = choose_split(sizes, cfg, cards)
+    assert sum(p.counts) == 48 and p.source == "auto"
+    for a in (p.counts[0] - 1, p.counts[0] + 1):        # its neighbours cache no more
+        q = choose_split(sizes, EngineConfig(device="cuda", gpus="0,1", vram_budget_gib="8,12",
+                                             layer_split=f"{a},{48 - a}"), cards)
+        assert (q.max_context, q.cached_experts) <= (p.max_context, p.cached_experts)
+    assert p.counts[0] < p.counts[1]                    # the bigger card takes more layers
+    text = split_text(p, cards)
+    assert "card 0: GPU 0, layers 0.." in text and "+ head, MTP layer" in text and "hand-off 16384 bytes" in text
+
+
+def test_split_plan_errors_name_the_card():
+    _, sizes = plan_sizes(None, "qwen3-30b-a3b")
+    with pytest.raises(InvalidArgument, match=r"card 0 \(GPU 0, layers 0..39\)"):
+        choose_split(sizes, EngineConfig(device="cuda", gpus="0,1", layer_split="40,8"),
+                     [Card(0, 1 << 30), Card(1, 12 << 30)])
+    with pytest.raises(InvalidArgument, match="summing to the model's 48 layers"):
+        choose_split(sizes, EngineConfig(device="cuda", gpus="0,1", layer_split="20,20"),
+                     [Card(0, 8 << 30), Card(1, 8 << 30)])
+
+
+def test_stage_sizes_price_a_card_as_its_own_model():
+    pack = open_pack(DEMO)
+    sizes = PackSizes.from_meta(pack.meta, pack.meta["files"]["dense.bin"]["bytes"])
+    a, b = stage_sizes(sizes, 0, 2), stage_sizes(sizes, 2, 6)
+    assert a.args.num_hidden_layers == 2 and b.args.num_mtp_layers == 1
+    # every byte of dense.bin on exactly one card, but the next card's first norm on both sides
+    norm = pack.meta["dense"]["blk.2.attn_norm.weight"]["nbytes"]
+    assert sum(t["nbytes"] for t in a.dense.values()) + sum(t["nbytes"] for t in b.dense.values()) == \
+        sum(t["nbytes"] for t in sizes.dense.values()) + norm
+
+
+# ---- the runner over two logical cards --------------------------------------------------------------
+@pytest.mark.parametrize("cache", [None, "20"])
+def test_split_logits_equal_unsplit(fake, rng, cache):
+    """Resident, and streamed through a cache of 20 slots on each card: prompt chunks (a grouped
+    chunk of 24, then a decode-path chunk), logits_all, then decode steps eager, captured and replayed."""
+    pack = open_pack(DEMO)
+    extra = {} if cache is None else {"expert_cache": cache}
+    one = CudaRunner(pack, 96, _cfg(**extra))
+    two = SplitRunner(pack, 96, _cfg(gpus="0,0", layer_split="2,4", **extra))
+    assert [s.args.num_hidden_layers for s in two.stages] == [2, 4]
+    assert two.stages[0].store.resident == (cache is None)
+    ids = rng.integers(0, pack.args.vocab_size, 40).tolist()
+    _same(two.logits_all(ids), one.logits_all(ids))
+    _same(two.prefill(ids[:30], 0), one.prefill(ids[:30], 0))
+    for t in ids[30:36]:
+        _same(two.decode(t), one.decode(t))
+    assert set(two.last.steps.graphs) == {1} and set(two.stages[0].steps.graphs) == {1}
+    assert two.last.steps.step_times["graph"] and two.stages[0].steps.step_times["graph"]
+    st = two.status()["layer_split"]
+    assert st["counts"] == [2, 4] and st["handoff_bytes_per_token"] == 2 * 4 * pack.args.hidden_size
+    assert st["handoff_ms_per_step"] is not None and len(st["cards"]) == 2
+    if cache is not None:           # each card's cache admitted its own misses
+        assert all(c["expert_cache"]["misses"] > 0 for c in st["cards"])
+
+
+def test_split_three_cards_and_a_reused_prefix(fake, rng):
+    pack = open_pack(DEMO)
+    one = CudaRunner(pack, 96, _cfg())
+    three = SplitRunner(pack, 96, _cfg(gpus="0,0,0", layer_split="1,3,2"))
+    ids = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    _same(three.prefill(ids, 0), one.prefill(ids, 0))
+    more = ids[:20] + rng.integers(0, pack.args.vocab_size, 12).tolist()
+    n = three.reusable_prefix(more)
+    assert n == 20 and one.reusable_prefix(more) == 20
+    _same(three.prefill(more, n), one.prefill(more, n))
+    _same(three.decode(more[-1]), one.decode(more[-1]))
+
+
+def test_split_warm_up_leaves_nothing(fake, rng):
+    pack = open_pack(DEMO)
+    one = CudaRunner(pack, 96, _cfg(expert_cache="20"))
+    two = SplitRunner(pack, 96, _cfg(gpus="0,0", layer_split="3,3", expert_cache="20"))
+    before = [s.store.snapshot() for s in two.stages]
+    two.warm_up()
+    for s, snap in zip(two.stages, before):
+        assert s.cached_ids == [] and s._last is None
+        _same(s.store.slot_of, snap["arrays"]["slot_of"])        # the cache holds what it held
+        assert s.store.stats == snap["stats"] and not s.steps.step_times["graph"]
+    assert two.cached_ids == [] and two.status()["layer_split"]["handoff_ms_per_step"] is None
+    assert all(1 in s.steps.graphs for s in two.stages)     # captured in the warm-up
+    ids = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    _same(two.prefill(ids, 0), one.prefill(ids, 0))
+    _same(two.decode(ids[0]), one.decode(ids[0]))
+
+
+def test_llm_over_a_split_generates_what_one_card_does(fake):
+    one = strata.LLM(device="cuda")
+    two = strata.LLM(device="cuda", gpus="0,0", vram_budget_gib="3,3")
+    assert type(two.runner).__name__ == "SplitRunner"
+    assert two.generate("Once upon a time", max_tokens=12).text == one.generate("Once upon a time", max_tokens=12).text
+    status = two.status()
+    assert status["layer_split"]["source"] == "auto" and sum(status["layer_split"]["counts"]) == 6
+
+
+def test_split_refuses_a_budget_the_gpu_has_not(fake):
+    with pytest.raises(InvalidArgument, match="ask more than its"):
+        SplitRunner(open_pack(DEMO), 96, _cfg(gpus="0,0", vram_budget_gib="6,6"))
+
+
+def test_bench_over_a_split_reports_the_cards_and_the_hand_off(fake):
+    from strata.bench import run_bench
+    llm = strata.LLM(device="cuda", gpus="0,0", layer_split="2,4", expert_cache="20", max_context=256)
+    res = run_bench(llm, [32], 6)
+    assert res.error is None, res.error
+    split = res.plan["layer_split"]
+    assert split["counts"] == [2, 4] and split["cache_slots"] == [20, 20]
+    assert split["handoff_ms_per_step"] is not None and split["host_step_ms"] is not None
+    assert res.decode[32]["hit_rate"] is not None and res.decode[32]["tok_s"] > 0     # both cards' counters, summed
+
+
+def test_qwen3next_split_keeps_layer_kinds_and_equals_one_card(fake, tmp_path, rng):
+    """A hybrid's cards start at multiples of its full-attention interval (2 here), each keeps its
+    DeltaNet states, and a follow-up turn resumes from the prompt's snapshot on every card."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    path, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=3)
+    pack = open_pack(path)
+    with pytest.raises(InvalidArgument, match="multiples of its full-attention interval"):
+        SplitRunner(pack, 96, _cfg(gpus="0,0", layer_split="1,3"))
+    one = CudaRunner(pack, 96, _cfg(prefill="12"))
+    two = SplitRunner(pack, 96, _cfg(prefill="12", gpus="0,0", layer_split="2,2"))
+    assert [s.hybrid for s in two.stages] == [True, True]
+    assert [[s.args.is_full_attention(l) for l in range(2)] for s in two.stages] == [[False, True]] * 2
+    ids = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    _same(two.prefill(ids[:25], 0), one.prefill(ids[:25], 0))
+    for t in ids[25:29]:
+        _same(two.decode(t), one.decode(t))
+    follow = ids[:25] + rng.integers(0, pack.args.vocab_size, 9).tolist()      # resumes from the snapshot at 25
+    n = two.reusable_prefix(follow)
+    assert n == one.reusable_prefix(follow) == 25
+    _same(two.prefill(follow, n), one.prefill(follow, n))
+    _same(two.decode(follow[-1]), one.decode(follow[-1]))
+
+
+@pytest.mark.parametrize("cache", [None, "20"])
+def test_parallel_slots_over_a_split_equal_one_card(fake, rng, cache):
+    """--parallel 3 over two logical cards: each card's slots in lockstep, batched steps of any
+    subset of slots (eager, captured, replayed) equal one card's batched steps, slot by slot."""
+    pack = open_pack(DEMO)
+    extra = {} if cache is None else {"expert_cache": cache}
+    one = CudaRunner(pack, 96, _cfg(parallel=3, **extra))
+    two = SplitRunner(pack, 96, _cfg(parallel=3, gpus="0,0", layer_split="3,3", **extra))
+    V = pack.args.vocab_size
+    for slot, n in enumerate((20, 9, 30)):
+        ids = rng.integers(0, V, n).tolist()
+        for r in (one, two):
+            r.use(slot)
+            r.prefill(ids, 0, logits=False)
+    for order in ([0, 1, 2], [2, 0], [1], [0, 2, 1], [2, 0], [1, 2]):
+        toks = rng.integers(0, V, len(order)).tolist()
+        one.decode_batch(order, toks)
+        two.decode_batch(order, toks)
+        for slot in order:
+            one.use(slot)
+            two.use(slot)
+            _same(two.last.ops.to_host(two.last._last), one.ops.to_host(one._last))
+            assert two.cached_ids == one.cached_ids == two.stages[0].cached_ids
+    assert {2, 3} <= set(two.last.steps.graphs) and {2, 3} <= set(two.stages[0].steps.graphs)
+    two.use(1)
+    assert two.best_slot(two.cached_ids[:5] + [1], [0, 1, 2]) == 1       # the slot holding the prefix
+
+
+def test_llm_parallel_over_a_split_serves_threads_as_one_card(fake):
+    from tests.engine.threads import in_threads
+    prompts = ["Once upon a time", "def fib(n):", "The capital of France is"]
+    one = strata.LLM(device="cuda", parallel=3)
+    two = strata.LLM(device="cuda", parallel=3, gpus="0,0", layer_split="2,4")
+    want = {p: one.generate(p, max_tokens=10).text for p in prompts}
+    got, errors = in_threads(lambda p: two.generate(p, max_tokens=10).text, prompts)
+    assert not errors and got == want
