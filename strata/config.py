@@ -397,12 +397,9 @@ def _refuse_with_split(cfg: "EngineConfig") -> None:
     flag = f"--gpus {cfg.gpus}"
     if cfg.device == "cpu":
         raise InvalidArgument(f"{flag}: a layer split is over GPUs; the CPU runs every layer already")
-    for on, what in ((cfg.mtp or cfg.spec != "0", f"--mtp/--spec {cfg.spec}: speculation"),
-                     (cfg.kv_resident, f"--kv-resident {cfg.kv_resident}: the host KV"),
-                     (str(cfg.cpu_experts).strip().lower() != "off", f"--cpu-experts {cfg.cpu_experts}: the host's "
-                                                                      f"share of the misses")):
-        if on:
-            raise InvalidArgument(f"{flag}: {what} over a layer split is not built yet (one GPU runs it)")
+    if cfg.mtp or cfg.spec != "0":
+        raise InvalidArgument(f"{flag}: --mtp/--spec {cfg.spec}: speculation over a layer split is not built yet "
+                              f"(one GPU runs it)")
 
 
 def _parse_field(f: dataclasses.Field, text: str) -> Any:

@@ -17,8 +17,9 @@ on consecutive chunks at once. Every card reads a prompt in the same chunk (the 
 cards' planned chunks).
 
 --parallel N: every card has the N slots, used in lockstep; a batched step's rows go through each
-card's batched step (CudaRunner.batch_rows) and are handed on together. Not run over a split yet
-(refused in config.py, one line each): speculation (--mtp/--spec), --kv-resident, --cpu-experts. A qwen3next split starts each card at a multiple of the model's
+card's batched step (CudaRunner.batch_rows) and are handed on together. --kv-resident and
+--cpu-experts act on each card's own layers (its host KV and VRAM window, its host share of the
+misses, priced per card). Not run over a split yet (refused in config.py, one line): speculation. A qwen3next split starts each card at a multiple of the model's
 full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
 layers' states and snapshots. The cached conversation is the one in the cards' caches (no kept
 conversations in host RAM). --expert-profile keeps a profile per card (PATH.cardK).
@@ -205,6 +206,9 @@ class SplitRunner(Slots):
             if s.hybrid:        # start came from reusable_prefix: the states at a snapshot or live
                 s.kv.rewind(start, len(s.cached_ids))
             s.cached_ids = s.cached_ids[:start]
+            if start and getattr(s.kv, "vram_window", 0):   # --kv-resident: the reused cells' newest into VRAM
+                for dst, src, nbytes in s.kv.vram_refill(start):
+                    self.rt.copy_d2d(dst, src, nbytes, s.stream)
         out = None
         pause = self.interleaves
         with contextlib.ExitStack() as loans:

@@ -44,8 +44,6 @@ SPLIT_REFUSED = [
     ({"gpus": "0,1", "vram_budget_gib": "8,-1"}, "vram_budget_gib must be >= 0"),
     ({"gpus": "0,1", "device": "cpu"}, "--gpus 0,1: a layer split is over GPUs"),
     ({"gpus": "0,1", "mtp": True, "spec": 2}, "--gpus 0,1: --mtp/--spec 2: speculation over a layer split"),
-    ({"gpus": "0,1", "kv_resident": 4096}, "--gpus 0,1: --kv-resident 4096: the host KV over a layer split"),
-    ({"gpus": "0,1", "cpu_experts": "auto"}, "--gpus 0,1: --cpu-experts auto: the host's share"),
 ]
 
 

@@ -244,3 +244,41 @@ def test_llm_parallel_over_a_split_serves_threads_as_one_card(fake):
     want = {p: one.generate(p, max_tokens=10).text for p in prompts}
     got, errors = in_threads(lambda p: two.generate(p, max_tokens=10).text, prompts)
     assert not errors and got == want
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_kv_resident_over_a_split_equals_one_card(fake, rng, fmt):
+    """--kv-resident 16: each card's K/V on the host with its newest 16 cells in VRAM, logits and a
+    reused prefix (the window refilled from the host) as one card's with the same setting."""
+    pack = open_pack(DEMO)
+    one = CudaRunner(pack, 96, _cfg(kv=fmt, kv_resident=16, prefill="12"))
+    two = SplitRunner(pack, 96, _cfg(kv=fmt, kv_resident=16, prefill="12", gpus="0,0", layer_split="4,2"))
+    assert all(s.kv.on_host and s.kv.vram_window == 16 for s in two.stages)
+    V = pack.args.vocab_size
+    ids = rng.integers(0, V, 40).tolist()
+    _same(two.prefill(ids, 0), one.prefill(ids, 0))
+    for t in rng.integers(0, V, 5).tolist():
+        _same(two.decode(t), one.decode(t))
+    # a prefix reused by a prompt shorter than the window: the ring's slots of the reused cells held
+    # the longer sequence's newer cells until refilled from the host
+    back = ids[:20] + rng.integers(0, V, 3).tolist()
+    n = two.reusable_prefix(back)
+    assert n == one.reusable_prefix(back)
+    _same(two.prefill(back, n), one.prefill(back, n))
+    _same(two.decode(back[-1]), one.decode(back[-1]))
+
+
+def test_cpu_experts_over_a_split_equal_one_card(fake, rng):
+    """--cpu-experts 1 with no expert cached: each card's host computes every routed expert of its
+    layers, in prompt chunks and one-token decode steps, as one card's host does (the same experts
+    on the host, so the same bits; a partial share splits each card's own misses, which a split
+    changes, and test_cpu_experts_split_host.py bounds that arithmetic)."""
+    pack = open_pack(DEMO)
+    one = CudaRunner(pack, 96, _cfg(expert_cache="0", cpu_experts="1"))
+    two = SplitRunner(pack, 96, _cfg(expert_cache="0", cpu_experts="1", gpus="0,0", layer_split="3,3"))
+    assert all(s.store.host_experts is not None for s in two.stages)
+    ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
+    _same(two.prefill(ids[:44], 0), one.prefill(ids[:44], 0))
+    for t in ids[44:]:
+        _same(two.decode(t), one.decode(t))
+    assert all(s.status()["expert_cache"]["host"]["experts"] > 0 for s in two.stages)
