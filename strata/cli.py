@@ -130,7 +130,7 @@ def cmd_info(args) -> int:
         from .config import EngineConfig
         from .system import system_report
         config = EngineConfig.from_kwargs(gpus=args.gpus)
-        print(system_report(int(config.gpus), config.pin_limit_gib))
+        print(system_report([o for o, _ in config.cards()], config.pin_limit_gib))
         return 0
     from .engine.llm import demo_model_path
     from .pack import info_text

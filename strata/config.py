@@ -393,13 +393,9 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
 
 
 def _refuse_with_split(cfg: "EngineConfig") -> None:
-    """What a layer split over several cards (strata.engine.layer_split) does not run yet: one line each."""
-    flag = f"--gpus {cfg.gpus}"
+    """A layer split over several cards (strata.engine.layer_split) is the GPU's."""
     if cfg.device == "cpu":
-        raise InvalidArgument(f"{flag}: a layer split is over GPUs; the CPU runs every layer already")
-    if cfg.mtp or cfg.spec != "0":
-        raise InvalidArgument(f"{flag}: --mtp/--spec {cfg.spec}: speculation over a layer split is not built yet "
-                              f"(one GPU runs it)")
+        raise InvalidArgument(f"--gpus {cfg.gpus}: a layer split is over GPUs; the CPU runs every layer already")
 
 
 def _parse_field(f: dataclasses.Field, text: str) -> Any:

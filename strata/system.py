@@ -186,7 +186,8 @@ def _gpu_lines() -> tuple[list[str], str | None]:
     return lines, None if lines else "no GPU visible (CUDA_VISIBLE_DEVICES?)"
 
 
-def system_report(ordinal: int = 0, pin_limit_gib: float = 0.0) -> str:
+def system_report(ordinal: int | list = 0, pin_limit_gib: float = 0.0) -> str:
+    """What this machine offers Strata; ordinal: the GPU (or GPUs of a layer split) --gpus names."""
     import numpy as np
 
     manifest = read_kernel_manifest()
@@ -195,7 +196,7 @@ def system_report(ordinal: int = 0, pin_limit_gib: float = 0.0) -> str:
     archs = manifest_archs(manifest)
     nvcc = sorted({e.get("nvcc_version", "?") for e in (manifest or {}).get("kernels", {}).values()})
     total, avail = host_memory()
-    reason = gpu_unusable_reason(ordinal)
+    ordinals = sorted(set(ordinal)) if isinstance(ordinal, (list, tuple)) else [ordinal]
     rows = [
         f"strata at {Path(__file__).parent} (Python {platform.python_version()}, numpy {np.__version__}, "
         f"{platform.system()} {platform.machine()})",
@@ -207,7 +208,8 @@ def system_report(ordinal: int = 0, pin_limit_gib: float = 0.0) -> str:
         f"{pin_limit_gib:g} ({'all the system allows' if not pin_limit_gib else 'the cap on pinned experts'})",
         f"host memory: {_gib(total)} ({_gib(avail)} available)",
         f"CPU: {_cpu_name()}, {os.cpu_count()} logical cores; SIMD: {' '.join(cpu_features()) or 'unknown'}",
-        (f"GPU path: usable on GPU {ordinal}" if reason is None
-         else f"GPU path: not usable on GPU {ordinal}: {reason}"),
     ]
+    for o in ordinals:
+        reason = gpu_unusable_reason(o)
+        rows.append(f"GPU path: usable on GPU {o}" if reason is None else f"GPU path: not usable on GPU {o}: {reason}")
     return "\n".join(rows)

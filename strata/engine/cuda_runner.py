@@ -105,7 +105,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                                  config.cuda_graphs and graph_error is None, graph_error)
         self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram,
                                     kv_key(dataclasses.replace(config, max_context=max_context)), max_context)
-        spec = config.spec if config.mtp else "0"
+        # a layer split's cards before the last have no draft layer: the last one drafts (their plans
+        # still price the verify windows' step graphs, from the config)
+        spec = config.spec if config.mtp and stage[1] else "0"
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec, config.draft_window, config.draft_prompt)

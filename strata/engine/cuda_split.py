@@ -19,7 +19,10 @@ cards' planned chunks).
 --parallel N: every card has the N slots, used in lockstep; a batched step's rows go through each
 card's batched step (CudaRunner.batch_rows) and are handed on together. --kv-resident and
 --cpu-experts act on each card's own layers (its host KV and VRAM window, its host share of the
-misses, priced per card). Not run over a split yet (refused in config.py, one line): speculation. A qwen3next split starts each card at a multiple of the model's
+misses, priced per card). Speculation (--mtp --spec N|auto): the drafter's bookkeeping is the split's
+(strata.engine.speculate's target: verify runs every card in turn, the draft layer is the last
+card's); windows run the eager way (no one-graph windows over a split), so greedy output equals
+plain greedy's; not for qwen3next (refused in one line). A qwen3next split starts each card at a multiple of the model's
 full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
 layers' states and snapshots. The cached conversation is the one in the cards' caches (no kept
 conversations in host RAM). --expert-profile keeps a profile per card (PATH.cardK).
@@ -40,6 +43,7 @@ from ..backends.cuda.memory import DeviceTensor
 from .memory_model import VRAM_RESERVE_BYTES
 from .planner import PackSizes
 from .slots import Slots, reusable_prefix
+from .speculate import Speculating
 
 STEP_TIMES_KEPT = 4096
 
@@ -59,10 +63,12 @@ def split_cards(config: EngineConfig) -> list[Card]:
         share = max(0, free - given) // max(1, sum(1 for g in mates if not g))
         budget = min(int(gib * 2**30), free) if gib else share
         out.append(Card(o, budget, num_sms=info[o]["multiprocessor_count"]))
-    if sum(c.budget_bytes for c in out if c.ordinal == out[0].ordinal) > \
-            max(0, info[out[0].ordinal]["free_memory_bytes"] - VRAM_RESERVE_BYTES) and len(info) == 1:
-        raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {out[0].ordinal} ask "
-                              f"more than its {info[out[0].ordinal]['free_memory_bytes'] / 2**30:.1f} GiB free")
+    for o in info:
+        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
+        if sum(c.budget_bytes for c in out if c.ordinal == o) > free:
+            raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {o} ask more than "
+                                  f"its {free / 2**30:.1f} GiB free (less {VRAM_RESERVE_BYTES / 2**30:g} GiB kept "
+                                  f"for the driver)")
     return out
 
 
@@ -76,25 +82,27 @@ def split_plan(pack, config: EngineConfig, max_context: int | None = None):
     return choose_split(sizes, config, cards), cards
 
 
-class SplitRunner(Slots):
+class SplitRunner(Slots, Speculating):
     """The runner interface (reset, reusable_prefix, prefill, prefill_steps, decode, pick, logits_all,
     status, warm_up, measure_limits; use, best_slot and decode_batch of --parallel slots) over one
     CudaRunner per card (module doc). Every card's runner has the same slots, used in lockstep: use()
     switches each card's; the split's own per-slot state is the tokens each slot holds."""
 
     device = "cuda"
-    spec = 0
 
     def __init__(self, pack, max_context: int, config: EngineConfig):
         from ..backends.cuda import _runtime
         from .cuda_runner import CudaRunner
         self.rt = rt = _runtime()
         self.args = pack.args
+        if config.mtp and pack.args.architecture == "qwen3next":
+            raise InvalidArgument(f"--gpus {config.gpus} --mtp: speculation over a layer split of qwen3next is not "
+                                  f"built yet (its verify windows keep each card's DeltaNet states row by row)")
         self.max_context = max_context
         self.split, self.cards = split_plan(pack, config, max_context)
         self.stages = []
         for k, ((lo, hi), card) in enumerate(zip(self.split.ranges(), self.cards)):
-            stage_pack = StagePack(pack, lo, hi)
+            stage_pack = StagePack(pack, lo, hi, mtp=config.mtp)
             # no kept conversations: each card would keep its own part, and their choices could differ
             cfg = dataclasses.replace(config, gpus=str(card.ordinal), vram_budget_gib=card.budget_bytes / 2**30,
                                       layer_split="auto", max_context=max_context, keep_conversations_gib=0.0,
@@ -109,6 +117,12 @@ class SplitRunner(Slots):
         self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
         self.kv = self._last = None         # Slots' other per-slot state: the cards hold it
         self._init_slots(config.parallel, lambda slot: None)
+        # speculation: the drafter's bookkeeping here, its draft layer on the last card (its own
+        # drafter unused); verify windows run through every card
+        self._init_spec(config.spec if config.mtp else "0", config.draft_window, config.draft_prompt)
+        self.mtp_room_min = config.mtp_room_min
+        self.room_lent = False
+        self.stream = self.last.stream      # what Speculating._sync waits for (the last card's, after every card's)
         # per boundary: the card before's rows are ready (sent), the next card has copied them (taken),
         # and timing events around the copies (the hand-off's time, read once a step is picked)
         self._sent = [rt.Event(s.dev) for s in self.stages[:-1]]
@@ -166,6 +180,8 @@ class SplitRunner(Slots):
         self.cached_ids = []
         for s in self.stages:
             s.reset()
+        if self.drafter:
+            self.drafter.reset()
 
     @property
     def interleaves(self) -> bool:
@@ -186,7 +202,7 @@ class SplitRunner(Slots):
         for s in self.stages:
             if s.hybrid:
                 n = min(n, s.kv.resumable(n, len(s.cached_ids)))
-        return n
+        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         steps = self.prefill_steps(ids, start, on_progress, logits)
@@ -202,6 +218,9 @@ class SplitRunner(Slots):
         if not 0 <= start <= len(self.cached_ids):
             raise InvalidArgument(f"prefill from {start}: only {len(self.cached_ids)} tokens are cached")
         self.cached_ids = self.cached_ids[:start]
+        if self.drafter:
+            self._truncate_drafter(start)
+            self.draft_chunks = []
         for s in self.stages:
             if s.hybrid:        # start came from reusable_prefix: the states at a snapshot or live
                 s.kv.rewind(start, len(s.cached_ids))
@@ -211,13 +230,24 @@ class SplitRunner(Slots):
                     self.rt.copy_d2d(dst, src, nbytes, s.stream)
         out = None
         pause = self.interleaves
+        # seed 001 (CudaRunner._prefill_chunks): a long prompt borrows the draft layer's cached experts
+        # on the last card for its ring
+        room = self.room_lent = (self.drafter is not None and self.draft_prompt != "own"
+                                 and 0 <= self.mtp_room_min <= len(ids) - start and self.last.store.open_room())
         with contextlib.ExitStack() as loans:
+            if room:
+                loans.callback(self.last.store.close_room)      # back before the first decode step
             for s in self.stages:
                 loans.enter_context(s.prompts.loan(len(ids) - start, self.prefill_chunk))
             for lo in range(start, len(ids), self.prefill_chunk):
                 hi = min(len(ids), lo + self.prefill_chunk)
-                # no chunk but the last waits for the host: card 0 may run ahead into the next chunk
+                # no chunk but the last waits for the host (the drafter's rows aside): card 0 may run
+                # ahead into the next chunk
                 out = self._chunk(ids[lo:hi], lo, last_only=True, download=logits and hi == len(ids))
+                if self.drafter:                # the draft layer's K/V of this chunk, batched
+                    self.drafter.extend(self.last.prompts.hidden)
+                    self.last.prompts.hidden = None
+                    self._flush_drafter()
                 if on_progress is not None:
                     on_progress(hi - start, len(ids) - start)
                 if pause and hi < len(ids):
@@ -236,7 +266,8 @@ class SplitRunner(Slots):
                 self._send(k - 1)
                 s.ops.hand_src = (normed, x, self._copier(k - 1))
             if s is self.last:
-                out = s.prompts.forward(chunk, lo, s.kv, last_only=last_only, download=download)
+                out = s.prompts.forward(chunk, lo, s.kv, last_only=last_only, download=download,
+                                        hidden=self.drafter is not None)
                 s._last = s.prompts.last_row
             else:
                 rows = s.prompts.forward_rows(chunk, lo, s.kv)
@@ -264,10 +295,69 @@ class SplitRunner(Slots):
             s.cached_ids.append(token)
         self.cached_ids.append(token)
         self._timed = True
+        if self.drafter is not None:        # the draft layer reads this step's main hidden state
+            self.drafter.extend(self.last.ops.to_host(self.last.steps.hidden))
         if logits:
             self._picked()
             return out[-1]
         return None
+
+    # ---- speculation (strata.engine.speculate's target) ------------------------------------------
+    def _through(self, ids: list[int], start: int) -> None:
+        """Every card but the last over ids at start.. as one step of len(ids) rows, each card's
+        rows handed to the next: the last card's step then reads them from its hand_buf."""
+        T = len(ids)
+        if start + T > self.max_context:
+            raise InvalidArgument(f"positions up to {start + T - 1} do not fit the context of {self.max_context}")
+        for k, s in enumerate(self.stages[:-1]):
+            s._window_begin(start)
+            _, normed = s.steps.step_rows(list(ids), list(range(start, start + T)), [s.kv.base] * T, s.kv.whole,
+                                          download=False)
+            self._hand_step(k, normed, s.steps.hidden)
+
+    def verify(self, ids: list[int], start: int):
+        """The main model over ids at start.. through every card -> (logits [T, V], hidden [T, D])
+        on the host (CudaSpeculation.verify)."""
+        self._through(ids, start)
+        out = self.last.verify(ids, start)
+        self._picked()
+        return out
+
+    def verify_next(self, ids: list[int], start: int):
+        """verify() for greedy windows -> (each row's argmax, hidden [T, D] on the host)."""
+        self._through(ids, start)
+        out = self.last.verify_next(ids, start)
+        self._picked()
+        return out
+
+    def mtp(self, hidden, next_ids, positions, logits_rows=slice(None)):
+        return self.last.mtp(hidden, next_ids, positions, logits_rows)
+
+    def mtp_next(self, hidden, next_ids, positions):
+        return self.last.mtp_next(hidden, next_ids, positions)
+
+    def mtp_cells(self, hidden, next_ids, positions) -> None:
+        self.last.mtp_cells(hidden, next_ids, positions)
+
+    def forget(self, layers, start: int, stop: int) -> None:
+        """Cells start..stop-1 of these layers (the whole model's numbering: main layers, and L for
+        the draft layer) forgotten on the cards that hold them (CudaSpeculation.forget)."""
+        L = self.args.num_hidden_layers
+        layers = list(layers)
+        for k, ((lo, hi), s) in enumerate(zip(self.split.ranges(), self.stages)):
+            mine = [l - lo for l in layers if lo <= l < hi or (s is self.last and l >= L)]
+            if mine:
+                s.forget(mine, start, stop)
+
+    def speculate(self, token: int, params, sampler, left: int) -> list[int]:
+        """Speculating.speculate, then every card's tokens as the split's (a window appends the
+        accepted tokens to the split's cached_ids only)."""
+        out = super().speculate(token, params, sampler, left)
+        n = len(self.cached_ids)
+        for s in self.stages:
+            del s.cached_ids[n:]
+            s.cached_ids.extend(self.cached_ids[len(s.cached_ids):])
+        return out
 
     def decode_batch(self, slots: list[int], tokens: list[int]) -> None:
         """One batched decode step of several slots through every card (CudaRunner.decode_batch on
@@ -328,6 +418,9 @@ class SplitRunner(Slots):
         steps = max(0, min(steps, self.max_context - n))
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         saved = (self.cached_ids, list(self.handoff_ms), list(self.step_ms))
+        drafter = ((self.drafter.done, self.drafter.pending, self.drafter.first_held,
+                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks)
+                   if self.drafter else None)
         with contextlib.ExitStack() as scratch:
             for s in self.stages:
                 s.warm_loans()
@@ -346,6 +439,9 @@ class SplitRunner(Slots):
                 self.step_ms.clear()
                 self.step_ms.extend(saved[2])
                 self._timed, self._step_t0 = False, None
+                if drafter is not None:
+                    self.drafter.done, self.drafter.pending, self.drafter.first_held = drafter[:3]
+                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = drafter[3:]
 
     def save_profile(self) -> None:
         for s in self.stages:
@@ -362,6 +458,12 @@ class SplitRunner(Slots):
         out["gpu"] = gpu
         out["bytes_h2d"] = sum(c["bytes_h2d"] for c in cards)
         out["prefill_chunk"] = self.prefill_chunk
+        out["spec"] = self.spec
+        out["speculation"] = ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
+                               "device_windows": 0, "room_lent": self.room_lent,
+                               "room_lends": self.last.store.stats.room_lends} if self.spec else None)
+        if self.spec:
+            out["draft"] = {**self.draft_status(), "kv_bytes": (out.get("draft") or {}).get("kv_bytes")}
         hand = np.asarray(self.handoff_ms, np.float64)
         steps = np.asarray(self.step_ms, np.float64)
         out["layer_split"] = {

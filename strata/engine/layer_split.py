@@ -34,11 +34,12 @@ def _layer_of(name: str) -> int | None:
     return int(name.split(".")[1]) if name.startswith("blk.") else None
 
 
-def stage_tensors(args: dict, dense: dict, lo: int, hi: int, first: bool, last: bool) -> dict:
+def stage_tensors(args: dict, dense: dict, lo: int, hi: int, first: bool, last: bool, mtp: bool = False) -> dict:
     """{name in the stage: name in the pack} of the dense tensors the card running main layers
     lo..hi needs: its layers' (the MTP layers' too on the last card), the next card's first
-    attention norm (not on the last), the embedding (first; last too with tied embeddings), the
-    final norm and head (last). Tensors of no layer that none of these names stay on every card."""
+    attention norm (not on the last), the embedding (first; last too with tied embeddings, or when
+    the MTP layer drafts: mtp, its input embeds the next token), the final norm and head (last).
+    Tensors of no layer that none of these names stay on every card."""
     top = hi + (int(args.get("num_mtp_layers", 0)) if last else 0)
     out = {}
     for name in dense:
@@ -48,7 +49,7 @@ def stage_tensors(args: dict, dense: dict, lo: int, hi: int, first: bool, last: 
             if keep:
                 out[f"blk.{l - lo}." + name.split(".", 2)[2]] = name
         elif name == "token_embd.weight":
-            if first or (last and args.get("tie_word_embeddings")):
+            if first or (last and (args.get("tie_word_embeddings") or (mtp and args.get("num_mtp_layers")))):
                 out[name] = name
         elif name in ("output_norm.weight", "output.weight"):
             if last:
@@ -58,7 +59,7 @@ def stage_tensors(args: dict, dense: dict, lo: int, hi: int, first: bool, last: 
     return out
 
 
-def stage_meta(meta: dict, lo: int, hi: int, first: bool, last: bool) -> tuple[dict, list]:
+def stage_meta(meta: dict, lo: int, hi: int, first: bool, last: bool, mtp: bool = False) -> tuple[dict, list]:
     """(pack.json of the card running main layers lo..hi, as its own model, and the pieces of the
     pack's dense.bin it packs anew: [(pack offset, bytes, stage offset)]). Its experts.bin is bytes
     meta["experts_base"].. + files["experts.bin"]["bytes"] of the pack's."""
@@ -66,7 +67,7 @@ def stage_meta(meta: dict, lo: int, hi: int, first: bool, last: bool) -> tuple[d
     L, M = int(args["num_hidden_layers"]), int(args.get("num_mtp_layers", 0))
     if not (0 <= lo < hi <= L) or first != (lo == 0) or last != (hi == L):
         raise InvalidArgument(f"a stage of layers {lo}..{hi} of {L} (first={first}, last={last}) is not a split's")
-    names = stage_tensors(args, meta["dense"], lo, hi, first, last)
+    names = stage_tensors(args, meta["dense"], lo, hi, first, last, mtp)
     dense, pieces, off = {}, [], 0
     for new, old in sorted(names.items(), key=lambda kv: meta["dense"][kv[1]]["offset"]):
         t = meta["dense"][old]
@@ -93,12 +94,13 @@ def stage_meta(meta: dict, lo: int, hi: int, first: bool, last: bool) -> tuple[d
     return out, pieces
 
 
-def stage_sizes(sizes: PackSizes, lo: int, hi: int) -> PackSizes:
-    """The planner's sizes of the card running main layers lo..hi of sizes' model."""
+def stage_sizes(sizes: PackSizes, lo: int, hi: int, mtp: bool = False) -> PackSizes:
+    """The planner's sizes of the card running main layers lo..hi of sizes' model (mtp: the last
+    card's draft layer drafts, stage_tensors)."""
     meta = {"model_args": sizes.args.to_dict(), "dense": sizes.dense, "experts": {"layers": list(sizes.layers)},
             "max_blob": sizes.max_blob}
     L = sizes.args.num_hidden_layers
-    m, _ = stage_meta(meta, lo, hi, lo == 0, hi == L)
+    m, _ = stage_meta(meta, lo, hi, lo == 0, hi == L, mtp)
     return PackSizes.from_meta(m, m["files"]["dense.bin"]["bytes"])
 
 
@@ -108,12 +110,12 @@ class StagePack:
     files, plus dense_pieces (what strata.backends.cuda.memory.DeviceWeights uploads) and
     experts_file (what the expert store pins, uploads or stages)."""
 
-    def __init__(self, pack, lo: int, hi: int):
+    def __init__(self, pack, lo: int, hi: int, mtp: bool = False):
         from ..config import ModelArgs
         L = pack.args.num_hidden_layers
         self.whole, self.lo, self.hi = pack, lo, hi
         self.first, self.last = lo == 0, hi == L
-        self.meta, pieces = stage_meta(pack.meta, lo, hi, self.first, self.last)
+        self.meta, pieces = stage_meta(pack.meta, lo, hi, self.first, self.last, mtp)
         self.args = ModelArgs.from_dict(self.meta["model_args"])
         self.path: Path = pack.path
         self.max_blob = int(self.meta["max_blob"])
@@ -122,7 +124,7 @@ class StagePack:
         self.dense_pieces = [(FileSlice(dense_path, src, n), n, dst) for src, n, dst in pieces]
         self.experts_file = FileSlice(pack.path / "experts.bin", int(self.meta["experts_base"]),
                                       int(self.meta["files"]["experts.bin"]["bytes"]))
-        self._names = stage_tensors(pack.meta["model_args"], pack.meta["dense"], lo, hi, self.first, self.last)
+        self._names = stage_tensors(pack.meta["model_args"], pack.meta["dense"], lo, hi, self.first, self.last, mtp)
 
     def dense_names(self) -> list[str]:
         return list(self.meta["dense"])
@@ -211,7 +213,7 @@ def plan_split(sizes: PackSizes, config: EngineConfig, cards: list[Card], counts
     for n in counts:
         ranges.append((lo, lo + n))
         lo += n
-    staged = [stage_sizes(sizes, a, b) for a, b in ranges]
+    staged = [stage_sizes(sizes, a, b, config.mtp) for a, b in ranges]
     single = dataclasses.replace(config, gpus="0", vram_budget_gib=0.0, layer_split="auto")
     contexts = []
     for k, (s, card) in enumerate(zip(staged, cards)):

@@ -43,7 +43,6 @@ SPLIT_REFUSED = [
     ({"gpus": "0,1", "vram_budget_gib": "8,x"}, "--vram-budget-gib must be GiB"),
     ({"gpus": "0,1", "vram_budget_gib": "8,-1"}, "vram_budget_gib must be >= 0"),
     ({"gpus": "0,1", "device": "cpu"}, "--gpus 0,1: a layer split is over GPUs"),
-    ({"gpus": "0,1", "mtp": True, "spec": 2}, "--gpus 0,1: --mtp/--spec 2: speculation over a layer split"),
 ]
 
 

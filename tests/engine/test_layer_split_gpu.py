@@ -8,6 +8,7 @@ import pytest
 from strata.config import EngineConfig
 from strata.engine.llm import LLM, demo_model_path
 from strata.pack import open_pack
+from tests.engine.layer_split_checks import same_parallel_slots
 
 pytestmark = pytest.mark.gpu
 
@@ -67,18 +68,12 @@ def test_parallel_slots_over_a_split_equal_one_card():
     pack = open_pack(demo_model_path())
     one = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=3))
     two = SplitRunner(pack, 256, EngineConfig(device="cuda", parallel=3, gpus="0,0", layer_split="3,3"))
-    rng = np.random.default_rng(9)
-    V = pack.args.vocab_size
-    for slot, n in enumerate((40, 9, 70)):
-        ids = rng.integers(0, V, n).tolist()
-        for r in (one, two):
-            r.use(slot)
-            r.prefill(ids, 0, logits=False)
-    for order in ([0, 1, 2], [2, 0], [1], [0, 2, 1], [2, 0], [1, 2], [0, 1, 2]):
-        toks = rng.integers(0, V, len(order)).tolist()
-        one.decode_batch(order, toks)
-        two.decode_batch(order, toks)
-        for slot in order:
-            one.use(slot)
-            two.use(slot)
-            np.testing.assert_array_equal(two.last.ops.to_host(two.last._last), one.ops.to_host(one._last))
+    same_parallel_slots(one, two, np.random.default_rng(9), lengths=(40, 9, 70))
+
+
+def test_speculation_over_a_split_emits_plain_greedy():
+    plain = LLM(device="cuda", max_context=512)
+    two = LLM(device="cuda", max_context=512, gpus="0,0", layer_split="2,4", mtp=True, spec=3)
+    for prompt in ("Once upon a time", "def fibonacci(n):"):
+        assert two.generate(prompt, max_tokens=32).text == plain.generate(prompt, max_tokens=32).text
+    assert two.status()["speculation"]["draft_n_accepted"] > 0

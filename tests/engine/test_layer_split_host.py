@@ -16,6 +16,7 @@ from strata.engine.planner import PackSizes
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
 from strata.plan import plan_sizes
+from tests.engine.layer_split_checks import same_parallel_slots
 
 DEMO = demo_model_path()
 
@@ -32,7 +33,7 @@ def _same(a, b):
 @pytest.mark.parametrize("counts", [(1, 5), (3, 3), (5, 1), (2, 2, 2)])
 def test_stage_views_cover_the_pack(counts):
     pack = open_pack(DEMO)
-    L, M = pack.args.num_hidden_layers, pack.args.num_mtp_layers
+    M = pack.args.num_mtp_layers
     seen, expert_bytes, lo = set(), 0, 0
     for n in counts:
         s = StagePack(pack, lo, lo + n)
@@ -216,21 +217,7 @@ def test_parallel_slots_over_a_split_equal_one_card(fake, rng, cache):
     extra = {} if cache is None else {"expert_cache": cache}
     one = CudaRunner(pack, 96, _cfg(parallel=3, **extra))
     two = SplitRunner(pack, 96, _cfg(parallel=3, gpus="0,0", layer_split="3,3", **extra))
-    V = pack.args.vocab_size
-    for slot, n in enumerate((20, 9, 30)):
-        ids = rng.integers(0, V, n).tolist()
-        for r in (one, two):
-            r.use(slot)
-            r.prefill(ids, 0, logits=False)
-    for order in ([0, 1, 2], [2, 0], [1], [0, 2, 1], [2, 0], [1, 2]):
-        toks = rng.integers(0, V, len(order)).tolist()
-        one.decode_batch(order, toks)
-        two.decode_batch(order, toks)
-        for slot in order:
-            one.use(slot)
-            two.use(slot)
-            _same(two.last.ops.to_host(two.last._last), one.ops.to_host(one._last))
-            assert two.cached_ids == one.cached_ids == two.stages[0].cached_ids
+    same_parallel_slots(one, two, rng)
     assert {2, 3} <= set(two.last.steps.graphs) and {2, 3} <= set(two.stages[0].steps.graphs)
     two.use(1)
     assert two.best_slot(two.cached_ids[:5] + [1], [0, 1, 2]) == 1       # the slot holding the prefix
@@ -282,3 +269,41 @@ def test_cpu_experts_over_a_split_equal_one_card(fake, rng):
     for t in ids[44:]:
         _same(two.decode(t), one.decode(t))
     assert all(s.status()["expert_cache"]["host"]["experts"] > 0 for s in two.stages)
+
+
+@pytest.mark.parametrize("spec", ["2", "auto"])
+def test_speculation_over_a_split_emits_plain_greedy(fake, spec):
+    """--mtp --spec over two logical cards: verify windows through both cards, the draft layer on
+    the last; greedy output equals plain greedy's (row-invariant steps), and the drafts ran."""
+    plain = strata.LLM(device="cuda", max_context=512)
+    two = strata.LLM(device="cuda", max_context=512, gpus="0,0", layer_split="2,4", mtp=True, spec=spec)
+    assert two.runner.spec and two.runner.last.drafter is not None
+    assert two.runner.stages[0].drafter is None          # the first card has no draft layer
+    for prompt in ("Once upon a time", "def fibonacci(n):"):
+        assert two.generate(prompt, max_tokens=20).text == plain.generate(prompt, max_tokens=20).text
+    st = two.status()["speculation"]
+    assert st["verify_passes"] > 0 and st["draft_n"] > 0
+    # the cards' tokens are the split's after windows that accepted some drafts
+    r = two.runner
+    assert all(s.cached_ids == r.cached_ids for s in r.stages)
+
+
+def test_sampled_speculation_over_a_split_equals_one_card(fake):
+    """Sampled windows (the drafts' and the target's distributions on the host): the same seed gives
+    one card's tokens, window for window."""
+    one = strata.LLM(device="cuda", max_context=512, mtp=True, spec=3)
+    two = strata.LLM(device="cuda", max_context=512, gpus="0,0", layer_split="3,3", mtp=True, spec=3)
+    for seed in (1, 2):
+        a = one.generate("The capital of France is", max_tokens=24, temperature=0.9, seed=seed).text
+        b = two.generate("The capital of France is", max_tokens=24, temperature=0.9, seed=seed).text
+        assert a == b
+    assert two.status()["speculation"]["verify_passes"] > 0
+
+
+def test_speculation_over_a_qwen3next_split_is_refused(fake, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    path, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=3)
+    with pytest.raises(InvalidArgument, match="speculation over a layer split of qwen3next"):
+        SplitRunner(open_pack(path), 96, _cfg(gpus="0,0", layer_split="2,2", mtp=True, spec=2))

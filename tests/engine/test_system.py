@@ -68,3 +68,11 @@ def test_info_system_on_this_machine():
     gpu_path = r.stdout.splitlines()[-1]
     reason = system.gpu_unusable_reason(0)
     assert gpu_path == ("GPU path: usable on GPU 0" if reason is None else f"GPU path: not usable on GPU 0: {reason}")
+
+
+def test_info_system_names_each_gpu_of_a_split():
+    r = subprocess.run([sys.executable, "-m", "strata", "info", "--system", "--gpus", "0,1,0"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    paths = [line for line in r.stdout.splitlines() if line.startswith("GPU path")]
+    assert [p.split(":")[1].split()[-1] for p in paths] == ["0", "1"]
