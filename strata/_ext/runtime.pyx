@@ -20,6 +20,7 @@ from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer,
     CUdevice_attribute, CUlaunchAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
@@ -160,6 +161,23 @@ cdef class Device:
         with nogil:
             self.activate()
             check(cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def enable_peer_access(self, Device peer not None) -> bool:
+        """Let this device's context read and write peer's memory directly (a layer split's hand-off
+        between two GPUs: cuMemcpyPeerAsync then copies over NVLink or PCIe peer to peer). -> whether
+        peer access is on; False where the GPUs cannot (the copies then go through host memory)."""
+        cdef int can = 0
+        cdef CUresult err
+        if peer.ordinal == self.ordinal:
+            return True
+        with nogil:
+            check(cuDeviceCanAccessPeer(&can, self.dev, peer.dev), "cuDeviceCanAccessPeer")
+            if can:
+                self.activate()
+                err = cuCtxEnablePeerAccess(peer.ctx, 0)
+                if err != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+                    check(err, "cuCtxEnablePeerAccess")
+        return bool(can)
 
     def __repr__(self):
         return f"Device({self.ordinal}, {self.name!r})"

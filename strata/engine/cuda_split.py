@@ -8,8 +8,8 @@ that output normed (two [T, D] f32 tensors), which the next card's first op (Dev
 takes in place of the embedding. The last card runs the head, pick() and the MTP layer's weights.
 
 A hand-off: the card before records an event after its forward; the next card's stream waits for
-it, copies the two tensors (cuMemcpyPeerAsync between two GPUs, a device copy where both cards are
-one GPU: --gpus 0,0), and records an event that the card before waits for before it writes those
+it, copies the two tensors (cuMemcpyPeerAsync between two GPUs, peer to peer where they allow it and
+through host memory otherwise; a device copy where both cards are one GPU: --gpus 0,0), and records an event that the card before waits for before it writes those
 tensors again. A decode step copies into the next card's fixed hand_buf before that card's step,
 so each card's step stays one CUDA graph. A prompt chunk is handed over in the next card's pool; the
 card before only waits for the copies, not for the next card's chunk, so on two GPUs the cards work
@@ -113,6 +113,10 @@ class SplitRunner(Slots, Speculating):
             except InvalidArgument as exc:
                 raise InvalidArgument(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1}): {exc}") from None
         self.last = self.stages[-1]
+        # each boundary between two GPUs: their copies peer to peer where the GPUs allow it (else the
+        # driver stages them through host memory)
+        self.peer = [a.dev.enable_peer_access(b.dev) and b.dev.enable_peer_access(a.dev)
+                     if a.dev.ordinal != b.dev.ordinal else None for a, b in zip(self.stages, self.stages[1:])]
         self.prefill_chunk = min(s.prefill_chunk for s in self.stages)
         self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
         self.kv = self._last = None         # Slots' other per-slot state: the cards hold it
@@ -469,6 +473,7 @@ class SplitRunner(Slots, Speculating):
         out["layer_split"] = {
             "counts": list(self.split.counts), "source": self.split.source,
             "handoff_bytes_per_token": self.split.handoff_bytes_per_token,
+            "peer_access": self.peer,         # per boundary: None within one GPU
             "handoff_ms_per_step": float(np.median(hand)) if hand.size else None,
             "host_step_ms": float(np.median(steps)) if steps.size else None,
             "predicted_decode_tok_s": round(self.split.decode_tok_s, 1),

@@ -174,6 +174,9 @@ class Device:
     def memory_info(self):
         return 8 << 30, 16 << 30
 
+    def enable_peer_access(self, peer) -> bool:
+        return True
+
     def synchronize(self):
         _drain()
 

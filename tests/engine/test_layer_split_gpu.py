@@ -35,7 +35,9 @@ def test_split_logits_equal_one_card_bit_for_bit(gpus, cache):
     for t in ids[140:]:
         np.testing.assert_array_equal(two.decode(t), one.decode(t))
     assert all(s.steps.step_times["graph"] for s in two.stages)       # replayed graphs on both cards
-    assert two.status()["layer_split"]["handoff_ms_per_step"] > 0
+    st = two.status()["layer_split"]
+    assert st["handoff_ms_per_step"] > 0
+    assert st["peer_access"] == ([None] if gpus == "0,0" else [two.stages[0].dev.enable_peer_access(two.stages[1].dev)])
 
 
 def test_llm_split_greedy_text_equals_one_card():

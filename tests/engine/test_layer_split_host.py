@@ -125,6 +125,7 @@ def test_split_logits_equal_unsplit(fake, rng, cache):
     st = two.status()["layer_split"]
     assert st["counts"] == [2, 4] and st["handoff_bytes_per_token"] == 2 * 4 * pack.args.hidden_size
     assert st["handoff_ms_per_step"] is not None and len(st["cards"]) == 2
+    assert st["peer_access"] == [None]                  # one GPU: a device copy
     if cache is not None:           # each card's cache admitted its own misses
         assert all(c["expert_cache"]["misses"] > 0 for c in st["cards"])
 
