@@ -324,6 +324,14 @@ def report(res: BenchResult) -> str:
         rows.append(f"verify window after {ctx} (ms, x one row): " + ", ".join(
             f"{T} rows {ms:.2f} ({ms / one:.2f}x)" for T, ms in w["verify_ms"].items())
             + f"; draft step {w['draft_step_ms']:.2f} ms")
+    ls = res.plan.get("layer_split")
+    if ls:
+        hand, step = ls.get("handoff_ms_per_step"), ls.get("host_step_ms")
+        rows.append(f"layer split {','.join(map(str, ls['counts']))} ({ls['source']}): cache slots "
+                    f"{'/'.join(map(str, ls['cache_slots']))}, hand-off {ls['handoff_bytes_per_token']:,} B a token"
+                    + (f", {hand:.3f} ms a decode step" if hand is not None else "")
+                    + (f"; {step:.3f} ms a step on the host through every card" if step is not None else "")
+                    + f"; peer access {ls.get('peer_access')}; predicted {ls['predicted_decode_tok_s']} tok/s")
     host = res.limits.get("host_ms_per_token")
     if host:
         rows.append(f"host time per decoded token (CUDA graph): {host['host_submit_ms']:.3f} ms to submit, "

@@ -183,6 +183,9 @@ def test_bench_over_a_split_reports_the_cards_and_the_hand_off(fake):
     assert split["counts"] == [2, 4] and split["cache_slots"] == [20, 20]
     assert split["handoff_ms_per_step"] is not None and split["host_step_ms"] is not None
     assert res.decode[32]["hit_rate"] is not None and res.decode[32]["tok_s"] > 0     # both cards' counters, summed
+    from strata.bench import report
+    line = next(r for r in report(res).splitlines() if r.startswith("layer split 2,4"))
+    assert "cache slots 20/20" in line and "ms a decode step" in line
 
 
 def test_qwen3next_split_keeps_layer_kinds_and_equals_one_card(fake, tmp_path, rng):
