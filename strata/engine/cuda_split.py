@@ -24,8 +24,9 @@ misses, priced per card). Speculation (--mtp --spec N|auto): the drafter's bookk
 card's); windows run the eager way (no one-graph windows over a split), so greedy output equals
 plain greedy's; not for qwen3next (refused in one line). A qwen3next split starts each card at a multiple of the model's
 full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
-layers' states and snapshots. The cached conversation is the one in the cards' caches (no kept
-conversations in host RAM). --expert-profile keeps a profile per card (PATH.cardK).
+layers' states and snapshots. A conversation pushed out of a slot is kept in host RAM by the split
+(--keep-conversations-gib), every card's cells in one payload, and copied back into every card.
+--expert-profile keeps a profile per card (PATH.cardK).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from .layer_split import Card, StagePack, choose_split
 from ..backends.cuda.memory import DeviceTensor
 from .memory_model import VRAM_RESERVE_BYTES
 from .planner import PackSizes
-from .slots import Slots, reusable_prefix
+from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
 
 STEP_TIMES_KEPT = 4096
@@ -103,7 +104,7 @@ class SplitRunner(Slots, Speculating):
         self.stages = []
         for k, ((lo, hi), card) in enumerate(zip(self.split.ranges(), self.cards)):
             stage_pack = StagePack(pack, lo, hi, mtp=config.mtp)
-            # no kept conversations: each card would keep its own part, and their choices could differ
+            # conversations are kept by the split, each card's part in one payload (_cells_out)
             cfg = dataclasses.replace(config, gpus=str(card.ordinal), vram_budget_gib=card.budget_bytes / 2**30,
                                       layer_split="auto", max_context=max_context, keep_conversations_gib=0.0,
                                       expert_profile=f"{config.expert_profile}.card{k}" if config.expert_profile
@@ -120,7 +121,7 @@ class SplitRunner(Slots, Speculating):
         self.prefill_chunk = min(s.prefill_chunk for s in self.stages)
         self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
         self.kv = self._last = None         # Slots' other per-slot state: the cards hold it
-        self._init_slots(config.parallel, lambda slot: None)
+        self._init_slots(config.parallel, lambda slot: None, keep_bytes(config))
         # speculation: the drafter's bookkeeping here, its draft layer on the last card (its own
         # drafter unused); verify windows run through every card
         self._init_spec(config.spec if config.mtp else "0", config.draft_window, config.draft_prompt)
@@ -206,7 +207,25 @@ class SplitRunner(Slots, Speculating):
         for s in self.stages:
             if s.hybrid:
                 n = min(n, s.kv.resumable(n, len(s.cached_ids)))
-        return self.drafter.reusable(self.cached_ids, ids, n) if self.drafter else n
+        if self.drafter:
+            return self.drafter.reusable(self.cached_ids, ids, n)
+        n = self._bring_back(ids, n)            # a kept conversation copied back into every card
+        for s in self.stages:
+            if s.cached_ids != self.cached_ids:
+                s.cached_ids = list(self.cached_ids)
+        return n
+
+    # a conversation kept in host RAM (strata.engine.slots): every card's cells (and a hybrid's states)
+    def _cells_out(self, n: int):
+        parts = [s._cells_out(n) for s in self.stages]
+        return [p for p, _ in parts], sum(nbytes for _, nbytes in parts)
+
+    def _cells_in(self, payload, n: int) -> None:
+        for s, part in zip(self.stages, payload):
+            s._cells_in(part, n)
+
+    def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
+        return min(s._kept_resumable(part, kept_len, n) for s, part in zip(self.stages, payload))
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         steps = self.prefill_steps(ids, start, on_progress, logits)
@@ -221,6 +240,7 @@ class SplitRunner(Slots, Speculating):
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
         if not 0 <= start <= len(self.cached_ids):
             raise InvalidArgument(f"prefill from {start}: only {len(self.cached_ids)} tokens are cached")
+        self._keep_tail(start)                   # the conversation about to be overwritten, kept first
         self.cached_ids = self.cached_ids[:start]
         if self.drafter:
             self._truncate_drafter(start)
@@ -462,6 +482,7 @@ class SplitRunner(Slots, Speculating):
         out["gpu"] = gpu
         out["bytes_h2d"] = sum(c["bytes_h2d"] for c in cards)
         out["prefill_chunk"] = self.prefill_chunk
+        out["kept_conversations"] = self.kept.status()
         out["spec"] = self.spec
         out["speculation"] = ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
                                "device_windows": 0, "room_lent": self.room_lent,

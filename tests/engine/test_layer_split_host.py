@@ -311,3 +311,31 @@ def test_speculation_over_a_qwen3next_split_is_refused(fake, tmp_path):
     path, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=3)
     with pytest.raises(InvalidArgument, match="speculation over a layer split of qwen3next"):
         SplitRunner(open_pack(path), 96, _cfg(gpus="0,0", layer_split="2,2", mtp=True, spec=2))
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_kept_conversations_over_a_split_equal_one_card(fake, rng, tmp_path, arch):
+    """A conversation pushed out of the only slot is kept in host RAM (every card's cells, a hybrid's
+    states) and copied back when a request resumes it: the same prefix and logits as one card's."""
+    if arch == "qwen3next":
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+        from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+        pack, counts = open_pack(make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=3)[0]), "2,2"
+    else:
+        pack, counts = open_pack(DEMO), "2,4"
+    one = CudaRunner(pack, 128, _cfg(prefill="12"))
+    two = SplitRunner(pack, 128, _cfg(prefill="12", gpus="0,0", layer_split=counts))
+    V = pack.args.vocab_size
+    a, b = rng.integers(0, V, 60).tolist(), rng.integers(0, V, 50).tolist()
+    for r in (one, two):
+        r.prefill(a, r.reusable_prefix(a))
+        r.prefill(b, r.reusable_prefix(b))         # pushes a out: kept
+    assert two.kept.status()["conversations"] == one.kept.status()["conversations"] == 1
+    more = a + rng.integers(0, V, 6).tolist()
+    n = two.reusable_prefix(more)
+    assert n == one.reusable_prefix(more) == 60
+    assert two.status()["kept_conversations"]["restored"] == 1
+    assert all(s.cached_ids == a for s in two.stages)
+    _same(two.prefill(more, n), one.prefill(more, n))
+    _same(two.decode(more[-1]), one.decode(more[-1]))
