@@ -167,7 +167,7 @@ class SplitPlan:
     plans: tuple            # planner.Plan of each card
     handoff_bytes_per_token: int
     decode_tok_s: float     # bandwidth ceiling of a token through every card, hand-offs included
-    prompt_tok_s: float | None   # PCIe ceiling of the slowest card (chunks pipelined), None: nothing streams
+    prompt_tok_s: float | None   # PCIe ceiling, chunks pipelined: the slowest card's bus a chunk; None: nothing streams
     cached_experts: int     # cache slots over the cards (main layers)
     total_experts: int
 
@@ -233,10 +233,14 @@ def plan_split(sizes: PackSizes, config: EngineConfig, cards: list[Card], counts
                                   f"{exc}") from None
     nbytes, hand_s = handoff_seconds(sizes.args, cards)
     decode_s = sum(1.0 / p.decode_tok_s for p in plans) + hand_s
-    prompts = [p.prompt_tok_s for p in plans if p.prompt_tok_s]
+    # a prompt reads every card in the smallest card's chunk; pipelined, each card streams its own
+    # misses over its own bus at once, so a chunk takes the slowest card's bus time (a large chunk
+    # touches every expert: a card's bytes per chunk hardly depend on the chunk's size)
+    chunk = min(p.prefill_chunk for p in plans)
+    bus_s = max(p.pcie_bytes_per_chunk / (p.h2d_gb_s * 1e9) for p in plans)
     main = [min(p.cache_slots, p.total_experts) for p in plans]
     return SplitPlan(tuple(counts), source, max_context, why, tuple(plans), nbytes, 1.0 / decode_s,
-                     min(prompts) if prompts else None, sum(main), sum(p.total_experts for p in plans))
+                     chunk / bus_s if bus_s else None, sum(main), sum(p.total_experts for p in plans))
 
 
 def layer_step(args) -> int:

@@ -339,3 +339,19 @@ def test_kept_conversations_over_a_split_equal_one_card(fake, rng, tmp_path, arc
     assert all(s.cached_ids == a for s in two.stages)
     _same(two.prefill(more, n), one.prefill(more, n))
     _same(two.decode(more[-1]), one.decode(more[-1]))
+
+
+def test_plan_cli_prints_the_split_without_a_gpu():
+    import json
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "strata", "plan", "--synthetic", "qwen3-30b-a3b", "--gpus", "0,1"]
+    r = subprocess.run(base + ["--vram-budget-gib", "8,12"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "layer split (auto) over 2 cards" in r.stdout and "plan for card 1 (GPU 1, layers" in r.stdout
+    r = subprocess.run(base + ["--vram-budget-gib", "8,12", "--layer-split", "20,28", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    got = json.loads(r.stdout)["layer_split"]
+    assert got["counts"] == [20, 28] and got["source"] == "given" and len(got["plans"]) == 2
+    r = subprocess.run(base, capture_output=True, text=True, timeout=120)      # no GPU to read budgets from
+    assert r.returncode != 0 and "give each card's budget" in r.stderr and "Traceback" not in r.stderr
