@@ -240,10 +240,10 @@ class EngineConfig:
         if len(budgets) == 1:       # one number, as given before a split existed: a float
             object.__setattr__(self, "vram_budget_gib", budgets[0])
         _check_split(self.layer_split, len(cards))
-        if not self.pcie_gbs >= 0:
-            raise InvalidArgument(f"pcie_gbs must be >= 0 (0: no cap), got {self.pcie_gbs}")
-        if not self.pin_limit_gib >= 0:
-            raise InvalidArgument(f"pin_limit_gib must be >= 0, got {self.pin_limit_gib}")
+        if not 0 <= self.pcie_gbs < 1e6:
+            raise InvalidArgument(f"pcie_gbs must be >= 0 (0: no cap) and finite, got {self.pcie_gbs}")
+        if not 0 <= self.pin_limit_gib < 1 << 20:
+            raise InvalidArgument(f"pin_limit_gib must be >= 0 and finite, got {self.pin_limit_gib}")
         if self.kv not in KV_CHOICES:
             raise InvalidArgument(f"kv must be one of {', '.join(KV_CHOICES)}, got {self.kv!r}")
         if isinstance(self.max_context, bool) or not isinstance(self.max_context, int) or self.max_context < 0:
@@ -263,8 +263,8 @@ class EngineConfig:
                                   f"got {self.draft_prompt!r}")
         if isinstance(self.mtp_room_min, bool) or not isinstance(self.mtp_room_min, int) or self.mtp_room_min < -1:
             raise InvalidArgument(f"mtp_room_min must be a number of prompt tokens (-1: never), got {self.mtp_room_min!r}")
-        if not self.keep_conversations_gib >= 0:
-            raise InvalidArgument(f"keep_conversations_gib must be >= 0 (0: none kept), got "
+        if not 0 <= self.keep_conversations_gib < 1 << 20:
+            raise InvalidArgument(f"keep_conversations_gib must be >= 0 (0: none kept) and finite, got "
                                   f"{self.keep_conversations_gib}")
         if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) \
                 or not 1 <= self.parallel <= PARALLEL_MAX:
@@ -338,8 +338,8 @@ def _budgets(value) -> list[float]:
             out.append(float(p))
         except ValueError:
             raise InvalidArgument(f"--vram-budget-gib must be GiB (8) or one per card (8,12), got {value!r}") from None
-    if any(not b >= 0 for b in out):
-        raise InvalidArgument(f"vram_budget_gib must be >= 0, got {value}")
+    if any(not 0 <= b < 1 << 20 for b in out):      # (no inf or nan: a budget becomes bytes)
+        raise InvalidArgument(f"vram_budget_gib must be >= 0 and finite, got {value}")
     return out
 
 

@@ -33,8 +33,9 @@ def test_model_args_reject_unsupported_architecture():
         ModelArgs("llama", 10, 8, 1, 2, 1, 4, 4, 2, 8)
 
 
-# A layer split's flags (strata.engine.layer_split): checked in form here, each refusal one line.
-SPLIT_REFUSED = [
+# A layer split's flags (strata.engine.layer_split) and the budgets that become bytes: checked in form
+# here, each refusal one line.
+REFUSED = [
     ({"layer_split": "20,28"}, "--layer-split 20,28: 2 ranges for 1 card(s)"),
     ({"gpus": "0,1", "layer_split": "20,28,4"}, "--layer-split 20,28,4: 3 ranges for 2 card(s)"),
     ({"gpus": "0,1", "layer_split": "20,0"}, "--layer-split must be auto or two or more layer counts"),
@@ -42,12 +43,17 @@ SPLIT_REFUSED = [
     ({"gpus": "0,1", "vram_budget_gib": "8,12,4"}, "--vram-budget-gib 8,12,4: give one budget, or one for each"),
     ({"gpus": "0,1", "vram_budget_gib": "8,x"}, "--vram-budget-gib must be GiB"),
     ({"gpus": "0,1", "vram_budget_gib": "8,-1"}, "vram_budget_gib must be >= 0"),
+    ({"vram_budget_gib": "inf"}, "vram_budget_gib must be >= 0 and finite"),
+    ({"gpus": "0,1", "vram_budget_gib": "8,nan"}, "vram_budget_gib must be >= 0 and finite"),
+    ({"pin_limit_gib": float("inf")}, "pin_limit_gib must be >= 0 and finite"),
+    ({"keep_conversations_gib": float("inf")}, "keep_conversations_gib must be >= 0 (0: none kept) and finite"),
+    ({"pcie_gbs": float("inf")}, "pcie_gbs must be >= 0 (0: no cap) and finite"),
     ({"gpus": "0,1", "device": "cpu"}, "--gpus 0,1: a layer split is over GPUs"),
 ]
 
 
-@pytest.mark.parametrize("kw, match", SPLIT_REFUSED)
-def test_split_flags_refused_in_one_line(kw, match):
+@pytest.mark.parametrize("kw, match", REFUSED)
+def test_split_and_budget_flags_refused_in_one_line(kw, match):
     with pytest.raises(InvalidArgument) as info:
         EngineConfig.from_kwargs(**kw)
     assert str(info.value).startswith(match) and "\n" not in str(info.value)
