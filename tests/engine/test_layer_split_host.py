@@ -227,6 +227,17 @@ def test_parallel_slots_over_a_split_equal_one_card(fake, rng, cache):
     assert two.best_slot(two.cached_ids[:5] + [1], [0, 1, 2]) == 1       # the slot holding the prefix
 
 
+def test_parallel_slots_over_a_qwen3next_split(fake, rng, tmp_path):
+    """A hybrid's batched rows name each slot's DeltaNet states on every card (CudaRunner.batch_rows)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    pack = open_pack(make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=13)[0])
+    one = CudaRunner(pack, 96, _cfg(parallel=3, prefill="12"))
+    two = SplitRunner(pack, 96, _cfg(parallel=3, prefill="12", gpus="0,0", layer_split="2,2"))
+    same_parallel_slots(one, two, rng)
+
+
 def test_llm_parallel_over_a_split_serves_threads_as_one_card(fake):
     from tests.engine.threads import in_threads
     prompts = ["Once upon a time", "def fib(n):", "The capital of France is"]
