@@ -472,8 +472,8 @@ class SplitRunner(Slots, Speculating):
             s.save_profile()
 
     def status(self) -> dict:
-        """The last card's status (its expert cache, decode graphs, K/V), the VRAM of every card
-        summed under "gpu", and "layer_split": each card's layers, VRAM, expert cache and decode
+        """The last card's status (its decode graphs, K/V), the VRAM and the expert caches of every
+        card summed under "gpu" and "expert_cache", and "layer_split": each card's layers, VRAM, expert cache and decode
         graphs, the hand-off's bytes and measured time per decode step, the plan's predicted speeds."""
         cards = [s.status() for s in self.stages]
         out = dict(cards[-1])
@@ -481,6 +481,7 @@ class SplitRunner(Slots, Speculating):
         gpu["name"] = " + ".join(c["gpu"]["name"] for c in cards)
         out["gpu"] = gpu
         out["bytes_h2d"] = sum(c["bytes_h2d"] for c in cards)
+        out["expert_cache"] = _summed_cache([c["expert_cache"] for c in cards])
         out["prefill_chunk"] = self.prefill_chunk
         out["kept_conversations"] = self.kept.status()
         out["spec"] = self.spec
@@ -531,3 +532,17 @@ class _Stores:
         from .experts.store import StoreStats
         return StoreStats(**{f.name: sum(getattr(s.stats, f.name) for s in self.stores)
                              for f in dataclasses.fields(StoreStats)})
+
+
+SUMMED_CACHE_KEYS = ("slots", "resident", "admitting", "total_experts", "hits", "misses", "admitted", "evicted",
+                     "prompt_streamed", "arena_pinned_bytes", "staged_blobs", "bytes_h2d")
+
+
+def _summed_cache(caches: list[dict]) -> dict:
+    """The cards' expert cache statuses as one (the Monitor's and bench's view): counts summed, the hit
+    rate over all, the rest the last card's (each card's own is under layer_split's cards)."""
+    out = dict(caches[-1])
+    out.update({k: sum(c[k] for c in caches) for k in SUMMED_CACHE_KEYS if all(k in c for c in caches)})
+    uses = out["hits"] + out["misses"]
+    out["hit_rate"] = out["hits"] / uses if uses else 0.0
+    return out

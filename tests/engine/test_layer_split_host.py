@@ -128,6 +128,9 @@ def test_split_logits_equal_unsplit(fake, rng, cache):
     assert st["peer_access"] == [None]                  # one GPU: a device copy
     if cache is not None:           # each card's cache admitted its own misses
         assert all(c["expert_cache"]["misses"] > 0 for c in st["cards"])
+    summed = two.status()["expert_cache"]          # the Monitor's view: every card's cache
+    assert summed["slots"] == sum(c["expert_cache"]["slots"] for c in st["cards"])
+    assert summed["misses"] == sum(c["expert_cache"]["misses"] for c in st["cards"])
 
 
 def test_split_three_cards_and_a_reused_prefix(fake, rng):

@@ -65,10 +65,12 @@ def test_monitor_shows_state_and_updates_after_a_request(browser, server, llm, t
 
 
 class GpuStatusLLM:
-    """The CPU model reporting a GPU engine's status, to check the GPU panel's layout."""
+    """The CPU model reporting a GPU engine's status, to check the GPU panel's layout (split: a layer
+    split's status over two cards)."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, split: bool = False):
         self._llm = llm
+        self._split = split
 
     def __getattr__(self, name):
         return getattr(self._llm, name)
@@ -81,7 +83,10 @@ class GpuStatusLLM:
                         "prompt_bytes": 1 * gib},
                 "expert_cache": {"slots": 1536, "resident": 1536, "total_experts": 6144, "hits": 900,
                                  "misses": 100, "hit_rate": 0.9},
-                "bytes_h2d": 123 * gib}
+                "bytes_h2d": 123 * gib,
+                **({"layer_split": {"counts": [19, 29], "handoff_ms_per_step": 0.0412,
+                                    "cards": [{"gpu": 0, "layers": [0, 19]}, {"gpu": 1, "layers": [19, 48]}]}}
+                   if self._split else {})}
 
 
 def test_monitor_gpu_panel_fields(browser, llm, tmp_path):
@@ -103,6 +108,19 @@ def test_monitor_gpu_panel_fields(browser, llm, tmp_path):
         expect(page.locator("#prompt-chunk")).to_have_text("chunk 2,048 tokens · ring 12 slots")
         expect(page.locator("#batching")).to_have_text("slots 0 / 4 busy · steps of up to 2 rows (--batch-max 2)")
         page.screenshot(path=str(tmp_path / "monitor_gpu.png"), full_page=True)
+        assert errors == []
+        page.close()
+    finally:
+        live.close()
+
+
+def test_monitor_shows_a_layer_split(browser, llm):
+    from tests.server.helpers import endless_llm
+    live = LiveServer(create_app(GpuStatusLLM(endless_llm(llm.pack.path), split=True)))
+    try:
+        page, errors = open_monitor(browser, live.url)
+        playwright.expect(page.locator("#gpu-rows")).to_contain_text(
+            "Layer split" + "layers 0–18 on GPU 0, layers 19–47 on GPU 1 · hand-off 0.041 ms a step")
         assert errors == []
         page.close()
     finally:

@@ -141,6 +141,13 @@ function kvDetail(kv) {
   return ` · ${kv.format} · ${fmtInt(kv.cells_vram)} cells in VRAM${host}`;
 }
 
+// --gpus 0,1: each card's layers and GPU, and the hand-off's measured time a decode step.
+function splitText(ls) {
+  const cards = (ls.cards || []).map(c => `layers ${c.layers[0]}–${c.layers[1] - 1} on GPU ${c.gpu}`).join(", ");
+  const hand = ls.handoff_ms_per_step == null ? "" : ` · hand-off ${ls.handoff_ms_per_step.toFixed(3)} ms a step`;
+  return `${cards}${hand}`;
+}
+
 function renderVram(s, g, ec) {
   const parts = [
     ["Dense weights", pick(g, "dense_bytes"), "var(--dense)"],
@@ -166,6 +173,7 @@ function renderVram(s, g, ec) {
     ["Hit rate", fmtPct(pick(ec, "hit_rate"))],
     ["PCIe host → device", `${fmtBytes(s.bytes_h2d)} · ${gbps == null ? "—" : gbps.toFixed(2)} GB/s`],
   ];
+  if (s.layer_split) rows.push(["Layer split", splitText(s.layer_split)]);
   $("gpu-rows").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
 }
 
