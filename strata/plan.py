@@ -218,13 +218,19 @@ def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) ->
             raise InvalidArgument(f"--gpus {config.gpus}: no GPU here to measure; give each card's budget "
                                   f"(--vram-budget-gib 8,12)") from None
         cards = [Card(o, int(gib * 2**30)) for o, gib in config.cards()]
+    kv_why = None
+    if config.kv == "auto":
+        from .engine.layer_split import resolve_split_kv
+        config, kv_why = resolve_split_kv(sizes, config, cards)
     p = choose_split(sizes, config, cards)
     if args.json:
-        print(json.dumps({"model": name, "layer_split": p.to_dict(),
+        print(json.dumps({"model": name, "layer_split": p.to_dict(), "kv_auto": kv_why,
                           "cards": [dataclasses.asdict(c) for c in cards]}, indent=1, default=str))
     else:
         print(f"{name}")
         print(layer_split_text(p, cards))
+        if kv_why:
+            print(f"  --kv auto           {kv_why}")
         for k, ((lo, hi), card, plan) in enumerate(zip(p.ranges(), cards, p.plans)):
             print(plan_text(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1})", plan))
     return 0

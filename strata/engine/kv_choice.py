@@ -98,13 +98,15 @@ def resolve(device: str, pack, config):
         return config, None
     if device != "cuda":
         return dataclasses.replace(config, kv="f16"), "auto: f16 on the CPU (its cells are exact)"
-    if config.split:
-        return dataclasses.replace(config, kv="f16"), "auto: f16 over a layer split (the trade is not priced per card yet)"
-    from ..backends.cuda import device_info
     from .planner import DEFAULT_BANDWIDTHS, PackSizes, vram_budget
+    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    if config.split:        # each format's split over the cards (strata.engine.layer_split)
+        from .cuda_split import split_cards
+        from .layer_split import resolve_split_kv
+        return resolve_split_kv(sizes, config, split_cards(config))
+    from ..backends.cuda import device_info
     d = device_info(int(config.gpus.split(",")[0]))
     budget, _ = vram_budget(config, d["free_memory_bytes"])
-    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
     fmt, why = resolve_gpu(sizes, config, budget, DEFAULT_BANDWIDTHS, d["multiprocessor_count"])
     return dataclasses.replace(config, kv=fmt), why
 

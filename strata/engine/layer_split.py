@@ -336,3 +336,29 @@ def split_text(p: SplitPlan, cards: list[Card]) -> str:
                  f"{p.decode_tok_s:.1f} tok/s (every card in turn, hand-offs included), prompt {prompt}; "
                  f"experts cached {p.cached_experts} of {p.total_experts}")
     return "\n".join(lines)
+
+
+def split_kv_trade(sizes: PackSizes, config: EngineConfig, cards: list[Card], formats=None) -> list:
+    """kv_choice.kv_trade over a split: every KV format's split (choose_split at that format), most
+    accurate first, as kv_choice.KVOption (the context every card holds, the experts cached over the
+    cards, the split's decode ceiling; max_context 0 where no split fits)."""
+    from .kv_choice import GPU_KV_FORMATS, KV_QUALITY, KVOption, by_accuracy
+    out = []
+    for f in by_accuracy(formats or GPU_KV_FORMATS):
+        kl, top1 = KV_QUALITY[f]
+        try:
+            p = choose_split(sizes, dataclasses.replace(config, kv=f), cards)
+        except InvalidArgument as e:
+            out.append(KVOption(f, 0, str(e), 0, 0, 0, 0.0, kl, top1))
+            continue
+        out.append(KVOption(f, p.max_context, p.context_source, sum(q.mandatory["kv"] for q in p.plans),
+                            p.cached_experts, p.total_experts, p.decode_tok_s, kl, top1))
+    return out
+
+
+def resolve_split_kv(sizes: PackSizes, config: EngineConfig, cards: list[Card]) -> tuple[EngineConfig, str]:
+    """--kv auto over a split: kv_choice.choose_kv's rule over split_kv_trade -> (config with that
+    format, why)."""
+    from .kv_choice import choose_kv, target_context
+    fmt, why = choose_kv(split_kv_trade(sizes, config, cards), target_context(sizes, config))
+    return dataclasses.replace(config, kv=fmt), why + " (over the layer split's cards)"

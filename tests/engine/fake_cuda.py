@@ -55,21 +55,40 @@ _capturing: list = []           # streams in capture
 _lag = [False]                  # lagging(): stream work waits for the host to wait for it
 _pending: list = []             # that work, in queue order (callables)
 _counts = [0, 0]                # pieces of work queued, and run, so far (an Event's record marks the first)
+_apart: list = []               # lagging(apart=True): the streams with work of their own queue, oldest first
+_oldest_first = [False]         # lagging(apart="oldest"): the oldest stream runs its work as it is queued
 _device = threading.RLock()     # one thread runs queued work at a time (staging helpers wait on events)
 _running = [0]                  # queued work running now (depth): a buffer freed meanwhile is forgotten after
 _forgotten: list[int] = []      # those buffers
 
 
 class lagging:
-    """with lagging(): the device lags the host (module doc); the work still queued runs at exit."""
+    """with lagging(): the device lags the host (module doc); the work still queued runs at exit.
+
+    apart=True: each stream's work waits in a queue of its own, as on a GPU whose streams run
+    independently. Only the host waiting (a stream's or an event's synchronize, a pageable copy: that
+    stream's work) or a stream's wait_event (the other stream's work up to the event's record) runs
+    it, and when the host waits for everything (a free, the exit) the newest stream runs first. So
+    work on one stream that reads what another wrote, with no event between, reads it before it is
+    written here, where one queue would have hidden the race (a layer split's hand-offs).
+    apart="oldest": the oldest stream (the first to queue work: a runner's, or a layer split's first
+    card's) runs its work as soon as it is queued, the others still lagging; that shows the other
+    race, a stream rewriting memory that a lagging one has yet to read."""
+
+    def __init__(self, apart: bool | str = False):
+        self.apart = apart
 
     def __enter__(self):
+        _drain()
         self._was = _lag[0]
-        _lag[0] = True
+        _lag[0] = "apart" if self.apart else (_lag[0] or True)
+        _oldest_first[0] = self.apart == "oldest"
         return self
 
     def __exit__(self, *exc):
         _drain()
+        if self.apart:
+            _apart.clear()
         _lag[0] = self._was         # nested (STRATA_FAKE_LAG=1: every test lags): still lagging
 
 
@@ -79,14 +98,49 @@ def _queue(stream, work) -> bool:
     if not _lag[0] or stream is None:
         return False
     with _device:
-        _pending.append(work)
-        _counts[0] += 1
+        if _lag[0] == "apart":
+            if not hasattr(stream, "_queue"):
+                stream._queue, stream._queued, stream._ran = [], 0, 0
+            if stream not in _apart:
+                _apart.append(stream)
+            stream._queue.append(work)
+            stream._queued += 1
+            if _oldest_first[0] and stream is _apart[0] and not _running[0]:
+                _run_stream(stream)         # runs ahead of the lagging streams (lagging's doc)
+        else:
+            _pending.append(work)
+            _counts[0] += 1
     return True
+
+
+def _run_stream(stream, upto: int | None = None) -> None:
+    """lagging(apart=True): run stream's queued work in order, all of it or until the first `upto`
+    pieces it ever queued have run (an event's mark); a wait_event among them runs the other stream
+    first, up to that event."""
+    if not hasattr(stream, "_queue"):
+        return
+    with _device:
+        _running[0] += 1
+        try:
+            while stream._queue and (upto is None or stream._ran < upto):
+                stream._ran += 1
+                stream._queue.pop(0)()
+        finally:
+            _running[0] -= 1
+        while _forgotten and not _running[0]:
+            _forget(_forgotten.pop())
+
+
+def _waiting() -> bool:
+    return bool(_pending) or any(s._queue for s in _apart)
 
 
 def _drain(upto: int | None = None) -> None:
     """Run queued work in order (the host waits for the device): all of it, or until the first
     `upto` pieces ever queued have run (an event's mark)."""
+    if upto is None:
+        for stream in reversed(list(_apart)):      # the newest stream first (lagging's doc)
+            _run_stream(stream)
     with _device:
         _running[0] += 1
         try:
@@ -123,7 +177,7 @@ def _forget(ptr: int) -> None:
     if _running[0]:
         _forgotten.append(ptr)
         return
-    if _pending:
+    if _waiting():
         _drain()
     i = bisect.bisect_left(_bases, ptr)
     if i < len(_bases) and _bases[i] == ptr:
@@ -198,10 +252,15 @@ class Stream:
 
     def synchronize(self):
         _no_capture("cuStreamSynchronize", self)
+        if _lag[0] == "apart":
+            _run_stream(self)
+            return
         _drain()
 
     def wait_event(self, event):
-        pass
+        src, mark = event._stream, event._mark
+        if src is not None and src is not self:     # lagging(apart=True): the other stream's work first
+            _queue(self, lambda: _run_stream(src, mark))
 
 
 class Event:
@@ -210,16 +269,25 @@ class Event:
     def __init__(self, device, timing: bool = False):
         self.device = device
         self._mark = 0
+        self._stream = None         # lagging(apart=True): the stream its record marks a point of
 
     def record(self, stream=None):
         with _device:
-            self._mark = _counts[0]
+            if _lag[0] == "apart" and stream is not None:
+                if not hasattr(stream, "_queue"):
+                    stream._queue, stream._queued, stream._ran = [], 0, 0
+                self._stream, self._mark = stream, stream._queued
+            else:
+                self._stream, self._mark = None, _counts[0]
 
     def synchronize(self):
+        if self._stream is not None:
+            _run_stream(self._stream, self._mark)
+            return
         _drain(self._mark)
 
     def query(self):
-        _drain(self._mark)
+        self.synchronize()
         return True
 
     def elapsed_ms(self, end):
@@ -258,7 +326,10 @@ class DeviceBuffer:
         out = np.frombuffer(memoryview(dst).cast("B"), np.uint8)
         if _pinned(dst) and _queue(stream, lambda: self._read(offset, out)):
             return                      # pinned: lands when the copy runs
-        _drain()                        # pageable: the driver returns once the copy is done
+        if _lag[0] == "apart" and stream is not None:
+            _run_stream(stream)         # pageable: the driver returns once the stream reached the copy
+        else:
+            _drain()                    # pageable: the driver returns once the copy is done
         self._read(offset, out)
 
     def _read(self, offset: int, out: np.ndarray) -> None:
@@ -272,7 +343,7 @@ class DeviceBuffer:
             self._range(0, self.nbytes)[:] = value
 
     def free(self):
-        if _pending:
+        if _waiting():
             _drain()
         if self.ptr in _bases:      # later reads of this memory find no buffer
             i = _bases.index(self.ptr)

@@ -3,6 +3,8 @@ the pack, the split's plan, and SplitRunner over tests/engine/fake_cuda with two
 one emulated GPU (--gpus 0,0). The emulated kernels are the same numpy on the same rows split or not,
 so the split's logits must equal the unsplit runner's bit for bit; on a GPU test_layer_split_gpu.py
 checks the same with the real kernels."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -106,20 +108,27 @@ def test_stage_sizes_price_a_card_as_its_own_model():
 
 # ---- the runner over two logical cards --------------------------------------------------------------
 @pytest.mark.parametrize("cache", [None, "20"])
-def test_split_logits_equal_unsplit(fake, rng, cache):
-    """Resident, and streamed through a cache of 20 slots on each card: prompt chunks (a grouped
-    chunk of 24, then a decode-path chunk), logits_all, then decode steps eager, captured and replayed."""
+@pytest.mark.parametrize("lag", [None, "apart", "oldest"])
+def test_split_logits_equal_unsplit(fake, rng, cache, lag):
+    """Resident, and streamed through a cache of 20 slots on each card: prompts of three chunks (of
+    24, the grouped path, and a decode-path tail), logits_all, then decode steps eager, captured and
+    replayed. lag: each stream's work in a queue of its own (fake_cuda.lagging's apart), so a
+    hand-off without its events reads rows not yet written ("apart") or rewritten by the card
+    before, running ahead ("oldest")."""
     pack = open_pack(DEMO)
     extra = {} if cache is None else {"expert_cache": cache}
     one = CudaRunner(pack, 96, _cfg(**extra))
-    two = SplitRunner(pack, 96, _cfg(gpus="0,0", layer_split="2,4", **extra))
-    assert [s.args.num_hidden_layers for s in two.stages] == [2, 4]
-    assert two.stages[0].store.resident == (cache is None)
-    ids = rng.integers(0, pack.args.vocab_size, 40).tolist()
-    _same(two.logits_all(ids), one.logits_all(ids))
-    _same(two.prefill(ids[:30], 0), one.prefill(ids[:30], 0))
-    for t in ids[30:36]:
-        _same(two.decode(t), one.decode(t))
+    with contextlib.ExitStack() as stack:
+        if lag:
+            stack.enter_context(fake.lagging(apart=lag if lag == "oldest" else True))
+        two = SplitRunner(pack, 96, _cfg(gpus="0,0", layer_split="2,4", **extra))
+        assert [s.args.num_hidden_layers for s in two.stages] == [2, 4]
+        assert two.stages[0].store.resident == (cache is None)
+        ids = rng.integers(0, pack.args.vocab_size, 70).tolist()
+        _same(two.logits_all(ids), one.logits_all(ids))
+        _same(two.prefill(ids[:60], 0), one.prefill(ids[:60], 0))
+        for t in ids[60:66]:
+            _same(two.decode(t), one.decode(t))
     assert set(two.last.steps.graphs) == {1} and set(two.stages[0].steps.graphs) == {1}
     assert two.last.steps.step_times["graph"] and two.stages[0].steps.step_times["graph"]
     st = two.status()["layer_split"]
@@ -369,3 +378,23 @@ def test_plan_cli_prints_the_split_without_a_gpu():
     assert got["counts"] == [20, 28] and got["source"] == "given" and len(got["plans"]) == 2
     r = subprocess.run(base, capture_output=True, text=True, timeout=120)      # no GPU to read budgets from
     assert r.returncode != 0 and "give each card's budget" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_kv_auto_over_a_split_prices_every_format_per_card(fake):
+    """--kv auto over a split: each format's split (the context every card holds, the experts cached
+    over the cards), and kv_choice's rule over them; a tight pair of cards takes a smaller format."""
+    from strata.engine.kv_choice import GPU_KV_FORMATS
+    from strata.engine.layer_split import resolve_split_kv, split_kv_trade
+    _, sizes = plan_sizes(None, "qwen3-30b-a3b")
+    cfg = EngineConfig(device="cuda", gpus="0,1", vram_budget_gib="6,6", kv="auto")
+    cards = [Card(0, 6 << 30), Card(1, 6 << 30)]
+    options = split_kv_trade(sizes, cfg, cards)
+    assert [o.kv for o in options][0] == "f16" and {o.kv for o in options} == set(GPU_KV_FORMATS)
+    f16 = options[0]
+    # a smaller K/V leaves the cards more room for experts
+    assert all(o.cache_slots >= f16.cache_slots for o in options[1:] if o.max_context >= f16.max_context)
+    chosen, why = resolve_split_kv(sizes, cfg, cards)
+    assert chosen.kv in GPU_KV_FORMATS and chosen.kv != "auto" and "over the layer split" in why
+    llm = strata.LLM(device="cuda", gpus="0,0", layer_split="3,3", kv="auto")
+    assert llm.config.kv != "auto" and all(s.kv_format == llm.config.kv for s in llm.runner.stages)
+    assert "over the layer split" in llm.kv_source
