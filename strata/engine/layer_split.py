@@ -10,7 +10,9 @@ that output normed with the next card's first attention norm): 16 KiB a token at
 
 `auto` (choose_split) tries every split of the layers (two cards: each boundary; more: a local
 search from the split proportional to the budgets) and keeps the one whose cards hold the longest
-common context, then the most cached experts, then the fastest predicted decode step. Pure host
+common context, then the most cached experts; among splits within NEAR_TIE of that many (which
+decode alike: a token's misses cross the cards' buses in turn), the one whose pipelined prompt
+waits least for its busiest bus, then the fastest predicted decode step. Pure host
 logic over pack.json's sizes, tested on the CPU; strata.engine.cuda_split runs it.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..pack.source import FileSlice
 from ..pack.validate import DENSE_ALIGN, round_up
 from .planner import DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, Bandwidths, PackSizes, fit_context, make_plan
 
+NEAR_TIE = 0.01                 # auto: splits caching within 1% of the most experts count as tied
 HANDOFF_LATENCY_S = 20e-6       # a peer copy's fixed cost, and the wait between the cards' streams (estimate)
 HANDOFF_GB_S = 20.0             # the hand-off's rate where the cards are two GPUs (through host memory at worst)
 
@@ -297,7 +300,13 @@ def choose_split(sizes: PackSizes, config: EngineConfig, cards: list[Card]) -> S
     found = [p for c in cands if (p := plan(c)) is not None]
     if not found:
         raise InvalidArgument(f"no split of {L} layers over --gpus {config.gpus} fits: {errors[-1] if errors else ''}")
-    return max(found, key=_score)
+    best = max(found, key=_score)
+    # near-ties: splits caching within NEAR_TIE of the most experts (at the same context) decode alike
+    # (a token's misses cross the buses in turn), but a pipelined prompt waits for the busiest bus:
+    # the one whose prompt ceiling is highest among them
+    near = [p for p in found if p.max_context == best.max_context
+            and p.cached_experts >= (1 - NEAR_TIE) * best.cached_experts]
+    return max(near, key=lambda p: (p.prompt_tok_s or float("inf"), _score(p)))
 
 
 def _counts(bounds: list[int], L: int) -> tuple:

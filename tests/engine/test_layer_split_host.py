@@ -398,3 +398,20 @@ def test_kv_auto_over_a_split_prices_every_format_per_card(fake):
     llm = strata.LLM(device="cuda", gpus="0,0", layer_split="3,3", kv="auto")
     assert llm.config.kv != "auto" and all(s.kv_format == llm.config.kv for s in llm.runner.stages)
     assert "over the layer split" in llm.kv_source
+
+
+def test_auto_split_breaks_near_ties_by_the_prompts_busiest_bus():
+    """Splits caching within 1% of the most experts decode alike; auto takes the one whose pipelined
+    prompt waits least for its busiest card's bus (int8 K/V at 6+6 GiB: an even split, where the
+    most cached experts alone took an uneven one, one expert more)."""
+    from strata.engine.layer_split import NEAR_TIE, plan_split
+    _, sizes = plan_sizes(None, "qwen3-30b-a3b")
+    cfg = EngineConfig(device="cuda", gpus="0,1", vram_budget_gib="6,6", kv="int8")
+    cards = [Card(0, 6 << 30), Card(1, 6 << 30)]
+    p = choose_split(sizes, cfg, cards)
+    every = [plan_split(sizes, cfg, cards, [a, 48 - a]) for a in range(1, 48)]
+    most = max(q.cached_experts for q in every)
+    near = [q for q in every if q.max_context == p.max_context and q.cached_experts >= (1 - NEAR_TIE) * most]
+    assert p.counts in [q.counts for q in near]
+    assert p.prompt_tok_s == max(q.prompt_tok_s for q in near)
+    assert p.cached_experts < most          # the tie-break did choose: the most-cached split is another
