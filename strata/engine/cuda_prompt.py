@@ -28,24 +28,25 @@ class PromptChunks:
         self.last_row = ops.rt.DeviceBuffer(ops.device, 4 * args.vocab_size)
 
     def forward(self, ids: list[int], lo: int, kv, last_only: bool, download: bool = True,
-                hidden: bool = False) -> np.ndarray | None:
+                hidden: bool = False, hand=None) -> np.ndarray | None:
         """Logits of ids read at positions lo.. ([1, V] for the last token only, else [T, V]); without
         `download` only the last row stays, copied to last_row for pick(). hidden: the chunk's last
         hidden states [T, D] also come to the host, as self.hidden (the drafter's input)."""
         ops, a = self.ops, self.args
         rows = slice(-1, None) if last_only else None
-        logits, h = self._forward(ids, lo, kv, rows)
+        logits, h = self._forward(ids, lo, kv, rows, hand)
         self.hidden = ops.to_host(h) if hidden else None
         V = a.vocab_size
         ops._copy_rows(logits.ptr + (logits.shape[0] - 1) * V * 4, 0, self.last_row.ptr, 1, V, 0, 0)
         return ops.to_host(logits) if download else None
 
-    def forward_rows(self, ids: list[int], lo: int, kv):
+    def forward_rows(self, ids: list[int], lo: int, kv, hand=None):
         """A layer split's card before the last (its model has no head): the chunk's rows as the next
-        card's hand_in takes them -> (normed [T, D], x [T, D]) on the device, in this pool."""
-        return self._forward(ids, lo, kv, None)
+        card's hand_in takes them -> (normed [T, D], x [T, D]) on the device, in this pool. hand: a
+        later card's input (backends.cuda.memory.HandOff), passed to the model in place of the ids."""
+        return self._forward(ids, lo, kv, None, hand)
 
-    def _forward(self, ids: list[int], lo: int, kv, rows):
+    def _forward(self, ids: list[int], lo: int, kv, rows, hand=None):
         if lo + len(ids) > self.max_context:
             raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
         ops, a = self.ops, self.args
@@ -53,7 +54,8 @@ class PromptChunks:
         if len(ids) > STEP_MAX_TOKENS:
             plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
         positions = ops.upload_positions(np.arange(lo, lo + len(ids)))
-        return self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv, logits_rows=rows, plan=plan)
+        return self.model.forward(np.asarray(ids, dtype=np.int64) if hand is None else hand, positions, kv,
+                                  logits_rows=rows, plan=plan)
 
     @contextlib.contextmanager
     def loan(self, tokens: int, chunk: int, pool: bool = True):

@@ -40,7 +40,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..errors import InvalidArgument
 from .layer_split import Card, StagePack, choose_split
-from ..backends.cuda.memory import DeviceTensor
+from ..backends.cuda.memory import DeviceTensor, HandOff
 from .memory_model import VRAM_RESERVE_BYTES
 from .planner import PackSizes
 from .slots import Slots, keep_bytes, reusable_prefix
@@ -283,21 +283,20 @@ class SplitRunner(Slots, Speculating):
 
     def _chunk(self, chunk: list[int], lo: int, last_only: bool, download: bool):
         """One prompt chunk through every card; -> the last card's host logits (or None)."""
-        rows = None
+        hand = None
         for k, s in enumerate(self.stages):
             if k:
-                normed, x = rows
                 self._send(k - 1)
-                s.ops.hand_src = (normed, x, self._copier(k - 1))
             if s is self.last:
                 out = s.prompts.forward(chunk, lo, s.kv, last_only=last_only, download=download,
-                                        hidden=self.drafter is not None)
+                                        hidden=self.drafter is not None, hand=hand)
                 s._last = s.prompts.last_row
             else:
-                rows = s.prompts.forward_rows(chunk, lo, s.kv)
+                normed, x = s.prompts.forward_rows(chunk, lo, s.kv, hand)
             if k:
                 self._handed(k - 1)
-                s.ops.hand_src = None
+            if s is not self.last:
+                hand = HandOff(normed, x, self._copier(k))
             s.cached_ids.extend(chunk)
         self.cached_ids.extend(chunk)
         return out

@@ -57,8 +57,8 @@ def stack_forward(model, ids, positions: np.ndarray, cache, record: Recorder = _
     if model.first:
         x = ops.embed("token_embd.weight", ids)
         normed = ops.rms_norm(x, "blk.0.attn_norm.weight", a.rms_norm_eps)
-    else:
-        x, normed = ops.hand_in(ids.shape[0])
+    else:               # ids: what the card before hands on (the runner's value, ops.hand_in's)
+        x, normed = ops.hand_in(ids)
     for l in range(L):
         next_norm = f"blk.{l + 1}.attn_norm.weight" if l + 1 < L or not model.last else "output_norm.weight"
         x, normed = model.layer(l, x, normed, positions, cache, next_norm, record, plan)
@@ -73,7 +73,7 @@ class Qwen3Moe:
 
     One stage of a layer split (strata.engine.layer_split) is this stack over its own layers,
     renumbered from 0: a stage that is not the first (first=False) takes its input rows from
-    ops.hand_in(T) instead of the embedding, and one that is not the last (last=False) ends with its
+    ops.hand_in(ids) instead of the embedding (ids then the runner's hand-off value), and one that is not the last (last=False) ends with its
     last layer's output and that output normed with the next stage's first attention norm
     (blk.N.attn_norm, N its layer count), which its forward returns in place of logits."""
 

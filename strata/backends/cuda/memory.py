@@ -19,6 +19,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -261,6 +262,15 @@ class DeviceWeights:
 
     def has(self, name: str) -> bool:
         return name in self.pack.meta["dense"]
+
+
+class HandOff(NamedTuple):
+    """A prompt chunk's rows from a layer split's card to the next (strata.engine.cuda_split), passed
+    through model.forward in place of the token ids: the card's normed and x [T, D] on its device,
+    and copy(dst, src, nbytes), which queues a copy of them on the next card's stream."""
+    normed: DeviceTensor
+    x: DeviceTensor
+    copy: Callable
 
 
 class Positions(DeviceTensor):

@@ -52,7 +52,7 @@ from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
                       KernelPaths)
-from .memory import DeviceTensor, Pool, Positions
+from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
@@ -132,29 +132,28 @@ class DeviceOps(DenseOps, AttentionOps):
 
     # ---- a layer split's hand-off (strata.engine.cuda_split) -------------------------------------
     hand_buf = None         # a later card's rows of a decode step: x [STEP rows, D] then normed, f32
-    hand_src = None         # (normed, x, copy(dst, src, nbytes)) of a prompt chunk on the card before
 
-    def hand_in(self, T: int):
-        """A later card's input rows (x [T, D], normed [T, D]) in place of the embedding: for a
-        prompt chunk, copied from the card before into this pool (hand_src, set by the split runner
-        before the forward; what the embedding and its norm allocate); for a decode step (no
-        hand_src), views of hand_buf, which the split runner fills before each step, so a captured
-        graph reads it at one address."""
+    def hand_in(self, src):
+        """A later card's input rows (x [T, D], normed [T, D]) in place of the embedding; src is what
+        the runner passed model.forward as its ids. A HandOff (a prompt chunk): the card before's
+        rows, copied into this pool (what the embedding and its norm allocate). Token ids [T] (a
+        decode step, whose rows the split runner put in hand_buf before the step): views of
+        hand_buf, so a captured graph reads them at one address."""
         D = self.args.hidden_size
-        if self.hand_src is None:
-            if self.hand_buf is None or 2 * T * D * 4 > self.hand_buf.nbytes:
-                raise InvalidArgument(f"hand_in: no hand-off of {T} rows here (a layer split's later card only)")
-            half = self.hand_buf.nbytes // 2
-            return (DeviceTensor(self.hand_buf, 0, (T, D), np.float32, self.hand_buf),
-                    DeviceTensor(self.hand_buf, half, (T, D), np.float32, self.hand_buf))
-        normed_src, x_src, copy = self.hand_src
-        self.hand_src = None
-        if normed_src.shape != (T, D) or x_src.shape != (T, D):
-            raise InvalidArgument(f"hand_in: {T} rows of {D} asked, {x_src.shape} handed")
-        x, normed = self.alloc((T, D)), self.alloc((T, D))
-        copy(x.ptr, x_src.ptr, x.nbytes)
-        copy(normed.ptr, normed_src.ptr, normed.nbytes)
-        return x, normed
+        if isinstance(src, HandOff):
+            T = src.x.shape[0]
+            if src.normed.shape != (T, D) or src.x.shape != (T, D):
+                raise InvalidArgument(f"hand_in: rows of {D} asked, {src.x.shape} and {src.normed.shape} handed")
+            x, normed = self.alloc((T, D)), self.alloc((T, D))
+            src.copy(x.ptr, src.x.ptr, x.nbytes)
+            src.copy(normed.ptr, src.normed.ptr, normed.nbytes)
+            return x, normed
+        T = src.shape[0]
+        if self.hand_buf is None or 2 * T * D * 4 > self.hand_buf.nbytes:
+            raise InvalidArgument(f"hand_in: no hand-off of {T} rows here (a layer split's later card only)")
+        half = self.hand_buf.nbytes // 2
+        return (DeviceTensor(self.hand_buf, 0, (T, D), np.float32, self.hand_buf),
+                DeviceTensor(self.hand_buf, half, (T, D), np.float32, self.hand_buf))
 
     def upload_positions(self, positions: np.ndarray) -> DeviceTensor:
         """Positions [T] -> [T + 1] int32 on the device: the positions, then max + 1 (the decode
