@@ -19,7 +19,7 @@ import numpy as np
 from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
-from .engine.kv_choice import kv_trade, resolve_gpu
+from .engine.kv_choice import kv_trade, resolve_gpu, resolve_split_kv
 from .errors import DeviceError, InvalidArgument
 
 MEASURE_BYTES = 256 << 20
@@ -210,7 +210,7 @@ def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) ->
     from .engine.layer_split import Card, choose_split
     from .engine.layer_split import split_text as layer_split_text
     try:
-        from .engine.cuda_split import split_cards
+        from .engine.layer_split import split_cards
         cards = split_cards(config)
     except (DeviceError, ImportError):
         missing = [o for o, gib in config.cards() if not gib]
@@ -220,7 +220,6 @@ def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) ->
         cards = [Card(o, int(gib * 2**30)) for o, gib in config.cards()]
     kv_why = None
     if config.kv == "auto":
-        from .engine.layer_split import resolve_split_kv
         config, kv_why = resolve_split_kv(sizes, config, cards)
     p = choose_split(sizes, config, cards)
     if args.json:

@@ -39,38 +39,13 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..errors import InvalidArgument
-from .layer_split import Card, StagePack, choose_split
+from .layer_split import StagePack, choose_split, split_cards
 from ..backends.cuda.memory import DeviceTensor, HandOff
-from .memory_model import VRAM_RESERVE_BYTES
 from .planner import PackSizes
 from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
 
 STEP_TIMES_KEPT = 4096
-
-
-def split_cards(config: EngineConfig) -> list[Card]:
-    """The cards of --gpus with their budgets: --vram-budget-gib's, capped by the GPU's free VRAM less
-    the reserve; logical cards on one GPU (an ordinal repeated) share its free VRAM, those without
-    a budget evenly what the others leave."""
-    from ..backends.cuda import device_info
-    cards = config.cards()
-    info = {o: device_info(o) for o in {o for o, _ in cards}}
-    out = []
-    for o, gib in cards:
-        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
-        mates = [g for oo, g in cards if oo == o]
-        given = sum(int(g * 2**30) for g in mates if g)
-        share = max(0, free - given) // max(1, sum(1 for g in mates if not g))
-        budget = min(int(gib * 2**30), free) if gib else share
-        out.append(Card(o, budget, num_sms=info[o]["multiprocessor_count"]))
-    for o in info:
-        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
-        if sum(c.budget_bytes for c in out if c.ordinal == o) > free:
-            raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {o} ask more than "
-                                  f"its {free / 2**30:.1f} GiB free (less {VRAM_RESERVE_BYTES / 2**30:g} GiB kept "
-                                  f"for the driver)")
-    return out
 
 
 def split_plan(pack, config: EngineConfig, max_context: int | None = None):

@@ -101,8 +101,7 @@ def resolve(device: str, pack, config):
     from .planner import DEFAULT_BANDWIDTHS, PackSizes, vram_budget
     sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
     if config.split:        # each format's split over the cards (strata.engine.layer_split)
-        from .cuda_split import split_cards
-        from .layer_split import resolve_split_kv
+        from .layer_split import split_cards
         return resolve_split_kv(sizes, config, split_cards(config))
     from ..backends.cuda import device_info
     d = device_info(int(config.gpus.split(",")[0]))
@@ -118,3 +117,28 @@ def resolve_gpu(sizes, config, budget_bytes: int, bandwidths, num_sms: int) -> t
     if len(GPU_KV_FORMATS) == 1:
         why += f" (the GPU runs {GPU_KV_FORMATS[0]} only so far)"
     return fmt, why
+
+
+def split_kv_trade(sizes, config, cards: list, formats=None) -> list:
+    """kv_trade over a layer split (strata.engine.layer_split): every KV format's split (choose_split
+    at that format), most accurate first, as KVOptions (the context every card holds, the experts
+    cached over the cards, the split's decode ceiling; max_context 0 where no split fits)."""
+    from .layer_split import choose_split
+    out = []
+    for f in by_accuracy(formats or GPU_KV_FORMATS):
+        kl, top1 = KV_QUALITY[f]
+        try:
+            p = choose_split(sizes, dataclasses.replace(config, kv=f), cards)
+        except InvalidArgument as e:
+            out.append(KVOption(f, 0, str(e), 0, 0, 0, 0.0, kl, top1))
+            continue
+        out.append(KVOption(f, p.max_context, p.context_source, sum(q.mandatory["kv"] for q in p.plans),
+                            p.cached_experts, p.total_experts, p.decode_tok_s, kl, top1))
+    return out
+
+
+def resolve_split_kv(sizes, config, cards: list):
+    """--kv auto over a layer split: choose_kv's rule over split_kv_trade -> (config with that
+    format, why)."""
+    fmt, why = choose_kv(split_kv_trade(sizes, config, cards), target_context(sizes, config))
+    return dataclasses.replace(config, kv=fmt), why + " (over the layer split's cards)"

@@ -26,6 +26,7 @@ from ..config import EngineConfig, split_counts
 from ..errors import InvalidArgument
 from ..pack.source import FileSlice
 from ..pack.validate import DENSE_ALIGN, round_up
+from .memory_model import VRAM_RESERVE_BYTES
 from .planner import DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, Bandwidths, PackSizes, fit_context, make_plan
 
 NEAR_TIE = 0.01                 # auto: splits caching within 1% of the most experts count as tied
@@ -347,27 +348,25 @@ def split_text(p: SplitPlan, cards: list[Card]) -> str:
     return "\n".join(lines)
 
 
-def split_kv_trade(sizes: PackSizes, config: EngineConfig, cards: list[Card], formats=None) -> list:
-    """kv_choice.kv_trade over a split: every KV format's split (choose_split at that format), most
-    accurate first, as kv_choice.KVOption (the context every card holds, the experts cached over the
-    cards, the split's decode ceiling; max_context 0 where no split fits)."""
-    from .kv_choice import GPU_KV_FORMATS, KV_QUALITY, KVOption, by_accuracy
+def split_cards(config: EngineConfig) -> list[Card]:
+    """The cards of --gpus with their budgets: --vram-budget-gib's, capped by the GPU's free VRAM less
+    the reserve; logical cards on one GPU (an ordinal repeated) share its free VRAM, those without
+    a budget evenly what the others leave."""
+    from ..backends.cuda import device_info
+    cards = config.cards()
+    info = {o: device_info(o) for o in {o for o, _ in cards}}
     out = []
-    for f in by_accuracy(formats or GPU_KV_FORMATS):
-        kl, top1 = KV_QUALITY[f]
-        try:
-            p = choose_split(sizes, dataclasses.replace(config, kv=f), cards)
-        except InvalidArgument as e:
-            out.append(KVOption(f, 0, str(e), 0, 0, 0, 0.0, kl, top1))
-            continue
-        out.append(KVOption(f, p.max_context, p.context_source, sum(q.mandatory["kv"] for q in p.plans),
-                            p.cached_experts, p.total_experts, p.decode_tok_s, kl, top1))
+    for o, gib in cards:
+        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
+        mates = [g for oo, g in cards if oo == o]
+        given = sum(int(g * 2**30) for g in mates if g)
+        share = max(0, free - given) // max(1, sum(1 for g in mates if not g))
+        budget = min(int(gib * 2**30), free) if gib else share
+        out.append(Card(o, budget, num_sms=info[o]["multiprocessor_count"]))
+    for o in info:
+        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
+        if sum(c.budget_bytes for c in out if c.ordinal == o) > free:
+            raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {o} ask more than "
+                                  f"its {free / 2**30:.1f} GiB free (less {VRAM_RESERVE_BYTES / 2**30:g} GiB kept "
+                                  f"for the driver)")
     return out
-
-
-def resolve_split_kv(sizes: PackSizes, config: EngineConfig, cards: list[Card]) -> tuple[EngineConfig, str]:
-    """--kv auto over a split: kv_choice.choose_kv's rule over split_kv_trade -> (config with that
-    format, why)."""
-    from .kv_choice import choose_kv, target_context
-    fmt, why = choose_kv(split_kv_trade(sizes, config, cards), target_context(sizes, config))
-    return dataclasses.replace(config, kv=fmt), why + " (over the layer split's cards)"

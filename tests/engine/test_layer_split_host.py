@@ -384,7 +384,7 @@ def test_kv_auto_over_a_split_prices_every_format_per_card(fake):
     """--kv auto over a split: each format's split (the context every card holds, the experts cached
     over the cards), and kv_choice's rule over them; a tight pair of cards takes a smaller format."""
     from strata.engine.kv_choice import GPU_KV_FORMATS
-    from strata.engine.layer_split import resolve_split_kv, split_kv_trade
+    from strata.engine.kv_choice import resolve_split_kv, split_kv_trade
     _, sizes = plan_sizes(None, "qwen3-30b-a3b")
     cfg = EngineConfig(device="cuda", gpus="0,1", vram_budget_gib="6,6", kv="auto")
     cards = [Card(0, 6 << 30), Card(1, 6 << 30)]
