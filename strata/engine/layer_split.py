@@ -35,7 +35,10 @@ HANDOFF_GB_S = 20.0             # the hand-off's rate where the cards are two GP
 
 
 def _layer_of(name: str) -> int | None:
-    return int(name.split(".")[1]) if name.startswith("blk.") else None
+    """The layer of a "blk.L.*" tensor; None for any other name (a pack's names are a stranger's:
+    one like "blk.x.w" is no layer's, and stays on every card)."""
+    parts = name.split(".")
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else None
 
 
 def stage_tensors(args: dict, dense: dict, lo: int, hi: int, first: bool, last: bool, mtp: bool = False) -> dict:

@@ -415,3 +415,16 @@ def test_auto_split_breaks_near_ties_by_the_prompts_busiest_bus():
     assert p.counts in [q.counts for q in near]
     assert p.prompt_tok_s == max(q.prompt_tok_s for q in near)
     assert p.cached_experts < most          # the tie-break did choose: the most-cached split is another
+
+
+def test_stage_tensors_take_strange_names_calmly():
+    """Names from a stranger's pack.json: only blk.<digits>.* is a layer's; the rest stays on every card."""
+    from strata.engine.layer_split import stage_tensors
+    args = {"num_mtp_layers": 0, "tie_word_embeddings": False}
+    dense = {n: {} for n in ("blk.0.attn_norm.weight", "blk.1.attn_norm.weight", "blk.x.w", "blk.", "blk.-1.w",
+                             "rope_freqs", "token_embd.weight", "output.weight")}
+    first = stage_tensors(args, dense, 0, 1, True, False)
+    last = stage_tensors(args, dense, 1, 2, False, True)
+    assert set(first) == {"blk.0.attn_norm.weight", "blk.1.attn_norm.weight", "blk.x.w", "blk.", "blk.-1.w",
+                          "rope_freqs", "token_embd.weight"}
+    assert set(last) == {"blk.0.attn_norm.weight", "blk.x.w", "blk.", "blk.-1.w", "rope_freqs", "output.weight"}
