@@ -111,9 +111,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec, config.draft_window, config.draft_prompt)
-        if hybrid and self.spec:    # the DeltaNet states after each row of a verify window (rollback)
+        asked = config.spec if config.mtp else "0"      # a layer split's earlier cards verify too
+        if hybrid and asked != "0":     # the DeltaNet states after each row of a verify window (rollback)
             from ..config import spec_max_drafts
-            self.kv_all.keep_rows(spec_max_drafts(self.spec) + 1)
+            self.kv_all.keep_rows(spec_max_drafts(asked) + 1)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
         # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32], pinned; pick() synchronizes the

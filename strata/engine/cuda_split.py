@@ -22,7 +22,8 @@ card's batched step (CudaRunner.batch_rows) and are handed on together. --kv-res
 misses, priced per card). Speculation (--mtp --spec N|auto): the drafter's bookkeeping is the split's
 (strata.engine.speculate's target: verify runs every card in turn, the draft layer is the last
 card's); windows run the eager way (no one-graph windows over a split), so greedy output equals
-plain greedy's; not for qwen3next (refused in one line). A qwen3next split starts each card at a multiple of the model's
+plain greedy's. A qwen3next card keeps its DeltaNet states after each row of a window and rolls
+back to the last accepted one (CudaSpeculation.forget on each card). A qwen3next split starts each card at a multiple of the model's
 full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
 layers' states and snapshots. A conversation pushed out of a slot is kept in host RAM by the split
 (--keep-conversations-gib), every card's cells in one payload, and copied back into every card.
@@ -71,9 +72,6 @@ class SplitRunner(Slots, Speculating):
         from .cuda_runner import CudaRunner
         self.rt = rt = _runtime()
         self.args = pack.args
-        if config.mtp and pack.args.architecture == "qwen3next":
-            raise InvalidArgument(f"--gpus {config.gpus} --mtp: speculation over a layer split of qwen3next is not "
-                                  f"built yet (its verify windows keep each card's DeltaNet states row by row)")
         self.max_context = max_context
         self.split, self.cards = split_plan(pack, config, max_context)
         self.stages = []
@@ -95,7 +93,7 @@ class SplitRunner(Slots, Speculating):
                      if a.dev.ordinal != b.dev.ordinal else None for a, b in zip(self.stages, self.stages[1:])]
         self.prefill_chunk = min(s.prefill_chunk for s in self.stages)
         self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
-        self.kv = self._last = None         # Slots' other per-slot state: the cards hold it
+        self._last = None                   # Slots' other per-slot state (and kv): the cards hold it
         self._init_slots(config.parallel, lambda slot: None, keep_bytes(config))
         # speculation: the drafter's bookkeeping here, its draft layer on the last card (its own
         # drafter unused); verify windows run through every card
@@ -112,6 +110,20 @@ class SplitRunner(Slots, Speculating):
         self.handoff_ms: deque = deque(maxlen=STEP_TIMES_KEPT)     # a decode step's hand-offs, all boundaries
         self.step_ms: deque = deque(maxlen=STEP_TIMES_KEPT)        # a decode step on the host, every card
         self._step_t0 = None
+
+    @property
+    def hybrid(self) -> bool:
+        return self.last.hybrid
+
+    @property
+    def kv(self):
+        """The last card's cache of the slot in use: what Speculating reads of a hybrid's snapshots
+        (every card snapshots at the same lengths). Slots' per-slot kv is each card's own."""
+        return self.last.kv
+
+    @kv.setter
+    def kv(self, value) -> None:
+        pass
 
     @property
     def store(self) -> "_Stores":
@@ -183,7 +195,7 @@ class SplitRunner(Slots, Speculating):
             if s.hybrid:
                 n = min(n, s.kv.resumable(n, len(s.cached_ids)))
         if self.drafter:
-            return self.drafter.reusable(self.cached_ids, ids, n)
+            return self._hybrid_reusable(ids, n) if self.hybrid else self.drafter.reusable(self.cached_ids, ids, n)
         n = self._bring_back(ids, n)            # a kept conversation copied back into every card
         for s in self.stages:
             if s.cached_ids != self.cached_ids:
@@ -254,6 +266,8 @@ class SplitRunner(Slots, Speculating):
         for s in self.stages:
             if s.hybrid:
                 s.kv.snapshot(len(ids))             # a follow-up turn resumes from here
+        if self.hybrid and self.drafter:
+            self._snapshot_row(len(ids))
         return out
 
     def _chunk(self, chunk: list[int], lo: int, last_only: bool, download: bool):
@@ -417,8 +431,8 @@ class SplitRunner(Slots, Speculating):
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())
         saved = (self.cached_ids, list(self.handoff_ms), list(self.step_ms))
         drafter = ((self.drafter.done, self.drafter.pending, self.drafter.first_held,
-                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks)
-                   if self.drafter else None)
+                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks,
+                    dict(self.snapshot_rows)) if self.drafter else None)
         with contextlib.ExitStack() as scratch:
             for s in self.stages:
                 s.warm_loans()
@@ -439,7 +453,8 @@ class SplitRunner(Slots, Speculating):
                 self._timed, self._step_t0 = False, None
                 if drafter is not None:
                     self.drafter.done, self.drafter.pending, self.drafter.first_held = drafter[:3]
-                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = drafter[3:]
+                    self.spec_stats.prompt_cells, self.spec_stats.prompt_ms, self.draft_chunks = drafter[3:6]
+                    self.snapshot_rows = drafter[6]
 
     def save_profile(self) -> None:
         for s in self.stages:

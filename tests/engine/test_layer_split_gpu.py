@@ -79,3 +79,18 @@ def test_speculation_over_a_split_emits_plain_greedy():
     for prompt in ("Once upon a time", "def fibonacci(n):"):
         assert two.generate(prompt, max_tokens=32).text == plain.generate(prompt, max_tokens=32).text
     assert two.status()["speculation"]["draft_n_accepted"] > 0
+
+
+def test_qwen3next_speculation_over_a_split_emits_plain_greedy(tmp_path):
+    pytest.importorskip("transformers")
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.cuda_split import SplitRunner
+    from tests.engine.next_spec_checks import check_spec_is_plain_greedy
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+    pack = open_pack(make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=21, mtp=True)[0])
+    plain = CudaRunner(pack, 128, EngineConfig(device="cuda", prefill="16"))
+    two = SplitRunner(pack, 128, EngineConfig(device="cuda", prefill="16", gpus="0,0", layer_split="2,2", mtp=True,
+                                              spec=4))
+    prompt = np.random.default_rng(11).integers(0, pack.args.vocab_size, 14).tolist()
+    _, kept = check_spec_is_plain_greedy(plain, two, prompt, 24, wrong=[-1, 0, 2, 1, -1])
+    assert kept > 0

@@ -327,13 +327,25 @@ def test_sampled_speculation_over_a_split_equals_one_card(fake):
     assert two.status()["speculation"]["verify_passes"] > 0
 
 
-def test_speculation_over_a_qwen3next_split_is_refused(fake, tmp_path):
+def test_speculation_over_a_qwen3next_split_emits_plain_greedy(fake, tmp_path, rng):
+    """Each card keeps its DeltaNet states after each row of a verify window and rolls back to the
+    last accepted one: greedy output with --spec 1..4, and with drafts forced to keep 0..N of a
+    window, is plain greedy's; a follow-up turn resumes from a snapshot with the draft layer's row."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from tests.engine.next_spec_checks import check_spec_is_plain_greedy, generate
     from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
-    path, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=3)
-    with pytest.raises(InvalidArgument, match="speculation over a layer split of qwen3next"):
-        SplitRunner(open_pack(path), 96, _cfg(gpus="0,0", layer_split="2,2", mtp=True, spec=2))
+    pack = open_pack(make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=21, mtp=True)[0])
+    plain = CudaRunner(pack, 128, _cfg(prefill="12"))
+    two = SplitRunner(pack, 128, _cfg(prefill="12", gpus="0,0", layer_split="2,2", mtp=True, spec=4))
+    prompt = rng.integers(0, pack.args.vocab_size, 14).tolist()
+    want, kept = check_spec_is_plain_greedy(plain, two, prompt, 24, wrong=[-1, 0, 2, 1, -1])
+    assert kept > 0 and two.spec_stats.draft_n > 0
+    assert all(s.cached_ids == two.cached_ids for s in two.stages)
+    follow = prompt + want[:6] + rng.integers(0, pack.args.vocab_size, 5).tolist()
+    plain.reset()
+    plain.prefill(prompt, 0, logits=False)
+    assert generate(plain, follow, 8) == generate(two, follow, 8)
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
