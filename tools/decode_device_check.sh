@@ -13,6 +13,8 @@
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
 #     moeab     device_deadline.sh's moe_decode_ab: the MoE decode kernels of each .cu in MOE_VARIANTS
 #               (cuda/moe_decode.cu itself among them for the A/B), speed, registers and output digests
+#     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
+#               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
@@ -50,6 +52,14 @@ fi
 if has profile; then
     echo "== decode profile ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
+fi
+if has fit; then         # what bounds a one-token launch: a fixed cost or the bytes (#16)
+    echo "== MoE decode fit ($(elapsed) s)"
+    for A in 1 2 4 8; do
+        timeout "$(budget 40)" $PY tools/moe_decode_bench.py --types "${FIT_TYPES:-Q4_K}" --tokens 1 --A "$A" \
+            --json "$OUT/fit_A$A.json" > "$OUT/fit_A$A.log" 2>&1 || tail -3 "$OUT/fit_A$A.log"
+    done
+    $PY tools/moe_decode_fit.py "$OUT"/fit_A*.json
 fi
 has ncu && ncu_moe_decode
 has moeab && moe_decode_ab
