@@ -207,10 +207,9 @@ def split_text(config: EngineConfig, rates, cases) -> str:
 def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) -> int:
     """`plan --gpus 0,1 [--layer-split A,B] [--vram-budget-gib 8,12]`: the layer split's plan (the
     cards' budgets from their GPUs where there are GPUs, else from --vram-budget-gib alone)."""
-    from .engine.layer_split import Card, choose_split
+    from .engine.layer_split import Card, card_name, choose_split, split_cards
     from .engine.layer_split import split_text as layer_split_text
     try:
-        from .engine.layer_split import split_cards
         cards = split_cards(config)
     except (DeviceError, ImportError):
         missing = [o for o, gib in config.cards() if not gib]
@@ -231,7 +230,7 @@ def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) ->
         if kv_why:
             print(f"  --kv auto           {kv_why}")
         for k, ((lo, hi), card, plan) in enumerate(zip(p.ranges(), cards, p.plans)):
-            print(plan_text(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1})", plan))
+            print(plan_text(card_name(k, card, lo, hi), plan))
     return 0
 
 

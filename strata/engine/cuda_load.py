@@ -93,7 +93,7 @@ def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, ma
     budget is too small)."""
     from ..backends.cuda.bandwidth import copy_rates
     from .planner import Bandwidths, PackSizes, make_plan
-    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    sizes = PackSizes.of_pack(pack)
     cfg = dataclasses.replace(config, max_context=max_context)
     h2d, d2d = copy_rates(rt, dev, stream, PLAN_MEASURE_BYTES, repeats=3)
     measured = h2d

@@ -105,13 +105,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                                  config.cuda_graphs and graph_error is None, graph_error)
         self.prompts = PromptChunks(self.ops, self.model, self.store, a, self.steps.plan, vram,
                                     kv_key(dataclasses.replace(config, max_context=max_context)), max_context)
+        asked = config.spec if config.mtp else "0"
         # a layer split's cards before the last have no draft layer: the last one drafts (their plans
-        # still price the verify windows' step graphs, from the config)
-        spec = config.spec if config.mtp and stage[1] else "0"
+        # still price the verify windows' step graphs, from the config, and they verify too)
+        spec = asked if stage[1] else "0"
         if spec != "0":
             check_spec(config, self.store, a)
         self._init_spec(spec, config.draft_window, config.draft_prompt)
-        asked = config.spec if config.mtp else "0"      # a layer split's earlier cards verify too
         if hybrid and asked != "0":     # the DeltaNet states after each row of a verify window (rollback)
             from ..config import spec_max_drafts
             self.kv_all.keep_rows(spec_max_drafts(asked) + 1)

@@ -9,12 +9,13 @@ takes in place of the embedding. The last card runs the head, pick() and the MTP
 
 A hand-off: the card before records an event after its forward; the next card's stream waits for
 it, copies the two tensors (cuMemcpyPeerAsync between two GPUs, peer to peer where they allow it and
-through host memory otherwise; a device copy where both cards are one GPU: --gpus 0,0), and records an event that the card before waits for before it writes those
-tensors again. A decode step copies into the next card's fixed hand_buf before that card's step,
-so each card's step stays one CUDA graph. A prompt chunk is handed over in the next card's pool; the
-card before only waits for the copies, not for the next card's chunk, so on two GPUs the cards work
-on consecutive chunks at once. Every card reads a prompt in the same chunk (the smallest of the
-cards' planned chunks).
+through host memory otherwise; a device copy where both cards are one GPU: --gpus 0,0), and records
+an event that the card before waits for before it writes those tensors again. A decode step copies
+into the next card's fixed hand_buf before that card's step, so each card's step stays one CUDA
+graph. A prompt chunk is handed over in the next card's pool (a HandOff passed through
+model.forward); the card before only waits for the copies, not for the next card's chunk, so on two
+GPUs the cards work on consecutive resident chunks at once. Every card reads a prompt in the same
+chunk (the smallest of the cards' planned chunks).
 
 --parallel N: every card has the N slots, used in lockstep; a batched step's rows go through each
 card's batched step (CudaRunner.batch_rows) and are handed on together. --kv-resident and
@@ -23,11 +24,11 @@ misses, priced per card). Speculation (--mtp --spec N|auto): the drafter's bookk
 (strata.engine.speculate's target: verify runs every card in turn, the draft layer is the last
 card's); windows run the eager way (no one-graph windows over a split), so greedy output equals
 plain greedy's. A qwen3next card keeps its DeltaNet states after each row of a window and rolls
-back to the last accepted one (CudaSpeculation.forget on each card). A qwen3next split starts each card at a multiple of the model's
-full-attention interval (strata.engine.layer_split.layer_step), and each card keeps its DeltaNet
-layers' states and snapshots. A conversation pushed out of a slot is kept in host RAM by the split
-(--keep-conversations-gib), every card's cells in one payload, and copied back into every card.
---expert-profile keeps a profile per card (PATH.cardK).
+back to the last accepted one (CudaSpeculation.forget on each card). A qwen3next split starts each
+card at a multiple of the model's full-attention interval (strata.engine.layer_split.layer_step),
+and each card keeps its DeltaNet layers' states and snapshots. A conversation pushed out of a slot
+is kept in host RAM by the split (--keep-conversations-gib), every card's cells in one payload, and
+copied back into every card. --expert-profile keeps a profile per card (PATH.cardK).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..errors import InvalidArgument
-from .layer_split import StagePack, choose_split, split_cards
+from .layer_split import StagePack, card_name, choose_split, split_cards
 from ..backends.cuda.memory import DeviceTensor, HandOff
 from .planner import PackSizes
 from .slots import Slots, keep_bytes, reusable_prefix
@@ -52,7 +53,7 @@ STEP_TIMES_KEPT = 4096
 def split_plan(pack, config: EngineConfig, max_context: int | None = None):
     """(the split's plan, its cards) for this pack and --gpus / --layer-split / --vram-budget-gib, at
     most max_context tokens of context (or --max-context's)."""
-    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    sizes = PackSizes.of_pack(pack)
     cards = split_cards(config)
     if max_context:
         config = dataclasses.replace(config, max_context=max_context)
@@ -85,7 +86,7 @@ class SplitRunner(Slots, Speculating):
             try:
                 self.stages.append(CudaRunner(stage_pack, max_context, cfg, stage=(stage_pack.first, stage_pack.last)))
             except InvalidArgument as exc:
-                raise InvalidArgument(f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1}): {exc}") from None
+                raise InvalidArgument(f"{card_name(k, card, lo, hi)}: {exc}") from None
         self.last = self.stages[-1]
         # each boundary between two GPUs: their copies peer to peer where the GPUs allow it (else the
         # driver stages them through host memory)
@@ -106,6 +107,7 @@ class SplitRunner(Slots, Speculating):
         self._sent = [rt.Event(s.dev) for s in self.stages[:-1]]
         self._taken = [rt.Event(s.dev) for s in self.stages[1:]]
         self._timing = [(rt.Event(s.dev, True), rt.Event(s.dev, True)) for s in self.stages[1:]]
+        self._copy = [self._copier(k) for k in range(len(self.stages) - 1)]
         self._timed = False              # a decode step's hand-offs are timed and not yet read
         self.handoff_ms: deque = deque(maxlen=STEP_TIMES_KEPT)     # a decode step's hand-offs, all boundaries
         self.step_ms: deque = deque(maxlen=STEP_TIMES_KEPT)        # a decode step on the host, every card
@@ -159,7 +161,7 @@ class SplitRunner(Slots, Speculating):
         """A decode step's rows from card k into card k + 1's hand_buf (x, then normed at its half)."""
         self._send(k)
         dst = self.stages[k + 1]
-        buf, copy = dst.ops.hand_buf, self._copier(k)
+        buf, copy = dst.ops.hand_buf, self._copy[k]
         start, end = self._timing[k]
         start.record(dst.stream)
         copy(buf.ptr, x.ptr, x.nbytes)
@@ -285,7 +287,7 @@ class SplitRunner(Slots, Speculating):
             if k:
                 self._handed(k - 1)
             if s is not self.last:
-                hand = HandOff(normed, x, self._copier(k))
+                hand = HandOff(normed, x, self._copy[k])
             s.cached_ids.extend(chunk)
         self.cached_ids.extend(chunk)
         return out
@@ -294,16 +296,10 @@ class SplitRunner(Slots, Speculating):
         """Append one token at the next position, through every card; -> its logits [V] (None
         without `logits`: they stay on the last card for pick())."""
         lo = len(self.cached_ids)
-        if lo + 1 > self.max_context:
-            raise InvalidArgument(f"positions up to {lo} do not fit the context of {self.max_context}")
         self._step_t0 = time.perf_counter()
-        out = None
-        for k, s in enumerate(self.stages):
-            if s is self.last:
-                out, s._last = s.steps.step([token], lo, s.kv, download=logits)
-            else:
-                _, normed = s.steps.step_rows([token], [lo], [s.kv.base], s.kv.whole, download=False)
-                self._hand_step(k, normed, s.steps.hidden)
+        self._through([token], lo, window=False)
+        out, self.last._last = self.last.steps.step([token], lo, self.last.kv, download=logits)
+        for s in self.stages:
             s.cached_ids.append(token)
         self.cached_ids.append(token)
         self._timed = True
@@ -315,14 +311,16 @@ class SplitRunner(Slots, Speculating):
         return None
 
     # ---- speculation (strata.engine.speculate's target) ------------------------------------------
-    def _through(self, ids: list[int], start: int) -> None:
+    def _through(self, ids: list[int], start: int, window: bool = True) -> None:
         """Every card but the last over ids at start.. as one step of len(ids) rows, each card's
-        rows handed to the next: the last card's step then reads them from its hand_buf."""
+        rows handed to the next: the last card's step then reads them from its hand_buf. window: a
+        verify window's rows (a hybrid card keeps its states row by row: CudaSpeculation)."""
         T = len(ids)
         if start + T > self.max_context:
             raise InvalidArgument(f"positions up to {start + T - 1} do not fit the context of {self.max_context}")
         for k, s in enumerate(self.stages[:-1]):
-            s._window_begin(start)
+            if window:
+                s._window_begin(start)
             _, normed = s.steps.step_rows(list(ids), list(range(start, start + T)), [s.kv.base] * T, s.kv.whole,
                                           download=False)
             self._hand_step(k, normed, s.steps.hidden)
@@ -474,9 +472,10 @@ class SplitRunner(Slots, Speculating):
         out["prefill_chunk"] = self.prefill_chunk
         out["kept_conversations"] = self.kept.status()
         out["spec"] = self.spec
-        out["speculation"] = ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
-                               "device_windows": 0, "room_lent": self.room_lent,
-                               "room_lends": self.last.store.stats.room_lends} if self.spec else None)
+        out["speculation"] = ({**self.spec_stats.to_dict(),
+                               "auto": self.spec_auto.to_dict() if self.spec_auto else None, "device_windows": 0,
+                               "room_lent": self.room_lent, "room_lends": self.last.store.stats.room_lends}
+                              if self.spec else None)
         if self.spec:
             out["draft"] = {**self.draft_status(), "kv_bytes": (out.get("draft") or {}).get("kv_bytes")}
         hand = np.asarray(self.handoff_ms, np.float64)

@@ -99,7 +99,7 @@ def resolve(device: str, pack, config):
     if device != "cuda":
         return dataclasses.replace(config, kv="f16"), "auto: f16 on the CPU (its cells are exact)"
     from .planner import DEFAULT_BANDWIDTHS, PackSizes, vram_budget
-    sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+    sizes = PackSizes.of_pack(pack)
     if config.split:        # each format's split over the cards (strata.engine.layer_split)
         from .layer_split import split_cards
         return resolve_split_kv(sizes, config, split_cards(config))

@@ -165,6 +165,20 @@ class Card:
     num_sms: int = DEFAULT_NUM_SMS
 
 
+def card_name(k: int, card: Card, lo: int, hi: int) -> str:
+    """How messages and `plan` name card k, running main layers lo..hi."""
+    return f"card {k} (GPU {card.ordinal}, layers {lo}..{hi - 1})"
+
+
+def ranges_of(counts) -> list[tuple[int, int]]:
+    """(lo, hi) of each card's main layers, from their counts in order."""
+    out, lo = [], 0
+    for n in counts:
+        out.append((lo, lo + n))
+        lo += n
+    return out
+
+
 @dataclass(frozen=True)
 class SplitPlan:
     counts: tuple           # main layers of each card, in order
@@ -179,11 +193,7 @@ class SplitPlan:
     total_experts: int
 
     def ranges(self) -> list[tuple[int, int]]:
-        out, lo = [], 0
-        for n in self.counts:
-            out.append((lo, lo + n))
-            lo += n
-        return out
+        return ranges_of(self.counts)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -216,28 +226,23 @@ def plan_split(sizes: PackSizes, config: EngineConfig, cards: list[Card], counts
         raise InvalidArgument(f"--layer-split {','.join(map(str, counts))}: {sizes.args.architecture}'s cards start at "
                               f"multiples of its full-attention interval ({step}), so each card's layers keep "
                               f"their kinds")
-    ranges, lo = [], 0
-    for n in counts:
-        ranges.append((lo, lo + n))
-        lo += n
+    ranges = ranges_of(counts)
     staged = [stage_sizes(sizes, a, b, config.mtp) for a, b in ranges]
     single = dataclasses.replace(config, gpus="0", vram_budget_gib=0.0, layer_split="auto")
-    contexts = []
-    for k, (s, card) in enumerate(zip(staged, cards)):
-        try:
-            contexts.append(fit_context(s, single, card.budget_bytes, card.num_sms))
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"card {k} (GPU {card.ordinal}, layers {ranges[k][0]}..{ranges[k][1] - 1}): "
-                                  f"{exc}") from None
-    max_context, why = min(contexts)
+
+    def each_card(plan_one) -> list:
+        """plan_one(sizes, card) for every card; InvalidArgument names the card that refused."""
+        out = []
+        for k, (s, card) in enumerate(zip(staged, cards)):
+            try:
+                out.append(plan_one(s, card))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"{card_name(k, card, *ranges[k])}: {exc}") from None
+        return out
+    max_context, why = min(each_card(lambda s, card: fit_context(s, single, card.budget_bytes, card.num_sms)))
     fixed = dataclasses.replace(single, max_context=max_context)
-    plans = []
-    for k, (s, card) in enumerate(zip(staged, cards)):
-        try:
-            plans.append(make_plan(s, fixed, card.budget_bytes, "given", card.bandwidths, card.num_sms))
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"card {k} (GPU {card.ordinal}, layers {ranges[k][0]}..{ranges[k][1] - 1}): "
-                                  f"{exc}") from None
+    plans = each_card(lambda s, card: make_plan(s, fixed, card.budget_bytes, "given", card.bandwidths,
+                                                card.num_sms))
     nbytes, hand_s = handoff_seconds(sizes.args, cards)
     decode_s = sum(1.0 / p.decode_tok_s for p in plans) + hand_s
     # a prompt reads every card in the smallest card's chunk; pipelined, each card streams its own
@@ -262,7 +267,7 @@ def _score(p: SplitPlan) -> tuple:
 
 def choose_split(sizes: PackSizes, config: EngineConfig, cards: list[Card]) -> SplitPlan:
     """--layer-split's plan: the counts given, or (auto) the split with the longest common context,
-    then the most cached experts, then the fastest predicted decode (module doc)."""
+    then the most cached experts, near-ties going to the least busy bus (module doc)."""
     counts = split_counts(config.layer_split)
     if counts is not None:
         return plan_split(sizes, config, cards, counts, "given")
@@ -338,11 +343,12 @@ def split_text(p: SplitPlan, cards: list[Card]) -> str:
     for k, ((lo, hi), card, plan) in enumerate(zip(p.ranges(), cards, p.plans)):
         what = ["embedding"] if lo == 0 else []
         what += ["head, MTP layer"] if k == len(cards) - 1 else []
+        cached = min(plan.cache_slots, plan.total_experts)
         lines.append(f"  card {k}: GPU {card.ordinal}, layers {lo}..{hi - 1}"
                      + (f" + {', '.join(what)}" if what else "")
                      + f"; budget {card.budget_bytes / gib:.2f} GiB: dense {plan.mandatory.get('dense', 0) / gib:.2f}, "
-                       f"KV {plan.mandatory.get('kv', 0) / gib:.2f}, experts cached {min(plan.cache_slots, plan.total_experts)}"
-                       f" of {plan.total_experts}; decode ceiling {plan.decode_tok_s:.1f} tok/s alone")
+                       f"KV {plan.mandatory.get('kv', 0) / gib:.2f}, experts cached {cached} of {plan.total_experts}; "
+                       f"decode ceiling {plan.decode_tok_s:.1f} tok/s alone")
     prompt = f"{p.prompt_tok_s:,.0f} tok/s (PCIe, the slowest card, chunks pipelined)" if p.prompt_tok_s else \
         "every expert cached"
     lines.append(f"  hand-off {p.handoff_bytes_per_token} bytes a token per boundary; predicted decode "
@@ -358,18 +364,17 @@ def split_cards(config: EngineConfig) -> list[Card]:
     from ..backends.cuda import device_info
     cards = config.cards()
     info = {o: device_info(o) for o in {o for o, _ in cards}}
+    free = {o: max(0, d["free_memory_bytes"] - VRAM_RESERVE_BYTES) for o, d in info.items()}
     out = []
     for o, gib in cards:
-        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
         mates = [g for oo, g in cards if oo == o]
         given = sum(int(g * 2**30) for g in mates if g)
-        share = max(0, free - given) // max(1, sum(1 for g in mates if not g))
-        budget = min(int(gib * 2**30), free) if gib else share
+        share = max(0, free[o] - given) // max(1, sum(1 for g in mates if not g))
+        budget = min(int(gib * 2**30), free[o]) if gib else share
         out.append(Card(o, budget, num_sms=info[o]["multiprocessor_count"]))
     for o in info:
-        free = max(0, info[o]["free_memory_bytes"] - VRAM_RESERVE_BYTES)
-        if sum(c.budget_bytes for c in out if c.ordinal == o) > free:
+        if sum(c.budget_bytes for c in out if c.ordinal == o) > free[o]:
             raise InvalidArgument(f"--vram-budget-gib {config.vram_budget_gib}: the cards on GPU {o} ask more than "
-                                  f"its {free / 2**30:.1f} GiB free (less {VRAM_RESERVE_BYTES / 2**30:g} GiB kept "
+                                  f"its {free[o] / 2**30:.1f} GiB free (less {VRAM_RESERVE_BYTES / 2**30:g} GiB kept "
                                   f"for the driver)")
     return out

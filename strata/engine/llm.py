@@ -70,7 +70,7 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
         ordinal = int(config.gpus.split(",")[0])
         d = device_info(ordinal)
         budget, _ = vram_budget(config, d["free_memory_bytes"])
-        sizes = PackSizes.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+        sizes = PackSizes.of_pack(pack)
         return fit_context(sizes, config, budget, d["multiprocessor_count"])
     from ..system import host_memory
     asked, why = (asked_context(config.max_context, trained) if config.max_context

@@ -92,6 +92,11 @@ class PackSizes:
         return cls(ModelArgs.from_dict(meta["model_args"]), int(dense_bytes), meta["dense"],
                    tuple(meta["experts"]["layers"]), int(meta["max_blob"]))
 
+    @classmethod
+    def of_pack(cls, pack) -> "PackSizes":
+        """An open pack's sizes (a Pack, or a layer split's StagePack)."""
+        return cls.from_meta(pack.meta, int(pack.meta["files"]["dense.bin"]["bytes"]))
+
     def blob(self, layer: int) -> int:
         return int(self.layers[layer]["blob_bytes"])
 

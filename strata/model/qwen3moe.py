@@ -73,9 +73,10 @@ class Qwen3Moe:
 
     One stage of a layer split (strata.engine.layer_split) is this stack over its own layers,
     renumbered from 0: a stage that is not the first (first=False) takes its input rows from
-    ops.hand_in(ids) instead of the embedding (ids then the runner's hand-off value), and one that is not the last (last=False) ends with its
-    last layer's output and that output normed with the next stage's first attention norm
-    (blk.N.attn_norm, N its layer count), which its forward returns in place of logits."""
+    ops.hand_in(ids) instead of the embedding (ids then the runner's hand-off value), and one that
+    is not the last (last=False) ends with its last layer's output and that output normed with the
+    next stage's first attention norm (blk.N.attn_norm, N its layer count), which its forward
+    returns in place of logits."""
 
     def __init__(self, args: ModelArgs, ops, first: bool = True, last: bool = True):
         self.args = args

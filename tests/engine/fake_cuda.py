@@ -99,8 +99,6 @@ def _queue(stream, work) -> bool:
         return False
     with _device:
         if _lag[0] == "apart":
-            if not hasattr(stream, "_queue"):
-                stream._queue, stream._queued, stream._ran = [], 0, 0
             if stream not in _apart:
                 _apart.append(stream)
             stream._queue.append(work)
@@ -117,8 +115,6 @@ def _run_stream(stream, upto: int | None = None) -> None:
     """lagging(apart=True): run stream's queued work in order, all of it or until the first `upto`
     pieces it ever queued have run (an event's mark); a wait_event among them runs the other stream
     first, up to that event."""
-    if not hasattr(stream, "_queue"):
-        return
     with _device:
         _running[0] += 1
         try:
@@ -249,6 +245,7 @@ class Stream:
         self.device = device
         self.capture = None         # the recorded nodes while capturing
         self.invalidated = False
+        self._queue, self._queued, self._ran = [], 0, 0     # lagging(apart=True): its work, queued and run
 
     def synchronize(self):
         _no_capture("cuStreamSynchronize", self)
@@ -274,8 +271,6 @@ class Event:
     def record(self, stream=None):
         with _device:
             if _lag[0] == "apart" and stream is not None:
-                if not hasattr(stream, "_queue"):
-                    stream._queue, stream._queued, stream._ran = [], 0, 0
                 self._stream, self._mark = stream, stream._queued
             else:
                 self._stream, self._mark = None, _counts[0]

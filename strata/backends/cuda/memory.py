@@ -203,8 +203,10 @@ def upload_file(rt, device, stream, path, dst, progress: bool = True, dst_offset
     size = path.nbytes if isinstance(path, FileSlice) else dst.nbytes - dst_offset
     if size <= 0:
         return
-    if src.size < size or dst_offset + size > dst.nbytes:
+    if src.size < size:
         raise PackError(f"{path}: ends at byte {src.size}, pack.json says at least {size}")
+    if dst_offset + size > dst.nbytes:
+        raise InvalidArgument(f"upload_file: {size} bytes at offset {dst_offset} exceed the buffer's {dst.nbytes}")
     chunk = min(STAGE_BYTES, size)
     stages = [rt.HostBuffer(device, chunk) for _ in range(2)]
     views = [np.frombuffer(s, np.uint8) for s in stages]

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ...errors import DeviceError, PackError
+from ...pack.source import FileSlice
 
 READ_BYTES = 64 << 20             # arena fill: bytes per read() call
 PROGRESS_MIN_BYTES = 1 << 30      # an arena at least this big prints a progress line
@@ -58,8 +59,9 @@ def _read_prefix(path, arena, nbytes: int, progress: bool) -> None:
     show = progress and nbytes >= PROGRESS_MIN_BYTES
     t0 = last = time.perf_counter()
     try:
-        with open(getattr(path, "path", path), "rb", buffering=0) as f:
-            f.seek(getattr(path, "start", 0))       # a FileSlice (a layer split's stage) reads its bytes
+        whole, start = (path.path, path.start) if isinstance(path, FileSlice) else (path, 0)
+        with open(whole, "rb", buffering=0) as f:
+            f.seek(start)                   # a FileSlice (a layer split's card) reads its own bytes
             off = 0
             while off < nbytes:
                 n = f.readinto(view[off:min(nbytes, off + READ_BYTES)])
