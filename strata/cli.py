@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="prompt and reply tokens: a logit > 0 divided "
+                   "by it, < 0 times it (1: none)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per use of a token in the reply")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once from each token the reply used")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_engine_flags(g)
 
@@ -100,7 +104,8 @@ def cmd_generate(args) -> int:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     from .config import SamplingParams
     params = SamplingParams(args.max_tokens, args.temperature, args.top_p, args.top_k, args.seed,
-                            tuple(args.stop or ()))
+                            tuple(args.stop or ()), presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty, repetition_penalty=args.repeat_penalty)
     gen = llm.begin(prompt, params)
     for delta in gen:
         sys.stdout.write(delta.text)

@@ -433,6 +433,11 @@ def env_value(name: str, default: str | None = None) -> str | None:
     return os.environ.get("STRATA_" + name.upper(), default)
 
 
+MAX_LOGIT_BIAS = 1024          # tokens one request may bias
+MAX_TOP_LOGPROBS = 20          # rivals reported per token
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0     # (1 is none) finite logits either way
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int | None = None   # None: the rest of the context
@@ -441,6 +446,13 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # strata.engine.logits: the logits adjusted on the host before the pick (any of these set)
+    presence_penalty: float = 0.0           # subtracted once from each token the reply has used
+    frequency_penalty: float = 0.0          # subtracted per use of the token in the reply
+    repetition_penalty: float = 1.0         # prompt and reply tokens: a logit > 0 divided by it, < 0 times it
+    logit_bias: tuple[tuple[int, float], ...] = ()     # (token id, added to its logit)
+    logprobs: int | None = None             # each picked token's log-probability and its k likeliest rivals
+    prompt_logprobs: int | None = None      # the same for every prompt token after the first (echo)
 
     def __post_init__(self):
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
@@ -460,3 +472,27 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidArgument("stop must be a non-empty string or a list of them")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidArgument(f"{name} must be between -2 and 2, got {getattr(self, name)!r}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise InvalidArgument(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+                                  f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty!r}")
+        try:
+            bias = tuple((int(t), float(b)) for t, b in dict(self.logit_bias).items())
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"logit_bias must map token ids to numbers, got {str(self.logit_bias)[:80]}") from None
+        if len(bias) > MAX_LOGIT_BIAS or any(not -100.0 <= b <= 100.0 for _, b in bias):
+            raise InvalidArgument(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens, each biased by -100..100")
+        object.__setattr__(self, "logit_bias", bias)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS):
+                raise InvalidArgument(f"{name} must be an integer 0..{MAX_TOP_LOGPROBS} or None, got {k!r}")
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the picks need the logits on the host (penalties, a bias or log-probabilities):
+        strata.engine.logits adjusts them there; otherwise the GPU picks on the device."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.logprobs is not None)

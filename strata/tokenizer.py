@@ -48,12 +48,50 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for (a byte-level BPE piece may hold part of a UTF-8
+        character): an added token's text, a ByteLevel piece through the byte alphabet's inverse,
+        else the token decoded alone."""
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if int(token_id) in self._added or self._byte_of is None:
+            return piece.encode() if int(token_id) in self._added else \
+                self.decode([token_id], skip_special_tokens=False).encode()
+        try:
+            return bytes(self._byte_of[c] for c in piece)
+        except KeyError:        # not a byte-alphabet piece after all
+            return self.decode([token_id], skip_special_tokens=False).encode()
+
+    @functools.cached_property
+    def _added(self) -> frozenset:
+        return frozenset(self._tok.get_added_tokens_decoder())
+
+    @functools.cached_property
+    def _byte_of(self) -> dict | None:
+        """ByteLevel's alphabet inverted (character -> byte), or None where the decoder is another."""
+        import json
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders") or ()}
+        return byte_alphabet() if "ByteLevel" in kinds else None
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """Render the model's own chat template over [{role, content}, ...]."""
         bos = self.token_text(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.token_text(self.eos_token_ids[0]) if self.eos_token_ids else ""
         return render_chat_template(self._template, messages, add_generation_prompt=add_generation_prompt,
                                     bos_token=bos or "", eos_token=eos or "", **extra)
+
+
+def byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte, inverted: the bytes that print as one
+    visible Latin-1 character (33-126, 161-172, 174-255) stand for themselves, and the other 68
+    take the characters from U+0100 on, in byte order."""
+    visible = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    rest = [b for b in range(256) if b not in set(visible)]
+    out = {chr(b): b for b in visible}
+    out.update({chr(256 + n): b for n, b in enumerate(rest)})
+    return out
 
 
 def render_chat_template(template, messages: list[dict], **variables) -> str:

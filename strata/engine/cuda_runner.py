@@ -36,6 +36,7 @@ from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
 from .cuda_spec import CudaSpeculation, check_spec
 from .memory_model import VRAM_RESERVE_BYTES
+from .sampler import pick_host
 from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
 
@@ -492,14 +493,22 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.rt.copy_d2d(self._turn_logits.ptr + slot * V * 4, self._last.ptr, V * 4, self.stream)
             self._last = DeviceTensor(self._turn_logits, slot * V * 4, (1, V), np.float32, None)
 
-    def pick(self, params, u: float, mask=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
         cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits.
         mask: an allowed-token bitmask (strata.engine.grammar), uploaded and applied to the device
-        logits first (cuda/mask_logits.cu)."""
+        logits first (cuda/mask_logits.cu). host: row -> row, a request's adjustment of the logits
+        (strata.engine.logits): the row then comes to the host and is picked there."""
         from ..backends.cuda.sample import launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
+        if host is not None:
+            last = self._last if isinstance(self._last, DeviceTensor) else \
+                DeviceTensor(self._last, 0, (self.args.vocab_size,), np.float32, None)   # a prompt's last_row
+            row = host(self.ops.to_host(last).reshape(-1))            # to_host waits for the stream
+            token = pick_host(row, params, u, mask)
+            self.steps.picked()
+            return token
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
         if mask is not None:
             self._mask_logits(ptr, mask)
@@ -536,15 +545,21 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
+        return np.concatenate([logits for _, logits in self.logits_chunks(ids)]).astype(np.float32)
+
+    def logits_chunks(self, ids: list[int], chunk: int | None = None):
+        """(lo, logits [T, V] of ids[lo:lo + T]) for one prompt read from position 0 in chunks of
+        `chunk` tokens (default the prefill chunk), each chunk's logits downloaded; the last row
+        stays for pick()."""
         self.reset()
-        out = []
-        with self.prompts.loan(len(ids), self.prefill_chunk, pool=False):
-            for lo in range(0, len(ids), self.prefill_chunk):
-                hi = min(len(ids), lo + self.prefill_chunk)
-                out.append(self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=False))
+        chunk = min(chunk or self.prefill_chunk, self.prefill_chunk)
+        with self.prompts.loan(len(ids), chunk, pool=False):
+            for lo in range(0, len(ids), chunk):
+                hi = min(len(ids), lo + chunk)
+                logits = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=False)
                 self._last = self.prompts.last_row
                 self.cached_ids.extend(ids[lo:hi])
-        return np.concatenate(out).astype(np.float32)
+                yield lo, logits
 
     def status(self) -> dict:
         w, ops, store = self.weights, self.ops, self.store

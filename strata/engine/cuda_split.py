@@ -392,10 +392,10 @@ class SplitRunner(Slots, Speculating):
             self._append_to(slot, token, None)
         self._timed = True
 
-    def pick(self, params, u: float, mask=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None) -> int:
         """The next token from the last card's logits (CudaRunner.pick); the earlier cards' routing
         then goes to their caches."""
-        token = self.last.pick(params, u, mask)
+        token = self.last.pick(params, u, mask, host)
         self._picked()
         return token
 
@@ -411,14 +411,17 @@ class SplitRunner(Slots, Speculating):
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
+        return np.concatenate([logits for _, logits in self.logits_chunks(ids)]).astype(np.float32)
+
+    def logits_chunks(self, ids: list[int], chunk: int | None = None):
+        """CudaRunner.logits_chunks through every card."""
         self.reset()
-        out = []
+        chunk = min(chunk or self.prefill_chunk, self.prefill_chunk)
         with contextlib.ExitStack() as loans:
             for s in self.stages:
-                loans.enter_context(s.prompts.loan(len(ids), self.prefill_chunk, pool=False))
-            for lo in range(0, len(ids), self.prefill_chunk):
-                out.append(self._chunk(ids[lo:lo + self.prefill_chunk], lo, last_only=False, download=True))
-        return np.concatenate(out).astype(np.float32)
+                loans.enter_context(s.prompts.loan(len(ids), chunk, pool=False))
+            for lo in range(0, len(ids), chunk):
+                yield lo, self._chunk(ids[lo:lo + chunk], lo, last_only=False, download=True)
 
     def warm_up(self, num_tokens: int = 19, steps: int = 3) -> None:
         """CudaRunner.warm_up over the split: a short prompt, `steps` decode steps (each card's graph

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError, UnsupportedError
+from .logits import HostLogits, prompt_logprobs
 from .sampler import Sampler
 from .scheduler import PROMPT_CHUNK, Request, Scheduler
 from .textstream import TextStream
@@ -196,15 +197,22 @@ class LLM:
         return self.runner.logits_all(ids)
 
     def generate(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, stop=None) -> Completion:
-        request = self._submit(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+                 top_k: int = 0, seed: int | None = None, stop=None, **adjust) -> Completion:
+        """The whole reply. adjust: SamplingParams' presence_penalty, frequency_penalty,
+        repetition_penalty, logit_bias ({token id: bias}), logprobs (k: each token's log-probability
+        and its k likeliest rivals in .logprobs) and prompt_logprobs (the same for the prompt's
+        tokens, in .prompt_logprobs); see strata.engine.logits."""
+        params = SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop, **_adjust(adjust))
+        request = self._submit(prompt, params)
         for _ in self._events(request):
             pass
         return request.completion
 
     def stream(self, prompt, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int | None = None, stop=None) -> Iterator[str]:
-        request = self._submit(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop))
+               top_k: int = 0, seed: int | None = None, stop=None, **adjust) -> Iterator[str]:
+        """The reply's text as it comes (adjust as generate's)."""
+        params = SamplingParams(max_tokens, temperature, top_p, top_k, seed, stop, **_adjust(adjust))
+        request = self._submit(prompt, params)
         for delta in self._events(request):
             if delta.text:
                 yield delta.text
@@ -266,11 +274,16 @@ class Generation:
                  speculate: bool = True, slot: int = 0):
         self.llm, self.ids, self.params, self.on_progress = llm, ids, params, on_progress
         self.constraint, self.slot = constraint, slot
+        # penalties, a bias or log-probabilities: each pick's logits adjusted on the host (engine.logits)
+        self.host = HostLogits(params, ids, llm.args.vocab_size) if params.on_host else None
+        self.prompt_logprobs: list | None = None
         self.yield_chunks = False   # the scheduler's: next() returns PROMPT_CHUNK between a prompt's chunks
         self.pending: int | None = None   # the token the next step decodes, when it is a plain decode step
         self.stepped = False        # that step ran already, batched with other slots' (LLM._decode_batch)
-        # a constrained request decodes one token at a time: each draft would need its own mask
-        self.speculate = speculate and constraint is None and bool(getattr(llm.runner, "spec", 0))
+        # a constrained request decodes one token at a time: each draft would need its own mask (and
+        # a host-adjusted one its own adjusted row)
+        self.speculate = (speculate and constraint is None and self.host is None
+                          and bool(getattr(llm.runner, "spec", 0)))
         room = llm.max_context - len(ids)
         self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.completion: Completion | None = None
@@ -313,8 +326,12 @@ class Generation:
             timings.draft_n, timings.draft_n_accepted = (b - a for a, b in zip(spec0, _spec_counts(runner)))
         finally:
             llm.state = "idle"
+        logprobs = None
+        if self.host is not None and self.params.logprobs is not None:
+            logprobs = self.host.entries[:len(out)]          # not the end-of-sequence pick's
         self.completion = Completion(text=text.text, token_ids=out, finish_reason=finish,
-                                     usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings)
+                                     usage=Usage(len(self.ids), len(out), timings.cache_n), timings=timings,
+                                     logprobs=logprobs, prompt_logprobs=self.prompt_logprobs)
 
     def _prefill(self, timings: Timings):
         """Read the prompt past its reusable prefix, yielding PROMPT_CHUNK between chunks; its last
@@ -322,6 +339,12 @@ class Generation:
         llm, runner = self.llm, self.llm.runner
         t0 = time.perf_counter()
         llm.state = "reading"
+        if self.params.prompt_logprobs is not None:     # every position's logits: read from the start
+            self.prompt_logprobs = prompt_logprobs(runner, self.ids, self.params.prompt_logprobs)
+            if self.max_tokens == 0:
+                timings.prompt_ms, timings.prompt_n = (time.perf_counter() - t0) * 1e3, len(self.ids)
+                llm.state = "generating"
+                return
         cached = runner.reusable_prefix(self.ids)
         steps = runner.prefill_steps(self.ids, cached, self.on_progress)
         for _ in steps:         # the runner pauses between chunks only where other slots may step meanwhile
@@ -334,6 +357,13 @@ class Generation:
         """Deltas of the tokens until a stop condition -> the finish reason (length, stop, cancelled):
         max_tokens, an end-of-sequence token, a stop string, or a grammar that allows nothing more."""
         eos = set(self.llm.tokenizer.eos_token_ids)
+        first = self.prompt_logprobs           # goes out with the first delta, then None
+
+        def delta(piece: str, token: int, entry) -> Delta:
+            nonlocal first
+            d, first = Delta(piece, token, entry, first), None
+            return d
+
         while len(out) < self.max_tokens:
             if self._cancelled:
                 return "cancelled"
@@ -341,17 +371,18 @@ class Generation:
             if token in eos:
                 return "stop"
             out.append(token)
+            entry = self.host.entries[-1] if self.host is not None and self.host.entries else None
             if self.constraint is not None:
                 self.constraint.advance(token)
-            delta = text.push(token)
+            piece = text.push(token)
             if text.stopped:
-                if delta:
-                    yield Delta(delta, token)
+                if piece or entry is not None:
+                    yield delta(piece, token, entry)
                 return "stop"
             complete = self.constraint is not None and self.constraint.complete
             if not (complete or self.speculate) and len(out) < self.max_tokens:
                 self.pending = token    # the next next() decodes it: the scheduler may batch that step
-            yield Delta(delta, token)
+            yield delta(piece, token, entry)
             self.pending = None
             if complete:
                 return "stop"          # its end-of-sequence is implied
@@ -363,7 +394,14 @@ class Generation:
         def mask():        # the grammar's allowed tokens after what it has advanced over (None: all)
             return None if self.constraint is None else self.constraint.mask()
 
-        token = runner.pick(self.params, sampler.draw(), mask=mask())
+        def pick():
+            if self.host is None:
+                return runner.pick(self.params, sampler.draw(), mask=mask())
+            token = runner.pick(self.params, sampler.draw(), mask=mask(), host=self.host.adjust)
+            self.host.picked(token)
+            return token
+
+        token = pick()
         yield token
         while True:
             if self.speculate:
@@ -374,8 +412,22 @@ class Generation:
                     self.stepped = False
                 else:
                     runner.decode(token, logits=False)
-                token = runner.pick(self.params, sampler.draw(), mask=mask())
+                token = pick()
                 yield token
+
+
+ADJUST = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "prompt_logprobs")
+
+
+def _adjust(kwargs: dict) -> dict:
+    """generate()'s and stream()'s extra SamplingParams; a name that is none of them is refused."""
+    unknown = sorted(set(kwargs) - set(ADJUST))
+    if unknown:
+        raise InvalidArgument(f"unknown sampling parameter {unknown[0]!r} (known besides the named ones: "
+                              f"{', '.join(ADJUST)})")
+    if isinstance(kwargs.get("logit_bias"), dict):
+        kwargs = {**kwargs, "logit_bias": tuple(kwargs["logit_bias"].items())}
+    return kwargs
 
 
 def _spec_counts(runner) -> tuple[int, int]:

@@ -170,10 +170,11 @@ class CpuRunner(Speculating, Slots):
         self._last = out[-1]
         return self._last if logits else None
 
-    def pick(self, params, u: float, mask=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None) -> int:
         """The next token from the last prefill's or decode's logits (strata.engine.sampler); mask:
-        an allowed-token bitmask (strata.engine.grammar) or None."""
-        return pick_host(self._last, params, u, mask)
+        an allowed-token bitmask (strata.engine.grammar) or None; host: row -> row, the request's
+        adjustment of the logits before the mask and the pick (strata.engine.logits)."""
+        return pick_host(self._last if host is None else host(self._last), params, u, mask)
 
     # speculation (strata.engine.speculate.Speculating drives these) ---------------------------------
     def verify(self, ids: list[int], start: int):
@@ -207,14 +208,19 @@ class CpuRunner(Speculating, Slots):
 
     def logits_all(self, ids: list[int]) -> np.ndarray:
         """Logits at every position of one prompt, read from position 0 [T, V]."""
+        return np.concatenate([logits for _, logits in self.logits_chunks(ids)]).astype(np.float32)
+
+    def logits_chunks(self, ids: list[int], chunk: int | None = None):
+        """(lo, logits [T, V] of ids[lo:lo + T]) for one prompt read from position 0 in chunks of
+        `chunk` tokens (default the prefill chunk); the last row stays for pick()."""
         self.reset()
-        out = []
-        for lo in range(0, len(ids), self.prefill_chunk):
-            hi = min(len(ids), lo + self.prefill_chunk)
+        chunk = chunk or self.prefill_chunk
+        for lo in range(0, len(ids), chunk):
+            hi = min(len(ids), lo + chunk)
             logits, _ = self.model.forward(np.asarray(ids[lo:hi], dtype=np.int64), np.arange(lo, hi), self.kv)
-            out.append(logits)
             self.cached_ids.extend(ids[lo:hi])
-        return np.concatenate(out).astype(np.float32)
+            self._last = logits[-1]
+            yield lo, logits
 
     def status(self) -> dict:
         return {"device": "cpu", "gpu": None, "prefill_chunk": self.prefill_chunk, "prefill_ring": 0,

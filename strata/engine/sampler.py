@@ -41,13 +41,32 @@ def probs_host(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     probs = np.exp(z - np.max(z))
     probs /= probs.sum()
     if p.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cum = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cum, p.top_p)) + 1]   # smallest set reaching top_p
+        keep = nucleus(probs, p.top_p)
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
     return probs
+
+
+NUCLEUS_FIRST = 1024     # the likeliest ids nucleus() orders first; the whole row only if they fall short
+
+
+def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The smallest set of ids, likeliest first (ties in id order), whose probabilities reach top_p.
+    The stable order's first ids are every id at or above the NUCLEUS_FIRST-th largest value, so
+    when their running sum reaches top_p the set is found without sorting the whole row (a 152K
+    vocabulary's sort costs milliseconds); the sums are the whole order's own, added in its order."""
+    n = probs.shape[-1]
+    if n > NUCLEUS_FIRST:
+        kth = np.partition(probs, n - NUCLEUS_FIRST)[n - NUCLEUS_FIRST]
+        ids = np.flatnonzero(probs >= kth)
+        ids = ids[np.lexsort((ids, -probs[ids]))]
+        cum = np.cumsum(probs[ids])
+        if cum[-1] >= top_p:
+            return ids[: int(np.searchsorted(cum, top_p)) + 1]
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    return order[: int(np.searchsorted(cum, top_p)) + 1]
 
 
 def choose(probs: np.ndarray, u: float) -> int:

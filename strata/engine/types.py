@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
 class Delta:
     text: str          # may be "" while a multi-byte character is incomplete
     token_id: int
+    logprob: Any = None     # the token's strata.engine.logits.TokenLogprob, where the request asked
+    prompt_logprobs: Any = None     # on a reply's first delta: Completion.prompt_logprobs, where asked
 
 
 @dataclass
@@ -49,3 +52,5 @@ class Completion:
     finish_reason: str         # "stop" | "length" | "cancelled"
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
+    logprobs: list | None = None          # a TokenLogprob per token of token_ids (SamplingParams.logprobs)
+    prompt_logprobs: list | None = None   # one per prompt token, None first (SamplingParams.prompt_logprobs)

@@ -26,7 +26,7 @@ from ..engine.scheduler import DEFAULT_QUEUE_SIZE, QueueFull
 from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
-from .protocol import APIError, ChunkWriter, ParsedRequest, completion_body, error_body, new_id, \
+from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, completion_body, error_body, new_id, \
     parse_json_object, parse_request
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
@@ -307,8 +307,10 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
     tools = parse_tools(body) if kind == "chat" else NO_TOOLS
     job = await _submit(llm, worker, draining, req, tools)
+    wants = req.echo or req.sampling.get("logprobs") is not None
+    logprobs = Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
     writer = ChunkWriter(new_id(kind), kind, llm.model_name, req.include_usage,
-                         ToolCallReader() if tools.active else None)
+                         ToolCallReader() if tools.active else None, logprobs)
     if req.stream:
         return StreamingResponse(_sse(job, worker, writer, draining), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
@@ -316,7 +318,7 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     if completion is None:
         return Response(status_code=499)
     reply = split_calls(completion.text) if tools.active else None
-    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply)
+    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply, logprobs)
 
 
 async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining):

@@ -6,14 +6,15 @@ send vendor extensions). Known parameters Strata does not support yet are reject
 """
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..config import SamplingParams
+from ..config import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, MIN_REPETITION_PENALTY, \
+    SamplingParams
 
 MAX_STOP_STRINGS = 16
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -166,26 +167,61 @@ def _reject_unsupported(body: dict, kind: str) -> None:
     n = _integer(body, "n", lo=1)
     if n is not None and n > 1:
         raise unsupported("n", f"n={n} (more than one choice)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
-            raise unsupported(name, f"a non-zero {name}")
-    if body.get("logit_bias"):
-        raise unsupported("logit_bias", "logit_bias")
     if kind == "chat":
-        if _boolean(body, "logprobs") or body.get("top_logprobs"):
-            raise unsupported("logprobs", "logprobs")
         if body.get("functions"):
             raise unsupported("functions", "the deprecated functions parameter (use tools)")
     else:
-        if body.get("logprobs") is not None:
-            raise unsupported("logprobs", "logprobs")
-        if _boolean(body, "echo"):
-            raise unsupported("echo", "echo")
         best_of = _integer(body, "best_of", lo=1)
         if best_of is not None and best_of > 1:
             raise unsupported("best_of", f"best_of={best_of}")
         if body.get("suffix"):
             raise unsupported("suffix", "suffix (fill-in-the-middle)")
+
+
+def _adjustments(body: dict, kind: str, vocab_size: int) -> dict:
+    """The SamplingParams of strata.engine.logits that the body sets: OpenAI's presence_penalty,
+    frequency_penalty, logit_bias and logprobs (chat: logprobs + top_logprobs; completions: logprobs
+    as a count, and with echo the prompt's too), and repetition_penalty (vLLM's name; llama.cpp's
+    repeat_penalty is read as the same)."""
+    out = {name: _number(body, name, 0.0, -2.0, 2.0) for name in ("presence_penalty", "frequency_penalty")}
+    names = [n for n in ("repetition_penalty", "repeat_penalty") if body.get(n) is not None]
+    if len(names) == 2 and body[names[0]] != body[names[1]]:
+        raise invalid(names[1], "repetition_penalty and repeat_penalty are the same setting; give one")
+    for name in names[:1]:
+        out["repetition_penalty"] = _number(body, name, 1.0, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+    out["logit_bias"] = _logit_bias(body, vocab_size)
+    if kind == "chat":
+        top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if _boolean(body, "logprobs"):
+            out["logprobs"] = top or 0
+        elif top is not None:
+            raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    else:
+        out["logprobs"] = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        if _boolean(body, "echo") and out["logprobs"] is not None:
+            out["prompt_logprobs"] = out["logprobs"]
+    return out
+
+
+def _logit_bias(body: dict, vocab_size: int) -> tuple:
+    """logit_bias {"token id": bias -100..100} -> ((id, bias), ...), naming the entry it rejects."""
+    v = body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise invalid("logit_bias", "logit_bias must be an object mapping token ids to biases", "invalid_type")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise invalid("logit_bias", f"logit_bias has {len(v)} tokens; at most {MAX_LOGIT_BIAS} are allowed")
+    out = []
+    for key, bias in v.items():
+        where = f"logit_bias[{key[:24]!r}]"
+        token = int(key) if key.isascii() and key.isdigit() and len(key) <= MAX_INT_DIGITS else -1
+        if not 0 <= token < vocab_size:
+            raise invalid("logit_bias", f"{where}: the key must be a token id in [0, {vocab_size})")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise invalid("logit_bias", f"{where}: the bias must be a number from -100 to 100, got {bias!r}")
+        out.append((token, float(bias)))
+    return tuple(out)
 
 
 # ---- prompts ----
@@ -316,6 +352,7 @@ class ParsedRequest:
     max_tokens: int | None
     sampling: dict = field(default_factory=dict)   # SamplingParams fields except max_tokens
     response_format: tuple | None = None           # None, ("json_object", None) or ("json_schema", schema)
+    echo: bool = False                              # a completion's text (and logprobs) start with the prompt's
 
     def params(self, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
@@ -334,7 +371,8 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
         raise invalid("stream_options", "stream_options must be an object", "invalid_type")
     include_usage = bool(stream and opts and _boolean(opts, "include_usage"))
     limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(body, limit_name, lo=1, hi=max_context)
+    echo = kind == "completion" and _boolean(body, "echo")
+    max_tokens = _integer(body, limit_name, lo=0 if echo else 1, hi=max_context)    # echo: 0 scores the prompt
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)      # OpenAI's default
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:                        # the limit top_p -> 0 keeps only the likeliest token
@@ -342,11 +380,11 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     top_k = _integer(body, "top_k", lo=0) or 0
     seed = _integer(body, "seed")
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "stop": _stop(body),
-                "seed": None if seed is None else seed % 2**63}
+                "seed": None if seed is None else seed % 2**63, **_adjustments(body, kind, vocab_size)}
     fmt = response_format(body) if kind == "chat" else None
     if fmt is not None and _forced_choice(body.get("tool_choice")):
         raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
-    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling, fmt)
+    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling, fmt, echo)
 
 
 # ---- response bodies ----
@@ -377,19 +415,80 @@ def openai_tool_call(call: dict, index: int | None = None) -> dict:
     return out if index is None else {"index": index, **out}
 
 
+LOGPROB_FLOOR = -9999.0         # what a -inf log-probability is written as (JSON has no infinity)
+
+
+class Logprobs:
+    """The logprobs bodies of one reply from strata.engine.logits' TokenLogprob entries: chat's
+    {"content": [{token, logprob, bytes, top_logprobs}]}, and the legacy completions' parallel lists
+    {tokens, token_logprobs, top_logprobs, text_offset}, whose offsets count characters of the
+    returned text, the echoed prompt first (`echo`: its token ids, or None). Each token's text is
+    its bytes (Tokenizer.token_bytes) read as UTF-8, a piece of a character as U+FFFD; `bytes`
+    has them exact."""
+
+    def __init__(self, tokenizer, kind: str, echo: list[int] | None = None):
+        self.tok, self.kind, self.echo = tokenizer, kind, echo
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._offset = 0
+
+    def echo_text(self) -> str:
+        """The prompt as the completion's text starts with it: every token, special ones too."""
+        return self.tok.decode(self.echo, skip_special_tokens=False)
+
+    def _piece(self, token: int) -> tuple[str, bytes]:
+        raw = self.tok.token_bytes(token)
+        return raw.decode("utf-8", errors="replace"), raw
+
+    def chat(self, entries) -> dict:
+        def one(token, lp):
+            text, raw = self._piece(token)
+            return {"token": text, "logprob": max(lp, LOGPROB_FLOOR), "bytes": list(raw)}
+        return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                            for e in entries], "refusal": None}
+
+    def completion(self, tokens, entries) -> dict:
+        """tokens[i] with entries[i] (None: nothing predicts it, the prompt's first token)."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, e in zip(tokens, entries):
+            text, raw = self._piece(token)
+            out["tokens"].append(text)
+            out["text_offset"].append(self._offset)
+            self._offset += len(self._decoder.decode(raw))
+            out["token_logprobs"].append(None if e is None else max(e.logprob, LOGPROB_FLOOR))
+            out["top_logprobs"].append(None if e is None else
+                                       {self._piece(t)[0]: max(v, LOGPROB_FLOOR) for t, v in e.top})
+        return out
+
+    def body(self, completion) -> dict | None:
+        """The whole reply's logprobs (None where the request asked for none)."""
+        if completion.logprobs is None and completion.prompt_logprobs is None:
+            return None
+        if self.kind == "chat":
+            return self.chat(completion.logprobs or [])
+        tokens, entries = [], []
+        if self.echo is not None and completion.prompt_logprobs is not None:
+            tokens, entries = list(self.echo), list(completion.prompt_logprobs)
+        tokens += completion.token_ids
+        entries += completion.logprobs or [None] * len(completion.token_ids)
+        return self.completion(tokens, entries)
+
+
 def completion_body(req_id: str, kind: str, model: str, completion, created: int,
-                    reply: tuple[str, list[dict]] | None = None) -> dict:
-    """reply: (content, tool calls) when the request had tools; else the whole text is the content."""
+                    reply: tuple[str, list[dict]] | None = None, logprobs: Logprobs | None = None) -> dict:
+    """reply: (content, tool calls) when the request had tools; else the whole text is the content.
+    logprobs: where the request asked for them (or for echo)."""
+    lp = logprobs.body(completion) if logprobs is not None else None
     if kind == "chat":
         content, calls = reply if reply is not None else (completion.text, [])
         message = {"role": "assistant", "content": content if content or not calls else None}
         if calls:
             message["tool_calls"] = [openai_tool_call(c) for c in calls]
         finish = "tool_calls" if calls and completion.finish_reason != "length" else _finish(completion.finish_reason)
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": completion.text, "logprobs": None,
+        echo = logprobs.echo_text() if logprobs is not None and logprobs.echo is not None else ""
+        choice = {"index": 0, "text": echo + completion.text, "logprobs": lp,
                   "finish_reason": _finish(completion.finish_reason)}
         obj = "text_completion"
     return {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice],
@@ -402,11 +501,16 @@ class ChunkWriter:
     them so). reader: a strata.server.tools.ToolCallReader when the request had tools; their calls
     then go out as tool_calls deltas."""
 
-    def __init__(self, req_id: str, kind: str, model: str, include_usage: bool = False, reader=None):
+    def __init__(self, req_id: str, kind: str, model: str, include_usage: bool = False, reader=None,
+                 logprobs: Logprobs | None = None):
         self.req_id, self.kind, self.model = req_id, kind, model
         self.include_usage, self.reader = include_usage, reader
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        # logprobs: each text frame carries the entries of the tokens since the last one; a
+        # completion's echo goes first, with the first delta (the prompt's logprobs come with it)
+        self.logprobs, self._entries = logprobs, []
+        self._echo = logprobs is not None and logprobs.echo is not None
 
     def _frame(self, choices: list, **extra) -> bytes:
         body = {"id": self.req_id, "object": self.obj, "created": self.created, "model": self.model,
@@ -414,18 +518,45 @@ class ChunkWriter:
         return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
     def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict:
+        lp = self._take_logprobs() if text or finish else None
         if self.kind == "chat":
             delta = {} if text is None else {"content": text}
             if role:
                 delta["role"] = "assistant"
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+
+    def _take_logprobs(self) -> dict | None:
+        if self.logprobs is None or not self._entries:
+            return None
+        pairs, self._entries = self._entries, []
+        if self.kind == "chat":
+            return self.logprobs.chat([e for _, e in pairs])
+        return self.logprobs.completion([t for t, _ in pairs], [e for _, e in pairs])
+
+    def _echo_frame(self, prompt_logprobs) -> bytes:
+        """The completion's echoed prompt, once, before any of the reply."""
+        if not self._echo:
+            return b""
+        self._echo = False
+        if prompt_logprobs is not None:
+            self._entries = list(zip(self.logprobs.echo, prompt_logprobs)) + self._entries
+        return self._frame([self._choice(self.logprobs.echo_text(), None)])
 
     def start(self) -> bytes:
         return self._frame([self._choice("", None, role=True)]) if self.kind == "chat" else b""
 
-    def delta(self, text: str | None) -> bytes:
-        """The frames of a text delta (None: the reply's end), tool calls split out when reading them."""
+    def delta(self, text) -> bytes:
+        """The frames of a text delta (a str, or a strata Delta when the request wants logprobs;
+        None: the reply's end), tool calls split out when reading them."""
+        if text is not None and not isinstance(text, str):          # a Delta: its token's entry waits
+            head = self._echo_frame(text.prompt_logprobs)           # for the next frame with text
+            if text.logprob is not None:
+                self._entries.append((text.token_id, text.logprob))
+            return head + self._text(text.text)
+        return (self._echo_frame(None) if text is not None else b"") + self._text(text)
+
+    def _text(self, text: str | None) -> bytes:
         if self.reader is None:
             return self._frame([self._choice(text, None)]) if text else b""
         parts = self.reader.push(text) if text is not None else self.reader.finish()
@@ -444,7 +575,8 @@ class ChunkWriter:
                              "logprobs": None, "finish_reason": None}])
 
     def finish(self, completion) -> bytes:
-        out = self.delta(None)          # text or a call the reader still held
+        out = self._echo_frame(completion.prompt_logprobs)        # a reply of no token: still echoed
+        out += self.delta(None)         # text or a call the reader still held
         reason = _finish(completion.finish_reason)
         if self.reader is not None and self.reader.num_calls and completion.finish_reason != "length":
             reason = "tool_calls"

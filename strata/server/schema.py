@@ -17,9 +17,16 @@ _SAMPLING = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "n": {"type": "integer", "minimum": 1, "maximum": 1},
-    "presence_penalty": {**_NUMBER, "minimum": 0, "maximum": 0},
-    "frequency_penalty": {**_NUMBER, "minimum": 0, "maximum": 0},
+    "presence_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
+    "frequency_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
+    "repetition_penalty": {**_NUMBER, "minimum": 0.01, "maximum": 100,
+                           "description": "prompt and reply tokens: a logit > 0 divided by it, < 0 times it "
+                                          "(1: none; repeat_penalty is read as the same)"},
+    "logit_bias": {"type": "object", "maxProperties": 1024, "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                   "additionalProperties": {**_NUMBER, "minimum": -100, "maximum": 100},
+                   "description": "token id -> a bias added to its logit"},
 }
+_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": 20}
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
 _NAME = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_.-]+$"}
@@ -58,7 +65,9 @@ CHAT_REQUEST = {
     "properties": {"messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
                    "max_completion_tokens": {"type": "integer", "minimum": 1},
                    "tools": {"type": "array", "maxItems": 128, "items": _TOOL}, "tool_choice": _TOOL_CHOICE,
-                   "response_format": _RESPONSE_FORMAT, **_SAMPLING},
+                   "response_format": _RESPONSE_FORMAT, **_SAMPLING,
+                   "logprobs": {"type": "boolean"},
+                   "top_logprobs": {**_LOGPROBS, "description": "needs logprobs: true"}},
 }
 _BLOCK = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]}, "text": {"type": "string"},
@@ -94,7 +103,10 @@ COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
     "properties": {"prompt": {"oneOf": [{"type": "string", "minLength": 1},
                                         {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
-                   **_SAMPLING},
+                   **_SAMPLING,
+                   "max_tokens": {"type": "integer", "minimum": 0, "description": "0 only with echo"},
+                   "logprobs": {**_LOGPROBS, "description": "each token's log-probability and its k likeliest rivals"},
+                   "echo": {"type": "boolean", "description": "the text (and logprobs) start with the prompt's"}},
 }
 ERROR = {
     "type": "object", "required": ["error"],

@@ -32,9 +32,11 @@ class Job(Request):
 
     def emit(self, kind: str, payload: Any = None) -> None:
         if kind == "delta":
-            if not (self.stream and payload.text):
+            wants_entries = self.params.logprobs is not None or self.params.prompt_logprobs is not None
+            if not self.stream or not (payload.text or wants_entries and payload.logprob is not None):
                 return
-            payload = payload.text
+            if not wants_entries:       # the writers take text; a Delta where it carries logprobs
+                payload = payload.text
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
         except RuntimeError:        # the loop is closed: the server is shutting down

@@ -51,3 +51,29 @@ def test_pick_host_equals_numpy_choice_on_the_same_draws(rng):
     s = Sampler(p)
     assert [s(logits) for _ in range(200)] == want
     assert len(set(want)) > 3
+
+
+def test_nucleus_equals_the_whole_rows_stable_sort():
+    """sampler.nucleus orders only the likeliest NUCLEUS_FIRST ids (and their ties) when they reach
+    top_p: the set must be the whole row's stable sort's, ties and flat rows included."""
+    import numpy as np
+
+    from strata.engine import sampler
+
+    def whole(probs, top_p):
+        order = np.argsort(-probs, kind="stable")
+        return order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        V = int(rng.choice([5, 1000, 1025, 5000, 151936]))
+        x = (rng.standard_normal(V) * rng.choice([0.1, 1, 3, 10])).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x, 1)          # many ties
+        if trial % 7 == 0:
+            x[:] = 0                    # a flat row: every id ties
+        z = x.astype(np.float64)
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        top_p = float(rng.choice([0.05, 0.5, 0.9, 0.999, 0.99999]))
+        assert np.array_equal(sampler.nucleus(probs, top_p), whole(probs, top_p)), (trial, V, top_p)
