@@ -26,8 +26,8 @@ from ..engine.scheduler import DEFAULT_QUEUE_SIZE, QueueFull
 from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
-from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, completion_body, error_body, new_id, \
-    parse_json_object, parse_request
+from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, choice_body, completion_body, error_body, \
+    new_id, parse_json_object, parse_request
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job
@@ -229,7 +229,8 @@ def _check_json_content_type(request: Request) -> None:
 NO_TOOLS = ToolSpec((), "none")
 
 
-def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS) -> list[int]:
+def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS, prompt=None) -> list[int]:
+    """The ids of the request's prompt (prompt: one of a completions batch's instead)."""
     if req.kind == "chat":
         messages, extra = render_messages(req.prompt, tools, llm.tokenizer.chat_template)
         try:
@@ -238,7 +239,8 @@ def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS) -> list[int]:
             raise APIError(400, f"messages: the model's chat template rejected them: {e}", param="messages",
                            code="chat_template_error") from None
         return llm.tokenizer.encode(text)
-    return list(req.prompt) if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
+    prompt = req.prompt if prompt is None else prompt
+    return list(prompt) if isinstance(prompt, list) else llm.tokenizer.encode(prompt)
 
 
 def _constraint(llm, tools: ToolSpec, fmt: tuple | None):
@@ -266,36 +268,54 @@ def _prepare(llm, req: ParsedRequest, tools: ToolSpec, constrain: bool = True):
     return _tokenize(llm, req, tools), _constraint(llm, tools, req.response_format) if constrain else None
 
 
+def _prepare_choices(llm, req: ParsedRequest, tools: ToolSpec) -> list[tuple[list[int], object]]:
+    """(prompt ids, constraint) of each choice, prompt by prompt and n of each, off the event loop:
+    a prompt is tokenized once, and each choice gets its own constraint (a grammar's state is its
+    reply's)."""
+    out = []
+    for prompt in req.prompts:
+        ids = _tokenize(llm, req, tools, prompt)
+        out += [(ids, _constraint(llm, tools, req.response_format)) for _ in range(req.n)]
+    return out
+
+
 async def _read_request(request: Request, max_body_bytes: int, draining: Draining) -> dict:
     _check_json_content_type(request)
     draining.refuse_if_started()
     return parse_json_object(await _read_body(request, max_body_bytes))
 
 
-async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequest, tools: ToolSpec) -> Job:
-    """The request tokenized (and its grammar compiled) off the event loop, checked against the
-    context, and queued for the engine thread."""
-    ids, constraint = await asyncio.to_thread(_prepare, llm, req, tools)
+async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequest, tools: ToolSpec) -> list[Job]:
+    """Each choice's job (one, or n of each prompt of a batch, in index order): tokenized (and its
+    grammar compiled) off the event loop, checked against the context, and queued for the engine
+    thread; all of them or none (a full queue takes back the ones queued already)."""
+    prepared = await asyncio.to_thread(_prepare_choices, llm, req, tools)
     draining.refuse_if_started()
     field = "messages" if req.kind == "chat" else "prompt"
-    if not ids:
-        raise APIError(400, f"{field} is empty after tokenization", param=field)
-    if len(ids) >= llm.max_context:
-        raise APIError(400, f"{field} is {len(ids)} tokens; the context holds {llm.max_context} "
-                            f"(prompt + output), so at most {llm.max_context - 1} prompt tokens fit",
-                       param=field, code="context_length_exceeded")
-    room = llm.max_context - len(ids)
-    max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-    job = Job(ids, req.params(max_tokens), constraint=constraint, kind=req.kind, loop=asyncio.get_running_loop(),
-              stream=req.stream)
-    try:
-        worker.submit(job)
-    except QueueFull:
-        retry_after_s = worker.retry_after_s()
-        raise APIError(503, f"the request queue is full; retry in {retry_after_s} s", type="server_error",
-                       code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
-    draining.open.add(job)
-    return job
+    jobs = []
+    for index, (ids, constraint) in enumerate(prepared):
+        where = f"{field}[{index // req.n}]" if req.batch else field
+        if not ids:
+            raise APIError(400, f"{where} is empty after tokenization", param=field)
+        if len(ids) >= llm.max_context:
+            raise APIError(400, f"{where} is {len(ids)} tokens; the context holds {llm.max_context} "
+                                f"(prompt + output), so at most {llm.max_context - 1} prompt tokens fit",
+                           param=field, code="context_length_exceeded")
+        room = llm.max_context - len(ids)
+        max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
+        jobs.append(Job(ids, req.params(max_tokens, index % req.n), constraint=constraint, kind=req.kind,
+                        loop=asyncio.get_running_loop(), stream=req.stream))
+    for i, job in enumerate(jobs):
+        try:
+            worker.submit(job)
+        except QueueFull:
+            for queued in jobs[:i]:
+                worker.cancel(queued)
+            retry_after_s = worker.retry_after_s()
+            raise APIError(503, f"the request queue is full; retry in {retry_after_s} s", type="server_error",
+                           code="queue_full", headers={"Retry-After": str(retry_after_s)}) from None
+    draining.open.update(jobs)
+    return jobs
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -306,19 +326,23 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     body = await _read_request(request, max_body_bytes, draining)
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
     tools = parse_tools(body) if kind == "chat" else NO_TOOLS
-    job = await _submit(llm, worker, draining, req, tools)
+    jobs = await _submit(llm, worker, draining, req, tools)
     wants = req.echo or req.sampling.get("logprobs") is not None
-    logprobs = Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
-    writer = ChunkWriter(new_id(kind), kind, llm.model_name, req.include_usage,
-                         ToolCallReader() if tools.active else None, logprobs)
+    req_id, created = new_id(kind), int(time.time())
+    logprobs = [Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
+                for job in jobs]
+    writers = [ChunkWriter(req_id, kind, llm.model_name, req.include_usage, ToolCallReader() if tools.active else None,
+                           lp, index, created) for index, lp in enumerate(logprobs)]
     if req.stream:
-        return StreamingResponse(_sse(job, worker, writer, draining), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    completion = await _completion(job, worker, request, draining)
-    if completion is None:
+        frames = _sse(jobs[0], worker, writers[0], draining) if len(jobs) == 1 else \
+            _sse_choices(jobs, worker, writers, draining, req.n)
+        return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    completions = await _completions(jobs, worker, request, draining)
+    if completions is None:
         return Response(status_code=499)
-    reply = split_calls(completion.text) if tools.active else None
-    return completion_body(writer.req_id, kind, llm.model_name, completion, writer.created, reply, logprobs)
+    choices = [choice_body(kind, c, index, split_calls(c.text) if tools.active else None, lp)
+               for index, (c, lp) in enumerate(zip(completions, logprobs))]
+    return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.n)
 
 
 async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining):
@@ -328,7 +352,7 @@ async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes:
     max_tokens, sampling = anthropic.sampling(body, llm.max_context)
     tools = anthropic.tools(body)
     req = ParsedRequest("chat", anthropic.chat_messages(body), body.get("stream") is True, False, max_tokens, sampling)
-    job = await _submit(llm, worker, draining, req, tools)
+    job, = await _submit(llm, worker, draining, req, tools)
     msg_id = anthropic.new_message_id()
 
     def stop_reason(completion, num_calls: int):
@@ -381,6 +405,67 @@ async def _completion(job: Job, worker: EngineWorker, request: Request, draining
         raise
     finally:
         draining.open.discard(job)
+
+
+async def _completions(jobs: list[Job], worker: EngineWorker, request: Request, draining: Draining):
+    """The finished Completions of a request's jobs in order, or None when the client disconnected
+    first; an engine error in one ends them all."""
+    if len(jobs) == 1:
+        done = await _completion(jobs[0], worker, request, draining)
+        return None if done is None else [done]
+    try:
+        done = await asyncio.gather(*(_completion(job, worker, request, draining) for job in jobs))
+    except BaseException:
+        for job in jobs:
+            worker.cancel(job)
+        raise
+    if any(c is None for c in done):
+        for job in jobs:
+            worker.cancel(job)
+        return None
+    return list(done)
+
+
+async def _sse_choices(jobs: list[Job], worker: EngineWorker, writers: list[ChunkWriter], draining: Draining,
+                       n: int):
+    """SSE bytes of a request of several choices: each job's frames through its own writer (its
+    index), interleaved as the engine gives them; one usage frame and [DONE] once every choice has
+    ended. An error or a shutdown ends every choice with one error event."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, job: Job):
+        while True:
+            kind, payload = await job.events.get()
+            await merged.put((index, kind, payload))
+            if kind != "delta":
+                return
+    pumps = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+    completions: list = [None] * len(jobs)
+    try:
+        for writer in writers:
+            first = writer.start()
+            if first:
+                yield first
+        while any(c is None for c in completions):
+            index, kind, payload = await merged.get()
+            if kind == "delta":
+                out = writers[index].delta(payload)
+                if out:
+                    yield out
+            elif kind == "done":
+                completions[index] = payload
+                yield writers[index].finish(payload, last=False)
+            else:
+                yield ChunkWriter.error(_shutting_down() if kind == "shutdown" else _engine_error(payload))
+                return
+        yield writers[0].end(completions, n)
+    finally:
+        for task in pumps:
+            task.cancel()
+        for job, done in zip(jobs, completions):
+            draining.open.discard(job)
+            if done is None:
+                worker.cancel(job)
 
 
 async def _sse(job: Job, worker: EngineWorker, frames, draining: Draining):

@@ -164,9 +164,6 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 def _reject_unsupported(body: dict, kind: str) -> None:
     """Known OpenAI parameters whose non-default values Strata cannot honour yet."""
-    n = _integer(body, "n", lo=1)
-    if n is not None and n > 1:
-        raise unsupported("n", f"n={n} (more than one choice)")
     if kind == "chat":
         if body.get("functions"):
             raise unsupported("functions", "the deprecated functions parameter (use tools)")
@@ -320,41 +317,59 @@ def _message_text(content, where: str) -> str:
     return "".join(texts)
 
 
-def completion_prompt(body: dict, vocab_size: int) -> str | list[int]:
-    """prompt -> a string or a list of token ids (one prompt; a batch of several is not supported)."""
+def completion_prompts(body: dict, vocab_size: int) -> list[str | list[int]]:
+    """prompt -> its prompts, each a string or a list of token ids: one, or a batch (a list of
+    strings or of token id lists, as OpenAI's legacy route takes them), naming the bad element."""
     p = body.get("prompt")
     if p is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
-    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
-        raise unsupported("prompt", "a batch of several prompts")
-    if isinstance(p, str):
-        if not p:
-            raise invalid("prompt", "prompt must not be empty")
-        return p
-    if isinstance(p, list) and p and all(_is_int(x) for x in p):
-        bad = [x for x in p if not 0 <= x < vocab_size]
-        if bad:
-            raise invalid("prompt", f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-        return p
-    raise invalid("prompt", "prompt must be a non-empty string or a list of token ids", "invalid_type")
+    batch = isinstance(p, list) and bool(p) and all(isinstance(x, (str, list)) for x in p)
+    items = p if batch else [p]
+    out = []
+    for i, item in enumerate(items):
+        where = f"prompt[{i}]" if batch else "prompt"
+        if isinstance(item, str):
+            if not item:
+                raise invalid("prompt", f"{where} must not be empty")
+            out.append(item)
+        elif isinstance(item, list) and item and all(_is_int(x) for x in item):
+            bad = [x for x in item if not 0 <= x < vocab_size]
+            if bad:
+                raise invalid("prompt", f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+            out.append(item)
+        else:
+            raise invalid("prompt", f"{where} must be a non-empty string or a list of token ids", "invalid_type")
+    return out
 
 
 # ---- the whole request ----
 
+MAX_CHOICES = 16        # choices of one request: n x the prompts of a completions batch
+
+
 @dataclass
 class ParsedRequest:
     kind: str                               # "chat" | "completion"
-    prompt: list[dict] | str | list[int]    # messages, text, or token ids
+    prompt: list[dict] | str | list[int]    # messages, text, or token ids (a batch's first prompt)
     stream: bool
     include_usage: bool
     max_tokens: int | None
     sampling: dict = field(default_factory=dict)   # SamplingParams fields except max_tokens
     response_format: tuple | None = None           # None, ("json_object", None) or ("json_schema", schema)
     echo: bool = False                              # a completion's text (and logprobs) start with the prompt's
+    n: int = 1                                      # choices of each prompt
+    batch: list = field(default_factory=list)       # a completion's prompts (prompt is the first)
 
-    def params(self, max_tokens: int | None) -> SamplingParams:
+    @property
+    def prompts(self) -> list:
+        return self.batch or [self.prompt]
+
+    def params(self, max_tokens: int | None, choice: int = 0) -> SamplingParams:
+        """The params of choice `choice` of a prompt: a seeded request's choices draw from seed,
+        seed + 1, ... (one seed would give n equal samples)."""
+        seed = self.sampling.get("seed")
+        if choice and seed is not None:
+            return SamplingParams(max_tokens=max_tokens, **{**self.sampling, "seed": (seed + choice) % 2**63})
         return SamplingParams(max_tokens=max_tokens, **self.sampling)
 
 
@@ -364,7 +379,11 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
         raise APIError(404, f"the model {model!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
     _reject_unsupported(body, kind)
-    prompt = chat_messages(body) if kind == "chat" else completion_prompt(body, vocab_size)
+    prompts = [chat_messages(body)] if kind == "chat" else completion_prompts(body, vocab_size)
+    n = _integer(body, "n", lo=1, hi=MAX_CHOICES) or 1
+    if n * len(prompts) > MAX_CHOICES:
+        raise invalid("n" if len(prompts) == 1 else "prompt", f"{len(prompts)} prompts x n = {n} is "
+                      f"{n * len(prompts)} choices; one request may ask for at most {MAX_CHOICES}")
     stream = _boolean(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -384,7 +403,8 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     fmt = response_format(body) if kind == "chat" else None
     if fmt is not None and _forced_choice(body.get("tool_choice")):
         raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
-    return ParsedRequest(kind, prompt, stream, include_usage, max_tokens, sampling, fmt, echo)
+    return ParsedRequest(kind, prompts[0], stream, include_usage, max_tokens, sampling, fmt, echo, n,
+                         prompts if len(prompts) > 1 else [])
 
 
 # ---- response bodies ----
@@ -393,11 +413,15 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage_body(completion) -> dict:
-    u = completion.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens, "cached_tokens": u.cached_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+def usage_body(completion, n: int = 1) -> dict:
+    """usage of one completion, or of a request's list of them: n choices of each prompt read the
+    prompt's tokens once as OpenAI counts them (every n-th completion's prompt is a new prompt)."""
+    done = completion if isinstance(completion, list) else [completion]
+    prompt = sum(c.usage.prompt_tokens for c in done[::n])
+    cached = sum(c.usage.cached_tokens for c in done[::n])
+    reply = sum(c.usage.completion_tokens for c in done)
+    return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply,
+            "cached_tokens": cached, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings_body(completion) -> dict:
@@ -473,10 +497,10 @@ class Logprobs:
         return self.completion(tokens, entries)
 
 
-def completion_body(req_id: str, kind: str, model: str, completion, created: int,
-                    reply: tuple[str, list[dict]] | None = None, logprobs: Logprobs | None = None) -> dict:
-    """reply: (content, tool calls) when the request had tools; else the whole text is the content.
-    logprobs: where the request asked for them (or for echo)."""
+def choice_body(kind: str, completion, index: int = 0, reply: tuple[str, list[dict]] | None = None,
+                logprobs: Logprobs | None = None) -> dict:
+    """One choice of a reply. reply: (content, tool calls) when the request had tools; else the whole
+    text is the content. logprobs: where the request asked for them (or for echo)."""
     lp = logprobs.body(completion) if logprobs is not None else None
     if kind == "chat":
         content, calls = reply if reply is not None else (completion.text, [])
@@ -484,15 +508,19 @@ def completion_body(req_id: str, kind: str, model: str, completion, created: int
         if calls:
             message["tool_calls"] = [openai_tool_call(c) for c in calls]
         finish = "tool_calls" if calls and completion.finish_reason != "length" else _finish(completion.finish_reason)
-        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
-        obj = "chat.completion"
-    else:
-        echo = logprobs.echo_text() if logprobs is not None and logprobs.echo is not None else ""
-        choice = {"index": 0, "text": echo + completion.text, "logprobs": lp,
-                  "finish_reason": _finish(completion.finish_reason)}
-        obj = "text_completion"
-    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage_body(completion), "timings": timings_body(completion)}
+        return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
+    echo = logprobs.echo_text() if logprobs is not None and logprobs.echo is not None else ""
+    return {"index": index, "text": echo + completion.text, "logprobs": lp,
+            "finish_reason": _finish(completion.finish_reason)}
+
+
+def completion_body(req_id: str, kind: str, model: str, completions: list, created: int,
+                    choices: list[dict], n: int = 1) -> dict:
+    """The reply to a request: its choices (choice_body, in index order) and the usage of all its
+    completions (the first one's timings)."""
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": choices,
+            "usage": usage_body(completions, n), "timings": timings_body(completions[0])}
 
 
 class ChunkWriter:
@@ -502,10 +530,10 @@ class ChunkWriter:
     then go out as tool_calls deltas."""
 
     def __init__(self, req_id: str, kind: str, model: str, include_usage: bool = False, reader=None,
-                 logprobs: Logprobs | None = None):
+                 logprobs: Logprobs | None = None, index: int = 0, created: int | None = None):
         self.req_id, self.kind, self.model = req_id, kind, model
-        self.include_usage, self.reader = include_usage, reader
-        self.created = int(time.time())
+        self.include_usage, self.reader, self.index = include_usage, reader, index
+        self.created = int(time.time()) if created is None else created
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         # logprobs: each text frame carries the entries of the tokens since the last one; a
         # completion's echo goes first, with the first delta (the prompt's logprobs come with it)
@@ -523,8 +551,8 @@ class ChunkWriter:
             delta = {} if text is None else {"content": text}
             if role:
                 delta["role"] = "assistant"
-            return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            return {"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
     def _take_logprobs(self) -> dict | None:
         if self.logprobs is None or not self._entries:
@@ -571,19 +599,24 @@ class ChunkWriter:
 
     def _tool_call(self, call: dict, index: int) -> bytes:
         """One whole call as one delta (name and all its arguments: a client joins the pieces anyway)."""
-        return self._frame([{"index": 0, "delta": {"tool_calls": [openai_tool_call(call, index)]},
+        return self._frame([{"index": self.index, "delta": {"tool_calls": [openai_tool_call(call, index)]},
                              "logprobs": None, "finish_reason": None}])
 
-    def finish(self, completion) -> bytes:
+    def finish(self, completion, last: bool = True) -> bytes:
+        """The choice's last frames; with `last` (the request's only or last choice to end) also the
+        usage frame where asked and [DONE] (end() writes those for a request of several choices)."""
         out = self._echo_frame(completion.prompt_logprobs)        # a reply of no token: still echoed
         out += self.delta(None)         # text or a call the reader still held
         reason = _finish(completion.finish_reason)
         if self.reader is not None and self.reader.num_calls and completion.finish_reason != "length":
             reason = "tool_calls"
         out += self._frame([self._choice(None, reason)], timings=timings_body(completion))
-        if self.include_usage:
-            out += self._frame([], usage=usage_body(completion))
-        return out + b"data: [DONE]\n\n"
+        return out + (self.end([completion]) if last else b"")
+
+    def end(self, completions: list, n: int = 1) -> bytes:
+        """The usage frame of every choice's completion (where asked), then [DONE]."""
+        usage = self._frame([], usage=usage_body(completions, n)) if self.include_usage else b""
+        return usage + b"data: [DONE]\n\n"
 
     @staticmethod
     def error(err: APIError) -> bytes:

@@ -16,7 +16,8 @@ _SAMPLING = {
     "stop": _STOP,
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": 16, "description": "choices of each prompt (at most 16 "
+          "choices a request)"},
     "presence_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
     "frequency_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
     "repetition_penalty": {**_NUMBER, "minimum": 0.01, "maximum": 100,
@@ -99,10 +100,13 @@ COUNT_TOKENS_REQUEST = {
     "properties": {k: MESSAGES_REQUEST["properties"][k]
                    for k in ("model", "messages", "system", "tools", "tool_choice")},
 }
+_PROMPT = {"oneOf": [{"type": "string", "minLength": 1},
+                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]}
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
-    "properties": {"prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                        {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+    "properties": {"prompt": {"oneOf": [
+        *_PROMPT["oneOf"],
+        {"type": "array", "minItems": 2, "maxItems": 16, "items": _PROMPT, "description": "a batch: a choice each"}]},
                    **_SAMPLING,
                    "max_tokens": {"type": "integer", "minimum": 0, "description": "0 only with echo"},
                    "logprobs": {**_LOGPROBS, "description": "each token's log-probability and its k likeliest rivals"},
