@@ -344,6 +344,14 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.kv.write_states(payload[1])
             self.kv.snapshots = list(payload[2])
 
+    def _copy_cells(self, slot: int, n: int) -> None:
+        """Cells 0..n-1 of every layer of slot `slot` copied into the slot in use, on the stream (a
+        later step or chunk of this slot is queued behind the copies)."""
+        src, dst = self.kv_all.view(slot), self.kv
+        for layer in range(dst.num_layers):
+            for (a, cell), (b, _) in zip(src.cell_ranges(layer), dst.cell_ranges(layer)):
+                self.rt.copy_d2d(b, a, min(n, dst.layer_size(layer)) * cell, self.stream)
+
     def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
         if not self.hybrid or n >= kept_len:
             return n

@@ -216,6 +216,10 @@ class SplitRunner(Slots, Speculating):
     def _kept_resumable(self, payload, kept_len: int, n: int) -> int:
         return min(s._kept_resumable(part, kept_len, n) for s, part in zip(self.stages, payload))
 
+    def _copy_cells(self, slot: int, n: int) -> None:
+        for s in self.stages:
+            s._copy_cells(slot, n)
+
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
         steps = self.prefill_steps(ids, start, on_progress, logits)
         for _ in steps:

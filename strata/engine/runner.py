@@ -122,6 +122,10 @@ class CpuRunner(Speculating, Slots):
     def _cells_in(self, payload, n: int) -> None:
         self.kv = payload
 
+    def _copy_cells(self, slot: int, n: int) -> None:
+        """Cells 0..n-1 of slot `slot`'s KV copied in as this slot's (Slots._share)."""
+        self.kv = self._kv_copy(self._parked[slot][0], n)[0]
+
     interleaves = True      # prefill_steps may pause between chunks while other slots step
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:

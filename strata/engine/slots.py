@@ -8,6 +8,13 @@ at once (the GPU runner: one batched step whose rows name their slot's cells; th
 step per slot, the same arithmetic). `best_slot` is where a new request goes: the free slot with the
 longest reusable prefix, the least recently used among equals.
 
+A request whose prompt begins with what another slot holds (agents' requests share a long system
+prompt and tool list) gets that slot's cells of the common prefix copied into its own slot (more
+than SHARE_MIN_TOKENS beyond what its slot holds) instead of reading them again: a device-to-device
+copy of a few hundred MB at most on the GPU, against a prompt's compute. The copied cells are the
+source slot's bits, so the reply is what that slot would give for the same prompt. Not for a hybrid
+model (its DeltaNet states are not per position) or a drafting runner (its draft layer's cells).
+
 A slot's conversation that a new request would overwrite (more than KEEP_MIN_TOKENS of it past the
 reused prefix) is kept in host RAM first, up to --keep-conversations-gib, least recently used out
 first; a later request whose prefix a kept conversation holds (by more than KEEP_MIN_TOKENS beyond
@@ -44,6 +51,7 @@ def keep_bytes(config) -> int:
 
 
 KEEP_MIN_TOKENS = 32        # shorter tails are cheaper read again than kept and copied back
+SHARE_MIN_TOKENS = 16       # a shorter common prefix with another slot is read again, not copied
 
 
 class Kept:
@@ -53,6 +61,7 @@ class Kept:
         self.budget_bytes = max(0, int(budget_bytes))
         self.items: list[tuple[list[int], object, int]] = []
         self.kept = self.restored = 0           # counts, for status()
+        self.shared = self.shared_tokens = 0    # prefixes copied from another slot (Slots._share)
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +93,8 @@ class Kept:
 
     def status(self) -> dict:
         return {"conversations": len(self.items), "bytes": self.nbytes, "budget_bytes": self.budget_bytes,
-                "kept": self.kept, "restored": self.restored}
+                "kept": self.kept, "restored": self.restored, "shared_prefixes": self.shared,
+                "shared_tokens": self.shared_tokens}
 
 
 class Slots:
@@ -152,6 +162,33 @@ class Slots:
             self.kept.put(self.cached_ids, payload, nbytes)
 
     def _bring_back(self, ids: list[int], own: int) -> int:
+        """The reusable prefix of ids after the longest source of more of it than this slot's own
+        `own` tokens is copied in: a kept conversation (_from_kept) or another slot (_share)."""
+        return self._share(ids, self._from_kept(ids, own))
+
+    def _share(self, ids: list[int], own: int) -> int:
+        """Another slot holding more of ids than `own` tokens (by more than SHARE_MIN_TOKENS) has its
+        cells of the common prefix copied into this slot (this slot's conversation kept first where
+        it fits) -> the new reusable prefix; else own. The runner gives _copy_cells(slot, n)."""
+        if (self.num_slots < 2 or not hasattr(self, "_copy_cells") or getattr(self, "spec", 0)
+                or self.args.architecture == "qwen3next"):
+            return own
+        best, source = own + SHARE_MIN_TOKENS, None
+        for slot in range(self.num_slots):
+            if slot != self.slot:
+                n = reusable_prefix(self.slot_ids(slot), ids)
+                if n > best:
+                    best, source = n, slot
+        if source is None:
+            return own
+        self._keep_tail(0)
+        self._copy_cells(source, best)
+        self.cached_ids = list(ids[:best])
+        self.kept.shared += 1
+        self.kept.shared_tokens += best - own
+        return best
+
+    def _from_kept(self, ids: list[int], own: int) -> int:
         """A kept conversation holding more of ids than this slot's own `own` tokens (by more than
         KEEP_MIN_TOKENS) is copied back into the slot (the slot's own kept first) -> the new reusable
         prefix; else own."""
