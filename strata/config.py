@@ -385,9 +385,9 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
                               f"K/V window")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
-    if cfg.parallel > 1 and cfg.spec != "0":
-        raise InvalidArgument(f"--parallel {cfg.parallel} with --spec {cfg.spec}: speculation in parallel slots is not "
-                              f"implemented yet (use one of them)")
+    if cfg.parallel > 1 and cfg.draft_window:
+        raise InvalidArgument(f"--parallel {cfg.parallel} with --draft-window {cfg.draft_window}: the draft layer's "
+                              f"K/V ring holds one sequence (use one of them)")
     if cfg.split:
         _refuse_with_split(cfg)
 

@@ -468,6 +468,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.use(slot)
             self.cached_ids.append(token)
             self._last = last
+        if self.drafter is not None:     # drafting slots' plain steps (a constrained request's, say)
+            self._extend_drafters(slots, self.ops.to_host(self.steps.hidden))
 
     def batch_rows(self, slots: list[int], tokens: list[int], positions: list[int]):
         """decode_batch's step: row i is token i at positions[i] of slot slots[i]'s cells (and, in

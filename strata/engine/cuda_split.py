@@ -95,10 +95,10 @@ class SplitRunner(Slots, Speculating):
         self.prefill_chunk = min(s.prefill_chunk for s in self.stages)
         self.cached_ids: list[int] = []     # the slot in use's tokens (strata.engine.slots.Slots)
         self._last = None                   # Slots' other per-slot state (and kv): the cards hold it
-        self._init_slots(config.parallel, lambda slot: None, keep_bytes(config))
-        # speculation: the drafter's bookkeeping here, its draft layer on the last card (its own
-        # drafter unused); verify windows run through every card
+        # speculation: the drafter's bookkeeping here (a slot's with the slot), its draft layer on the
+        # last card (its own drafter unused); verify windows run through every card
         self._init_spec(config.spec if config.mtp else "0", config.draft_window, config.draft_prompt)
+        self._init_slots(config.parallel, lambda slot: None, keep_bytes(config))
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False
         self.stream = self.last.stream      # what Speculating._sync waits for (the last card's, after every card's)
@@ -394,6 +394,8 @@ class SplitRunner(Slots, Speculating):
                         else None)
                 s._append_to(slot, token, last)
             self._append_to(slot, token, None)
+        if self.drafter is not None:     # drafting slots' plain steps (a constrained request's, say)
+            self._extend_drafters(slots, self.last.ops.to_host(self.last.steps.hidden))
         self._timed = True
 
     def pick(self, params, u: float, mask=None, host=None) -> int:

@@ -287,6 +287,7 @@ class Generation:
         room = llm.max_context - len(ids)
         self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.completion: Completion | None = None
+        self.drafts = (0, 0)        # drafts proposed and accepted in this request's verify windows
         self._cancelled = False
         self._iter = self._run()
 
@@ -313,7 +314,6 @@ class Generation:
             yield from self._prefill(timings)
             timings.draft_room = bool(getattr(runner, "room_lent", False))
             t1 = time.perf_counter()
-            spec0 = _spec_counts(runner)
             tokens = self._tokens(runner, Sampler(self.params), lambda: self.max_tokens - len(out))
             finish = yield from self._decode(tokens, text, out)
             rest = text.finish()
@@ -323,7 +323,7 @@ class Generation:
                 yield Delta(rest, out[-1] if out else -1)
             timings.predicted_ms = (time.perf_counter() - t1) * 1e3
             timings.predicted_n = len(out)
-            timings.draft_n, timings.draft_n_accepted = (b - a for a, b in zip(spec0, _spec_counts(runner)))
+            timings.draft_n, timings.draft_n_accepted = self.drafts
         finally:
             llm.state = "idle"
         logprobs = None
@@ -404,8 +404,11 @@ class Generation:
         token = pick()
         yield token
         while True:
-            if self.speculate:
-                for token in runner.speculate(token, self.params, sampler, left()):
+            if self.speculate:      # this request's drafts: other slots' windows count in theirs
+                before = _spec_counts(runner)
+                window = runner.speculate(token, self.params, sampler, left())
+                self.drafts = tuple(d + b - a for d, a, b in zip(self.drafts, before, _spec_counts(runner)))
+                for token in window:
                     yield token
             else:
                 if self.stepped:        # decoded already, in a batched step with other slots

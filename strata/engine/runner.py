@@ -7,7 +7,6 @@ from ..backends.cpu import CpuOps, KVCache
 from ..backends.cpu_linear_attn import HybridCache, Qwen3NextCpuOps
 from ..backends.cpu_rows import RowOps
 from ..config import SamplingParams
-from ..errors import InvalidArgument
 from ..model import build
 from .sampler import pick_host
 from .slots import Slots, reusable_prefix
@@ -33,9 +32,8 @@ class CpuRunner(Speculating, Slots):
         self.kv = self._new_kv()
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
         self._last = None                    # logits [V] of the last prefill or decode
-        if parallel > 1 and self.spec:
-            raise InvalidArgument("--parallel with --spec: speculation in parallel slots is not implemented yet")
-        # strata.engine.slots: one sequence each; conversations kept in host RAM (a hybrid's with its states)
+        # strata.engine.slots: one sequence each (a drafter each where drafting); conversations kept in
+        # host RAM (a hybrid's with its states)
         self._init_slots(parallel, lambda slot: self._new_kv(), keep_bytes)
 
     def _new_kv(self) -> KVCache:

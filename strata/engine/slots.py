@@ -109,7 +109,7 @@ class Slots:
         if num_slots < 1:
             raise InvalidArgument(f"parallel slots must be >= 1, got {num_slots}")
         self.num_slots, self.slot = num_slots, 0
-        self._parked = [None] + [(make_kv(s), [], None) for s in range(1, num_slots)]
+        self._parked = [None] + [(make_kv(s), [], None, self._new_slot_state()) for s in range(1, num_slots)]
         self._clock = itertools.count(1)
         self._last_used = [0] * num_slots
 
@@ -120,8 +120,10 @@ class Slots:
             return
         if not 0 <= slot < self.num_slots:
             raise InvalidArgument(f"slot {slot} out of range 0..{self.num_slots - 1} (--parallel {self.num_slots})")
-        self._parked[self.slot] = (self.kv, self.cached_ids, self._last)
-        self.kv, self.cached_ids, self._last = self._parked[slot]
+        self._parked[self.slot] = (self.kv, self.cached_ids, self._last, self._slot_state())
+        self.kv, self.cached_ids, self._last, state = self._parked[slot]
+        for name, value in state.items():
+            setattr(self, name, value)
         self._parked[slot] = None
         self.slot = slot
         self._last_used[slot] = next(self._clock)
@@ -133,10 +135,36 @@ class Slots:
             self.cached_ids.append(token)
             self._last = last
         else:
-            kv, ids, _ = self._parked[slot]
+            kv, ids, _, state = self._parked[slot]
             ids.append(token)
-            self._parked[slot] = (kv, ids, last)
+            self._parked[slot] = (kv, ids, last, state)
         self._last_used[slot] = next(self._clock)
+
+    # what else follows a slot besides its KV, tokens and logits: a drafting runner's drafter (its
+    # done cells and pending rows are its sequence's) and a hybrid's snapshot rows
+    SLOT_STATE = ("drafter", "snapshot_rows")
+
+    def _slot_state(self) -> dict:
+        """The slot in use's other per-sequence state (SLOT_STATE attributes the runner has)."""
+        return {name: getattr(self, name) for name in self.SLOT_STATE if getattr(self, name, None) is not None}
+
+    def _new_slot_state(self) -> dict:
+        """A fresh sequence's SLOT_STATE: a new drafter like the runner's, no snapshot rows."""
+        state = {}
+        drafter = getattr(self, "drafter", None)
+        if drafter is not None:
+            state["drafter"] = type(drafter)(drafter.window, drafter.slots, drafter.prompt_mode)
+        if getattr(self, "snapshot_rows", None) is not None:
+            state["snapshot_rows"] = {}
+        return state
+
+    def _extend_drafters(self, slots: list[int], hidden) -> None:
+        """A batched step's main hidden rows [T, D] (host) to each row's slot's drafter, where drafting."""
+        if getattr(self, "drafter", None) is None:
+            return
+        for row, slot in enumerate(slots):
+            drafter = self.drafter if slot == self.slot else self._parked[slot][3]["drafter"]
+            drafter.extend(hidden[row:row + 1])
 
     def slot_ids(self, slot: int) -> list[int]:
         """The tokens slot `slot` holds K/V for."""

@@ -181,8 +181,9 @@ def test_parallel_is_checked():
         EngineConfig(parallel=0)
     with pytest.raises(InvalidArgument, match="parallel must be"):
         EngineConfig(parallel=9)
-    with pytest.raises(InvalidArgument, match="--parallel 2 with --spec 1"):
-        EngineConfig(parallel=2, spec="1", mtp=True)
+    EngineConfig(parallel=2, spec="1", mtp=True)          # speculation in parallel slots: test_spec_parallel
+    with pytest.raises(InvalidArgument, match="--parallel 2 with --draft-window 64"):
+        EngineConfig(parallel=2, spec="1", mtp=True, draft_window=64)
 
 
 # ---- the GPU runner's batched step, emulated ----
