@@ -126,17 +126,19 @@ extern "C" __global__ void strata_kv_append_f16(const float* __restrict__ k, con
     }
 }
 
-// strata_kv_ring_append(cells, src0..src3, dst0..dst3, T, ring_cells, bytes0..bytes3)
+// strata_kv_ring_append(cells, src0..src3, dst0..dst3, T, ring_cells, bytes0..bytes3, max_cells)
 //   the VRAM window of --kv-resident: for each plane p < gridDim.y (f16 K and V; a quantized format's
-//   K values, K scales, V values, V scales) the bytes[p] bytes of cell cells[t] of src[p] (the
-//   authoritative cells, just appended) are copied to cell cells[t] % ring_cells of dst[p]. Rows are
-//   one sequence's at consecutive cells, so rows t < T - ring_cells are skipped: a newer row of the
-//   batch takes their slot (blocks run in no order, and only the newest may win). bytes[p] even.
+//   K values, K scales, V values, V scales) the bytes[p] bytes of cell c = cells[t] of src[p] (the
+//   authoritative cells, just appended) are copied to dst[p]'s ring of that cell's sequence, c /
+//   max_cells (parallel slots of max_cells cells each), at its slot c % max_cells % ring_cells. Rows
+//   of one sequence are at consecutive cells, so rows t < T - ring_cells are skipped: a newer row of
+//   the batch takes their slot (blocks run in no order, and only the newest may win); a batch of
+//   several slots' rows has T <= 8 < ring_cells. bytes[p] even.
 // Launch: grid = (T, planes, 1), block = (128, 1, 1); 2-byte loads, a block per (row, plane).
 extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, const void* src0, const void* src1,
                                                  const void* src2, const void* src3, void* dst0, void* dst1,
                                                  void* dst2, void* dst3, int T, int ring_cells, int bytes0,
-                                                 int bytes1, int bytes2, int bytes3) {
+                                                 int bytes1, int bytes2, int bytes3, int max_cells) {
     STRATA_PDL_ENTRY();
     const int t = blockIdx.x, p = blockIdx.y;
     if (t >= T || t < T - ring_cells) return;
@@ -145,7 +147,8 @@ extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, 
     const int sizes[4] = {bytes0, bytes1, bytes2, bytes3};
     const int64_t cell = cells[t], n = sizes[p] / 2;
     const uint16_t* s = static_cast<const uint16_t*>(srcs[p]) + cell * n;
-    uint16_t* d = static_cast<uint16_t*>(dsts[p]) + (cell % ring_cells) * n;
+    const int64_t slot = cell / max_cells * ring_cells + cell % max_cells % ring_cells;
+    uint16_t* d = static_cast<uint16_t*>(dsts[p]) + slot * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
@@ -164,10 +167,12 @@ extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, 
 // position p is cell p % ring of the sequence (strata_kv::window_first / ring_cell). 0, 0: as before,
 // bit for bit (the window and ring change which cells are read, never the float arithmetic).
 // vram_cells > 0 (--kv-resident N, the caches then in mapped host memory): k_vram / v_vram
-// [vram_cells, Hk, DH] hold one sequence's newest cells, position p at p % vram_cells, and row b
-// reads positions from strata_kv::VramWindow's `from` (lengths[b] + B - 1 - (vram_cells - 16)) on there,
-// older ones in place over the bus; only the addresses change, so the output is bit for bit that of
-// vram_cells 0 (ring 0 with it: the rows are one sequence's at consecutive positions).
+// [slots, vram_cells, Hk, DH] hold each sequence's newest cells, position p at p % vram_cells of its
+// sequence's ring: with bases, row b's is ring bases[b] / max_cells (parallel slots, max_cells cells
+// each; max_cells is then that stride), without bases ring 0. Row b reads positions from
+// strata_kv::VramWindow's `from` (lengths[b] + B - 1 - (vram_cells - 16)) on there, older ones in
+// place over the bus; only the addresses change, so the output is bit for bit that of vram_cells 0
+// (ring 0 with it).
 //
 // Launch: grid = (num_splits, Hk, B), block = (128, 1, 1), no dynamic shared memory. The split
 // size is ceil(length / num_splits) rounded up to a tile, computed on the device from lengths[b],
@@ -232,8 +237,9 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const __half* kb = k_cache + seq_base;
     const __half* vb = v_cache + seq_base;
     const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
-    const __half* kv_ = k_vram + static_cast<int64_t>(kvh) * DH;
-    const __half* vv_ = v_vram + static_cast<int64_t>(kvh) * DH;
+    const int64_t vram_seq = strata_kv::vram_ring_first(bases, first, max_cells, vram_cells) * row_stride;
+    const __half* kv_ = k_vram + vram_seq + static_cast<int64_t>(kvh) * DH;
+    const __half* vv_ = v_vram + vram_seq + static_cast<int64_t>(kvh) * DH;
     auto load_tile = [&](int stage, int cell0) {
         for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
             const int c = i / kChunks, part = (i % kChunks) * 8, cell = cell0 + c;

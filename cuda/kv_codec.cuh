@@ -137,6 +137,13 @@ __device__ __forceinline__ void append_head(float (&v)[PER], int lane, int64_t r
 // arithmetic.
 constexpr int kVramSlack = 16;      // strata.backends.cuda.memory.KV_VRAM_SLACK
 
+// The first cell of a decode row's sequence's VRAM ring within the rings (--kv-resident with
+// parallel slots: one ring of vram_cells cells per slot of max_cells cells, the slot that of the
+// row's first cache cell); 0 without bases (the rows read one ring) or without a window.
+__device__ __forceinline__ int64_t vram_ring_first(const int* bases, int64_t first, int max_cells, int vram_cells) {
+    return bases && vram_cells > 0 && max_cells > 0 ? first / max_cells * vram_cells : 0;
+}
+
 struct VramWindow {
     int from, first_slot, cells;
     __device__ VramWindow(int length, int rows, int vram_cells)

@@ -32,8 +32,9 @@
 //     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null);
 //     window > 0: only its last `window` positions; ring > 0: position p in cell p % ring (the MTP
 //     drafter's K/V ring; attention.cu's decode header); 0, 0: bit for bit as without them;
-//     vram_cells > 0 (--kv-resident's VRAM window): the vram planes [vram_cells, Hk, ...] hold one
-//     sequence's newest cells at p % vram_cells, the newest vram_cells - 16 (kVramSlack) of them read
+//     vram_cells > 0 (--kv-resident's VRAM window): the vram planes [slots, vram_cells, Hk, ...] hold
+//     each sequence's newest cells at p % vram_cells of its ring (with bases, ring bases[b] / max_cells:
+//     strata_kv::vram_ring_first), the newest vram_cells - 16 (kVramSlack) of them read
 //     from strata_kv::VramWindow's `from` on (the older ones in place over the bus), bit for bit the
 //     same sums: only the addresses change
 //     fmt: int8 (int8 K and V), q4_0 (q4r K and V), k8v4 (int8 K, q4r V); GP = G = H / Hk rounded up
@@ -303,9 +304,10 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     const uint8_t* vram_kv8 = static_cast<const uint8_t*>(vram_k_values);
     const uint8_t* vram_vv8 = static_cast<const uint8_t*>(vram_v_values);
     const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
-    // the head's row of a cell's planes, in the VRAM window (in_vram) or in the cache
+    const int64_t vram_row0 = strata_kv::vram_ring_first(bases, first, max_cells, vram_cells) * Hk + kvh;
+    // the head's row of a cell's planes, in the VRAM window (in_vram: its sequence's ring) or in the cache
     auto row_of = [&](int cell, bool in_vram) -> int64_t {
-        return in_vram ? vram.slot(cell) * Hk + kvh
+        return in_vram ? vram_row0 + vram.slot(cell) * Hk
                        : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
     };
 

@@ -373,9 +373,6 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --draft-window {cfg.draft_window}: the draft "
                               f"layer's K/V ring is VRAM-only, and with --kv-resident it keeps the host copy and the "
                               f"window every layer has (use one of them)")
-    if cfg.kv_resident and cfg.parallel > 1:
-        raise InvalidArgument(f"--kv-resident {cfg.kv_resident} with --parallel {cfg.parallel}: the host KV and its "
-                              f"VRAM window run one sequence so far (use one of them)")
     if cfg.spec != "0" and not cfg.mtp:
         raise InvalidArgument(f"--spec {cfg.spec} needs --mtp: the model's MTP layer is the only drafter")
     if cfg.mtp and cfg.spec == "0":

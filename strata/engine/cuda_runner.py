@@ -614,7 +614,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             return {"format": self.kv_format, "cells_vram": self.max_context * self.num_slots, "cells_host": 0,
                     "bus_bytes_per_token": 0}
         cells = min(len(self.cached_ids) + 1, self.max_context)
-        return {"format": self.kv_format, "cells_vram": kv.vram_window, "cells_host": self.max_context * self.num_slots,
+        return {"format": self.kv_format, "cells_vram": kv.vram_window * self.num_slots,
+                "cells_host": self.max_context * self.num_slots,
                 "bus_bytes_per_token": kv.vram_from(cells) * kv.cell_bytes * kv.num_layers,
                 "resident_limit": self.kv_resident, "vram_bytes": kv.vram_bytes, "host_bytes": kv.host_bytes,
                 "staged_bytes": self.ops.bytes_staged_kv}

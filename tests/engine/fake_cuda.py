@@ -605,14 +605,22 @@ def _read_cells(cache: int, vram: int, first: int, n: int, window: int, ring: in
     return np.concatenate(parts)
 
 
-def _kv_ring_append(grid, cells, s0, s1, s2, s3, d0, d1, d2, d3, T, ring_cells, b0, b1, b2, b3):
-    """strata_kv_ring_append: rows t >= T - ring_cells, each plane's cell cells[t] to slot cells[t] % ring_cells."""
+def _kv_ring_append(grid, cells, s0, s1, s2, s3, d0, d1, d2, d3, T, ring_cells, b0, b1, b2, b3, max_cells):
+    """strata_kv_ring_append: rows t >= T - ring_cells, each plane's cell c = cells[t] to its sequence's
+    ring (c // max_cells: parallel slots) at slot c % max_cells % ring_cells."""
     planes = [(s, d, b) for s, d, b in ((s0, d0, b0), (s1, d1, b1), (s2, d2, b2), (s3, d3, b3)) if b]
-    assert grid[:2] == (T, len(planes)) and ring_cells > 0 and all(b % 2 == 0 for _, _, b in planes)
+    assert grid[:2] == (T, len(planes)) and ring_cells > 0 and max_cells > 0 and all(b % 2 == 0 for _, _, b in planes)
     for t, c in enumerate(view(cells, T, np.int32)):
         if t >= T - ring_cells:
+            slot = int(c) // max_cells * ring_cells + int(c) % max_cells % ring_cells
             for src, dst, n in planes:
-                _resolve(dst + (int(c) % ring_cells) * n, n)[:] = _resolve(src + int(c) * n, n)
+                _resolve(dst + slot * n, n)[:] = _resolve(src + int(c) * n, n)
+
+
+def _vram_ring(vram: int, bases, first: int, S: int, vram_cells: int, cell_bytes: int) -> int:
+    """The address of a decode row's sequence's VRAM ring (cuda/kv_codec.cuh vram_ring_first): with
+    bases, the ring of the row's slot, first // S; else the one ring at vram."""
+    return vram + (first // S * vram_cells * cell_bytes if bases and vram_cells and S else 0)
 
 
 def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, window, ring,
@@ -625,12 +633,14 @@ def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk,
     assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or ring
                                                         or S >= int(view(lengths, B, np.int32).max()))
     firsts = _row_bases(bases, B, S)
-    assert not vram_cells or (k_vram and v_vram and not ring and not any(firsts))    # one sequence's window
+    assert not vram_cells or (k_vram and v_vram and not ring)
     G = H // Hk
     for b, first in enumerate(firsts):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
-        keys, vals = (_read_cells(c, r, first, n, window, ring, B, vram_cells, Hk * dh * 2).view(np.float16)
-                      .reshape(-1, Hk, dh).astype(np.float32) for c, r in ((kc, k_vram), (vc, v_vram)))
+        cell = Hk * dh * 2
+        keys, vals = (_read_cells(c, _vram_ring(r, bases, first, S, vram_cells, cell), first, n, window, ring, B,
+                                  vram_cells, cell).view(np.float16).reshape(-1, Hk, dh).astype(np.float32)
+                      for c, r in ((kc, k_vram), (vc, v_vram)))
         _decode_partials(q + 4 * b * H * dh, keys, vals, part_acc + 4 * b * H * splits * dh,
                          part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
 
@@ -713,13 +723,14 @@ def _attention_decode_q(fmt, grid, q, kv_, ks, vv, vs, lengths, bases, part_acc,
     assert grid == (splits, Hk, B) and 1 <= B <= 8
     lens = view(lengths, B, np.int32).astype(int)
     firsts = _row_bases(bases, B, S)       # S 0: the rows of one window share one sequence's planes
-    assert not vram_cells or (rkv and rks and rvv and rvs and not ring and not any(firsts))   # one sequence's
+    assert not vram_cells or (rkv and rks and rvv and rvs and not ring)
     kc, vc = kvq.codecs(fmt)
 
     def cells(codec, vals, scales, rvals, rscales, first, n):     # the row's cells of the codec's planes
         values, sc = codec.empty((1, Hk), dh)
-        got = [_read_cells(p, r, first, n, window, ring, B, vram_cells, a.nbytes).view(a.dtype)
-               .reshape((-1, Hk) + a.shape[2:]) for p, r, a in ((vals, rvals, values), (scales, rscales, sc))]
+        got = [_read_cells(p, _vram_ring(r, bases, first, S, vram_cells, a.nbytes), first, n, window, ring, B,
+                           vram_cells, a.nbytes).view(a.dtype).reshape((-1, Hk) + a.shape[2:])
+               for p, r, a in ((vals, rvals, values), (scales, rscales, sc))]
         return codec.decode(*got)
     for b, first in enumerate(firsts):
         n = int(lens[b])

@@ -40,6 +40,50 @@ def check_windows_equal_all_resident(pack, rng, fmt, max_context, chunk, prompt_
         assert host.graphs, host.graph_error
 
 
+def check_parallel_windows(pack, rng, fmt, window) -> None:
+    """--kv-resident with --parallel 3: each slot's newest cells in its own VRAM ring. Three sequences
+    of different lengths, then batched steps of several subsets of the slots (rings wrapping): every
+    row's logits bit for bit those of the same slots all in VRAM. Then garbage in the host copy of
+    slot 1's window cells changes nothing (slot 1 reads its ring, not slot 0's or 2's), and garbage in
+    slot 2's cells older than its window does (read over the bus)."""
+    V = pack.args.vocab_size
+    vram, host = kv_runner(pack, 96, fmt, 0, parallel=3), kv_runner(pack, 96, fmt, window, parallel=3)
+    assert host.kv_all.vram_bytes == 3 * kv_runner(pack, 96, fmt, window).kv_all.vram_bytes
+    assert host.status()["kv"]["cells_vram"] == 3 * window
+    prompts = [rng.integers(0, V, n).tolist() for n in (30, 12, 45)]
+
+    def step(slots):
+        toks = rng.integers(0, V, len(slots)).tolist()
+        rows = []
+        for r in (vram, host):
+            r.decode_batch(slots, toks)
+            got = []
+            for s in slots:
+                r.use(s)
+                got.append(r.ops.to_host(r._last))
+            rows.append(got)
+        return rows
+    for r in (vram, host):
+        for slot, ids in enumerate(prompts):
+            r.use(slot)
+            r.prefill(ids, 0, logits=False)
+    for slots in ([0, 1, 2], [2, 0], [1], [0, 1, 2], [1, 2], [2, 1, 0]) * 3:
+        for a, b in zip(*step(slots)):
+            assert np.array_equal(a, b), slots
+    assert host.graphs, host.graph_error
+    for slot, older, same in ((1, False, True), (2, True, False)):
+        seq = host.kv_all.view(slot)
+        n = len(host.slot_ids(slot))
+        lo = seq.vram_from(n + 1)
+        cells = range(lo - 4, lo) if older else range(lo, n)
+        for layer in range(seq.num_layers):
+            for (plane, _), (addr, cell) in zip(seq.buffers, seq.cell_ranges(layer)):
+                junk = rng.integers(0, 256, cell * len(cells), dtype=np.uint8)
+                plane.copy_from_host(junk, host.stream, offset=addr - plane.ptr + cells[0] * cell)
+        (want,), (got,) = step([slot])
+        assert np.array_equal(got, want) == same, slot
+
+
 SPEC_PROMPTS = ["The capital of France is", "Once upon a time, in a quiet village by the sea, there lived"]
 WINDOW_NS = [0, 0, 3, 1, 0, 3, 2, 0, 2, 1, 3, 3, 2, 1, 0] * 3     # draft counts, plain steps (0) between
 

@@ -10,7 +10,8 @@ import pytest
 
 from strata.engine.llm import demo_model_path
 from strata.pack import open_pack
-from tests.engine.kv_resident_checks import check_spec_over_the_window, check_windows_equal_all_resident, kv_runner
+from tests.engine.kv_resident_checks import check_parallel_windows, check_spec_over_the_window, \
+    check_windows_equal_all_resident, kv_runner
 
 pytestmark = pytest.mark.gpu
 
@@ -102,3 +103,10 @@ def test_window_refilled_when_a_prompt_reuses_a_prefix(rng, fmt):
 def test_spec_over_the_window_is_plain_greedy(fmt):
     """--mtp --spec over the VRAM window: the ring's slack takes the rejected rows (kv_resident_checks)."""
     check_spec_over_the_window(fmt, RESIDENT)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the garbage's NaNs
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_parallel_slots_each_read_their_own_window(rng, fmt):
+    """Each slot's VRAM ring (cuda/kv_codec.cuh vram_ring_first, strata_kv_ring_append by slot)."""
+    check_parallel_windows(open_pack(demo_model_path()), rng, fmt, RESIDENT)

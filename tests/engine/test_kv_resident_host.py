@@ -15,8 +15,9 @@ from strata.engine.llm import demo_model_path
 from strata.engine.planner import PackSizes, kv_bytes
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
-from tests.engine.kv_resident_checks import (SPEC_PROMPTS, check_spec_over_the_window, check_windows_equal_all_resident,
-                                             greedy_with_changing_windows, kv_runner)
+from tests.engine.kv_resident_checks import (SPEC_PROMPTS, check_parallel_windows, check_spec_over_the_window,
+                                             check_windows_equal_all_resident, greedy_with_changing_windows,
+                                             kv_runner)
 
 DEMO = demo_model_path()
 RESIDENT = 16           # below every context here: the cells live on the host
@@ -215,16 +216,21 @@ def test_vram_refill_copies():
     assert KV_VRAM_SLACK == 16
     kv = object.__new__(DeviceKV)
     kv.__dict__.update(num_layers=1, vram_window=8, vram_ring_cells=24, layer_cells=64, base=0, num_kv_heads=1,
-                       head_dim=64, buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)])
+                       head_dim=64, buffers=[(SimpleNamespace(ptr=0), 2)], vram_rings=[SimpleNamespace(ptr=1000)],
+                       num_slots=1, max_cells=64)
     assert kv.vram_refill(5) == [(1000, 0, 10)]                      # cells 0..4 at slots 0..4
     assert kv.vram_refill(13) == [(1000 + 10, 10, 16)]               # cells 5..12 at 5..12
     assert kv.vram_refill(30) == [(1000 + 44, 44, 4), (1000, 48, 12)]  # cells 22, 23 at 22, 23, 24..29 at 0..5
+    # slot 1 of two (a view): its cells from cell 32 on, its ring the 24 cells after slot 0's
+    kv.__dict__.update(num_slots=2, max_cells=32, base=32)
+    assert kv.vram_refill(5) == [(1000 + 48, 64, 10)]
 
 
 def test_host_kv_config_refusals():
     EngineConfig(kv_resident=64, device="cuda")
     EngineConfig(kv_resident=64, device="cuda", spec="2", mtp=True)      # speculation over the window
-    for kw, what in (({"device": "cpu"}, "CPU"), ({"parallel": 2}, "--parallel"),
+    EngineConfig(kv_resident=64, device="cuda", parallel=2)               # a window per slot
+    for kw, what in (({"device": "cpu"}, "CPU"),
                      ({"spec": "2", "mtp": True, "draft_window": 32}, "--draft-window")):
         with pytest.raises(InvalidArgument, match=what):
             EngineConfig(kv_resident=64, **kw)
@@ -251,3 +257,31 @@ def test_spec_over_the_window_needs_the_slack(fake, monkeypatch):
     assert spec.runner.kv.vram_ring_cells == RESIDENT
     pairs = [greedy_with_changing_windows(spec, plain, p) for p in SPEC_PROMPTS]
     assert any(got != want for got, want in pairs)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the garbage's NaNs
+@pytest.mark.parametrize("fmt", ["f16", "q4_0"])
+def test_parallel_slots_each_read_their_own_window(fake, rng, fmt):
+    check_parallel_windows(open_pack(DEMO), rng, fmt, RESIDENT)
+
+
+def test_parallel_requests_over_windows_equal_all_resident(fake):
+    """Requests side by side in --parallel 2 slots over --kv-resident windows, one of them sharing the
+    other's prefix (its cells copied between the slots' host cells, then its window refilled): each
+    request's tokens and log-probabilities those of the same slots all in VRAM."""
+    from strata import LLM
+    from strata.config import SamplingParams
+    from strata.engine.scheduler import Request
+    system = "You are a careful coding agent with tools to read and write files. " * 3
+    prompts = [system + "List the files.", system + "Run the tests.", "Write one line about the sea."]
+    out = []
+    for kw in ({}, {"kv_resident": RESIDENT}):
+        llm = LLM(device="cuda", parallel=2, max_context=160, **kw)
+        reqs = [llm.scheduler.submit(Request(llm.tokenizer.encode(p), SamplingParams(max_tokens=12, logprobs=1)))
+                for p in prompts]
+        for r in reqs:
+            assert list(llm.scheduler.drive(r))[-1][0] == "done"
+        out.append([(r.completion.token_ids, [e.logprob for e in r.completion.logprobs]) for r in reqs])
+        shared = llm.status()["kept_conversations"]["shared_prefixes"]
+    assert out[0] == out[1] and shared >= 1
+

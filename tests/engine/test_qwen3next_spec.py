@@ -279,3 +279,31 @@ def test_a_snapshot_of_an_overwritten_sequence_is_not_resumed(fake, pack_path, r
     assert start == 0
     got, want = r.prefill(c, start), make().prefill(c, 0)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_parallel_slots_speculate_on_the_cpu_and_are_refused_on_the_gpu(fake, pack_path, rng, tmp_path):
+    """A hybrid's slots each keep their drafter and snapshot rows (Slots.SLOT_STATE): requests side by
+    side in two slots give plain greedy's tokens on the CPU; the GPU refuses it in one line (its
+    verify windows keep one slot's DeltaNet states)."""
+    from strata import LLM
+    from strata.config import EngineConfig, SamplingParams
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.scheduler import Request
+    from strata.errors import InvalidArgument
+    plain = LLM(str(pack_path), device="cpu", max_context=128)
+    spec = LLM(str(pack_path), device="cpu", max_context=128, mtp=True, spec=3, parallel=2)
+    V = plain.args.vocab_size
+    prompts = [rng.integers(0, V, n).tolist() for n in (20, 33, 9)]
+    want = []
+    for p in prompts:
+        plain.runner.reset()
+        want.append(plain.generate(p, max_tokens=12).token_ids)
+    reqs = [spec.scheduler.submit(Request(p, SamplingParams(max_tokens=12))) for p in prompts]
+    for r in reqs:
+        assert list(spec.scheduler.drive(r))[-1][0] == "done"
+    assert [r.completion.token_ids for r in reqs] == want
+    assert sum(r.completion.timings.draft_n for r in reqs) > 0
+    wide, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=3, mtp=True)
+    with pytest.raises(InvalidArgument, match="--parallel 2: speculation in parallel slots of qwen3next"):
+        CudaRunner(open_pack(wide), 96, EngineConfig(device="cuda", mtp=True, spec="2", parallel=2))
+

@@ -161,7 +161,7 @@ KERNELS = {
     "rope_partial":     _K("rope", "strata_rope_partial_f32", "PPPiiiif", 128, "T: a block per token"),
     "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
     # appended cells (every plane of any format) copied into --kv-resident's VRAM window
-    "kv_ring_append":   _K("attention", "strata_kv_ring_append", "PPPPPPPPPiiiiii", 128, "(T, planes)"),
+    "kv_ring_append":   _K("attention", "strata_kv_ring_append", "PPPPPPPPPiiiiiii", 128, "(T, planes)"),
     "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),

@@ -352,12 +352,13 @@ class DeviceKV:
 
     on_host (--kv-resident below the context): every buffer is a HostPlane, mapped pinned host
     memory at the same layout, the authoritative cells; the kernels append to it and a prompt chunk's
-    attention reads a copy of the layer staged in VRAM (DeviceOps). vram_window > 0 (one slot) keeps
-    the newest cells in VRAM too: per buffer a ring of vram_ring_cells = vram_window + KV_VRAM_SLACK
-    cells a layer, [num_layers, vram_ring_cells, Hk, ...] (vram_planes()), position p at
-    p % vram_ring_cells. Every append is copied into it (strata_kv_ring_append), and a decode step
-    reads a sequence's newest vram_window cells from it and the older ones in place over the bus
-    (cuda/kv_codec.cuh VramWindow). It is never read before it is written, so it is not zeroed.
+    attention reads a copy of the layer staged in VRAM (DeviceOps). vram_window > 0 keeps each
+    slot's newest cells in VRAM too: per buffer a ring of vram_ring_cells = vram_window + KV_VRAM_SLACK
+    cells a layer and slot, [num_layers, num_slots, vram_ring_cells, Hk, ...] (vram_planes()), a
+    slot's position p at p % vram_ring_cells of its ring. Every append is copied into its slot's ring
+    (strata_kv_ring_append), and a decode step reads each row's sequence's newest vram_window cells
+    from its ring and the older ones in place over the bus (cuda/kv_codec.cuh VramWindow). It is
+    never read before it is written, so it is not zeroed.
 
     The slack keeps speculation's rejected cells harmless: a verify window (and the drafter) writes
     positions p < n + KV_VRAM_SLACK for a sequence of n cells (at most 8 rows past it), into the slot
@@ -410,12 +411,12 @@ class DeviceKV:
                                          plane.nbytes))
         for buf, _ in self.buffers:       # on the engine's stream: a non-blocking stream would not
             buf.fill_bytes(0, stream)     # wait for a memset on the legacy one
-        if vram_window and not (on_host and num_slots == 1 and not self.ring_cells and 0 < vram_window < max_cells):
-            raise InvalidArgument(f"DeviceKV: a VRAM window of {vram_window} cells needs one slot's cells on the "
-                                  f"host, no ring, and 0 < window < max_cells ({max_cells})")
+        if vram_window and not (on_host and not self.ring_cells and 0 < vram_window < max_cells):
+            raise InvalidArgument(f"DeviceKV: a VRAM window of {vram_window} cells needs the cells on the host, "
+                                  f"no ring, and 0 < window < max_cells ({max_cells})")
         self.vram_window = vram_window
         self.vram_ring_cells = vram_window + KV_VRAM_SLACK if vram_window else 0
-        self.vram_rings = [rt.DeviceBuffer(device, num_layers * self.vram_ring_cells * cell)
+        self.vram_rings = [rt.DeviceBuffer(device, num_layers * num_slots * self.vram_ring_cells * cell)
                            for _, cell in self.buffers] if vram_window else []
 
     @property
@@ -475,12 +476,15 @@ class DeviceKV:
         return [(buf.ptr + (layer * self.layer_cells + self.base) * cell, cell) for buf, cell in self.buffers]
 
     def vram_planes(self, layer: int) -> list[int]:
-        """Device addresses of layer's VRAM ring, one per buffer (as cell_ranges orders them), or
-        zeros without one (the decode kernels' null window)."""
+        """Device addresses of layer's VRAM ring of this cache's first slot (a view's: its slot's),
+        one per buffer (as cell_ranges orders them), or zeros without one (the decode kernels' null
+        window). A layer's rings are its slots' one after another, so a kernel given the first
+        slot's finds slot s's s * vram_ring_cells cells on (cuda/kv_codec.cuh vram_ring_first)."""
         self._check(layer)
         if not self.vram_window:
             return [0] * len(self.buffers)
-        return [r.ptr + layer * self.vram_ring_cells * cell for r, (_, cell) in zip(self.vram_rings, self.buffers)]
+        ring = (layer * self.num_slots + self.base // self.max_cells) * self.vram_ring_cells
+        return [r.ptr + ring * cell for r, (_, cell) in zip(self.vram_rings, self.buffers)]
 
     def vram_from(self, length: int) -> int:
         """The first of a sequence's `length` cells the VRAM window holds (VramWindow's rule, one row)."""

@@ -19,11 +19,11 @@ DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of
 def _row_lengths(pos: DeviceTensor, T: int, max_cells: int) -> tuple[int, int, int]:
     """(lengths address, cache stride in cells, bases address or 0) of T query rows. A decode step's
     StepRows name each row's length and the first cell of its sequence (rows of parallel slots in
-    one cache). Otherwise the rows are one sequence's at consecutive positions p..p+T-1: row t reads
+    one cache, max_cells apart: the kernels read a row's VRAM ring by its slot). Otherwise the rows are one sequence's at consecutive positions p..p+T-1: row t reads
     cells 0..p+t, its length p+t+1 is positions[t + 1] (positions carry max + 1 last), and every row
     reads the same cache (stride 0); one row: the length after the positions, as before."""
-    if isinstance(pos, StepRows):
-        return pos.lengths, 0, pos.bases
+    if isinstance(pos, StepRows):       # the stride names each row's slot for --kv-resident's rings
+        return pos.lengths, max_cells, pos.bases
     if T == 1:
         return pos.ptr + 4, max_cells, 0
     return pos.ptr + 4, 0, 0
@@ -173,7 +173,8 @@ class AttentionOps:
         src, dst = kv.cell_ranges(layer), kv.vram_planes(layer)
         pad = (0,) * (4 - len(src))
         self.launch("kv_ring_append", (T, len(src)),
-                    (_cells(pos), *(a for a, _ in src), *pad, *dst, *pad, T, cells, *(c for _, c in src), *pad))
+                    (_cells(pos), *(a for a, _ in src), *pad, *dst, *pad, T, cells, *(c for _, c in src), *pad,
+                     kv.max_cells))
 
     def _attention_quantized(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, layer: int, kv,
                              positions) -> DeviceTensor:
