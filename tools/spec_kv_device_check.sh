@@ -46,6 +46,8 @@
 #     dsplit   the decode split (#18): 8 GiB, a 19-token prompt and 32 decoded, --cpu-experts off, auto and
 #              1 (every miss a step takes on the host), at the full bus and capped at 25 GB/s
 #     ttft     tools/ttft_server.py: `strata serve` at 8 GiB, six short chat turns' time to first token (#18)
+#     share    tools/slot_share_bench.py on qwen3-30b-a3b-mtp, resident and at 12 GiB, --parallel 2: slot 1's
+#              first token after an 8192-token prefix slot 0 holds, copied between the slots against read again
 #     ncu      Nsight Compute over the MoE decode kernels (device_deadline.sh's ncu_moe_decode, #16)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
@@ -159,6 +161,14 @@ if has p2048; then      # #18's 12 GiB targets: 512 and 2048 tokens, the split o
     done
 fi
 has ttft && ttft_serve "$shape"
+if has share; then      # a shared prompt prefix copied between parallel slots against read again (#19)
+    pack=$(PYTHONPATH=/tmp/strata-pack-site $PY -c "from strata.synthetic import synthetic_pack; print(synthetic_pack('qwen3-30b-a3b-mtp', progress=False))")
+    for gib in 0 12; do
+        echo "== slot share, budget $gib GiB ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/slot_share_bench.py "$pack" --device cuda --vram-budget-gib "$gib" \
+            --parallel 2 --prefix 8192 --rounds 2 --max-context 16384 --json "$OUT/share_$gib.json" 2>&1 | tail -3
+    done
+fi
 if has layers; then     # a layer split over two cards against one card (#21)
     pair=0,1
     [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && pair=0,0
