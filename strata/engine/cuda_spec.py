@@ -47,9 +47,6 @@ def check_spec(config, store, args) -> None:
     if args.architecture == "qwen3next" and config.draft_window:
         raise InvalidArgument(f"--draft-window {config.draft_window}: the draft layer's K/V ring of qwen3next on the "
                               "GPU is not built yet (its attention cells are DeviceHybridCache's; 0 runs it)")
-    if args.architecture == "qwen3next" and config.parallel > 1:
-        raise InvalidArgument(f"--spec with --parallel {config.parallel}: speculation in parallel slots of qwen3next on "
-                              "the GPU is not built yet (its verify windows keep one slot's DeltaNet states)")
     if store.staged_decode:
         raise InvalidArgument("--spec on the GPU needs decode misses read in place (zero-copy): staged misses "
                               "(--decode-misses staged, or part of experts.bin unpinned) read each layer's "

@@ -281,29 +281,35 @@ def test_a_snapshot_of_an_overwritten_sequence_is_not_resumed(fake, pack_path, r
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
-def test_parallel_slots_speculate_on_the_cpu_and_are_refused_on_the_gpu(fake, pack_path, rng, tmp_path):
-    """A hybrid's slots each keep their drafter and snapshot rows (Slots.SLOT_STATE): requests side by
-    side in two slots give plain greedy's tokens on the CPU; the GPU refuses it in one line (its
-    verify windows keep one slot's DeltaNet states)."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_parallel_slots_speculate_side_by_side(fake, tmp_path, rng, device):
+    """A hybrid's slots each keep their drafter and snapshot rows (Slots.SLOT_STATE), and on the GPU
+    every slot's view keeps its verify windows' states in the cache's one rows buffer: requests side
+    by side in two slots (one of them not drafting: logprobs) give plain greedy's tokens, and so do
+    follow-up turns that resume in their slots."""
     from strata import LLM
-    from strata.config import EngineConfig, SamplingParams
-    from strata.engine.cuda_runner import CudaRunner
+    from strata.config import SamplingParams
     from strata.engine.scheduler import Request
-    from strata.errors import InvalidArgument
-    plain = LLM(str(pack_path), device="cpu", max_context=128)
-    spec = LLM(str(pack_path), device="cpu", max_context=128, mtp=True, spec=3, parallel=2)
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=3, mtp=True)
+    plain = LLM(str(path), device=device, max_context=128)
+    spec = LLM(str(path), device=device, max_context=128, mtp=True, spec=3, parallel=2)
     V = plain.args.vocab_size
     prompts = [rng.integers(0, V, n).tolist() for n in (20, 33, 9)]
-    want = []
-    for p in prompts:
-        plain.runner.reset()
-        want.append(plain.generate(p, max_tokens=12).token_ids)
-    reqs = [spec.scheduler.submit(Request(p, SamplingParams(max_tokens=12))) for p in prompts]
-    for r in reqs:
-        assert list(spec.scheduler.drive(r))[-1][0] == "done"
-    assert [r.completion.token_ids for r in reqs] == want
-    assert sum(r.completion.timings.draft_n for r in reqs) > 0
-    wide, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=3, mtp=True)
-    with pytest.raises(InvalidArgument, match="--parallel 2: speculation in parallel slots of qwen3next"):
-        CudaRunner(open_pack(wide), 96, EngineConfig(device="cuda", mtp=True, spec="2", parallel=2))
+    kws = [{}, {"logprobs": 0}, {}]
 
+    def side_by_side(prompts, kws):
+        reqs = [spec.scheduler.submit(Request(p, SamplingParams(max_tokens=12, **kw))) for p, kw in zip(prompts, kws)]
+        for r in reqs:
+            assert list(spec.scheduler.drive(r))[-1][0] == "done"
+        return [r.completion for r in reqs]
+
+    def alone(p, kw):
+        plain.runner.reset()
+        return plain.generate(p, max_tokens=12, **kw).token_ids
+    got = side_by_side(prompts, kws)
+    assert [c.token_ids for c in got] == [alone(p, kw) for p, kw in zip(prompts, kws)]
+    assert got[1].timings.draft_n == 0 and got[0].timings.draft_n + got[2].timings.draft_n > 0
+    follow = [p + c.token_ids + [5, 6, 7] for p, c in zip(prompts[1:], got[1:])]
+    again = side_by_side(follow, [{}, {}])
+    assert [c.token_ids for c in again] == [alone(p, {}) for p in follow]
+    assert again[1].usage.cached_tokens >= len(prompts[2])      # the last request's slot kept its turn

@@ -139,34 +139,35 @@ class DeviceHybridCache:
         """Keep the states of verify windows of up to num_rows rows: a buffer [1 + num_rows, states
         bytes] whose row 0 holds the states before the window and row 1 + t those after its row t
         (the ops copy each DeltaNet layer's states there as a step of several rows reads them)."""
-        self.num_rows = num_rows
-        self.rows = self.rt.DeviceBuffer(self.dev, (1 + num_rows) * self.states.nbytes)
+        whole = self.whole          # one buffer for every slot's view (a window runs in one slot at a time)
+        whole.num_rows = num_rows
+        whole.rows = self.rt.DeviceBuffer(self.dev, (1 + num_rows) * self.states.nbytes)
 
     def row_state_ptrs(self, layer: int, row: int):
         """(conv, recurrent) destinations of this layer's states after the window's row `row`, or
         None where no window keeps that row."""
-        if self.rows is None or row >= self.num_rows:
+        if self.whole.rows is None or row >= self.whole.num_rows:
             return None
-        at = self.rows.ptr + (1 + row) * self.states.nbytes + self._offsets[layer]
+        at = self.whole.rows.ptr + (1 + row) * self.states.nbytes + self._offsets[layer]
         return at, at + self.conv_floats * 4
 
     def window_begin(self, start: int) -> None:
         """A verify window reads tokens from position `start`: its row 0 holds the states now."""
-        self.rt.copy_d2d(self.rows.ptr, self.states.ptr, self.states.nbytes, self.stream)
+        self.rt.copy_d2d(self.whole.rows.ptr, self.states.ptr, self.states.nbytes, self.stream)
         self.window_start = start
 
     def roll_back(self, length: int) -> None:
         """Make live the states after `length` tokens, kept by the last verify window (queued on the
         stream: the next step reads them in order)."""
         row = length - (self.window_start if self.window_start is not None else length + 1)
-        if not 0 <= row <= self.num_rows:
+        if not 0 <= row <= self.whole.num_rows:
             raise KeyError(f"no DeltaNet states after {length} tokens in the verify window")
         n = self.states.nbytes
-        self.rt.copy_d2d(self.states.ptr, self.rows.ptr + row * n, n, self.stream)
+        self.rt.copy_d2d(self.states.ptr, self.whole.rows.ptr + row * n, n, self.stream)
 
     @property
     def nbytes(self) -> int:
-        rows = self.rows.nbytes if self.rows is not None else 0
+        rows = self.whole.rows.nbytes if self.whole.rows is not None else 0
         return self.kv.whole.nbytes + self.states.nbytes * (1 + len(self.homes)) + rows
 
     @property
