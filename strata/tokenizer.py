@@ -30,13 +30,44 @@ class Tokenizer:
         if not isinstance(self.chat_template, str):
             raise PackError(f"{path}: the chat template is a {type(self.chat_template).__name__}, not a string")
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._meta_fim = meta.get("fim_token_ids")
         self._template = compile_chat_template(self.chat_template)    # at load, not at the first chat
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        """The ids of text, after the BOS token where the model adds one (and `bos`)."""
         if not isinstance(text, str):
             raise InvalidArgument(f"prompt must be a string, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else ids
+        return [self.bos_token_id, *ids] if self.add_bos and bos else ids
+
+    # fill-in-the-middle tokens by name, for packs whose metadata does not name them (Qwen2.5/3-Coder's,
+    # StarCoder's): prefix, suffix, middle
+    FIM_NAMES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+    @functools.cached_property
+    def fim_token_ids(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) token ids of the model's fill-in-the-middle format, or None: the
+        pack's tokenizer.fim_token_ids (a GGUF's fim_pre/suf/mid), else the known names in the vocabulary."""
+        if self._meta_fim:
+            return tuple(self._meta_fim)
+        for names in self.FIM_NAMES:
+            ids = [self._tok.token_to_id(n) for n in names]
+            if None not in ids:
+                return tuple(ids)
+        return None
+
+    def fill_in_the_middle(self, prefix: str | list[int], suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt, prefix-suffix-middle order (BOS first where the model adds
+        one); prefix as text or ids. InvalidArgument where the model has no such tokens."""
+        fim = self.fim_token_ids
+        if fim is None:
+            raise InvalidArgument("this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+                                  "<|fim_middle|>, or a GGUF's tokenizer.ggml.fim_*_token_id)")
+        head = [self.bos_token_id] if self.add_bos else []
+        body = self.encode(prefix, bos=False) if isinstance(prefix, str) else list(prefix)
+        if head and body[:1] == head:
+            body = body[1:]
+        return [*head, fim[0], *body, fim[1], *self.encode(suffix, bos=False), fim[2]]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -96,6 +96,9 @@ def gguf_tokenizer(kv: dict, path: Path, vocab_size: int) -> tuple[dict, Callabl
     meta = {"bos_token_id": token_id("bos_token_id"), "eos_token_ids": list(dict.fromkeys(eos)),
             "pad_token_id": token_id("padding_token_id"), "add_bos_token": bool(add_bos),
             "chat_template": template}
+    fim = [token_id(f"fim_{k}_token_id") for k in ("pre", "suf", "mid")]     # fill-in-the-middle, where named
+    if None not in fim:
+        meta["fim_token_ids"] = fim
     return meta, lambda: _bpe_json(path, tokens, types, merges, pre)
 
 

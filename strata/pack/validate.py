@@ -99,8 +99,12 @@ def _tokenizer(tok, vocab_size: int) -> None:
     if not isinstance(eos, list):
         raise _Bad("tokenizer.eos_token_ids is not a list")
     ids += [("eos_token_ids", v) for v in eos]
+    fim = tok.get("fim_token_ids")
+    if fim is not None and (not isinstance(fim, list) or len(fim) != 3):
+        raise _Bad("tokenizer.fim_token_ids is not a list of three token ids (prefix, suffix, middle)")
+    ids += [("fim_token_ids", v) for v in fim or ()]
     for key, v in ids:
-        if (v is not None or key == "eos_token_ids") and (not is_int(v) or not 0 <= v < vocab_size):   # bos, pad: may be null
+        if (v is not None or key in ("eos_token_ids", "fim_token_ids")) and (not is_int(v) or not 0 <= v < vocab_size):
             raise _Bad(f"tokenizer.{key}: {v!r:.80} is not a token id below the vocabulary size {vocab_size}")
     if not isinstance(tok.get("add_bos_token", False), bool):
         raise _Bad("tokenizer.add_bos_token is not true or false")

@@ -240,6 +240,11 @@ def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS, prompt=None) 
                            code="chat_template_error") from None
         return llm.tokenizer.encode(text)
     prompt = req.prompt if prompt is None else prompt
+    if req.suffix is not None:      # fill-in-the-middle: the model's own prefix/suffix/middle tokens
+        try:
+            return llm.tokenizer.fill_in_the_middle(prompt, req.suffix)
+        except StrataError as e:
+            raise APIError(400, f"suffix: {e}", param="suffix", code="unsupported_parameter") from None
     return list(prompt) if isinstance(prompt, list) else llm.tokenizer.encode(prompt)
 
 

@@ -171,8 +171,6 @@ def _reject_unsupported(body: dict, kind: str) -> None:
         best_of = _integer(body, "best_of", lo=1)
         if best_of is not None and best_of > 1:
             raise unsupported("best_of", f"best_of={best_of}")
-        if body.get("suffix"):
-            raise unsupported("suffix", "suffix (fill-in-the-middle)")
 
 
 def _adjustments(body: dict, kind: str, vocab_size: int) -> dict:
@@ -359,6 +357,7 @@ class ParsedRequest:
     echo: bool = False                              # a completion's text (and logprobs) start with the prompt's
     n: int = 1                                      # choices of each prompt
     batch: list = field(default_factory=list)       # a completion's prompts (prompt is the first)
+    suffix: str | None = None                       # a completion's text after the gap (fill-in-the-middle)
 
     @property
     def prompts(self) -> list:
@@ -391,6 +390,11 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     include_usage = bool(stream and opts and _boolean(opts, "include_usage"))
     limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     echo = kind == "completion" and _boolean(body, "echo")
+    suffix = body.get("suffix") if kind == "completion" else None
+    if suffix is not None and not isinstance(suffix, str):
+        raise invalid("suffix", f"suffix must be a string, got {type(suffix).__name__}", "invalid_type")
+    if suffix is not None and echo:
+        raise invalid("suffix", "suffix (fill-in-the-middle) and echo cannot both be given")
     max_tokens = _integer(body, limit_name, lo=0 if echo else 1, hi=max_context)    # echo: 0 scores the prompt
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)      # OpenAI's default
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
@@ -404,7 +408,7 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     if fmt is not None and _forced_choice(body.get("tool_choice")):
         raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
     return ParsedRequest(kind, prompts[0], stream, include_usage, max_tokens, sampling, fmt, echo, n,
-                         prompts if len(prompts) > 1 else [])
+                         prompts if len(prompts) > 1 else [], suffix)
 
 
 # ---- response bodies ----

@@ -110,7 +110,9 @@ COMPLETION_REQUEST = {
                    **_SAMPLING,
                    "max_tokens": {"type": "integer", "minimum": 0, "description": "0 only with echo"},
                    "logprobs": {**_LOGPROBS, "description": "each token's log-probability and its k likeliest rivals"},
-                   "echo": {"type": "boolean", "description": "the text (and logprobs) start with the prompt's"}},
+                   "echo": {"type": "boolean", "description": "the text (and logprobs) start with the prompt's"},
+                   "suffix": {"type": "string", "description": "the text after the gap: fill-in-the-middle with the "
+                                                               "model's own FIM tokens (not with echo)"}},
 }
 ERROR = {
     "type": "object", "required": ["error"],

@@ -165,3 +165,18 @@ def test_rope_scaling_keys(tmp_path):
     paths, _ = make_gguf(tmp_path, SHAPES["tiny"], seed=8, metadata=keys)
     args = open_pack(convert(paths[0], tmp_path / "pack", progress=False)).args
     assert args.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+def test_fim_token_ids_from_gguf_metadata():
+    """A GGUF's tokenizer.ggml.fim_pre/suf/mid_token_id become the pack's fim_token_ids (all three or
+    none); an id past the vocabulary is dropped as the other ids are."""
+    from strata.pack.tokenizer_build import CONTROL, NORMAL, gguf_tokenizer
+    ref = make_tokenizer(300)
+    vocab = {i: t for t, i in ref.get_vocab().items()}
+    merges = [" ".join(m) if not isinstance(m, str) else m for m in json.loads(ref.to_str())["model"]["merges"]]
+    kv = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": [vocab[i] for i in range(300)],
+          "tokenizer.ggml.token_type": [NORMAL] * 297 + [CONTROL] * 3, "tokenizer.ggml.merges": merges,
+          "tokenizer.ggml.eos_token_id": 299, "tokenizer.ggml.fim_pre_token_id": 296,
+          "tokenizer.ggml.fim_suf_token_id": 297, "tokenizer.ggml.fim_mid_token_id": 298}
+    assert gguf_tokenizer(kv, "x.gguf", 300)[0]["fim_token_ids"] == [296, 297, 298]
+    assert "fim_token_ids" not in gguf_tokenizer({**kv, "tokenizer.ggml.fim_mid_token_id": 900}, "x.gguf", 300)[0]

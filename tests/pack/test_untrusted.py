@@ -136,6 +136,8 @@ def _layer(meta, i=1):
     (lambda m: m["tokenizer"].__setitem__("chat_template", 7), ["chat_template"]),
     (lambda m: m["tokenizer"].__setitem__("eos_token_ids", [10 ** 6]), ["eos_token_ids"]),
     (lambda m: m["tokenizer"].__setitem__("eos_token_ids", [None]), ["eos_token_ids", "None"]),
+    (lambda m: m["tokenizer"].__setitem__("fim_token_ids", [1, 2]), ["fim_token_ids", "three"]),
+    (lambda m: m["tokenizer"].__setitem__("fim_token_ids", [1, 2, 10 ** 6]), ["fim_token_ids", "1000000"]),
     (lambda m: m["tokenizer"].__setitem__("file", "../../etc/passwd"), ["tokenizer.file"]),
     (lambda m: m.__setitem__("max_blob", 0), ["max_blob"]),
     (lambda m: m["files"]["dense.bin"].__setitem__("bytes", "71936"), ["files.dense.bin.bytes"]),

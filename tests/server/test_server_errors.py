@@ -91,7 +91,9 @@ CASES = [
     (COMPLETE, {"prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
     (COMPLETE, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     (COMPLETE, {"prompt": "x", "logprobs": True}, 400, "logprobs", "invalid_type"),
-    (COMPLETE, {"prompt": "x", "suffix": "tail"}, 400, "suffix", "unsupported_parameter"),
+    (COMPLETE, {"prompt": "x", "suffix": "tail"}, 400, "suffix", "unsupported_parameter"),   # no FIM tokens
+    (COMPLETE, {"prompt": "x", "suffix": 5}, 400, "suffix", "invalid_type"),
+    (COMPLETE, {"prompt": "x", "suffix": "tail", "echo": True}, 400, "suffix", "invalid_value"),
     (COMPLETE, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
     (COMPLETE, {"prompt": "x", "model": "nope"}, 404, "model", "model_not_found"),
 ]
