@@ -125,7 +125,7 @@ def test_entries_and_ties():
     assert [t for t, _ in top_entries(lp, 2)[0]] == [1, 2]            # ties in id order
     assert [t for t, _ in top_entries(lp, 3)[1]] == [1, 3, 2]
     e = entries(rows, [0, 2], 0)
-    assert e[0].top == () and e[1].token == 2 and abs(e[1].logprob - lp[1, 2]) < 1e-12
+    assert e[0].top == () and e[1].token == 2 and abs(e[1].logprob - lp[1, 2]) < 1e-6
     dead = log_softmax(np.full((1, 4), -np.inf, np.float32))
     assert np.all(dead == -np.inf)
 
@@ -160,7 +160,7 @@ def test_the_gpu_runner_picks_on_the_host_as_the_cpu_does(fake, llm, gpus):
     assert [e and e.token for e in p_got] == [e and e.token for e in p_want]
     # the prompt path's GEMMs round otherwise than the CPU's: exact against the GPU's own logits
     own = log_softmax(gpu.logits(ids))
-    assert np.allclose([e.logprob for e in p_got[1:]], own[np.arange(len(ids) - 1), ids[1:]], atol=1e-9)
+    assert np.allclose([e.logprob for e in p_got[1:]], own[np.arange(len(ids) - 1), ids[1:]], atol=1e-6)
     assert np.allclose([e.logprob for e in p_got[1:]], [e.logprob for e in p_want[1:]], atol=1e-2)
     # and a plain request after them still picks on the device, the tokens unchanged
     assert gpu.generate(ids, max_tokens=6).token_ids == llm.generate(ids, max_tokens=6).token_ids
@@ -190,3 +190,21 @@ def test_batched_slots_pick_on_the_host_from_their_own_rows(fake):
         assert r.completion.token_ids == w.token_ids
         if w.logprobs is not None:
             assert np.allclose([e.logprob for e in r.completion.logprobs], [e.logprob for e in w.logprobs], atol=TOL)
+
+
+def test_top_ids_are_a_stable_sorts_first_k():
+    """_top_ids's k argmax passes give the k largest, ties in id order, as a whole stable sort would:
+    rows with ties, -inf entries and rows of nothing else."""
+    from strata.engine.logits import _top_ids
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        V, k = int(rng.choice([3, 7, 50, 1000])), int(rng.integers(0, 25))
+        x = np.round(rng.standard_normal((4, V)), 1).astype(np.float32)
+        if trial % 5 == 0:
+            x[:, ::2] = -np.inf
+        if trial % 7 == 0:
+            x[:] = -np.inf
+        got = _top_ids(x, k)
+        for r in range(4):
+            assert got[r] == [int(t) for t in np.lexsort((np.arange(V), -x[r]))[:min(k, V)]], (trial, r)
+
