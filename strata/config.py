@@ -212,9 +212,11 @@ class EngineConfig:
         "help": "host RAM for the K/V of conversations a new request pushes out of a slot, so a returning "
                 "one is copied back instead of read again (at most a quarter of the available host "
                 "memory); 0 = none kept"})
-    parallel: int = field(default=1, metadata={"help": "sequences served at once (1..8): each has its own KV of "
-                                                        "--max-context cells and its own cached conversation, "
-                                                        "and their decode steps run batched, one step for all"})
+    parallel: int | str = field(default=1, metadata={"help": "sequences served at once (1..8, or auto: as many "
+                                                              "of 4 or 2 as the plan holds without a shorter context "
+                                                              "or fewer cached experts; serve's default): each has "
+                                                              "its own KV of --max-context cells and its own cached "
+                                                              "conversation, and their decode steps run batched"})
     batch_max: int = field(default=0, metadata={"help": "rows of one batched decode step of --parallel slots "
                                                          "(1..--parallel; 1: each sequence steps alone); 0 = auto: "
                                                          "the grouping whose measured step times cost least, so a "
@@ -266,12 +268,17 @@ class EngineConfig:
         if not 0 <= self.keep_conversations_gib < 1 << 20:
             raise InvalidArgument(f"keep_conversations_gib must be >= 0 (0: none kept) and finite, got "
                                   f"{self.keep_conversations_gib}")
-        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) \
+        if isinstance(self.parallel, str) and self.parallel.strip().isdigit():     # a flag's or STRATA_PARALLEL's text
+            object.__setattr__(self, "parallel", int(self.parallel))
+        if isinstance(self.parallel, str) and self.parallel.strip().lower() == "auto":
+            object.__setattr__(self, "parallel", "auto")       # strata.engine.parallel_choice resolves it at load
+        elif isinstance(self.parallel, bool) or not isinstance(self.parallel, int) \
                 or not 1 <= self.parallel <= PARALLEL_MAX:
-            raise InvalidArgument(f"parallel must be a number of sequences from 1 to {PARALLEL_MAX} (the rows of one "
-                                  f"batched decode step), got {self.parallel!r}")
+            raise InvalidArgument(f"parallel must be auto or a number of sequences from 1 to {PARALLEL_MAX} (the rows "
+                                  f"of one batched decode step), got {self.parallel!r}")
+        slots = PARALLEL_MAX if self.parallel == "auto" else self.parallel
         if isinstance(self.batch_max, bool) or not isinstance(self.batch_max, int) \
-                or not 0 <= self.batch_max <= self.parallel:
+                or not 0 <= self.batch_max <= slots:
             raise InvalidArgument(f"batch_max must be 0 (auto) or a number of rows from 1 to --parallel "
                                   f"({self.parallel}), got {self.batch_max!r}")
         _refuse_not_implemented(self)
@@ -382,7 +389,7 @@ def _refuse_not_implemented(cfg: "EngineConfig") -> None:
                               f"K/V window")
     if spec_max_drafts(cfg.spec) > SPEC_MAX_DRAFTS:
         raise InvalidArgument(f"--spec {cfg.spec}: at most {SPEC_MAX_DRAFTS} drafts per verify window")
-    if cfg.parallel > 1 and cfg.draft_window:
+    if cfg.parallel != "auto" and cfg.parallel > 1 and cfg.draft_window:
         raise InvalidArgument(f"--parallel {cfg.parallel} with --draft-window {cfg.draft_window}: the draft layer's "
                               f"K/V ring holds one sequence (use one of them)")
     if cfg.split:

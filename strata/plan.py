@@ -20,6 +20,7 @@ from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
 from .engine.kv_choice import kv_trade, resolve_gpu, resolve_split_kv
+from .engine.parallel_choice import choose_parallel
 from .errors import DeviceError, InvalidArgument
 
 MEASURE_BYTES = 256 << 20
@@ -237,8 +238,9 @@ def layer_split_main(args, config: EngineConfig, name: str, sizes: PackSizes) ->
 def plan_main(args, engine_kwargs: dict) -> int:
     config = EngineConfig.from_kwargs(**engine_kwargs)
     name, sizes = plan_sizes(args.model, args.synthetic)
-    if config.split:
-        return layer_split_main(args, config, name, sizes)
+    if config.split:            # --parallel auto over a split: 1 (strata.engine.parallel_choice)
+        return layer_split_main(args, dataclasses.replace(config, parallel=1) if config.parallel == "auto" else config,
+                                name, sizes)
     gpu = _gpu(config)
     free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
     bus_gb_s = bandwidths.h2d_gb_s
@@ -246,22 +248,31 @@ def plan_main(args, engine_kwargs: dict) -> int:
         bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
                                 f"{bandwidths.source}; host->device capped by --pcie-gbs")
     budget, source = vram_budget(config, free)
-    kv_why = None
+    kv_why = parallel_why = None
+    slots = config.parallel
+    if slots == "auto":                 # as a load resolves it: the format for one slot, then the slots
+        config = dataclasses.replace(config, parallel=1)
     if config.kv == "auto":
         kv, kv_why = resolve_gpu(sizes, config, budget, bandwidths, num_sms)
         config = dataclasses.replace(config, kv=kv)
+    if slots == "auto":
+        n, parallel_why = choose_parallel(sizes, config, budget, bandwidths, num_sms) if not config.draft_window \
+            else (1, "auto: 1 (the draft layer's --draft-window ring holds one sequence)")
+        config = dataclasses.replace(config, parallel=n)
     show = tuple(int(n) for n in str(args.prompt or "").split(",") if n.strip())
     plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
     rates, cases = split_cases(sizes, plan, config, bus_gb_s)
     if args.json:
-        print(json.dumps({"model": name, **plan.to_dict(), "kv_auto": kv_why,
+        print(json.dumps({"model": name, **plan.to_dict(), "kv_auto": kv_why, "parallel_auto": parallel_why,
                           "kv_trade": [dataclasses.asdict(o) for o in options],
                           "cpu_experts": None if rates is None else
                           {"host_rates": dataclasses.asdict(rates), "cases": [dataclasses.asdict(c) for c in cases]}},
                          indent=1))
     else:
         print(plan_text(name, plan))
+        if parallel_why:
+            print(f"  --parallel auto     {parallel_why}")
         print(split_text(config, rates, cases))
         print(trade_text(options, kv_why))
     return 0

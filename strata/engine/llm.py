@@ -1,6 +1,7 @@
 """strata.LLM: load a model and generate from it."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -144,11 +145,27 @@ class LLM:
     def _load_runner(self, config: EngineConfig) -> None:
         """The runner on self.device for config (--kv auto and the context resolved for that device)."""
         from .kv_choice import resolve
+        from .parallel_choice import resolve_parallel
+        slots = config.parallel
+        if slots == "auto":             # the format first, for one slot; then the slots in that format
+            config = dataclasses.replace(config, parallel=1)
         self.config, self.kv_source = resolve(self.device, self.pack, config)      # --kv auto
+        self.config, self.parallel_source = resolve_parallel(self.device, self.pack,
+                                                             dataclasses.replace(self.config, parallel=slots),
+                                                             host_fits=self._host_fits)
         self.max_context, self.context_source = _context(self.device, self.pack, self.config)
         if self.context_source.startswith(("lowered", "--max-context ")):
             print(f"strata: context {self.max_context} tokens: {self.context_source}", file=sys.stderr, flush=True)
         self.runner = _make_runner(self.device, self.pack, self.max_context, self.config)
+
+    def _host_fits(self, slots: int) -> bool:
+        """Whether `slots` sequences' host KV holds the asked (or trained) context (--parallel auto on
+        the CPU: host_context's rule)."""
+        from ..system import host_memory
+        from .planner import asked_context
+        trained = self.pack.args.max_position_embeddings
+        context = asked_context(self.config.max_context, trained)[0] if self.config.max_context else trained
+        return host_context(self.args, context, host_memory()[1], _cpu_kv(self.config.kv), slots)[1] is None
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:
         """A request queue over this model's --parallel slots (strata.engine.scheduler): requests go
@@ -232,7 +249,8 @@ class LLM:
 
     def status(self) -> dict:
         return {"model": self.model_name, "state": self.state, "max_context": self.max_context,
-                "context_source": self.context_source, **self.runner.status(), "batching": self.batching.to_dict()}
+                "context_source": self.context_source, **self.runner.status(), "batching": self.batching.to_dict(),
+                "parallel_source": self.parallel_source}
 
     # -- helpers -----------------------------------------------------------------------------
     def _submit(self, prompt, params: SamplingParams) -> Request:

@@ -88,7 +88,7 @@ def serve_main(args: argparse.Namespace) -> int:
         raise InvalidArgument("--queue-size and --max-body-bytes must be positive")
     api_key = api_key_from(args)
     allowed_hosts = allowed_hosts_from(args)
-    kwargs = engine_kwargs(args)
+    kwargs = {"parallel": "auto", **engine_kwargs(args)}    # serving: as many slots as the plan holds
     EngineConfig.from_kwargs(**kwargs)          # bad engine flags fail before the address is taken
     sock = bind_address(args.host, args.port)
     try:
@@ -98,7 +98,9 @@ def serve_main(args: argparse.Namespace) -> int:
                          warm_up=False, allowed_hosts=allowed_hosts)
         print(f"strata: serving {llm.model_name} on {llm.device} at {_url(sock)} "
               f"(OpenAI API under /v1{', API key required' if api_key else ''}); context {llm.max_context} "
-              f"tokens ({llm.context_source}); warmed up in {warm_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
+              f"tokens ({llm.context_source}); {llm.config.parallel} parallel slot"
+              f"{'s' if llm.config.parallel > 1 else ''}{f' ({llm.parallel_source})' if llm.parallel_source else ''}; "
+              f"warmed up in {warm_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
         serve_on(app, sock, max_connections=connection_cap())
     finally:
         sock.close()

@@ -16,4 +16,5 @@ def test_serve_command_with_api_key_from_environment(tmp_path, llm):
         assert models["data"][0]["max_context"] == 256
         status = httpx.get(url + "/v1/status", headers={"Authorization": "Bearer env-key"}).json()
         assert status["queue"]["max"] == 4 and status["auth"] is True
-    assert "strata: serving pack on cpu" in log.read_text()
+        assert status["slots"]["total"] == 4 and status["parallel_source"].startswith("auto: 4")   # serve's default
+    assert "strata: serving pack on cpu" in log.read_text() and "4 parallel slots (auto: 4" in log.read_text()
