@@ -201,10 +201,11 @@ class EventWriter:
     its deltas and content_block_stop, then message_delta (stop reason, usage) and message_stop.
     stop_reason(completion, num_calls) -> (stop_reason, stop_sequence) (see stop_reason())."""
 
-    def __init__(self, msg_id: str, model: str, with_tools: bool, input_tokens: int,
+    def __init__(self, msg_id: str, model: str, tools, input_tokens: int,
                  stop_reason: Callable[[object, int], tuple[str, str | None]]):
+        """tools: the request's active ToolSpec (its calls are read out of the text), or None."""
         self.msg_id, self.model, self.input_tokens, self.stop_reason = msg_id, model, input_tokens, stop_reason
-        self.reader = ToolCallReader() if with_tools else None
+        self.reader = ToolCallReader(tools) if tools else None
         self.index, self.text_open = 0, False
 
     def start(self) -> bytes:

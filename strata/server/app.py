@@ -336,8 +336,9 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     req_id, created = new_id(kind), int(time.time())
     logprobs = [Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
                 for job in jobs]
-    writers = [ChunkWriter(req_id, kind, llm.model_name, req.include_usage, ToolCallReader() if tools.active else None,
-                           lp, index, created) for index, lp in enumerate(logprobs)]
+    writers = [ChunkWriter(req_id, kind, llm.model_name, req.include_usage,
+                           ToolCallReader(tools) if tools.active else None, lp, index, created)
+               for index, lp in enumerate(logprobs)]
     if req.stream:
         frames = _sse(jobs[0], worker, writers[0], draining) if len(jobs) == 1 else \
             _sse_choices(jobs, worker, writers, draining, req.n)
@@ -345,7 +346,7 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     completions = await _completions(jobs, worker, request, draining)
     if completions is None:
         return Response(status_code=499)
-    choices = [choice_body(kind, c, index, split_calls(c.text) if tools.active else None, lp)
+    choices = [choice_body(kind, c, index, split_calls(c.text, tools) if tools.active else None, lp)
                for index, (c, lp) in enumerate(zip(completions, logprobs))]
     return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.n)
 
@@ -363,13 +364,14 @@ async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes:
     def stop_reason(completion, num_calls: int):
         return anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), num_calls)
     if req.stream:
-        frames = anthropic.EventWriter(msg_id, llm.model_name, tools.active, len(job.prompt_ids), stop_reason)
+        frames = anthropic.EventWriter(msg_id, llm.model_name, tools if tools.active else None, len(job.prompt_ids),
+                                       stop_reason)
         return StreamingResponse(_sse(job, worker, frames, draining), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     completion = await _completion(job, worker, request, draining)
     if completion is None:
         return Response(status_code=499)
-    content, calls = split_calls(completion.text) if tools.active else (completion.text, [])
+    content, calls = split_calls(completion.text, tools) if tools.active else (completion.text, [])
     parts = [("text", content)] + [("call", c) for c in calls]
     reason = stop_reason(completion, len(calls))
     return anthropic.message_body(msg_id, llm.model_name, completion, parts, reason)

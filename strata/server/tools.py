@@ -1,7 +1,8 @@
 """Tool calls: request checking, rendering tools into the prompt, and reading calls back out.
 
 The wire form inside the model's text is Qwen3's: each call is `<tool_call>\\n{"name": ..., "arguments":
-{...}}\\n</tool_call>`. A chat template that reads a `tools` variable (Qwen3's does) renders tools,
+{...}}\\n</tool_call>`; Qwen3-Coder's `<tool_call>` blocks of `<function=...>` and `<parameter=...>` tags
+are read back too (xml_call). A chat template that reads a `tools` variable (Qwen3's does) renders tools,
 assistant tool calls and tool results itself. A template that does not (the demo's plain ChatML)
 gets Strata's rendering, done on the messages before the template sees them:
 - a system message (prepended, or appended to the first system message) lists the tools as JSON
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -177,10 +179,14 @@ def new_call_id() -> str:
 class ToolCallReader:
     """Splits streamed model text into content and tool calls: push(text) and finish() return
     [("text", str) | ("call", {"id", "name", "arguments"})]. Text that might begin a <tool_call> is held
-    back until it is clear; a block whose JSON does not parse as a call stays text."""
+    back until it is clear. A block holds Qwen3's JSON call, or Qwen3-Coder's XML one (xml_call); one
+    that parses as neither stays text. tools: the request's (the XML form's values are typed by their
+    parameters' schemas)."""
 
-    def __init__(self):
+    def __init__(self, tools: "ToolSpec | None" = None):
         self.buf, self.inside, self.num_calls = "", False, 0
+        self.params = {f["name"]: (f.get("parameters") or {}).get("properties") or {}
+                       for f in (tools.functions() if tools is not None else ())}
 
     def push(self, text: str) -> list[tuple[str, object]]:
         self.buf += text
@@ -208,16 +214,49 @@ class ToolCallReader:
         return [("text", rest)] if rest else []      # held-back text, or a call cut short by max_tokens
 
     def _call(self, block: str) -> tuple[str, object]:
+        inner = block[len(CALL_OPEN):-len(CALL_CLOSE)]
         try:
-            obj = json.loads(block[len(CALL_OPEN):-len(CALL_CLOSE)])
+            obj = json.loads(inner)
         except ValueError:
-            return ("text", block)
+            obj = xml_call(inner, self.params)
         if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
             return ("text", block)
         args = obj.get("arguments", {})
         self.num_calls += 1
         return ("call", {"id": new_call_id(), "name": obj["name"],
                          "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)})
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]{1,64})>(.*)</function>\s*", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]{1,128})>(.*?)</parameter>", re.DOTALL)
+
+
+def xml_call(inner: str, params: dict) -> dict | None:
+    """Qwen3-Coder's call, `<function=NAME>` then `<parameter=KEY>VALUE</parameter>` blocks and
+    `</function>`, as {"name", "arguments"}; None where the text is not one. Each value is a string
+    (one newline after the opening tag and before the closing one belongs to the layout), typed by the
+    parameter's schema: a string stays text, a number, boolean, object or array is read as JSON
+    (text that is not stays text, as does every value of a parameter with no schema type)."""
+    m = _XML_FUNCTION.fullmatch(inner)
+    if m is None:
+        return None
+    name, body = m.group(1).strip(), m.group(2)
+    schema = params.get(name, {})
+    args = {}
+    for key, raw in _XML_PARAMETER.findall(body):
+        key = key.strip()
+        value = raw[1:] if raw.startswith("\n") else raw
+        value = value[:-1] if value.endswith("\n") else value
+        kind = (schema.get(key) or {}).get("type") if isinstance(schema.get(key), dict) else None
+        if kind in ("integer", "number", "boolean", "object", "array", "null"):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        args[key] = value
+    if _XML_PARAMETER.sub("", body).strip():        # text besides the parameter blocks: not a call
+        return None
+    return {"name": name, "arguments": args}
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -228,9 +267,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def split_calls(text: str) -> tuple[str, list[dict]]:
-    """(content, calls) of a finished reply."""
-    reader = ToolCallReader()
+def split_calls(text: str, tools: "ToolSpec | None" = None) -> tuple[str, list[dict]]:
+    """(content, calls) of a finished reply (tools: the request's, for the XML form's value types)."""
+    reader = ToolCallReader(tools)
     parts = reader.push(text) + reader.finish()
     content = "".join(p for k, p in parts if k == "text")
     return content, [p for k, p in parts if k == "call"]

@@ -47,6 +47,36 @@ def test_reader_keeps_what_is_not_a_call_as_text():
     assert split_calls('<tool_call>{"name": "f", "arguments": "raw"}</tool_call>')[1][0]["arguments"] == "raw"
 
 
+RUN = {"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+    "cmd": {"type": "string"}, "timeout": {"type": "integer"}, "shell": {"type": "boolean"},
+    "env": {"type": "object"}, "args": {"type": "array"}, "note": {}}}}}
+
+
+def test_qwen3_coder_xml_calls_are_read_back_typed_by_their_schema():
+    """Qwen3-Coder writes <function=...> and <parameter=...> tags inside <tool_call>: values typed by
+    the parameters' schemas (a string stays text, even when it looks like JSON), streamed or whole."""
+    spec = parse_tools({"tools": [RUN, TIME]})
+    reply = ("I will run it.\n<tool_call>\n<function=run>\n<parameter=cmd>\npytest -q tests/\n</parameter>\n"
+             "<parameter=timeout>\n30\n</parameter>\n<parameter=shell>\ntrue\n</parameter>\n"
+             "<parameter=env>\n{\"CI\": \"1\"}\n</parameter>\n<parameter=args>\n[1, 2]\n</parameter>\n"
+             "<parameter=note>\n42\n</parameter>\n</function>\n</tool_call>\n"
+             "<tool_call>\n<function=get_time>\n<parameter=zone>\n123\n</parameter>\n</function>\n</tool_call>")
+    content, calls = split_calls(reply, spec)
+    assert content.strip() == "I will run it."
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("run", {"cmd": "pytest -q tests/", "timeout": 30, "shell": True, "env": {"CI": "1"}, "args": [1, 2],
+                 "note": "42"}),
+        ("get_time", {"zone": "123"})]
+    reader, parts = ToolCallReader(spec), []
+    for i in range(0, len(reply), 7):
+        parts += reader.push(reply[i:i + 7])
+    parts += reader.finish()
+    assert [json.loads(p["arguments"]) for k, p in parts if k == "call"] == [json.loads(c["arguments"]) for c in calls]
+    for bad in ("<tool_call><function=run>stray text<parameter=cmd>x</parameter></function></tool_call>",
+                "<tool_call><function=run><parameter=cmd>x</parameter></tool_call>"):
+        assert split_calls(bad, spec) == (bad, [])
+
+
 def test_rendering_for_a_template_without_tools():
     chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     assert not template_reads_tools(chatml)
