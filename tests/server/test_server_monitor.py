@@ -77,7 +77,9 @@ class GpuStatusLLM:
 
     def status(self):
         gib = 1 << 30
+        kept = {**self._llm.status()["kept_conversations"], "shared_prefixes": 3, "shared_tokens": 4096}
         return {**self._llm.status(), "device": "cuda", "prefill_chunk": 2048, "prefill_ring": 12,
+                "kept_conversations": kept,
                 "gpu": {"name": "NVIDIA H200", "vram_budget_bytes": 24 * gib, "vram_used_bytes": 22 * gib,
                         "dense_bytes": 3 * gib, "expert_cache_bytes": 16 * gib, "kv_bytes": 2 * gib,
                         "prompt_bytes": 1 * gib},
@@ -106,7 +108,8 @@ def test_monitor_gpu_panel_fields(browser, llm, tmp_path):
             expect(rows).to_contain_text(text)
         expect(page.locator("#vram-legend")).to_contain_text("22.00 GiB used of 24.00 GiB")
         expect(page.locator("#prompt-chunk")).to_have_text("chunk 2,048 tokens · ring 12 slots")
-        expect(page.locator("#batching")).to_have_text("slots 0 / 4 busy · steps of up to 2 rows (--batch-max 2)")
+        expect(page.locator("#batching")).to_have_text("slots 0 / 4 busy · steps of up to 2 rows (--batch-max 2) · "
+                                                       "3 prefixes copied between slots (4,096 tokens)")
         page.screenshot(path=str(tmp_path / "monitor_gpu.png"), full_page=True)
         assert errors == []
         page.close()

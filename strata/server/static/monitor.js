@@ -94,16 +94,19 @@ function renderState(s) {
   $("state-detail").textContent = detail;
   $("tps").textContent = fmtRate(s.tokens_per_second);
   $("tps-note").textContent = cur && cur.decode_tps ? "now" : "last request";
-  $("batching").textContent = batchingText(s.slots, s.batching);
+  $("batching").textContent = batchingText(s.slots, s.batching, s.kept_conversations);
   $("queue").textContent = s.queue ? s.queue.depth : 0;
   $("queue-max").textContent = s.queue ? "/ " + s.queue.max : "";
 }
 
-// "slots 2 / 4 busy · steps of up to 4 rows (auto)": the batch rule's current cap (--batch-max).
-function batchingText(slots, b) {
+// "slots 2 / 4 busy · steps of up to 4 rows (auto) · 3 prefixes copied between slots (4,096 tokens)": the
+// batch rule's current cap (--batch-max), and the prompt prefixes a slot took from another instead of reading them.
+function batchingText(slots, b, kept) {
   if (!slots || slots.total <= 1) return "";
   const rule = !b ? "" : b.auto ? ` · steps of up to ${b.cap} rows (auto)` : ` · steps of up to ${b.cap} rows (--batch-max ${b.batch_max})`;
-  return `slots ${slots.busy} / ${slots.total} busy${rule}`;
+  const n = kept ? kept.shared_prefixes : 0;
+  const shared = n ? ` · ${fmtInt(n)} prefix${n > 1 ? "es" : ""} copied between slots (${fmtInt(kept.shared_tokens)} tokens)` : "";
+  return `slots ${slots.busy} / ${slots.total} busy${rule}${shared}`;
 }
 
 function renderTotals(s) {
