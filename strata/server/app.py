@@ -26,8 +26,8 @@ from ..engine.scheduler import DEFAULT_QUEUE_SIZE, QueueFull
 from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
-from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, choice_body, completion_body, error_body, \
-    new_id, parse_json_object, parse_request
+from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, best_replies, choice_body, completion_body, \
+    error_body, new_id, parse_json_object, parse_request
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job
@@ -280,7 +280,7 @@ def _prepare_choices(llm, req: ParsedRequest, tools: ToolSpec) -> list[tuple[lis
     out = []
     for prompt in req.prompts:
         ids = _tokenize(llm, req, tools, prompt)
-        out += [(ids, _constraint(llm, tools, req.response_format)) for _ in range(req.n)]
+        out += [(ids, _constraint(llm, tools, req.response_format)) for _ in range(req.per_prompt)]
     return out
 
 
@@ -299,7 +299,7 @@ async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequ
     field = "messages" if req.kind == "chat" else "prompt"
     jobs = []
     for index, (ids, constraint) in enumerate(prepared):
-        where = f"{field}[{index // req.n}]" if req.batch else field
+        where = f"{field}[{index // req.per_prompt}]" if req.batch else field
         if not ids:
             raise APIError(400, f"{where} is empty after tokenization", param=field)
         if len(ids) >= llm.max_context:
@@ -308,7 +308,7 @@ async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequ
                            param=field, code="context_length_exceeded")
         room = llm.max_context - len(ids)
         max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
-        jobs.append(Job(ids, req.params(max_tokens, index % req.n), constraint=constraint, kind=req.kind,
+        jobs.append(Job(ids, req.params(max_tokens, index % req.per_prompt), constraint=constraint, kind=req.kind,
                         loop=asyncio.get_running_loop(), stream=req.stream))
     for i, job in enumerate(jobs):
         try:
@@ -346,9 +346,10 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     completions = await _completions(jobs, worker, request, draining)
     if completions is None:
         return Response(status_code=499)
-    choices = [choice_body(kind, c, index, split_calls(c.text, tools) if tools.active else None, lp)
-               for index, (c, lp) in enumerate(zip(completions, logprobs))]
-    return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.n)
+    keep = best_replies(completions, req.per_prompt, req.n) if req.per_prompt > req.n else range(len(completions))
+    choices = [choice_body(kind, completions[i], index, split_calls(completions[i].text, tools) if tools.active
+                           else None, logprobs[i]) for index, i in enumerate(keep)]
+    return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.per_prompt)
 
 
 async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining):

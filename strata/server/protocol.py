@@ -167,10 +167,6 @@ def _reject_unsupported(body: dict, kind: str) -> None:
     if kind == "chat":
         if body.get("functions"):
             raise unsupported("functions", "the deprecated functions parameter (use tools)")
-    else:
-        best_of = _integer(body, "best_of", lo=1)
-        if best_of is not None and best_of > 1:
-            raise unsupported("best_of", f"best_of={best_of}")
 
 
 def _adjustments(body: dict, kind: str, vocab_size: int) -> dict:
@@ -358,18 +354,41 @@ class ParsedRequest:
     n: int = 1                                      # choices of each prompt
     batch: list = field(default_factory=list)       # a completion's prompts (prompt is the first)
     suffix: str | None = None                       # a completion's text after the gap (fill-in-the-middle)
+    best_of: int = 1                                # replies generated per prompt; the n likeliest are returned
+
+    @property
+    def per_prompt(self) -> int:
+        """Replies generated for each prompt: best_of, at least n."""
+        return max(self.n, self.best_of)
 
     @property
     def prompts(self) -> list:
         return self.batch or [self.prompt]
 
     def params(self, max_tokens: int | None, choice: int = 0) -> SamplingParams:
-        """The params of choice `choice` of a prompt: a seeded request's choices draw from seed,
-        seed + 1, ... (one seed would give n equal samples)."""
+        """The params of reply `choice` of a prompt: a seeded request's replies draw from seed,
+        seed + 1, ... (one seed would give n equal samples); with best_of above n each reply keeps
+        its tokens' log-probabilities, which rank them."""
         seed = self.sampling.get("seed")
+        sampling = dict(self.sampling)
         if choice and seed is not None:
-            return SamplingParams(max_tokens=max_tokens, **{**self.sampling, "seed": (seed + choice) % 2**63})
-        return SamplingParams(max_tokens=max_tokens, **self.sampling)
+            sampling["seed"] = (seed + choice) % 2**63
+        if self.best_of > self.n and sampling.get("logprobs") is None:
+            sampling["logprobs"] = 0
+        return SamplingParams(max_tokens=max_tokens, **sampling)
+
+
+def best_replies(completions: list, per_prompt: int, n: int) -> list[int]:
+    """The indices of the n replies of each prompt's per_prompt with the highest mean log-probability
+    per token (OpenAI's best_of), likeliest first; a reply of no token ranks after every other."""
+    out = []
+    for start in range(0, len(completions), per_prompt):
+        def score(i):
+            lps = completions[i].logprobs or []
+            return sum(e.logprob for e in lps) / len(lps) if lps else -math.inf
+        group = range(start, start + per_prompt)
+        out += sorted(group, key=lambda i: (-score(i), i))[:n]
+    return out
 
 
 def parse_request(body: dict, kind: str, model_name: str, max_context: int, vocab_size: int) -> ParsedRequest:
@@ -380,9 +399,14 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     _reject_unsupported(body, kind)
     prompts = [chat_messages(body)] if kind == "chat" else completion_prompts(body, vocab_size)
     n = _integer(body, "n", lo=1, hi=MAX_CHOICES) or 1
-    if n * len(prompts) > MAX_CHOICES:
-        raise invalid("n" if len(prompts) == 1 else "prompt", f"{len(prompts)} prompts x n = {n} is "
-                      f"{n * len(prompts)} choices; one request may ask for at most {MAX_CHOICES}")
+    best_of = (_integer(body, "best_of", lo=1, hi=MAX_CHOICES) or n) if kind == "completion" else n
+    if best_of < n:
+        raise invalid("best_of", f"best_of ({best_of}) must be at least n ({n})")
+    if best_of > n and _boolean(body, "stream"):
+        raise invalid("best_of", "best_of above n cannot be streamed: the best replies are known at the end")
+    if best_of * len(prompts) > MAX_CHOICES:
+        raise invalid("n" if len(prompts) == 1 else "prompt", f"{len(prompts)} prompts x {best_of} replies is "
+                      f"{best_of * len(prompts)}; one request may generate at most {MAX_CHOICES}")
     stream = _boolean(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -408,7 +432,7 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     if fmt is not None and _forced_choice(body.get("tool_choice")):
         raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
     return ParsedRequest(kind, prompts[0], stream, include_usage, max_tokens, sampling, fmt, echo, n,
-                         prompts if len(prompts) > 1 else [], suffix)
+                         prompts if len(prompts) > 1 else [], suffix, best_of)
 
 
 # ---- response bodies ----

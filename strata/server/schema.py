@@ -109,6 +109,9 @@ COMPLETION_REQUEST = {
         {"type": "array", "minItems": 2, "maxItems": 16, "items": _PROMPT, "description": "a batch: a choice each"}]},
                    **_SAMPLING,
                    "max_tokens": {"type": "integer", "minimum": 0, "description": "0 only with echo"},
+                   "best_of": {"type": "integer", "minimum": 1, "maximum": 16,
+                               "description": "replies generated per prompt, the n with the highest mean "
+                                             "log-probability returned (not streamed when above n)"},
                    "logprobs": {**_LOGPROBS, "description": "each token's log-probability and its k likeliest rivals"},
                    "echo": {"type": "boolean", "description": "the text (and logprobs) start with the prompt's"},
                    "suffix": {"type": "string", "description": "the text after the gap: fill-in-the-middle with the "

@@ -108,3 +108,17 @@ def test_structured_choices_each_get_their_own_grammar(server, n):
         assert text.startswith('{"a":'), text
         if c["finish_reason"] == "stop":
             assert set(json.loads(text)) == {"a"}
+
+
+def test_best_of_returns_the_likeliest_replies(server):
+    """best_of 3, n 2 (seeded): the two of the three replies the seeds give alone with the highest mean
+    log-probability per token, likeliest first; every reply's tokens counted in usage."""
+    body = {"prompt": "The cat", "max_tokens": 6, "temperature": 1.0, "seed": 7}
+    alone = [_post(server, COMPLETE, {**body, "seed": 7 + i, "logprobs": 0})["choices"][0] for i in range(3)]
+    mean = [sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]) for c in alone]
+    order = sorted(range(3), key=lambda i: (-mean[i], i))[:2]
+    got = _post(server, COMPLETE, {**body, "best_of": 3, "n": 2})
+    assert [c["text"] for c in got["choices"]] == [alone[i]["text"] for i in order]
+    assert [c["index"] for c in got["choices"]] == [0, 1] and all(c["logprobs"] is None for c in got["choices"])
+    assert got["usage"]["completion_tokens"] == 18
+

@@ -88,7 +88,10 @@ CASES = [
     (COMPLETE, {"prompt": ["x"] * 9, "n": 2}, 400, "prompt", "invalid_value"),
     (COMPLETE, {"prompt": "x", "echo": 1}, 400, "echo", "invalid_type"),
     (COMPLETE, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
-    (COMPLETE, {"prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    (COMPLETE, {"prompt": "x", "best_of": 2, "n": 3}, 400, "best_of", "invalid_value"),
+    (COMPLETE, {"prompt": "x", "best_of": 3, "stream": True}, 400, "best_of", "invalid_value"),
+    (COMPLETE, {"prompt": "x", "best_of": 17}, 400, "best_of", "invalid_value"),
+    (COMPLETE, {"prompt": ["x", "y"], "best_of": 9}, 400, "prompt", "invalid_value"),
     (COMPLETE, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     (COMPLETE, {"prompt": "x", "logprobs": True}, 400, "logprobs", "invalid_type"),
     (COMPLETE, {"prompt": "x", "suffix": "tail"}, 400, "suffix", "unsupported_parameter"),   # no FIM tokens
