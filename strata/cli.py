@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None, help="required on /v1 routes (env STRATA_API_KEY)")
     s.add_argument("--queue-size", type=int, default=64, help="requests waiting at most; more get 503")
     s.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit")
+    s.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
+                   help="auto: a chat reply's <think> block as message.reasoning_content where the model has "
+                        "those tags (Qwen3); none: replies as the model wrote them")
     s.add_argument("--allowed-hosts", default=None, help="Host names answered besides localhost, 127.0.0.1, [::1] "
                    "(comma list, any port; * for any)")
     add_engine_flags(s)

@@ -79,6 +79,10 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def has_token(self, text: str) -> bool:
+        """Whether text is one token of the vocabulary (an added token such as <think>, or a piece)."""
+        return self._tok.token_to_id(text) is not None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token_id stands for (a byte-level BPE piece may hold part of a UTF-8
         character): an added token's text, a ByteLevel piece through the byte alphabet's inverse,

@@ -28,6 +28,7 @@ from . import anthropic, schema
 from .metrics import ServerMetrics
 from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, best_replies, choice_body, completion_body, \
     error_body, new_id, parse_json_object, parse_request
+from .reasoning import ReasoningReader, opens_inside, reasoning_tags, split_reasoning
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
 from .worker import EngineWorker, Job
@@ -63,11 +64,15 @@ def _shutting_down() -> APIError:
 
 def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, warm_up: bool = True,
-               allowed_hosts: list[str] | None = None) -> FastAPI:
+               allowed_hosts: list[str] | None = None, reasoning_format: str = "auto") -> FastAPI:
     """warm_up: run llm.warm_up() before serving (the first request then costs what later ones do;
     serve_main does it itself, before printing that it serves). allowed_hosts: the Host header names
     answered (any port; "*" any name); None answers every Host (serve_main passes the loopback names
-    for a loopback bind)."""
+    for a loopback bind). reasoning_format: auto (a chat reply's <think> block as reasoning_content,
+    where the model has those tags: strata.server.reasoning) or none."""
+    if reasoning_format not in ("auto", "none"):
+        raise ValueError(f"reasoning_format must be auto or none, got {reasoning_format!r}")
+    think = reasoning_format == "auto" and reasoning_tags(getattr(llm, "tokenizer", None))
     metrics = ServerMetrics()
     worker = EngineWorker(llm, queue_size, metrics)
     metrics.bind(worker)
@@ -97,7 +102,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
 
     @v1.post("/chat/completions", openapi_extra=schema.request_body(schema.CHAT_REQUEST), responses=post_errors)
     async def chat_completions(request: Request):
-        return await _complete(request, "chat", llm, worker, max_body_bytes, draining)
+        return await _complete(request, "chat", llm, worker, max_body_bytes, draining, think)
 
     @v1.post("/completions", openapi_extra=schema.request_body(schema.COMPLETION_REQUEST), responses=post_errors)
     async def completions(request: Request):
@@ -234,7 +239,8 @@ def _tokenize(llm, req: ParsedRequest, tools: ToolSpec = NO_TOOLS, prompt=None) 
     if req.kind == "chat":
         messages, extra = render_messages(req.prompt, tools, llm.tokenizer.chat_template)
         try:
-            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
+            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     **{**req.template_kwargs, **extra})
         except StrataError as e:    # the model's template failed or ran past its budget (strata/chat_template.py)
             raise APIError(400, f"messages: the model's chat template rejected them: {e}", param="messages",
                            code="chat_template_error") from None
@@ -327,7 +333,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_body_bytes: int,
-                    draining: Draining):
+                    draining: Draining, think: bool = False):
     body = await _read_request(request, max_body_bytes, draining)
     req = parse_request(body, kind, llm.model_name, llm.max_context, llm.tokenizer.vocab_size)
     tools = parse_tools(body) if kind == "chat" else NO_TOOLS
@@ -336,8 +342,12 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     req_id, created = new_id(kind), int(time.time())
     logprobs = [Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
                 for job in jobs]
+    # a chat reply's thinking as reasoning_content, from its start where the prompt opened <think>
+    inside = [think and opens_inside(llm.tokenizer.decode(job.prompt_ids[-16:], skip_special_tokens=False))
+              for job in jobs] if kind == "chat" else [False] * len(jobs)
     writers = [ChunkWriter(req_id, kind, llm.model_name, req.include_usage,
-                           ToolCallReader(tools) if tools.active else None, lp, index, created)
+                           ToolCallReader(tools) if tools.active else None, lp, index, created,
+                           ReasoningReader(inside[index]) if think and kind == "chat" else None)
                for index, lp in enumerate(logprobs)]
     if req.stream:
         frames = _sse(jobs[0], worker, writers[0], draining) if len(jobs) == 1 else \
@@ -347,8 +357,12 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     if completions is None:
         return Response(status_code=499)
     keep = best_replies(completions, req.per_prompt, req.n) if req.per_prompt > req.n else range(len(completions))
-    choices = [choice_body(kind, completions[i], index, split_calls(completions[i].text, tools) if tools.active
-                           else None, logprobs[i]) for index, i in enumerate(keep)]
+    choices = []
+    for index, i in enumerate(keep):
+        reasoning, text = (split_reasoning(completions[i].text, inside[i]) if think and kind == "chat"
+                           else (None, completions[i].text))
+        reply = split_calls(text, tools) if tools.active else (text, []) if reasoning is not None else None
+        choices.append(choice_body(kind, completions[i], index, reply, logprobs[i], reasoning))
     return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.per_prompt)
 
 

@@ -95,7 +95,8 @@ def serve_main(args: argparse.Namespace) -> int:
         llm = LLM(args.model, **kwargs)
         warm_s = llm.warm_up()
         app = create_app(llm, api_key=api_key, queue_size=queue_size, max_body_bytes=max_body_bytes,
-                         warm_up=False, allowed_hosts=allowed_hosts)
+                         warm_up=False, allowed_hosts=allowed_hosts,
+                         reasoning_format=getattr(args, "reasoning_format", None) or "auto")
         print(f"strata: serving {llm.model_name} on {llm.device} at {_url(sock)} "
               f"(OpenAI API under /v1{', API key required' if api_key else ''}); context {llm.max_context} "
               f"tokens ({llm.context_source}); {llm.config.parallel} parallel slot"

@@ -336,6 +336,32 @@ def completion_prompts(body: dict, vocab_size: int) -> list[str | list[int]]:
     return out
 
 
+TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                     "strftime_now")
+MAX_TEMPLATE_KWARGS = 16
+
+
+def template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs (vLLM's and llama.cpp's extension: e.g. {"enable_thinking": false} for
+    Qwen3) -> the extra variables the model's chat template is rendered with, naming what it rejects."""
+    v = body.get("chat_template_kwargs")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise invalid("chat_template_kwargs", "chat_template_kwargs must be an object of template variables",
+                      "invalid_type")
+    if len(v) > MAX_TEMPLATE_KWARGS:
+        raise invalid("chat_template_kwargs", f"chat_template_kwargs has {len(v)} variables; at most "
+                                              f"{MAX_TEMPLATE_KWARGS} are allowed")
+    for key in v:
+        if not key.isidentifier() or key.startswith("_"):
+            raise invalid("chat_template_kwargs", f"chat_template_kwargs: {key[:40]!r} is not a template variable "
+                                                  f"name")
+        if key in TEMPLATE_RESERVED:
+            raise invalid("chat_template_kwargs", f"chat_template_kwargs: {key} is set by the request itself")
+    return dict(v)
+
+
 # ---- the whole request ----
 
 MAX_CHOICES = 16        # choices of one request: n x the prompts of a completions batch
@@ -355,6 +381,7 @@ class ParsedRequest:
     batch: list = field(default_factory=list)       # a completion's prompts (prompt is the first)
     suffix: str | None = None                       # a completion's text after the gap (fill-in-the-middle)
     best_of: int = 1                                # replies generated per prompt; the n likeliest are returned
+    template_kwargs: dict = field(default_factory=dict)     # chat_template_kwargs: the template's extra variables
 
     @property
     def per_prompt(self) -> int:
@@ -432,7 +459,8 @@ def parse_request(body: dict, kind: str, model_name: str, max_context: int, voca
     if fmt is not None and _forced_choice(body.get("tool_choice")):
         raise invalid("response_format", "response_format and a forced tool_choice cannot both shape one reply")
     return ParsedRequest(kind, prompts[0], stream, include_usage, max_tokens, sampling, fmt, echo, n,
-                         prompts if len(prompts) > 1 else [], suffix, best_of)
+                         prompts if len(prompts) > 1 else [], suffix, best_of,
+                         template_kwargs(body) if kind == "chat" else {})
 
 
 # ---- response bodies ----
@@ -526,13 +554,16 @@ class Logprobs:
 
 
 def choice_body(kind: str, completion, index: int = 0, reply: tuple[str, list[dict]] | None = None,
-                logprobs: Logprobs | None = None) -> dict:
-    """One choice of a reply. reply: (content, tool calls) when the request had tools; else the whole
-    text is the content. logprobs: where the request asked for them (or for echo)."""
+                logprobs: Logprobs | None = None, reasoning: str | None = None) -> dict:
+    """One choice of a reply. reply: (content, tool calls) when the request had tools or its reasoning
+    was split out; else the whole text is the content. logprobs: where the request asked for them (or
+    for echo). reasoning: the reply's thinking (strata.server.reasoning), where it had some."""
     lp = logprobs.body(completion) if logprobs is not None else None
     if kind == "chat":
         content, calls = reply if reply is not None else (completion.text, [])
         message = {"role": "assistant", "content": content if content or not calls else None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [openai_tool_call(c) for c in calls]
         finish = "tool_calls" if calls and completion.finish_reason != "length" else _finish(completion.finish_reason)
@@ -558,9 +589,10 @@ class ChunkWriter:
     then go out as tool_calls deltas."""
 
     def __init__(self, req_id: str, kind: str, model: str, include_usage: bool = False, reader=None,
-                 logprobs: Logprobs | None = None, index: int = 0, created: int | None = None):
+                 logprobs: Logprobs | None = None, index: int = 0, created: int | None = None, thinking=None):
         self.req_id, self.kind, self.model = req_id, kind, model
         self.include_usage, self.reader, self.index = include_usage, reader, index
+        self.thinking = thinking        # a strata.server.reasoning.ReasoningReader: thinking as reasoning_content
         self.created = int(time.time()) if created is None else created
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         # logprobs: each text frame carries the entries of the tokens since the last one; a
@@ -613,6 +645,21 @@ class ChunkWriter:
         return (self._echo_frame(None) if text is not None else b"") + self._text(text)
 
     def _text(self, text: str | None) -> bytes:
+        if self.thinking is None:
+            return self._answer(text)
+        parts = self.thinking.push(text) if text is not None else self.thinking.finish()
+        out = b""
+        for kind, part in parts:
+            out += self._reasoning(part) if kind == "reasoning" else self._answer(part)
+        return out + (self._answer(None) if text is None else b"")
+
+    def _reasoning(self, text: str) -> bytes:
+        if not text:
+            return b""
+        return self._frame([{"index": self.index, "delta": {"reasoning_content": text},
+                             "logprobs": self._take_logprobs(), "finish_reason": None}])
+
+    def _answer(self, text: str | None) -> bytes:
         if self.reader is None:
             return self._frame([self._choice(text, None)]) if text else b""
         parts = self.reader.push(text) if text is not None else self.reader.finish()

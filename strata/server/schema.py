@@ -68,7 +68,10 @@ CHAT_REQUEST = {
                    "tools": {"type": "array", "maxItems": 128, "items": _TOOL}, "tool_choice": _TOOL_CHOICE,
                    "response_format": _RESPONSE_FORMAT, **_SAMPLING,
                    "logprobs": {"type": "boolean"},
-                   "top_logprobs": {**_LOGPROBS, "description": "needs logprobs: true"}},
+                   "top_logprobs": {**_LOGPROBS, "description": "needs logprobs: true"},
+                   "chat_template_kwargs": {"type": "object", "maxProperties": 16,
+                                            "description": "extra variables of the model's chat template, e.g. "
+                                                           "{\"enable_thinking\": false} for Qwen3"}},
 }
 _BLOCK = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]}, "text": {"type": "string"},

@@ -1,0 +1,145 @@
+"""Qwen3's thinking split out of chat replies (strata.server.reasoning): the reader against every way
+the text can be cut, then through the server with a stand-in model whose template opens <think> when
+chat_template_kwargs asks (as Qwen3's thinking templates do) and whose replies are scripted."""
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+import strata
+from strata.engine.types import Completion, Delta, Usage
+from strata.server import create_app
+from strata.server.reasoning import ReasoningReader, opens_inside, split_reasoning
+from tests.server.helpers import LiveServer
+
+
+def _parts(text, inside=False, cuts=()):
+    reader, parts = ReasoningReader(inside), []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        parts += reader.push(text[a:b])
+    parts += reader.finish()
+    return ("".join(p for k, p in parts if k == "reasoning"), "".join(p for k, p in parts if k == "text"))
+
+
+@pytest.mark.parametrize("text,inside,want", [
+    ("<think>\nplan it\n</think>\n\nThe answer.", False, ("\nplan it\n", "The answer.")),
+    ("  \n<think>a</think>b <think>c</think>", False, ("a", "b <think>c</think>")),
+    ("The answer, <think> is a tag here.", False, ("", "The answer, <think> is a tag here.")),
+    ("plan</think>\n\nanswer", True, ("plan", "answer")),
+    ("<think>cut off before it clo", False, ("cut off before it clo", "")),
+    ("<thi", False, ("", "<thi")),
+    ("<think>x</think>\n\n", False, ("x", "")),
+])
+def test_the_reader_however_the_text_is_cut(text, inside, want):
+    assert _parts(text, inside) == want
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        cuts = sorted(int(c) for c in rng.choice(len(text), size=min(len(text) - 1, 5), replace=False) if c)
+        assert _parts(text, inside, cuts) == want
+    reasoning, content = split_reasoning(text, inside)
+    assert content == want[1] and (reasoning or "") == want[0]
+
+
+def test_opens_inside():
+    assert opens_inside("<|im_start|>assistant\n<think>\n") and not opens_inside("<think>\n</think>\n\n")
+    assert not opens_inside("<|im_start|>assistant\n") and not opens_inside("<think>x")
+
+
+class ThinkingTokenizer:
+    """The demo's tokenizer, with <think> and </think> as tags, a template that opens <think> for the
+    reply when asked (enable_thinking, a chat_template_kwargs variable)."""
+
+    def __init__(self, tok):
+        self._t = tok
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def has_token(self, text):
+        return text in ("<think>", "</think>") or self._t.has_token(text)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, **extra):
+        text = self._t.apply_chat_template(messages, add_generation_prompt, **extra)
+        return text + "<think>\n" if extra.get("enable_thinking") else text
+
+
+class ScriptedLLM:
+    """The demo LLM whose replies are scripted: inside an opened <think> (the prompt ends so) the
+    reply continues the thinking, else it opens its own; a tool call follows the answer."""
+
+    def __init__(self, llm):
+        self._llm = llm
+        self.tokenizer = ThinkingTokenizer(llm.tokenizer)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def begin(self, ids, params, **kw):
+        opened = self.tokenizer.decode(ids[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
+        text = ("" if opened else "<think>\n") + ("I should look up the weather.\n</think>\n\nLet me check. "
+                                                   '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+                                                   "</tool_call>")
+        return Scripted(text, len(ids))
+
+
+class Scripted:
+    pending, yield_chunks = None, False
+
+    def __init__(self, text, prompt_tokens):
+        self.pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
+        self.completion = None
+        self._text, self._n = text, prompt_tokens
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.pieces:
+            self.completion = Completion(self._text, list(range(40)), "stop", Usage(self._n, 40, 0))
+            raise StopIteration
+        return Delta(self.pieces.pop(0), 1)
+
+    def cancel(self):
+        self.pieces = []
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.mark.parametrize("opened", [False, True])
+@pytest.mark.parametrize("fmt", ["auto", "none"])
+def test_reasoning_content_through_the_server(opened, fmt):
+    llm = ScriptedLLM(strata.LLM(device="cpu"))
+    live = LiveServer(create_app(llm, queue_size=4, warm_up=False, reasoning_format=fmt))
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": TOOLS,
+            **({"chat_template_kwargs": {"enable_thinking": True}} if opened else {})}
+    try:
+        whole = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=30).json()
+        msg = whole["choices"][0]["message"]
+        with httpx.stream("POST", live.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+            frames = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        deltas = [c["delta"] for f in frames for c in f["choices"]]
+        streamed = "".join(d.get("reasoning_content") or "" for d in deltas)
+        text = "".join(d.get("content") or "" for d in deltas)
+        calls = [t for d in deltas for t in d.get("tool_calls") or []]
+    finally:
+        live.close()
+    assert msg["tool_calls"][0]["function"]["name"] == "get_weather" and len(calls) == 1
+    if fmt == "auto":
+        assert msg["reasoning_content"].strip() == "I should look up the weather." == streamed.strip()
+        assert msg["content"] == "Let me check. " == text
+    else:
+        assert "reasoning_content" not in msg and not any("reasoning_content" in d for d in deltas)
+        assert msg["content"] == text == ("" if opened else "<think>\n") + ("I should look up the weather.\n"
+                                                                           "</think>\n\nLet me check. ")
+
+
+def test_chat_template_kwargs_are_checked():
+    from strata.server.protocol import APIError, template_kwargs
+    assert template_kwargs({"chat_template_kwargs": {"enable_thinking": False}}) == {"enable_thinking": False}
+    for bad in ([1], {"messages": 1}, {"no space": 1}, {"_x": 1}, {f"k{i}": 1 for i in range(17)}):
+        with pytest.raises(APIError) as e:
+            template_kwargs({"chat_template_kwargs": bad})
+        assert e.value.param == "chat_template_kwargs"
