@@ -137,6 +137,22 @@ def sampling(body: dict, max_context: int) -> tuple[int, dict]:
     return max_tokens, {"temperature": temperature, "top_p": top_p, "top_k": top_k, "stop": tuple(stop), "seed": None}
 
 
+def thinking(body: dict, template_source: str) -> dict:
+    """The template variables of Anthropic's `thinking` ({"type": "enabled", "budget_tokens": N} or
+    {"type": "disabled"}; absent: disabled, as Anthropic's default): enable_thinking, where the model's
+    chat template reads it (Qwen3's does); else none. budget_tokens is checked, not enforced."""
+    v = body.get("thinking")
+    if v is not None:
+        if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled"):
+            raise invalid("thinking", 'thinking must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
+                          "invalid_type")
+        if v["type"] == "enabled":
+            _integer(v, "budget_tokens", lo=1)
+    if "enable_thinking" not in (template_source or ""):
+        return {}
+    return {"enable_thinking": bool(v) and v["type"] == "enabled"}
+
+
 def check_model(body: dict, model_name: str) -> None:
     model = body.get("model")
     if not isinstance(model, str):
@@ -181,9 +197,12 @@ def usage(completion) -> dict:
 
 
 def message_body(msg_id: str, model: str, completion, parts: list, reason: tuple[str, str | None]) -> dict:
+    """parts: ("thinking", text) (strata.server.reasoning's split), ("text", text) and ("call", call)."""
     content = []
     for kind, p in parts:
-        if kind == "text":
+        if kind == "thinking":
+            content.append({"type": "thinking", "thinking": p, "signature": ""})
+        elif kind == "text":
             if p:
                 content.append({"type": "text", "text": p})
         else:
@@ -202,10 +221,12 @@ class EventWriter:
     stop_reason(completion, num_calls) -> (stop_reason, stop_sequence) (see stop_reason())."""
 
     def __init__(self, msg_id: str, model: str, tools, input_tokens: int,
-                 stop_reason: Callable[[object, int], tuple[str, str | None]]):
-        """tools: the request's active ToolSpec (its calls are read out of the text), or None."""
+                 stop_reason: Callable[[object, int], tuple[str, str | None]], thinking=None):
+        """tools: the request's active ToolSpec (its calls are read out of the text), or None.
+        thinking: a strata.server.reasoning.ReasoningReader (the reply's thinking as a thinking block)."""
         self.msg_id, self.model, self.input_tokens, self.stop_reason = msg_id, model, input_tokens, stop_reason
         self.reader = ToolCallReader(tools) if tools else None
+        self.thinking, self.thinking_open = thinking, False
         self.index, self.text_open = 0, False
 
     def start(self) -> bytes:
@@ -216,6 +237,32 @@ class EventWriter:
 
     def delta(self, text: str | None) -> bytes:
         """Events for a text delta (None: the end of the text)."""
+        if self.thinking is None:
+            return self._answer(text)
+        out = b""
+        for kind, p in (self.thinking.push(text) if text is not None else self.thinking.finish()):
+            if kind == "reasoning":
+                if not self.thinking_open:
+                    out += _event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                          "content_block": {"type": "thinking", "thinking": "",
+                                                                            "signature": ""}})
+                    self.thinking_open = True
+                out += _event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                      "delta": {"type": "thinking_delta", "thinking": p}})
+            else:
+                out += self._close_thinking() + self._answer(p)
+        if text is None or not self.thinking.thinking:
+            out += self._close_thinking()
+        return out + (self._answer(None) if text is None else b"")
+
+    def _close_thinking(self) -> bytes:
+        if not self.thinking_open:
+            return b""
+        self.thinking_open = False
+        self.index += 1
+        return _event("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})
+
+    def _answer(self, text: str | None) -> bytes:
         if self.reader is None:
             parts = [("text", text)] if text else []
         else:

@@ -111,7 +111,7 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
     @v1.post("/messages", openapi_extra=schema.request_body(schema.MESSAGES_REQUEST),
              responses=schema.anthropic_errors(400, 401, 404, 413, 415, 503))
     async def messages(request: Request):
-        return await _messages(request, llm, worker, max_body_bytes, draining)
+        return await _messages(request, llm, worker, max_body_bytes, draining, think)
 
     @v1.post("/messages/count_tokens", openapi_extra=schema.request_body(schema.COUNT_TOKENS_REQUEST),
              responses=schema.anthropic_errors(400, 401, 404, 413, 415))
@@ -119,7 +119,8 @@ def create_app(llm, *, api_key: str | None = None, queue_size: int = DEFAULT_QUE
         """The prompt's size as /v1/messages would read it (Anthropic's token counting route)."""
         body = await _read_request(request, max_body_bytes, draining)
         anthropic.check_model(body, llm.model_name)
-        req = ParsedRequest("chat", anthropic.chat_messages(body), False, False, None, {})
+        req = ParsedRequest("chat", anthropic.chat_messages(body), False, False, None, {},
+                            template_kwargs=anthropic.thinking(body, getattr(llm.tokenizer, "chat_template", "")))
         ids, _ = await asyncio.to_thread(_prepare, llm, req, anthropic.tools(body), False)
         return {"input_tokens": len(ids)}
 
@@ -366,28 +367,34 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.per_prompt)
 
 
-async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining):
-    """POST /v1/messages (strata/server/anthropic.py)."""
+async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining,
+                    think: bool = False):
+    """POST /v1/messages (strata/server/anthropic.py); think: the reply's thinking as a thinking block."""
     body = await _read_request(request, max_body_bytes, draining)
     anthropic.check_model(body, llm.model_name)
     max_tokens, sampling = anthropic.sampling(body, llm.max_context)
     tools = anthropic.tools(body)
-    req = ParsedRequest("chat", anthropic.chat_messages(body), body.get("stream") is True, False, max_tokens, sampling)
+    variables = anthropic.thinking(body, getattr(llm.tokenizer, "chat_template", ""))
+    req = ParsedRequest("chat", anthropic.chat_messages(body), body.get("stream") is True, False, max_tokens, sampling,
+                        template_kwargs=variables)
     job, = await _submit(llm, worker, draining, req, tools)
     msg_id = anthropic.new_message_id()
+    inside = think and opens_inside(llm.tokenizer.decode(job.prompt_ids[-16:], skip_special_tokens=False))
 
     def stop_reason(completion, num_calls: int):
         return anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), num_calls)
     if req.stream:
         frames = anthropic.EventWriter(msg_id, llm.model_name, tools if tools.active else None, len(job.prompt_ids),
-                                       stop_reason)
+                                       stop_reason, ReasoningReader(inside) if think else None)
         return StreamingResponse(_sse(job, worker, frames, draining), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     completion = await _completion(job, worker, request, draining)
     if completion is None:
         return Response(status_code=499)
-    content, calls = split_calls(completion.text, tools) if tools.active else (completion.text, [])
-    parts = [("text", content)] + [("call", c) for c in calls]
+    reasoning, text = split_reasoning(completion.text, inside) if think else (None, completion.text)
+    content, calls = split_calls(text, tools) if tools.active else (text, [])
+    parts = ([("thinking", reasoning)] if reasoning is not None else []) + [("text", content)] + \
+        [("call", c) for c in calls]
     reason = stop_reason(completion, len(calls))
     return anthropic.message_body(msg_id, llm.model_name, completion, parts, reason)
 

@@ -96,12 +96,15 @@ MESSAGES_REQUEST = {
         "tool_choice": {"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"}}},
         "metadata": {"type": "object"},
+        "thinking": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer",
+                                                                                      "minimum": 1}}},
     },
 }
 COUNT_TOKENS_REQUEST = {
     "type": "object", "required": ["model", "messages"],
     "properties": {k: MESSAGES_REQUEST["properties"][k]
-                   for k in ("model", "messages", "system", "tools", "tool_choice")},
+                   for k in ("model", "messages", "system", "tools", "tool_choice", "thinking")},
 }
 _PROMPT = {"oneOf": [{"type": "string", "minLength": 1},
                      {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]}

@@ -59,9 +59,13 @@ class ThinkingTokenizer:
     def has_token(self, text):
         return text in ("<think>", "</think>") or self._t.has_token(text)
 
+    chat_template = "... {% if enable_thinking is defined %} ..."      # reads enable_thinking, as Qwen3's
+
     def apply_chat_template(self, messages, add_generation_prompt=True, **extra):
         text = self._t.apply_chat_template(messages, add_generation_prompt, **extra)
-        return text + "<think>\n" if extra.get("enable_thinking") else text
+        if "enable_thinking" not in extra:
+            return text
+        return text + ("<think>\n" if extra["enable_thinking"] else "<think>\n\n</think>\n\n")
 
 
 class ScriptedLLM:
@@ -76,11 +80,13 @@ class ScriptedLLM:
         return getattr(self._llm, name)
 
     def begin(self, ids, params, **kw):
-        opened = self.tokenizer.decode(ids[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
-        text = ("" if opened else "<think>\n") + ("I should look up the weather.\n</think>\n\nLet me check. "
-                                                   '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-                                                   "</tool_call>")
-        return Scripted(text, len(ids))
+        tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False).rstrip()
+        answer = 'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+        if tail.endswith("</think>"):               # thinking turned off by the template
+            return Scripted(answer, len(ids))
+        opened = tail.endswith("<think>")
+        return Scripted(("" if opened else "<think>\n") + "I should look up the weather.\n</think>\n\n" + answer,
+                        len(ids))
 
 
 class Scripted:
@@ -143,3 +149,36 @@ def test_chat_template_kwargs_are_checked():
         with pytest.raises(APIError) as e:
             template_kwargs({"chat_template_kwargs": bad})
         assert e.value.param == "chat_template_kwargs"
+
+
+ANTHROPIC_TOOLS = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+@pytest.mark.parametrize("thinking", [None, {"type": "enabled", "budget_tokens": 512}, {"type": "disabled"}])
+def test_anthropic_thinking_blocks_and_the_thinking_parameter(thinking):
+    """/v1/messages: thinking mapped onto the template's enable_thinking (absent: disabled, Anthropic's
+    default), the reply's thinking as a thinking block before the text and the tool use, streamed too."""
+    llm = ScriptedLLM(strata.LLM(device="cpu"))
+    live = LiveServer(create_app(llm, queue_size=4, warm_up=False))
+    body = {"model": llm.model_name, "max_tokens": 64, "tools": ANTHROPIC_TOOLS,
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}], **({"thinking": thinking} if thinking else {})}
+    try:
+        whole = httpx.post(live.url + "/v1/messages", json=body, timeout=30).json()
+        with httpx.stream("POST", live.url + "/v1/messages", json={**body, "stream": True}, timeout=30) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+    finally:
+        live.close()
+    enabled = bool(thinking) and thinking["type"] == "enabled"
+    kinds = [b["type"] for b in whole["content"]]
+    assert kinds == (["thinking"] if enabled else []) + ["text", "tool_use"] and whole["stop_reason"] == "tool_use"
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == kinds
+    if enabled:
+        assert whole["content"][0]["thinking"].strip() == "I should look up the weather."
+        streamed = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                           and e["delta"]["type"] == "thinking_delta")
+        assert streamed == whole["content"][0]["thinking"]
+    assert whole["content"][kinds.index("text")]["text"] == "Let me check. "
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == list(range(len(kinds)))
+
