@@ -63,11 +63,16 @@ def chat_messages(body: dict) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise invalid(f"{where}.role", f"{where}.role must be user or assistant")
-        kinds = ("text", "tool_result") if m["role"] == "user" else ("text", "tool_use")
+        # an assistant turn's thinking blocks come back with it (agents must return them beside a tool
+        # use); the template reads no earlier thinking, so they are dropped
+        kinds = ("text", "tool_result") if m["role"] == "user" else ("text", "tool_use", "thinking",
+                                                                      "redacted_thinking")
         blocks = _text_blocks(m.get("content"), f"{where}.content", kinds)
         text, calls = [], []
         for j, b in enumerate(blocks):
             at = f"{where}.content[{j}]"
+            if b["type"] in ("thinking", "redacted_thinking"):
+                continue
             if b["type"] == "text":
                 text.append(b["text"])
             elif b["type"] == "tool_use":

@@ -74,7 +74,8 @@ CHAT_REQUEST = {
                                                            "{\"enable_thinking\": false} for Qwen3"}},
 }
 _BLOCK = {"type": "object", "required": ["type"], "properties": {
-    "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]}, "text": {"type": "string"},
+    "type": {"type": "string", "enum": ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]},
+    "text": {"type": "string"}, "thinking": {"type": "string"}, "signature": {"type": "string"},
     "id": {"type": "string"}, "name": {"type": "string"}, "input": {"type": "object"},
     "tool_use_id": {"type": "string"}, "is_error": {"type": "boolean"},
     "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}}}

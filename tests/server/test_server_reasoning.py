@@ -182,3 +182,19 @@ def test_anthropic_thinking_blocks_and_the_thinking_parameter(thinking):
     stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
     assert stops == list(range(len(kinds)))
 
+
+def test_an_assistant_turns_thinking_block_comes_back():
+    """Agents return an assistant turn's thinking block beside its tool use: accepted, and left out of
+    the prompt (the template reads no earlier thinking)."""
+    from strata.server.anthropic import chat_messages
+    body = {"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "look it up", "signature": ""},
+                                          {"type": "redacted_thinking", "data": "xx"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C"}]}]}
+    msgs = chat_messages(body)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
+    assert msgs[1]["content"] == "" and msgs[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+
