@@ -293,6 +293,8 @@ def test_parallel_slots_speculate_side_by_side(fake, tmp_path, rng, device):
     path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=64), seed=3, mtp=True)
     plain = LLM(str(path), device=device, max_context=128)
     spec = LLM(str(path), device=device, max_context=128, mtp=True, spec=3, parallel=2)
+    for llm in (plain, spec):           # a random model may rank EOS first: every reply runs to max_tokens
+        llm.tokenizer.eos_token_ids = []
     V = plain.args.vocab_size
     prompts = [rng.integers(0, V, n).tolist() for n in (20, 33, 9)]
     kws = [{}, {"logprobs": 0}, {}]
