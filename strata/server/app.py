@@ -27,7 +27,7 @@ from ..errors import StrataError
 from . import anthropic, schema
 from .metrics import ServerMetrics
 from .protocol import APIError, ChunkWriter, Logprobs, ParsedRequest, best_replies, choice_body, completion_body, \
-    error_body, new_id, parse_json_object, parse_request
+    error_body, invalid, new_id, parse_json_object, parse_request
 from .reasoning import ReasoningReader, opens_inside, reasoning_tags, split_reasoning
 from .security import HostCheck
 from .tools import ToolCallReader, ToolSpec, forced_call_grammar, parse_tools, render_messages, split_calls
@@ -317,6 +317,10 @@ async def _submit(llm, worker: EngineWorker, draining: Draining, req: ParsedRequ
         max_tokens = None if req.max_tokens is None else min(req.max_tokens, room)
         jobs.append(Job(ids, req.params(max_tokens, index % req.per_prompt), constraint=constraint, kind=req.kind,
                         loop=asyncio.get_running_loop(), stream=req.stream))
+    if len(jobs) > worker.queue_size:       # it could never wait in the queue whole, however idle the server
+        param = "best_of" if req.best_of > req.n else "n" if len(req.prompts) == 1 else "prompt"
+        raise invalid(param, f"this request generates {len(jobs)} replies; the server queues at most "
+                             f"{worker.queue_size} (--queue-size)")
     for i, job in enumerate(jobs):
         try:
             worker.submit(job)

@@ -74,21 +74,29 @@ def test_choices_stream_interleaved_with_one_end(server):
 
 
 def test_choices_that_do_not_fit_the_queue_queue_none(llm):
+    """A queue of 3 with one request running and one waiting: 3 choices find 2 places (503, and the
+    ones queued are taken back); 4 could never wait whole (400 naming n)."""
     gated = GatedLLM(llm)
-    live = LiveServer(create_app(gated, queue_size=2, warm_up=False))
+    live = LiveServer(create_app(gated, queue_size=3, warm_up=False))
     try:
         with httpx.Client(base_url=live.url, timeout=60) as client:
-            first = threading.Thread(target=client.post, args=(COMPLETE,),
-                                     kwargs={"json": {"prompt": "hold", "max_tokens": 2}})
-            first.start()
+            held = [threading.Thread(target=client.post, args=(COMPLETE,),
+                                     kwargs={"json": {"prompt": "hold", "max_tokens": 2}}) for _ in range(2)]
+            held[0].start()
             deadline = time.monotonic() + 10
             while client.get("/v1/status").json()["slots"]["busy"] == 0:       # the engine holds it
                 assert time.monotonic() < deadline
+            held[1].start()
+            while client.get("/v1/status").json()["queue"]["depth"] == 0:      # the second waits
+                assert time.monotonic() < deadline
             r = client.post(COMPLETE, json={"prompt": "x", "n": 3, "max_tokens": 2})
             assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
-            assert client.get("/v1/status").json()["queue"]["depth"] == 0
+            assert client.get("/v1/status").json()["queue"]["depth"] == 1
+            r = client.post(COMPLETE, json={"prompt": "x", "n": 4, "max_tokens": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n"
             gated.gate.set()
-            first.join(30)
+            for t in held:
+                t.join(30)
             assert _post(live, COMPLETE, {"prompt": "x", "n": 2, "max_tokens": 2})["usage"]["completion_tokens"] == 4
     finally:
         gated.gate.set()
