@@ -14,6 +14,8 @@ dropped. A reply cut inside its thinking (max_tokens) is all reasoning.
 """
 from __future__ import annotations
 
+from .tools import _partial_suffix
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -52,7 +54,7 @@ class ReasoningReader:
             elif self.state == "inside":
                 at = self.buf.find(CLOSE)
                 if at < 0:
-                    keep = _partial(self.buf, CLOSE)
+                    keep = _partial_suffix(self.buf, CLOSE)
                     if len(self.buf) > keep:
                         out.append(("reasoning", self.buf[:len(self.buf) - keep]))
                         self.buf = self.buf[len(self.buf) - keep:]
@@ -82,13 +84,6 @@ class ReasoningReader:
     @property
     def thinking(self) -> bool:
         return self.state in ("start", "inside")
-
-
-def _partial(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 def split_reasoning(text: str, inside: bool = False) -> tuple[str | None, str]:
