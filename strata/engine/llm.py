@@ -61,8 +61,7 @@ def host_context(args, context: int, available_bytes: int | None, kv: str = "f32
 
 def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
     """(max_context, why): --max-context or the model's trained context, fitted to the device's memory."""
-    from .planner import PackSizes, asked_context, fit_context, vram_budget
-    trained = pack.args.max_position_embeddings
+    from .planner import PackSizes, fit_context, vram_budget
     if device == "cuda" and config.split:
         from .cuda_split import split_plan
         plan, _ = split_plan(pack, config, config.max_context or None)
@@ -75,10 +74,19 @@ def _context(device: str, pack, config: EngineConfig) -> tuple[int, str]:
         sizes = PackSizes.of_pack(pack)
         return fit_context(sizes, config, budget, d["multiprocessor_count"])
     from ..system import host_memory
-    asked, why = (asked_context(config.max_context, trained) if config.max_context
-                  else (trained, "the model's trained context"))
+    asked, why = _cpu_asked_context(pack, config)
     context, lowered = host_context(pack.args, asked, host_memory()[1], _cpu_kv(config.kv), config.parallel)
     return context, why if lowered is None else f"lowered from {asked}: {lowered}"
+
+
+def _cpu_asked_context(pack, config: EngineConfig) -> tuple[int, str]:
+    """(context, why) the CPU runner is asked for before its host memory is weighed: --max-context
+    (capped at the trained context) or the model's trained context."""
+    from .planner import asked_context
+    trained = pack.args.max_position_embeddings
+    if config.max_context:
+        return asked_context(config.max_context, trained)
+    return trained, "the model's trained context"
 
 
 def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
@@ -162,9 +170,7 @@ class LLM:
         """Whether `slots` sequences' host KV holds the asked (or trained) context (--parallel auto on
         the CPU: host_context's rule)."""
         from ..system import host_memory
-        from .planner import asked_context
-        trained = self.pack.args.max_position_embeddings
-        context = asked_context(self.config.max_context, trained)[0] if self.config.max_context else trained
+        context = _cpu_asked_context(self.pack, self.config)[0]
         return host_context(self.args, context, host_memory()[1], _cpu_kv(self.config.kv), slots)[1] is None
 
     def new_scheduler(self, queue_size: int | None = None, on_event=None, begin=None) -> Scheduler:

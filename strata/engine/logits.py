@@ -27,7 +27,7 @@ import numpy as np
 from ..config import SamplingParams
 from ..errors import InvalidArgument
 
-PROMPT_LOGITS_BYTES = 128 << 20     # a prompt-logprobs chunk's float32 logits [rows, V] at most (entries() takes 3x that)
+PROMPT_LOGITS_BYTES = 128 << 20     # a prompt-logprobs chunk's float32 logits [rows, V] at most (entries(): 3x)
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,6 @@ def log_softmax(rows: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", under="ignore", invalid="ignore"):
         lse = m + np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
         return np.where(np.isfinite(lse), z - lse, -np.inf)
-
-
-def top_entries(lp: np.ndarray, k: int) -> list[tuple[tuple[int, float], ...]]:
-    """For each row of log-probabilities (or logits: the same order) [T, V], its k likeliest
-    (token, value), likeliest first and ties in id order."""
-    return [tuple((t, float(row[t])) for t in ids) for row, ids in zip(lp, _top_ids(lp, k))]
 
 
 def _top_ids(x: np.ndarray, k: int) -> list[list[int]]:

@@ -159,9 +159,7 @@ class Slots:
         return state
 
     def _extend_drafters(self, slots: list[int], hidden) -> None:
-        """A batched step's main hidden rows [T, D] (host) to each row's slot's drafter, where drafting."""
-        if getattr(self, "drafter", None) is None:
-            return
+        """A drafting runner's batched step: its main hidden rows [T, D] (host) to each row's slot's drafter."""
         for row, slot in enumerate(slots):
             drafter = self.drafter if slot == self.slot else self._parked[slot][3]["drafter"]
             drafter.extend(hidden[row:row + 1])

@@ -149,8 +149,8 @@ def thinking(body: dict, template_source: str) -> dict:
     v = body.get("thinking")
     if v is not None:
         if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled"):
-            raise invalid("thinking", 'thinking must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
-                          "invalid_type")
+            raise invalid("thinking", 'thinking must be {"type": "enabled", "budget_tokens": N} or '
+                                      '{"type": "disabled"}', "invalid_type")
         if v["type"] == "enabled":
             _integer(v, "budget_tokens", lo=1)
     if "enable_thinking" not in (template_source or ""):
@@ -231,8 +231,8 @@ class EventWriter:
         thinking: a strata.server.reasoning.ReasoningReader (the reply's thinking as a thinking block)."""
         self.msg_id, self.model, self.input_tokens, self.stop_reason = msg_id, model, input_tokens, stop_reason
         self.reader = ToolCallReader(tools) if tools else None
-        self.thinking, self.thinking_open = thinking, False
-        self.index, self.text_open = 0, False
+        self.thinking = thinking
+        self.index, self.open = 0, None         # the open block's kind: text, thinking or None
 
     def start(self) -> bytes:
         msg = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
@@ -247,25 +247,13 @@ class EventWriter:
         out = b""
         for kind, p in (self.thinking.push(text) if text is not None else self.thinking.finish()):
             if kind == "reasoning":
-                if not self.thinking_open:
-                    out += _event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                          "content_block": {"type": "thinking", "thinking": "",
-                                                                            "signature": ""}})
-                    self.thinking_open = True
-                out += _event("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                      "delta": {"type": "thinking_delta", "thinking": p}})
+                out += self._streamed("thinking", {"type": "thinking", "thinking": "", "signature": ""},
+                                      {"type": "thinking_delta", "thinking": p})
             else:
-                out += self._close_thinking() + self._answer(p)
+                out += self._close("thinking") + self._answer(p)
         if text is None or not self.thinking.thinking:
-            out += self._close_thinking()
+            out += self._close("thinking")
         return out + (self._answer(None) if text is None else b"")
-
-    def _close_thinking(self) -> bytes:
-        if not self.thinking_open:
-            return b""
-        self.thinking_open = False
-        self.index += 1
-        return _event("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})
 
     def _answer(self, text: str | None) -> bytes:
         if self.reader is None:
@@ -275,14 +263,9 @@ class EventWriter:
         out = b""
         for kind, p in parts:
             if kind == "text" and p:
-                if not self.text_open:
-                    out += _event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                          "content_block": {"type": "text", "text": ""}})
-                    self.text_open = True
-                out += _event("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                      "delta": {"type": "text_delta", "text": p}})
+                out += self._streamed("text", {"type": "text", "text": ""}, {"type": "text_delta", "text": p})
             elif kind == "call":
-                out += self._close_text()
+                out += self._close()
                 block = tool_use_block(p)
                 out += _event("content_block_start", {"type": "content_block_start", "index": self.index,
                                                       "content_block": {**block, "input": {}}})
@@ -292,10 +275,21 @@ class EventWriter:
                 self.index += 1
         return out
 
-    def _close_text(self) -> bytes:
-        if not self.text_open:
+    def _streamed(self, kind: str, block: dict, delta: dict) -> bytes:
+        """A delta of the open block of this kind, the block started first where none of it is open."""
+        out = b""
+        if self.open != kind:
+            out += self._close() + _event("content_block_start", {"type": "content_block_start",
+                                                                  "index": self.index, "content_block": block})
+            self.open = kind
+        return out + _event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                    "delta": delta})
+
+    def _close(self, kind: str | None = None) -> bytes:
+        """The open block's stop (only where it is of `kind`, if given)."""
+        if self.open is None or kind not in (None, self.open):
             return b""
-        self.text_open = False
+        self.open = None
         self.index += 1
         return _event("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})
 
@@ -305,7 +299,7 @@ class EventWriter:
 
     def finish(self, completion) -> bytes:
         reason = self.stop_reason(completion, self.num_calls)
-        out = self.delta(None) + self._close_text()
+        out = self.delta(None) + self._close()
         out += _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason[0],
                                                                            "stop_sequence": reason[1]},
                                         "usage": usage(completion)})

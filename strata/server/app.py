@@ -348,8 +348,8 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     logprobs = [Logprobs(llm.tokenizer, kind, job.prompt_ids if req.echo else None) if wants else None
                 for job in jobs]
     # a chat reply's thinking as reasoning_content, from its start where the prompt opened <think>
-    inside = [think and opens_inside(llm.tokenizer.decode(job.prompt_ids[-16:], skip_special_tokens=False))
-              for job in jobs] if kind == "chat" else [False] * len(jobs)
+    inside = [think and _thinking_opened(llm, job.prompt_ids) for job in jobs] if kind == "chat" \
+        else [False] * len(jobs)
     writers = [ChunkWriter(req_id, kind, llm.model_name, req.include_usage,
                            ToolCallReader(tools) if tools.active else None, lp, index, created,
                            ReasoningReader(inside[index]) if think and kind == "chat" else None)
@@ -371,6 +371,11 @@ async def _complete(request: Request, kind: str, llm, worker: EngineWorker, max_
     return completion_body(req_id, kind, llm.model_name, completions, created, choices, req.per_prompt)
 
 
+def _thinking_opened(llm, ids: list[int]) -> bool:
+    """Whether the rendered prompt ends inside a <think> it opened (its last tokens decoded)."""
+    return opens_inside(llm.tokenizer.decode(ids[-16:], skip_special_tokens=False))
+
+
 async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes: int, draining: Draining,
                     think: bool = False):
     """POST /v1/messages (strata/server/anthropic.py); think: the reply's thinking as a thinking block."""
@@ -383,7 +388,7 @@ async def _messages(request: Request, llm, worker: EngineWorker, max_body_bytes:
                         template_kwargs=variables)
     job, = await _submit(llm, worker, draining, req, tools)
     msg_id = anthropic.new_message_id()
-    inside = think and opens_inside(llm.tokenizer.decode(job.prompt_ids[-16:], skip_special_tokens=False))
+    inside = think and _thinking_opened(llm, job.prompt_ids)
 
     def stop_reason(completion, num_calls: int):
         return anthropic.stop_reason(completion, job.params.stop, _full_text(llm, completion), num_calls)
@@ -443,9 +448,6 @@ async def _completion(job: Job, worker: EngineWorker, request: Request, draining
 async def _completions(jobs: list[Job], worker: EngineWorker, request: Request, draining: Draining):
     """The finished Completions of a request's jobs in order, or None when the client disconnected
     first; an engine error in one ends them all."""
-    if len(jobs) == 1:
-        done = await _completion(jobs[0], worker, request, draining)
-        return None if done is None else [done]
     try:
         done = await asyncio.gather(*(_completion(job, worker, request, draining) for job in jobs))
     except BaseException:

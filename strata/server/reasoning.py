@@ -14,7 +14,7 @@ dropped. A reply cut inside its thinking (max_tokens) is all reasoning.
 """
 from __future__ import annotations
 
-from .tools import _partial_suffix
+from .tools import text_before
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -52,16 +52,13 @@ class ReasoningReader:
                 else:
                     self.state = "content"
             elif self.state == "inside":
-                at = self.buf.find(CLOSE)
+                clear, at = text_before(self.buf, CLOSE)
+                if clear:
+                    out.append(("reasoning", clear))
+                self.buf = self.buf[len(clear):]
                 if at < 0:
-                    keep = _partial_suffix(self.buf, CLOSE)
-                    if len(self.buf) > keep:
-                        out.append(("reasoning", self.buf[:len(self.buf) - keep]))
-                        self.buf = self.buf[len(self.buf) - keep:]
                     return out
-                if at:
-                    out.append(("reasoning", self.buf[:at]))
-                self.buf, self.state = self.buf[at + len(CLOSE):], "after"
+                self.buf, self.state = self.buf[len(CLOSE):], "after"
             elif self.state == "after":
                 stripped = self.buf.lstrip("\n")
                 if not stripped:

@@ -193,16 +193,13 @@ class ToolCallReader:
         out = []
         while True:
             if not self.inside:
-                at = self.buf.find(CALL_OPEN)
+                clear, at = text_before(self.buf, CALL_OPEN)
+                if clear:
+                    out.append(("text", clear))
+                self.buf = self.buf[len(clear):]
                 if at < 0:
-                    keep = _partial_suffix(self.buf, CALL_OPEN)
-                    if len(self.buf) > keep:
-                        out.append(("text", self.buf[:len(self.buf) - keep]))
-                        self.buf = self.buf[len(self.buf) - keep:]
                     return out
-                if at:
-                    out.append(("text", self.buf[:at]))
-                self.buf, self.inside = self.buf[at:], True
+                self.inside = True
             end = self.buf.find(CALL_CLOSE)
             if end < 0:
                 return out
@@ -265,6 +262,15 @@ def _partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
+
+
+def text_before(buf: str, tag: str) -> tuple[str, int]:
+    """(the text of streamed buf that surely comes before tag, where tag starts in buf or -1): with
+    no tag yet, all of buf but a tail that could be its start (held back until the next text)."""
+    at = buf.find(tag)
+    if at >= 0:
+        return buf[:at], at
+    return buf[:len(buf) - _partial_suffix(buf, tag)], -1
 
 
 def split_calls(text: str, tools: "ToolSpec | None" = None) -> tuple[str, list[dict]]:

@@ -8,7 +8,7 @@ import pytest
 
 from strata import LLM
 from strata.config import SamplingParams
-from strata.engine.logits import HostLogits, entries, log_softmax, top_entries
+from strata.engine.logits import HostLogits, _top_ids, entries, log_softmax
 from strata.errors import InvalidArgument
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
@@ -122,8 +122,8 @@ def test_entries_and_ties():
     rows = np.asarray([[0.0, 1.0, 1.0, -np.inf], [np.nan, 2.0, 0.0, 2.0]], np.float32)
     lp = log_softmax(rows)
     assert np.allclose(np.exp(lp).sum(axis=1), 1.0) and lp[0, 3] == -np.inf and lp[1, 0] == -np.inf
-    assert [t for t, _ in top_entries(lp, 2)[0]] == [1, 2]            # ties in id order
-    assert [t for t, _ in top_entries(lp, 3)[1]] == [1, 3, 2]
+    assert _top_ids(lp, 2)[0] == [1, 2]            # ties in id order
+    assert _top_ids(lp, 3)[1] == [1, 3, 2]
     e = entries(rows, [0, 2], 0)
     assert e[0].top == () and e[1].token == 2 and abs(e[1].logprob - lp[1, 2]) < 1e-6
     dead = log_softmax(np.full((1, 4), -np.inf, np.float32))
@@ -195,7 +195,6 @@ def test_batched_slots_pick_on_the_host_from_their_own_rows(fake):
 def test_top_ids_are_a_stable_sorts_first_k():
     """_top_ids's k argmax passes give the k largest, ties in id order, as a whole stable sort would:
     rows with ties, -inf entries and rows of nothing else."""
-    from strata.engine.logits import _top_ids
     rng = np.random.default_rng(5)
     for trial in range(200):
         V, k = int(rng.choice([3, 7, 50, 1000])), int(rng.integers(0, 25))
