@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     import strata
     from strata.engine import slots
     kw = engine_kwargs(args)
-    kw["parallel"] = max(2, kw.get("parallel", 2))
+    asked = kw.get("parallel")
+    kw["parallel"] = max(2, int(asked)) if str(asked).strip().isdigit() else 2   # the flag's text; auto: two
     llm = strata.LLM(args.model, **kw)
     rng = np.random.default_rng(0)
     V = llm.tokenizer.vocab_size
