@@ -52,7 +52,9 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout_s: float) -> float:
 
 def one_turn(port: int, text: str, max_tokens: int) -> dict:
     body = json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+                       # sampled, seeded: a random-weight synthetic model's greedy pick can be a padded vocabulary
+                       # id with no text, whose turn would then stream no token to time
+                       "temperature": 1.0, "seed": 0, "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
@@ -83,6 +85,10 @@ def one_turn(port: int, text: str, max_tokens: int) -> dict:
             "cached_tokens": usage.get("cached_tokens"), "completion_tokens": usage.get("completion_tokens")}
 
 
+def _ms(v: float | None) -> str:
+    return "none (no text streamed)" if v is None else f"{v:.1f} ms"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default=None)
@@ -107,14 +113,15 @@ def main(argv=None) -> int:
             words = [WORDS[(i * 5 + j) % len(WORDS)] for j in range(args.words)]
             turns.append(one_turn(port, f"Tell me about {' '.join(words)}.", args.max_tokens))
             t = turns[-1]
+            first = _ms(t["first_token_ms"])
             print(f"turn {i + 1}: {t['prompt_tokens']} prompt tokens ({t['cached_tokens']} cached), first token "
-                  f"{t['first_token_ms']:.1f} ms, {t['completion_tokens']} tokens in {t['total_ms']:.1f} ms", flush=True)
+                  f"{first}, {t['completion_tokens']} tokens in {t['total_ms']:.1f} ms", flush=True)
         later = [t["first_token_ms"] for t in turns[1:] if t["first_token_ms"] is not None]
         summary = {"cmd": cmd[1:], "ready_s": ready_s, "turns": turns,
                    "median_later_first_token_ms": statistics.median(later) if later else None}
         print(f"server ready after {ready_s:.1f} s; time to first token: first turn "
-              f"{turns[0]['first_token_ms']:.1f} ms, median of the later {len(later)}: "
-              f"{summary['median_later_first_token_ms']:.1f} ms")
+              f"{_ms(turns[0]['first_token_ms'])}, median of the later {len(later)}: "
+              f"{_ms(summary['median_later_first_token_ms'])}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f, indent=1)
