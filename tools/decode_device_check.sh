@@ -8,6 +8,8 @@
 #     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens; bench prints the copy rate
 #     budget    the same at 12 and 8 GiB (--vram-budget-gib), prompt 512
 #     profile   tools/decode_profile.py --graphs-only at context 512
+#     rows      tools/decode_profile.py's eager kernel table for 1 and for 4 rows (--rows: four parallel slots'
+#               batched step, each slot at context 192), to say which kernels grow with the rows (#19, #16)
 #     ncu       Nsight Compute over tools/moe_decode_bench.py (Q4_K, 1 and 4 tokens, the graph's kernel
 #               nodes one by one): speed of light, memory workload, warp stalls and occupancy of the MoE
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
@@ -30,7 +32,7 @@ if has tests; then
     device_tests 240 12 ${TESTS:-tests/kernels/test_build.py tests/kernels/test_gemv_gpu.py tests/kernels/test_decode_fused_gpu.py \
         tests/kernels/test_moe_decode_gpu.py tests/engine/test_cuda_runner.py}
 else
-    device_tests 150 3
+    device_tests 240 3      # the build alone takes 65-125 s on a fresh machine
 fi
 
 export BENCH_LINES="^prompt|^decode|copy|^plan|^peak|stopped"
@@ -52,6 +54,13 @@ fi
 if has profile; then
     echo "== decode profile ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/profile.json" 2>&1 | tail -30
+fi
+if has rows; then        # which kernels grow with a batched step's rows (#19's 4 clients, #16's batched path)
+    for n in 1 4; do
+        echo "== decode profile, $n row(s) ($(elapsed) s)"
+        timeout "$(budget 100)" $PY tools/decode_profile.py --context 192 --rows $n --steps 5 \
+            --json "$OUT/profile_rows$n.json" 2>&1 | grep -v "^  timing " | head -45
+    done
 fi
 if has fit; then         # what bounds a one-token launch: a fixed cost or the bytes (#16)
     echo "== MoE decode fit ($(elapsed) s)"

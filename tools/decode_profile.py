@@ -1,11 +1,15 @@
 """Where a decode step's GPU time goes, kernel by kernel, on a loaded model.
 
-    python tools/decode_profile.py [--synthetic qwen3-30b-a3b] [--context 4096] [--steps 4] [--json PATH]
+    python tools/decode_profile.py [--synthetic qwen3-30b-a3b] [--context 4096] [--steps 4] [--rows N] [--json PATH]
 
 One eager decode step is launched with a timing event before and after every kernel, all queued
 behind long memsets so the GPU runs the kernels back to back (as a CUDA graph would) and no host
 gap lands inside an event pair. The table sums each kernel's time over the step (median of
 --steps steps) and compares the total with a graph step's time measured in the same run.
+
+--rows N (2..8): the batched step of N parallel slots (each slot holding --context cells), as
+`--parallel N` runs it: the same table for N rows, to say which kernels grow with the rows (the
+in-graph breakdown is for one row only, so it is left out).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--budget-gib", type=float, default=0.0)
+    ap.add_argument("--rows", type=int, default=1, help="rows of the batched step (parallel slots), 1..8")
     ap.add_argument("--json")
     ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
@@ -34,11 +39,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.synthetic import synthetic_pack
+    if not 1 <= args.rows <= 8:
+        ap.error(f"--rows must be 1..8, got {args.rows}")
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 64,
-              vram_budget_gib=args.budget_gib, kernels_off=args.kernels_off)
+              vram_budget_gib=args.budget_gib, kernels_off=args.kernels_off, parallel=args.rows)
     runner, rt = llm.runner, llm.runner.rt
     rng = np.random.default_rng(0)
-    runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
+    for slot in reversed(range(args.rows)):             # slot 0 last: the one-row steps below run on it
+        runner.use(slot)
+        runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
     for _ in range(8):                                  # eager, capture, graph steps
         runner.decode(int(rng.integers(0, 1000)))
     t0 = time.perf_counter()
@@ -48,6 +57,15 @@ def main(argv=None) -> int:
     if args.no_pdl:
         runner.ops.pdl = False
         runner.drop_graphs()
+    if args.rows > 1:
+        slots = list(range(args.rows))
+        for _ in range(8):                              # the rows' eager step, capture, replays
+            runner.decode_batch(slots, rng.integers(0, 1000, args.rows).tolist())
+        t0 = time.perf_counter()
+        for _ in range(16):
+            runner.decode_batch(slots, rng.integers(0, 1000, args.rows).tolist())
+            runner.stream.synchronize()
+        graph_ms = (time.perf_counter() - t0) / 16 * 1e3
     if args.graphs_only:
         print(f"decode step at context {args.context}: graph step {graph_ms:.3f} ms (host, logits on the host)")
         in_graphs = graph_breakdown(runner, rng)
@@ -71,8 +89,16 @@ def main(argv=None) -> int:
         for _ in range(4):
             blocker.fill_bytes(0, runner.stream)      # ~10 ms of GPU work while the step is queued
         ops.launch = timed
-        ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [len(runner.cached_ids)], [0])
-        logits, _ = runner.model.forward(ids, pos, runner.kv, plan=runner.steps.plan)
+        if args.rows > 1:                               # as batch_rows stages them: row i in slot i's cells
+            ids, pos = runner.steps.stage_inputs(rng.integers(0, 1000, args.rows).tolist(),
+                                                 [len(runner.slot_ids(s)) for s in range(args.rows)],
+                                                 [s * runner.max_context for s in range(args.rows)],
+                                                 runner.kv_all.num_slots)
+            kv = runner.kv_all
+        else:
+            ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [len(runner.cached_ids)], [0])
+            kv = runner.kv
+        logits, _ = runner.model.forward(ids, pos, kv, plan=runner.steps.plan)
         ops.launch = launch
         runner.stream.synchronize()
         totals = defaultdict(lambda: [0, 0.0])
@@ -85,16 +111,17 @@ def main(argv=None) -> int:
     spans = [s for _, s in per_step]
     med = per_step[int(np.argsort(spans)[len(spans) // 2])][0]
     busy = sum(t for _, t in med.values())
-    print(f"decode step at context {args.context}: graph step {graph_ms:.3f} ms (host, logits on the host); "
+    print(f"decode step of {args.rows} row(s) at context {args.context}: graph step {graph_ms:.3f} ms "
+          f"(host, {'logits on the device' if args.rows > 1 else 'logits on the host'}); "
           f"eager kernels back to back: span {np.median(spans):.3f} ms, kernels {busy:.3f} ms, "
           f"{sum(c for c, _ in med.values())} launches")
     print(f"{'kernel':<46}{'count':>6}{'total us':>10}{'us each':>9}{'share':>8}")
     rows = sorted(med.items(), key=lambda kv: -kv[1][1])
     for name, (count, ms) in rows:
         print(f"{name:<46}{count:>6}{ms * 1e3:>10.1f}{ms * 1e3 / count:>9.2f}{ms / busy:>8.1%}")
-    in_graphs = graph_breakdown(runner, rng)
+    in_graphs = graph_breakdown(runner, rng) if args.rows == 1 else None
     if args.json:
-        Path(args.json).write_text(json.dumps({"graph_ms": graph_ms, "span_ms": float(np.median(spans)),
+        Path(args.json).write_text(json.dumps({"rows": args.rows, "graph_ms": graph_ms, "span_ms": float(np.median(spans)),
                                                "kernels": {k: v for k, v in rows}, "in_graphs": in_graphs},
                                               indent=1))
     return 0
