@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from strata.backends.cuda.kernels import KERNELS  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-gib", type=float, default=0.0)
     ap.add_argument("--rows", type=int, default=1, help="rows of the batched step (parallel slots), 1..8")
     ap.add_argument("--json")
+    ap.add_argument("--blocker-mib", type=int, default=8 << 10,
+                    help="the device memset each step is queued behind (8 GiB: ~10 ms of GPU work)")
     ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
     ap.add_argument("--kernels-off", default="", help="kernel paths to turn off (EngineConfig.kernels_off)")
@@ -77,13 +80,13 @@ def main(argv=None) -> int:
     launch = ops.launch
     pending = []
 
-    def timed(library, name, signature, grid, block, a, shared_bytes=0):
+    def timed(op, grid, a, shared_bytes=0, **fields):       # ops.launch's signature
         start, end = rt.Event(runner.dev, timing=True), rt.Event(runner.dev, timing=True)
         start.record(runner.stream)
-        launch(library, name, signature, grid, block, a, shared_bytes)
+        launch(op, grid, a, shared_bytes, **fields)
         end.record(runner.stream)
-        pending.append((name, start, end))
-    blocker = rt.DeviceBuffer(runner.dev, 8 << 30)
+        pending.append((KERNELS[op].name(**fields), start, end))
+    blocker = rt.DeviceBuffer(runner.dev, args.blocker_mib << 20)
     per_step = []
     for _ in range(args.steps):
         for _ in range(4):
@@ -137,9 +140,9 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
     ops, rt, stream = runner.ops, runner.rt, runner.stream
     launch, names = ops.launch, []
 
-    def note(library, name, signature, grid, block, a, shared_bytes=0):
-        names.append(name)
-        launch(library, name, signature, grid, block, a, shared_bytes)
+    def note(op, grid, a, shared_bytes=0, **fields):
+        names.append(KERNELS[op].name(**fields))
+        launch(op, grid, a, shared_bytes, **fields)
     ops.launch = note
     runner.decode(int(rng.integers(0, 1000)))           # eager or replayed: the names of one step
     ops.launch = launch
@@ -156,9 +159,9 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
     base |= {n for n in names if n.startswith("strata_gemv") and n.endswith("_f32")}     # the F32 router
 
     def time_step(only) -> float:
-        def filtered(library, name, signature, grid, block, a, shared_bytes=0):
-            if only is None or name in only:
-                launch(library, name, signature, grid, block, a, shared_bytes)
+        def filtered(op, grid, a, shared_bytes=0, **fields):
+            if only is None or KERNELS[op].name(**fields) in only:
+                launch(op, grid, a, shared_bytes, **fields)
         ops.launch = filtered
         try:
             steps = runner.steps
