@@ -15,6 +15,9 @@
 #               decode kernels (#16's next look); the report in $OUT/ncu.csv, the key rows printed
 #     moeab     device_deadline.sh's moe_decode_ab: the MoE decode kernels of each .cu in MOE_VARIANTS
 #               (cuda/moe_decode.cu itself among them for the A/B), speed, registers and output digests
+#     gemvab    the row-invariant batched GEMVs (gemv.cu, decode_fused.cu) against GEMV_ARMS' fatbins: each arm
+#               "name:gemv.fatbin:decode_fused.fatbin" (- keeps this build's), then this build: decode_profile
+#               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
 #               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
@@ -61,6 +64,23 @@ if has rows; then        # which kernels grow with a batched step's rows (#19's 
         timeout "$(budget 100)" $PY tools/decode_profile.py --context 192 --rows $n --steps 5 \
             --json "$OUT/profile_rows$n.json" 2>&1 | grep -v "^  timing " | head -45
     done
+fi
+gemv_arm() {            # the batched step's kernel table and parallel slots, as this arm's fatbins give them
+    echo "== gemv arm $1 ($(elapsed) s)"
+    timeout "$(budget 60)" $PY tools/decode_profile.py --context 192 --rows 4 --steps 5 --json "$OUT/gemv_$1.json" 2>&1 \
+        | grep -E "^decode step|gemv|moe_(gate|down)" | head -8
+    timeout "$(budget 60)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \
+        --clients 1,4 --warm 16 --long 0 --json "$OUT/gemv_par_$1.json" 2>&1 | grep -E "clients:|x\)" | head -6
+}
+if has gemvab; then      # the batched GEMVs' weights converted once a batch (gemv_rows.cuh) against parents
+    for arm in ${GEMV_ARMS:-}; do
+        IFS=: read -r name gf df <<<"$arm"
+        cmd=(gemv_arm "$name")
+        [ "$df" != "-" ] && cmd=(with_fatbin decode_fused "$df" "${cmd[@]}")
+        [ "$gf" != "-" ] && cmd=(with_fatbin gemv "$gf" "${cmd[@]}")
+        "${cmd[@]}"
+    done
+    gemv_arm tree
 fi
 if has fit; then         # what bounds a one-token launch: a fixed cost or the bytes (#16)
     echo "== MoE decode fit ($(elapsed) s)"

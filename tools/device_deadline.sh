@@ -118,15 +118,16 @@ build_fatbin() {        # build_fatbin SRC OUT [nvcc flags...]: SRC (a cuda/*.cu
     nvcc -fatbin -O3 -std=c++17 -arch=sm_90 -Icuda "$@" -o "$out" "$src"
 }
 
-with_fatbin() {         # with_fatbin LIB FATBIN CMD...: CMD with strata/kernels/LIB.fatbin replaced by FATBIN
+with_fatbin() {         # with_fatbin LIB FATBIN CMD...: CMD with strata/kernels/LIB.fatbin replaced by FATBIN (nests:
+                        # each level keeps its own copy of the manifest to put back)
     local lib=$1 fatbin=$2 kdir=strata/kernels rc; shift 2
-    cp "$kdir/$lib.fatbin" "/tmp/$lib.new.fatbin" && cp "$kdir/manifest.json" /tmp/manifest.new.json || return 1
+    cp "$kdir/$lib.fatbin" "/tmp/$lib.new.fatbin" && cp "$kdir/manifest.json" "/tmp/manifest.$lib.json" || return 1
     cp "$fatbin" "$kdir/$lib.fatbin" || return 1
     $PY -c "import hashlib, json; p='$kdir/manifest.json'; m=json.load(open(p)); e=m['kernels']['$lib']; \
 e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); json.dump(m, open(p,'w'))"
     "$@"
     rc=$?
-    cp "/tmp/$lib.new.fatbin" "$kdir/$lib.fatbin" && cp /tmp/manifest.new.json "$kdir/manifest.json"
+    cp "/tmp/$lib.new.fatbin" "$kdir/$lib.fatbin" && cp "/tmp/manifest.$lib.json" "$kdir/manifest.json"
     return $rc
 }
 
