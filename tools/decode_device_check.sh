@@ -17,7 +17,9 @@
 #               (cuda/moe_decode.cu itself among them for the A/B), speed, registers and output digests
 #     gemvab    the row-invariant batched GEMVs (gemv.cu, decode_fused.cu) against GEMV_ARMS' fatbins: each arm
 #               "name:gemv.fatbin:decode_fused.fatbin" (- keeps this build's), then this build: decode_profile
-#               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16)
+#               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
+#               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
+#               (tools/variants/make_gemv_staged.sh builds the staged-x arm)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
 #               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
@@ -67,6 +69,10 @@ if has rows; then        # which kernels grow with a batched step's rows (#19's 
 fi
 gemv_arm() {            # the batched step's kernel table and parallel slots, as this arm's fatbins give them
     echo "== gemv arm $1 ($(elapsed) s)"
+    if [ -n "${GEMV_ARM_TESTS:-}" ]; then    # the arm's bits: every batched row equals its one-token launch
+        timeout "$(budget 60)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_row_invariant_gpu.py \
+            -k "gemv" 2>&1 | tail -2
+    fi
     timeout "$(budget 60)" $PY tools/decode_profile.py --context 192 --rows 4 --steps 5 --json "$OUT/gemv_$1.json" 2>&1 \
         | grep -E "^decode step|gemv|moe_(gate|down)" | head -8
     timeout "$(budget 60)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \

@@ -32,8 +32,9 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("qt", GEMV_TYPES)
-@pytest.mark.parametrize("rows,n,split", [(300, 512, False), (6, 2048, True), (37, 256, False)])
+@pytest.mark.parametrize("rows,n,split", [(300, 512, False), (6, 2048, True), (37, 256, False), (40, 4096, False)])
 def test_gemv_rows_equal_one_token_launches(dev, qt, rows, n, split):
+    # (40, 4096): rows longer than one tile of x a batch of several tokens stages in shared memory
     if qt in ("F32", "F16", "BF16") and rows == 37:
         n = 100                                            # the float types' n % 8 != 0 units
     rng = np.random.default_rng(abs(hash((qt, rows, n))) % 2**32)
@@ -58,10 +59,10 @@ def test_gemv_rows_equal_one_token_launches(dev, qt, rows, n, split):
             assert np.array_equal(_bits(got), _bits(ref[:batch])), (qt, batch, g)
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q8_0", "Q6_K", "IQ4_XS", "F16", "BF16"])
-def test_gemv3_rows_equal_batch_one(dev, qt):
+@pytest.mark.parametrize("qt", ["Q4_K", "Q8_0", "Q6_K", "IQ4_XS", "F16", "BF16", "Q4_0", "IQ4_NL"])
+@pytest.mark.parametrize("n,rows", [(512, (256, 64, 64)), (4096, (64, 16, 16))])
+def test_gemv3_rows_equal_batch_one(dev, qt, n, rows):
     rng = np.random.default_rng(11)
-    n, rows = 512, (256, 64, 64)
     Ws = [dev.put(random_qtensor_bytes(qt, (r, n), rng)) for r in rows]
     X = rng.standard_normal((8, n)).astype(np.float32)
     xp = dev.put(X)
