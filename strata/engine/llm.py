@@ -108,9 +108,18 @@ def _make_runner(device: str, pack, max_context: int, config: EngineConfig):
                               f"is the GPU's")
     from .runner import CpuRunner
     from .slots import keep_bytes
-    return CpuRunner(pack, max_context, kv=_cpu_kv(config.kv), spec=config.spec if config.mtp else "0",
-                     parallel=config.parallel, keep_bytes=keep_bytes(config), draft_window=config.draft_window,
-                     draft_prompt=config.draft_prompt)
+    return CpuRunner(pack, max_context, prefill_chunk=_cpu_chunk(config.prefill), kv=_cpu_kv(config.kv),
+                     spec=config.spec if config.mtp else "0", parallel=config.parallel, keep_bytes=keep_bytes(config),
+                     draft_window=config.draft_window, draft_prompt=config.draft_prompt)
+
+
+def _cpu_chunk(setting: str) -> int:
+    """The CPU's prompt chunk for --prefill: N as given, auto:N at most N, auto 512 (its memory is the
+    host's, so no plan chooses it)."""
+    n = 512 if setting == "auto" else int(setting.removeprefix("auto:"))
+    if n <= 0:
+        raise InvalidArgument(f"prefill must be a positive number of tokens, got {setting!r}")
+    return n if setting.isdigit() else min(n, 512)
 
 
 def _cpu_kv(kv: str) -> str:
@@ -184,7 +193,7 @@ class LLM:
         self.batching = batch_rule(self.config.batch_max, n)
         return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
                          choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None,
-                         batch_rule=self.batching)
+                         batch_rule=self.batching, waits=getattr(self.runner, "worth_waiting", None) if n > 1 else None)
 
     def _decode_batch(self, works: list["Generation"]) -> None:
         """One batched decode step for the works' pending tokens (Scheduler's batch)."""

@@ -112,17 +112,21 @@ class Scheduler:
     first free one). batch(works) runs one decode step for the works whose `pending` token is set
     and clears it (strata.LLM: the runner's decode_batch); without it each work steps alone.
     batch_rule groups the ready rows (strata.engine.batching; default: all in one step); clock()
-    -> seconds, what the rule's step times are read from (a test's fake clock)."""
+    -> seconds, what the rule's step times are read from (a test's fake clock). waits(slot index,
+    prompt_ids, prompt_ids another slot is reading) -> whether an admitted request should start only
+    once that slot has read its prompt (its prefix then copied between the slots: n choices of one
+    prompt, agents' requests of one long system prompt); default: never."""
 
     def __init__(self, begin: Callable[..., Iterator], queue_size: int = DEFAULT_QUEUE_SIZE, num_slots: int = 1,
                  on_event: Callable[[Request, str, Any], None] | None = None,
                  choose: Callable[[list[int], list[int]], int] | None = None,
                  batch: Callable[[list], None] | None = None, batch_rule: FixedBatch | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 waits: Callable[[int, list[int], list[int]], bool] | None = None):
         if queue_size < 1 or num_slots < 1:
             raise ValueError(f"queue_size and num_slots must be >= 1, got {queue_size} and {num_slots}")
         self.begin, self.queue_size, self.on_event = begin, queue_size, on_event
-        self.choose, self.batch, self.clock = choose, batch, clock
+        self.choose, self.batch, self.clock, self.waits = choose, batch, clock, waits
         self.batch_rule = batch_rule or FixedBatch(num_slots)
         self._turn = 0                          # where this iteration's groups start among the ready slots
         self.slots = [Slot(i) for i in range(num_slots)]
@@ -264,6 +268,8 @@ class Scheduler:
             if slot.work is None:
                 if request.cancelled.is_set():          # dropped between admission and its first step
                     return self._free(slot, "cancelled")
+                if self._waiting_for_prefix(slot):
+                    return
                 slot.work = self._begin(request)
             elif request.cancelled.is_set():
                 slot.work.cancel()                      # its iterator ends at this step
@@ -284,6 +290,17 @@ class Scheduler:
             request.first_token, request.state = time.monotonic(), "generating"
         request.num_tokens += 1
         self._emit(request, "delta", delta)
+
+    def _waiting_for_prefix(self, slot: Slot) -> bool:
+        """Whether slot's request waits for another slot that is reading a prompt (begun, no token yet)
+        whose prefix it would copy (self.waits). The slots waited for have begun, so waits never
+        form a cycle; each ends when that prompt is read or its request ends."""
+        if self.waits is None:
+            return False
+        ids = slot.request.prompt_ids
+        return any(other is not slot and other.work is not None and other.request is not None
+                   and other.request.first_token is None
+                   and self.waits(slot.index, ids, other.request.prompt_ids) for other in self.slots)
 
     def _begin(self, request: Request) -> Iterator:
         extra = {} if request.constraint is None else {"constraint": request.constraint}

@@ -192,12 +192,30 @@ class Slots:
         `own` tokens is copied in: a kept conversation (_from_kept) or another slot (_share)."""
         return self._share(ids, self._from_kept(ids, own))
 
+    def _shares(self) -> bool:
+        """Whether prompts' common prefixes are copied between this runner's slots (_share)."""
+        return (self.num_slots > 1 and hasattr(self, "_copy_cells") and not getattr(self, "spec", 0)
+                and self.args.architecture != "qwen3next")
+
+    def worth_waiting(self, slot: int, ids: list[int], reading: list[int]) -> bool:
+        """Whether a request for ids in `slot` should start only once another slot has read the prompt
+        `reading` (the scheduler's question): its cells would then be copied (_share) where this slot
+        would read them itself, in chunks beside the other's. Only for a common prefix that is most
+        of what this request reads (at least half, and more than SHARE_MIN_TOKENS beyond this slot's
+        own reusable prefix) of a prompt not much longer (at most twice the common prefix), so the
+        wait is never for much more than it saves."""
+        if not self._shares():
+            return False
+        own = reusable_prefix(self.slot_ids(slot), ids)
+        common = reusable_prefix(reading, ids)
+        return (common > own + SHARE_MIN_TOKENS and 2 * (common - own) >= len(ids) - own
+                and len(reading) <= 2 * common)
+
     def _share(self, ids: list[int], own: int) -> int:
         """Another slot holding more of ids than `own` tokens (by more than SHARE_MIN_TOKENS) has its
         cells of the common prefix copied into this slot (this slot's conversation kept first where
         it fits) -> the new reusable prefix; else own. The runner gives _copy_cells(slot, n)."""
-        if (self.num_slots < 2 or not hasattr(self, "_copy_cells") or getattr(self, "spec", 0)
-                or self.args.architecture == "qwen3next"):
+        if not self._shares():
             return own
         best, source = own + SHARE_MIN_TOKENS, None
         for slot in range(self.num_slots):

@@ -107,3 +107,20 @@ def test_cli_generate_prints_text(pack):
     r = run_cli("generate", str(pack), "-p", "def f(x):", "-n", "5", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "generated" in r.stderr
+
+
+@pytest.mark.parametrize("setting,chunk", [("32", 32), ("auto:64", 64), ("auto:4096", 512), ("auto", 512)])
+def test_the_cpu_reads_prompts_in_the_chunks_prefill_asks(setting, chunk):
+    """--prefill on the CPU: N as given, auto:N a ceiling on 512 (it was ignored: always 512)."""
+    llm = LLM(device="cpu", prefill=setting, max_context=256)
+    assert llm.status()["prefill_chunk"] == chunk
+    ids = llm.tokenizer.encode("one two three four five six seven eight nine ten " * 8)
+    assert len(ids) > chunk or chunk == 512
+    assert llm.generate(ids, max_tokens=3).token_ids == LLM(device="cpu", max_context=256).generate(
+        ids, max_tokens=3).token_ids
+
+
+def test_a_prefill_of_no_tokens_is_refused():
+    from strata.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match="positive"):
+        LLM(device="cpu", prefill="0")

@@ -47,7 +47,7 @@ class PendingWork:
         pass
 
 
-def scheduler(num_slots, chunks=None, choose=None):
+def scheduler(num_slots, chunks=None, choose=None, waits=None):
     log, batches = [], []
 
     def begin(ids, params, on_progress=None, slot=0, **extra):
@@ -58,7 +58,7 @@ def scheduler(num_slots, chunks=None, choose=None):
         batches.append(sorted(w.slot for w in works))
         for w in works:
             w.pending, w.stepped = None, True
-    return Scheduler(begin, 8, num_slots=num_slots, choose=choose, batch=batch), log, batches
+    return Scheduler(begin, 8, num_slots=num_slots, choose=choose, batch=batch, waits=waits), log, batches
 
 
 def test_pending_steps_of_several_slots_run_as_one_batch():
@@ -98,6 +98,35 @@ def test_requests_go_to_the_slot_choose_names():
         pass
     assert picks == [(10, [0, 1, 2]), (20, [0, 1])]
     assert sorted(e for e in log if e[0] == "begin") == [("begin", 10, 2), ("begin", 20, 1)]
+
+
+def test_a_request_waits_for_the_prompt_another_slot_is_reading_when_it_would_copy_it():
+    asked = []
+
+    def waits(slot, ids, reading):
+        asked.append((slot, ids[0], reading[0]))
+        return ids[0] == 11 and reading[0] == 10            # 11 would copy 10's prefix; 20 would not
+    s, log, _ = scheduler(3, chunks={10: 3, 11: 3}, waits=waits)
+    first, copier, other = (s.submit(Request([p], SamplingParams(max_tokens=2))) for p in (10, 11, 20))
+    while s.step():
+        pass
+    begins = {e[1]: i for i, e in enumerate(log) if e[0] == "begin"}
+    first_token_10 = next(i for i, e in enumerate(log) if e[:2] == ("token", 10))
+    assert begins[11] > first_token_10                     # began once 10's prompt was read
+    assert begins[20] < first_token_10                     # 20 did not wait
+    assert all(r.num_tokens == 2 for r in (first, copier, other))
+    assert (1, 11, 10) in asked and not any(r == 11 for _, _, r in asked)   # a waiting slot is never waited on
+
+
+def test_a_waiting_request_starts_when_the_one_it_waits_for_ends_without_a_token():
+    s, log, _ = scheduler(2, chunks={10: 2}, waits=lambda slot, ids, reading: True)
+    first = s.submit(Request([10], SamplingParams(max_tokens=0)))     # a prompt scored, no token (echo)
+    second = s.submit(Request([11], SamplingParams(max_tokens=1)))
+    while s.step():
+        pass
+    assert first.state == "done" and first.num_tokens == 0 and second.num_tokens == 1
+    begins = [i for i, e in enumerate(log) if e[0] == "begin"]
+    assert log[begins[1]] == ("begin", 11, 1) and begins[1] > max(i for i, e in enumerate(log) if e == ("chunk", 10))
 
 
 # ---- strata.LLM on the CPU, tiny model ----

@@ -79,3 +79,32 @@ def test_the_share_bench_runs_both_arms(tmp_path):
                                   "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["copied"]["cached_tokens"] == 64 and got["read"]["cached_tokens"] == 0
+
+
+def test_requests_of_one_prompt_at_once_read_it_once():
+    """n choices of one prompt (or agents' requests of one system prompt) admitted together: the
+    others wait for the slot that reads it, then copy its cells, and reply as they would alone."""
+    from strata.engine.scheduler import Request
+    prompt = SYSTEM + "Task: list the files."
+    three = LLM(device="cpu", parallel=3, max_context=256, prefill="32")     # a prompt of several chunks
+    one = LLM(device="cpu", parallel=1, max_context=256, prefill="32")
+    three.tokenizer.eos_token_ids = one.tokenizer.eos_token_ids = []
+    ids = three._prompt_ids(prompt)
+    params = [SamplingParams(max_tokens=6, temperature=0.8, seed=s) for s in (1, 2, 3)]
+    reqs = [three.scheduler.submit(Request(list(ids), p)) for p in params]
+    while three.scheduler.step():
+        pass
+    cached = sorted(r.completion.usage.cached_tokens for r in reqs)
+    assert cached[0] == 0 and cached[1:] == [len(ids) - 1] * 2          # read once, copied twice
+    assert three.status()["kept_conversations"]["shared_prefixes"] == 2
+    for r, p in zip(reqs, params):
+        alone = one.generate(prompt, max_tokens=6, temperature=0.8, seed=p.seed)
+        assert r.completion.token_ids == alone.token_ids
+
+
+def test_a_request_does_not_wait_for_a_much_longer_prompt():
+    runner = LLM(device="cpu", parallel=2, max_context=256).runner
+    ids = list(range(100, 160))
+    assert runner.worth_waiting(1, ids, ids + [7])
+    assert not runner.worth_waiting(1, ids, ids[:40] + list(range(300, 400)))     # 140 tokens for 40 shared
+    assert not runner.worth_waiting(1, ids[:10] + list(range(500, 600)), ids)     # 10 of 110 shared
