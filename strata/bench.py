@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import SamplingParams
-from .errors import InvalidArgument, StrataError
+from .errors import InvalidArgument
 
 
 @dataclass

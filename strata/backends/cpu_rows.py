@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cpu import CpuOps, KVCache, causal_attention
+from .cpu import CpuOps, KVCache
 
 
 class _Rows:

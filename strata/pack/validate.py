@@ -141,7 +141,7 @@ def _dense(table, args: ModelArgs, file_bytes: int) -> None:
     missing = [n for n in shapes if n not in table]
     extra = [n for n in table if n not in shapes]
     if missing or extra:
-        raise _Bad(f"dense: " + (f"missing {', '.join(missing[:3])}" if missing else f"unexpected {extra[0]!r:.80}")
+        raise _Bad("dense: " + (f"missing {', '.join(missing[:3])}" if missing else f"unexpected {extra[0]!r:.80}")
                    + f" for a model of {args.num_hidden_layers} layers")
     end = 0
     for name, entry in table.items():        # offsets follow the table's order, as layout() writes them
