@@ -11,7 +11,7 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError, UnsupportedError
-from .logits import HostLogits, prompt_logprobs
+from .logits import HostLogits, prompt_logprobs_steps
 from .sampler import Sampler
 from .scheduler import PROMPT_CHUNK, Request, Scheduler
 from .textstream import TextStream
@@ -373,7 +373,14 @@ class Generation:
         t0 = time.perf_counter()
         llm.state = "reading"
         if self.params.prompt_logprobs is not None:     # every position's logits: read from the start
-            self.prompt_logprobs = prompt_logprobs(runner, self.ids, self.params.prompt_logprobs)
+            scoring = prompt_logprobs_steps(runner, self.ids, self.params.prompt_logprobs)
+            while True:                                 # other slots step between its chunks
+                try:
+                    next(scoring)
+                except StopIteration as done:
+                    self.prompt_logprobs = done.value
+                    break
+                yield PROMPT_CHUNK
             if self.max_tokens == 0:
                 timings.prompt_ms, timings.prompt_n = (time.perf_counter() - t0) * 1e3, len(self.ids)
                 llm.state = "generating"

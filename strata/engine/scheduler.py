@@ -300,7 +300,8 @@ class Scheduler:
         ids = slot.request.prompt_ids
         return any(other is not slot and other.work is not None and other.request is not None
                    and other.request.first_token is None
-                   and self.waits(slot.index, ids, other.request.prompt_ids) for other in self.slots)
+                   and getattr(other.request.params, "prompt_logprobs", None) is None     # a scoring pass
+                   and self.waits(slot.index, ids, other.request.prompt_ids) for other in self.slots)  # keeps nothing
 
     def _begin(self, request: Request) -> Iterator:
         extra = {} if request.constraint is None else {"constraint": request.constraint}

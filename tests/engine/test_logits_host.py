@@ -89,6 +89,27 @@ def test_prompt_logprobs_in_small_chunks_equal_one_chunk(llm, monkeypatch):
     assert np.allclose([e.logprob for e in chunked[1:]], [e.logprob for e in whole[1:]], atol=TOL)
 
 
+def test_a_scoring_pass_lets_other_slots_step_between_its_chunks(monkeypatch):
+    """echo + logprobs over a long prompt (lm-evaluation-harness's request) in one slot: a short request
+    in another slot gets its tokens meanwhile, and the scores equal those of the pass alone."""
+    from strata.engine import logits as logits_mod
+    from strata.engine.scheduler import Request
+    monkeypatch.setattr(logits_mod, "PROMPT_LOGITS_BYTES", 4 * 4096 * 8)       # a few rows a chunk
+    two = LLM(device="cpu", parallel=2)
+    two.tokenizer.eos_token_ids = []
+    ids = two.tokenizer.encode(PROMPT * 6)
+    alone = two.generate(ids, max_tokens=0, prompt_logprobs=1).prompt_logprobs
+    scoring = two.scheduler.submit(Request(list(ids), SamplingParams(max_tokens=0, prompt_logprobs=1)))
+    short = two.scheduler.submit(Request(two.tokenizer.encode("hello"), SamplingParams(max_tokens=3)))
+    while two.scheduler.step():
+        pass
+    assert short.completion.usage.completion_tokens == 3
+    assert short.finished < scoring.finished                  # not held behind the whole pass
+    got = scoring.completion.prompt_logprobs
+    assert [e and e.token for e in got] == [e and e.token for e in alone]
+    assert [e.logprob for e in got[1:]] == [e.logprob for e in alone[1:]]
+
+
 def test_a_large_bias_forces_its_token(llm):
     forced = next(t for t in range(100, 200) if t not in llm.tokenizer.eos_token_ids)
     c = llm.generate("Hello", max_tokens=5, temperature=1.0, seed=3, logit_bias={forced: 100})
