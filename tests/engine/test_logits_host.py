@@ -89,13 +89,18 @@ def test_prompt_logprobs_in_small_chunks_equal_one_chunk(llm, monkeypatch):
     assert np.allclose([e.logprob for e in chunked[1:]], [e.logprob for e in whole[1:]], atol=TOL)
 
 
-def test_a_scoring_pass_lets_other_slots_step_between_its_chunks(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_scoring_pass_lets_other_slots_step_between_its_chunks(monkeypatch, device, request):
     """echo + logprobs over a long prompt (lm-evaluation-harness's request) in one slot: a short request
-    in another slot gets its tokens meanwhile, and the scores equal those of the pass alone."""
+    in another slot gets its tokens meanwhile, and the scores equal those of the pass alone (the CPU,
+    and the GPU runner emulated with every expert resident)."""
     from strata.engine import logits as logits_mod
     from strata.engine.scheduler import Request
+    if device == "cuda":
+        request.getfixturevalue("fake")
     monkeypatch.setattr(logits_mod, "PROMPT_LOGITS_BYTES", 4 * 4096 * 8)       # a few rows a chunk
-    two = LLM(device="cpu", parallel=2)
+    two = LLM(device=device, parallel=2)
+    assert two.runner.interleaves
     two.tokenizer.eos_token_ids = []
     ids = two.tokenizer.encode(PROMPT * 6)
     alone = two.generate(ids, max_tokens=0, prompt_logprobs=1).prompt_logprobs

@@ -81,13 +81,17 @@ def test_the_share_bench_runs_both_arms(tmp_path):
     assert got["copied"]["cached_tokens"] == 64 and got["read"]["cached_tokens"] == 0
 
 
-def test_requests_of_one_prompt_at_once_read_it_once():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_requests_of_one_prompt_at_once_read_it_once(device, request):
     """n choices of one prompt (or agents' requests of one system prompt) admitted together: the
-    others wait for the slot that reads it, then copy its cells, and reply as they would alone."""
+    others wait for the slot that reads it, then copy its cells, and reply as they would alone (the
+    CPU, and the GPU runner emulated)."""
     from strata.engine.scheduler import Request
+    if device == "cuda":
+        request.getfixturevalue("fake")
     prompt = SYSTEM + "Task: list the files."
-    three = LLM(device="cpu", parallel=3, max_context=256, prefill="32")     # a prompt of several chunks
-    one = LLM(device="cpu", parallel=1, max_context=256, prefill="32")
+    three = LLM(device=device, parallel=3, max_context=256, prefill="32")     # a prompt of several chunks
+    one = LLM(device=device, parallel=1, max_context=256, prefill="32")
     three.tokenizer.eos_token_ids = one.tokenizer.eos_token_ids = []
     ids = three._prompt_ids(prompt)
     params = [SamplingParams(max_tokens=6, temperature=0.8, seed=s) for s in (1, 2, 3)]
