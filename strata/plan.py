@@ -14,7 +14,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-
 from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)

@@ -75,6 +75,8 @@ class Request:
     num_tokens: int = 0
     completion: Any = None
     inbox: collections.deque = field(default_factory=collections.deque)
+    # the scheduler's answers to waits() while this request waits to begin, per request it could wait for
+    waits_on: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.prompt_total = self.prompt_total or len(self.prompt_ids)
@@ -297,11 +299,18 @@ class Scheduler:
         form a cycle; each ends when that prompt is read or its request ends."""
         if self.waits is None:
             return False
-        ids = slot.request.prompt_ids
-        return any(other is not slot and other.work is not None and other.request is not None
-                   and other.request.first_token is None
-                   and getattr(other.request.params, "prompt_logprobs", None) is None     # a scoring pass
-                   and self.waits(slot.index, ids, other.request.prompt_ids) for other in self.slots)  # keeps nothing
+        request = slot.request
+        for other in self.slots:
+            theirs = other.request
+            if (other is slot or other.work is None or theirs is None or theirs.first_token is not None
+                    or getattr(theirs.params, "prompt_logprobs", None) is not None):   # a scoring pass keeps
+                continue                                                             # no cells to copy
+            key = (id(theirs), theirs.admitted)      # asked once a pair: a prompt's comparison is O(its length)
+            if key not in request.waits_on:
+                request.waits_on[key] = self.waits(slot.index, request.prompt_ids, theirs.prompt_ids)
+            if request.waits_on[key]:
+                return True
+        return False
 
     def _begin(self, request: Request) -> Iterator:
         extra = {} if request.constraint is None else {"constraint": request.constraint}

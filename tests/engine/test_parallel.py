@@ -116,6 +116,7 @@ def test_a_request_waits_for_the_prompt_another_slot_is_reading_when_it_would_co
     assert begins[20] < first_token_10                     # 20 did not wait
     assert all(r.num_tokens == 2 for r in (first, copier, other))
     assert (1, 11, 10) in asked and not any(r == 11 for _, _, r in asked)   # a waiting slot is never waited on
+    assert len(asked) == len(set(asked))                    # once a pair, however many steps the wait takes
 
 
 def test_a_waiting_request_starts_when_the_one_it_waits_for_ends_without_a_token():
