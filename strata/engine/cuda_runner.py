@@ -359,8 +359,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
     @property
     def interleaves(self) -> bool:
-        """Whether prefill_steps may pause between chunks while other slots decode: only with every
-        expert resident (a streamed prompt lends cache slots and the pool for its whole length)."""
+        """Whether a prompt read under one loan may pause between chunks while other slots decode:
+        only with every expert resident (a streamed one lends cache slots and the pool, which their
+        steps need). Streamed, prefill_steps pauses too where other slots may run: it then takes a
+        loan per chunk and gives it back before each pause."""
         return self.store.resident
 
     def prefill(self, ids: list[int], start: int, on_progress=None, logits: bool = True) -> np.ndarray | None:
@@ -372,10 +374,11 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         return steps.out[-1] if logits else None
 
     def prefill_steps(self, ids: list[int], start: int, on_progress=None, logits: bool = False):
-        """prefill() as an iterator that pauses between chunks where `interleaves` (else it reads the
-        whole prompt at its first next()): meanwhile the caller may step other slots, then use()
-        this slot again; the last logits stay on the device for pick(). The host logits of the last
-        chunk (logits=True) are .out of the iterator once it ends."""
+        """prefill() as an iterator that pauses between chunks where `interleaves`, or streamed with
+        more than one slot (each chunk then under its own loan, not while seed 001's room is lent);
+        else it reads the whole prompt at its first next(). Meanwhile the caller may step other
+        slots, then use() this slot again; the last logits stay on the device for pick(). The host
+        logits of the last chunk (logits=True) are .out of the iterator once it ends."""
         return _PrefillSteps(self._prefill_chunks(ids, start, on_progress, logits))
 
     def _prefill_chunks(self, ids: list[int], start: int, on_progress, logits: bool):
@@ -390,25 +393,30 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self._truncate_drafter(start)
             self.draft_chunks = []
         out = None
-        pause = self.interleaves
         # seed 001: a request reading at least --mtp-room-min tokens lends the draft layer's cached
         # experts to the prompt's ring (its prompt pass writes the draft layer's K/V alone)
         # (not with --draft-prompt own: the drafter's own pass reads those experts during the prompt)
         room = self.room_lent = (self.drafter is not None and self.draft_prompt != "own"
                                  and 0 <= self.mtp_room_min <= len(ids) - start
                                  and self.store.open_room())
+        # Streamed, with other slots to serve, each chunk takes its own loan and gives it back before
+        # the pause, so their decode steps run on the whole cache and pool meanwhile; not with the
+        # room lent (their drafters read the draft layer's experts).
+        pause = self.interleaves or (self.num_slots > 1 and not room)
+        loans = self.prompts.loan if pause and not self.store.resident else None
         try:
-            with self.prompts.loan(len(ids) - start, self.prefill_chunk):
+            with contextlib.nullcontext() if loans else self.prompts.loan(len(ids) - start, self.prefill_chunk):
                 for lo in range(start, len(ids), self.prefill_chunk):
                     hi = min(len(ids), lo + self.prefill_chunk)
-                    out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True,
-                                               download=logits or hi < len(ids), hidden=self.drafter is not None)
-                    self._last = self.prompts.last_row
-                    self.cached_ids.extend(ids[lo:hi])
-                    if self.drafter:                 # the draft layer's K/V of this chunk, batched
-                        self.drafter.extend(self.prompts.hidden)
-                        self.prompts.hidden = None
-                        self._flush_drafter()
+                    with loans(len(ids) - start, self.prefill_chunk) if loans else contextlib.nullcontext():
+                        out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True,
+                                                   download=logits or hi < len(ids), hidden=self.drafter is not None)
+                        self._last = self.prompts.last_row
+                        self.cached_ids.extend(ids[lo:hi])
+                        if self.drafter:             # the draft layer's K/V of this chunk, batched
+                            self.drafter.extend(self.prompts.hidden)
+                            self.prompts.hidden = None
+                            self._flush_drafter()
                     if on_progress is not None:
                         on_progress(hi - start, len(ids) - start)
                     if pause and hi < len(ids):

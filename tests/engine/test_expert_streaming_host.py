@@ -305,3 +305,36 @@ def test_steps_queued_without_a_pick_all_reach_the_cache(fake, rng):
     assert queued.store.uses.sum() == 11 * pack.args.num_hidden_layers * pack.args.num_experts_per_tok
     np.testing.assert_array_equal(queued.store.uses, picked.store.uses)
     assert queued.store.status() == picked.store.status() and queued.store.stats.admitted > 0
+
+
+def test_a_streamed_prompt_lets_other_slots_decode_between_its_chunks(fake, rng):
+    """Under a budget with --parallel, a long prompt takes a loan per chunk and pauses between them, so
+    a short request in the other slot is answered before the long one's first token; both replies are
+    those of each request alone."""
+    from strata import LLM
+    from strata.config import SamplingParams
+    from strata.engine.scheduler import Request
+    pack = open_pack(DEMO)
+    probe = CudaRunner(pack, 128, EngineConfig(device="cuda", prefill="24", parallel=2))
+    budget = (probe.plan.mandatory_bytes + 15_000_000) / 2**30
+    two = LLM(device="cuda", parallel=2, prefill="24", vram_budget_gib=budget, max_context=128)
+    one = LLM(device="cuda", parallel=1, prefill="24", vram_budget_gib=budget, max_context=128)
+    store = two.runner.store
+    assert not store.resident and not two.runner.interleaves
+    two.tokenizer.eos_token_ids = one.tokenizer.eos_token_ids = []
+    lends, lend = [], store.lend
+
+    def counting(pool_bytes=None):
+        lends.append(pool_bytes)
+        return lend(pool_bytes)
+    store.lend = counting
+    V = pack.args.vocab_size
+    long_ids, short_ids = rng.integers(10, V, 100).tolist(), rng.integers(10, V, 5).tolist()
+    long = two.scheduler.submit(Request(long_ids, SamplingParams(max_tokens=4)))
+    short = two.scheduler.submit(Request(short_ids, SamplingParams(max_tokens=3)))
+    while two.scheduler.step():
+        pass
+    assert short.finished < long.first_token                   # not held behind the whole prompt
+    assert len(lends) >= 5 and not store.lent                  # a loan per 24-token chunk, all given back
+    assert long.completion.token_ids == one.generate(long_ids, max_tokens=4).token_ids
+    assert short.completion.token_ids == one.generate(short_ids, max_tokens=3).token_ids
