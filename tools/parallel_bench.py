@@ -14,7 +14,7 @@ first token). --budget-gib and --batch-max take lists: every budget (0: resident
 up to N rows), one engine each, on the same prompts; the table at the end puts the arms side by
 side, and each round reports the rule's cap and its measured step ms per row count. The long-prompt
 round (the first budget and --batch-max; --long 0: none) reads --long tokens in chunks of
---long-chunk (an LLM of its own) and submits a 19-token request after the first chunk: its
+--long-chunk (N, or auto: the plan's; an LLM of its own; under a budget each chunk takes its own loan) and submits a 19-token request after the first chunk: its
 first-token time, beside the same request alone.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def clients_round(llm, n: int, prompt: int, decode: int, rng) -> dict:
 def long_prompt_round(args, rng) -> dict:
     from strata.config import SamplingParams
     from strata.engine.scheduler import Request
-    llm = _llm(args, 2, args.long + 64, str(args.long_chunk), args.budgets[0], args.batch_maxes[0])
+    llm = _llm(args, 2, args.long + 64, args.long_chunk, args.budgets[0], args.batch_maxes[0])
     V = llm.args.vocab_size
     short_ids = rng.integers(0, V, 19).tolist()
     alone = llm.scheduler.submit(Request(short_ids, SamplingParams(max_tokens=4)))
@@ -77,7 +77,9 @@ def long_prompt_round(args, rng) -> dict:
     while llm.scheduler.step():
         pass
     ms = lambda a, b: round((b - a) * 1e3, 1)      # noqa: E731
-    return {"long_prompt": args.long, "long_chunk": args.long_chunk, "interleaves": llm.runner.interleaves,
+    store = getattr(llm.runner, "store", None)
+    return {"long_prompt": args.long, "long_chunk": args.long_chunk, "prompt_chunk": llm.status().get("prefill_chunk"),
+            "streamed": bool(store is not None and not store.resident),
             "short_alone_first_token_ms": ms(alone.created, alone.first_token),
             "short_beside_long_first_token_ms": ms(short.created, short.first_token),
             "long_first_token_ms": ms(long.created, long.first_token),
@@ -131,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--warm", type=int, default=8, help="tokens a request of each warm round")
     ap.add_argument("--long", type=int, default=16384, help="0: no long-prompt round")
-    ap.add_argument("--long-chunk", type=int, default=2048)
+    ap.add_argument("--long-chunk", default="2048", help="the long round's --prefill (N, auto or auto:N)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.model:

@@ -50,6 +50,8 @@
 #              first token after an 8192-token prefix slot 0 holds, copied between the slots against read again
 #     ncu      Nsight Compute over the MoE decode kernels (device_deadline.sh's ncu_moe_decode, #16)
 #     batch    tools/parallel_bench.py at 12 GiB, --batch-max auto against 1, 1 and 4 clients (#19)
+#     ttft12   tools/parallel_bench.py's long round at 12 GiB: a 19-token request's first token while a
+#              16384-token prompt streams in the plan's chunks (each under its own loan), against alone (#19)
 #     kvres    qwen3-30b-a3b-mtp at 12 GiB, q4_0 K/V: --kv-resident 4096 (the newest 4096 cells in VRAM over
 #              the host's) against all in VRAM, prompt 16384 and 64 decoded tokens (equal logits sha256)
 #     draftwin seed 003's A/B on qwen3-30b-a3b-mtp: --draft-window 4096, prompts 8192,16384,32768, the
@@ -200,6 +202,11 @@ if has batchres; then   # aggregate decode at 1..8 clients, every weight in VRAM
     echo "== parallel bench resident ($(elapsed) s)"
     timeout "$(budget 180)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 0 --batch-max 0 \
         --clients 1,2,4,8 --warm 16 --long 0 --json "$OUT/batch_res.json" 2>&1 | tail -20
+fi
+if has ttft12; then     # a short request beside a streamed long prompt (#19)
+    echo "== short beside a streamed prompt, 12 GiB ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b-mtp --budget-gib 12 --clients 1 \
+        --warm 4 --decode 16 --long 16384 --long-chunk auto --json "$OUT/ttft12.json" 2>&1 | tail -3
 fi
 if has batch; then      # --batch-max's auto rule against rows in line at 12 GiB (#19)
     echo "== parallel bench ($(elapsed) s)"
