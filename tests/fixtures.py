@@ -67,6 +67,15 @@ QWEN2_SPLIT_REGEX = (
 )
 
 
+def load_tool(name: str):
+    """tools/<name>.py as a module, loaded by path (tools/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 

@@ -1,19 +1,14 @@
 """tools/decode_profile.py on the emulated device: its launch wrappers keep ops.launch's signature (a
 stale one broke the tool on the H200), and --rows times a batched step of parallel slots."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "decode_profile.py"
+from tests.fixtures import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("decode_profile", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("decode_profile")
 
 
 @pytest.mark.parametrize("rows", [1, 2])

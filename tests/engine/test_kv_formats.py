@@ -1,6 +1,5 @@
 """KV formats through the engine: strata.LLM on the CPU with each --kv, the accuracy tool
 (tools/kv_quality.py) on a small slice, --kv auto's rule, and the plan's KV trade."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,15 +16,11 @@ from strata.engine.planner import DEFAULT_BANDWIDTHS, kv_bytes
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
 from strata.plan import plan_sizes
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+from tests.fixtures import load_tool
 
 
 def kv_quality_tool():
-    spec = importlib.util.spec_from_file_location("kv_quality", TOOLS / "kv_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("kv_quality")
 
 
 @pytest.fixture(scope="module")

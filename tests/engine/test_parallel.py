@@ -13,6 +13,7 @@ from strata.engine.scheduler import PROMPT_CHUNK, Request, Scheduler
 from strata.engine.types import Completion, Delta, Usage
 from strata.errors import InvalidArgument
 from tests.engine.threads import in_threads
+from tests.fixtures import load_tool
 
 
 # ---- the scheduler with stand-in works ----
@@ -323,13 +324,8 @@ def test_emulated_kept_cells_come_back_bit_for_bit(fake, rng):
 # ---- tools/parallel_bench.py's A/B, on the CPU ----
 
 def test_parallel_bench_runs_the_rule_and_rows_in_line_on_the_same_prompts(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "parallel_bench", Path(__file__).resolve().parents[2] / "tools" / "parallel_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_tool("parallel_bench")
     out = tmp_path / "pb.json"
     assert bench.main(["--device", "cpu", "--synthetic", "tiny", "--batch-max", "0,1", "--clients", "1,2",
                        "--prompt", "8", "--decode", "6", "--warm", "4", "--long", "0", "--json", str(out)]) == 0

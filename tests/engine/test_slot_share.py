@@ -8,6 +8,7 @@ import pytest
 from strata import LLM
 from strata.config import SamplingParams
 from strata.engine.slots import SHARE_MIN_TOKENS
+from tests.fixtures import load_tool
 
 SYSTEM = ("You are a careful coding agent. Tools: read_file(path), write_file(path, text), run(cmd). "
           "Answer with one tool call at a time and explain nothing. ") * 3
@@ -70,10 +71,7 @@ def test_a_hybrid_model_does_not_share(tmp_path):
 
 def test_the_share_bench_runs_both_arms(tmp_path):
     import json
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import slot_share_bench
+    slot_share_bench = load_tool("slot_share_bench")
     out = tmp_path / "share.json"
     assert slot_share_bench.main(["--prefix", "64", "--rounds", "2", "--device", "cpu", "--max-context", "256",
                                   "--json", str(out)]) == 0

@@ -1,19 +1,15 @@
 """tools/moe_decode_fit.py on the CPU: rows of a known fixed cost and rate, as tools/moe_decode_bench.py
 --json writes them, give that cost and rate back; rows at one byte count are refused in one line."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "moe_decode_fit.py"
+from tests.fixtures import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("moe_decode_fit", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("moe_decode_fit")
 
 
 def _doc(A: int, fixed_us: float, gbps: float) -> dict:

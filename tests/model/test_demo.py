@@ -3,10 +3,8 @@ trained as (main and MTP heads, same weights), the greedy continuation recorded 
 and the torch model's main head against transformers' Qwen3MoeForCausalLM."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +15,8 @@ from strata.engine.llm import DEMO_PACK
 from strata.errors import PackError
 from strata.model.qwen3moe import Qwen3Moe
 from strata.pack import open_pack
+from tests.fixtures import load_tool
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 METRICS = json.loads((DEMO_PACK / "metrics.json").read_text())
 REFERENCE = METRICS["pack"]["reference"]
 
@@ -26,10 +24,7 @@ REFERENCE = METRICS["pack"]["reference"]
 def demo_model_module():
     """tools/demo_model.py (the torch model), loaded by path: tools/ is not a package."""
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("demo_model", TOOLS / "demo_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("demo_model")
 
 
 def rel_err(a, b) -> float:
