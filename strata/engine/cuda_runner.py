@@ -403,12 +403,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         # the pause, so their decode steps run on the whole cache and pool meanwhile; not with the
         # room lent (their drafters read the draft layer's experts).
         pause = self.interleaves or (self.num_slots > 1 and not room)
-        loans = self.prompts.loan if pause and not self.store.resident else None
+        per_chunk = pause and not self.store.resident
+        tokens = len(ids) - start
         try:
-            with contextlib.nullcontext() if loans else self.prompts.loan(len(ids) - start, self.prefill_chunk):
+            with contextlib.nullcontext() if per_chunk else self.prompts.loan(tokens, self.prefill_chunk):
                 for lo in range(start, len(ids), self.prefill_chunk):
                     hi = min(len(ids), lo + self.prefill_chunk)
-                    with loans(len(ids) - start, self.prefill_chunk) if loans else contextlib.nullcontext():
+                    with self.prompts.loan(tokens, self.prefill_chunk) if per_chunk else contextlib.nullcontext():
                         out = self.prompts.forward(ids[lo:hi], lo, self.kv, last_only=True,
                                                    download=logits or hi < len(ids), hidden=self.drafter is not None)
                         self._last = self.prompts.last_row

@@ -373,14 +373,9 @@ class Generation:
         t0 = time.perf_counter()
         llm.state = "reading"
         if self.params.prompt_logprobs is not None:     # every position's logits: read from the start
-            scoring = prompt_logprobs_steps(runner, self.ids, self.params.prompt_logprobs)
-            while True:                                 # other slots step between its chunks
-                try:
-                    next(scoring)
-                except StopIteration as done:
-                    self.prompt_logprobs = done.value
-                    break
-                yield PROMPT_CHUNK
+            # other slots step between its chunks
+            self.prompt_logprobs = yield from prompt_logprobs_steps(runner, self.ids, self.params.prompt_logprobs,
+                                                                    PROMPT_CHUNK)
             if self.max_tokens == 0:
                 timings.prompt_ms, timings.prompt_n = (time.perf_counter() - t0) * 1e3, len(self.ids)
                 llm.state = "generating"

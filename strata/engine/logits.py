@@ -143,21 +143,21 @@ class HostLogits:
         return entry
 
 
-def prompt_logprobs_steps(runner, ids: list[int], k: int):
+def prompt_logprobs_steps(runner, ids: list[int], k: int, pause=None):
     """The TokenLogprob of each prompt token under the logits of the position before it (None for the
     first token, which nothing predicts), through runner.logits_chunks in chunks of at most
-    PROMPT_LOGITS_BYTES of logits: a generator returning that list, which yields None between chunks
-    where the runner `interleaves` (other slots may step meanwhile; the caller use()s this slot again
+    PROMPT_LOGITS_BYTES of logits: a generator returning that list, which yields `pause` between
+    chunks where the runner `interleaves` (other slots may step meanwhile; the caller use()s this slot again
     before the next). The runner's slot is left reset (nothing cached)."""
     V = runner.args.vocab_size
     rows = max(1, min(runner.prefill_chunk, PROMPT_LOGITS_BYTES // (4 * V)))
     out: list[TokenLogprob | None] = [None]
-    pause = getattr(runner, "interleaves", False)
+    pauses = getattr(runner, "interleaves", False)
     for lo, logits in runner.logits_chunks(ids, rows):
         hi = min(lo + logits.shape[0], len(ids) - 1)       # the last position predicts no prompt token
         if hi > lo:
             out += entries(logits[:hi - lo], ids[lo + 1:hi + 1], k)
-        if pause and lo + logits.shape[0] < len(ids):
-            yield None
+        if pauses and lo + logits.shape[0] < len(ids):
+            yield pause
     runner.reset()
     return out
