@@ -16,12 +16,15 @@ batch's rows equal one-token launches bit for bit; and every arm's outputs equal
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fatbin_driver import Driver  # noqa: E402
 
 HEAD, OPROJ = (151936, 2048), (2048, 4096)
 QKV = ((4096, 2048), (512, 2048), (512, 2048))
@@ -37,39 +40,6 @@ def q8_0_bytes(rows: int, n: int, rng) -> np.ndarray:
     blocks[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
     blocks[:, :, 2:] = rng.integers(0, 256, (rows, nb, 32), dtype=np.uint8)
     return blocks.reshape(rows, nb * 34)
-
-
-class Driver:
-    def __init__(self):
-        import torch
-        from cuda.bindings import driver as cu
-        self.torch, self.cu = torch, cu
-        torch.cuda.init()
-        torch.zeros(1, device="cuda")              # the primary context, current on this thread
-        self.stream = torch.cuda.current_stream()
-
-    def check(self, result):
-        err = result[0] if isinstance(result, tuple) else result
-        if int(err) != 0:
-            raise RuntimeError(f"CUDA driver error {err}")
-        return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
-
-    def module(self, path: str):
-        data = open(path, "rb").read()
-        self._keep = getattr(self, "_keep", []) + [data]
-        (mod,) = self.check(self.cu.cuModuleLoadData(data))
-        return mod
-
-    def function(self, mod, name: str):
-        (f,) = self.check(self.cu.cuModuleGetFunction(mod, name.encode()))
-        return f
-
-    def launch(self, f, grid: int, args: list) -> None:
-        vals = [ctypes.c_uint64(a) if kind == "P" else ctypes.c_int32(a) for kind, a in args]
-        ptrs = np.array([ctypes.addressof(v) for v in vals], np.uint64)
-        self.check(self.cu.cuLaunchKernel(f, grid, 1, 1, 128, 1, 1, 0, self.cu.CUstream(self.stream.cuda_stream),
-                                          int(ptrs.ctypes.data), 0))
-        self._vals = (vals, ptrs)                   # alive until the launch has read them (it copies them)
 
 
 def main(argv=None) -> int:
@@ -125,17 +95,18 @@ def main(argv=None) -> int:
                 y = out((name, case, batch, tag), batch, rows)
                 if batch == 1:
                     f = fn["gemv_split" if split else "gemv"]
-                    dev.launch(f, grid * 4 if split else grid, [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()),
-                                                                ("i", rows), ("i", n)])
+                    dev.launch(f, grid * 4 if split else grid, 128,
+                               [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n)])
                 else:
                     f = fn["gemv_rows_split" if split else "gemv_rows"]
-                    dev.launch(f, grid * 4 if split else grid, [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()),
-                                                                ("i", rows), ("i", n), ("i", batch)])
+                    dev.launch(f, grid * 4 if split else grid, 128,
+                               [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n),
+                                ("i", batch)])
                 return [y]
             Ws = qkv[copy]
             ys = [out((name, case, batch, tag, i), batch, r) for i, (r, _) in enumerate(QKV)]
             sets = sum(-(-r // 4) for r, _ in QKV)
-            dev.launch(fn["gemv3" if batch == 1 else "gemv3_rows"], max(1, -(-sets // 4)),
+            dev.launch(fn["gemv3" if batch == 1 else "gemv3_rows"], max(1, -(-sets // 4)), 128,
                        [("P", w.data_ptr()) for w in Ws] + [("P", xp)] + [("P", y.data_ptr()) for y in ys]
                        + [("i", r) for r, _ in QKV] + [("i", 2048), ("i", batch)])
             return ys

@@ -1,0 +1,82 @@
+"""Kernels from fatbin files through the CUDA driver API (cuda.bindings), with torch for buffers,
+streams and timing: the A/B tools' way to run kernels built here with nvcc on the GPU machine without
+building the package (tools/gemv_rows_ab.py, tools/moe_gemm_wg_ab.py).
+
+    dev = Driver(); f = dev.function(dev.module("x.fatbin"), "strata_...")
+    dev.launch(f, (gx, gy), 256, [("P", ptr), ("i", n), ("q", stride)])
+
+Argument kinds as strata._ext.runtime spells them: P a device pointer, i int32, q int64.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+_CTYPES = {"P": ctypes.c_uint64, "Q": ctypes.c_uint64, "q": ctypes.c_int64, "i": ctypes.c_int32,
+           "I": ctypes.c_uint32, "f": ctypes.c_float}
+
+
+class Driver:
+    def __init__(self):
+        import torch
+        from cuda.bindings import driver as cu
+        self.torch, self.cu = torch, cu
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")              # the primary context, current on this thread
+        self.stream = torch.cuda.current_stream()
+        self._keep = []
+
+    def check(self, result):
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) != 0:
+            raise RuntimeError(f"CUDA driver error {err}")
+        return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
+
+    def module(self, path: str):
+        data = open(path, "rb").read()
+        self._keep.append(data)
+        (mod,) = self.check(self.cu.cuModuleLoadData(data))
+        return mod
+
+    def function(self, mod, name: str):
+        (f,) = self.check(self.cu.cuModuleGetFunction(mod, name.encode()))
+        return f
+
+    def launch(self, f, grid, block: int, args: list) -> None:
+        """f over grid (an int or an (x[, y[, z]]) tuple) of `block` threads; args (kind, value)."""
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, (tuple, list)) else (grid, 1, 1)
+        vals = [_CTYPES[kind](value) for kind, value in args]
+        ptrs = np.array([ctypes.addressof(v) for v in vals], np.uint64)
+        self.check(self.cu.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, self.cu.CUstream(self.stream.cuda_stream),
+                                          int(ptrs.ctypes.data), 0))
+        self._vals = (vals, ptrs)                   # alive until the launch has read them (it copies them)
+
+    # ---- buffers and timing (torch on the device); tests substitute a CPU double with the same methods
+
+    def upload(self, a: np.ndarray):
+        return self.torch.from_numpy(np.ascontiguousarray(a)).to("cuda")
+
+    def full(self, shape, value: float):
+        return self.torch.full(shape, value, dtype=self.torch.float32, device="cuda")
+
+    def randn(self, shape):
+        return self.torch.randn(shape, dtype=self.torch.float32, device="cuda")
+
+    def download(self, t) -> np.ndarray:
+        self.torch.cuda.synchronize()
+        return t.cpu().numpy()
+
+    def time_ms(self, fn, repeats: int, warmup: int = 3) -> list[float]:
+        """Each of `repeats` calls of fn (after `warmup` untimed ones), timed by CUDA events, in ms."""
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return times
