@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parent
 CUDA_SRC = ROOT / "cuda"
 SASS_ARCHS = ("80", "86", "89", "90", "100", "120")  # STRATA_CUDA_ARCHS=all
 OLDEST_ARCH = 80  # the kernels use sm_80 instructions (attention_tc.cu: cp.async)
+# Libraries built for one arch-specific target only (SASS, no PTX), when the build's archs include
+# its plain arch, and left out of other builds: wgmma needs sm_90a, whose code runs on sm_90 alone.
+# The manifest marks them optional (strata.system does not refuse a GPU they do not run on).
+ARCH_SPECIFIC = {"moe_gemm_wg": "90a"}
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
 # Core-seconds one nvcc target (every kernel for one SASS arch, or the PTX) took on a 2-core build
@@ -267,12 +271,23 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def library_archs(stem: str, archs: list[str]) -> list[str] | None:
+    """The archs to build cuda/<stem>.cu for: the build's, or the one target ARCH_SPECIFIC names
+    for it; None when that target's plain arch is not among the build's."""
+    target = ARCH_SPECIFIC.get(stem)
+    if target is None:
+        return archs
+    return [target] if target.rstrip("af") in {a.rstrip("af") for a in archs} else None
+
+
 def compile_kernel(nvcc: str, version: str, cu: Path, out_dir: Path, archs: list[str], old: dict) -> dict:
     gencode, arch_names = gencode_flags(archs)
     flags = list(NVCC_FLAGS) + gencode
     out = out_dir / f"{cu.stem}.fatbin"
     entry = {"file": out.name, "archs": arch_names, "nvcc_flags": flags, "nvcc_version": version,
              "source_sha256": source_sha256(cu)}
+    if cu.stem in ARCH_SPECIFIC:
+        entry["optional"] = True
     if out.is_file() and old.get("sha256") == file_sha256(out) and all(old.get(k) == v for k, v in entry.items()):
         return old  # unchanged source, flags and compiler: keep the fatbin
     cmd = [nvcc, *flags, "-o", str(out), str(cu)]
@@ -300,6 +315,8 @@ def build_kernels(out_dir: Path) -> None:
             stale.unlink(missing_ok=True)
         return
     archs = fit_to_nvcc(archs, nvcc_known_archs(nvcc), asked=requested_archs(env) is not None)
+    plan = {cu: library_archs(cu.stem, archs) for cu in sources}
+    sources = [cu for cu in sources if plan[cu] is not None]
     out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads(manifest_path.read_text()).get("kernels", {}) if manifest_path.is_file() else {}
     version, t0 = nvcc_version(nvcc), time.perf_counter()
@@ -311,7 +328,7 @@ def build_kernels(out_dir: Path) -> None:
     kernels = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # the biggest sources first (the slowest to compile), so none starts last and runs alone
-        jobs = {pool.submit(compile_kernel, nvcc, version, cu, out_dir, archs, old.get(cu.stem, {})): cu
+        jobs = {pool.submit(compile_kernel, nvcc, version, cu, out_dir, plan[cu], old.get(cu.stem, {})): cu
                 for cu in sorted(sources, key=lambda cu: cu.stat().st_size, reverse=True)}
         for done in as_completed(jobs):
             cu = jobs[done]

@@ -34,6 +34,14 @@ def all_archs(source: Path) -> list[str]:
     raise SystemExit(f"check_wheel: {source / 'setup.py'} defines no SASS_ARCHS")
 
 
+def arch_specific(source: Path) -> dict[str, str]:
+    """setup.py's ARCH_SPECIFIC: libraries built for one arch-specific target only, read likewise."""
+    for node in ast.parse((source / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ARCH_SPECIFIC" for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
 def expected_targets(archs: list[str]) -> set[str]:
     """SASS for each arch and PTX for the oldest plain one: the manifest's names (setup.gencode_flags)."""
     plain = sorted((a for a in archs if a.isdigit()), key=int)
@@ -78,11 +86,15 @@ def check_kernels(wheel: zipfile.ZipFile, source: Path, archs: list[str]) -> lis
     kernels = manifest.get("kernels", {})
     problems = [] if manifest.get("format") == MANIFEST_FORMAT else [
         f"manifest.json: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}"]
-    sources = sorted(cu.stem for cu in (source / "cuda").glob("*.cu"))
+    special = arch_specific(source)
+    plain_archs = {a.rstrip("af") for a in archs}
+    # an arch-specific library is built only when its plain arch is asked for, for its target alone
+    sources = sorted(cu.stem for cu in (source / "cuda").glob("*.cu")
+                     if cu.stem not in special or special[cu.stem].rstrip("af") in plain_archs)
     if sorted(kernels) != sources:
         problems.append(f"manifest.json lists {sorted(set(kernels) ^ set(sources))} unlike cuda/*.cu")
-    expected = expected_targets(archs)
     for lib, entry in sorted(kernels.items()):
+        expected = {f"sm_{special[lib]}"} if lib in special else expected_targets(archs)
         path = f"strata/kernels/{entry.get('file')}"
         if path not in names:
             problems.append(f"{path} (in manifest.json) missing from the wheel")

@@ -16,6 +16,10 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention")
+# Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
+# their GPU tests have passed. wgmma-gemm: the prompt GEMMs on Hopper's warpgroup MMA
+# (cuda/moe_gemm_wg.cu; sm_90 GPUs, a build that made its sm_90a library).
+KERNEL_TRIAL_PATHS = ("wgmma-gemm",)
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a
@@ -179,6 +183,9 @@ class EngineConfig:
                                                                 "slots for A/B runs"})
     kernels_off: str = field(default="", metadata={
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
+    kernels_on: str = field(default="", metadata={
+        "help": "GPU kernel paths on trial to turn on for A/B runs, comma-separated: " + ", ".join(KERNEL_TRIAL_PATHS)
+                + " (prompt GEMMs on Hopper's warpgroup MMA: sm_90 GPUs only)"})
     kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
@@ -282,10 +289,11 @@ class EngineConfig:
             raise InvalidArgument(f"batch_max must be 0 (auto) or a number of rows from 1 to --parallel "
                                   f"({self.parallel}), got {self.batch_max!r}")
         _refuse_not_implemented(self)
-        unknown = [n for n in self.kernels_off.split(",") if n.strip() and n.strip() not in KERNEL_PATHS]
-        if unknown:
-            raise InvalidArgument(f"kernels_off: unknown kernel path {unknown[0].strip()!r} "
-                                  f"(known: {', '.join(KERNEL_PATHS)})")
+        for what, known in (("kernels_off", KERNEL_PATHS), ("kernels_on", KERNEL_TRIAL_PATHS)):
+            unknown = [n for n in getattr(self, what).split(",") if n.strip() and n.strip() not in known]
+            if unknown:
+                raise InvalidArgument(f"{what}: unknown kernel path {unknown[0].strip()!r} "
+                                      f"(known: {', '.join(known)})")
         if self.decode_misses not in ("zero-copy", "staged"):
             raise InvalidArgument(f"decode_misses must be zero-copy or staged, got {self.decode_misses!r}")
         if self.prefill_rule not in ("auto", "bytes", "slots"):
@@ -367,12 +375,22 @@ def _check_split(text: str, num_cards: int) -> None:
                               f"count per card (--gpus 0,1 --layer-split 20,28; 0,0 for two logical cards on one GPU)")
 
 
+def refuse_gpu_kernel_paths(cfg: "EngineConfig") -> None:
+    """--kernels-on / --kernels-off on an engine that runs on the CPU (asked for, or what auto found):
+    refused, as they would do nothing there."""
+    if cfg.kernels_on.strip() or cfg.kernels_off.strip():
+        flag = "--kernels-on " + cfg.kernels_on if cfg.kernels_on.strip() else "--kernels-off " + cfg.kernels_off
+        raise InvalidArgument(f"{flag}: kernel paths are the GPU's; the CPU backend has one path")
+
+
 def _refuse_not_implemented(cfg: "EngineConfig") -> None:
     """Flags the engine accepts in form but does not run yet: refused here, one line each, so none
     silently does nothing. The issue that builds a feature lifts its own refusal."""
     if cfg.kv_resident and cfg.device == "cpu":
         raise InvalidArgument(f"--kv-resident {cfg.kv_resident}: the CPU's KV is in host memory already; the flag "
                               f"is the GPU's")
+    if cfg.device == "cpu":
+        refuse_gpu_kernel_paths(cfg)
     if cfg.device == "cpu" and str(cfg.cpu_experts).strip().lower() != "off":
         raise InvalidArgument(f"--cpu-experts {cfg.cpu_experts}: on the CPU every expert runs on the host already; "
                               f"the flag splits the GPU's missed experts")

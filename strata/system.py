@@ -74,7 +74,8 @@ def kernels_reason(manifest: dict | None, major: int, minor: int, gpu_name: str 
     if manifest is None:
         return f"this install has no GPU kernels (built without nvcc or for no arch); {fix}"
     kernels = manifest.get("kernels", {})      # a build that compiled nothing writes no manifest at all
-    missing = sorted(n for n, e in kernels.items() if not any(arch_runs_on(a, major, minor) for a in e.get("archs", [])))
+    missing = sorted(n for n, e in kernels.items() if not e.get("optional")   # an arch-specific extra (setup.py)
+                     and not any(arch_runs_on(a, major, minor) for a in e.get("archs", [])))
     if not missing:
         return None
     built = ", ".join(manifest_archs(manifest)) or "no arch"

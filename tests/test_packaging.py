@@ -160,16 +160,23 @@ def test_build_says_what_it_compiles_and_keeps_unchanged_kernels(build, fake_nvc
     assert sorted(calls(fake_nvcc)) == sources
     manifest = json.loads((out_dir / "manifest.json").read_text())
     assert sorted(manifest["kernels"]) == [s.removesuffix(".cu") for s in sources]
-    for entry in manifest["kernels"].values():
-        assert entry["archs"] == ["sm_80", "sm_90", "compute_80"]
+    for lib, entry in manifest["kernels"].items():      # an arch-specific library: its one target
+        special = lib in build.ARCH_SPECIFIC
+        assert entry["archs"] == ([f"sm_{build.ARCH_SPECIFIC[lib]}"] if special else ["sm_80", "sm_90", "compute_80"])
+        assert entry.get("optional", False) == special
         assert hashlib.sha256((out_dir / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
 
     build.build_kernels(out_dir)  # nothing changed: nothing compiled again
     assert len(calls(fake_nvcc)) == len(sources)
     monkeypatch.setenv("STRATA_CUDA_ARCHS", "90")
-    build.build_kernels(out_dir)  # other archs: every kernel again
-    assert len(calls(fake_nvcc)) == 2 * len(sources)
+    build.build_kernels(out_dir)  # other archs: every kernel again, but the arch-specific ones (the same target)
+    assert len(calls(fake_nvcc)) == 2 * len(sources) - len(build.ARCH_SPECIFIC)
     assert json.loads((out_dir / "manifest.json").read_text())["kernels"]["add"]["archs"] == ["sm_90", "compute_90"]
+    monkeypatch.setenv("STRATA_CUDA_ARCHS", "80")
+    build.build_kernels(out_dir)  # no sm_90: no arch-specific library, and no stale fatbin of one
+    kept = json.loads((out_dir / "manifest.json").read_text())["kernels"]
+    assert not set(build.ARCH_SPECIFIC) & set(kept)
+    assert not [lib for lib in build.ARCH_SPECIFIC if (out_dir / f"{lib}.fatbin").exists()]
 
 
 def test_no_gpu_builds_no_kernels_and_says_so(build, fake_nvcc, tmp_path, monkeypatch):
@@ -217,14 +224,32 @@ def fatbin(targets: list[tuple[int, int]]) -> bytes:
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
 
+def _setup_assign(name: str):
+    """A literal assignment of setup.py, read without running it."""
+    import ast
+    for node in ast.parse((ROOT / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"setup.py assigns no {name}")
+
+
 def make_wheel(tmp_path: Path, archs=((2, 80), (2, 90), (1, 80)), tag="manylinux_2_28_x86_64", **edits) -> Path:
     names = {(2, a): f"sm_{a}" for _, a in archs} | {(1, a): f"compute_{a}" for _, a in archs}
     files, kernels = {}, {}
+    special = _setup_assign("ARCH_SPECIFIC")
     for cu in sorted((ROOT / "cuda").glob("*.cu")):
-        image = fatbin(list(archs))
+        entry = {"file": f"{cu.stem}.fatbin"}
+        if cu.stem in special:          # setup.library_archs: its one target, when its plain arch is built
+            target = special[cu.stem]
+            if (2, int(target.rstrip("af"))) not in archs:
+                continue
+            image = fatbin([(2, int(target.rstrip("af")))])
+            entry.update(archs=[f"sm_{target}"], optional=True)
+        else:
+            image = fatbin(list(archs))
+            entry["archs"] = [names[t] for t in archs]
         files[f"strata/kernels/{cu.stem}.fatbin"] = image
-        kernels[cu.stem] = {"file": f"{cu.stem}.fatbin", "sha256": hashlib.sha256(image).hexdigest(),
-                            "archs": [names[t] for t in archs]}
+        kernels[cu.stem] = {**entry, "sha256": hashlib.sha256(image).hexdigest()}
     files["strata/kernels/manifest.json"] = json.dumps({"format": 1, "kernels": kernels})
     for pyx in (ROOT / "strata" / "_ext").glob("*.pyx"):
         files[f"strata/_ext/{pyx.stem}.cpython-311-x86_64-linux-gnu.so"] = b"\x7fELF"

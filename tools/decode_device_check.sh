@@ -25,6 +25,9 @@
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
+#     wgprompt  #17's wgmma prompt GEMMs (cuda/moe_gemm_wg.cu, on trial: --kernels-on wgmma-gemm) against
+#               mma.sync in one lease: test_moe_gemm_gpu over both libraries, moe_gemm_bench per library,
+#               resident prompts 512,4096,16384 in each, then 16384 at 12 GiB in each
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,5 +106,17 @@ if has gemm; then
     echo "== moe_gemm bench ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25
     bench_synthetic prompt 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
+fi
+if has wgprompt; then    # #17: the prompt GEMMs on Hopper's warpgroup MMA against mma.sync, one lease
+    echo "== moe_gemm GPU tests, both libraries ($(elapsed) s)"
+    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py 2>&1 | tail -4
+    for op in moe_gemm moe_gemm_wg; do
+        echo "== $op bench ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
+    done
+    bench_synthetic prompt_mma 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
+    bench_synthetic prompt_wg 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0 --kernels-on wgmma-gemm
+    bench_synthetic p12_mma 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
+    bench_synthetic p12_wg 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
 fi
 echo "== done at $(elapsed) s"

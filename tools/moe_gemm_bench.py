@@ -1,6 +1,8 @@
 """Time strata_moe_gemm_<q> (cuda/moe_gemm.cu) on Qwen3-30B-A3B prompt shapes.
 
-    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--json PATH]
+    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--op moe_gemm_wg] [--json PATH]
+
+--op moe_gemm_wg times cuda/moe_gemm_wg.cu (the same contract on Hopper's wgmma; sm_90 builds only).
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -39,7 +41,7 @@ def shapes(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, int, i
     ]
 
 
-def bench_shape(ops, rng, name, N, K, rows, repeats):
+def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
     rt = ops._rt
     row_bytes = qtype(name).row_bytes(K)
     stride = -(-N * row_bytes // 256) * 256
@@ -57,7 +59,7 @@ def bench_shape(ops, rng, name, N, K, rows, repeats):
     ptrs = np.array([blob.ptr + g * stride for g in range(G)], np.uint64)
     y = ops._output(s * N * 4)
     args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
-    kernel = ops._kernel("moe_gemm", qtype=name)
+    kernel = ops._kernel(op, qtype=name)
     grid = grid_for(N, len(tiles))
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []
@@ -79,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
     ap.add_argument("--only", metavar="TEXT", help="only shapes whose label or type contains TEXT")
+    ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_wg"), help="the kernel library")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     ops = CudaOps()
@@ -88,13 +91,14 @@ def main(argv=None) -> int:
     for label, name, N, K, rows in shapes(args.tokens, rng):
         if args.only and args.only not in f"{label} {name}":
             continue
-        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats)}
+        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats, args.op)}
         results.append(r)
         print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "
               f"{r['tflops']:>8.1f} {r['weight_gbps']:>7.0f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": ops.device.name, "tokens": args.tokens, "results": results}, f, indent=1)
+            json.dump({"device": ops.device.name, "tokens": args.tokens, "op": args.op, "results": results}, f,
+                      indent=1)
     return 0
 
 

@@ -91,8 +91,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                                              a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel,
                                              ring=ring)
         self.kv = self.kv_all.view(0)
-        self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a,
-                                                                 KernelPaths.without(config.kernels_off))
+        paths = KernelPaths.without(config.kernels_off, config.kernels_on)
+        self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a, paths)
         self.stage = stage
         self.model = build(a, self.ops, *stage)
         if not stage[0]:        # a later card: a decode step's rows from the card before (ops.hand_in)

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..config import EngineConfig, SamplingParams
+from ..config import EngineConfig, SamplingParams, refuse_gpu_kernel_paths
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError, UnsupportedError
 from .logits import HostLogits, prompt_logprobs_steps
 from .sampler import Sampler
@@ -145,6 +145,8 @@ class LLM:
             raise PackError(f"{path}: the tokenizer has {self.tokenizer.vocab_size} tokens, more than the model's "
                             f"vocabulary of {self.args.vocab_size}")
         self.device = _pick_device(self.config.device, int(self.config.gpus.split(",")[0]))
+        if self.device == "cpu":            # auto found no GPU: the GPU's kernel paths would do nothing
+            refuse_gpu_kernel_paths(self.config)
         wanted = self.config
         try:
             self._load_runner(wanted)

@@ -116,3 +116,34 @@ def test_kernel_paths_turn_off_by_name_and_refuse_unknown_ones():
     assert KernelPaths.without("") == KernelPaths()
     with pytest.raises(InvalidArgument, match="kernels_off: unknown kernel path 'fast'"):
         EngineConfig(kernels_off="pdl,fast")
+
+
+def test_trial_kernel_paths_are_off_until_turned_on():
+    from strata.backends.cuda.kernels import KernelPaths
+    assert KernelPaths().wgmma_gemm is False
+    cfg = EngineConfig(kernels_on="wgmma-gemm", kernels_off="pdl")
+    paths = KernelPaths.without(cfg.kernels_off, cfg.kernels_on)
+    assert (paths.wgmma_gemm, paths.pdl, paths.tensor_core_prompt) == (True, False, True)
+    with pytest.raises(InvalidArgument, match="kernels_on: unknown kernel path 'pdl'"):
+        EngineConfig(kernels_on="pdl")      # a default path is turned off, never on
+    with pytest.raises(InvalidArgument, match="kernels_off: unknown kernel path 'wgmma-gemm'"):
+        EngineConfig(kernels_off="wgmma-gemm")
+    with pytest.raises(InvalidArgument, match="--kernels-on wgmma-gemm: kernel paths are the GPU's"):
+        EngineConfig(device="cpu", kernels_on="wgmma-gemm")
+
+
+def test_kernel_paths_are_refused_where_auto_finds_no_gpu(monkeypatch):
+    from strata.engine import llm as llm_module
+    monkeypatch.setattr(llm_module, "_pick_device", lambda device, ordinal: "cpu")
+    with pytest.raises(InvalidArgument, match="--kernels-off pdl: kernel paths are the GPU's"):
+        llm_module.LLM(kernels_off="pdl")
+
+
+def test_wgmma_needs_sm_90_and_its_library():
+    from strata.backends.cuda.kernels import wgmma_unavailable
+    built = {"kernels": {"moe_gemm_wg": {"archs": ["sm_90a"], "optional": True}}}
+    assert wgmma_unavailable(built, (9, 0)) is None
+    assert "this one is sm_89" in wgmma_unavailable(built, (8, 9))
+    assert "this one is sm_100" in wgmma_unavailable(built, (10, 0))
+    assert "no moe_gemm_wg library" in wgmma_unavailable({"kernels": {}}, (9, 0))
+    assert "no moe_gemm_wg library" in wgmma_unavailable(None, (9, 0))

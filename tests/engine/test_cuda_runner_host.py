@@ -12,7 +12,7 @@ from strata.config import EngineConfig
 from strata.engine.cuda_decode import DecodeSteps
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
-from strata.errors import DeviceError, InvalidArgument
+from strata.errors import DeviceError, InvalidArgument, UnsupportedError
 from strata.pack import open_pack
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids
 
@@ -55,6 +55,23 @@ def test_tc_attention_off_takes_the_cuda_core_prompt_kernel(fake, rng):
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert "strata_attention_prefill_f16_d64" in fake.launches
     assert "strata_attention_prefill_tc_f16_d64" not in fake.launches
+
+
+def test_wgmma_gemm_on_trial_takes_the_wgmma_library(fake, rng, monkeypatch):
+    """--kernels-on wgmma-gemm: every prompt GEMM launches cuda/moe_gemm_wg.cu's entry points (one
+    contract with moe_gemm.cu's, so the same logits here); refused in one line where the GPU is not
+    sm_90 or the install has no such library."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 20)
+    base = CudaRunner(pack, 64).prefill(ids, 0)
+    fake.launches.clear()
+    wg = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm"))
+    np.testing.assert_array_equal(wg.prefill(ids, 0), base)
+    assert "strata_moe_gemm_wg_q8_0" in fake.launches
+    assert not [n for n in fake.launches if n.startswith("strata_moe_gemm_") and "_wg_" not in n]
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": {}})
+    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-gemm \(--kernels-on\): this install has no"):
+        CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm"))
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):

@@ -1,4 +1,5 @@
-"""strata_moe_gemm_<q> (cuda/moe_gemm.cu) through strata.backends.cuda.moe_gemm against float64.
+"""strata_moe_gemm_<q> (cuda/moe_gemm.cu), and strata_moe_gemm_wg_<q> (cuda/moe_gemm_wg.cu, wgmma: the
+same contract, on sm_90 GPUs whose build has it), through strata.backends.cuda.moe_gemm against float64.
 
 Reference: each group's weight dequantized by strata.quant (bit-exact with the kernel's decoders),
 W and X rounded to f16 as the kernel rounds them, the product in float64. Then only the kernel's
@@ -27,6 +28,19 @@ def ops():
     from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
+
+
+@pytest.fixture(params=["moe_gemm", "moe_gemm_wg"])
+def op(request):
+    """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_wg.cu (wgmma) where it runs."""
+    if request.param == "moe_gemm_wg":
+        import strata.backends.cuda as cuda_backend
+        from strata.backends.cuda.kernels import wgmma_unavailable
+        ops = request.getfixturevalue("ops")
+        why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
+        if why:
+            pytest.skip(f"moe_gemm_wg: {why}")
+    return request.param
 
 
 def random_ranges(rng, row_counts, gap=True):
@@ -89,14 +103,14 @@ def awkward_k(name):
 
 @gpu
 @pytest.mark.parametrize("name", QTYPE_NAMES)
-def test_moe_gemm_awkward_sizes(ops, rng, name):
+def test_moe_gemm_awkward_sizes(ops, op, rng, name):
     """K of one block and a few, N below / not a multiple of BN, m = 1, rows around BM, gaps."""
     from strata.backends.cuda.moe_gemm import moe_gemm
 
     for K in awkward_k(name):
         for N, counts in [(1, [1]), (BN + 72, [1, 70, BM, 2 * BM + 1, 5]), (37, [BM - 1, 3, 130])]:
             weights, ranges, X = make_case(rng, name, N, K, counts)
-            check(name, moe_gemm(name, weights, ranges, X, ops=ops), weights, ranges, X, f"N {N} K {K}")
+            check(name, moe_gemm(name, weights, ranges, X, ops=ops, op=op), weights, ranges, X, f"N {N} K {K}")
 
 
 # (name, N, K, rows per group): Qwen3-30B-A3B experts (gate|up fused, down), dense projections
@@ -107,25 +121,25 @@ PRODUCTION = [("Q4_K", 1536, 2048, "experts"), ("Q4_K", 2048, 768, "experts"), (
 
 @gpu
 @pytest.mark.parametrize("name,N,K,rows", PRODUCTION)
-def test_moe_gemm_production_shapes(ops, rng, name, N, K, rows):
+def test_moe_gemm_production_shapes(ops, op, rng, name, N, K, rows):
     from strata.backends.cuda.moe_gemm import moe_gemm
 
     counts = rng.integers(32, 320, size=6) if rows == "experts" else rows
     weights, ranges, X = make_case(rng, name, N, K, counts, std=0.02)
-    check(name, moe_gemm(name, weights, ranges, X, ops=ops), weights, ranges, X, f"N {N} K {K}")
+    check(name, moe_gemm(name, weights, ranges, X, ops=ops, op=op), weights, ranges, X, f"N {N} K {K}")
 
 
 @gpu
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "BF16"])
-def test_moe_gemm_deterministic(ops, rng, name):
+def test_moe_gemm_deterministic(ops, op, rng, name):
     """Identical bits when the weights move (other offsets, a part offset), when tiles are cut at
     other rows, and when the same rows sit among more rows (other S, other tile count)."""
     from strata.backends.cuda.moe_gemm import moe_gemm
 
     K = 512
     weights, ranges, X = make_case(rng, name, BN + 40, K, [150, 7, 64, 90])
-    base = moe_gemm(name, weights, ranges, X, ops=ops)
-    moved = moe_gemm(name, weights, ranges, X, ops=ops, offsets=[16 * int(o) for o in rng.integers(1, 64, 4)],
+    base = moe_gemm(name, weights, ranges, X, ops=ops, op=op)
+    moved = moe_gemm(name, weights, ranges, X, ops=ops, op=op, offsets=[16 * int(o) for o in rng.integers(1, 64, 4)],
                      part_offset=4096 + 16 * int(rng.integers(0, 8)))
     assert np.array_equal(base.view(np.uint32), moved.view(np.uint32))
     tiles = []
@@ -135,12 +149,13 @@ def test_moe_gemm_deterministic(ops, rng, name):
             m = min(int(rng.integers(1, BM + 1)), s0 + rows - s)
             tiles.append((g, s, m, 0))
             s += m
-    recut = moe_gemm(name, weights, ranges, X, ops=ops, tiles=np.array(tiles, np.int32)[rng.permutation(len(tiles))])
+    recut = moe_gemm(name, weights, ranges, X, ops=ops, op=op,
+                     tiles=np.array(tiles, np.int32)[rng.permutation(len(tiles))])
     assert np.array_equal(base.view(np.uint32), recut.view(np.uint32))
     pad = 11
     X2 = np.concatenate([rng.standard_normal((pad, K)).astype(np.float32), X])
     more = [(g, s0 + pad, rows) for g, s0, rows in ranges] + [(0, 0, pad)]
-    shifted = moe_gemm(name, weights, more, X2, ops=ops)
+    shifted = moe_gemm(name, weights, more, X2, ops=ops, op=op)
     assert np.array_equal(base.view(np.uint32), shifted[pad:].view(np.uint32))
 
 
@@ -178,21 +193,21 @@ def test_fake_emulation_matches_reference(rng, name):
 
 @gpu
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
-def test_moe_gemm_skips_empty_tiles_and_null_groups(ops, rng, name):
+def test_moe_gemm_skips_empty_tiles_and_null_groups(ops, op, rng, name):
     """A worst-case grid as device-side grouping launches it: tiles with m = 0 and groups at address 0
     (experts another batch computes) do nothing; the rest is bit for bit the plain launch."""
     from strata.backends.cuda.moe_gemm import moe_gemm, tiles_for
 
     K = 512
     weights, ranges, X = make_case(rng, name, BN + 40, K, [150, 7, 64, 90])
-    base = moe_gemm(name, weights, ranges, X, ops=ops)
+    base = moe_gemm(name, weights, ranges, X, ops=ops, op=op)
     null = int(rng.integers(0, 4))
     tiles = tiles_for(ranges)
     empty = np.zeros((5, 4), np.int32)
     empty[:, 0] = rng.integers(0, 4, 5)         # m = 0 whatever the group
     tiles = np.concatenate([tiles, empty])[rng.permutation(len(tiles) + 5)]
     skipped = [None if g == null else w for g, w in enumerate(weights)]
-    Y = moe_gemm(name, skipped, ranges, X, ops=ops, tiles=tiles)
+    Y = moe_gemm(name, skipped, ranges, X, ops=ops, op=op, tiles=tiles)
     for g, s0, rows in ranges:
         got, want = Y[s0:s0 + rows], base[s0:s0 + rows]
         if g == null:

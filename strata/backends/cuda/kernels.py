@@ -11,7 +11,7 @@ import string
 from dataclasses import dataclass, fields
 from itertools import product
 
-from strata.config import KERNEL_PATHS
+from strata.config import KERNEL_PATHS, KERNEL_TRIAL_PATHS
 from strata.errors import InvalidArgument, UnsupportedError
 
 RMS_NORM_BLOCK = 256  # threads per row; cuda/rms_norm.cu accepts any multiple of 32 up to 1024
@@ -42,9 +42,10 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: in
 
 @dataclass(frozen=True)
 class KernelPaths:
-    """Which of the alternative kernel paths DeviceOps takes. All are on by default (each measured
-    faster on the H200); EngineConfig.kernels_off turns some off, so tools and tests A/B a path
-    against its fallback without touching module state. The planner's dry run prices the defaults."""
+    """Which of the alternative kernel paths DeviceOps takes. Those of KERNEL_PATHS are on by default
+    (each measured faster on the H200) and EngineConfig.kernels_off turns some off, so tools and tests
+    A/B a path against its fallback without touching module state; those of KERNEL_TRIAL_PATHS are off
+    until EngineConfig.kernels_on turns them on. The planner's dry run prices the defaults."""
 
     fused_decode: bool = True        # cuda/moe_decode.cu for decode steps (off: moe_gemv + swiglu + combine)
     tensor_core_prompt: bool = True  # cuda/moe_gemm.cu for prompt GEMMs of non-f32 weights (off: dequant + f32 GEMM)
@@ -52,18 +53,23 @@ class KernelPaths:
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
+    wgmma_gemm: bool = False       # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
 
     @classmethod
-    def without(cls, names: str) -> "KernelPaths":
-        """The defaults less the comma-separated paths in `names` (KERNEL_PATHS' spelling)."""
-        off = [n.strip() for n in names.split(",") if n.strip()]
-        for n in off:
-            if n not in KERNEL_PATHS:
-                raise InvalidArgument(f"kernel path {n!r} is not one of {', '.join(KERNEL_PATHS)}")
-        return cls(**{n.replace("-", "_"): False for n in off})
+    def without(cls, names: str, on: str = "") -> "KernelPaths":
+        """The defaults less the comma-separated paths in `names` (KERNEL_PATHS' spelling), plus the
+        trial paths in `on` (KERNEL_TRIAL_PATHS')."""
+        change = {}
+        for text, known, value in ((names, KERNEL_PATHS, False), (on, KERNEL_TRIAL_PATHS, True)):
+            for n in (n.strip() for n in text.split(",")):
+                if n and n not in known:
+                    raise InvalidArgument(f"kernel path {n!r} is not one of {', '.join(known)}")
+                if n:
+                    change[n.replace("-", "_")] = value
+        return cls(**change)
 
 
-assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KERNEL_PATHS]
+assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KERNEL_PATHS + KERNEL_TRIAL_PATHS]
 
 
 # ---- the kernel table --------------------------------------------------------------------------------
@@ -203,6 +209,9 @@ KERNELS = {
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
                            ALL_QTYPES),
+    # the same contract on Hopper's warpgroup MMA; a library built for sm_90a only (WGMMA_LIBRARY)
+    "moe_gemm_wg":      _K("moe_gemm_wg", "strata_moe_gemm_wg_{qtype}", "PqPPqPqii", 256, "moe_gemm's",
+                           ALL_QTYPES),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
@@ -230,6 +239,24 @@ KERNELS = {
     "bus_sleep":        _K("throttle", "strata_bus_sleep", "Q", 1, "(1, 1)"),
 }
 del _K
+
+
+# Libraries built for one arch-specific target only, when the build's archs include its plain arch
+# (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
+WGMMA_LIBRARY, WGMMA_ARCH = "moe_gemm_wg", "sm_90a"
+
+
+def wgmma_unavailable(manifest: dict | None, compute_capability) -> str | None:
+    """Why the wgmma-gemm path cannot run here (this GPU's compute capability, the install's
+    manifest), or None when it can."""
+    cc = tuple(compute_capability or (0, 0))
+    if cc != (9, 0):
+        return f"it needs an sm_90 GPU (Hopper: H100, H200), and this one is sm_{cc[0]}{cc[1]}"
+    entry = (manifest or {}).get("kernels", {}).get(WGMMA_LIBRARY)
+    if entry is None or WGMMA_ARCH not in entry.get("archs", []):
+        return (f"this install has no {WGMMA_LIBRARY} library for {WGMMA_ARCH} (build with "
+                f"STRATA_CUDA_ARCHS=90 or on the sm_90 GPU)")
+    return None
 
 
 def kernel_name(op: str, **fields) -> str:

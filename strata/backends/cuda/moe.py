@@ -69,7 +69,7 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
     if n_tiles:
-        ops.launch("moe_gemm", grid_for(N, n_tiles), (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]),
+        ops.launch(ops.gemm_op, grid_for(N, n_tiles), (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]),
                    qtype=w.qtype)
 
 

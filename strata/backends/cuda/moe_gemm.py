@@ -57,7 +57,7 @@ def grid_for(N: int, n_tiles: int) -> tuple[int, int]:
 
 
 def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
-             tiles: np.ndarray | None = None) -> np.ndarray:
+             tiles: np.ndarray | None = None, op: str = "moe_gemm") -> np.ndarray:
     """Y [S, N] float32 with Y[s] = f16(X[s]) @ f16(W_g)^T for s in each range (g, s0, rows); rows
     outside every range stay NaN (the output is poisoned). weights[g]: raw bytes of an [N, K] matrix,
     or None for a group at address 0, which the kernel skips (its rows stay NaN).
@@ -65,7 +65,8 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     offsets[g] (a multiple of 16) places group g's bytes that far into its own device buffer, so
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
     kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
-    whose device and stream are used (one is made if None)."""
+    whose device and stream are used (one is made if None). op: the table's "moe_gemm", or
+    "moe_gemm_wg" (cuda/moe_gemm_wg.cu: the same contract on wgmma, sm_90 only)."""
     from strata.backends.cuda.testing import CudaOps
 
     ops = ops or CudaOps()
@@ -98,7 +99,9 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         return Y
     y_dev = ops._output(Y.nbytes)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    ops._launch("moe_gemm", grid_for(N, len(tiles)), args, qtype=qtype_name)
+    if op not in ("moe_gemm", "moe_gemm_wg"):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_wg")
+    ops._launch(op, grid_for(N, len(tiles)), args, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y

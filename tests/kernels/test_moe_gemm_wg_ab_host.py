@@ -1,0 +1,135 @@
+"""tools/moe_gemm_wg_ab.py on the CPU: a host double of tools/fatbin_driver.Driver computes each launch
+the way cuda/moe_gemm.cu's contract says (f16(X) f16(W_g)^T over the tile table; rows of no tile, and
+groups whose address is 0, untouched). The tool's checks pass such an arm, fail a perturbed or a
+wrong-rows one (exit 1), and its timing pass launches every arm with the contract's arguments."""
+import json
+
+import numpy as np
+import pytest
+
+from strata.backends.cuda.moe_gemm import QTYPE_NAMES
+from strata.quant import QTYPES
+from strata.quant.dequant import dequantize
+from tests.fixtures import load_tool
+
+
+class HostTensor:
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def data_ptr(self) -> int:
+        return self.a.ctypes.data
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+
+class HostDriver:
+    """The Driver's methods over numpy; module paths containing "noisy" or "shifted" give a wrong kernel."""
+
+    torch = None
+
+    def __init__(self):
+        self.tensors, self.launches = [], []
+        self.rng = np.random.default_rng(5)
+
+    def _keep(self, a):
+        t = HostTensor(a)
+        self.tensors.append(t)
+        return t
+
+    def upload(self, a):
+        return self._keep(np.array(a, copy=True))
+
+    def full(self, shape, value):
+        return self._keep(np.full(shape, value, np.float32))
+
+    def randn(self, shape):
+        return self._keep(self.rng.standard_normal(shape).astype(np.float32))
+
+    def download(self, t):
+        return t.a.copy()
+
+    def time_ms(self, fn, repeats, warmup=3):
+        fn()
+        return [1.0] * repeats
+
+    def module(self, path):
+        return path
+
+    def function(self, mod, name):
+        return mod, name
+
+    def _bytes_at(self, addr: int, n: int) -> np.ndarray:
+        for t in self.tensors:
+            base = t.data_ptr()
+            if base <= addr < base + t.a.nbytes:
+                return t.a.reshape(-1).view(np.uint8)[addr - base:addr - base + n]
+        raise AssertionError(f"no buffer holds address {addr:#x}")
+
+    def _tensor(self, addr: int) -> np.ndarray:
+        return next(t.a for t in self.tensors if t.data_ptr() == addr)
+
+    def launch(self, f, grid, block, args):
+        (path, name), vals = f, [v for _, v in args]
+        kinds = "".join(k for k, _ in args)
+        assert kinds == "PqPPqPqii" and block == 256
+        ptrs, part, tiles, X, ldx, Y, ldy, N, K = vals
+        qtype = next(q for q in QTYPE_NAMES if name.endswith("_" + q.lower()))
+        assert grid == (-(-N // 128), self._tensor(tiles).shape[0])
+        self.launches.append((path, qtype))
+        P, T, Xa, Ya = self._tensor(ptrs), self._tensor(tiles), self._tensor(X), self._tensor(Y)
+        assert Xa.shape[1] == ldx and Ya.shape[1] == ldy
+        row_bytes = QTYPES[qtype].row_bytes(K)
+        for g, s0, m, _ in T:
+            if m <= 0 or P[g] == 0:
+                continue
+            W = dequantize(qtype, self._bytes_at(int(P[g]) + part, N * row_bytes), (N, K))
+            x16 = Xa[s0:s0 + m].astype(np.float16).astype(np.float64)
+            y = x16 @ W.astype(np.float16).astype(np.float64).T
+            if "noisy" in path:
+                y = y * (1 + 1e-2 * self.rng.standard_normal(y.shape))
+            if "shifted" in path:
+                s0 += 1 if s0 + m < Ya.shape[0] else 0
+            Ya[s0:s0 + m] = y
+
+
+def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
+    tool = load_tool("moe_gemm_wg_ab")
+    dev = HostDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "wg:b.fatbin:strata_moe_gemm_wg",
+            "--arm", "noisy:noisy.fatbin:strata_moe_gemm_wg", "--arm", "shifted:shifted.fatbin:strata_moe_gemm_wg",
+            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 1
+    report = json.loads(out.read_text())
+    assert report["ok"] == {"mma": True, "wg": True, "noisy": False, "shifted": False}
+    checks = report["checks"]
+    assert set(checks["mma"]) == set(tool.QTYPE_NAMES)
+    assert all(r["equal_to_first"] == 1.0 for r in checks["wg"].values())
+    assert all(r["worst_over_bound"] > 1 for r in checks["noisy"].values())
+    assert not any(r["untouched_nan"] for r in checks["shifted"].values())
+    # the timing pass: the dense k/v shape at 64 tokens, every arm launched with its entry point
+    (t,) = report["times"]
+    assert (t["qtype"], t["N"], t["K"], t["rows"]) == ("Q8_0", 512, 2048, 64)
+    assert set(t["arms"]) == {"mma", "wg", "noisy", "shifted"}
+    assert ("b.fatbin", "Q8_0") in dev.launches
+    assert "checks passed: mma yes, wg yes, noisy NO, shifted NO" in capsys.readouterr().out
+
+
+def test_all_good_arms_exit_zero():
+    tool = load_tool("moe_gemm_wg_ab")
+    assert tool.main(["--arm", "a:a.fatbin:strata_moe_gemm", "--no-times"], make_driver=HostDriver) == 0
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "F32"])
+def test_check_case_has_an_uncovered_row_and_a_null_group(name):
+    tool = load_tool("moe_gemm_wg_ab")
+    weights, ranges, X = tool.check_case(name, np.random.default_rng(0))
+    covered = np.zeros(X.shape[0], bool)
+    for g, s0, rows in ranges:
+        assert not covered[s0:s0 + rows].any()
+        covered[s0:s0 + rows] = True
+    assert (~covered).sum() == 1 and ranges[-1][0] == 3
+    assert X.shape[1] % max(QTYPES[name].block_size, 8) == 0

@@ -1,0 +1,204 @@
+"""A/B of the prompt GEMM's builds: cuda/moe_gemm.cu (mma.sync) against cuda/moe_gemm_wg.cu (Hopper's
+wgmma), from fatbins built here with nvcc, in one process and without the package build: each arm's
+fatbin is loaded through the driver API (tools/fatbin_driver.py), buffers and timing come from torch.
+
+    tools/variants/make_moe_gemm_wg.sh      -> .whl/moe_gemm_{mma,wg,wg_swap}.fatbin (sm_90 / sm_90a)
+    python3 tools/moe_gemm_wg_ab.py --arm mma:.whl/moe_gemm_mma.fatbin:strata_moe_gemm \\
+        --arm wg:.whl/moe_gemm_wg.fatbin:strata_moe_gemm_wg [--arm ...] [--tokens 4096] [--json F]
+
+An arm is NAME:FATBIN:PREFIX; PREFIX_<type> are its entry points (one contract: cuda/moe_gemm.cu's).
+
+1. Checks, every type of strata.backends.cuda.moe_gemm.QTYPE_NAMES: three groups of random weights
+   (N = 200: a partial 128-row tile; K two blocks, 520 for the float types: a partial k step), token
+   rows 77 / 1 / 130 (tiles of 1 to 128 rows), a row between them that no tile covers and a group
+   whose blob address is 0 (both must stay NaN). Each output within cuda/moe_gemm.cu's stated bound
+   of the float64 product; the largest error over the bound, and how many outputs equal the first
+   arm's bit for bit.
+2. Times, the Qwen3-30B-A3B prompt shapes of tools/moe_gemm_bench.py at --tokens: CUDA-event medians
+   of --repeats launches per arm, TFLOP/s and the weights' read rate.
+
+Exit status 1 when an arm fails a check (its times are still printed: a failed layout still times).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (strata's pure-Python parts)
+from moe_gemm_bench import shapes  # noqa: E402
+from strata.backends.cuda.moe_gemm import BLOCK, QTYPE_NAMES, grid_for, tiles_for  # noqa: E402
+from strata.quant import QTYPES  # noqa: E402
+from strata.quant.dequant import dequantize  # noqa: E402
+from strata.quant.random import random_qtensor_bytes  # noqa: E402
+
+CHECK_N = 200
+CHECK_ROWS = (77, 1, 130)
+
+
+def check_k(name: str) -> int:
+    bs = QTYPES[name].block_size
+    return 520 if bs == 1 else 2 * max(bs, 256)
+
+
+def check_case(name: str, rng) -> tuple[list[np.ndarray], list[tuple[int, int, int]], np.ndarray]:
+    """(weights, ranges (group, s0, rows), X): groups 0..2 at rows 0.., a skipped row, and group 3
+    (its address will be 0) over one more row."""
+    K = check_k(name)
+    weights = [random_qtensor_bytes(name, (CHECK_N, K), rng, std=float(rng.uniform(0.01, 0.5))) for _ in range(4)]
+    ranges, s = [], 0
+    for g, rows in enumerate(CHECK_ROWS):
+        ranges.append((g, s, rows))
+        s += rows + (g == 0)                     # row 77: in no tile
+    ranges.append((3, s, 1))
+    X = (rng.standard_normal((s + 1, K)) * rng.uniform(0.1, 4.0)).astype(np.float32)
+    return weights, ranges, X
+
+
+def judge(name: str, Y: np.ndarray, weights, ranges, X, null_groups=(3,)) -> dict:
+    """Each covered output against cuda/moe_gemm.cu's bound on the float64 product,
+    (2^-10 + K 2^-22) P + 2^-25 (sum |x| + sum |w|); uncovered rows and null groups' rows NaN."""
+    S, K = X.shape
+    N = Y.shape[1]
+    x64 = X.astype(np.float64)
+    covered = np.zeros(S, bool)
+    worst, finite = 0.0, True
+    for g, s0, rows in ranges:
+        if g in null_groups:
+            continue
+        sl = slice(s0, s0 + rows)
+        covered[sl] = True
+        w64 = dequantize(name, weights[g], (N, K)).astype(np.float64)
+        ref = x64[sl] @ w64.T
+        P = np.abs(x64[sl]) @ np.abs(w64).T
+        bound = ((2.0**-10 + K * 2.0**-22) * P
+                 + 2.0**-25 * (np.abs(x64[sl]).sum(1)[:, None] + np.abs(w64).sum(1)[None, :]) + 1e-30)
+        y = Y[sl].astype(np.float64)
+        finite &= bool(np.isfinite(y).all())
+        worst = max(worst, float(np.nanmax(np.abs(y - ref) / bound)) if finite else np.inf)
+    untouched = bool(np.isnan(Y[~covered]).all())
+    return {"ok": finite and worst <= 1.0 and untouched, "worst_over_bound": worst, "untouched_nan": untouched}
+
+
+class Arm:
+    """One build's entry points on the device: run a case, time a shape."""
+
+    def __init__(self, dev, name: str, fatbin: str, prefix: str):
+        self.dev, self.name, self.prefix = dev, name, prefix
+        self.mod = dev.module(fatbin)
+        self._fn = {}
+
+    def fn(self, qtype: str):
+        if qtype not in self._fn:
+            self._fn[qtype] = self.dev.function(self.mod, f"{self.prefix}_{qtype.lower()}")
+        return self._fn[qtype]
+
+    def launch(self, qtype, ptrs, tiles, X, Y, N, K):
+        self.dev.launch(self.fn(qtype), grid_for(N, tiles.shape[0]), BLOCK,
+                        [("P", ptrs.data_ptr()), ("q", 0), ("P", tiles.data_ptr()), ("P", X.data_ptr()),
+                         ("q", X.shape[1]), ("P", Y.data_ptr()), ("q", Y.shape[1]), ("i", N), ("i", K)])
+
+    def run(self, qtype: str, weights, ranges, X, null_groups=(3,)) -> np.ndarray:
+        dev = self.dev
+        N = weights[0].size // QTYPES[qtype].row_bytes(X.shape[1])
+        blobs = [dev.upload(np.concatenate([w, np.zeros(64, np.uint8)])) for w in weights]
+        ptrs = dev.upload(np.array([0 if g in null_groups else b.data_ptr() for g, b in enumerate(blobs)], np.int64))
+        tiles = dev.upload(tiles_for(ranges))
+        Y = dev.full((X.shape[0], N), float("nan"))
+        self.launch(qtype, ptrs, tiles, dev.upload(X), Y, N, X.shape[1])
+        return dev.download(Y)
+
+
+def time_shape(dev, arms, rng, qtype, N, K, rows, repeats) -> dict:
+    """Median ms a launch per arm over one buffer of groups (one random matrix copied to each)."""
+    row_bytes = QTYPES[qtype].row_bytes(K)
+    stride = -(-N * row_bytes // 256) * 256
+    one = random_qtensor_bytes(qtype, (N, K), rng)
+    host = np.zeros((len(rows), stride), np.uint8)
+    host[:, :one.size] = one
+    blob = dev.upload(host)
+    ranges, s = [], 0
+    for g, r in enumerate(rows):
+        ranges.append((g, s, r))
+        s += r
+    tiles = dev.upload(tiles_for(ranges))
+    ptrs = dev.upload(np.array([blob.data_ptr() + g * stride for g in range(len(rows))], np.int64))
+    X, Y = dev.randn((s, K)), dev.full((s, N), 0.0)
+    out = {}
+    for arm in arms:
+        ms = float(np.median(dev.time_ms(lambda: arm.launch(qtype, ptrs, tiles, X, Y, N, K), repeats)))
+        out[arm.name] = {"ms": round(ms, 4), "tflops": round(2.0 * s * N * K / ms / 1e9, 1),
+                         "weight_gbps": round(len(rows) * N * row_bytes / ms / 1e6, 1)}
+    return {"qtype": qtype, "N": N, "K": K, "groups": len(rows), "rows": s, "arms": out}
+
+
+def run_checks(arms, rng) -> dict:
+    """{arm: {qtype: judge's dict + equal_to_first}} over every type."""
+    report = {a.name: {} for a in arms}
+    for qtype in QTYPE_NAMES:
+        weights, ranges, X = check_case(qtype, rng)
+        first = None
+        for arm in arms:
+            try:
+                Y = arm.run(qtype, weights, ranges, X)
+            except Exception as e:          # a fault poisons the context: report it, stop this arm's checks
+                report[arm.name][qtype] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                print(f"  {arm.name} {qtype}: {e}", flush=True)
+                continue
+            r = judge(qtype, Y, weights, ranges, X)
+            if first is None:
+                first = Y
+            covered = ~np.isnan(first)
+            same = Y[covered].view(np.uint32) == first[covered].view(np.uint32)
+            r["equal_to_first"] = round(float(np.mean(same)), 4)
+            report[arm.name][qtype] = r
+            print(f"  {arm.name:>8} {qtype:<6} {'ok  ' if r['ok'] else 'FAIL'} error/bound "
+                  f"{r['worst_over_bound']:.3g}, equal to {arms[0].name}: {r['equal_to_first']:.1%}", flush=True)
+    return report
+
+
+def main(argv=None, make_driver=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arm", action="append", required=True, help="NAME:FATBIN:PREFIX")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--only", metavar="TEXT", help="time only shapes whose label or type contains TEXT")
+    ap.add_argument("--no-times", action="store_true", help="checks only")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if make_driver is None:
+        from fatbin_driver import Driver as make_driver
+    dev = make_driver()
+    arms = []
+    for spec in args.arm:
+        name, fatbin, prefix = spec.split(":")
+        arms.append(Arm(dev, name, fatbin, prefix))
+    rng = np.random.default_rng(0)
+    print("checks (every type):", flush=True)
+    report = {"checks": run_checks(arms, rng), "times": []}
+    ok = {a.name: all(r["ok"] for r in report["checks"][a.name].values()) for a in arms}
+    if not args.no_times:
+        names = [a.name for a in arms]
+        print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'rows':>6} "
+              + "".join(f"{n + ' ms':>12}{'TF/s':>7}" for n in names))
+        for label, qtype, N, K, rows in shapes(args.tokens, np.random.default_rng(1)):
+            if args.only and args.only not in f"{label} {qtype}":
+                continue
+            t = {"shape": label, **time_shape(dev, arms, rng, qtype, N, K, rows, args.repeats)}
+            report["times"].append(t)
+            print(f"{label:<16} {qtype:<5} {N:>7} {K:>5} {t['rows']:>6} "
+                  + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names), flush=True)
+    report["ok"] = ok
+    print("checks passed: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in ok.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if all(ok.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
