@@ -42,6 +42,7 @@ OLDEST_ARCH = 80  # the kernels use sm_80 instructions (attention_tc.cu: cp.asyn
 # its plain arch, and left out of other builds: wgmma needs sm_90a, whose code runs on sm_90 alone.
 # The manifest marks them optional (strata.system does not refuse a GPU they do not run on).
 ARCH_SPECIFIC = {"moe_gemm_wg": "90a"}
+ARCH_SPECIFIC_NVCC = 12  # the oldest nvcc major that compiles sm_90a (wgmma came with PTX ISA 8.0)
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1
 # Core-seconds one nvcc target (every kernel for one SASS arch, or the PTX) took on a 2-core build
@@ -271,12 +272,15 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def library_archs(stem: str, archs: list[str]) -> list[str] | None:
+def library_archs(stem: str, archs: list[str], nvcc_version_text: str = "") -> list[str] | None:
     """The archs to build cuda/<stem>.cu for: the build's, or the one target ARCH_SPECIFIC names
-    for it; None when that target's plain arch is not among the build's."""
+    for it; None when that target's plain arch is not among the build's, or nvcc is too old for it."""
     target = ARCH_SPECIFIC.get(stem)
     if target is None:
         return archs
+    major = re.match(r"(\d+)\.", nvcc_version_text)
+    if major and int(major.group(1)) < ARCH_SPECIFIC_NVCC:
+        return None
     return [target] if target.rstrip("af") in {a.rstrip("af") for a in archs} else None
 
 
@@ -315,11 +319,11 @@ def build_kernels(out_dir: Path) -> None:
             stale.unlink(missing_ok=True)
         return
     archs = fit_to_nvcc(archs, nvcc_known_archs(nvcc), asked=requested_archs(env) is not None)
-    plan = {cu: library_archs(cu.stem, archs) for cu in sources}
+    version, t0 = nvcc_version(nvcc), time.perf_counter()
+    plan = {cu: library_archs(cu.stem, archs, version) for cu in sources}
     sources = [cu for cu in sources if plan[cu] is not None]
     out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads(manifest_path.read_text()).get("kernels", {}) if manifest_path.is_file() else {}
-    version, t0 = nvcc_version(nvcc), time.perf_counter()
     targets = gencode_flags(archs)[1]
     workers = min(len(sources), os.cpu_count() or 1)
     note(f"compiling {len(sources)} CUDA kernel libraries for {', '.join(targets)} ({why}) with nvcc "

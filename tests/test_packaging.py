@@ -179,6 +179,15 @@ def test_build_says_what_it_compiles_and_keeps_unchanged_kernels(build, fake_nvc
     assert not [lib for lib in build.ARCH_SPECIFIC if (out_dir / f"{lib}.fatbin").exists()]
 
 
+def test_arch_specific_libraries_need_their_arch_and_a_new_enough_nvcc(build):
+    (lib, target), = build.ARCH_SPECIFIC.items()
+    assert build.library_archs("add", ["80", "90"], "13.0.88") == ["80", "90"]
+    assert build.library_archs(lib, ["80", "90"], "13.0.88") == [target]
+    assert build.library_archs(lib, ["90a"], "12.4.131") == [target]
+    assert build.library_archs(lib, ["80", "120"], "13.0.88") is None
+    assert build.library_archs(lib, ["90"], "11.8.89") is None     # sm_90a came with CUDA 12
+
+
 def test_no_gpu_builds_no_kernels_and_says_so(build, fake_nvcc, tmp_path, monkeypatch):
     out_dir = tmp_path / "kernels"
     out_dir.mkdir()
