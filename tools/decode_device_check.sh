@@ -25,9 +25,10 @@
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
-#     wgprompt  #17's wgmma prompt GEMMs (cuda/moe_gemm_wg.cu, on trial: --kernels-on wgmma-gemm) against
-#               mma.sync in one lease: test_moe_gemm_gpu over both libraries, moe_gemm_bench per library,
-#               resident prompts 512,4096,16384 in each, then 16384 at 12 GiB in each
+#     wgprompt  #17's prompt kernels on wgmma (cuda/moe_gemm_wg.cu, cuda/attention_wg.cu; on trial:
+#               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
+#               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
+#               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,16 +108,20 @@ if has gemm; then
     timeout "$(budget 120)" $PY tools/moe_gemm_bench.py --repeats 20 2>&1 | tail -25
     bench_synthetic prompt 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
 fi
-if has wgprompt; then    # #17: the prompt GEMMs on Hopper's warpgroup MMA against mma.sync, one lease
-    echo "== moe_gemm GPU tests, both libraries ($(elapsed) s)"
-    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py 2>&1 | tail -4
+if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA against mma.sync, one lease
+    echo "== moe_gemm and prompt attention GPU tests, both builds ($(elapsed) s)"
+    timeout "$(budget 180)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py \
+        tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
     for op in moe_gemm moe_gemm_wg; do
         echo "== $op bench ($(elapsed) s)"
         timeout "$(budget 90)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
     done
-    bench_synthetic prompt_mma 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0
-    bench_synthetic prompt_wg 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0 --kernels-on wgmma-gemm
-    bench_synthetic p12_mma 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
-    bench_synthetic p12_wg 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
+    for arm in none wgmma-gemm,wgmma-attention wgmma-gemm wgmma-attention; do
+        on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
+        bench_synthetic "prompt_${arm//,/+}" 60 qwen3-30b-a3b --prompt 512,4096,16384 --decode 0 "${on[@]}"
+    done
+    bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
+    bench_synthetic p12_both 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 \
+        --kernels-on wgmma-gemm,wgmma-attention
 fi
 echo "== done at $(elapsed) s"

@@ -74,6 +74,20 @@ def test_wgmma_gemm_on_trial_takes_the_wgmma_library(fake, rng, monkeypatch):
         CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm"))
 
 
+def test_wgmma_attention_on_trial_takes_the_wgmma_kernel(fake, rng):
+    """--kernels-on wgmma-attention: prompt attention at Dh 64 runs cuda/attention_wg.cu's kernel (the
+    contract of attention_tc.cu's, so the same logits here); both trial paths together."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 20)
+    base = CudaRunner(pack, 64).prefill(ids, 0)
+    fake.launches.clear()
+    wg = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-attention, wgmma-gemm"))
+    np.testing.assert_array_equal(wg.prefill(ids, 0), base)
+    assert "strata_attention_prefill_wg_f16_d64" in fake.launches
+    assert "strata_attention_prefill_tc_f16_d64" not in fake.launches
+    assert "strata_moe_gemm_wg_q8_0" in fake.launches
+
+
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     pytest.importorskip("torch")
     from tests.fixtures import SHAPES, make_pack

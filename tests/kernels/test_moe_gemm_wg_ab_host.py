@@ -11,65 +11,11 @@ from strata.backends.cuda.moe_gemm import QTYPE_NAMES
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from tests.fixtures import load_tool
+from tests.kernels.host_driver import HostDriver
 
 
-class HostTensor:
-    def __init__(self, a: np.ndarray):
-        self.a = a
-
-    def data_ptr(self) -> int:
-        return self.a.ctypes.data
-
-    @property
-    def shape(self):
-        return self.a.shape
-
-
-class HostDriver:
-    """The Driver's methods over numpy; module paths containing "noisy" or "shifted" give a wrong kernel."""
-
-    torch = None
-
-    def __init__(self):
-        self.tensors, self.launches = [], []
-        self.rng = np.random.default_rng(5)
-
-    def _keep(self, a):
-        t = HostTensor(a)
-        self.tensors.append(t)
-        return t
-
-    def upload(self, a):
-        return self._keep(np.array(a, copy=True))
-
-    def full(self, shape, value):
-        return self._keep(np.full(shape, value, np.float32))
-
-    def randn(self, shape):
-        return self._keep(self.rng.standard_normal(shape).astype(np.float32))
-
-    def download(self, t):
-        return t.a.copy()
-
-    def time_ms(self, fn, repeats, warmup=3):
-        fn()
-        return [1.0] * repeats
-
-    def module(self, path):
-        return path
-
-    def function(self, mod, name):
-        return mod, name
-
-    def _bytes_at(self, addr: int, n: int) -> np.ndarray:
-        for t in self.tensors:
-            base = t.data_ptr()
-            if base <= addr < base + t.a.nbytes:
-                return t.a.reshape(-1).view(np.uint8)[addr - base:addr - base + n]
-        raise AssertionError(f"no buffer holds address {addr:#x}")
-
-    def _tensor(self, addr: int) -> np.ndarray:
-        return next(t.a for t in self.tensors if t.data_ptr() == addr)
+class GemmDriver(HostDriver):
+    """cuda/moe_gemm.cu's contract; module paths containing "noisy" or "shifted" give a wrong kernel."""
 
     def launch(self, f, grid, block, args):
         (path, name), vals = f, [v for _, v in args]
@@ -97,7 +43,7 @@ class HostDriver:
 
 def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
     tool = load_tool("moe_gemm_wg_ab")
-    dev = HostDriver()
+    dev = GemmDriver()
     out = tmp_path / "r.json"
     argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "wg:b.fatbin:strata_moe_gemm_wg",
             "--arm", "noisy:noisy.fatbin:strata_moe_gemm_wg", "--arm", "shifted:shifted.fatbin:strata_moe_gemm_wg",
@@ -120,7 +66,7 @@ def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
 
 def test_all_good_arms_exit_zero():
     tool = load_tool("moe_gemm_wg_ab")
-    assert tool.main(["--arm", "a:a.fatbin:strata_moe_gemm", "--no-times"], make_driver=HostDriver) == 0
+    assert tool.main(["--arm", "a:a.fatbin:strata_moe_gemm", "--no-times"], make_driver=GemmDriver) == 0
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "F32"])

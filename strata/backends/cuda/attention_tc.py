@@ -11,7 +11,7 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, load_kernel
+from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, load_kernel
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
 SIGNATURE = KERNELS["attention_prefill_tc"].signature
@@ -39,10 +39,11 @@ def prefill_tc_launch_shape(T: int, H: int, Hk: int, Dh: int) -> tuple[tuple[int
 
 
 def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
-                         scale: float | None = None, device: int = 0) -> np.ndarray:
+                         scale: float | None = None, device: int = 0, wgmma: bool = False) -> np.ndarray:
     """Causal attention of q [T, H, Dh] at positions [T] over f16 caches [S, Hk, Dh] holding cells
-    0..max(positions) -> out [T, H * Dh] f32 (strata_attention_prefill_tc_f16_d<Dh>). The output
-    is poisoned (NaN) before the launch, so an element the kernel misses shows."""
+    0..max(positions) -> out [T, H * Dh] f32 (strata_attention_prefill_tc_f16_d<Dh>; wgmma: the same
+    contract's strata_attention_prefill_wg_f16_d<Dh> of cuda/attention_wg.cu, Dh 64 or 128, sm_90).
+    The output is poisoned (NaN) before the launch, so an element the kernel misses shows."""
     from strata.backends.cuda import _runtime
 
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -56,6 +57,8 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
     if T == 0:
         return np.empty((0, H * dh), np.float32)
     grid, block = prefill_tc_launch_shape(T, H, kc.shape[1], dh)
+    if wgmma and dh not in WG_ATTENTION_HEAD_DIMS:
+        raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {dh}")
     if pos.min() < 0 or pos.max() >= kc.shape[0]:
         raise InvalidArgument(f"attention_prefill_tc: positions must be in 0..{kc.shape[0] - 1}")
     scale = 1.0 / np.sqrt(dh) if scale is None else scale
@@ -70,7 +73,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
         bufs.append(buf)
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
-    kernel = load_kernel(rt, dev, table_op(dh), dh=dh)
+    kernel = load_kernel(rt, dev, "attention_prefill_wg" if wgmma else table_op(dh), dh=dh)
     kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)

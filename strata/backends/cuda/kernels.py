@@ -23,6 +23,7 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
 ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
+WG_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_wg.cu's (wgmma, sm_90a) prompt kernels
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
 MOE_ROUTE_MAX_TOP_K = 32
@@ -53,7 +54,8 @@ class KernelPaths:
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
-    wgmma_gemm: bool = False       # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
+    wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
+    wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -179,6 +181,9 @@ KERNELS = {
     "attention_prefill_tc": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 128,
                                "(ceil(T G / 64), Hk)",
                                _each(dh=[d for d in TC_ATTENTION_HEAD_DIMS if d not in TC_ATTENTION_PAIR_HEAD_DIMS])),
+    # the same contract, grid and block on Hopper's wgmma; a library built for sm_90a only (WGMMA_LIBRARIES)
+    "attention_prefill_wg": _K("attention_wg", "strata_attention_prefill_wg_f16_d{dh}", "PPPPPiiif", 128,
+                               "attention_prefill_tc's", _each(dh=WG_ATTENTION_HEAD_DIMS)),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
     "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
                                      "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),
@@ -209,7 +214,7 @@ KERNELS = {
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
                            ALL_QTYPES),
-    # the same contract on Hopper's warpgroup MMA; a library built for sm_90a only (WGMMA_LIBRARY)
+    # the same contract on Hopper's warpgroup MMA; a library built for sm_90a only (WGMMA_LIBRARIES)
     "moe_gemm_wg":      _K("moe_gemm_wg", "strata_moe_gemm_wg_{qtype}", "PqPPqPqii", 256, "moe_gemm's",
                            ALL_QTYPES),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
@@ -243,18 +248,20 @@ del _K
 
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
-WGMMA_LIBRARY, WGMMA_ARCH = "moe_gemm_wg", "sm_90a"
+# The trial path each serves (KERNEL_TRIAL_PATHS), its library:
+WGMMA_LIBRARIES = {"wgmma-gemm": "moe_gemm_wg", "wgmma-attention": "attention_wg"}
+WGMMA_ARCH = "sm_90a"
 
 
-def wgmma_unavailable(manifest: dict | None, compute_capability) -> str | None:
-    """Why the wgmma-gemm path cannot run here (this GPU's compute capability, the install's
-    manifest), or None when it can."""
+def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = "moe_gemm_wg") -> str | None:
+    """Why a wgmma library cannot run here (this GPU's compute capability, the install's manifest),
+    or None when it can."""
     cc = tuple(compute_capability or (0, 0))
     if cc != (9, 0):
         return f"it needs an sm_90 GPU (Hopper: H100, H200), and this one is sm_{cc[0]}{cc[1]}"
-    entry = (manifest or {}).get("kernels", {}).get(WGMMA_LIBRARY)
+    entry = (manifest or {}).get("kernels", {}).get(library)
     if entry is None or WGMMA_ARCH not in entry.get("archs", []):
-        return (f"this install has no {WGMMA_LIBRARY} library for {WGMMA_ARCH} (build with "
+        return (f"this install has no {library} library for {WGMMA_ARCH} (build with "
                 f"STRATA_CUDA_ARCHS=90 or on the sm_90 GPU)")
     return None
 

@@ -51,7 +51,7 @@ from ...errors import InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
-                      WGMMA_LIBRARY, KernelPaths, wgmma_unavailable)
+                      WGMMA_LIBRARIES, KernelPaths, wgmma_unavailable)
 from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
@@ -70,12 +70,12 @@ class DeviceOps(DenseOps, AttentionOps):
         self.num_sms = device.multiprocessor_count
         self.paths = paths
         self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
-        self.gemm_op = "moe_gemm"            # the prompt GEMMs' library: moe_gemm.cu, or on trial moe_gemm_wg.cu
-        if paths.wgmma_gemm:
-            why = wgmma_unavailable(rt.read_manifest(), getattr(device, "compute_capability", None))
-            if why:
-                raise UnsupportedError(f"kernel path wgmma-gemm (--kernels-on): {why}")
-            self.gemm_op = WGMMA_LIBRARY
+        for path, library in WGMMA_LIBRARIES.items():     # trial paths: refused in one line where they cannot run
+            if getattr(paths, path.replace("-", "_")):
+                why = wgmma_unavailable(rt.read_manifest(), getattr(device, "compute_capability", None), library)
+                if why:
+                    raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")
+        self.gemm_op = "moe_gemm_wg" if paths.wgmma_gemm else "moe_gemm"    # the prompt GEMMs' library op
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}

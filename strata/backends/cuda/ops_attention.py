@@ -10,7 +10,7 @@ import numpy as np
 
 from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
 from ...errors import InvalidArgument
-from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes
+from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes
 from .memory import DeviceTensor, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -139,6 +139,9 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
+        elif dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention:  # on trial: the same on wgmma
+            grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
+            self.launch("attention_prefill_wg", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         elif dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention:     # tensor-core flash attention (attention_tc.cu)
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)      # the block is the table op's
             self.launch(prefill_tc_op(dh), grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)

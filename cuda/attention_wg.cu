@@ -1,0 +1,285 @@
+// Causal prompt attention on Hopper's warpgroup MMA (wgmma, sm_90a only): cuda/attention_tc.cu's
+// FlashAttention-2 kernel with both products on wgmma, for head dims 64 and 128.
+//
+// strata_attention_prefill_wg_f16_d<DH>(q, k_cache, v_cache, positions, out, T, H, Hk, scale), DH 64, 128
+//   exactly strata_attention_prefill_tc_f16_d<DH>'s contract, grid (ceil(T * G / 64), Hk) and block
+//   (128 threads), and the same precision bounds: out[t, h, :] = softmax_c(scale * q[t, h] . k[c, h / G])
+//   v[c, h / G] over cells c <= positions[t].
+//
+// Built for sm_90a only (setup.py's ARCH_SPECIFIC); the host launches it under --kernels-on
+// wgmma-attention on an sm_90 GPU whose build has it. Compiled for any other arch the entry points trap.
+//
+// Algorithm: attention_tc.cu's block (one warpgroup: 4 warps, 64 query rows of one KV head; Q
+// scaled by scale * log2 e, rounded to f16 and held in registers as A fragments; 64-cell K/V tiles
+// by cp.async, heaviest blocks first; the causal mask, the online softmax and the epilogue shared
+// through attention_tc.cuh), with two changes:
+// - S = Q K^T is wgmma.m64n64k16 with A from registers (the Q fragments: wgmma's register A layout is
+//   mma.m16n8k16's, per warp) and B the K tile in shared memory; O += P V is wgmma.m64n<DH>k16 with A
+//   the P fragments made from S's accumulators (whose per-warp layout is mma's too) and B the V tile,
+//   read N-major (imm-trans-b 1).
+// - K/V tiles are stored as wgmma's no-swizzle core matrices (8 cells x 8 dims, 128 contiguous bytes:
+//   cell c, 16-byte chunk dc of its row at chunk ((c / 8) * DH / 8 + dc) * 8 + c % 8); the 8 threads of a
+//   cp.async phase copy 8 consecutive cells of one chunk, so stores hit distinct banks. For K (B of
+//   S, K-major: k = dims) core matrices adjacent in dims lie 128 bytes apart (leading byte offset) and
+//   those adjacent in cells DH * 16 bytes apart (stride byte offset); for V (B of P V, N-major: k =
+//   cells) the same bytes give a leading offset of DH * 16 and a stride offset of 128.
+// cp.async groups go K(0), V(0), then per tile K(j + 1) after S and V(j + 1) after P V (empty groups
+// at the end), so "all but the newest group" is always the tile being read; the writes are fenced to
+// the async proxy (fence.proxy.async) before the barrier that precedes each wgmma.
+//
+// Not yet run on a GPU (written 2026-12-05 without a device): tools/attention_wg_ab.py checks it against
+// a float64 reference and attention_tc.cu and times both, from fatbins without a package build.
+// STRATA_WG_SWAP_LBO=1 exchanges the K-major descriptors' two offsets, STRATA_WG_SWAP_MN=1 the V
+// descriptor's, for the case the hardware reads either the other way round.
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define STRATA_WG_TRAP 1  // built for an arch without wgmma: every entry point traps
+#endif
+#ifndef STRATA_WG_SWAP_LBO
+#define STRATA_WG_SWAP_LBO 0
+#endif
+#ifndef STRATA_WG_SWAP_MN
+#define STRATA_WG_SWAP_MN 0
+#endif
+
+namespace {
+
+#include "attention_tc.cuh"
+
+// wgmma's shared-memory matrix descriptor (no swizzle): start address, leading and stride byte offsets.
+__device__ __forceinline__ uint64_t smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+           (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifndef STRATA_WG_TRAP
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifndef STRATA_WG_TRAP
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#ifndef STRATA_WG_TRAP
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#ifndef STRATA_WG_TRAP
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 64, desc_b; B^T
+// stored K-major when TRANS_B is 0, B stored N-major when 1), f16 in, f32 accumulators in m16n8 layout.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const unsigned (&a)[4], uint64_t desc_b) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+#endif
+}
+
+// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 128, desc_b; B^T
+// stored K-major when TRANS_B is 0, B stored N-major when 1), f16 in, f32 accumulators in m16n8 layout.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const unsigned (&a)[4], uint64_t desc_b) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+#endif
+}
+
+// One 64-cell tile of a KV head's cache rows into core-matrix layout by cp.async (one commit group):
+// a pass of the 128 threads copies PASS = 128 / CHUNKS cells, thread t the 16-byte chunk (t / 8) % CHUNKS
+// of cell t % 8 + 8 (t / (8 CHUNKS)) of the pass; cells at or past num_cells are zero-filled, never read.
+template <int DH>
+struct CoreTileLoader {
+    static constexpr int CHUNKS = DH / 8, PASS = kThreads / CHUNKS;  // cells a pass of the block copies
+    int64_t row_stride;
+    int num_cells, cell, part;
+    __device__ __forceinline__ CoreTileLoader(int64_t stride, int cells)
+        : row_stride(stride), num_cells(cells),
+          cell((threadIdx.x & 7) + 8 * (threadIdx.x / (8 * CHUNKS))), part((threadIdx.x >> 3) % CHUNKS) {}
+    __device__ __forceinline__ void operator()(unsigned base, const __half* src, int cell0) const {
+#pragma unroll
+        for (int it = 0; it < kCells / PASS; ++it) {
+            const int c = cell + it * PASS;
+            const bool valid = cell0 + c < num_cells;
+            const unsigned dst = base + ((((c >> 3) * CHUNKS + part) << 3) + (c & 7)) * 16;
+            cp_async16(dst, valid ? src + (cell0 + c) * row_stride + part * 8 : src, valid);
+        }
+        cp_async_commit();
+    }
+};
+static_assert(kThreads == 128 && kRows == 64 && kCells == 64, "one warpgroup, m64 wgmma tiles");
+
+template <int DH>
+__device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                                                     const __half* __restrict__ v_cache,
+                                                     const int* __restrict__ positions, float* __restrict__ out,
+                                                     int T, int H, int Hk, float scale) {
+#ifdef STRATA_WG_TRAP
+    __trap();
+#else
+    constexpr int KSTEPS = DH / 16, DTILES = DH / 8, CTILES = kCells / 8, CHUNKS = DH / 8;
+    // core-matrix bytes: along dims 128, along cells CHUNKS * 128 (see the header)
+    constexpr unsigned kDimStep = 128, kCellStep = CHUNKS * 128;
+    constexpr unsigned kLboK = STRATA_WG_SWAP_LBO ? kCellStep : kDimStep;
+    constexpr unsigned kSboK = STRATA_WG_SWAP_LBO ? kDimStep : kCellStep;
+    constexpr unsigned kLboV = STRATA_WG_SWAP_MN ? kDimStep : kCellStep;
+    constexpr unsigned kSboV = STRATA_WG_SWAP_MN ? kCellStep : kDimStep;
+    __shared__ alignas(128) uint4 k_s[kCells * CHUNKS];
+    __shared__ alignas(128) uint4 v_s[kCells * CHUNKS];
+    __shared__ int pos_s[kWarps][2];
+
+    const int kvh = blockIdx.y, G = H / Hk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int64_t num_rows = static_cast<int64_t>(T) * G;
+    const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest first
+
+    block_positions(positions, row0, num_rows, G, warp, lane, pos_s);
+    int row_pos[2];
+    unsigned qa[KSTEPS][4];
+    const RowPlace rows{row0 + warp * 16 + gq, num_rows, G, H, kvh, DH};
+    load_rows_q(q, positions, rows, tq, scale * kLog2e, row_pos, qa);
+    __syncthreads();
+    const Span span = block_span<kWarps>(pos_s);
+    const int min_pos = span.min_pos, num_cells = span.num_cells;
+    const int num_tiles = (num_cells + kCells - 1) / kCells;
+
+    const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
+    const __half* kb = k_cache + static_cast<int64_t>(kvh) * DH;
+    const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
+    const unsigned k_base = static_cast<unsigned>(__cvta_generic_to_shared(&k_s[0]));
+    const unsigned v_base = static_cast<unsigned>(__cvta_generic_to_shared(&v_s[0]));
+    const CoreTileLoader<DH> load_tile{row_stride, num_cells};
+
+    float o[DTILES][4];
+#pragma unroll
+    for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    load_tile(k_base, kb, 0);
+    load_tile(v_base, vb, 0);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+        const int cell0 = tile * kCells;
+        cp_async_wait_but_newest();  // K(tile) landed (V(tile) may still be in flight)
+        fence_proxy_async();
+        __syncthreads();
+
+        float s[CTILES][4];
+#pragma unroll
+        for (int n = 0; n < CTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)  // dims 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 along dims
+            wgmma_rs_n64<0>(s, qa[ks], smem_desc(k_base + 2 * ks * kDimStep, kLboK, kSboK));
+        wgmma_commit();
+        wgmma_wait_all();
+        __syncthreads();  // the K buffer is free
+        if (tile + 1 < num_tiles) load_tile(k_base, kb, cell0 + kCells);
+        else cp_async_commit();  // an empty group keeps "all but the newest" meaning V(tile) below
+
+        float alpha[2];
+        mask_and_softmax(s, m, l, alpha, cell0, min_pos, row_pos, tq);
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n)
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        unsigned pa[kCells / 16][4];  // the S accumulators of cell n-tiles 2 ks, 2 ks + 1: k-step ks's A
+#pragma unroll
+        for (int ks = 0; ks < kCells / 16; ++ks) {
+            pa[ks][0] = pack_half2(s[2 * ks][0], s[2 * ks][1]);
+            pa[ks][1] = pack_half2(s[2 * ks][2], s[2 * ks][3]);
+            pa[ks][2] = pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            pa[ks][3] = pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+
+        cp_async_wait_but_newest();  // V(tile) landed (K(tile + 1) may still be in flight)
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kCells / 16; ++ks) {  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1
+            if constexpr (DH == 128)
+                wgmma_rs_n128<1>(o, pa[ks], smem_desc(v_base + 2 * ks * kCellStep, kLboV, kSboV));
+            else
+                wgmma_rs_n64<1>(o, pa[ks], smem_desc(v_base + 2 * ks * kCellStep, kLboV, kSboV));
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        __syncthreads();  // the V buffer is free
+        if (tile + 1 < num_tiles) load_tile(v_base, vb, cell0 + kCells);
+        else cp_async_commit();
+    }
+    cp_async_wait_all();
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        if (row_pos[i] < 0) continue;
+        const float inv = 1.0f / l[i];
+        float* dst = out + rows.offset(i) + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+#endif
+}
+
+}  // namespace
+
+#define STRATA_PREFILL_WG(DH)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_attention_prefill_wg_f16_d##DH(             \
+        const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, int T, \
+        int H, int Hk, float scale) {                                                                          \
+        attention_prefill_wg<DH>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);                        \
+    }
+
+STRATA_PREFILL_WG(64)
+STRATA_PREFILL_WG(128)

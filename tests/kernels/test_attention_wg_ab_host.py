@@ -1,0 +1,67 @@
+"""tools/attention_wg_ab.py on the CPU: a host double of the driver computes each launch as
+cuda/attention_tc.cu's contract says (f16 K/V, a causal softmax over cells 0..position, the grid's
+blocks of 64 flattened (token, head) rows). The tool passes such an arm, fails one that reads past
+the last position (the NaN cells) or one that misplaces heads, and times every arm."""
+import json
+import math
+
+import numpy as np
+
+from tests.fixtures import load_tool
+from tests.kernels.host_driver import HostDriver
+
+
+class AttentionDriver(HostDriver):
+    """Paths containing "overread" attend to one cell past each position; "heads" swaps query heads."""
+
+    def launch(self, f, grid, block, args):
+        (path, name), vals = f, [v for _, v in args]
+        assert "".join(k for k, _ in args) == "PPPPPiiif" and block == 128
+        q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals
+        dh = int(name.rsplit("_d", 1)[1])
+        assert grid == (-(-T * (H // Hk) // 64), Hk)
+        assert math.isclose(scale, 1 / math.sqrt(dh), rel_tol=1e-6)
+        self.launches.append((path, name))
+        q, k, v = self._tensor(q_p).reshape(T, H, dh), self._tensor(k_p), self._tensor(v_p)
+        pos, out = self._tensor(pos_p), self._tensor(out_p).reshape(T, H, dh)
+        G = H // Hk
+        for t in range(T):
+            last = int(pos[t]) + 1 + ("overread" in path)
+            for h in range(H):
+                hq = (h + 1) % H if "heads" in path else h
+                s = k[:last, h // G].astype(np.float64) @ q[t, hq].astype(np.float64) * scale
+                w = np.exp(s - s.max())
+                out[t, h] = w @ v[:last, h // G].astype(np.float64) / w.sum()
+
+
+def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
+    tool = load_tool("attention_wg_ab")
+    dev = AttentionDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16",
+            "--arm", "wg:b.fatbin:strata_attention_prefill_wg_f16",
+            "--arm", "over:overread.fatbin:strata_attention_prefill_wg_f16",
+            "--arm", "heads:heads.fatbin:strata_attention_prefill_wg_f16", "--chunks", "40@3", "--repeats", "2",
+            "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 1
+    report = json.loads(out.read_text())
+    assert report["ok"] == {"tc": True, "wg": True, "over": False, "heads": False}
+    assert set(report["checks"]["tc"]) == {c[0] for c in tool.CASES}
+    assert all(r["max_diff_from_first"] == 0.0 for r in report["checks"]["wg"].values())
+    assert all(r["worst_over_bound"] > 1 for r in report["checks"]["heads"].values())
+    (t,) = report["times"]
+    assert (t["T"], t["offset"]) == (40, 3) and set(t["arms"]) == {"tc", "wg", "over", "heads"}
+    assert ("b.fatbin", "strata_attention_prefill_wg_f16_d64") in dev.launches
+    assert ("b.fatbin", "strata_attention_prefill_wg_f16_d128") in dev.launches
+    assert "checks passed: tc yes, wg yes, over NO, heads NO" in capsys.readouterr().out
+
+
+def test_reference_is_a_causal_softmax():
+    tool = load_tool("attention_wg_ab")
+    q, k, v, pos = tool.make_case(np.random.default_rng(1), 64, 4, 2, 3, 2)
+    assert np.isnan(k[5:]).all() and pos.tolist() == [2, 3, 4]
+    ref = tool.reference(q, k, v, pos).reshape(3, 4, 64)
+    # token 0 at position 2 sees cells 0..2 only; head 3 reads KV head 1
+    s = k[:3, 1].astype(np.float64) @ q[0, 3].astype(np.float64) / 8
+    w = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    np.testing.assert_allclose(ref[0, 3], w @ v[:3, 1].astype(np.float64), rtol=1e-12)
