@@ -195,17 +195,7 @@ __device__ __forceinline__ void attention_prefill_tc(const float* __restrict__ q
         }
     }
 
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        if (row_pos[i] < 0) continue;
-        const float inv = 1.0f / l[i];
-        float* dst = out + rows.offset(i) + 2 * tq;
-#pragma unroll
-        for (int n = 0; n < DTILES; ++n)
-            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    }
+    store_rows(o, l, row_pos, rows, tq, out);
 }
 
 // Head dim 256: the DH-128 layout would hold 128 f32 of O and 64 registers of Q fragments a thread,

@@ -134,3 +134,21 @@ __device__ __forceinline__ void load_rows_q(const float* __restrict__ q, const i
         }
     }
 }
+
+// The epilogue: this thread's two rows of O divided by their softmax sums (the per-thread partial
+// sums reduced over the quad first) into out; rows past the end (position -1) are not written.
+template <int DTILES>
+__device__ __forceinline__ void store_rows(const float (&o)[DTILES][4], float (&l)[2], const int (&row_pos)[2],
+                                           const RowPlace& rows, int tq, float* __restrict__ out) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        if (row_pos[i] < 0) continue;
+        const float inv = 1.0f / l[i];
+        float* dst = out + rows.offset(i) + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n)
+            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+}

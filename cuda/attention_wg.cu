@@ -36,46 +36,11 @@
 
 #include <cstdint>
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define STRATA_WG_TRAP 1  // built for an arch without wgmma: every entry point traps
-#endif
-#ifndef STRATA_WG_SWAP_LBO
-#define STRATA_WG_SWAP_LBO 0
-#endif
-#ifndef STRATA_WG_SWAP_MN
-#define STRATA_WG_SWAP_MN 0
-#endif
-
 namespace {
 
 #include "attention_tc.cuh"
+#include "wgmma.cuh"
 
-// wgmma's shared-memory matrix descriptor (no swizzle): start address, leading and stride byte offsets.
-__device__ __forceinline__ uint64_t smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-           (static_cast<uint64_t>(sbo >> 4) << 32);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 // d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 64, desc_b; B^T
@@ -168,10 +133,6 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     constexpr int KSTEPS = DH / 16, DTILES = DH / 8, CTILES = kCells / 8, CHUNKS = DH / 8;
     // core-matrix bytes: along dims 128, along cells CHUNKS * 128 (see the header)
     constexpr unsigned kDimStep = 128, kCellStep = CHUNKS * 128;
-    constexpr unsigned kLboK = STRATA_WG_SWAP_LBO ? kCellStep : kDimStep;
-    constexpr unsigned kSboK = STRATA_WG_SWAP_LBO ? kDimStep : kCellStep;
-    constexpr unsigned kLboV = STRATA_WG_SWAP_MN ? kDimStep : kCellStep;
-    constexpr unsigned kSboV = STRATA_WG_SWAP_MN ? kCellStep : kDimStep;
     __shared__ alignas(128) uint4 k_s[kCells * CHUNKS];
     __shared__ alignas(128) uint4 v_s[kCells * CHUNKS];
     __shared__ int pos_s[kWarps][2];
@@ -195,8 +156,7 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
     const __half* kb = k_cache + static_cast<int64_t>(kvh) * DH;
     const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
-    const unsigned k_base = static_cast<unsigned>(__cvta_generic_to_shared(&k_s[0]));
-    const unsigned v_base = static_cast<unsigned>(__cvta_generic_to_shared(&v_s[0]));
+    const unsigned k_base = smem_addr(&k_s[0]), v_base = smem_addr(&v_s[0]);
     const CoreTileLoader<DH> load_tile{row_stride, num_cells};
 
     float o[DTILES][4];
@@ -218,7 +178,7 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)  // dims 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 along dims
-            wgmma_rs_n64<0>(s, qa[ks], smem_desc(k_base + 2 * ks * kDimStep, kLboK, kSboK));
+            wgmma_rs_n64<0>(s, qa[ks], smem_desc(k_base + 2 * ks * kDimStep, kDimStep, kCellStep));
         wgmma_commit();
         wgmma_wait_all();
         __syncthreads();  // the K buffer is free
@@ -245,10 +205,11 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kCells / 16; ++ks) {  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1
+            const uint64_t desc = smem_desc(v_base + 2 * ks * kCellStep, kCellStep, kDimStep, false);  // N-major
             if constexpr (DH == 128)
-                wgmma_rs_n128<1>(o, pa[ks], smem_desc(v_base + 2 * ks * kCellStep, kLboV, kSboV));
+                wgmma_rs_n128<1>(o, pa[ks], desc);
             else
-                wgmma_rs_n64<1>(o, pa[ks], smem_desc(v_base + 2 * ks * kCellStep, kLboV, kSboV));
+                wgmma_rs_n64<1>(o, pa[ks], desc);
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -258,17 +219,7 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     }
     cp_async_wait_all();
 
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        if (row_pos[i] < 0) continue;
-        const float inv = 1.0f / l[i];
-        float* dst = out + rows.offset(i) + 2 * tq;
-#pragma unroll
-        for (int n = 0; n < DTILES; ++n)
-            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    }
+    store_rows(o, l, row_pos, rows, tq, out);
 #endif
 }
 

@@ -44,19 +44,12 @@
 
 #include "quant_blocks.cuh"
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define STRATA_WG_TRAP 1  // built for an arch without wgmma: every entry point traps
-#endif
-
-#ifndef STRATA_WG_SWAP_LBO
-#define STRATA_WG_SWAP_LBO 0
-#endif
-
 namespace {
 
 using namespace strata_q;
 
 #include "gemm_wide.cuh"
+#include "wgmma.cuh"
 
 constexpr int kBM = 128, kBN = 128, kBK = 32, kThreads = 256;
 constexpr int kKChunks = kBK / 8;                  // 16-byte core-matrix rows along k in a step
@@ -75,36 +68,8 @@ static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory stays under the d
 // The chunk (16 bytes: halves 8 kc .. 8 kc + 7 of row r) of a tile.
 __device__ __forceinline__ int chunk(int r, int kc) { return ((r >> 3) * kKChunks + kc) * 8 + (r & 7); }
 
-// wgmma's shared-memory matrix descriptor: start address, leading and stride byte offsets (each in
-// 16-byte units), base offset 0, layout 0 (no swizzle).
-__device__ __forceinline__ uint64_t smem_desc(const uint4* p) {
-    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    const uint32_t lbo = STRATA_WG_SWAP_LBO ? kSbo : kLbo, sbo = STRATA_WG_SWAP_LBO ? kLbo : kSbo;
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-           (static_cast<uint64_t>(sbo >> 4) << 32);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-// Generic-proxy stores to shared memory made visible to the async proxy (wgmma's operand reads).
-__device__ __forceinline__ void fence_proxy_async() {
-#ifndef STRATA_WG_TRAP
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+// The descriptor of a tile's chunks from p on (K-major: core matrices 128 bytes apart along k, kBK * 16 along rows).
+__device__ __forceinline__ uint64_t tile_desc(const uint4* p) { return smem_desc(smem_addr(p), kLbo, kSbo); }
 
 // d[64] += A (64 x 16, desc_a) * B (16 x 128, desc_b), both K-major f16; d in the accumulator
 // layout: d[4 j + e] at row 16 (warp % 4) + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2.
@@ -194,8 +159,7 @@ __device__ __forceinline__ void moe_gemm_wg_body(const unsigned long long* __res
         wgmma_fence();
 #pragma unroll
         for (int k16 = 0; k16 < kBK / 16; ++k16)
-            wgmma_m64n128k16(acc, smem_desc(&sm.a[cur][chunk(64 * wg, 2 * k16)]),
-                             smem_desc(&sm.b[cur][chunk(0, 2 * k16)]));
+            wgmma_m64n128k16(acc, tile_desc(&sm.a[cur][chunk(64 * wg, 2 * k16)]), tile_desc(&sm.b[cur][chunk(0, 2 * k16)]));
         wgmma_commit();
         if (step + 1 < steps) {  // uniform: the next step's operands into the other buffers
             stage<B>(w_row, (step + 1) * kBK, kh, K, x_lo, x_hi, xc, lo_valid, hi_valid, w, x);

@@ -21,7 +21,6 @@ Exit status 1 when an arm fails a check.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
+from fatbin_driver import Arm, finish  # noqa: E402
 
 ROWS = 64                   # query rows a block (attention_tc.cu kRows)
 BLOCK = 128
@@ -77,20 +77,12 @@ def judge(out: np.ndarray, ref: np.ndarray, H: int) -> dict:
     return {"ok": finite and worst <= 1.0, "worst_over_bound": worst}
 
 
-class Arm:
-    def __init__(self, dev, name: str, fatbin: str, prefix: str):
-        self.dev, self.name, self.prefix = dev, name, prefix
-        self.mod = dev.module(fatbin)
-        self._fn = {}
-
-    def fn(self, dh: int):
-        if dh not in self._fn:
-            self._fn[dh] = self.dev.function(self.mod, f"{self.prefix}_d{dh}")
-        return self._fn[dh]
+class AttentionArm(Arm):
+    """One build's entry points on the device (PREFIX_d<Dh>): run a case, time a chunk."""
 
     def launch(self, dh, T, H, Hk, q, k, v, pos, out):
         grid = (-(-T * (H // Hk) // ROWS), Hk)
-        self.dev.launch(self.fn(dh), grid, BLOCK, [("P", q.data_ptr()), ("P", k.data_ptr()), ("P", v.data_ptr()),
+        self.dev.launch(self.fn(f"d{dh}"), grid, BLOCK, [("P", q.data_ptr()), ("P", k.data_ptr()), ("P", v.data_ptr()),
                                                    ("P", pos.data_ptr()), ("P", out.data_ptr()), ("i", T), ("i", H),
                                                    ("i", Hk), ("f", 1.0 / math.sqrt(dh))])
 
@@ -147,7 +139,7 @@ def main(argv=None, make_driver=None) -> int:
     if make_driver is None:
         from fatbin_driver import Driver as make_driver
     dev = make_driver()
-    arms = [Arm(dev, *spec.split(":")) for spec in args.arm]
+    arms = [AttentionArm(dev, *spec.split(":")) for spec in args.arm]
     rng = np.random.default_rng(0)
     print("checks:", flush=True)
     report = {"checks": run_checks(arms, rng), "times": []}
@@ -160,12 +152,7 @@ def main(argv=None, make_driver=None) -> int:
         report["times"].append(t)
         print(f"{T:>6} {offset:>7} " + "".join(f"{t['arms'][a.name]['ms']:>14.3f}{t['arms'][a.name]['tflops']:>7.0f}"
                                                for a in arms), flush=True)
-    report["ok"] = ok
-    print("checks passed: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in ok.items()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0 if all(ok.values()) else 1
+    return finish(report, ok, args.json)
 
 
 if __name__ == "__main__":

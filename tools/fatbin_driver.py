@@ -80,3 +80,30 @@ class Driver:
             end.synchronize()
             times.append(start.elapsed_time(end))
         return times
+
+
+class Arm:
+    """One build of a kernel library in an A/B: a name, its fatbin's module, and the entry points
+    PREFIX_<suffix> (looked up once each)."""
+
+    def __init__(self, dev, name: str, fatbin: str, prefix: str):
+        self.dev, self.name, self.prefix = dev, name, prefix
+        self.mod = dev.module(fatbin)
+        self._fn = {}
+
+    def fn(self, suffix):
+        if suffix not in self._fn:
+            self._fn[suffix] = self.dev.function(self.mod, f"{self.prefix}_{suffix}")
+        return self._fn[suffix]
+
+
+def finish(report: dict, ok: dict, json_path: str | None) -> int:
+    """An A/B tool's last lines: which arms passed their checks, the JSON report, the exit status
+    (1 when any arm failed)."""
+    import json
+    report["ok"] = ok
+    print("checks passed: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in ok.items()))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if all(ok.values()) else 1

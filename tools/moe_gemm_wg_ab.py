@@ -22,7 +22,6 @@ Exit status 1 when an arm fails a check (its times are still printed: a failed l
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (strata's pure-Python parts)
+from fatbin_driver import Arm, finish  # noqa: E402
 from moe_gemm_bench import shapes  # noqa: E402
 from strata.backends.cuda.moe_gemm import BLOCK, QTYPE_NAMES, grid_for, tiles_for  # noqa: E402
 from strata.quant import QTYPES  # noqa: E402
@@ -84,21 +84,11 @@ def judge(name: str, Y: np.ndarray, weights, ranges, X, null_groups=(3,)) -> dic
     return {"ok": finite and worst <= 1.0 and untouched, "worst_over_bound": worst, "untouched_nan": untouched}
 
 
-class Arm:
+class GemmArm(Arm):
     """One build's entry points on the device: run a case, time a shape."""
 
-    def __init__(self, dev, name: str, fatbin: str, prefix: str):
-        self.dev, self.name, self.prefix = dev, name, prefix
-        self.mod = dev.module(fatbin)
-        self._fn = {}
-
-    def fn(self, qtype: str):
-        if qtype not in self._fn:
-            self._fn[qtype] = self.dev.function(self.mod, f"{self.prefix}_{qtype.lower()}")
-        return self._fn[qtype]
-
     def launch(self, qtype, ptrs, tiles, X, Y, N, K):
-        self.dev.launch(self.fn(qtype), grid_for(N, tiles.shape[0]), BLOCK,
+        self.dev.launch(self.fn(qtype.lower()), grid_for(N, tiles.shape[0]), BLOCK,
                         [("P", ptrs.data_ptr()), ("q", 0), ("P", tiles.data_ptr()), ("P", X.data_ptr()),
                          ("q", X.shape[1]), ("P", Y.data_ptr()), ("q", Y.shape[1]), ("i", N), ("i", K)])
 
@@ -176,7 +166,7 @@ def main(argv=None, make_driver=None) -> int:
     arms = []
     for spec in args.arm:
         name, fatbin, prefix = spec.split(":")
-        arms.append(Arm(dev, name, fatbin, prefix))
+        arms.append(GemmArm(dev, name, fatbin, prefix))
     rng = np.random.default_rng(0)
     print("checks (every type):", flush=True)
     report = {"checks": run_checks(arms, rng), "times": []}
@@ -192,12 +182,7 @@ def main(argv=None, make_driver=None) -> int:
             report["times"].append(t)
             print(f"{label:<16} {qtype:<5} {N:>7} {K:>5} {t['rows']:>6} "
                   + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names), flush=True)
-    report["ok"] = ok
-    print("checks passed: " + ", ".join(f"{n} {'yes' if v else 'NO'}" for n, v in ok.items()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0 if all(ok.values()) else 1
+    return finish(report, ok, args.json)
 
 
 if __name__ == "__main__":

@@ -57,35 +57,33 @@ def test_tc_attention_off_takes_the_cuda_core_prompt_kernel(fake, rng):
     assert "strata_attention_prefill_tc_f16_d64" not in fake.launches
 
 
-def test_wgmma_gemm_on_trial_takes_the_wgmma_library(fake, rng, monkeypatch):
-    """--kernels-on wgmma-gemm: every prompt GEMM launches cuda/moe_gemm_wg.cu's entry points (one
-    contract with moe_gemm.cu's, so the same logits here); refused in one line where the GPU is not
-    sm_90 or the install has no such library."""
+# trial path(s) -> (entry points it launches, entry points it replaces: never launched), the library it needs
+WGMMA_TRIALS = [
+    ("wgmma-gemm", {"strata_moe_gemm_wg_q8_0"}, "strata_moe_gemm_q", "moe_gemm_wg"),
+    ("wgmma-attention", {"strata_attention_prefill_wg_f16_d64"}, "strata_attention_prefill_tc_", "attention_wg"),
+    ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_wg_q8_0"},
+     "strata_attention_prefill_tc_", "attention_wg"),
+]
+
+
+@pytest.mark.parametrize("on,launched,replaced,library", WGMMA_TRIALS)
+def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launched, replaced, library):
+    """--kernels-on wgmma-gemm / wgmma-attention: the prompt GEMMs launch cuda/moe_gemm_wg.cu's entry
+    points, prompt attention at Dh 64 cuda/attention_wg.cu's (each the contract of the kernel it
+    replaces, so the same logits here); refused in one line where the install has no such library."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 20)
     base = CudaRunner(pack, 64).prefill(ids, 0)
     fake.launches.clear()
-    wg = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm"))
+    wg = CudaRunner(pack, 64, EngineConfig(kernels_on=on))
     np.testing.assert_array_equal(wg.prefill(ids, 0), base)
-    assert "strata_moe_gemm_wg_q8_0" in fake.launches
-    assert not [n for n in fake.launches if n.startswith("strata_moe_gemm_") and "_wg_" not in n]
-    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": {}})
-    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-gemm \(--kernels-on\): this install has no"):
-        CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm"))
-
-
-def test_wgmma_attention_on_trial_takes_the_wgmma_kernel(fake, rng):
-    """--kernels-on wgmma-attention: prompt attention at Dh 64 runs cuda/attention_wg.cu's kernel (the
-    contract of attention_tc.cu's, so the same logits here); both trial paths together."""
-    pack = open_pack(DEMO)
-    ids = oracle_ids(pack, rng, 20)
-    base = CudaRunner(pack, 64).prefill(ids, 0)
-    fake.launches.clear()
-    wg = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-attention, wgmma-gemm"))
-    np.testing.assert_array_equal(wg.prefill(ids, 0), base)
-    assert "strata_attention_prefill_wg_f16_d64" in fake.launches
-    assert "strata_attention_prefill_tc_f16_d64" not in fake.launches
-    assert "strata_moe_gemm_wg_q8_0" in fake.launches
+    assert launched <= set(fake.launches)
+    assert not [n for n in fake.launches if n.startswith(replaced)]
+    kept = {lib: e for lib, e in fake.read_manifest()["kernels"].items() if lib != library}
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": kept})
+    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-\w+ \(--kernels-on\): this install has no "
+                                               + library):
+        CudaRunner(pack, 64, EngineConfig(kernels_on=on))
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
