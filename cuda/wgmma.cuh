@@ -7,7 +7,10 @@
 // STRATA_WG_SWAP_LBO=1 / STRATA_WG_SWAP_MN=1 exchange the leading and stride byte offsets of the
 // K-major / N-major operands' descriptors (tools/variants/make_wgmma.sh builds those variants), for
 // the case the hardware reads the no-swizzle layouts' offsets the other way round from the PTX
-// manual's reading: leading = between core matrices adjacent along k, stride = along m or n.
+// manual's reading: leading = between core matrices adjacent along k, stride = along m or n. (The
+// manual: K-major without swizzle, the leading offset joins the two columns of the 8x2 tile of
+// 16-byte elements, the stride offset the groups of 8 rows; MN-major interleaved, the leading
+// offset joins groups of 8 k-lines, the stride offset groups of 8 m or n columns.)
 
 #pragma once
 
