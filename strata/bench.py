@@ -286,6 +286,10 @@ def report(res: BenchResult) -> str:
         rows.append(f"pinned host -> device copy, measured now: {h2d:,.1f} GB/s")
     if res.config.get("decode_tokens"):
         rows.append(f"decode feeds {res.config['decode_tokens']}")
+    paths = [f"{what} {res.config[key]}" for what, key in (("on", "kernels_on"), ("off", "kernels_off"))
+             if str(res.config.get(key, "")).strip()]
+    if paths:       # an A/B arm says which it is in its own log
+        rows.append("kernel paths: " + "; ".join(paths))
     if res.plan:
         rows.append("plan: " + ", ".join(f"{k} {v}" for k, v in res.plan.items()))
     rows.append(f"{'what':<26}{'tok/s':>12}{'seconds':>10}{'weights GB/s':>14}{'of copy rate':>14}"

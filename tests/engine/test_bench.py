@@ -167,3 +167,11 @@ def test_bench_draft_window_ab_reports_the_draft_layer_after_each_chunk(tmp_path
     assert [c["cells"] for c in d["chunks"]] == [16] and d["chunks"][0]["ms"] > 0 and d["ms"] > 0
     assert res["plan"]["draft_window"] == 16 and res["plan"]["draft_prompt"] == mode
     assert f"draft layer after each chunk of prompt 40 ({mode}, window 16, ring 24)" in captured.out
+
+
+def test_report_names_the_kernel_paths_an_arm_ran_with():
+    """An A/B arm's log says which kernel paths it turned on or off (the JSON has the whole config)."""
+    from strata.bench import BenchResult, report
+    arm = report(BenchResult("m", "cuda", config={"kernels_on": "wgmma-gemm", "kernels_off": "pdl"}))
+    assert "kernel paths: on wgmma-gemm; off pdl" in arm
+    assert "kernel paths" not in report(BenchResult("m", "cuda", config={"kernels_on": "", "kernels_off": ""}))
