@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A session's first device call when kernel variants wait to be decided: no package build, .whl carried
-# (built here beforehand by tools/variants/make_wgmma.sh and tools/variants/make_gemv_staged.sh).
+# A session's first device call when kernel variants wait to be decided: no package build. The fatbins
+# come from tools/variants/make_wgmma.sh and tools/variants/make_gemv_staged.sh, run here first where
+# nvcc is on PATH (a minute; so they are this tree's), else taken from a carried .whl.
 #   1. the wgmma prompt GEMM (#17) against mma.sync: each wgmma arm checked in a process of its own (a
 #      faulting arm poisons only its own CUDA context), then the arms that passed timed together;
 #   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way;
@@ -15,6 +16,12 @@ W=.whl
 PY=${PY:-python3}
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 STEPS=("$@"); [ ${#STEPS[@]} -eq 0 ] && STEPS=(gemm attention gemv)
+
+if command -v nvcc > /dev/null && [ -z "${KEEP_FATBINS:-}" ]; then
+    echo "== building the variants' fatbins from this tree"
+    { want gemm || want attention; } && bash tools/variants/make_wgmma.sh 2>&1 | tail -1
+    want gemv && bash tools/variants/make_gemv_staged.sh 2>&1 | tail -1
+fi
 
 decide() {      # decide TOOL REF_ARM NOTIME_FLAG ARM...: check each arm beside REF_ARM alone, time those that pass
     local tool=$1 ref=$2 notime=$3; shift 3
