@@ -4,7 +4,8 @@
 # nvcc is on PATH (a minute; so they are this tree's), else taken from a carried .whl.
 #   1. the wgmma prompt GEMM (#17) against mma.sync: each wgmma arm checked in a process of its own (a
 #      faulting arm poisons only its own CUDA context), then the arms that passed timed together;
-#   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way;
+#   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way (with the
+#      pipelined variant of tools/variants/attention_wg_pipe.patch as one more arm);
 #   3. the staged-x decode GEMVs (#16, #19) against this tree's.
 # JSON reports under $OUT (default /tmp). About 3-5 minutes.
 #
@@ -48,7 +49,8 @@ if want attention; then
         "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16" \
         "swap_k:$W/attention_wg_swap_k.fatbin:strata_attention_prefill_wg_f16" \
         "swap_v:$W/attention_wg_swap_v.fatbin:strata_attention_prefill_wg_f16" \
-        "swap_kv:$W/attention_wg_swap_kv.fatbin:strata_attention_prefill_wg_f16"
+        "swap_kv:$W/attention_wg_swap_kv.fatbin:strata_attention_prefill_wg_f16" \
+        "pipe:$W/attention_wg_pipe.fatbin:strata_attention_prefill_wg_f16"
 fi
 if want gemv; then
     echo "== gemv_rows_ab: tree against staged"
