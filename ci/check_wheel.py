@@ -25,21 +25,26 @@ FATBIN_PTX, FATBIN_ELF = 1, 2
 MANIFEST_FORMAT = 1  # strata/_ext/runtime.pyx reads this format
 
 
-def all_archs(source: Path) -> list[str]:
-    """setup.py's SASS_ARCHS (what STRATA_CUDA_ARCHS=all builds), read without running setup.py,
-    whose setuptools may be absent where a wheel is checked."""
+def setup_literal(source: Path, name: str):
+    """A literal assignment of setup.py (SASS_ARCHS, ARCH_SPECIFIC), read without running setup.py,
+    whose setuptools may be absent where a wheel is checked; None where setup.py assigns none."""
     for node in ast.parse((source / "setup.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SASS_ARCHS" for t in node.targets):
-            return list(ast.literal_eval(node.value))
-    raise SystemExit(f"check_wheel: {source / 'setup.py'} defines no SASS_ARCHS")
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def all_archs(source: Path) -> list[str]:
+    """setup.py's SASS_ARCHS: what STRATA_CUDA_ARCHS=all builds."""
+    archs = setup_literal(source, "SASS_ARCHS")
+    if archs is None:
+        raise SystemExit(f"check_wheel: {source / 'setup.py'} defines no SASS_ARCHS")
+    return list(archs)
 
 
 def arch_specific(source: Path) -> dict[str, str]:
-    """setup.py's ARCH_SPECIFIC: libraries built for one arch-specific target only, read likewise."""
-    for node in ast.parse((source / "setup.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ARCH_SPECIFIC" for t in node.targets):
-            return dict(ast.literal_eval(node.value))
-    return {}
+    """setup.py's ARCH_SPECIFIC: libraries built for one arch-specific target only."""
+    return dict(setup_literal(source, "ARCH_SPECIFIC") or {})
 
 
 def expected_targets(archs: list[str]) -> set[str]:

@@ -233,19 +233,10 @@ def fatbin(targets: list[tuple[int, int]]) -> bytes:
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
 
-def _setup_assign(name: str):
-    """A literal assignment of setup.py, read without running it."""
-    import ast
-    for node in ast.parse((ROOT / "setup.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"setup.py assigns no {name}")
-
-
 def make_wheel(tmp_path: Path, archs=((2, 80), (2, 90), (1, 80)), tag="manylinux_2_28_x86_64", **edits) -> Path:
     names = {(2, a): f"sm_{a}" for _, a in archs} | {(1, a): f"compute_{a}" for _, a in archs}
     files, kernels = {}, {}
-    special = _setup_assign("ARCH_SPECIFIC")
+    special = load("check_wheel", ROOT / "ci" / "check_wheel.py").arch_specific(ROOT)
     for cu in sorted((ROOT / "cuda").glob("*.cu")):
         entry = {"file": f"{cu.stem}.fatbin"}
         if cu.stem in special:          # setup.library_archs: its one target, when its plain arch is built

@@ -40,7 +40,7 @@ CHECK_N = 200
 CHECK_ROWS = (77, 1, 130)
 
 
-def check_k(name: str) -> int:
+def case_k(name: str) -> int:
     bs = QTYPES[name].block_size
     return 520 if bs == 1 else 2 * max(bs, 256)
 
@@ -48,7 +48,7 @@ def check_k(name: str) -> int:
 def check_case(name: str, rng) -> tuple[list[np.ndarray], list[tuple[int, int, int]], np.ndarray]:
     """(weights, ranges (group, s0, rows), X): groups 0..2 at rows 0.., a skipped row, and group 3
     (its address will be 0) over one more row."""
-    K = check_k(name)
+    K = case_k(name)
     weights = [random_qtensor_bytes(name, (CHECK_N, K), rng, std=float(rng.uniform(0.01, 0.5))) for _ in range(4)]
     ranges, s = [], 0
     for g, rows in enumerate(CHECK_ROWS):

@@ -20,8 +20,11 @@ MAX_GROUP = 16        # G = H / Hk tested up to here (any G works)
 ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps (8 at Dh 256, two per 16 rows) x 16 query rows
 
 
-def table_op(head_dim: int) -> str:
-    """The KERNELS op of the head dim's kernel: Dh 256 runs on warp pairs, 256 threads a block."""
+def table_op(head_dim: int, wgmma: bool = False) -> str:
+    """The KERNELS op of the head dim's kernel: Dh 256 runs on warp pairs, 256 threads a block; wgmma:
+    cuda/attention_wg.cu's kernel of the same contract (Dh 64, 128)."""
+    if wgmma:
+        return "attention_prefill_wg"
     return "attention_prefill_tc_pairs" if head_dim in TC_ATTENTION_PAIR_HEAD_DIMS else "attention_prefill_tc"
 
 
@@ -73,7 +76,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
         bufs.append(buf)
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
-    kernel = load_kernel(rt, dev, "attention_prefill_wg" if wgmma else table_op(dh), dh=dh)
+    kernel = load_kernel(rt, dev, table_op(dh, wgmma), dh=dh)
     kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)

@@ -69,6 +69,8 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     "moe_gemm_wg" (cuda/moe_gemm_wg.cu: the same contract on wgmma, sm_90 only)."""
     from strata.backends.cuda.testing import CudaOps
 
+    if op not in ("moe_gemm", "moe_gemm_wg"):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_wg")
     ops = ops or CudaOps()
     rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
@@ -99,8 +101,6 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         return Y
     y_dev = ops._output(Y.nbytes)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    if op not in ("moe_gemm", "moe_gemm_wg"):
-        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_wg")
     ops._launch(op, grid_for(N, len(tiles)), args, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize

@@ -129,6 +129,7 @@ class AttentionOps:
         T, H, dh = q.shape
         out = self.alloc((T, H * dh))
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
+        wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_wg.cu
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
             _ring_rows(ring, T, "attention")
             raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
@@ -139,12 +140,9 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
-        elif dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention:  # on trial: the same on wgmma
-            grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)
-            self.launch("attention_prefill_wg", grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
-        elif dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention:     # tensor-core flash attention (attention_tc.cu)
+        elif wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # tensor-core flash attention
             grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)      # the block is the table op's
-            self.launch(prefill_tc_op(dh), grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
+            self.launch(prefill_tc_op(dh, wgmma), grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention_prefill", (-(-T * G // rows), Hk),
