@@ -33,6 +33,10 @@
 #   ncu_moe_decode           Nsight Compute (clocks left alone) over tools/moe_decode_bench.py: the MoE
 #                            decode kernels' speed of light, memory workload, warp stalls and occupancy
 #                            (NCU_TYPES, default Q4_K; 1 and 4 tokens); the report in $OUT/ncu.csv
+#   ncu_kv LABEL TAG         Nsight Compute over the quantized split-K decode attention (int8 and q4_0,
+#                            Dh 128, 32K cells, tools/kv_attention_bench.py): time, DRAM throughput,
+#                            executed instructions, issue slots, eligible warps (is it issue-bound?);
+#                            each report in $OUT/ncu_kv_<fmt>_TAG.csv
 #   ttft_serve SHAPE         tools/ttft_server.py: `strata serve` on SHAPE's synthetic pack at 8 GiB, six
 #                            short chat turns' time to first token (#18); its log in $OUT/ttft.log
 #   moe_decode_ab            tools/moe_decode_bench.py (MOE_TYPES, default Q4_K,Q6_K,Q8_0; 1 and 4
@@ -155,6 +159,22 @@ ncu_moe_decode() {
     grep -E "Kernel Name|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|Eligible|L1/TEX Hit|L2 Hit" \
         "$OUT/ncu.csv" | cut -c1-200 | head -70
     tail -3 "$OUT/ncu.err"
+}
+
+ncu_kv() {
+    local fmt
+    for fmt in int8 q4_0; do
+        echo "== ncu: strata_attention_decode_${fmt}_d128, $1 ($(elapsed) s)"
+        timeout "$(budget 90)" ncu --clock-control none --kernel-name "regex:strata_attention_decode_${fmt}_d128" \
+            --launch-skip 3 --launch-count 1 --section SpeedOfLight --section InstructionStats \
+            --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+            --csv --page details $PY tools/kv_attention_bench.py --cells 32768 --formats "$fmt" --reps 5 \
+            >"$OUT/ncu_kv_${fmt}_$2.csv" 2>"$OUT/ncu_kv_$2.err"
+        echo "ncu rc=$?"
+        grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Executed Instructions|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|No Eligible|One or More Eligible" \
+            "$OUT/ncu_kv_${fmt}_$2.csv" | cut -c1-200 | head -16
+    done
+    tail -3 "$OUT/ncu_kv_$2.err"
 }
 
 ttft_serve() {

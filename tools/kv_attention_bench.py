@@ -2,7 +2,8 @@
 the f16 split-K kernel (cuda/attention.cu) and the quantized ones (cuda/kv_quant.cu: the q rotation,
 split-K over the planes, the combine, the output un-rotation), against the device copy rate.
 
-    python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--reps N] [--json PATH]
+    python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--formats f16,int8,k8v4,q4_0]
+                                       [--reps N] [--json PATH]
 
 Times are CUDA-event medians after a warm-up. Columns:
   eager   the attention sequence as first written (q rotation, split-K, combine, output un-rotation),
@@ -126,14 +127,19 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="16384,32768,131072")
+    ap.add_argument("--formats", default="f16,int8,k8v4,q4_0", help="comma-separated KV formats")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    formats = args.formats.split(",")
+    unknown = sorted(set(formats) - {"f16", "int8", "k8v4", "q4_0"})
+    if unknown:
+        ap.error(f"--formats: unknown KV format(s) {', '.join(unknown)} (f16, int8, k8v4, q4_0)")
     ops, rng = CudaOps(), np.random.default_rng(0)
     copy = measure_bandwidths(ops._rt, ops.device, 256 << 20).device_copy_gb_s
     rows = []
     for S in (int(c) for c in args.cells.split(",")):
-        for fmt in ("f16", "int8", "k8v4", "q4_0"):
+        for fmt in formats:
             r = bench(ops, rng, fmt, S, args.reps)
             r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)

@@ -24,11 +24,14 @@
 #              conv1d_step) at 80B's shape in GB/s against a device copy in the same run (#15); with
 #              GDN_PARENT=<file>, an earlier cuda/gated_delta.cu (e.g. `git show C:cuda/gated_delta.cu`
 #              into a carried path) built aside and its gdn_step timed too
-#     kvdigest tools/kv_decode_digest.py with this build's cuda/kv_quant.cu and with KV_PARENT's (an
-#              earlier kv_quant.cu carried in .whl/, built aside and swapped into strata/kernels for one
+#     kvdigest tools/kv_decode_digest.py with this build's cuda/kv_quant.cu and with KV_PARENT's (another
+#              kv_quant.cu carried in .whl/: an earlier one, or a variant such as
+#              tools/variants/make_kv_plain.sh's, built aside and swapped into strata/kernels for one
 #              run): the diff of the two must be empty (a load-path change that keeps the sums bit for bit)
 #     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (KV_CELLS; quantized decode attention,
 #              #14); with KV_PARENT, then over that kv_quant.cu, then this build again (the A/B in one call)
+#     kvncu    Nsight Compute over the int8 and q4_0 split-K decode kernels at 32K cells (device_deadline.sh's
+#              ncu_kv): this build, then KV_PARENT's when given
 #     tcbench  tools/attention_tc_bench.py --shape 80b (the head_dim-256 tensor-core prompt attention)
 #     batchres tools/parallel_bench.py resident, --batch-max auto, 1, 2, 4 and 8 clients, no long prompt (#19)
 #     split    --cpu-experts auto against off at 8 GiB: prompts of 19, 64 and 512 tokens, 32 decoded (#18)
@@ -134,6 +137,10 @@ if has kvdigest; then   # the quantized decode's outputs, this build against KV_
     fi
 fi
 has kvbench && kv_bench_ab
+if has kvncu; then      # is the quantized decode issue-bound? (#14: q4_0 at a quarter of the copy rate)
+    ncu_kv "this build" tree
+    [ -n "${KV_PARENT:-}" ] && with_parent kv_quant "$KV_PARENT" ncu_kv "$KV_PARENT" parent
+fi
 if has tcbench; then
     echo "== attention_tc bench, 80B shape ($(elapsed) s)"
     timeout "$(budget 60)" $PY tools/attention_tc_bench.py --shape 80b 2>&1 | tail -14
