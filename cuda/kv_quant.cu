@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include "decode_mma.cuh"
 #include "kv_codec.cuh"
 #include "pdl.cuh"
 
@@ -60,6 +61,12 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 4;
 
+using strata_dec::as_h2;
+using strata_dec::as_u32;
+using strata_dec::load_raw;
+using strata_dec::mma16816;
+using strata_dec::RawT;
+using strata_dec::split_pair;
 using strata_kv::hadamard_warp;
 using strata_kv::load_row;
 
@@ -114,17 +121,6 @@ __device__ __forceinline__ void load_cell(const void* values, const __half* scal
 // operand, so p never leaves its lane; the online softmax (max over the tile: 2 shuffles) rescales
 // the accumulator once per tile. The warps merge in shared memory at the end.
 
-__device__ __forceinline__ __half2 as_h2(uint32_t u) {
-    __half2 h;
-    memcpy(&h, &u, 4);
-    return h;
-}
-__device__ __forceinline__ uint32_t as_u32(__half2 h) {
-    uint32_t u;
-    memcpy(&u, &h, 4);
-    return u;
-}
-
 // bytes x.b[i], x.b[i + 1] of biased int8 codes (code ^ 0x80) -> {code, code} as f16, exact
 // (sel 0x4140: bytes 0, 1; 0x4342: bytes 2, 3): 0x64XX is 1024 + XX, less 1152 = 1024 + 128.
 __device__ __forceinline__ uint32_t i8_pair(uint32_t x, uint32_t sel) {
@@ -134,39 +130,6 @@ __device__ __forceinline__ uint32_t i8_pair(uint32_t x, uint32_t sel) {
 __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int shift) {
     return as_u32(__hsub2(as_h2(((w >> shift) & 0x000F000Fu) | 0x64006400u), as_h2(0x64086408u)));
 }
-// {x0, x1} -> f16 halves hi and lo with hi + lo = x to 22 bits
-__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-    const __half2 h = __floats2half2_rn(x0, x1);
-    const float2 f = __half22float2(h);
-    hi = as_u32(h);
-    lo = as_u32(__floats2half2_rn(x0 - f.x, x1 - f.y));
-}
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// N raw bytes (1, 2, 4, 8 or 16) from p, or zeros where !valid.
-template <int N>
-struct RawT;
-template <> struct RawT<2> { using T = unsigned short; };
-template <> struct RawT<4> { using T = uint32_t; };
-template <> struct RawT<8> { using T = uint2; };
-template <> struct RawT<16> { using T = uint4; };
-template <int N>
-__device__ __forceinline__ typename RawT<N>::T load_raw(const void* p, bool valid) {
-    using T = typename RawT<N>::T;
-    T v;
-    memset(&v, 0, sizeof(T));
-    if (valid) v = *static_cast<const T*>(p);
-    return v;
-}
-
 template <bool Q4, int DH>
 struct Plane {
     static constexpr int BS = Q4 ? 32 : 64;      // values per scale
@@ -236,61 +199,15 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
-        for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-            const int64_t slot = slot0 + static_cast<int64_t>(j / DH) * num_splits;
-            part_acc[slot * DH + j % DH] = 0.0f;
-            if (j % DH == 0) part_ml[2 * slot] = -INFINITY, part_ml[2 * slot + 1] = 0.0f;
-        }
+        strata_dec::empty_split<DH>(G, slot0, num_splits, part_acc, part_ml);
         return;
     }
 
     // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
-    float* q_s = &acc_s[0][0][0];
-    const float qscale = scale * kLog2e;
-    for (int j = threadIdx.x; j < GP * DH; j += blockDim.x) {
-        const int h = j / DH;
-        q_s[j] = h < G ? q[(static_cast<int64_t>(b) * H + kvh * G + h) * DH + j % DH] * qscale : 0.0f;
-    }
-    __syncthreads();
-    for (int h = warp; h < GP; h += kWarps) {
-        float mx = 0.0f;
-        for (int d = lane; d < DH; d += 32) mx = fmaxf(mx, fabsf(q_s[h * DH + d]));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
-        if (lane == 0) {
-            int x = 0;
-            frexpf(mx, &x);                       // mx = f 2^x, f in [0.5, 1)
-            qexp_s[h] = mx > 0.0f ? max(-60, min(60, 14 - x)) : 0;
-        }
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < NSLICE * NPASS * 32; j += blockDim.x) {
-        const int fl = j & 31, jp = j >> 5, slice = jp / NPASS, pass = jp % NPASS;
-        const int fg = fl >> 2, ft = fl & 3;
-        uint32_t r[4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {          // k positions 2t + {0, 1}, then 2t + 8 + {0, 1}
-#pragma unroll
-            for (int row = 0; row < 2; ++row) {          // rows g, g + 8
-                const int h = STACK ? fg : fg + 8 * row;
-                const int comp = STACK ? row : pass;     // 0 hi, 1 lo
-                __half v[2];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    float x = 0.0f;
-                    if (h < GP) x = ldexpf(q_s[h * DH + k_dim<KQ4>(slice, ft, 2 * half + i)], qexp_s[h]);
-                    const __half hi = __float2half_rn(x);
-                    v[i] = comp == 0 ? hi : __float2half_rn(x - __half2float(hi));
-                }
-                r[2 * half + row] = as_u32(__halves2half2(v[0], v[1]));
-            }
-        }
-        qfrag_s[jp][fl] = make_uint4(r[0], r[1], r[2], r[3]);
-    }
     float qinv[NH];
-#pragma unroll
-    for (int h = 0; h < NH; ++h) qinv[h] = g + 8 * h < GP ? ldexpf(1.0f, -qexp_s[g + 8 * h]) : 1.0f;
-    __syncthreads();  // q_s is dead: acc_s is the warps' sums from here
+    strata_dec::prepare_query<DH, GP, kWarps>(q, b, H, kvh, G, scale * kLog2e, &acc_s[0][0][0], qexp_s, qfrag_s,
+                                              qinv, [](int slice, int ft, int e) { return k_dim<KQ4>(slice, ft, e); });
+    // acc_s is the warps' sums from here
 
     float acc[NT][4] = {};
     float m[NH], l[NH];
@@ -490,39 +407,8 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     }
 
     // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-        l[h] += __shfl_xor_sync(kFull, l[h], 1);
-        l[h] += __shfl_xor_sync(kFull, l[h], 2);
-        const int head = g + 8 * h;
-        if (head < GP) {
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    acc_s[warp][head][v_dim<VQ4>(n / NTB, n % NTB, 2 * t + j)] =
-                        STACK ? acc[n][j] + acc[n][2 + j] : acc[n][2 * h + j];
-            if (t == 0) ml_s[warp][head][0] = m[h], ml_s[warp][head][1] = l[h];
-        }
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-        const int hd = j / DH, d = j % DH;
-        float mmax = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, ml_s[w][hd][0]);
-        float a = 0.0f, lsum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float mw = ml_s[w][hd][0];
-            const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-            a = fmaf(acc_s[w][hd][d], e, a);
-            lsum = fmaf(ml_s[w][hd][1], e, lsum);
-        }
-        const int64_t slot = slot0 + static_cast<int64_t>(hd) * num_splits;
-        part_acc[slot * DH + d] = a;
-        if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
-    }
+    strata_dec::merge_warps<DH, GP, kWarps>(acc, m, l, acc_s, ml_s, G, slot0, num_splits, part_acc, part_ml,
+                                            [](int n, int c) { return v_dim<VQ4>(n / NTB, n % NTB, c); });
 }
 
 }  // namespace
