@@ -19,8 +19,9 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
-# attention at head dims 64 and 128 (cuda/attention_wg.cu).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention")
+# attention at head dims 64 and 128 (cuda/attention_wg.cu). On any GPU: tc-decode-attention the split-K
+# decode attention over an f16 cache at head dims 64 and 128 on the tensor cores (cuda/attention_dec_tc.cu).
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention", "tc-decode-attention")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

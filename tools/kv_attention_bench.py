@@ -1,8 +1,9 @@
 """Decode attention over each KV format at Qwen3-30B-A3B's shape (H 32, Hk 4, Dh 128), one sequence:
-the f16 split-K kernel (cuda/attention.cu) and the quantized ones (cuda/kv_quant.cu: the q rotation,
+the f16 split-K kernel (cuda/attention.cu; f16tc: cuda/attention_dec_tc.cu's, on the tensor cores, the
+tc-decode-attention path on trial) and the quantized ones (cuda/kv_quant.cu: the q rotation,
 split-K over the planes, the combine, the output un-rotation), against the device copy rate.
 
-    python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--formats f16,int8,k8v4,q4_0]
+    python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--formats f16,f16tc,int8,k8v4,q4_0]
                                        [--reps N] [--json PATH]
 
 Times are CUDA-event medians after a warm-up. Columns:
@@ -73,10 +74,10 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     gp = H // HK
     rot = rot_scale(DH)
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
-    if fmt == "f16":
+    if fmt in ("f16", "f16tc"):
         planes = [ops._upload(x.astype(np.float16)), ops._upload(x.astype(np.float16))]
         nbytes = sum(p.nbytes for p in planes)
-        split_op, fields = "attention_decode", {"dh": DH, "g": gp}
+        split_op, fields = ("attention_decode_tc" if fmt == "f16tc" else "attention_decode"), {"dh": DH, "g": gp}
         k_rot = v_rot = False
     else:
         kc, vc = kvq.codecs(fmt)
@@ -110,7 +111,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
     pos, inv_dev = ops._upload(np.array([S - 1], np.int32)), ops._upload(np.asarray(inv, np.float32))
     norm_args = (*qkv, qw, kw, pos, 0, inv_dev, q)
-    if fmt == "f16":
+    if fmt in ("f16", "f16tc"):
         append = ("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
                   (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale)))
     else:
@@ -127,14 +128,14 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="16384,32768,131072")
-    ap.add_argument("--formats", default="f16,int8,k8v4,q4_0", help="comma-separated KV formats")
+    ap.add_argument("--formats", default="f16,f16tc,int8,k8v4,q4_0", help="comma-separated KV formats")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     formats = args.formats.split(",")
-    unknown = sorted(set(formats) - {"f16", "int8", "k8v4", "q4_0"})
+    unknown = sorted(set(formats) - {"f16", "f16tc", "int8", "k8v4", "q4_0"})
     if unknown:
-        ap.error(f"--formats: unknown KV format(s) {', '.join(unknown)} (f16, int8, k8v4, q4_0)")
+        ap.error(f"--formats: unknown KV format(s) {', '.join(unknown)} (f16, f16tc, int8, k8v4, q4_0)")
     ops, rng = CudaOps(), np.random.default_rng(0)
     copy = measure_bandwidths(ops._rt, ops.device, 256 << 20).device_copy_gb_s
     rows = []

@@ -86,6 +86,27 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
         CudaRunner(pack, 64, EngineConfig(kernels_on=on))
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_tc_decode_attention_trial_path_takes_its_kernel(fake, rng, graphs):
+    """--kernels-on tc-decode-attention: decode steps (eager and in the captured graph) attend over the f16
+    cache through cuda/attention_dec_tc.cu's kernel, the contract of attention.cu's, so the same logits
+    here; prompts keep their own kernels."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 20)
+
+    def run(config):
+        runner = CudaRunner(pack, 64, config)
+        return [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
+    base = run(EngineConfig(cuda_graphs=graphs))
+    fake.launches.clear()
+    tc = run(EngineConfig(cuda_graphs=graphs, kernels_on="tc-decode-attention"))
+    for a, b in zip(tc, base):
+        np.testing.assert_array_equal(a, b)
+    assert "strata_attention_decode_tc_f16_d64_g2" in fake.launches
+    assert not [n for n in fake.launches if n.startswith("strata_attention_decode_f16_")]
+    assert "strata_attention_decode_tc_f16_d64_g2" in set(fake.pdl_launches)
+
+
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     pytest.importorskip("torch")
     from tests.fixtures import SHAPES, make_pack

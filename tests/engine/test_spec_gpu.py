@@ -95,9 +95,9 @@ def check_windowed_decode(ops, kvops, rng, fmt: str, B: int = 3, H: int = 8, Hk:
         for p in range(n):
             ring_k[b, p % S], ring_v[b, p % S] = k[b, p], v[b, p]
     q = rng.standard_normal((B, H, dh)).astype(np.float32)
-    if fmt == "f16":
+    if fmt in ("f16", "f16tc"):     # f16tc: cuda/attention_dec_tc.cu's kernel
         got = ops.attention_decode(q, ring_k.astype(np.float16), ring_v.astype(np.float16), lengths,
-                                   window=window, ring=S)
+                                   window=window, ring=S, tc=fmt == "f16tc")
         kc = vc = None
         stored_k, stored_v = ring_k.astype(np.float16).astype(np.float64), ring_v.astype(np.float16).astype(np.float64)
     else:
@@ -116,7 +116,7 @@ def check_windowed_decode(ops, kvops, rng, fmt: str, B: int = 3, H: int = 8, Hk:
         assert np.all(err <= 1e-5 * np.abs(ref).max(axis=-1) + 1e-6), (fmt, b, n, err.max())
 
 
-@pytest.mark.parametrize("fmt", ["f16", "int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("fmt", ["f16", "f16tc", "int8", "q4_0", "k8v4"])
 def test_windowed_ring_decode_kernels(rng, fmt):
     from strata.backends.cuda.kv import KVQuantOps
     from strata.backends.cuda.testing import CudaOps

@@ -1,5 +1,6 @@
 """cuda/attention.cu: KV append, split-K decode + combine, causal prompt attention, against
-strata.backends.cpu.causal_attention run in float64 on the f16-rounded K/V.
+strata.backends.cpu.causal_attention run in float64 on the f16-rounded K/V. The decode cases also run
+cuda/attention_dec_tc.cu's kernel of the same contract (tensor cores, Dh 64 and 128; the tc fixture).
 
 Tolerance, f32 arithmetic over f16 K/V: per (token, head), max|out - ref| <= 1e-5 * max|ref|. Scores
 carry ~1e-6 absolute error (f32 dots of Dh terms, q pre-scaled by scale * log2 e), which moves
@@ -24,6 +25,19 @@ def ops():
     from strata.backends.cuda.testing import CudaOps
 
     return CudaOps()
+
+
+@pytest.fixture(params=[False, True], ids=["cuda_cores", "tensor_cores"])
+def tc(request):
+    """Which f16 split-K decode kernel: attention.cu's, or attention_dec_tc.cu's (--kernels-on
+    tc-decode-attention)."""
+    return request.param
+
+
+def skip_tc(tc, dh):
+    from strata.backends.cuda.kernels import TC_DECODE_HEAD_DIMS
+    if tc and dh not in TC_DECODE_HEAD_DIMS:
+        pytest.skip(f"attention_dec_tc.cu has no Dh {dh} kernel")
 
 
 def random_cache(rng, shape):
@@ -91,24 +105,26 @@ def decode_case(rng, H, Hk, dh, lengths, S, sharpness=1.0):
 
 
 @pytest.mark.parametrize("H,Hk,dh,lengths,S", DECODE)
-def test_attention_decode(ops, rng, H, Hk, dh, lengths, S):
+def test_attention_decode(ops, rng, tc, H, Hk, dh, lengths, S):
+    skip_tc(tc, dh)
     q, k_cache, v_cache, lengths, ref = decode_case(rng, H, Hk, dh, lengths, S)
-    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths), ref, H)
+    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths, tc=tc), ref, H)
 
 
 @pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
-def test_attention_decode_rows_of_several_sequences_by_bases(ops, rng, H, Hk, dh):
+def test_attention_decode_rows_of_several_sequences_by_bases(ops, rng, tc, H, Hk, dh):
     # parallel slots' batched step: one cache of N sequences back to back, each row from its
     # sequence's first cell (bases), in any order, two rows of one sequence too; each row's bits
     # equal that row launched alone over its own sequence (what that slot's one-row step computes)
+    skip_tc(tc, dh)
     N, S = 3, 700
     _, k_cache, v_cache, _, _ = decode_case(rng, H, Hk, dh, [S] * N, S)
     seqs, lengths = np.array([2, 0, 2, 1]), np.array([700, 1, 333, 64], np.int32)
     q = rng.standard_normal((4, H, dh)).astype(np.float32)
-    out = ops.attention_decode(q, k_cache, v_cache, lengths, num_splits=4, bases=seqs * S)
+    out = ops.attention_decode(q, k_cache, v_cache, lengths, num_splits=4, bases=seqs * S, tc=tc)
     for b, (seq, L) in enumerate(zip(seqs, lengths)):
         alone = ops.attention_decode(q[b:b + 1], k_cache[seq:seq + 1], v_cache[seq:seq + 1], lengths[b:b + 1],
-                                     num_splits=4)
+                                     num_splits=4, tc=tc)
         assert np.array_equal(out[b].view(np.uint32), alone[0].view(np.uint32)), f"row {b}"
         assert_heads_close(out[b:b + 1], reference(q[b:b + 1], k_cache[seq, :L], v_cache[seq, :L],
                                                    np.array([L - 1])), H)
@@ -116,10 +132,10 @@ def test_attention_decode_rows_of_several_sequences_by_bases(ops, rng, H, Hk, dh
 
 @pytest.mark.parametrize("num_splits", [1, 3, 1024])
 @pytest.mark.parametrize("sharpness", [1.0, 6.0])
-def test_attention_decode_any_split_count(ops, rng, num_splits, sharpness):
+def test_attention_decode_any_split_count(ops, rng, tc, num_splits, sharpness):
     # one split, an odd count, and far more splits than tiles (most of them empty); peaked softmax
     q, k_cache, v_cache, lengths, ref = decode_case(rng, 32, 4, 128, [1, 1000, 2047], 2048, sharpness)
-    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths, num_splits), ref, 32)
+    assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths, num_splits, tc=tc), ref, 32)
 
 
 def test_kv_append_then_decode(ops, rng):
@@ -188,21 +204,22 @@ def window_ring(cache, length, ring_cells):
 @pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (8, 8, 64), (16, 2, 256)])
 @pytest.mark.parametrize("length,ring_cells,rows", [(5000, 1024, 1), (5000, 333, 1), (700, 2048, 1),
                                                     (1024, 1024, 1), (3001, 100, 6), (40, 64, 8)])
-def test_attention_decode_vram_window_bitwise(ops, rng, H, Hk, dh, length, ring_cells, rows):
+def test_attention_decode_vram_window_bitwise(ops, rng, tc, H, Hk, dh, length, ring_cells, rows):
     # --kv-resident: rows of one sequence (lengths length - rows + 1 .. length) read their newest cells
     # from the ring and the rest from the cache, whose cells in the window are NaN here, so a cell
     # read from the wrong place fails; the bits equal the same launch over the whole cache
+    skip_tc(tc, dh)
     S = length + 3
     k_cache, v_cache = random_cache(rng, (1, S, Hk, dh)), random_cache(rng, (1, S, Hk, dh))
     lengths = np.arange(length - rows + 1, length + 1, dtype=np.int32)
     q = rng.standard_normal((rows, H, dh)).astype(np.float32)
     bases = np.zeros(rows, np.int32)
-    want = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases)
+    want = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, tc=tc)
     ring = (window_ring(k_cache[0], length, ring_cells), window_ring(v_cache[0], length, ring_cells))
     for r in ring:                  # 8 rejected speculative rows' cells: the slack's slots, never read
         r[np.arange(length, length + 8) % ring_cells] = F16_NAN
     # every row reads these from VRAM (VramWindow: the ring's newest ring_cells - KV_VRAM_SLACK)
     lo = max(0, length + rows - 1 - (ring_cells - KV_VRAM_SLACK))
     k_cache[0, lo:], v_cache[0, lo:] = F16_NAN, F16_NAN
-    got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring)
+    got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring, tc=tc)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

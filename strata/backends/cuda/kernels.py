@@ -24,6 +24,7 @@ ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
 WG_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_wg.cu's (wgmma, sm_90a) prompt kernels
+TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
 MOE_ROUTE_MAX_TOP_K = 32
@@ -56,6 +57,7 @@ class KernelPaths:
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
+    tc_decode_attention: bool = False  # on trial: cuda/attention_dec_tc.cu for f16 decode attention, Dh 64 / 128
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -78,7 +80,7 @@ assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KE
 
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
-PDL_LIBRARIES = frozenset({"decode_fused", "attention", "kv_quant", "embed", "gemv", "moe_decode", "moe_route",
+PDL_LIBRARIES = frozenset({"decode_fused", "attention", "attention_dec_tc", "kv_quant", "embed", "gemv", "moe_decode", "moe_route",
                            "rms_norm", "argmax", "sample"})
 
 
@@ -172,6 +174,10 @@ KERNELS = {
     "kv_ring_append":   _K("attention", "strata_kv_ring_append", "PPPPPPPPPiiiiiii", 128, "(T, planes)"),
     "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
+    # the same contract, grid and block on the tensor cores (Dh 64, 128; --kernels-on tc-decode-attention)
+    "attention_decode_tc": _K("attention_dec_tc", "strata_attention_decode_tc_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi",
+                              128, "attention_decode's", tuple(d for d in DECODE_GROUPS
+                                                               if d["dh"] in TC_DECODE_HEAD_DIMS)),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
     # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
     "attention_combine_rot": _K("attention", "strata_attention_decode_combine_rot_f32", "PPPiiif", 128, "(H, B)"),

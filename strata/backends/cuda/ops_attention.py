@@ -10,7 +10,8 @@ import numpy as np
 
 from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
 from ...errors import InvalidArgument
-from .kernels import ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes
+from .kernels import (ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, TC_DECODE_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
+                      decode_splits, split_k_takes)
 from .memory import DeviceTensor, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -262,7 +263,9 @@ class AttentionOps:
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
         (k_vram, v_vram), vram_cells = vram
-        self.launch("attention_decode", (splits, Hk, T),
+        # on trial: cuda/attention_dec_tc.cu's kernel of the same contract on the tensor cores
+        op = "attention_decode_tc" if self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS else "attention_decode"
+        self.launch(op, (splits, Hk, T),
                     (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
                      k_vram, v_vram, vram_cells), dh=dh, g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))

@@ -7,7 +7,7 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, decode_splits
+from .kernels import ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, TC_DECODE_HEAD_DIMS, decode_splits
 
 
 class AttentionWrappers:
@@ -70,7 +70,7 @@ class AttentionWrappers:
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None,
                          bases: np.ndarray | None = None, window: int = 0, ring: int = 0,
-                         vram: tuple | None = None) -> np.ndarray:
+                         vram: tuple | None = None, tc: bool = False) -> np.ndarray:
         """One query per row: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], row b reading cells
         0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel).
         window > 0: row b reads only its last `window` positions; ring = S: position p is cell p % S
@@ -78,7 +78,8 @@ class AttentionWrappers:
         bases [B], the caches are [N, S, Hk, Dh] of any N, read as N * S cells back to back, and row b's
         cells start at cell bases[b] (parallel slots' rows in one cache). vram (K, V) [R, Hk, Dh]:
         --kv-resident's VRAM window of the B rows' one sequence, position p at p % R, which the
-        kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow)."""
+        kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow). tc: cuda/attention_dec_tc.cu's
+        kernel of the same contract (Dh 64, 128) instead of cuda/attention.cu's."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         kc = np.ascontiguousarray(k_cache, dtype=np.float16)
         vc = np.ascontiguousarray(v_cache, dtype=np.float16)
@@ -90,6 +91,9 @@ class AttentionWrappers:
         B, H, dh = q.shape
         S, Hk = kc.shape[1], kc.shape[2]
         G = self._check_attention("attention_decode", q, kc, H, Hk, dh)
+        if tc and dh not in TC_DECODE_HEAD_DIMS:
+            raise InvalidArgument(f"attention_decode: the tensor-core kernel takes head dims {TC_DECODE_HEAD_DIMS}, "
+                                  f"not {dh}")
         if ring and not (ring == S and 0 < window <= S):
             raise InvalidArgument(f"attention_decode: a ring must be the cache's {S} cells, its window 1..{S}")
         if B == 0 or lengths.min() < 1 or (not ring and lengths.max() > S):
@@ -115,7 +119,7 @@ class AttentionWrappers:
             if kr.ndim != 3 or kr.shape != vr.shape or kr.shape[1:] != (Hk, dh):
                 raise InvalidArgument(f"attention_decode: VRAM window {kr.shape} / {vr.shape}, want [R, {Hk}, {dh}]")
             vram_planes, vram_cells = (self._upload(kr), self._upload(vr)), kr.shape[0]
-        self._launch("attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
+        self._launch("attention_decode_tc" if tc else "attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
                      self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring,
                      *vram_planes, vram_cells), dh=dh, g=gp)
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
