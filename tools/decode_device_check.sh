@@ -29,6 +29,11 @@
 #               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
+#     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu; on trial:
+#               --kernels-on tc-decode-attention) against attention.cu's: test_attention_gpu and the windowed
+#               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
+#               131K cells, then resident decode after 512, 16384 and 32768 with and without the path (the
+#               logits sha256 of the two arms differ: the sums are rounded in another order)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -123,5 +128,17 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
     bench_synthetic p12_both 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 \
         --kernels-on wgmma-gemm,wgmma-attention
+fi
+if has tcdecode; then    # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores, one lease
+    echo "== f16 decode attention GPU tests, both kernels ($(elapsed) s)"
+    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py \
+        "tests/engine/test_spec_gpu.py::test_windowed_ring_decode_kernels" 2>&1 | tail -4
+    echo "== kv attention bench, f16 kernels ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 --formats f16,f16tc \
+        --json "$OUT/kv_f16tc.json" 2>&1 | tail -7
+    for arm in none tc-decode-attention; do
+        on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
+        bench_synthetic "decode_$arm" 80 qwen3-30b-a3b --prompt 512,16384,32768 --decode 64 "${on[@]}"
+    done
 fi
 echo "== done at $(elapsed) s"
