@@ -252,14 +252,11 @@ __device__ __forceinline__ void attention_decode_tc(const float* __restrict__ q,
     using D = DecodeF16<DH, GP>;
     __shared__ typename D::Smem sm;
 
-    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int kvh = blockIdx.y, b = blockIdx.z;
     const int G = H / Hk;
-    const int length = lengths[b];
-    const int lo = strata_kv::window_first(length, window);
-    const int per_split = (length - lo + num_splits - 1) / num_splits;
-    const int span = (per_split + 15) / 16 * 16;
-    const int start = lo + split * span, end = min(length, start + span);
-    const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
+    const strata_dec::Span sp = strata_dec::split_span(lengths, window, H, Hk, num_splits);
+    const int length = sp.length, start = sp.start, end = sp.end;
+    const int64_t slot0 = sp.slot0;                          // head g: + g * num_splits
 
     if (start >= end) {
         strata_dec::empty_split<DH>(G, slot0, num_splits, part_acc, part_ml);

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include "kv_codec.cuh"
 
 namespace strata_dec {
 
@@ -166,6 +167,25 @@ __device__ __forceinline__ void merge_warps(const float (&acc)[NT][4], const flo
         part_acc[slot * DH + d] = a;
         if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
     }
+}
+
+// The cells of row b = blockIdx.z that split blockIdx.x reads for KV head blockIdx.y: the row's
+// positions (its last `window` where window > 0) cut into num_splits spans of whole 16-cell tiles;
+// slot0 is the split's partials slot of the KV head's first query head (head g: slot0 + g num_splits).
+struct Span {
+    int length, start, end;
+    int64_t slot0;
+};
+__device__ __forceinline__ Span split_span(const int* __restrict__ lengths, int window, int H, int Hk,
+                                           int num_splits) {
+    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int G = H / Hk;
+    const int length = lengths[b];
+    const int lo = strata_kv::window_first(length, window);
+    const int per_split = (length - lo + num_splits - 1) / num_splits;
+    const int span = (per_split + 15) / 16 * 16;
+    const int start = lo + split * span;
+    return {length, start, min(length, start + span), (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split};
 }
 
 // An empty split's partials: zeros, max -inf, sum 0 (the combine gives it no weight).
