@@ -80,8 +80,8 @@ assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KE
 
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
-PDL_LIBRARIES = frozenset({"decode_fused", "attention", "attention_dec_tc", "kv_quant", "embed", "gemv", "moe_decode", "moe_route",
-                           "rms_norm", "argmax", "sample"})
+PDL_LIBRARIES = frozenset({"decode_fused", "attention", "attention_dec_tc", "kv_quant", "embed", "gemv",
+                           "moe_decode", "moe_route", "rms_norm", "argmax", "sample"})
 
 
 def _each(**axes) -> tuple:

@@ -264,7 +264,8 @@ class AttentionOps:
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
         (k_vram, v_vram), vram_cells = vram
         # on trial: cuda/attention_dec_tc.cu's kernel of the same contract on the tensor cores
-        op = "attention_decode_tc" if self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS else "attention_decode"
+        tc = self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS
+        op = "attention_decode_tc" if tc else "attention_decode"
         self.launch(op, (splits, Hk, T),
                     (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
                      k_vram, v_vram, vram_cells), dh=dh, g=gp)

@@ -119,9 +119,10 @@ class AttentionWrappers:
             if kr.ndim != 3 or kr.shape != vr.shape or kr.shape[1:] != (Hk, dh):
                 raise InvalidArgument(f"attention_decode: VRAM window {kr.shape} / {vr.shape}, want [R, {Hk}, {dh}]")
             vram_planes, vram_cells = (self._upload(kr), self._upload(vr)), kr.shape[0]
-        self._launch("attention_decode_tc" if tc else "attention_decode", (splits, Hk, B), (self._upload(q), self._upload(kc), self._upload(vc),
-                     self._upload(lengths), bases_dev, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring,
-                     *vram_planes, vram_cells), dh=dh, g=gp)
+        self._launch("attention_decode_tc" if tc else "attention_decode", (splits, Hk, B),
+                     (self._upload(q), self._upload(kc), self._upload(vc), self._upload(lengths), bases_dev,
+                      part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring, *vram_planes, vram_cells),
+                     dh=dh, g=gp)
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         return self._download(out, (B, H * dh), np.float32)
 
