@@ -23,7 +23,8 @@
 #   with_parent LIB PARENT_CU CMD...
 #                            CMD run with strata/kernels/LIB.fatbin built from PARENT_CU (an earlier
 #                            cuda/LIB.cu carried in .whl/) and the manifest's sha256 patched to it; this
-#                            build's fatbin and manifest are put back after (the A/B of one library)
+#                            build's fatbin and manifest are put back after (the A/B of one library);
+#                            built once for the parent and cuda/*.cuh as they are, then reused
 #   with_fatbin LIB FATBIN CMD...
 #                            the same with a fatbin built already (build_fatbin SRC OUT [flags]: nvcc's
 #                            fatbin of SRC for sm_90)
@@ -111,10 +112,11 @@ bench_synthetic() {
     fi
 }
 
-with_parent() {
-    local lib=$1 parent=$2; shift 2
-    build_fatbin "$parent" "/tmp/$lib.parent.fatbin" || return 1
-    with_fatbin "$lib" "/tmp/$lib.parent.fatbin" "$@"
+with_parent() {         # the parent's fatbin is built once a run (a minute for kv_quant.cu), then reused
+    local lib=$1 parent=$2 out; shift 2
+    out="/tmp/$lib.$(basename "$parent" .cu).$(cat "$parent" cuda/*.cuh | cksum | cut -d' ' -f1).fatbin"
+    [ -s "$out" ] || build_fatbin "$parent" "$out" || { rm -f "$out"; return 1; }
+    with_fatbin "$lib" "$out" "$@"
 }
 
 build_fatbin() {        # build_fatbin SRC OUT [nvcc flags...]: SRC (a cuda/*.cu or a variant of one) for the H200
