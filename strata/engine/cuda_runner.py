@@ -57,6 +57,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
         config = config or EngineConfig(device="cuda")
         cuda_load.check_config(pack, config)
+        paths = KernelPaths.without(config.kernels_off, config.kernels_on)
+        cuda_load.check_trial_paths(paths, config, pack.args)
         self.hybrid = hybrid = pack.args.architecture == "qwen3next"
         rt = self.rt = _runtime()
         self.args = a = pack.args
@@ -91,7 +93,6 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                                              a.num_key_value_heads, a.head_dim, config.kv, num_slots=config.parallel,
                                              ring=ring)
         self.kv = self.kv_all.view(0)
-        paths = KernelPaths.without(config.kernels_off, config.kernels_on)
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a, paths)
         self.stage = stage
         self.model = build(a, self.ops, *stage)

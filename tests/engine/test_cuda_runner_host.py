@@ -107,6 +107,21 @@ def test_tc_decode_attention_trial_path_takes_its_kernel(fake, rng, graphs):
     assert "strata_attention_decode_tc_f16_d64_g2" in set(fake.pdl_launches)
 
 
+def test_attention_trial_paths_a_model_never_takes_are_refused(fake, tmp_path):
+    """--kernels-on tc-decode-attention over a quantized cache, or an attention path at a head dim its
+    kernels lack, would change nothing: refused in one line, before anything loads."""
+    pytest.importorskip("torch")
+    pack = open_pack(DEMO)
+    with pytest.raises(UnsupportedError, match=r"tc-decode-attention \(--kernels-on\): it reads f16 K/V, and this "
+                                               r"cache is q4_0"):
+        CudaRunner(pack, 64, EngineConfig(kv="q4_0", kernels_on="tc-decode-attention"))
+    from tests.fixtures import SHAPES, make_pack
+    path, _ = make_pack(tmp_path, SHAPES["odd"], seed=2)        # Dh 24
+    for on in ("tc-decode-attention", "wgmma-attention"):
+        with pytest.raises(UnsupportedError, match=rf"kernel path {on} \(--kernels-on\): this model's .*head dim"):
+            CudaRunner(open_pack(path), 32, EngineConfig(kernels_on=on))
+
+
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     pytest.importorskip("torch")
     from tests.fixtures import SHAPES, make_pack
