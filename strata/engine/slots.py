@@ -5,8 +5,9 @@ The runner's one-sequence interface (reusable_prefix, prefill, decode, pick, res
 in use; `use(slot)` switches it, so a request's work calls use() before each of its steps and the
 rest of the runner does not know about slots. `decode_batch` runs one decode step for several slots
 at once (the GPU runner: one batched step whose rows name their slot's cells; the CPU runner: one
-step per slot, the same arithmetic). `best_slot` is where a new request goes: the free slot with the
-longest reusable prefix, the least recently used among equals.
+step per slot, the same arithmetic). `best_slot` is where a new request goes: the free slot that would
+reuse the most of it (the common prefix; for a hybrid model only what its DeltaNet states can resume
+from), the least recently used among equals.
 
 A request whose prompt begins with what another slot holds (agents' requests share a long system
 prompt and tool list) gets that slot's cells of the common prefix copied into its own slot (more
@@ -168,11 +169,23 @@ class Slots:
         """The tokens slot `slot` holds K/V for."""
         return self.cached_ids if slot == self.slot else self._parked[slot][1]
 
+    def slot_reuse(self, slot: int, ids: list[int]) -> int:
+        """How much of ids slot `slot` would not read again: the common prefix, or where its cache
+        resumes only at some lengths (a hybrid's DeltaNet states: after the whole conversation or at a
+        snapshot) the longest of those within it, so a slot that shares a few tokens it could not
+        resume from is not taken over for them."""
+        held = self.slot_ids(slot)
+        n = reusable_prefix(held, ids)
+        kv = self.kv if slot == self.slot else self._parked[slot][0]
+        resumable = getattr(kv, "resumable", None)
+        return resumable(n, len(held)) if resumable is not None else n
+
     def best_slot(self, ids: list[int], candidates: list[int]) -> int:
-        """The candidate slot to read ids in: the longest reusable prefix, then the least recently used."""
+        """The candidate slot to read ids in: the most it would reuse (slot_reuse), then the least
+        recently used."""
         if not candidates:
             raise InvalidArgument("best_slot: no free slot to choose from")
-        return max(candidates, key=lambda s: (reusable_prefix(self.slot_ids(s), ids), -self._last_used[s]))
+        return max(candidates, key=lambda s: (self.slot_reuse(s, ids), -self._last_used[s]))
 
     def _keeps(self) -> bool:
         return self.kept.budget_bytes > 0 and hasattr(self, "_cells_out") and not getattr(self, "spec", 0)
