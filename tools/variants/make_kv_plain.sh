@@ -16,7 +16,7 @@
 # The last two were checked exhaustively in numpy (every f16 scale, every code and exponent).
 # SASS (sm_90, nvcc 13.0) of the tile loop at Dh 128, G 8: q4_0 1,281 instructions a 32-cell tile
 # (the tree's loop: 3,227 in all, 1,893 even with ring and the VRAM window known to be 0), int8 1,035
-# (2,675; 1,374). Registers 224-253 at Dh 128 (the tree: 226-249), no spills anywhere (the tree spills
+# (2,675; 1,374). Registers 224-255 at Dh 128 (the tree: 224-255), no spills anywhere (the tree spills
 # 4-68 bytes in 13 of its 42 kernels). The fatbin is twice the size (two loops a kernel).
 #
 #   tools/variants/make_kv_plain.sh        -> .whl/kv_quant_plain.cu
