@@ -311,17 +311,7 @@ __device__ __forceinline__ void attention_prefill_tc_pairs(const float* __restri
         }
     }
 
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        if (row_pos[i] < 0) continue;
-        const float inv = 1.0f / l[i];
-        float* dst = out + rows.offset(i) + half * HALF + 2 * tq;
-#pragma unroll
-        for (int n = 0; n < DTILES; ++n)
-            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-    }
+    store_rows(o, l, row_pos, rows, tq, out + half * HALF);    // this warp's half of the columns
 }
 
 #define STRATA_PREFILL_TC(DH)                                                                                 \
