@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include "decode_mma.cuh"
 #include "kv_codec.cuh"
 #include "pdl.cuh"
 
@@ -223,11 +224,7 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
-        for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-            const int64_t slot = slot0 + static_cast<int64_t>(j / DH) * num_splits;
-            part_acc[slot * DH + j % DH] = 0.0f;
-            if (j % DH == 0) part_ml[2 * slot] = -INFINITY, part_ml[2 * slot + 1] = 0.0f;
-        }
+        strata_dec::empty_split<DH>(G, slot0, num_splits, part_acc, part_ml);
         return;
     }
 
@@ -350,23 +347,8 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
         for (int i = 0; i < DPL; ++i) acc_s[(warp * GP + g) * DH + lane * DPL + i] = acc[g][i];
     if (lane < GP) ml_s[warp][lane][0] = m, ml_s[warp][lane][1] = l;
     __syncthreads();
-    for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-        const int g = j / DH, d = j % DH;
-        float mmax = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kDecodeWarps; ++w) mmax = fmaxf(mmax, ml_s[w][g][0]);
-        float a = 0.0f, lsum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kDecodeWarps; ++w) {
-            const float mw = ml_s[w][g][0];
-            const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-            a = fmaf(acc_s[(w * GP + g) * DH + d], e, a);
-            lsum = fmaf(ml_s[w][g][1], e, lsum);
-        }
-        const int64_t slot = slot0 + static_cast<int64_t>(g) * num_splits;
-        part_acc[slot * DH + d] = a;
-        if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
-    }
+    strata_dec::write_partials<DH, GP, kDecodeWarps>(reinterpret_cast<const float(*)[GP][DH]>(acc_s), ml_s, G, slot0,
+                                                     num_splits, part_acc, part_ml);
 }
 
 #define STRATA_DECODE(DH, GP)                                                                                  \

@@ -123,6 +123,32 @@ __device__ __forceinline__ void prepare_query(const float* __restrict__ q, int b
     __syncthreads();  // q_s is dead
 }
 
+// The split's partials from the warps' states in shared memory (after a barrier): acc_s [NWARPS][GP][DH]
+// each warp's P V sums, ml_s [NWARPS][GP][2] its running max and sum; the warps merge in order
+// (cuda/attention.cu's CUDA-core decode ends here too).
+template <int DH, int GP, int NWARPS>
+__device__ __forceinline__ void write_partials(const float (*acc_s)[GP][DH], const float (*ml_s)[GP][2], int G,
+                                               int64_t slot0, int num_splits, float* __restrict__ part_acc,
+                                               float* __restrict__ part_ml) {
+    for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
+        const int hd = j / DH, d = j % DH;
+        float mmax = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) mmax = fmaxf(mmax, ml_s[w][hd][0]);
+        float a = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float mw = ml_s[w][hd][0];
+            const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
+            a = fmaf(acc_s[w][hd][d], e, a);
+            lsum = fmaf(ml_s[w][hd][1], e, lsum);
+        }
+        const int64_t slot = slot0 + static_cast<int64_t>(hd) * num_splits;
+        part_acc[slot * DH + d] = a;
+        if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
+    }
+}
+
 // The warps' states into the split's partials: acc [NT][4] (the P V accumulators: n-tile n, columns 2t,
 // 2t + 1 of rows g and g + 8, column c of n-tile n being dim v_dim(n, c)), m and l of head g (+ 8) in
 // the lanes of group g. acc_s [NWARPS][GP][DH] and ml_s [NWARPS][GP][2] are shared scratch.
@@ -150,23 +176,7 @@ __device__ __forceinline__ void merge_warps(const float (&acc)[NT][4], const flo
         }
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < G * DH; j += blockDim.x) {
-        const int hd = j / DH, d = j % DH;
-        float mmax = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) mmax = fmaxf(mmax, ml_s[w][hd][0]);
-        float a = 0.0f, lsum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {
-            const float mw = ml_s[w][hd][0];
-            const float e = mw == -INFINITY ? 0.0f : exp2f(mw - mmax);
-            a = fmaf(acc_s[w][hd][d], e, a);
-            lsum = fmaf(ml_s[w][hd][1], e, lsum);
-        }
-        const int64_t slot = slot0 + static_cast<int64_t>(hd) * num_splits;
-        part_acc[slot * DH + d] = a;
-        if (d == 0) part_ml[2 * slot] = mmax, part_ml[2 * slot + 1] = lsum;
-    }
+    write_partials<DH, GP, NWARPS>(acc_s, ml_s, G, slot0, num_splits, part_acc, part_ml);
 }
 
 // The cells of row b = blockIdx.z that split blockIdx.x reads for KV head blockIdx.y: the row's
