@@ -187,7 +187,7 @@ class EngineConfig:
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
     kernels_on: str = field(default="", metadata={
         "help": "GPU kernel paths on trial to turn on for A/B runs, comma-separated: " + ", ".join(KERNEL_TRIAL_PATHS)
-                + " (prompt GEMMs / prompt attention on Hopper's warpgroup MMA: sm_90 GPUs only)"})
+                + " (wgmma-*: Hopper's warpgroup MMA, sm_90 GPUs only; tc-decode-attention: f16 K/V, any GPU)"})
     kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
