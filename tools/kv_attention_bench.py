@@ -37,6 +37,7 @@ from strata.plan import measure_bandwidths
 from strata.quant import kv as kvq
 
 H, HK, DH = 32, 4, 128
+FORMATS = ("f16", "f16tc", "int8", "k8v4", "q4_0")     # f16tc: the f16 cache through cuda/attention_dec_tc.cu
 GRAPH_REPS = 20
 
 
@@ -128,14 +129,14 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="16384,32768,131072")
-    ap.add_argument("--formats", default="f16,f16tc,int8,k8v4,q4_0", help="comma-separated KV formats")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated KV formats")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     formats = args.formats.split(",")
-    unknown = sorted(set(formats) - {"f16", "f16tc", "int8", "k8v4", "q4_0"})
+    unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
-        ap.error(f"--formats: unknown KV format(s) {', '.join(unknown)} (f16, f16tc, int8, k8v4, q4_0)")
+        ap.error(f"--formats: unknown KV format(s) {', '.join(unknown)} ({', '.join(FORMATS)})")
     ops, rng = CudaOps(), np.random.default_rng(0)
     copy = measure_bandwidths(ops._rt, ops.device, 256 << 20).device_copy_gb_s
     rows = []
