@@ -34,6 +34,8 @@
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
 #               131K cells, then resident decode after 512, 16384 and 32768 with and without the path (the
 #               logits sha256 of the two arms differ: the sums are rounded in another order)
+#     tcres     tcdecode's resident decode arms alone (its tests and kernel bench run elsewhere:
+#               spec_kv_device_check.sh's tests and kvbench, whose formats include f16tc)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -129,13 +131,15 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     bench_synthetic p12_both 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 \
         --kernels-on wgmma-gemm,wgmma-attention
 fi
-if has tcdecode; then    # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores, one lease
-    echo "== f16 decode attention GPU tests, both kernels ($(elapsed) s)"
-    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py \
-        "tests/engine/test_spec_gpu.py::test_windowed_ring_decode_kernels" 2>&1 | tail -4
-    echo "== kv attention bench, f16 kernels ($(elapsed) s)"
-    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 --formats f16,f16tc \
-        --json "$OUT/kv_f16tc.json" 2>&1 | tail -7
+if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores
+    if has tcdecode; then
+        echo "== f16 decode attention GPU tests, both kernels ($(elapsed) s)"
+        timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py \
+            "tests/engine/test_spec_gpu.py::test_windowed_ring_decode_kernels" 2>&1 | tail -4
+        echo "== kv attention bench, f16 kernels ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 --formats f16,f16tc \
+            --json "$OUT/kv_f16tc.json" 2>&1 | tail -7
+    fi
     for arm in none tc-decode-attention; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "decode_$arm" 80 qwen3-30b-a3b --prompt 512,16384,32768 --decode 64 "${on[@]}"

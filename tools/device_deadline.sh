@@ -92,7 +92,7 @@ device_tests() {
     fi
     export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
     if declare -F during_pack >/dev/null; then during_pack; fi     # the script's GPU work that needs no pack
-    wait $pack_pid
+    [ -n "${pack_pid:-}" ] && wait "$pack_pid"
     cat "$OUT/pack.log"
 }
 
