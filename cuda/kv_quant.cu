@@ -126,9 +126,20 @@ __device__ __forceinline__ void load_cell(const void* values, const __half* scal
 __device__ __forceinline__ uint32_t i8_pair(uint32_t x, uint32_t sel) {
     return as_u32(__hsub2(as_h2(__byte_perm(x, 0x64646464u, sel)), as_h2(0x64806480u)));
 }
+// (a & b) | c in one instruction (the compiler makes two of it when b and c are both constants)
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 // nibbles at bits [shift, shift + 4) and [16 + shift, 20 + shift) of w -> {code - 8, code - 8}, exact
 __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int shift) {
-    return as_u32(__hsub2(as_h2(((w >> shift) & 0x000F000Fu) | 0x64006400u), as_h2(0x64086408u)));
+    return as_u32(__hsub2(as_h2(and_or(w >> shift, 0x000F000Fu, 0x64006400u)), as_h2(0x64086408u)));
+}
+// the same from bits [4, 8) and [20, 24) of w with no shift: {16 (code - 8), 16 (code - 8)}, exact
+// (0x6400 | code << 4 is 1024 + 16 code)
+__device__ __forceinline__ uint32_t q4_pair16(uint32_t w) {
+    return as_u32(__hsub2(as_h2(and_or(w, 0x00F000F0u, 0x64006400u)), as_h2(0x64806480u)));
 }
 template <bool Q4, int DH>
 struct Plane {
@@ -155,6 +166,362 @@ __device__ __forceinline__ int v_dim(int bv, int ii, int n) {
     return Q4 ? bv * 32 + n * 4 + ii : bv * 64 + n * 8 + ii;
 }
 
+// A lane's raw 16-bit half `i` of a plane's scales (RawT: 2, 4, 8 or 16 bytes), as the low bits of a word.
+__device__ __forceinline__ uint32_t raw_word(unsigned short r, int) { return r; }
+__device__ __forceinline__ uint32_t raw_word(uint32_t r, int) { return r; }
+__device__ __forceinline__ uint32_t raw_word(uint2 r, int w) { return w ? r.y : r.x; }
+__device__ __forceinline__ uint32_t raw_word(uint4 r, int w) { return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w; }
+// {scale i of cell a, scale i of cell b} as an f16 pair
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(const T& a, const T& b, int i) {
+    return __byte_perm(raw_word(a, i >> 1), raw_word(b, i >> 1), (i & 1) ? 0x7632 : 0x5410);
+}
+// V's scales dV of two cells (an f16 pair) as mant 2^k: pw = {2^k0, 2^k1} (f16, for the codes) and the
+// mantissas in f32, k = the f16 exponent clamped to [1, KMAX] less 15. mant = dV 2^-k is an f16 product
+// by a power of two that stays in range (|mant| in [1, 2) for normal dV, below 1 for subnormal or zero
+// ones, at most 2^(30 - KMAX) when clamped), so it is exact, the f32 product dV * 2^-k itself.
+template <int KMAX>
+__device__ __forceinline__ void scale_split(uint32_t d2, uint32_t& pw, float& m0, float& m1) {
+    uint32_t e = (d2 >> 10) & 0x001F001Fu;
+    e = __vminu2(__vmaxu2(e, 0x00010001u), static_cast<uint32_t>(KMAX) * 0x00010001u);
+    pw = e << 10;
+    const float2 m = __half22float2(__hmul2(as_h2(d2), as_h2(0x78007800u - pw)));   // 2^(15 - e): (30 - e) << 10
+    m0 = m.x, m1 = m.y;
+}
+
+template <bool KQ4, bool VQ4, int DH, int GP>
+struct DecodeQ {
+    using KP = Plane<KQ4, DH>;
+    using VP = Plane<VQ4, DH>;
+    static constexpr bool STACK = GP <= 8;              // q and p as rows g (hi) and g + 8 (lo) of one MMA
+    static constexpr int NPASS = STACK ? 1 : 2;         // else a hi and a lo MMA
+    static constexpr int NH = STACK ? 1 : 2;            // heads per lane: g (and g + 8)
+    static constexpr int NSLICE = DH / 16;
+    static constexpr int SPB = KP::BS / 16;             // K slices per K block
+    static constexpr int NTB = VP::BS / 8;              // V n-tiles per V block
+    static constexpr int NT = DH / 8;                   // V n-tiles
+    static constexpr int NSUB = DH <= 128 ? 2 : 1;      // 16-cell sub-tiles a warp loads at once
+    static constexpr int TILE = 16 * NSUB;
+    static constexpr int KBYTES = KP::ROW / KP::NB / 4; // a lane's K bytes per block (16 or 4)
+    static constexpr int VBYTES = VP::ROW / VP::NB / 8; // a lane's V bytes per block (8 or 2)
+    // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
+    static constexpr int KMAX = VQ4 ? 27 : 24;
+
+    struct Smem {
+        alignas(16) float acc[kWarps][GP][DH];          // q [GP][DH] first, then the warps' sums
+        alignas(16) uint4 qfrag[NSLICE * NPASS][32];
+        float ml[kWarps][GP][2];
+        int qexp[GP];
+    };
+    // A lane's bytes of one warp tile: K's codes of cells g and 8 + g of each 16 (the scores' B operand)
+    // with K's scales of cells 2t, 2t + 1, 8 + 2t, 9 + 2t (the score layout), and V's codes and scales of
+    // those four cells. The K half is dead once the scores are made, so the next tile's is loaded then.
+    struct TileK {
+        typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];
+        typename RawT<2 * KP::NB>::T ks[NSUB][4];
+    };
+    struct TileV {
+        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];
+        typename RawT<2 * VP::NB>::T vs[NSUB][4];
+    };
+    struct Args {
+        const float* q;
+        const void* k_values;
+        const __half* k_scales;
+        const void* v_values;
+        const __half* v_scales;
+        const int* bases;
+        float* part_acc;
+        float* part_ml;
+        int H, Hk, max_cells, num_splits;
+        float scale;
+        int ring;
+        const void* vram_k_values;
+        const __half* vram_k_scales;
+        const void* vram_v_values;
+        const __half* vram_v_scales;
+        int vram_cells;
+    };
+
+    // The cells start..end-1 of row b's KV head kvh into split `split`'s partials. PLAIN (no ring, no
+    // VRAM window: ring and vram_cells 0): cell c's planes lie at row (first + c) Hk + kvh, each lane's
+    // addresses one multiply from a base, and a cell past the end reads cell end - 1 instead of zeros (its
+    // score is -inf, so its p is 0 and its P' V terms are zeros: the sums are bit for bit those of zeros).
+    // Else the ring and the VRAM window place each cell (strata_kv), and cells past the end read as zeros.
+    template <bool PLAIN>
+    static __device__ __forceinline__ void span(const Args& a, Smem& sm, int b, int kvh, int start, int end,
+                                                int length, int64_t slot0) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int G = a.H / a.Hk, Hk = a.Hk;
+        const int64_t first = a.bases ? static_cast<int64_t>(a.bases[b]) : static_cast<int64_t>(b) * a.max_cells;
+        const int64_t row0 = first * Hk + kvh;
+        const uint8_t* kv8 = static_cast<const uint8_t*>(a.k_values);
+        const uint8_t* vv8 = static_cast<const uint8_t*>(a.v_values);
+        const uint8_t* ks8 = reinterpret_cast<const uint8_t*>(a.k_scales);
+        const uint8_t* vs8 = reinterpret_cast<const uint8_t*>(a.v_scales);
+        const uint8_t* vram_kv8 = static_cast<const uint8_t*>(a.vram_k_values);
+        const uint8_t* vram_vv8 = static_cast<const uint8_t*>(a.vram_v_values);
+        const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), a.vram_cells);
+        const int64_t vram_row0 = strata_kv::vram_ring_first(a.bases, first, a.max_cells, a.vram_cells) * Hk + kvh;
+        // the head's row of a cell's planes, in the VRAM window (in_vram: its sequence's ring) or in the cache
+        auto row_of = [&](int cell, bool in_vram) -> int64_t {
+            return in_vram ? vram_row0 + vram.slot(cell) * Hk
+                           : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, a.ring)) * Hk;
+        };
+        // PLAIN: each plane's bytes of cell c at base + c * stride (the lane's offset in the base)
+        const uint8_t* const kw_base = kv8 + row0 * KP::ROW + t * KBYTES;
+        const uint8_t* const ks_base = ks8 + row0 * (2 * KP::NB);
+        const uint8_t* const vw_base = vv8 + row0 * VP::ROW + g * VBYTES;
+        const uint8_t* const vs_base = vs8 + row0 * (2 * VP::NB);
+        const uint32_t kw_stride = Hk * KP::ROW, ks_stride = Hk * 2 * KP::NB;
+        const uint32_t vw_stride = Hk * VP::ROW, vs_stride = Hk * 2 * VP::NB;
+        const uint32_t last = static_cast<uint32_t>(end - 1);
+        auto at = [&](const uint8_t* base, uint32_t stride, int cell) {
+            return base + static_cast<uint64_t>(min(static_cast<uint32_t>(cell), last)) * stride;
+        };
+
+        auto load_k = [&](int c0, TileK& r) {
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    const int cell = c0 + sub * 16 + nt * 8 + g;
+                    if constexpr (PLAIN) {
+                        const uint8_t* kp = at(kw_base, kw_stride, cell);
+#pragma unroll
+                        for (int kb = 0; kb < KP::NB; ++kb)
+                            r.kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB), true);
+                    } else {
+                        const bool in_vram = cell < end && vram.holds(cell);
+                        const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
+#pragma unroll
+                        for (int kb = 0; kb < KP::NB; ++kb)
+                            r.kw[sub][nt][kb] =
+                                load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
+                    }
+                }
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                    if constexpr (PLAIN) {
+                        r.ks[sub][ci] = load_raw<2 * KP::NB>(at(ks_base, ks_stride, cell), true);
+                    } else {
+                        const bool in_vram = cell < end && vram.holds(cell);
+                        r.ks[sub][ci] = load_raw<2 * KP::NB>(
+                            (in_vram ? a.vram_k_scales : a.k_scales) + row_of(cell, in_vram) * KP::NB, cell < end);
+                    }
+                }
+            }
+        };
+        auto load_v = [&](int c0, TileV& r) {
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                    if constexpr (PLAIN) {
+                        const uint8_t* vp = at(vw_base, vw_stride, cell);
+#pragma unroll
+                        for (int vb = 0; vb < VP::NB; ++vb)
+                            r.vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB), true);
+                        r.vs[sub][ci] = load_raw<2 * VP::NB>(at(vs_base, vs_stride, cell), true);
+                    } else {
+                        const bool in_vram = cell < end && vram.holds(cell);
+                        const int64_t row = row_of(cell, in_vram);
+                        const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
+#pragma unroll
+                        for (int vb = 0; vb < VP::NB; ++vb)
+                            r.vw[sub][ci][vb] =
+                                load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
+                        r.vs[sub][ci] = load_raw<2 * VP::NB>(
+                            (in_vram ? a.vram_v_scales : a.v_scales) + row * VP::NB, cell < end);
+                    }
+                }
+            }
+        };
+
+        // the warp's first tile is on its way while the query is prepared
+        int c0 = start + warp * TILE;
+        TileK tk;
+        TileV tv;
+        if (c0 < end) load_k(c0, tk), load_v(c0, tv);
+
+        // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
+        float qinv[NH];
+        strata_dec::prepare_query<DH, GP, kWarps>(a.q, b, a.H, kvh, G, a.scale * kLog2e, &sm.acc[0][0][0], sm.qexp,
+                                                  sm.qfrag, qinv,
+                                                  [](int slice, int ft, int e) { return k_dim<KQ4>(slice, ft, e); });
+        // sm.acc is the warps' sums from here
+
+        float acc[NT][4] = {};
+        float m[NH], l[NH];
+#pragma unroll
+        for (int h = 0; h < NH; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+
+        for (; c0 < end; c0 += kWarps * TILE) {
+            const int next = c0 + kWarps * TILE;
+            // scores s[sub][h][ci] of head g + 8h and cell ci (2t, 2t + 1, 8 + 2t, 9 + 2t of the sub-tile)
+            float s[NSUB][NH][4];
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+                float sacc[NH][4] = {};
+#pragma unroll
+                for (int kb = 0; kb < KP::NB; ++kb) {
+                    float c[2][4] = {};
+#pragma unroll
+                    for (int jj = 0; jj < SPB; ++jj) {
+                        const int slice = kb * SPB + jj;
+                        uint32_t bf[2][2];
+#pragma unroll
+                        for (int nt = 0; nt < 2; ++nt) {
+                            if constexpr (KQ4) {
+                                const uint32_t w = tk.kw[sub][nt][kb];
+                                bf[nt][0] = q4_pair(w, jj ? 8 : 0);
+                                bf[nt][1] = q4_pair(w, jj ? 12 : 4);
+                            } else {
+                                const uint4 v4 = tk.kw[sub][nt][kb];
+                                const uint32_t w =
+                                    (jj == 0 ? v4.x : jj == 1 ? v4.y : jj == 2 ? v4.z : v4.w) ^ 0x80808080u;
+                                bf[nt][0] = i8_pair(w, 0x4140);
+                                bf[nt][1] = i8_pair(w, 0x4342);
+                            }
+                        }
+#pragma unroll
+                        for (int pass = 0; pass < NPASS; ++pass) {
+                            const uint4 q4 = sm.qfrag[slice * NPASS + pass][lane];
+#pragma unroll
+                            for (int nt = 0; nt < 2; ++nt)
+                                mma16816(c[nt], q4.x, q4.y, q4.z, q4.w, bf[nt][0], bf[nt][1]);
+                        }
+                    }
+#pragma unroll
+                    for (int ci = 0; ci < 4; ++ci) {
+                        const int nt = ci >> 1, j = ci & 1;
+                        const __half* kd = reinterpret_cast<const __half*>(&tk.ks[sub][ci]);
+                        const float d = __half2float(kd[kb]);
+                        if constexpr (STACK) {
+                            sacc[0][ci] = fmaf(d, c[nt][j] + c[nt][2 + j], sacc[0][ci]);
+                        } else {
+#pragma unroll
+                            for (int h = 0; h < NH; ++h) sacc[h][ci] = fmaf(d, c[nt][2 * h + j], sacc[h][ci]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < NH; ++h)
+#pragma unroll
+                    for (int ci = 0; ci < 4; ++ci) {
+                        const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                        s[sub][h][ci] = cell < end ? sacc[h][ci] * qinv[h] : -INFINITY;
+                    }
+            }
+            if (next < end) load_k(next, tk);   // this tile's K is spent
+
+            // online softmax over the tile: the 4 lanes of a group hold the head's 4 * NSUB cells each
+            float alpha[NH];
+#pragma unroll
+            for (int h = 0; h < NH; ++h) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+                    for (int ci = 0; ci < 4; ++ci) mx = fmaxf(mx, s[sub][h][ci]);
+                mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+                const float m_new = fmaxf(m[h], mx);        // finite: the tile's first cell is valid
+                alpha[h] = exp2f(m[h] - m_new);             // 0 on the first tile (m = -inf)
+                float sum = 0.0f;
+#pragma unroll
+                for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+                    for (int ci = 0; ci < 4; ++ci) {
+                        const float p = exp2f(s[sub][h][ci] - m_new);   // 0 past the end (s = -inf)
+                        s[sub][h][ci] = p;
+                        sum += p;
+                    }
+                l[h] = fmaf(l[h], alpha[h], sum);
+                m[h] = m_new;
+            }
+            // the running max seldom moves after the first tiles: alpha 1 leaves acc as it is
+            if (__any_sync(kFull, alpha[0] != 1.0f || alpha[NH - 1] != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
+                    acc[n][2] *= alpha[NH - 1], acc[n][3] *= alpha[NH - 1];
+                }
+            }
+
+            // P' V
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+                for (int vb = 0; vb < VP::NB; ++vb) {
+                    // dV = mant 2^k per cell: 2^k (f16) for the codes, mant for p
+                    float mant[4];
+                    uint32_t pw01, pw23;
+                    scale_split<KMAX>(scale_pair(tv.vs[sub][0], tv.vs[sub][1], vb), pw01, mant[0], mant[1]);
+                    scale_split<KMAX>(scale_pair(tv.vs[sub][2], tv.vs[sub][3], vb), pw23, mant[2], mant[3]);
+                    const __half2 pow01 = as_h2(pw01), pow23 = as_h2(pw23);
+                    uint32_t af[NPASS][4];
+                    if constexpr (STACK) {
+                        split_pair(s[sub][0][0] * mant[0], s[sub][0][1] * mant[1], af[0][0], af[0][1]);
+                        split_pair(s[sub][0][2] * mant[2], s[sub][0][3] * mant[3], af[0][2], af[0][3]);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {     // row g + 8h: registers 1 and 3 are row g + 8
+                            split_pair(s[sub][h][0] * mant[0], s[sub][h][1] * mant[1], af[0][h],
+                                       af[NPASS - 1][h]);
+                            split_pair(s[sub][h][2] * mant[2], s[sub][h][3] * mant[3], af[0][2 + h],
+                                       af[NPASS - 1][2 + h]);
+                        }
+                    }
+                    // V's codes of cells (c0, c1) and (c2, c3) as f16 pairs, times 2^k
+                    uint32_t vb01[NTB], vb23[NTB];
+#pragma unroll
+                    for (int pr = 0; pr < 2; ++pr) {
+                        uint32_t* out = pr ? vb23 : vb01;
+                        const __half2 pw = pr ? pow23 : pow01;
+                        if constexpr (VQ4) {
+                            const uint32_t w = __byte_perm(static_cast<uint32_t>(tv.vw[sub][2 * pr][vb]),
+                                                           static_cast<uint32_t>(tv.vw[sub][2 * pr + 1][vb]), 0x5410);
+                            // nibble ii of each byte pair: 16 (code - 8) times 2^k / 16 for the odd ones (one
+                            // shift a word, not three; 2^k / 16 >= 2^-18 is exact, so are both products)
+                            const __half2 pw16 = __hmul2(pw, as_h2(0x2C002C00u));
+                            const uint32_t w8 = w >> 8;
+                            out[0] = as_u32(__hmul2(as_h2(q4_pair(w, 0)), pw));
+                            out[1] = as_u32(__hmul2(as_h2(q4_pair16(w)), pw16));
+                            out[2] = as_u32(__hmul2(as_h2(q4_pair(w8, 0)), pw));
+                            out[3] = as_u32(__hmul2(as_h2(q4_pair16(w8)), pw16));
+                        } else {
+                            const uint2 x = tv.vw[sub][2 * pr][vb], y = tv.vw[sub][2 * pr + 1][vb];
+#pragma unroll
+                            for (int wi = 0; wi < 2; ++wi) {
+                                const uint32_t wa = (wi ? x.y : x.x) ^ 0x80808080u, wc = (wi ? y.y : y.x) ^ 0x80808080u;
+                                const uint32_t lo = __byte_perm(wa, wc, 0x5140), hi = __byte_perm(wa, wc, 0x7362);
+                                out[4 * wi + 0] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4140)), pw));
+                                out[4 * wi + 1] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4342)), pw));
+                                out[4 * wi + 2] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4140)), pw));
+                                out[4 * wi + 3] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4342)), pw));
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int ii = 0; ii < NTB; ++ii)
+#pragma unroll
+                        for (int pass = 0; pass < NPASS; ++pass)
+                            mma16816(acc[vb * NTB + ii], af[pass][0], af[pass][1], af[pass][2], af[pass][3],
+                                     vb01[ii], vb23[ii]);
+                }
+            }
+            if (next < end) load_v(next, tv);   // this tile's V is spent
+        }
+
+        // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
+        strata_dec::merge_warps<DH, GP, kWarps>(acc, m, l, sm.acc, sm.ml, G, slot0, a.num_splits, a.part_acc,
+                                                a.part_ml, [](int n, int c) { return v_dim<VQ4>(n / NTB, n % NTB, c); });
+    }
+};
+
 template <bool KQ4, bool VQ4, int DH, int GP>
 __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, const void* __restrict__ k_values,
                                                    const __half* __restrict__ k_scales,
@@ -167,29 +534,10 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
                                                    const __half* __restrict__ vram_k_scales,
                                                    const void* __restrict__ vram_v_values,
                                                    const __half* __restrict__ vram_v_scales, int vram_cells) {
-    using KP = Plane<KQ4, DH>;
-    using VP = Plane<VQ4, DH>;
-    constexpr bool STACK = GP <= 8;              // q and p as rows g (hi) and g + 8 (lo) of one MMA
-    constexpr int NPASS = STACK ? 1 : 2;         // else a hi and a lo MMA
-    constexpr int NH = STACK ? 1 : 2;            // heads per lane: g (and g + 8)
-    constexpr int NSLICE = DH / 16;
-    constexpr int SPB = KP::BS / 16;             // K slices per K block
-    constexpr int NTB = VP::BS / 8;              // V n-tiles per V block
-    constexpr int NT = DH / 8;                   // V n-tiles
-    constexpr int NSUB = DH <= 128 ? 2 : 1;      // 16-cell sub-tiles a warp loads at once
-    constexpr int TILE = 16 * NSUB;
-    constexpr int KBYTES = KP::ROW / KP::NB / 4; // a lane's K bytes per block (16 or 4)
-    constexpr int VBYTES = VP::ROW / VP::NB / 8; // a lane's V bytes per block (8 or 2)
-    // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
-    constexpr int KMAX = VQ4 ? 27 : 24;
-
-    __shared__ alignas(16) float acc_s[kWarps][GP][DH];       // q [GP][DH] first, then the warps' sums
-    __shared__ alignas(16) uint4 qfrag_s[NSLICE * NPASS][32];
-    __shared__ float ml_s[kWarps][GP][2];
-    __shared__ int qexp_s[GP];
+    using D = DecodeQ<KQ4, VQ4, DH, GP>;
+    __shared__ typename D::Smem sm;
 
     const int kvh = blockIdx.y, b = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = H / Hk;
     const strata_dec::Span sp = strata_dec::split_span(lengths, window, H, Hk, num_splits);
     const int length = sp.length, start = sp.start, end = sp.end;
@@ -199,213 +547,11 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
         strata_dec::empty_split<DH>(G, slot0, num_splits, part_acc, part_ml);
         return;
     }
-
-    // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
-    float qinv[NH];
-    strata_dec::prepare_query<DH, GP, kWarps>(q, b, H, kvh, G, scale * kLog2e, &acc_s[0][0][0], qexp_s, qfrag_s,
-                                              qinv, [](int slice, int ft, int e) { return k_dim<KQ4>(slice, ft, e); });
-    // acc_s is the warps' sums from here
-
-    float acc[NT][4] = {};
-    float m[NH], l[NH];
-#pragma unroll
-    for (int h = 0; h < NH; ++h) m[h] = -INFINITY, l[h] = 0.0f;
-
-    const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
-    const int64_t row0 = first * Hk + kvh;
-    const uint8_t* kv8 = static_cast<const uint8_t*>(k_values);
-    const uint8_t* vv8 = static_cast<const uint8_t*>(v_values);
-    const uint8_t* vram_kv8 = static_cast<const uint8_t*>(vram_k_values);
-    const uint8_t* vram_vv8 = static_cast<const uint8_t*>(vram_v_values);
-    const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), vram_cells);
-    const int64_t vram_row0 = strata_kv::vram_ring_first(bases, first, max_cells, vram_cells) * Hk + kvh;
-    // the head's row of a cell's planes, in the VRAM window (in_vram: its sequence's ring) or in the cache
-    auto row_of = [&](int cell, bool in_vram) -> int64_t {
-        return in_vram ? vram_row0 + vram.slot(cell) * Hk
-                       : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
-    };
-
-    for (int c0 = start + warp * TILE; c0 < end; c0 += kWarps * TILE) {
-        typename RawT<KBYTES>::T kw[NSUB][2][KP::NB];
-        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];
-        typename RawT<2 * KP::NB>::T ks[NSUB][4];
-        typename RawT<2 * VP::NB>::T vs[NSUB][4];
-        bool valid[NSUB][4];
-#pragma unroll
-        for (int sub = 0; sub < NSUB; ++sub) {
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const int cell = c0 + sub * 16 + nt * 8 + g;
-                const bool in_vram = cell < end && vram.holds(cell);
-                const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
-#pragma unroll
-                for (int kb = 0; kb < KP::NB; ++kb)
-                    kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
-            }
-#pragma unroll
-            for (int ci = 0; ci < 4; ++ci) {
-                const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
-                const bool in_vram = cell < end && vram.holds(cell);
-                const int64_t row = row_of(cell, in_vram);
-                const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
-                valid[sub][ci] = cell < end;
-#pragma unroll
-                for (int vb = 0; vb < VP::NB; ++vb)
-                    vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
-                ks[sub][ci] = load_raw<2 * KP::NB>((in_vram ? vram_k_scales : k_scales) + row * KP::NB, cell < end);
-                vs[sub][ci] = load_raw<2 * VP::NB>((in_vram ? vram_v_scales : v_scales) + row * VP::NB, cell < end);
-            }
-        }
-
-        // scores s[sub][h][ci] of head g + 8h and cell ci (2t, 2t + 1, 8 + 2t, 9 + 2t of the sub-tile)
-        float s[NSUB][NH][4];
-#pragma unroll
-        for (int sub = 0; sub < NSUB; ++sub) {
-            float sacc[NH][4] = {};
-#pragma unroll
-            for (int kb = 0; kb < KP::NB; ++kb) {
-                float c[2][4] = {};
-#pragma unroll
-                for (int jj = 0; jj < SPB; ++jj) {
-                    const int slice = kb * SPB + jj;
-                    uint32_t bf[2][2];
-#pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        if constexpr (KQ4) {
-                            const uint32_t w = kw[sub][nt][kb];
-                            bf[nt][0] = q4_pair(w, jj ? 8 : 0);
-                            bf[nt][1] = q4_pair(w, jj ? 12 : 4);
-                        } else {
-                            const uint4 v4 = kw[sub][nt][kb];
-                            const uint32_t w = (jj == 0 ? v4.x : jj == 1 ? v4.y : jj == 2 ? v4.z : v4.w) ^ 0x80808080u;
-                            bf[nt][0] = i8_pair(w, 0x4140);
-                            bf[nt][1] = i8_pair(w, 0x4342);
-                        }
-                    }
-#pragma unroll
-                    for (int pass = 0; pass < NPASS; ++pass) {
-                        const uint4 a = qfrag_s[slice * NPASS + pass][lane];
-#pragma unroll
-                        for (int nt = 0; nt < 2; ++nt) mma16816(c[nt], a.x, a.y, a.z, a.w, bf[nt][0], bf[nt][1]);
-                    }
-                }
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci) {
-                    const int nt = ci >> 1, j = ci & 1;
-                    const __half* kd = reinterpret_cast<const __half*>(&ks[sub][ci]);
-                    const float d = __half2float(kd[kb]);
-                    if constexpr (STACK) {
-                        sacc[0][ci] = fmaf(d, c[nt][j] + c[nt][2 + j], sacc[0][ci]);
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < NH; ++h) sacc[h][ci] = fmaf(d, c[nt][2 * h + j], sacc[h][ci]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < NH; ++h)
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci) s[sub][h][ci] = valid[sub][ci] ? sacc[h][ci] * qinv[h] : -INFINITY;
-        }
-
-        // online softmax over the tile: the 4 lanes of a group hold the head's 4 * NSUB cells each
-        float alpha[NH];
-#pragma unroll
-        for (int h = 0; h < NH; ++h) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int sub = 0; sub < NSUB; ++sub)
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci) mx = fmaxf(mx, s[sub][h][ci]);
-            mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
-            const float m_new = fmaxf(m[h], mx);        // finite: the tile's first cell is valid
-            alpha[h] = exp2f(m[h] - m_new);             // 0 on the first tile (m = -inf)
-            float sum = 0.0f;
-#pragma unroll
-            for (int sub = 0; sub < NSUB; ++sub)
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci) {
-                    const float p = exp2f(s[sub][h][ci] - m_new);   // 0 past the end (s = -inf)
-                    s[sub][h][ci] = p;
-                    sum += p;
-                }
-            l[h] = fmaf(l[h], alpha[h], sum);
-            m[h] = m_new;
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            acc[n][0] *= alpha[0], acc[n][1] *= alpha[0];
-            acc[n][2] *= alpha[NH - 1], acc[n][3] *= alpha[NH - 1];
-        }
-
-        // P' V
-#pragma unroll
-        for (int sub = 0; sub < NSUB; ++sub) {
-#pragma unroll
-            for (int vb = 0; vb < VP::NB; ++vb) {
-                // dV = mant 2^k per cell: 2^k (f16) for the codes, mant for p
-                float mant[4];
-                uint32_t e5[4];
-#pragma unroll
-                for (int ci = 0; ci < 4; ++ci) {
-                    const __half dv = reinterpret_cast<const __half*>(&vs[sub][ci])[vb];
-                    const uint32_t bits = __half_as_ushort(dv);
-                    const uint32_t e = min(max((bits >> 10) & 31u, 1u), static_cast<uint32_t>(KMAX));
-                    e5[ci] = e;
-                    mant[ci] = __half2float(dv) * __int_as_float(static_cast<int>(142u - e) << 23);
-                }
-                const __half2 pow01 = as_h2((e5[0] << 10) | (e5[1] << 26));
-                const __half2 pow23 = as_h2((e5[2] << 10) | (e5[3] << 26));
-                uint32_t af[NPASS][4];
-                if constexpr (STACK) {
-                    split_pair(s[sub][0][0] * mant[0], s[sub][0][1] * mant[1], af[0][0], af[0][1]);
-                    split_pair(s[sub][0][2] * mant[2], s[sub][0][3] * mant[3], af[0][2], af[0][3]);
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {     // row g + 8h: registers 1 and 3 are row g + 8
-                        split_pair(s[sub][h][0] * mant[0], s[sub][h][1] * mant[1], af[0][h], af[NPASS - 1][h]);
-                        split_pair(s[sub][h][2] * mant[2], s[sub][h][3] * mant[3], af[0][2 + h],
-                                   af[NPASS - 1][2 + h]);
-                    }
-                }
-                // V's codes of cells (c0, c1) and (c2, c3) as f16 pairs, times 2^k
-                uint32_t vb01[NTB], vb23[NTB];
-#pragma unroll
-                for (int pr = 0; pr < 2; ++pr) {
-                    uint32_t* out = pr ? vb23 : vb01;
-                    const __half2 pw = pr ? pow23 : pow01;
-                    if constexpr (VQ4) {
-                        const uint32_t w = __byte_perm(static_cast<uint32_t>(vw[sub][2 * pr][vb]),
-                                                       static_cast<uint32_t>(vw[sub][2 * pr + 1][vb]), 0x5410);
-#pragma unroll
-                        for (int ii = 0; ii < NTB; ++ii) out[ii] = as_u32(__hmul2(as_h2(q4_pair(w, 4 * ii)), pw));
-                    } else {
-                        const uint2 a = vw[sub][2 * pr][vb], c = vw[sub][2 * pr + 1][vb];
-#pragma unroll
-                        for (int wi = 0; wi < 2; ++wi) {
-                            const uint32_t wa = (wi ? a.y : a.x) ^ 0x80808080u, wc = (wi ? c.y : c.x) ^ 0x80808080u;
-                            const uint32_t lo = __byte_perm(wa, wc, 0x5140), hi = __byte_perm(wa, wc, 0x7362);
-                            out[4 * wi + 0] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4140)), pw));
-                            out[4 * wi + 1] = as_u32(__hmul2(as_h2(i8_pair(lo, 0x4342)), pw));
-                            out[4 * wi + 2] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4140)), pw));
-                            out[4 * wi + 3] = as_u32(__hmul2(as_h2(i8_pair(hi, 0x4342)), pw));
-                        }
-                    }
-                }
-#pragma unroll
-                for (int ii = 0; ii < NTB; ++ii)
-#pragma unroll
-                    for (int pass = 0; pass < NPASS; ++pass)
-                        mma16816(acc[vb * NTB + ii], af[pass][0], af[pass][1], af[pass][2], af[pass][3], vb01[ii],
-                                 vb23[ii]);
-            }
-        }
-    }
-
-    // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
-    strata_dec::merge_warps<DH, GP, kWarps>(acc, m, l, acc_s, ml_s, G, slot0, num_splits, part_acc, part_ml,
-                                            [](int n, int c) { return v_dim<VQ4>(n / NTB, n % NTB, c); });
+    const typename D::Args a{q, k_values, k_scales, v_values, v_scales, bases, part_acc, part_ml, H, Hk, max_cells,
+                             num_splits, scale, ring, vram_k_values, vram_k_scales, vram_v_values, vram_v_scales,
+                             vram_cells};
+    if (ring == 0 && vram_cells == 0) D::template span<true>(a, sm, b, kvh, start, end, length, slot0);
+    else D::template span<false>(a, sm, b, kvh, start, end, length, slot0);
 }
 
 }  // namespace

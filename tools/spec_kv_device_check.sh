@@ -25,9 +25,9 @@
 #              GDN_PARENT=<file>, an earlier cuda/gated_delta.cu (e.g. `git show C:cuda/gated_delta.cu`
 #              into a carried path) built aside and its gdn_step timed too
 #     kvdigest tools/kv_decode_digest.py with this build's cuda/kv_quant.cu and with KV_PARENT's (another
-#              kv_quant.cu carried in .whl/: an earlier one, or a variant such as
-#              tools/variants/make_kv_plain.sh's, built aside and swapped into strata/kernels for one
-#              run): the diff of the two must be empty (a load-path change that keeps the sums bit for bit)
+#              kv_quant.cu carried in .whl/: an earlier one (`git show C:cuda/kv_quant.cu`) or a variant,
+#              built aside and swapped into strata/kernels for one run): the diff of the two must be
+#              empty (a load-path change that keeps the sums bit for bit)
 #     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (KV_CELLS; quantized decode attention,
 #              #14); with KV_PARENT, then over that kv_quant.cu, then this build again (the A/B in one call)
 #     kvncu    Nsight Compute over the int8 and q4_0 split-K decode kernels at 32K cells (device_deadline.sh's
