@@ -34,6 +34,8 @@
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
 #               131K cells, then resident decode after 512, 16384 and 32768 with and without the path (the
 #               logits sha256 of the two arms differ: the sums are rounded in another order)
+#     attnab    tools/decode_variants.py --attention: the f16 decode attention's two kernels alternated
+#               (A B A B) on one load at contexts 512, 4096, 16384 and 32768 (#16: which one is the default)
 #     tcres     tcdecode's resident decode arms alone (its tests and kernel bench run elsewhere:
 #               spec_kv_device_check.sh's tests and kvbench, whose formats include f16tc)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -144,5 +146,10 @@ if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the te
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "decode_$arm" 80 qwen3-30b-a3b --prompt 512,16384,32768 --decode 64 "${on[@]}"
     done
+fi
+if has attnab; then
+    echo "== f16 decode attention, attention.cu against attention_dec_tc.cu ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/decode_variants.py --attention --context 512,4096,16384,32768 --decode 64 \
+        --json "$OUT/attnab.json" 2>&1 | tail -8
 fi
 echo "== done at $(elapsed) s"

@@ -4,6 +4,11 @@ off (cuda/pdl.cuh), the fused MoE kernels (cuda/moe_decode.cu) at other blocks-p
 split-K kernel.
 
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
+    python tools/decode_variants.py --attention --context 512,4096,16384,32768
+
+--attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
+cuda/attention_dec_tc.cu, the --kernels-on tc-decode-attention trial path) at each context of the
+list, on one load whose context grows between them, the arms alternated (A B A B) so drift shows.
 
 Each variant drops the captured graphs, warms up (eager, capture) and times --decode graph steps
 fed random ids. One table, fastest first.
@@ -26,18 +31,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="qwen3-30b-a3b")
-    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--context", default="512", help="a context, or with --attention a rising list")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
+    ap.add_argument("--attention", action="store_true", help="the f16 decode attention's two kernels, A B A B")
     args = ap.parse_args(argv)
+    contexts = [int(c) for c in args.context.split(",")]
+    if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
+        ap.error("--context: one context, or with --attention a rising list")
+    if args.attention:
+        return attention_ab(args, contexts)
     from strata import LLM
     from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode
     from strata.synthetic import synthetic_pack
-    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 8 * args.decode + 64)
+    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=contexts[0] + 8 * args.decode + 64)
     runner = llm.runner
     rng = np.random.default_rng(0)
-    runner.prefill(rng.integers(0, 1000, args.context).tolist(), 0)
+    runner.prefill(rng.integers(0, 1000, contexts[0]).tolist(), 0)
     variants = [("fused, split GEMV, PDL", True, 2, True, True), ("fused, split GEMV, no PDL", True, 2, True, False),
                 ("fused, no split, PDL", True, 2, False, True), ("fused, 1 block/SM, PDL", True, 1, True, True),
                 ("moe_gemv path, PDL", False, 2, True, True)]
@@ -50,21 +61,53 @@ def main(argv=None) -> int:
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
-            runner.drop_graphs()
-            runner._step_bytes.clear()
-            start = len(runner.cached_ids)
-            for _ in range(3):
-                runner.decode(int(rng.integers(0, 1000)))
-            t0 = time.perf_counter()
-            for _ in range(args.decode):
-                runner.decode(int(rng.integers(0, 1000)))
-            tok_s = args.decode / (time.perf_counter() - t0)
+            tok_s, start = timed_steps(runner, rng, args.decode)
             rows.append((name, tok_s))
             print(f"{name:<32}{tok_s:>10.1f} tok/s  (context {start}..{len(runner.cached_ids)})", flush=True)
         except Exception as exc:       # report and go on: one variant failing says nothing of the others
             print(f"{name:<32} failed: {type(exc).__name__}: {exc}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows), indent=1))
+    return 0
+
+
+def timed_steps(runner, rng, steps: int) -> tuple[float, int]:
+    """Drop the graphs, warm up (eager, capture) and time `steps` graph steps: (tok/s, first context)."""
+    runner.drop_graphs()
+    runner._step_bytes.clear()
+    start = len(runner.cached_ids)
+    for _ in range(3):
+        runner.decode(int(rng.integers(0, 1000)))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        runner.decode(int(rng.integers(0, 1000)))
+    return steps / (time.perf_counter() - t0), start
+
+
+def attention_ab(args, contexts: list[int]) -> int:
+    from strata import LLM
+    from strata.synthetic import synthetic_pack
+    arms = (("attention.cu", False), ("attention_dec_tc.cu", True))
+    steps_per_context = 2 * len(arms) * (args.decode + 3)
+    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=contexts[-1] + steps_per_context + 64)
+    runner = llm.runner
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"{'context':>8}  " + "".join(f"{name:>22}" for name, _ in arms) + "   (tok/s, A B A B: the mean of two)")
+    for context in contexts:
+        have = len(runner.cached_ids)
+        if context > have:
+            runner.prefill(rng.integers(0, 1000, context - have).tolist(), have, logits=False)
+        times = {name: [] for name, _ in arms}
+        for _ in range(2):
+            for name, tc in arms:
+                runner.ops.paths = dataclasses.replace(runner.ops.paths, tc_decode_attention=tc)
+                times[name].append(timed_steps(runner, rng, args.decode)[0])
+        rows.append({"context": context, **{name: times[name] for name in times}})
+        print(f"{context:>8}  " + "".join(f"{np.mean(t):>14.1f} ({min(t):.0f}-{max(t):.0f})" for t in times.values()),
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 
