@@ -13,10 +13,16 @@
 // scaled by scale * log2 e, rounded to f16 and held in registers as A fragments; 64-cell K/V tiles
 // by cp.async, heaviest blocks first; the causal mask, the online softmax and the epilogue shared
 // through attention_tc.cuh), with two changes:
-// - S = Q K^T is wgmma.m64n64k16 with A from registers (the Q fragments: wgmma's register A layout is
-//   mma.m16n8k16's, per warp) and B the K tile in shared memory; O += P V is wgmma.m64n<DH>k16 with A
-//   the P fragments made from S's accumulators (whose per-warp layout is mma's too) and B the V tile,
-//   read N-major (imm-trans-b 1).
+// - S = Q K^T is wgmma.m64n64k16 with both operands in shared memory: Q (scaled and rounded to f16
+//   as attention_tc.cu's fragments, then stored once in the K tile's core-matrix layout) and the K
+//   tile; O += P V is wgmma.m64n<DH>k16 with A the P fragments in registers, made from S's
+//   accumulators (whose per-warp layout is mma.m16n8k16's), and B the V tile, read N-major
+//   (imm-trans-b 1).
+// - Why Q is not a register operand too: so built (nvcc 13.0), ptxas gave the Dh-64 kernel's Q
+//   fragments and P fragments the same registers, R88-R103, while Q was still live across the tile
+//   loop, so every tile after the first multiplied K by the last tile's P (measured on an H100:
+//   Dh 64 wrong, Dh 128 right; the SASS shows it). Q in shared memory leaves no register operand
+//   live across the loop.
 // - K/V tiles are stored as wgmma's no-swizzle core matrices (8 cells x 8 dims, 128 contiguous bytes:
 //   cell c, 16-byte chunk dc of its row at chunk ((c / 8) * DH / 8 + dc) * 8 + c % 8); the 8 threads of a
 //   cp.async phase copy 8 consecutive cells of one chunk, so stores hit distinct banks. For K (B of
@@ -27,10 +33,8 @@
 // at the end), so "all but the newest group" is always the tile being read; the writes are fenced to
 // the async proxy (fence.proxy.async) before the barrier that precedes each wgmma.
 //
-// Not yet run on a GPU (written 2026-12-05 without a device): tools/attention_wg_ab.py checks it against
-// a float64 reference and attention_tc.cu and times both, from fatbins without a package build.
-// STRATA_WG_SWAP_LBO=1 exchanges the K-major descriptors' two offsets, STRATA_WG_SWAP_MN=1 the V
-// descriptor's, for the case the hardware reads either the other way round.
+// tools/attention_wg_ab.py checks it against a float64 reference and attention_tc.cu and times both,
+// from fatbins without a package build.
 
 #include <cuda_fp16.h>
 
@@ -64,6 +68,29 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const unsigned (&
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
           "+f"(d[7][2]), "+f"(d[7][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+#endif
+}
+
+// d += A (64 x 16, desc_a, K-major) * B (16 x 64, desc_b, B^T stored K-major), f16 in, f32 accumulators
+// in m16n8 layout.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
 #endif
 }
 
@@ -135,7 +162,8 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     constexpr unsigned kDimStep = 128, kCellStep = CHUNKS * 128;
     __shared__ alignas(128) uint4 k_s[kCells * CHUNKS];
     __shared__ alignas(128) uint4 v_s[kCells * CHUNKS];
-    __shared__ int pos_s[kWarps][2];
+    __shared__ alignas(128) uint4 q_s[kRows * CHUNKS];  // Q in the K tile's layout (48 KB in all at Dh 128)
+    int (*pos_s)[2] = reinterpret_cast<int (*)[2]>(&q_s[0]);  // the prologue's, before Q is stored there
 
     const int kvh = blockIdx.y, G = H / Hk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -151,12 +179,23 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     __syncthreads();
     const Span span = block_span<kWarps>(pos_s);
     const int min_pos = span.min_pos, num_cells = span.num_cells;
+    __syncthreads();  // every thread has read pos_s before Q overwrites it
+    {   // a[i + 2h] holds row 16 warp + gq + 8i, dims 16 ks + 8h + 2tq, +1: chunk 2 ks + h, bytes 4tq
+        unsigned* q_words = reinterpret_cast<unsigned*>(&q_s[0]);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int r = warp * 16 + gq + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                q_words[((((r >> 3) * CHUNKS + chunk) << 3) + (r & 7)) * 4 + tq] = qa[ks][j];
+            }
+    }   // made visible to wgmma by the first tile's fence and barrier
     const int num_tiles = (num_cells + kCells - 1) / kCells;
 
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
     const __half* kb = k_cache + static_cast<int64_t>(kvh) * DH;
     const __half* vb = v_cache + static_cast<int64_t>(kvh) * DH;
-    const unsigned k_base = smem_addr(&k_s[0]), v_base = smem_addr(&v_s[0]);
+    const unsigned k_base = smem_addr(&k_s[0]), v_base = smem_addr(&v_s[0]), q_base = smem_addr(&q_s[0]);
     const CoreTileLoader<DH> load_tile{row_stride, num_cells};
 
     float o[DTILES][4];
@@ -178,7 +217,8 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks)  // dims 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 along dims
-            wgmma_rs_n64<0>(s, qa[ks], smem_desc(k_base + 2 * ks * kDimStep, kDimStep, kCellStep));
+            wgmma_ss_n64(s, smem_desc(q_base + 2 * ks * kDimStep, kDimStep, kCellStep),
+                         smem_desc(k_base + 2 * ks * kDimStep, kDimStep, kCellStep));
         wgmma_commit();
         wgmma_wait_all();
         __syncthreads();  // the K buffer is free
@@ -205,7 +245,7 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kCells / 16; ++ks) {  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1
-            const uint64_t desc = smem_desc(v_base + 2 * ks * kCellStep, kCellStep, kDimStep, false);  // N-major
+            const uint64_t desc = smem_desc(v_base + 2 * ks * kCellStep, kCellStep, kDimStep);  // N-major
             if constexpr (DH == 128)
                 wgmma_rs_n128<1>(o, pa[ks], desc);
             else

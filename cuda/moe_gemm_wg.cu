@@ -33,10 +33,8 @@
 // bit-identical to moe_gemm.cu's mma.sync sums: the two instructions' f32 accumulations may round
 // differently inside a 16-wide k step (tools/moe_gemm_wg_ab.py measures the difference).
 //
-// Not yet run on a GPU (written 2026-12-05 without a device): tools/moe_gemm_wg_ab.py checks it
-// against the numpy oracle and moe_gemm.cu, and times both, from fatbins and without a package
-// build. STRATA_WG_SWAP_LBO=1 builds the variant with the two descriptor offsets exchanged, for
-// the case the hardware reads them the other way.
+// tools/moe_gemm_wg_ab.py checks it against the numpy oracle and moe_gemm.cu, and times both, from
+// fatbins and without a package build.
 
 #include <cuda_fp16.h>
 

@@ -2,7 +2,7 @@
 (Hopper's wgmma), from fatbins built here with nvcc, in one process and without the package build
 (tools/fatbin_driver.py loads them; torch gives buffers and timing).
 
-    tools/variants/make_wgmma.sh            -> also .whl/attention_{tc,wg,wg_swap_k,wg_swap_v,wg_swap_kv}.fatbin
+    tools/variants/make_wgmma.sh            -> also .whl/attention_{tc,wg}.fatbin
     python3 tools/attention_wg_ab.py --arm tc:.whl/attention_tc.fatbin:strata_attention_prefill_tc_f16 \\
         --arm wg:.whl/attention_wg.fatbin:strata_attention_prefill_wg_f16 [--arm ...] [--json F]
 

@@ -2,7 +2,7 @@
 wgmma), from fatbins built here with nvcc, in one process and without the package build: each arm's
 fatbin is loaded through the driver API (tools/fatbin_driver.py), buffers and timing come from torch.
 
-    tools/variants/make_wgmma.sh            -> .whl/moe_gemm_{mma,wg,wg_swap}.fatbin (sm_90 / sm_90a), ...
+    tools/variants/make_wgmma.sh            -> .whl/moe_gemm_{mma,wg}.fatbin (sm_90 / sm_90a), ...
     python3 tools/moe_gemm_wg_ab.py --arm mma:.whl/moe_gemm_mma.fatbin:strata_moe_gemm \\
         --arm wg:.whl/moe_gemm_wg.fatbin:strata_moe_gemm_wg [--arm ...] [--tokens 4096] [--json F]
 

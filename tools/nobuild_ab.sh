@@ -4,8 +4,7 @@
 # nvcc is on PATH (a minute; so they are this tree's), else taken from a carried .whl.
 #   1. the wgmma prompt GEMM (#17) against mma.sync: each wgmma arm checked in a process of its own (a
 #      faulting arm poisons only its own CUDA context), then the arms that passed timed together;
-#   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way (with the
-#      pipelined variant of tools/variants/attention_wg_pipe.patch as one more arm);
+#   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way;
 #   3. the staged-x decode GEMVs (#16, #19) against this tree's.
 # JSON reports under $OUT (default /tmp). About 3-5 minutes.
 #
@@ -42,15 +41,11 @@ decide() {      # decide TOOL REF_ARM NOTIME_FLAG ARM...: check each arm beside 
 
 if want gemm; then
     decide moe_gemm_wg_ab "mma:$W/moe_gemm_mma.fatbin:strata_moe_gemm" --no-times \
-        "wg:$W/moe_gemm_wg.fatbin:strata_moe_gemm_wg" "swap:$W/moe_gemm_wg_swap.fatbin:strata_moe_gemm_wg"
+        "wg:$W/moe_gemm_wg.fatbin:strata_moe_gemm_wg"
 fi
 if want attention; then
     decide attention_wg_ab "tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16" --chunks= \
-        "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16" \
-        "swap_k:$W/attention_wg_swap_k.fatbin:strata_attention_prefill_wg_f16" \
-        "swap_v:$W/attention_wg_swap_v.fatbin:strata_attention_prefill_wg_f16" \
-        "swap_kv:$W/attention_wg_swap_kv.fatbin:strata_attention_prefill_wg_f16" \
-        "pipe:$W/attention_wg_pipe.fatbin:strata_attention_prefill_wg_f16"
+        "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16"
 fi
 if want gemv; then
     echo "== gemv_rows_ab: tree against staged"
