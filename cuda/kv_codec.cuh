@@ -83,7 +83,13 @@ __device__ __forceinline__ void quantize_int8(const float (&v)[PER], int lane, i
     if (lane % LANES == 0) scales[lane / LANES] = d;
 }
 
-// q4r: one head vector already rotated (v = H x) -> values [Dh / 2] uint8 and scales [Dh / 32] f16.
+// Where q4r's logical value byte p of a head vector (values 2p, 2p + 1; block p / 16) is stored among
+// its nb * 16 bytes: piece t = (p % 16) / 4 of block b = p / 16 at (t nb + b) * 4, bytes in order, so
+// the decode's quad lane t reads its 4 bytes of every block as one run (strata/quant/kv.py q4_byte_pos).
+__host__ __device__ constexpr int q4_byte_pos(int p, int nb) { return ((((p & 15) >> 2) * nb + (p >> 4)) << 2) + (p & 3); }
+
+// q4r: one head vector already rotated (v = H x) -> values [Dh / 2] uint8 (q4_byte_pos's order) and
+// scales [Dh / 32] f16.
 template <int PER>
 __device__ __forceinline__ void quantize_q4r(const float (&v)[PER], int lane, uint8_t* values, __half* scales) {
     constexpr int LANES = 32 / PER;                             // lanes per 32-value block
@@ -104,9 +110,9 @@ __device__ __forceinline__ void quantize_q4r(const float (&v)[PER], int lane, ui
     int q[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) q[i] = df != 0.0f ? min(15, static_cast<int>(floorf(v[i] / df + 8.5f))) : 8;
-    uint8_t* out = values + lane * (PER / 2);
 #pragma unroll
-    for (int i = 0; i < PER / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+    for (int i = 0; i < PER / 2; ++i)     // nb = Dh / 32 = PER blocks
+        values[q4_byte_pos(lane * (PER / 2) + i, PER)] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
     if (lane % LANES == 0) scales[lane / LANES] = d;
 }
 

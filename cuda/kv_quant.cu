@@ -7,8 +7,9 @@
 //   q4r   the head vector rotated, y = H x (normalized Walsh-Hadamard, butterflies in a fixed order
 //         in f32, then one multiply by rot_scale = f32(1 / sqrt(Dh))); per 32 values m = the y of
 //         largest |y| (the first on ties), d = f16(m / -8), q = min(15, floor(y / d + 8.5)) (8 where
-//         d = 0); values uint8 [rows, Hk, Dh / 2], value 2i in the low nibble of byte i; scales f16
-//         [rows, Hk, Dh / 32]; y ~ (q - 8) d.
+//         d = 0); values uint8 [rows, Hk, Dh / 2], value 2i in the low nibble of logical byte i, the
+//         bytes of a head vector stored in the decode's lane order (cuda/kv_codec.cuh's q4_byte_pos: a
+//         quad lane's 4 bytes of every block in one run); scales f16 [rows, Hk, Dh / 32]; y ~ (q - 8) d.
 //
 // A rotated K is read with a rotated query (q . k = Hq . Hk): strata_hadamard_f32 rotates q first. A
 // rotated V leaves the weighted sum rotated: strata_hadamard_f32 un-rotates the combined output (H is
@@ -86,10 +87,10 @@ __device__ __forceinline__ void load_cell(const void* values, const __half* scal
     constexpr int DH = 32 * PER;
     if constexpr (Q4) {
         const float d = __half2float(scales[row * (DH / 32) + lane * PER / 32]);
-        const uint8_t* p = static_cast<const uint8_t*>(values) + row * (DH / 2) + lane * (PER / 2);
+        const uint8_t* p = static_cast<const uint8_t*>(values) + row * (DH / 2);
 #pragma unroll
         for (int i = 0; i < PER / 2; ++i) {
-            const int b = p[i];
+            const int b = p[strata_kv::q4_byte_pos(lane * (PER / 2) + i, PER)];
             out[2 * i] = static_cast<float>((b & 0xF) - 8) * d;
             out[2 * i + 1] = static_cast<float>((b >> 4) - 8) * d;
         }
@@ -141,6 +142,24 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int shift) {
 __device__ __forceinline__ uint32_t q4_pair16(uint32_t w) {
     return as_u32(__hsub2(as_h2(and_or(w, 0x00F000F0u, 0x64006400u)), as_h2(0x64806480u)));
 }
+// NW consecutive words at p into w (16-byte runs as uint4, 8 bytes as uint2), zeros where !valid.
+template <int NW>
+__device__ __forceinline__ void load_run(const uint8_t* p, bool valid, uint32_t* w) {
+    if constexpr (NW % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 4; ++i) {
+            const uint4 v = load_raw<16>(p + 16 * i, valid);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (NW == 2) {
+        const uint2 v = load_raw<8>(p, valid);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+        static_assert(NW == 1, "runs of 1, 2 or a multiple of 4 words");
+        w[0] = load_raw<4>(p, valid);
+    }
+}
+
 template <bool Q4, int DH>
 struct Plane {
     static constexpr int BS = Q4 ? 32 : 64;      // values per scale
@@ -204,6 +223,8 @@ struct DecodeQ {
     static constexpr int TILE = 16 * NSUB;
     static constexpr int KBYTES = KP::ROW / KP::NB / 4; // a lane's K bytes per block (16 or 4)
     static constexpr int VBYTES = VP::ROW / VP::NB / 8; // a lane's V bytes per block (8 or 2)
+    // q4 planes in q4_byte_pos's order: quad lane t's 4 bytes of every block are one run of NB words
+    // at t NB words; V's lane g takes the halves (g & 1) of run g / 2 (its 2 bytes a block)
     // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
     static constexpr int KMAX = VQ4 ? 27 : 24;
 
@@ -221,7 +242,7 @@ struct DecodeQ {
         typename RawT<2 * KP::NB>::T ks[NSUB][4];
     };
     struct TileV {
-        typename RawT<VBYTES>::T vw[NSUB][4][VP::NB];
+        typename RawT<VQ4 ? 4 : VBYTES>::T vw[NSUB][4][VP::NB];
         typename RawT<2 * VP::NB>::T vs[NSUB][4];
     };
     struct Args {
@@ -252,6 +273,7 @@ struct DecodeQ {
     static __device__ __forceinline__ void span(const Args& a, Smem& sm, int b, int kvh, int start, int end,
                                                 int length, int64_t slot0) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const uint32_t v_half = (g & 1) ? 0x7632u : 0x5410u;   // q4 V: this lane's halves of two cells' words
         const int G = a.H / a.Hk, Hk = a.Hk;
         const int64_t first = a.bases ? static_cast<int64_t>(a.bases[b]) : static_cast<int64_t>(b) * a.max_cells;
         const int64_t row0 = first * Hk + kvh;
@@ -269,9 +291,11 @@ struct DecodeQ {
                            : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, a.ring)) * Hk;
         };
         // PLAIN: each plane's bytes of cell c at base + c * stride (the lane's offset in the base)
-        const uint8_t* const kw_base = kv8 + row0 * KP::ROW + t * KBYTES;
+        const int k_lane = KQ4 ? t * 4 * KP::NB : t * KBYTES;          // the lane's first byte of a cell's K
+        const int v_lane = VQ4 ? (g >> 1) * 4 * VP::NB : g * VBYTES;   // ... of its V
+        const uint8_t* const kw_base = kv8 + row0 * KP::ROW + k_lane;
         const uint8_t* const ks_base = ks8 + row0 * (2 * KP::NB);
-        const uint8_t* const vw_base = vv8 + row0 * VP::ROW + g * VBYTES;
+        const uint8_t* const vw_base = vv8 + row0 * VP::ROW + v_lane;
         const uint8_t* const vs_base = vs8 + row0 * (2 * VP::NB);
         const uint32_t kw_stride = Hk * KP::ROW, ks_stride = Hk * 2 * KP::NB;
         const uint32_t vw_stride = Hk * VP::ROW, vs_stride = Hk * 2 * VP::NB;
@@ -286,18 +310,20 @@ struct DecodeQ {
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt) {
                     const int cell = c0 + sub * 16 + nt * 8 + g;
+                    const bool valid = PLAIN || cell < end;
+                    const uint8_t* kp;
                     if constexpr (PLAIN) {
-                        const uint8_t* kp = at(kw_base, kw_stride, cell);
-#pragma unroll
-                        for (int kb = 0; kb < KP::NB; ++kb)
-                            r.kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB), true);
+                        kp = at(kw_base, kw_stride, cell);
                     } else {
                         const bool in_vram = cell < end && vram.holds(cell);
-                        const uint8_t* kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW;
+                        kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW + k_lane;
+                    }
+                    if constexpr (KQ4) {
+                        load_run<KP::NB>(kp, valid, r.kw[sub][nt]);
+                    } else {
 #pragma unroll
                         for (int kb = 0; kb < KP::NB; ++kb)
-                            r.kw[sub][nt][kb] =
-                                load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB) + t * KBYTES, cell < end);
+                            r.kw[sub][nt][kb] = load_raw<KBYTES>(kp + kb * (KP::ROW / KP::NB), valid);
                     }
                 }
 #pragma unroll
@@ -319,22 +345,24 @@ struct DecodeQ {
 #pragma unroll
                 for (int ci = 0; ci < 4; ++ci) {
                     const int cell = c0 + sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                    const bool valid = PLAIN || cell < end;
+                    const uint8_t* vp;
                     if constexpr (PLAIN) {
-                        const uint8_t* vp = at(vw_base, vw_stride, cell);
-#pragma unroll
-                        for (int vb = 0; vb < VP::NB; ++vb)
-                            r.vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB), true);
+                        vp = at(vw_base, vw_stride, cell);
                         r.vs[sub][ci] = load_raw<2 * VP::NB>(at(vs_base, vs_stride, cell), true);
                     } else {
                         const bool in_vram = cell < end && vram.holds(cell);
                         const int64_t row = row_of(cell, in_vram);
-                        const uint8_t* vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW;
-#pragma unroll
-                        for (int vb = 0; vb < VP::NB; ++vb)
-                            r.vw[sub][ci][vb] =
-                                load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB) + g * VBYTES, cell < end);
+                        vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW + v_lane;
                         r.vs[sub][ci] = load_raw<2 * VP::NB>(
                             (in_vram ? a.vram_v_scales : a.v_scales) + row * VP::NB, cell < end);
+                    }
+                    if constexpr (VQ4) {
+                        load_run<VP::NB>(vp, valid, r.vw[sub][ci]);
+                    } else {
+#pragma unroll
+                        for (int vb = 0; vb < VP::NB; ++vb)
+                            r.vw[sub][ci][vb] = load_raw<VBYTES>(vp + vb * (VP::ROW / VP::NB), valid);
                     }
                 }
             }
@@ -482,8 +510,7 @@ struct DecodeQ {
                         uint32_t* out = pr ? vb23 : vb01;
                         const __half2 pw = pr ? pow23 : pow01;
                         if constexpr (VQ4) {
-                            const uint32_t w = __byte_perm(static_cast<uint32_t>(tv.vw[sub][2 * pr][vb]),
-                                                           static_cast<uint32_t>(tv.vw[sub][2 * pr + 1][vb]), 0x5410);
+                            const uint32_t w = __byte_perm(tv.vw[sub][2 * pr][vb], tv.vw[sub][2 * pr + 1][vb], v_half);
                             // nibble ii of each byte pair: 16 (code - 8) times 2^k / 16 for the odd ones (one
                             // shift a word, not three; 2^k / 16 >= 2^-18 is exact, so are both products)
                             const __half2 pw16 = __hmul2(pw, as_h2(0x2C002C00u));

@@ -12,8 +12,11 @@ values as a `values` plane and, when quantized, a `scales` plane, both [..., Dh-
 - q4r:  q4_0's value rule on a Hadamard-rotated head vector. y = H x (H the normalized Walsh-Hadamard
         matrix of order Dh, symmetric and orthonormal: H H = I), then per block of 32: m = the y of
         largest |y| (the first on ties), d = f16(m / -8), q = min(15, floor(y / d + 8.5)), y ~ (q - 8) d.
-        uint8 values [..., Dh / 2] (value 2i in the low nibble of byte i, 2i + 1 in the high one),
-        float16 scales [..., Dh / 32]. |error| <= |d| / 2, |d| where q clips at 15 (the value opposite
+        uint8 values [..., Dh / 2] (value 2i in the low nibble of logical byte i, 2i + 1 in the high
+        one; block b is logical bytes 16b .. 16b + 15), float16 scales [..., Dh / 32]. The logical
+        bytes are stored in the decode kernel's lane order (`q4_byte_pos`): the 4-byte pieces
+        16b + 4t .. + 3 go to (t * Dh / 32 + b) * 4, so each of a quad's four lanes t reads its share of
+        every block as one contiguous load (16 bytes at Dh 128) instead of one load a block. |error| <= |d| / 2, |d| where q clips at 15 (the value opposite
         in sign to m, as q4_0). The rotation spreads an outlier dimension over the whole head, so
         one channel no longer sets every block's scale.
 
@@ -96,6 +99,7 @@ class Codec:
         d = np.repeat(scales.astype(np.float32), self.block, axis=-1)
         if self.name == "int8":
             return values.astype(np.float32) * d
+        values = values[..., q4_byte_pos(values.shape[-1])]       # stored -> logical byte order
         q = np.stack([values & 0xF, values >> 4], axis=-1).reshape(*values.shape[:-1], 2 * values.shape[-1])
         return (q.astype(np.float32) - np.float32(8)) * d
 
@@ -122,6 +126,15 @@ def cell_bytes(fmt: str, num_kv_heads: int, head_dim: int) -> int:
     return num_kv_heads * (k.row_bytes(head_dim) + v.row_bytes(head_dim))
 
 
+def q4_byte_pos(nbytes: int) -> np.ndarray:
+    """Where each logical byte p of a q4r head vector's nbytes (Dh / 2) value bytes is stored:
+    piece t = (p % 16) / 4 of block b = p / 16 goes to (t * nb + b) * 4 (nb = nbytes / 16 blocks), its
+    bytes kept in order (cuda/kv_codec.cuh's q4_byte_pos). stored[..., pos] = logical; logical =
+    stored[..., pos]."""
+    p = np.arange(nbytes)
+    return (((p % 16) // 4) * (nbytes // 16) + p // 16) * 4 + p % 4
+
+
 def _blocks(x: np.ndarray, n: int) -> np.ndarray:
     return x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
 
@@ -144,4 +157,7 @@ def _encode_q4(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(df != 0, np.floor(yb / np.where(df != 0, df, 1) + np.float32(8.5)), 8)
     q = np.clip(q, 0, 15).astype(np.uint8).reshape(y.shape)
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), d
+    logical = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    stored = np.empty_like(logical)
+    stored[..., q4_byte_pos(logical.shape[-1])] = logical
+    return stored, d

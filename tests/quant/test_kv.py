@@ -81,6 +81,17 @@ def test_int8_matches_the_slow_rule_and_is_within_half_a_step(dh):
 
 
 @pytest.mark.parametrize("dh", [64, 128, 256])
+def test_q4_byte_order_gives_each_quad_lane_its_pieces_contiguously(dh):
+    """Lane t of a decode quad reads logical bytes 16b + 4t .. + 3 of every block b as one run."""
+    nbytes, nb = dh // 2, dh // 32
+    pos = kvq.q4_byte_pos(nbytes)
+    assert sorted(pos.tolist()) == list(range(nbytes))                  # a permutation
+    for t in range(4):
+        run = [pos[16 * b + 4 * t + j] for b in range(nb) for j in range(4)]
+        assert run == list(range(t * nb * 4, (t + 1) * nb * 4))
+
+
+@pytest.mark.parametrize("dh", [64, 128, 256])
 def test_q4_rotated_matches_the_slow_rule_and_its_bound(dh):
     rng = np.random.default_rng()
     x = awkward(rng, (7, 2, dh))
@@ -89,7 +100,8 @@ def test_q4_rotated_matches_the_slow_rule_and_its_bound(dh):
     assert packed.dtype == np.uint8 and packed.shape == (7, 2, dh // 2) and d.shape == (7, 2, dh // 32)
     want_q, want_d = q4_slow(kvq.rotate(x))
     assert np.array_equal(d, want_d)
-    assert np.array_equal(packed & 0xF, want_q[..., 0::2]) and np.array_equal(packed >> 4, want_q[..., 1::2])
+    logical = packed[..., kvq.q4_byte_pos(dh // 2)]
+    assert np.array_equal(logical & 0xF, want_q[..., 0::2]) and np.array_equal(logical >> 4, want_q[..., 1::2])
     y = kvq.rotate(x)
     step = np.abs(np.repeat(d.astype(np.float32), 32, axis=-1))
     err = np.abs(codec.decode(packed, d) - y)
