@@ -92,18 +92,14 @@ struct DecodeF16 {
         constexpr int TILE = 16;
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
         const int G = a.H / a.Hk, Hk = a.Hk;
-        const int64_t first = a.bases ? static_cast<int64_t>(a.bases[b]) : static_cast<int64_t>(b) * a.max_cells;
-        const int64_t row0 = first * Hk + kvh;
+        const strata_dec::CellRows rows(a.bases, b, a.max_cells, Hk, kvh, length, a.ring, a.vram_cells);
+        const strata_kv::VramWindow& vram = rows.vram;
+        const int64_t row0 = rows.row0;
         const uint8_t* k8 = reinterpret_cast<const uint8_t*>(a.k_cache);
         const uint8_t* v8 = reinterpret_cast<const uint8_t*>(a.v_cache);
         const uint8_t* vram_k8 = reinterpret_cast<const uint8_t*>(a.k_vram);
         const uint8_t* vram_v8 = reinterpret_cast<const uint8_t*>(a.v_vram);
-        const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), a.vram_cells);
-        const int64_t vram_row0 = strata_kv::vram_ring_first(a.bases, first, a.max_cells, a.vram_cells) * Hk + kvh;
-        auto row_of = [&](int cell, bool in_vram) -> int64_t {
-            return in_vram ? vram_row0 + vram.slot(cell) * Hk
-                           : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, a.ring)) * Hk;
-        };
+        auto row_of = [&](int cell, bool in_vram) { return rows.at(cell, in_vram); };
         // PLAIN: a lane's bytes of cell c at base + c * stride
         const uint8_t* const k_base = k8 + row0 * ROW + t * (DH / 4) * 2;
         const uint8_t* const v_base = v8 + row0 * ROW + g * (DH / 8) * 2;

@@ -198,6 +198,26 @@ __device__ __forceinline__ Span split_span(const int* __restrict__ lengths, int 
     return {length, start, min(length, start + span), (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split};
 }
 
+// Where row b's cells of KV head kvh lie: row0 is cell 0's head row in the cache ((first + c) Hk + kvh
+// is cell c's in a plain cache); at(cell, in_vram) places any cell through the drafter's ring or, where
+// vram.holds(cell), --kv-resident's VRAM window (strata_kv).
+struct CellRows {
+    int64_t row0, vram_row0;
+    strata_kv::VramWindow vram;
+    int Hk, ring;
+    __device__ __forceinline__ CellRows(const int* __restrict__ bases, int b, int max_cells, int Hk_, int kvh,
+                                        int length, int ring_, int vram_cells)
+        : vram(length, static_cast<int>(gridDim.z), vram_cells), Hk(Hk_), ring(ring_) {
+        const int64_t first = bases ? static_cast<int64_t>(bases[b]) : static_cast<int64_t>(b) * max_cells;
+        row0 = first * Hk + kvh;
+        vram_row0 = strata_kv::vram_ring_first(bases, first, max_cells, vram_cells) * Hk + kvh;
+    }
+    __device__ __forceinline__ int64_t at(int cell, bool in_vram) const {
+        return in_vram ? vram_row0 + vram.slot(cell) * Hk
+                       : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, ring)) * Hk;
+    }
+};
+
 // An empty split's partials: zeros, max -inf, sum 0 (the combine gives it no weight).
 template <int DH>
 __device__ __forceinline__ void empty_split(int G, int64_t slot0, int num_splits, float* __restrict__ part_acc,

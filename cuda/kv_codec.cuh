@@ -86,7 +86,9 @@ __device__ __forceinline__ void quantize_int8(const float (&v)[PER], int lane, i
 // Where q4r's logical value byte p of a head vector (values 2p, 2p + 1; block p / 16) is stored among
 // its nb * 16 bytes: piece t = (p % 16) / 4 of block b = p / 16 at (t nb + b) * 4, bytes in order, so
 // the decode's quad lane t reads its 4 bytes of every block as one run (strata/quant/kv.py q4_byte_pos).
-__host__ __device__ constexpr int q4_byte_pos(int p, int nb) { return ((((p & 15) >> 2) * nb + (p >> 4)) << 2) + (p & 3); }
+__host__ __device__ constexpr int q4_byte_pos(int p, int nb) {
+    return ((((p & 15) >> 2) * nb + (p >> 4)) << 2) + (p & 3);
+}
 
 // q4r: one head vector already rotated (v = H x) -> values [Dh / 2] uint8 (q4_byte_pos's order) and
 // scales [Dh / 32] f16.

@@ -275,21 +275,17 @@ struct DecodeQ {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
         const uint32_t v_half = (g & 1) ? 0x7632u : 0x5410u;   // q4 V: this lane's halves of two cells' words
         const int G = a.H / a.Hk, Hk = a.Hk;
-        const int64_t first = a.bases ? static_cast<int64_t>(a.bases[b]) : static_cast<int64_t>(b) * a.max_cells;
-        const int64_t row0 = first * Hk + kvh;
+        const strata_dec::CellRows rows(a.bases, b, a.max_cells, Hk, kvh, length, a.ring, a.vram_cells);
+        const strata_kv::VramWindow& vram = rows.vram;
+        const int64_t row0 = rows.row0;
         const uint8_t* kv8 = static_cast<const uint8_t*>(a.k_values);
         const uint8_t* vv8 = static_cast<const uint8_t*>(a.v_values);
         const uint8_t* ks8 = reinterpret_cast<const uint8_t*>(a.k_scales);
         const uint8_t* vs8 = reinterpret_cast<const uint8_t*>(a.v_scales);
         const uint8_t* vram_kv8 = static_cast<const uint8_t*>(a.vram_k_values);
         const uint8_t* vram_vv8 = static_cast<const uint8_t*>(a.vram_v_values);
-        const strata_kv::VramWindow vram(length, static_cast<int>(gridDim.z), a.vram_cells);
-        const int64_t vram_row0 = strata_kv::vram_ring_first(a.bases, first, a.max_cells, a.vram_cells) * Hk + kvh;
         // the head's row of a cell's planes, in the VRAM window (in_vram: its sequence's ring) or in the cache
-        auto row_of = [&](int cell, bool in_vram) -> int64_t {
-            return in_vram ? vram_row0 + vram.slot(cell) * Hk
-                           : row0 + static_cast<int64_t>(strata_kv::ring_cell(cell, a.ring)) * Hk;
-        };
+        auto row_of = [&](int cell, bool in_vram) { return rows.at(cell, in_vram); };
         // PLAIN: each plane's bytes of cell c at base + c * stride (the lane's offset in the base)
         const int k_lane = KQ4 ? t * 4 * KP::NB : t * KBYTES;          // the lane's first byte of a cell's K
         const int v_lane = VQ4 ? (g >> 1) * 4 * VP::NB : g * VBYTES;   // ... of its V

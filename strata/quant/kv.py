@@ -16,9 +16,10 @@ values as a `values` plane and, when quantized, a `scales` plane, both [..., Dh-
         one; block b is logical bytes 16b .. 16b + 15), float16 scales [..., Dh / 32]. The logical
         bytes are stored in the decode kernel's lane order (`q4_byte_pos`): the 4-byte pieces
         16b + 4t .. + 3 go to (t * Dh / 32 + b) * 4, so each of a quad's four lanes t reads its share of
-        every block as one contiguous load (16 bytes at Dh 128) instead of one load a block. |error| <= |d| / 2, |d| where q clips at 15 (the value opposite
-        in sign to m, as q4_0). The rotation spreads an outlier dimension over the whole head, so
-        one channel no longer sets every block's scale.
+        every block as one contiguous load (16 bytes at Dh 128) instead of one load a block.
+        |error| <= |d| / 2, |d| where q clips at 15 (the value opposite in sign to m, as q4_0). The
+        rotation spreads an outlier dimension over the whole head, so one channel no longer sets
+        every block's scale.
 
 Attention over a rotated codec: scores q . k = (H q) . (H k), so the query is rotated once and dotted
 with the stored rotated keys (K is never un-rotated); the output sum_c p_c v_c = H sum_c p_c (H v_c),
