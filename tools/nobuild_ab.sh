@@ -12,6 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp}
+mkdir -p "$OUT"       # the tools write their JSON there: a missing folder failed every arm after its checks
 W=.whl
 PY=${PY:-python3}
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
