@@ -9,6 +9,9 @@ that must keep their sums bit for bit (a new load path, say) prints the same lin
     diff before.txt after.txt                         # empty: bit for bit
 
 Each line: the case, then the sha256 (first 16 hex digits) of the f32 output bytes. Needs a GPU.
+`--against FILE` also compares each line with FILE's line of the same case and exits 1 if any differ
+(tests/kernels/data/kv_decode_digest_sm90.txt holds the --quick lines an sm_90 GPU gave at 32e889e,
+which tests/kernels/test_kv_decode_digest_gpu.py checks).
 """
 from __future__ import annotations
 
@@ -68,16 +71,36 @@ def run(kvops, case: dict) -> np.ndarray:
                                   window=case.get("window", 0), ring=case.get("ring", 0))
 
 
+def lines(kvops, full: bool):
+    """Each case's line: its name, then its output's digest."""
+    for case in cases(full):
+        name = " ".join(f"{k}={v}" for k, v in case.items() if v is not None)
+        yield f"{name:<78} {digest(run(kvops, case))}"
+
+
+def differences(got: list[str], want_text: str) -> list[str]:
+    """The lines of got whose case has another digest in want_text (or none there)."""
+    want = dict(line.rsplit(None, 1) for line in want_text.splitlines() if line.strip())
+    return [line for line in got if want.get(line.rsplit(None, 1)[0]) != line.rsplit(None, 1)[1]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="without the 32K-cell cases")
+    ap.add_argument("--against", metavar="FILE", help="an earlier run's lines: exit 1 where a case differs")
     args = ap.parse_args()
     from strata.backends.cuda.kv import KVQuantOps
     from strata.backends.cuda.testing import CudaOps
     kvops = KVQuantOps(CudaOps())
-    for case in cases(not args.quick):
-        name = " ".join(f"{k}={v}" for k, v in case.items() if v is not None)
-        print(f"{name:<78} {digest(run(kvops, case))}", flush=True)
+    got = []
+    for line in lines(kvops, not args.quick):
+        print(line, flush=True)
+        got.append(line)
+    if args.against:
+        with open(args.against) as f:
+            bad = differences(got, f.read())
+        print(f"{len(bad)} of {len(got)} cases differ from {args.against}", flush=True)
+        return 1 if bad else 0
     return 0
 
 
