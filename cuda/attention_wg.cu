@@ -47,9 +47,8 @@ namespace {
 
 __device__ __forceinline__ void cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 64, desc_b; B^T
-// stored K-major when TRANS_B is 0, B stored N-major when 1), f16 in, f32 accumulators in m16n8 layout.
-template <int TRANS_B>
+// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 64, desc_b, stored
+// N-major: P V's V), f16 in, f32 accumulators in m16n8 layout.
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const unsigned (&a)[4], uint64_t desc_b) {
 #ifndef STRATA_WG_TRAP
     asm volatile(
@@ -59,7 +58,7 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const unsigned (&
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
         "}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
           "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -67,7 +66,7 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const unsigned (&
           "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
           "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #endif
 }
 
@@ -94,9 +93,8 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
 #endif
 }
 
-// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 128, desc_b; B^T
-// stored K-major when TRANS_B is 0, B stored N-major when 1), f16 in, f32 accumulators in m16n8 layout.
-template <int TRANS_B>
+// d += A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment in a) * B (16 x 128, desc_b, stored
+// N-major: P V's V), f16 in, f32 accumulators in m16n8 layout.
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const unsigned (&a)[4], uint64_t desc_b) {
 #ifndef STRATA_WG_TRAP
     asm volatile(
@@ -108,7 +106,7 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const unsigned 
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
         "}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
           "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -121,9 +119,14 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const unsigned 
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
           "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
           "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #endif
 }
+
+// The 16-byte chunk `chunk` of row r (a cell, or a query row) in a 64-row no-swizzle core-matrix tile of
+// CHUNKS chunks a row: core matrix (r / 8, chunk), row r % 8 within it (see the header), in 16-byte units.
+template <int CHUNKS>
+__device__ __forceinline__ int core_chunk(int r, int chunk) { return (((r >> 3) * CHUNKS + chunk) << 3) + (r & 7); }
 
 // One 64-cell tile of a KV head's cache rows into core-matrix layout by cp.async (one commit group):
 // a pass of the 128 threads copies PASS = 128 / CHUNKS cells, thread t the 16-byte chunk (t / 8) % CHUNKS
@@ -141,7 +144,7 @@ struct CoreTileLoader {
         for (int it = 0; it < kCells / PASS; ++it) {
             const int c = cell + it * PASS;
             const bool valid = cell0 + c < num_cells;
-            const unsigned dst = base + ((((c >> 3) * CHUNKS + part) << 3) + (c & 7)) * 16;
+            const unsigned dst = base + core_chunk<CHUNKS>(c, part) * 16;
             cp_async16(dst, valid ? src + (cell0 + c) * row_stride + part * 8 : src, valid);
         }
         cp_async_commit();
@@ -187,7 +190,7 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int r = warp * 16 + gq + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
-                q_words[((((r >> 3) * CHUNKS + chunk) << 3) + (r & 7)) * 4 + tq] = qa[ks][j];
+                q_words[core_chunk<CHUNKS>(r, chunk) * 4 + tq] = qa[ks][j];
             }
     }   // made visible to wgmma by the first tile's fence and barrier
     const int num_tiles = (num_cells + kCells - 1) / kCells;
@@ -247,9 +250,9 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         for (int ks = 0; ks < kCells / 16; ++ks) {  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1
             const uint64_t desc = smem_desc(v_base + 2 * ks * kCellStep, kCellStep, kDimStep);  // N-major
             if constexpr (DH == 128)
-                wgmma_rs_n128<1>(o, pa[ks], desc);
+                wgmma_rs_n128(o, pa[ks], desc);
             else
-                wgmma_rs_n64<1>(o, pa[ks], desc);
+                wgmma_rs_n64(o, pa[ks], desc);
         }
         wgmma_commit();
         wgmma_wait_all();
