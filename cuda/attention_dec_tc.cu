@@ -93,13 +93,11 @@ struct DecodeF16 {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
         const int G = a.H / a.Hk, Hk = a.Hk;
         const strata_dec::CellRows rows(a.bases, b, a.max_cells, Hk, kvh, length, a.ring, a.vram_cells);
-        const strata_kv::VramWindow& vram = rows.vram;
         const int64_t row0 = rows.row0;
         const uint8_t* k8 = reinterpret_cast<const uint8_t*>(a.k_cache);
         const uint8_t* v8 = reinterpret_cast<const uint8_t*>(a.v_cache);
         const uint8_t* vram_k8 = reinterpret_cast<const uint8_t*>(a.k_vram);
         const uint8_t* vram_v8 = reinterpret_cast<const uint8_t*>(a.v_vram);
-        auto row_of = [&](int cell, bool in_vram) { return rows.at(cell, in_vram); };
         // PLAIN: a lane's bytes of cell c at base + c * stride
         const uint8_t* const k_base = k8 + row0 * ROW + t * (DH / 4) * 2;
         const uint8_t* const v_base = v8 + row0 * ROW + g * (DH / 8) * 2;
@@ -115,8 +113,8 @@ struct DecodeF16 {
 #pragma unroll
                     for (int i = 0; i < KQ; ++i) r.kw[nt][i] = load_raw<16>(p + 16 * i, true);
                 } else {
-                    const bool in_vram = cell < end && vram.holds(cell);
-                    const uint8_t* p = (in_vram ? vram_k8 : k8) + row_of(cell, in_vram) * ROW + t * (DH / 4) * 2;
+                    const bool in_vram = cell < end && rows.vram.holds(cell);
+                    const uint8_t* p = (in_vram ? vram_k8 : k8) + rows.at(cell, in_vram) * ROW + t * (DH / 4) * 2;
 #pragma unroll
                     for (int i = 0; i < KQ; ++i) r.kw[nt][i] = load_raw<16>(p + 16 * i, cell < end);
                 }
@@ -131,8 +129,8 @@ struct DecodeF16 {
 #pragma unroll
                     for (int i = 0; i < VQ; ++i) r.vw[ci][i] = load_raw<16>(p + 16 * i, true);
                 } else {
-                    const bool in_vram = cell < end && vram.holds(cell);
-                    const uint8_t* p = (in_vram ? vram_v8 : v8) + row_of(cell, in_vram) * ROW + g * (DH / 8) * 2;
+                    const bool in_vram = cell < end && rows.vram.holds(cell);
+                    const uint8_t* p = (in_vram ? vram_v8 : v8) + rows.at(cell, in_vram) * ROW + g * (DH / 8) * 2;
 #pragma unroll
                     for (int i = 0; i < VQ; ++i) r.vw[ci][i] = load_raw<16>(p + 16 * i, cell < end);
                 }

@@ -276,7 +276,6 @@ struct DecodeQ {
         const uint32_t v_half = (g & 1) ? 0x7632u : 0x5410u;   // q4 V: this lane's halves of two cells' words
         const int G = a.H / a.Hk, Hk = a.Hk;
         const strata_dec::CellRows rows(a.bases, b, a.max_cells, Hk, kvh, length, a.ring, a.vram_cells);
-        const strata_kv::VramWindow& vram = rows.vram;
         const int64_t row0 = rows.row0;
         const uint8_t* kv8 = static_cast<const uint8_t*>(a.k_values);
         const uint8_t* vv8 = static_cast<const uint8_t*>(a.v_values);
@@ -284,8 +283,6 @@ struct DecodeQ {
         const uint8_t* vs8 = reinterpret_cast<const uint8_t*>(a.v_scales);
         const uint8_t* vram_kv8 = static_cast<const uint8_t*>(a.vram_k_values);
         const uint8_t* vram_vv8 = static_cast<const uint8_t*>(a.vram_v_values);
-        // the head's row of a cell's planes, in the VRAM window (in_vram: its sequence's ring) or in the cache
-        auto row_of = [&](int cell, bool in_vram) { return rows.at(cell, in_vram); };
         // PLAIN: each plane's bytes of cell c at base + c * stride (the lane's offset in the base)
         const int k_lane = KQ4 ? t * 4 * KP::NB : t * KBYTES;          // the lane's first byte of a cell's K
         const int v_lane = VQ4 ? (g >> 1) * 4 * VP::NB : g * VBYTES;   // ... of its V
@@ -311,8 +308,8 @@ struct DecodeQ {
                     if constexpr (PLAIN) {
                         kp = at(kw_base, kw_stride, cell);
                     } else {
-                        const bool in_vram = cell < end && vram.holds(cell);
-                        kp = (in_vram ? vram_kv8 : kv8) + row_of(cell, in_vram) * KP::ROW + k_lane;
+                        const bool in_vram = cell < end && rows.vram.holds(cell);
+                        kp = (in_vram ? vram_kv8 : kv8) + rows.at(cell, in_vram) * KP::ROW + k_lane;
                     }
                     if constexpr (KQ4) {
                         load_run<KP::NB>(kp, valid, r.kw[sub][nt]);
@@ -328,9 +325,9 @@ struct DecodeQ {
                     if constexpr (PLAIN) {
                         r.ks[sub][ci] = load_raw<2 * KP::NB>(at(ks_base, ks_stride, cell), true);
                     } else {
-                        const bool in_vram = cell < end && vram.holds(cell);
+                        const bool in_vram = cell < end && rows.vram.holds(cell);
                         r.ks[sub][ci] = load_raw<2 * KP::NB>(
-                            (in_vram ? a.vram_k_scales : a.k_scales) + row_of(cell, in_vram) * KP::NB, cell < end);
+                            (in_vram ? a.vram_k_scales : a.k_scales) + rows.at(cell, in_vram) * KP::NB, cell < end);
                     }
                 }
             }
@@ -347,8 +344,8 @@ struct DecodeQ {
                         vp = at(vw_base, vw_stride, cell);
                         r.vs[sub][ci] = load_raw<2 * VP::NB>(at(vs_base, vs_stride, cell), true);
                     } else {
-                        const bool in_vram = cell < end && vram.holds(cell);
-                        const int64_t row = row_of(cell, in_vram);
+                        const bool in_vram = cell < end && rows.vram.holds(cell);
+                        const int64_t row = rows.at(cell, in_vram);
                         vp = (in_vram ? vram_vv8 : vv8) + row * VP::ROW + v_lane;
                         r.vs[sub][ci] = load_raw<2 * VP::NB>(
                             (in_vram ? a.vram_v_scales : a.v_scales) + row * VP::NB, cell < end);
