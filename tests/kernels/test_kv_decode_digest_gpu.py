@@ -25,9 +25,10 @@ def test_quick_digests_equal_the_sm90_reference():
         cc = "".join(map(str, ops.device.compute_capability))
         pytest.skip(f"the reference digests are sm_90's; this GPU is sm_{cc}")
     tool = load_tool("kv_decode_digest")
+    want = REFERENCE.read_text()
     got = list(tool.lines(KVQuantOps(ops), full=False))
-    bad = tool.differences(got, REFERENCE.read_text())
-    assert len(got) == len(REFERENCE.read_text().splitlines())
+    bad = tool.differences(got, want)
+    assert len(got) == len(want.splitlines())
     assert not bad, f"{len(bad)} of {len(got)} cases differ, first: {bad[0]}"
 
 
