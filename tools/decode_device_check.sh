@@ -29,13 +29,15 @@
 #               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
-#     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu; on trial:
-#               --kernels-on tc-decode-attention) against attention.cu's: test_attention_gpu and the windowed
+#     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
+#               TC_DECODE_FROM cells and more) against attention.cu's: test_attention_gpu and the windowed
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
-#               131K cells, then resident decode after 512, 16384 and 32768 with and without the path (the
-#               logits sha256 of the two arms differ: the sums are rounded in another order)
+#               131K cells, then resident decode after 512, 16384 and 32768 with and without the path
+#               (--kernels-off tc-decode-attention; past TC_DECODE_FROM the logits sha256 of the two arms
+#               differ: the sums are rounded in another order)
 #     attnab    tools/decode_variants.py --attention: the f16 decode attention's two kernels alternated
-#               (A B A B) on one load at contexts 512, 4096, 16384 and 32768 (#16: which one is the default)
+#               (A B A B) on one load at contexts 512, 4096, 16384 and 32768 (ATTNAB_CONTEXTS overrides;
+#               #16: where each kernel is the faster)
 #     tcres     tcdecode's resident decode arms alone (its tests and kernel bench run elsewhere:
 #               spec_kv_device_check.sh's tests and kvbench, whose formats include f16tc)
 # DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
@@ -142,14 +144,14 @@ if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the te
         timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells 16384,32768,131072 --formats f16,f16tc \
             --json "$OUT/kv_f16tc.json" 2>&1 | tail -7
     fi
-    for arm in none tc-decode-attention; do
-        on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
-        bench_synthetic "decode_$arm" 80 qwen3-30b-a3b --prompt 512,16384,32768 --decode 64 "${on[@]}"
+    for arm in tc-decode-attention none; do
+        off=(); [ "$arm" = none ] && off=(--kernels-off tc-decode-attention)
+        bench_synthetic "decode_$arm" 80 qwen3-30b-a3b --prompt 512,16384,32768 --decode 64 "${off[@]}"
     done
 fi
 if has attnab; then
     echo "== f16 decode attention, attention.cu against attention_dec_tc.cu ($(elapsed) s)"
-    timeout "$(budget 150)" $PY tools/decode_variants.py --attention --context 512,4096,16384,32768 --decode 64 \
+    timeout "$(budget 150)" $PY tools/decode_variants.py --attention --context "${ATTNAB_CONTEXTS:-512,4096,16384,32768}" --decode 64 \
         --json "$OUT/attnab.json" 2>&1 | tail -8
 fi
 echo "== done at $(elapsed) s"
