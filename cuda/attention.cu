@@ -157,7 +157,7 @@ extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, 
 //
 // strata_attention_decode_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml,
 //                                          H, Hk, max_cells, num_splits, scale, window, ring, k_vram,
-//                                          v_vram, vram_cells)
+//                                          v_vram, vram_cells, tc_from)
 // q [B, H, DH] f32 (one query per row); caches [B, max_cells, Hk, DH] f16; lengths [B] int32 in
 // device memory: row b attends to cells 0..lengths[b]-1 (>= 1) of its sequence, whose cell 0 is
 // cache cell bases[b] (bases [B] int32 in device memory: rows of several sequences in one cache,
@@ -173,7 +173,9 @@ extern "C" __global__ void strata_kv_ring_append(const int* __restrict__ cells, 
 // each; max_cells is then that stride), without bases ring 0. Row b reads positions from
 // strata_kv::VramWindow's `from` (lengths[b] + B - 1 - (vram_cells - 16)) on there, older ones in
 // place over the bus; only the addresses change, so the output is bit for bit that of vram_cells 0
-// (ring 0 with it).
+// (ring 0 with it). tc_from: rows of lengths[b] >= tc_from are left alone (nothing of theirs is
+// written): cuda/attention_dec_tc.cu's kernel of the same contract takes them, as each row's own
+// length decides, so a row's result is the same in any batch (INT_MAX: every row is this kernel's).
 //
 // Launch: grid = (num_splits, Hk, B), block = (128, 1, 1), no dynamic shared memory. The split
 // size is ceil(length / num_splits) rounded up to a tile, computed on the device from lengths[b],
@@ -355,8 +357,9 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_f16_d##DH##_g##GP(               \
         const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
         float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale,            \
-        int window, int ring, const __half* k_vram, const __half* v_vram, int vram_cells) {                    \
+        int window, int ring, const __half* k_vram, const __half* v_vram, int vram_cells, int tc_from) {       \
         STRATA_PDL_ENTRY();                                                                                     \
+        if (lengths[blockIdx.z] >= tc_from) return;     /* attention_dec_tc.cu's row */                        \
         attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,      \
                                  num_splits, scale, window, ring, k_vram, v_vram, vram_cells);                 \
     }

@@ -7,11 +7,13 @@
 // cells); here a 16-cell tile is 16 loads of 16 bytes and 32 MMAs a warp.
 //
 //   strata_attention_decode_tc_f16_d<Dh>_g<GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml,
-//       H, Hk, max_cells, num_splits, scale, window, ring, k_vram, v_vram, vram_cells)
+//       H, Hk, max_cells, num_splits, scale, window, ring, k_vram, v_vram, vram_cells, tc_from)
 //                                                      grid (splits, Hk, B), block 128, GP 1, 2, 4, 8, 16
 //     Every argument as attention.cu's decode kernel (its comment is the contract: lengths and bases,
 //     window and ring, --kv-resident's VRAM window); the split sizes are rounded to 16 cells, not to
-//     that kernel's tiles, which the combine does not see.
+//     that kernel's tiles, which the combine does not see. tc_from: only rows of lengths[b] >= tc_from
+//     are read here (0: every row); attention.cu's kernel takes the shorter ones with the same
+//     tc_from, where its fixed cost a block is the smaller (strata.backends.cuda.kernels.TC_DECODE_FROM).
 //
 // Lane (g = lane / 4, t = lane % 4) of a warp, per 16-cell tile (the tree's kv_quant.cu layout with f16
 // planes): K of cells g and 8 + g, dims t Dh/4 .. (t + 1) Dh/4 - 1 (slice j's k positions 2t, 2t + 1,
@@ -268,8 +270,9 @@ __device__ __forceinline__ void attention_decode_tc(const float* __restrict__ q,
     extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_tc_f16_d##DH##_g##GP(              \
         const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
         float* part_acc, float* part_ml, int H, int Hk, int max_cells, int num_splits, float scale, int window, \
-        int ring, const __half* k_vram, const __half* v_vram, int vram_cells) {                                \
+        int ring, const __half* k_vram, const __half* v_vram, int vram_cells, int tc_from) {                   \
         STRATA_PDL_ENTRY();                                                                                     \
+        if (lengths[blockIdx.z] < tc_from) return;      /* attention.cu's row */                               \
         attention_decode_tc<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,   \
                                     num_splits, scale, window, ring, k_vram, v_vram, vram_cells);              \
     }

@@ -14,14 +14,17 @@ from .errors import InvalidArgument
 
 SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # The GPU ops' alternative kernel paths (strata.backends.cuda.kernels.KernelPaths), each on by default;
-# --kernels-off names those to turn off, for A/B runs of one path against its fallback.
-KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention")
+# --kernels-off names those to turn off, for A/B runs of one path against its fallback. tc-decode-attention:
+# the split-K decode attention of f16 rows of at least TC_DECODE_FROM cells (strata.backends.cuda.kernels) on
+# the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
+# cuda/attention.cu's kernel.
+KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
+                "tc-decode-attention")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
-# attention at head dims 64 and 128 (cuda/attention_wg.cu). On any GPU: tc-decode-attention the split-K
-# decode attention over an f16 cache at head dims 64 and 128 on the tensor cores (cuda/attention_dec_tc.cu).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention", "tc-decode-attention")
+# attention at head dims 64 and 128 (cuda/attention_wg.cu).
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a
@@ -187,7 +190,7 @@ class EngineConfig:
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
     kernels_on: str = field(default="", metadata={
         "help": "GPU kernel paths on trial to turn on for A/B runs, comma-separated: " + ", ".join(KERNEL_TRIAL_PATHS)
-                + " (wgmma-*: Hopper's warpgroup MMA, sm_90 GPUs only; tc-decode-attention: f16 K/V, any GPU)"})
+                + " (Hopper's warpgroup MMA, sm_90 GPUs only)"})
     kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "
@@ -293,6 +296,9 @@ class EngineConfig:
         _refuse_not_implemented(self)
         for what, known in (("kernels_off", KERNEL_PATHS), ("kernels_on", KERNEL_TRIAL_PATHS)):
             unknown = [n for n in getattr(self, what).split(",") if n.strip() and n.strip() not in known]
+            if unknown and what == "kernels_on" and unknown[0].strip() in KERNEL_PATHS:
+                raise InvalidArgument(f"kernels_on: kernel path {unknown[0].strip()!r} is on by default "
+                                      f"(--kernels-off {unknown[0].strip()} turns it off)")
             if unknown:
                 raise InvalidArgument(f"{what}: unknown kernel path {unknown[0].strip()!r} "
                                       f"(known: {', '.join(known)})")

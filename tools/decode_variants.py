@@ -7,8 +7,9 @@ split-K kernel.
     python tools/decode_variants.py --attention --context 512,4096,16384,32768
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
-cuda/attention_dec_tc.cu, the --kernels-on tc-decode-attention trial path) at each context of the
-list, on one load whose context grows between them, the arms alternated (A B A B) so drift shows.
+cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
+more to the second) at each context of the list, on one load whose context grows between them, the
+arms alternated (A B A B) so drift shows.
 
 Each variant drops the captured graphs, warms up (eager, capture) and times --decode graph steps
 fed random ids. One table, fastest first.
@@ -102,6 +103,7 @@ def attention_ab(args, contexts: list[int]) -> int:
         for _ in range(2):
             for name, tc in arms:
                 runner.ops.paths = dataclasses.replace(runner.ops.paths, tc_decode_attention=tc)
+                runner.ops.tc_from = 0      # with the path on, every row takes the tensor cores' kernel
                 times[name].append(timed_steps(runner, rng, args.decode)[0])
         rows.append({"context": context, **{name: times[name] for name in times}})
         print(f"{context:>8}  " + "".join(f"{np.mean(t):>14.1f} ({min(t):.0f}-{max(t):.0f})" for t in times.values()),

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.backends import cpu, rope
+from strata.backends.cuda.kernels import INT32_MAX
 from strata.backends.cuda.testing import CudaOps
 from strata.quant.dequant import dequantize_rows
 from strata.quant.random import random_qtensor_bytes
@@ -130,7 +131,8 @@ def time_decode(ops: CudaOps, rng, S: int, blocks_per_sm: int, reps: int = 100) 
         for i in range(reps):
             s = i % sets
             decode.launch((splits, HK, 1), 128, (q, kbuf.ptr + s * kv_bytes, vbuf.ptr + s * kv_bytes, lengths, 0,
-                                                 part_acc, part_ml, H, HK, S, splits, scale, 0, 0, 0, 0, 0),
+                                                 part_acc, part_ml, H, HK, S, splits, scale, 0, 0, 0, 0, 0,
+                                                 INT32_MAX),
                           stream=stream)
             if with_combine:
                 combine.launch((H, 1), 128, (part_acc, part_ml, out, H, DH, splits), stream=stream)

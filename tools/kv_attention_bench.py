@@ -1,10 +1,10 @@
 """Decode attention over each KV format at Qwen3-30B-A3B's shape (H 32, Hk 4, Dh 128), one sequence:
-the f16 split-K kernel (cuda/attention.cu; f16tc: cuda/attention_dec_tc.cu's, on the tensor cores, the
-tc-decode-attention path on trial) and the quantized ones (cuda/kv_quant.cu: the q rotation,
-split-K over the planes, the combine, the output un-rotation), against the device copy rate.
+the f16 split-K kernel (cuda/attention.cu; f16tc: cuda/attention_dec_tc.cu's, on the tensor cores, which
+the engine gives rows of TC_DECODE_FROM cells and more) and the quantized ones (cuda/kv_quant.cu: the q
+rotation, split-K over the planes, the combine, the output un-rotation), against the device copy rate.
 
     python tools/kv_attention_bench.py [--cells 16384,32768,131072] [--formats f16,f16tc,int8,k8v4,q4_0]
-                                       [--reps N] [--json PATH]
+                                       [--blocks-per-sm N] [--reps N] [--json PATH]
 
 Times are CUDA-event medians after a warm-up. Columns:
   eager   the attention sequence as first written (q rotation, split-K, combine, output un-rotation),
@@ -30,7 +30,7 @@ import numpy as np
 
 from strata.backends import rope
 import strata.backends.cuda as cuda_backend
-from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES
+from strata.backends.cuda.kernels import INT32_MAX, KERNELS, PDL_LIBRARIES
 from strata.backends.cuda.testing import CudaOps, time_launches
 from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
@@ -64,9 +64,9 @@ def graph_ms(ops, launches, reps: int) -> float:
         exec_.destroy()
 
 
-def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
+def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2) -> dict:
     rt, dev, stream = ops._rt, ops.device, ops.stream
-    splits = ops.decode_splits(1, HK, S, DH)
+    splits = ops.decode_splits(1, HK, S, DH, blocks_per_sm)
     q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
     lengths = ops._upload(np.array([S], np.int32))
     acc, ml = rt.DeviceBuffer(dev, H * splits * DH * 4), rt.DeviceBuffer(dev, H * splits * 8)
@@ -89,6 +89,8 @@ def bench(ops, rng, fmt: str, S: int, reps: int) -> dict:
     split = ops._kernel(split_op, **fields)
     rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
     split_args = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5, 0, 0, *(0,) * len(planes), 0)
+    if fmt in ("f16", "f16tc"):         # tc_from: every row the kernel's
+        split_args += (0 if fmt == "f16tc" else INT32_MAX,)
 
     def launch():
         if k_rot:
@@ -130,9 +132,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="16384,32768,131072")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated KV formats")
+    ap.add_argument("--blocks-per-sm", type=int, default=2,
+                    help="splits sized for this many blocks a multiprocessor (the engine's: 2); for a build whose "
+                         "decode kernels fit more (__launch_bounds__)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    if args.blocks_per_sm < 1:
+        ap.error("--blocks-per-sm: at least 1")
     formats = args.formats.split(",")
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
@@ -142,7 +149,7 @@ def main() -> int:
     rows = []
     for S in (int(c) for c in args.cells.split(",")):
         for fmt in formats:
-            r = bench(ops, rng, fmt, S, args.reps)
+            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm)
             r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)
             print(f"{fmt:>5} {S:>7} cells  eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -132,13 +133,15 @@ class DecodeSteps:
         split = T == 1 and row_states is None and self._splits()
         ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states)
         key = T if row_states is None else f"rows{T}"
+        lengths = (min(positions) + 1, max(positions) + 1)
         if split:       # eager, never captured: each layer reads its routing on the host
-            logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.split_plan)
+            with self.rows_of(lengths):
+                logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.split_plan)
             self._split_keys, mode = self.split_plan.host.end_step(), "split"
         else:
             logits, self.hidden, mode = self.launch(
                 key, lambda: self.model.forward(ids_dev, pos_dev, kv, plan=self.plan), kv,
-                (self.step_in, self.route_log, self.weights))
+                (self.step_in, self.route_log, self.weights), lengths=lengths)
         t1 = time.perf_counter()
         if download:
             out = self.download(logits)
@@ -202,23 +205,42 @@ class DecodeSteps:
         return (DeviceTensor(buf, 0, (T,), np.int32, buf),
                 StepRows(buf, 4 * T, T, buf, p + 4 * (2 * T + 1), p + 4 * (3 * T + 1), p + 4 * (4 * T + 1), num_slots))
 
-    def launch(self, key, launches, kv, owned: tuple, pool_for=None):
+    def launch(self, key, launches, kv, owned: tuple, pool_for=None, lengths: tuple[int, int] | None = None):
         """launches() -> (logits, hidden) as the graph of `key` (a step's row count, or a speculation
         window's name): eager the first time (measuring the pool it takes), captured the second,
         replayed after (graphs off: eager always). owned: the buffers the launches read, kept with
         the graph; pool_for(bytes): a frozen pool to capture into instead of one of the graph's own
-        (None: its own). -> (logits, hidden, "eager" | "capture" | "graph")."""
-        graph = self._graph(key, launches, kv, owned, pool_for)
-        if graph is None:
-            before = self.ops.pool.allocated_bytes
-            logits, hidden = launches()
-            self.step_bytes[key] = self.ops.pool.allocated_bytes - before
-            return logits, hidden, "eager"
+        (None: its own); lengths: (shortest, longest) of the rows' lengths, which name the f16 decode
+        attention kernels they take (ops.decode_rule: a key's suffix, graphs apart). -> (logits,
+        hidden, "eager" | "capture" | "graph")."""
+        if lengths is not None and self.ops.decode_rule(*lengths):
+            key = f"{key}{self.ops.decode_rule(*lengths)}"
+        with self.rows_of(lengths):
+            graph = self._graph(key, launches, kv, owned, pool_for)
+            if graph is None:
+                before = self.ops.pool.allocated_bytes
+                logits, hidden = launches()
+                self.step_bytes[key] = self.ops.pool.allocated_bytes - before
+                return logits, hidden, "eager"
         mode = "graph" if graph.launches else "capture"
         graph.launch(self.stream)
         if mode == "graph":             # a capture counted its step while the launches ran
             self.ops.expert_uses += graph.expert_uses
         return graph.logits, graph.hidden, mode
+
+    def captured(self, key) -> bool:
+        """Whether a graph of `key` is captured, for any of the f16 decode kernels' rules."""
+        return any(k == key or str(k).startswith(f"{key}+") for k in self.graphs)
+
+    @contextmanager
+    def rows_of(self, lengths: tuple[int, int] | None):
+        """ops.decode_lengths = lengths (None: not known, both f16 decode kernels launch) while the
+        step's launches are made."""
+        before, self.ops.decode_lengths = self.ops.decode_lengths, lengths
+        try:
+            yield
+        finally:
+            self.ops.decode_lengths = before
 
     def _graph(self, key, launches, kv, owned: tuple, pool_for):
         """The graph to replay for `key`: captured now on its second run; None for an eager run

@@ -72,22 +72,13 @@ def check_parallel(config: EngineConfig, args) -> None:
 
 
 def check_trial_paths(paths, config: EngineConfig, args) -> None:
-    """A trial kernel path (--kernels-on) this model or cache would never take is refused in one line:
-    wgmma-attention and tc-decode-attention have kernels for head dims 64 and 128 only, and
-    tc-decode-attention reads f16 caches through the split-K decode (at most 16 query heads a KV head)."""
-    from ..backends.cuda.kernels import TC_DECODE_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, split_k_takes
-    dh, H, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
+    """A trial kernel path (--kernels-on) this model would never take is refused in one line:
+    wgmma-attention has kernels for head dims 64 and 128 only."""
+    from ..backends.cuda.kernels import WG_ATTENTION_HEAD_DIMS
+    dh = args.head_dim
     if paths.wgmma_attention and dh not in WG_ATTENTION_HEAD_DIMS:
         raise UnsupportedError(f"kernel path wgmma-attention (--kernels-on): this model's head dim is {dh}; the "
                                f"path's kernels take {', '.join(map(str, WG_ATTENTION_HEAD_DIMS))}")
-    if paths.tc_decode_attention:
-        if dh not in TC_DECODE_HEAD_DIMS or not split_k_takes(H, Hk, dh):
-            raise UnsupportedError(f"kernel path tc-decode-attention (--kernels-on): this model's attention (head "
-                                   f"dim {dh}, {H // Hk} query heads a KV head) has no such kernel (head dims "
-                                   f"{', '.join(map(str, TC_DECODE_HEAD_DIMS))}, at most 16 a KV head)")
-        if config.kv != "f16":
-            raise UnsupportedError(f"kernel path tc-decode-attention (--kernels-on): it reads f16 K/V, and this "
-                                   f"cache is {config.kv} (--kv f16 takes it)")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -261,7 +261,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         greedy = SamplingParams()
         for n in drafts:
             for _ in range(3):
-                if f"spec{n}" in self.steps.graphs:
+                if self.steps.captured(f"spec{n}"):
                     break
                 token = speculative_step(self, d, SpecStats(), token, n, greedy, lambda: 0.5)[-1]
 

@@ -102,7 +102,7 @@ class SpecWindows:
         stream = r.stream
         self.buf.copy_from_host(np.frombuffer(self.host, np.uint8, HIDDEN + 4 * R * self.D), stream)
         r.ops.bytes_h2d += HIDDEN + 4 * R * self.D
-        logits, hidden = self._launch(n)
+        logits, hidden = self._launch(n, (start + 1, m + R))     # from the draft layer's rows to the last verify row
         self.buf.copy_to_host(self.back_ints, stream, 4 * V_IDS)
         hidden.buf.copy_to_host(self.back_hid[:R], stream, hidden.offset)
         r.steps._route_copy(R)             # experts streaming: the verify rows' routing, for the cache
@@ -115,11 +115,12 @@ class SpecWindows:
         ids, picks = self.back_ints[:R], self.back_ints[R_MAX:R_MAX + R]
         return [int(x) for x in ids[1:]], [int(x) for x in picks], self.back_hid[:R].copy()
 
-    def _launch(self, n: int):
-        """The window's launches: a graph replay, its capture (second window of n), or eager (first)."""
+    def _launch(self, n: int, lengths: tuple[int, int]):
+        """The window's launches: a graph replay, its capture (second window of n), or eager (first);
+        lengths: (shortest, longest) of its rows' (CudaDecoder.launch)."""
         r = self.r
         logits, hidden, _ = r.steps.launch(f"spec{n}", lambda: self._window(n), r.kv_all, (self.buf, r.weights),
-                                           self._pool)
+                                           self._pool, lengths)
         return logits, hidden
 
     def _pool(self, need: int):

@@ -624,11 +624,12 @@ def _vram_ring(vram: int, bases, first: int, S: int, vram_cells: int, cell_bytes
 
 
 def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk, S, splits, scale, window, ring,
-                      k_vram, v_vram, vram_cells, dh):
+                      k_vram, v_vram, vram_cells, tc_from, dh, tc=False):
     """B = grid.z query rows; row b reads cells 0..lengths[b]-1 of the cache from cell bases[b], or
     b * S without bases (S 0: the rows of one sequence's verify window share it); window > 0: only
     its last window positions, ring > 0: position p in cell p % ring (the drafter's K/V ring);
-    vram_cells > 0: the newest from --kv-resident's VRAM window (_read_cells)."""
+    vram_cells > 0: the newest from --kv-resident's VRAM window (_read_cells). Rows of lengths[b] >=
+    tc_from are the tensor-core kernel's (tc), the others attention.cu's: each writes only its own."""
     B = grid[2]
     assert grid == (splits, Hk, B) and 1 <= B <= 8 and (B == 1 or S == 0 or ring
                                                         or S >= int(view(lengths, B, np.int32).max()))
@@ -637,6 +638,8 @@ def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk,
     G = H // Hk
     for b, first in enumerate(firsts):
         n = int(view(lengths + 4 * b, 1, np.int32)[0])
+        if (n >= tc_from) != tc:
+            continue
         cell = Hk * dh * 2
         keys, vals = (_read_cells(c, _vram_ring(r, bases, first, S, vram_cells, cell), first, n, window, ring, B,
                                   vram_cells, cell).view(np.float16).reshape(-1, Hk, dh).astype(np.float32)
@@ -761,7 +764,7 @@ _EMULATE = {
     "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_prefill_wg_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
-    "attention_decode_tc_f16": _attention_decode,
+    "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
 }

@@ -124,7 +124,7 @@ def test_trial_kernel_paths_are_off_until_turned_on():
     cfg = EngineConfig(kernels_on="wgmma-gemm", kernels_off="pdl")
     paths = KernelPaths.without(cfg.kernels_off, cfg.kernels_on)
     assert (paths.wgmma_gemm, paths.pdl, paths.tensor_core_prompt) == (True, False, True)
-    with pytest.raises(InvalidArgument, match="kernels_on: unknown kernel path 'pdl'"):
+    with pytest.raises(InvalidArgument, match=r"kernels_on: kernel path 'pdl' is on by default \(--kernels-off pdl"):
         EngineConfig(kernels_on="pdl")      # a default path is turned off, never on
     with pytest.raises(InvalidArgument, match="kernels_off: unknown kernel path 'wgmma-gemm'"):
         EngineConfig(kernels_off="wgmma-gemm")

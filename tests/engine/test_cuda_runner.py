@@ -154,7 +154,9 @@ def _decode_both(eager, graph, tokens):
 def test_graph_decode_equals_eager_bitwise_over_40_steps(packs, rng):
     """40 steps across the length where each split's span grows from one KV tile to two (the split
     count is fixed by the cache size, chosen so it is below the tiles), then, after a reset, short
-    steps across tile boundaries where a length-sized split count would have changed."""
+    steps across tile boundaries where a length-sized split count would have changed. Every row takes
+    attention.cu's kernel (tc_from past every length), whose tiles these are: one graph serves them."""
+    from strata.backends.cuda.kernels import INT32_MAX
     pack = packs("demo")
     a = pack.args
     probe = CudaRunner(pack, 64)
@@ -162,6 +164,7 @@ def test_graph_decode_equals_eager_bitwise_over_40_steps(packs, rng):
     want = probe.ops.decode_splits(a.num_key_value_heads, 1 << 30, a.head_dim)   # splits of a huge cache
     del probe
     eager, graph = _eager_and_graph(pack, (want + 2) * tile)
+    eager.ops.tc_from = graph.ops.tc_from = INT32_MAX
     assert graph.ops.decode_splits(a.num_key_value_heads, graph.kv.max_cells, a.head_dim) == want
     boundary = want * tile          # lengths above it give every split two tiles
     ids = rng.integers(0, a.vocab_size, boundary - 20).tolist()
@@ -175,6 +178,18 @@ def test_graph_decode_equals_eager_bitwise_over_40_steps(packs, rng):
     assert np.array_equal(eager.prefill(short, 0), graph.prefill(short, 0))
     _decode_both(eager, graph, rng.integers(0, a.vocab_size, tile + 10).tolist())   # over two tile edges
     assert graph.graphs[1] is captured and captured.launches == 39 + tile + 10
+
+
+def test_graph_decode_equals_eager_bitwise_across_the_tensor_core_threshold(packs, rng):
+    """Steps whose rows cross tc_from (the tensor cores' f16 decode kernel from there on, attention.cu's
+    below): eager and graph logits equal bit for bit, the graph of each rule captured once."""
+    pack = packs("demo")
+    eager, graph = _eager_and_graph(pack, 128)
+    eager.ops.tc_from = graph.ops.tc_from = 40
+    ids = rng.integers(0, pack.args.vocab_size, 30).tolist()
+    assert np.array_equal(eager.prefill(ids, 0), graph.prefill(ids, 0))
+    _decode_both(eager, graph, rng.integers(0, pack.args.vocab_size, 20).tolist())    # lengths 31..50
+    assert graph.graphs[1].launches == 8 and graph.graphs["1+tc"].launches == 10     # n steps: eager, then n - 1
 
 
 @pytest.mark.parametrize("name", ["kquant-mixed", "mtp"])

@@ -1,6 +1,8 @@
 """The GPU engine's host logic, on the CPU: CudaRunner over tests/engine/fake_cuda, whose kernels are
 numpy emulations of their contracts. Addresses, strides, grouping and launch arguments are checked
 here; the kernels themselves in tests/kernels and the whole path in test_cuda_runner.py, on a GPU."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -87,39 +89,74 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_tc_decode_attention_trial_path_takes_its_kernel(fake, rng, graphs):
-    """--kernels-on tc-decode-attention: decode steps (eager and in the captured graph) attend over the f16
-    cache through cuda/attention_dec_tc.cu's kernel, the contract of attention.cu's, so the same logits
-    here; prompts keep their own kernels."""
+def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
+    """tc-decode-attention (on by default): decode rows of ops.tc_from cells or more attend over the f16
+    cache through cuda/attention_dec_tc.cu's kernel, shorter ones through attention.cu's (the same
+    contract, so the same logits here), eager and in captured graphs, whose keys name the kernels
+    they hold; --kernels-off tc-decode-attention leaves every row to attention.cu's."""
     pack = open_pack(DEMO)
-    ids = oracle_ids(pack, rng, 20)
+    ids = oracle_ids(pack, rng, 24)
+    tc_name = "strata_attention_decode_tc_f16_d64_g2"
 
-    def run(config):
+    def run(config, tc_from=None):
+        fake.launches.clear()
         runner = CudaRunner(pack, 64, config)
-        return [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
-    base = run(EngineConfig(cuda_graphs=graphs))
-    fake.launches.clear()
-    tc = run(EngineConfig(cuda_graphs=graphs, kernels_on="tc-decode-attention"))
-    for a, b in zip(tc, base):
+        if tc_from is not None:
+            runner.ops.tc_from = tc_from
+        out = [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
+        return out, runner
+    base, off = run(EngineConfig(cuda_graphs=graphs, kernels_off="tc-decode-attention"), tc_from=0)
+    assert tc_name not in fake.launches and set(off.graphs) <= {1}
+    short, _ = run(EngineConfig(cuda_graphs=graphs))        # the demo's 64 cells: every row under TC_DECODE_FROM
+    assert tc_name not in fake.launches
+    by_length, runner = run(EngineConfig(cuda_graphs=graphs), tc_from=18)   # steps of 13..24 cells
+    for a, b, c in zip(base, short, by_length):
         np.testing.assert_array_equal(a, b)
-    assert "strata_attention_decode_tc_f16_d64_g2" in fake.launches
-    assert not [n for n in fake.launches if n.startswith("strata_attention_decode_f16_")]
-    assert "strata_attention_decode_tc_f16_d64_g2" in set(fake.pdl_launches)
+        np.testing.assert_array_equal(a, c)
+    assert tc_name in fake.launches and tc_name in set(fake.pdl_launches)
+    assert "strata_attention_decode_f16_d64_g2" in fake.launches
+    if graphs:
+        assert {1, "1+tc"} <= set(runner.graphs)
+    assert runner.ops.decode_lengths is None                 # the step's lengths do not outlive it
+
+
+def test_a_few_prompt_rows_take_the_kernels_their_longest_names(fake, rng):
+    """A prompt of up to 8 tokens attends through the split-K decode kernels: the tensor cores' one
+    launches only where its longest row reaches tc_from (Positions.num_cells), the logits the same."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 5)
+    outs = []
+    for tc_from, tc in ((100, False), (3, True)):
+        fake.launches.clear()
+        runner = CudaRunner(pack, 64, EngineConfig())
+        runner.ops.tc_from = tc_from
+        outs.append(runner.prefill(ids, 0))
+        assert ("strata_attention_decode_tc_f16_d64_g2" in fake.launches) is tc
+        assert "strata_attention_decode_f16_d64_g2" in fake.launches        # rows of 1 and 2 cells
+    np.testing.assert_array_equal(*outs)
+
+
+def test_decode_rule_names_the_kernels_of_a_step(fake):
+    pack = open_pack(DEMO)
+    ops = CudaRunner(pack, 64, EngineConfig()).ops
+    ops.tc_from = 100
+    assert (ops.decode_rule(1, 99), ops.decode_rule(100, 107), ops.decode_rule(97, 104)) == ("", "+tc", "+both")
+    ops.paths = dataclasses.replace(ops.paths, tc_decode_attention=False)
+    assert ops.decode_rule(100, 107) == ""
 
 
 def test_attention_trial_paths_a_model_never_takes_are_refused(fake, tmp_path):
-    """--kernels-on tc-decode-attention over a quantized cache, or an attention path at a head dim its
-    kernels lack, would change nothing: refused in one line, before anything loads."""
+    """--kernels-on wgmma-attention at a head dim its kernels lack would change nothing: refused in one
+    line, before anything loads; tc-decode-attention is no trial path now (on by default, it takes only
+    the rows and shapes it has kernels for)."""
     pytest.importorskip("torch")
-    pack = open_pack(DEMO)
-    with pytest.raises(UnsupportedError, match=r"tc-decode-attention \(--kernels-on\): it reads f16 K/V, and this "
-                                               r"cache is q4_0"):
-        CudaRunner(pack, 64, EngineConfig(kv="q4_0", kernels_on="tc-decode-attention"))
     from tests.fixtures import SHAPES, make_pack
     path, _ = make_pack(tmp_path, SHAPES["odd"], seed=2)        # Dh 24
-    for on in ("tc-decode-attention", "wgmma-attention"):
-        with pytest.raises(UnsupportedError, match=rf"kernel path {on} \(--kernels-on\): this model's .*head dim"):
-            CudaRunner(open_pack(path), 32, EngineConfig(kernels_on=on))
+    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-attention \(--kernels-on\): this model's .*head dim"):
+        CudaRunner(open_pack(path), 32, EngineConfig(kernels_on="wgmma-attention"))
+    with pytest.raises(InvalidArgument, match=r"kernel path 'tc-decode-attention' is on by default"):
+        CudaRunner(open_pack(path), 32, EngineConfig(kernels_on="tc-decode-attention"))
+    CudaRunner(open_pack(DEMO), 64, EngineConfig(kv="q4_0"))    # the default paths over a quantized cache
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):

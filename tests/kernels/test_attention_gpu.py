@@ -29,8 +29,8 @@ def ops():
 
 @pytest.fixture(params=[False, True], ids=["cuda_cores", "tensor_cores"])
 def tc(request):
-    """Which f16 split-K decode kernel: attention.cu's, or attention_dec_tc.cu's (--kernels-on
-    tc-decode-attention)."""
+    """Which f16 split-K decode kernel: attention.cu's, or attention_dec_tc.cu's (the engine's for rows of
+    TC_DECODE_FROM cells and more)."""
     return request.param
 
 

@@ -5,7 +5,8 @@ launch is bit for bit the one-token launch on row b alone, for every batch size 
   (cuda/gemv.cu, gemv_rows.cuh's multi bodies), every quant type the decode GEMV reads;
 - strata_gemv3_rows_<q> against strata_gemv3_<q> with batch 1 (cuda/decode_fused.cu);
 - split-K decode attention over one sequence's cache for T query rows (max_cells 0: every row reads
-  the same cells; lengths = positions + 1; the one-row split count) against T one-row launches.
+  the same cells; lengths = positions + 1; the one-row split count) against T one-row launches, each
+  row through attention.cu's kernel, attention_dec_tc.cu's, or the one its length names.
 
 Outputs are poisoned with NaN first, so a skipped element fails; equality is of the float bits.
 """
@@ -82,37 +83,51 @@ def test_gemv3_rows_equal_batch_one(dev, qt, n, rows):
             assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref[i][:batch])), (qt, batch, i)
 
 
+@pytest.mark.parametrize("cut", ["cuda-cores", "tensor-cores", "by-length"])
 @pytest.mark.parametrize("dh,H,Hk", [(128, 32, 4), (64, 16, 16), (128, 8, 1)])
-def test_decode_attention_rows_equal_one_row_launches(dev, dh, H, Hk):
-    from strata.backends.cuda.kernels import decode_splits
+def test_decode_attention_rows_equal_one_row_launches(dev, dh, H, Hk, cut):
+    """cut: which f16 kernel takes each row (tc_from): attention.cu's every row, attention_dec_tc.cu's
+    every row, or each row's by its length (rows of p0 + 4 cells and more on the tensor cores): the
+    batched rows then take both launches, each kernel skipping the other's rows, and each row equals
+    its one-row launch through the kernel its length names."""
+    from strata.backends.cuda.kernels import INT32_MAX, KERNELS, decode_splits
     rng = np.random.default_rng(dh + H)
     G = H // Hk
     gp = next(g for g in (1, 2, 4, 8, 16) if g >= G)
     cells, T, p0 = 3000, 6, 2500                          # window rows at positions p0 .. p0 + T - 1
+    tc_from = {"cuda-cores": INT32_MAX, "tensor-cores": 0, "by-length": p0 + 4}[cut]
     K = (rng.standard_normal((cells, Hk, dh)) * 0.5).astype(np.float16)
     V = rng.standard_normal((cells, Hk, dh)).astype(np.float16)
     Q = rng.standard_normal((T, H, dh)).astype(np.float32)
     kp, vp, qp = dev.put(K), dev.put(V), dev.put(Q)
     splits = decode_splits(1, Hk, cells, dh, dev.dev.multiprocessor_count)
-    from strata.backends.cuda.kernels import KERNELS
-    decode = dev.kernel("attention", f"strata_attention_decode_f16_d{dh}_g{gp}", KERNELS["attention_decode"].signature)
+    cc = dev.kernel("attention", f"strata_attention_decode_f16_d{dh}_g{gp}", KERNELS["attention_decode"].signature)
+    tc = dev.kernel("attention_dec_tc", f"strata_attention_decode_tc_f16_d{dh}_g{gp}",
+                    KERNELS["attention_decode_tc"].signature)
     combine = dev.kernel("attention", "strata_attention_decode_combine_f32", "PPPiii")
     scale = 1 / np.sqrt(dh)
     lengths = np.arange(p0 + 1, p0 + T + 1, dtype=np.int32)
     lp = dev.put(lengths)
     part_acc = dev.rt.DeviceBuffer(dev.dev, T * H * splits * dh * 4)
     part_ml = dev.rt.DeviceBuffer(dev.dev, T * H * splits * 2 * 4)
+
+    def decode(grid, args, rows_lengths):
+        """The launches the engine makes for rows of these lengths (ops_attention._attention_decode)."""
+        if min(rows_lengths) < tc_from:
+            cc.launch(grid, 128, (*args, tc_from), stream=dev.stream)
+        if max(rows_lengths) >= tc_from:
+            tc.launch(grid, 128, (*args, tc_from), stream=dev.stream)
+
     ref = np.empty((T, H * dh), np.float32)
     for t in range(T):
         buf, host = dev.out((H * dh,))
-        decode.launch((splits, Hk, 1), 128, (qp + 4 * H * dh * t, kp, vp, lp + 4 * t, 0, part_acc.ptr,
-                                             part_ml.ptr, H, Hk, cells, splits, scale, 0, 0, 0, 0, 0),
-                      stream=dev.stream)
+        decode((splits, Hk, 1), (qp + 4 * H * dh * t, kp, vp, lp + 4 * t, 0, part_acc.ptr, part_ml.ptr, H, Hk, cells,
+                                 splits, scale, 0, 0, 0, 0, 0), lengths[t:t + 1])
         combine.launch((H, 1), 128, (part_acc.ptr, part_ml.ptr, buf.ptr, H, dh, splits), stream=dev.stream)
         ref[t] = dev.get(buf, host)
     assert np.isfinite(ref).all()
     buf, host = dev.out((T, H * dh))
-    decode.launch((splits, Hk, T), 128, (qp, kp, vp, lp, 0, part_acc.ptr, part_ml.ptr, H, Hk, 0, splits, scale, 0, 0, 0, 0, 0),
-                  stream=dev.stream)
+    decode((splits, Hk, T), (qp, kp, vp, lp, 0, part_acc.ptr, part_ml.ptr, H, Hk, 0, splits, scale, 0, 0, 0, 0, 0),
+           lengths)
     combine.launch((H, T), 128, (part_acc.ptr, part_ml.ptr, buf.ptr, H, dh, splits), stream=dev.stream)
     assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref))

@@ -25,6 +25,15 @@ TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kern
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
 WG_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_wg.cu's (wgmma, sm_90a) prompt kernels
 TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
+# A decode row of at least this many cells takes cuda/attention_dec_tc.cu's kernel, a shorter one
+# attention.cu's (tc-decode-attention; each kernel skips the other's rows, so a row's bits depend on its
+# own length alone, in any batch or verify window). Measured on H100s, synthetic qwen3-30b-a3b, the
+# kernels alternated on one load (tools/decode_variants.py --attention), tok/s of the tensor cores'
+# against attention.cu's: 312.4 / 322.1 after 512 cells, 302.6 / 309.8 after 4096 (another machine:
+# 299.6 / 298.1), 298.2 / 297.4 after 8192, 289.3 / 285.9 after 12288, 275.0 / 265.0 and 285.8 / 278.4
+# after 16384, 261.0 / 242.5 after 32768.
+TC_DECODE_FROM = 8192
+INT32_MAX = 2**31 - 1
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
 MOE_ROUTE_MAX_TOP_K = 32
@@ -55,9 +64,9 @@ class KernelPaths:
     split_gemv: bool = True          # strata_gemv_split_* for one-token GEMVs of fewer than 2 blocks per SM
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
+    tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
-    tc_decode_attention: bool = False  # on trial: cuda/attention_dec_tc.cu for f16 decode attention, Dh 64 / 128
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -172,10 +181,10 @@ KERNELS = {
     "kv_append_f16":    _K("attention", "strata_kv_append_f16", "PPPPPii", 128, "T: a block per token"),
     # appended cells (every plane of any format) copied into --kv-resident's VRAM window
     "kv_ring_append":   _K("attention", "strata_kv_ring_append", "PPPPPPPPPiiiiiii", 128, "(T, planes)"),
-    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi", 128,
+    "attention_decode": _K("attention", "strata_attention_decode_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPii", 128,
                            "(splits, Hk, B)", DECODE_GROUPS),
-    # the same contract, grid and block on the tensor cores (Dh 64, 128; --kernels-on tc-decode-attention)
-    "attention_decode_tc": _K("attention_dec_tc", "strata_attention_decode_tc_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPi",
+    # the same contract, grid and block on the tensor cores (Dh 64, 128; rows of TC_DECODE_FROM cells or more)
+    "attention_decode_tc": _K("attention_dec_tc", "strata_attention_decode_tc_f16_d{dh}_g{g}", "PPPPPPPiiiifiiPPii",
                               128, "attention_decode's", tuple(d for d in DECODE_GROUPS
                                                                if d["dh"] in TC_DECODE_HEAD_DIMS)),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),

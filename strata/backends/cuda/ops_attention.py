@@ -10,8 +10,8 @@ import numpy as np
 
 from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
 from ...errors import InvalidArgument
-from .kernels import (ATTENTION_HEAD_DIMS, TC_ATTENTION_HEAD_DIMS, TC_DECODE_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
-                      decode_splits, split_k_takes)
+from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
+                      WG_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes)
 from .memory import DeviceTensor, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -76,7 +76,29 @@ QK_NORM_ROPE_MAX_PAIRS = 512                               # cuda/norm_rope.cuh 
 
 
 class AttentionOps:
-    """Mixed into DeviceOps, whose alloc, copy, launch, _positions and _f32_weight these use."""
+    """Mixed into DeviceOps, whose alloc, copy, launch, _positions and _f32_weight these use.
+
+    The split-K decode over f16 cells takes two kernels by each row's own length (tc-decode-attention):
+    rows of tc_from cells or more attention_dec_tc.cu's, shorter ones attention.cu's, each kernel
+    skipping the other's rows, so a row's bits never depend on the rows beside it. Both launch unless
+    decode_lengths, (shortest, longest) of the rows being launched, says one has no rows: the decode
+    step and the speculation window set it (decode_rule names the kernels a graph of theirs holds); a
+    prompt chunk of a few rows names its longest (Positions.num_cells)."""
+
+    tc_from = TC_DECODE_FROM
+    decode_lengths: tuple[int, int] | None = None
+
+    def tc_decode_from(self, dh: int) -> int:
+        """The row length from which f16 split-K decode rows take attention_dec_tc.cu's kernel
+        (INT32_MAX: none, the path being off or without a kernel of this head dim)."""
+        return self.tc_from if self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS else INT32_MAX
+
+    def decode_rule(self, shortest: int, longest: int) -> str:
+        """Which f16 decode kernels rows of these lengths take, as a suffix for their graph's key: ""
+        attention.cu's alone (the key as it was before the tensor cores' kernel), "+tc" that kernel's
+        alone, "+both" both."""
+        cut = self.tc_decode_from(self.args.head_dim)
+        return "" if longest < cut else "+tc" if shortest >= cut else "+both"
 
     def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
         T, heads, dh = x.shape
@@ -263,12 +285,16 @@ class AttentionOps:
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
         (k_vram, v_vram), vram_cells = vram
-        # on trial: cuda/attention_dec_tc.cu's kernel of the same contract on the tensor cores
-        tc = self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS
-        op = "attention_decode_tc" if tc else "attention_decode"
-        self.launch(op, (splits, Hk, T),
-                    (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
-                     k_vram, v_vram, vram_cells), dh=dh, g=gp)
+        # rows of tc_from cells or more on the tensor cores (cuda/attention_dec_tc.cu, the same contract)
+        cut = self.tc_decode_from(dh)
+        # a few prompt rows (Positions) name their longest: max position + 1
+        shortest, longest = self.decode_lengths or (0, getattr(pos, "num_cells", INT32_MAX))
+        args = (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
+                k_vram, v_vram, vram_cells, cut)
+        if shortest < cut:
+            self.launch("attention_decode", (splits, Hk, T), args, dh=dh, g=gp)
+        if cut < INT32_MAX and longest >= cut:
+            self.launch("attention_decode_tc", (splits, Hk, T), args, dh=dh, g=gp)
         self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, TC_DECODE_HEAD_DIMS, decode_splits
+from .kernels import ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, INT32_MAX, TC_DECODE_HEAD_DIMS, decode_splits
 
 
 class AttentionWrappers:
@@ -121,8 +121,8 @@ class AttentionWrappers:
             vram_planes, vram_cells = (self._upload(kr), self._upload(vr)), kr.shape[0]
         self._launch("attention_decode_tc" if tc else "attention_decode", (splits, Hk, B),
                      (self._upload(q), self._upload(kc), self._upload(vc), self._upload(lengths), bases_dev,
-                      part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring, *vram_planes, vram_cells),
-                     dh=dh, g=gp)
+                      part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring, *vram_planes, vram_cells,
+                      0 if tc else INT32_MAX), dh=dh, g=gp)     # tc_from: every row this kernel's
         self._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         return self._download(out, (B, H * dh), np.float32)
 
