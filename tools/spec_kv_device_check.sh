@@ -30,6 +30,10 @@
 #              empty (a load-path change that keeps the sums bit for bit)
 #     kvbench  tools/kv_attention_bench.py --cells 16384,32768,131072 (KV_CELLS; quantized decode attention,
 #              #14); with KV_PARENT, then over that kv_quant.cu, then this build again (the A/B in one call)
+#     kvnsub   the quantized split-K decode with a warp tile of 16 cells (NSUB 1 at Dh 128: 166 registers
+#              against 245) built at __launch_bounds__(128, N) for N = 3, 4 and 2, each timed with splits for
+#              N blocks a multiprocessor against this build (#14: q4_0 is latency-bound at two blocks),
+#              then test_kv_quant_gpu over the N = 3 build (the sums run in another order: not the digests)
 #     kvncu    Nsight Compute over the int8 and q4_0 split-K decode kernels at 32K cells (device_deadline.sh's
 #              ncu_kv): this build, then KV_PARENT's when given
 #     tcbench  tools/attention_tc_bench.py --shape 80b (the head_dim-256 tensor-core prompt attention)
@@ -72,7 +76,7 @@ has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has dr
 # the kernel-only steps need no model: on a fresh machine the pack's minute of CPUs would slow the build
 pack_steps=0
 for s in "${steps[@]}"; do
-    case $s in tests|kvdigest|kvbench|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
+    case $s in tests|kvdigest|kvbench|kvnsub|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
 done
 if [ $pack_steps = 1 ]; then start_pack "$shape" 240; else pack_pid=; echo "no pack: no step needs one" >"$OUT/pack.log"; fi
 
@@ -142,6 +146,25 @@ if has kvdigest; then   # the quantized decode's outputs, this build against KV_
     fi
 fi
 has kvbench && kv_bench_ab
+if has kvnsub; then     # more warps a multiprocessor, each with half the tile in registers (#14)
+    for n in 3 4 2; do
+        sed -e "s/static constexpr int NSUB = DH <= 128 ? 2 : 1;/static constexpr int NSUB = 1;/" \
+            -e "s/__launch_bounds__(128) strata_attention_decode_##FMT/__launch_bounds__(128, $n) strata_attention_decode_##FMT/" \
+            cuda/kv_quant.cu > "/tmp/kv_nsub1_$n.cu" && build_fatbin "/tmp/kv_nsub1_$n.cu" "/tmp/kv_nsub1_$n.fatbin" &
+    done
+    wait
+    nsub_bench="tools/kv_attention_bench.py --cells ${KV_CELLS:-32768,131072} --formats int8,q4_0,k8v4 --reps 30"
+    echo "== kv attention bench, this build ($(elapsed) s)"
+    timeout "$(budget 40)" $PY $nsub_bench 2>&1 | tail -6
+    for n in 3 4 2; do
+        echo "== kv attention bench, NSUB 1 at $n blocks a multiprocessor ($(elapsed) s)"
+        [ -s "/tmp/kv_nsub1_$n.fatbin" ] && with_fatbin kv_quant "/tmp/kv_nsub1_$n.fatbin" \
+            timeout "$(budget 40)" $PY $nsub_bench --blocks-per-sm $n 2>&1 | tail -6
+    done
+    echo "== test_kv_quant_gpu over NSUB 1 at 3 ($(elapsed) s)"
+    [ -s /tmp/kv_nsub1_3.fatbin ] && with_fatbin kv_quant /tmp/kv_nsub1_3.fatbin \
+        timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_kv_quant_gpu.py 2>&1 | tail -3
+fi
 if has kvncu; then      # is the quantized decode issue-bound? (#14: q4_0 at a quarter of the copy rate)
     ncu_kv "this build" tree
     [ -n "${KV_PARENT:-}" ] && with_parent kv_quant "$KV_PARENT" ncu_kv "$KV_PARENT" parent
