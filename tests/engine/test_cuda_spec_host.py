@@ -33,6 +33,23 @@ def test_greedy_with_spec_equals_plain_on_the_emulated_gpu(fake):
     assert "spec3" in spec.runner.steps.graphs
 
 
+def test_greedy_with_spec_equals_plain_across_the_tensor_core_threshold(fake):
+    """Rows of tc_from cells and more take the tensor cores' f16 decode kernel, shorter ones
+    attention.cu's, each row by its own length: windows straddling the threshold (both kernels, each
+    writing its own rows' partials) give plain greedy's tokens, and the graphs of each rule are apart."""
+    plain = LLM(device="cuda")
+    spec = LLM(device="cuda", mtp=True, spec=3)
+    plain.runner.ops.tc_from = spec.runner.ops.tc_from = 14
+    fake.launches.clear()
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, max_tokens=24)
+        got = spec.generate(prompt, max_tokens=24)
+        assert got.token_ids == want.token_ids, prompt
+    assert {"strata_attention_decode_f16_d64_g2", "strata_attention_decode_tc_f16_d64_g2"} <= set(fake.launches)
+    keys = set(spec.runner.steps.graphs)
+    assert any(str(k).endswith("+tc") for k in keys) and any(str(k).startswith("spec") for k in keys)
+
+
 def test_device_windows_change_n_and_fall_back_after_plain_steps(fake):
     """Windows of changing draft counts (as --spec auto runs them: a graph per N) between plain
     steps, after which the drafter's pending rows can outnumber the next window's rows: that window
