@@ -46,6 +46,13 @@ def stage_rows(host: np.ndarray, pos: int, length: int, cell: int, base: int, po
     host[base:base + T] = bases
 
 
+def row_lengths(positions) -> tuple[int, int]:
+    """(shortest, longest) of the lengths (position + 1) of rows at these positions: which f16 decode
+    attention kernels they take (DecodeSteps.rows_of, ops.decode_rule)."""
+    p = np.asarray(positions, np.int64).reshape(-1)
+    return int(p.min()) + 1, int(p.max()) + 1
+
+
 def last_row_of(logits: DeviceTensor) -> DeviceTensor:
     """The last row [1, V] of device logits [T, V], a view that keeps their memory alive."""
     T, V = logits.shape
@@ -133,7 +140,7 @@ class DecodeSteps:
         split = T == 1 and row_states is None and self._splits()
         ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states)
         key = T if row_states is None else f"rows{T}"
-        lengths = (min(positions) + 1, max(positions) + 1)
+        lengths = row_lengths(positions)
         if split:       # eager, never captured: each layer reads its routing on the host
             with self.rows_of(lengths):
                 logits, self.hidden = self.model.forward(ids_dev, pos_dev, kv, plan=self.split_plan)
@@ -213,8 +220,9 @@ class DecodeSteps:
         (None: its own); lengths: (shortest, longest) of the rows' lengths, which name the f16 decode
         attention kernels they take (ops.decode_rule: a key's suffix, graphs apart). -> (logits,
         hidden, "eager" | "capture" | "graph")."""
-        if lengths is not None and self.ops.decode_rule(*lengths):
-            key = f"{key}{self.ops.decode_rule(*lengths)}"
+        rule = self.ops.decode_rule(*lengths) if lengths is not None else ""
+        if rule:                        # "" keeps the key as it was: an int where a row count
+            key = f"{key}{rule}"
         with self.rows_of(lengths):
             graph = self._graph(key, launches, kv, owned, pool_for)
             if graph is None:

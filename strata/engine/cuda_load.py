@@ -71,7 +71,7 @@ def check_parallel(config: EngineConfig, args) -> None:
                                f"(--parallel 1 runs it)")
 
 
-def check_trial_paths(paths, config: EngineConfig, args) -> None:
+def check_trial_paths(paths, args) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
     wgmma-attention has kernels for head dims 64 and 128 only."""
     from ..backends.cuda.kernels import WG_ATTENTION_HEAD_DIMS

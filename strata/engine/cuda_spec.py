@@ -37,14 +37,8 @@ import numpy as np
 
 from ..backends.cuda.memory import DeviceTensor, StepRows
 from ..errors import InvalidArgument
+from .cuda_decode import row_lengths
 from .memory_model import STEP_MAX_TOKENS, stream_all_tokens
-
-
-def _lengths(positions) -> tuple[int, int]:
-    """(shortest, longest) of the lengths of rows at these positions (position + 1): which f16 decode
-    attention kernels the draft layer's rows take (DecodeSteps.rows_of)."""
-    p = np.asarray(positions, np.int64).reshape(-1)
-    return int(p.min()) + 1, int(p.max()) + 1
 
 
 def check_spec(config, store, args) -> None:
@@ -79,7 +73,7 @@ class CudaSpeculation:
         T = len(next_ids)
         h = ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = self._draft_rows(positions)
-        with self.steps.rows_of(_lengths(positions)):
+        with self.steps.rows_of(row_lengths(positions)):
             logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,
                                               logits_rows=logits_rows, plan=self._mtp_plan(T))
         return (None if logits is None else ops.to_host(logits)), ops.to_host(out)
@@ -144,7 +138,7 @@ class CudaSpeculation:
         T = len(next_ids)
         h = hidden if isinstance(hidden, DeviceTensor) else ops.upload(np.ascontiguousarray(hidden, np.float32))
         pos = self._draft_rows(positions)
-        with self.steps.rows_of(_lengths(positions)):
+        with self.steps.rows_of(row_lengths(positions)):
             logits, out = self.model.mtp_step(h, np.asarray(next_ids, np.int64), pos, self.kv,
                                               logits_rows=slice(-1, None), plan=self._mtp_plan(T))
         D = out.shape[1]

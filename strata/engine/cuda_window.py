@@ -117,7 +117,7 @@ class SpecWindows:
 
     def _launch(self, n: int, lengths: tuple[int, int]):
         """The window's launches: a graph replay, its capture (second window of n), or eager (first);
-        lengths: (shortest, longest) of its rows' (CudaDecoder.launch)."""
+        lengths: (shortest, longest) of its rows' (DecodeSteps.launch)."""
         r = self.r
         logits, hidden, _ = r.steps.launch(f"spec{n}", lambda: self._window(n), r.kv_all, (self.buf, r.weights),
                                            self._pool, lengths)
