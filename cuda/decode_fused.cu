@@ -314,19 +314,60 @@ struct Three {
     }
 };
 
-template <class U>
-__device__ __forceinline__ void gemv3_body(const Three& m, const float* __restrict__ x, int n, const float* table) {
+// gemv3_body / gemv3_rows_body with x staged (gemv_rows.cuh's staged_rounds): the same row sets of the
+// three matrices, warp w of the block taking set blockIdx.x * kWarps + w, then that plus the grid's warps.
+template <class U, int B>
+__device__ __forceinline__ void staged_three(const Three& m, const float* __restrict__ x, int n, const float* table,
+                                             int batch) {
     const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
     const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
-    const uint8_t* W;
-    float* y;
-    int rows, base;
-    for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
-        // Built per set, as before the row body moved to gemv_rows.cuh: hoisted, ptxas allocated
-        // 158 registers instead of 128 for Q2_K.
-        const UnitLanes<U> L(n);
-        gemv_rows<U>(W, x, y, rows, base + L.sub * U::kRows, L, table);
+    constexpr int R = U::kRows;
+    const UnitLanes<U> L(n);
+    const uint8_t* W = nullptr;
+    float* y = nullptr;
+    int rows = 0, base = 0, row0 = 0;
+    auto find = [&](int round, const uint8_t* (&row_ptr)[R]) {
+        const bool valid = m.find(warp + static_cast<long long>(round) * num_warps, per_set, W, y, rows, base);
+        row0 = base + L.sub * R;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            row_ptr[r] = valid ? W + static_cast<long long>(min(row0 + r, rows - 1)) * L.row_bytes : m.W0;
+        return valid;
+    };
+    auto emit = [&](bool valid, const float (&acc)[B][R]) {
+        if (!valid) return;
+#pragma unroll
+        for (int t = 0; t < B; ++t) {
+            if (t < batch) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float v = sum_lanes(acc[t][r], L.lanes);
+                    if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
+                }
+            }
+        }
+    };
+    staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
+}
+
+template <class U>
+__device__ __forceinline__ void gemv3_body(const Three& m, const float* __restrict__ x, int n, const float* table) {
+    if constexpr (Stageable<U>::value) {
+        staged_three<U, 1>(m, x, n, table, 1);
+    } else {
+        const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
+        const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+        const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
+        const uint8_t* W;
+        float* y;
+        int rows, base;
+        for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
+            // Built per set, as before the row body moved to gemv_rows.cuh: hoisted, ptxas allocated
+            // 158 registers instead of 128 for Q2_K.
+            const UnitLanes<U> L(n);
+            gemv_rows<U>(W, x, y, rows, base + L.sub * U::kRows, L, table);
+        }
     }
 }
 
@@ -336,12 +377,16 @@ __device__ __forceinline__ void gemv3_rows_body(const Three& m, const float* __r
     const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
     const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
-    const uint8_t* W;
-    float* y;
-    int rows, base;
-    for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
-        const UnitLanes<U> L(n);
-        gemv_rows_multi<U>(W, x, y, rows, n, base + L.sub * U::kRows, L, table, batch);
+    if constexpr (Stageable<U>::value) {
+        staged_three<U, kMaxBatch>(m, x, n, table, batch);
+    } else {
+        const uint8_t* W;
+        float* y;
+        int rows, base;
+        for (long long g = warp; m.find(g, per_set, W, y, rows, base); g += num_warps) {
+            const UnitLanes<U> L(n);
+            gemv_rows_multi<U>(W, x, y, rows, n, base + L.sub * U::kRows, L, table, batch);
+        }
     }
 }
 

@@ -20,7 +20,9 @@
 // one row set, so short rows share a warp. Each lane loads the x values of its unit once and uses
 // them for kRows rows (2 or 4) whose bytes it loads first, all at once: x is read from L1 kRows
 // times less often, and several independent loads are in flight per lane. Lane sums are reduced
-// with shuffles. Nothing is staged in shared memory except IQ4's 16-float codebook.
+// with shuffles. The types of one 32-weight block per unit (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL)
+// read x from a padded tile in shared memory instead (gemv_rows.cuh's staged x; not the split
+// kernels); the others read it from global memory.
 //
 // Split (strata_gemv_split_<qtype>, same arguments): for matrices of few rows, a block covers one
 // warp's row set and its kWarps warps split the units of those rows (gemv_split_body); grid =
@@ -40,8 +42,8 @@
 // per-launch floor); batched B = 8 at 4096 x 2048 23-28 us. Likely limit of the quant types (from
 // the access pattern; not yet checked with ncu): a 32- or 64-weight unit puts neighbouring lanes'
 // x runs 128-256 bytes apart, so each 16-byte x load touches 32 L1 lines, where the float types'
-// 8-weight units touch 4. Next step: stage x once per block in shared memory, padded 16 bytes per
-// unit so the 16-byte reads are conflict-free.
+// 8-weight units touch 4. Staging x in shared memory (gemv_rows.cuh) took the Q8_0 head from 154 to
+// 140 us at one token and from 433 to 329 at four (H100).
 
 #include <cstdint>
 

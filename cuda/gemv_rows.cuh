@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "gemv_units.cuh"
 #include "quant_blocks.cuh"
 
 namespace strata_gemv {
@@ -75,6 +77,148 @@ __device__ __forceinline__ void gemv_rows_acc(const uint8_t* __restrict__ W, con
     }
 }
 
+// ---- staged x --------------------------------------------------------------------------------
+// The decode GEMVs' x rows in shared memory, a tile of quant blocks at a time, each 32-weight block's
+// values padded to kStride floats: a lane's 16-byte reads of its unit then touch distinct banks within
+// each quarter warp, where from global memory each of a warp's x loads touched 32 cache lines (a
+// lane's unit is 128 bytes of x, apart from its neighbours'), once per token. Only where x comes from
+// changes; the arithmetic and its order are the global path's, so the bits are too. Taken by the
+// whole-matrix bodies (gemv_body, gemv3_body: B = 1; gemv_multi_body, gemv3_rows_body: B = kMaxBatch)
+// of the unit types of one 32-weight block per unit (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL). Measured
+// on an H100 (tools/gemv_rows_ab.py, the 30B shape's Q8_0, us a launch, global -> staged): the head
+// 151936 x 2048 at 1 / 2 / 4 / 8 tokens 154 / 248 / 433 / 817 -> 140 / 200 / 329 / 583; the fused
+// q|k|v 10.7 / 15.8 / 23.5 / 38.1 -> 10.5 / 12.8 / 18.3 / 32.1. Not the split bodies: the attention
+// output 2048 x 4096 went 9.6 / 17.3 / 26.4 / 43.8 -> 10.0 / 16.3 / 32.1 / 66.2 (a block covers one
+// row set there, so each block stages all of x for a few rows' work).
+constexpr int kStageFloats = 9216;   // 36 KB: 4 tokens of a 2048-weight row in one tile
+constexpr int kStride = 36;
+
+template <class U>
+struct Stageable : std::bool_constant<U::kUnits == 1 && U::kBlockWeights == 32> {};
+
+template <class X>
+__device__ __forceinline__ auto fill_sum(X& x, int) -> decltype(x.sum = 0.f, void()) {
+    x.sum = strata_q::sum_floats<32>(x.v);   // as load_x32
+}
+template <class X>
+__device__ __forceinline__ void fill_sum(X&, long) {}
+
+template <class U>
+__device__ __forceinline__ void load_staged_x(const float* p, typename U::X& x) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float4 f = reinterpret_cast<const float4*>(p)[k];
+        x.v[4 * k] = f.x, x.v[4 * k + 1] = f.y, x.v[4 * k + 2] = f.z, x.v[4 * k + 3] = f.w;
+    }
+    fill_sum(x, 0);
+}
+
+// Blocks [b0, b0 + nb) of x rows t < batch into xs ([t][block][kStride]); every thread of the block
+// takes part (the caller puts the barriers around it).
+template <int kThreads>
+__device__ __forceinline__ void stage_x_tile(const float* __restrict__ x, int n, int batch, int b0, int nb,
+                                             float* xs) {
+    const int quads = nb * 8, total = batch * quads;
+    for (int i = threadIdx.x; i < total; i += kThreads) {
+        const int t = i / quads, q = i - t * quads, b = q >> 3, j = (q & 7) * 4;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(x + static_cast<long long>(t) * n + 32LL * (b0 + b)) + (q & 7));
+        *reinterpret_cast<float4*>(xs + (t * nb + b) * kStride + j) = v;
+    }
+}
+
+// The first unit >= u0 of the sequence u_first, u_first + u_step, ...
+__device__ __forceinline__ int first_from(int u_first, int u_step, int u0) {
+    return u_first >= u0 ? u_first : u_first + (u0 - u_first + u_step - 1) / u_step * u_step;
+}
+
+// gemv_rows_acc_multi over the tile [u0, u1) of units, x from the staged tile (nb blocks a token).
+template <class U, int B>
+__device__ __forceinline__ void acc_multi_tile(const uint8_t* const (&row_ptr)[U::kRows], const float* xs, int nb,
+                                               int u0, int u1, const float* table, int u_first, int u_step,
+                                               int batch, float (&acc)[B][U::kRows]) {
+    constexpr int R = U::kRows;
+    for (int u = first_from(u_first, u_step, u0); u < u1; u += u_step) {
+        typename U::Raw raw[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) U::load(row_ptr[r] + static_cast<long long>(u) * U::kBlockBytes, 0, raw[r]);
+#pragma unroll
+        for (int t = 0; t < B; ++t) {
+            if (t < batch) {
+                typename U::X xv;
+                load_staged_x<U>(xs + (t * nb + (u - u0)) * kStride, xv);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[t][r] += U::dot(raw[r], 0, xv, table);
+            }
+        }
+    }
+}
+
+// A block-uniform loop over row groups: each round, every warp may take a row set (valid) or not;
+// x is staged tile by tile for all of them, and acc of the valid ones collected. emit(acc) writes.
+// Returns after the last round any warp of the block had work in.
+template <int kWarps, class U, int B, class Find, class Emit>
+__device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n, int batch, const float* table,
+                                              Find find, Emit emit, int u_first, int u_step) {
+    constexpr int R = U::kRows;
+    constexpr int kFloats = B == 1 ? kStageFloats / 2 : kStageFloats;   // one token: a 4096-weight row, 18 KB
+    __shared__ __align__(16) float xs[kFloats];
+    const int num_blocks = n / 32;
+    const int nb = max(1, min(num_blocks, kFloats / (batch * kStride)));
+    for (int round = 0;; ++round) {
+        const uint8_t* row_ptr[R];
+        const bool valid = find(round, row_ptr);
+        if (!__syncthreads_or(valid)) return;
+        float acc[B][R];
+#pragma unroll
+        for (int t = 0; t < B; ++t)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[t][r] = 0.f;
+        for (int b0 = 0; b0 < num_blocks; b0 += nb) {
+            const int cnt = min(nb, num_blocks - b0);
+            __syncthreads();                  // the last tile's readers are done
+            stage_x_tile<kWarps * 32>(x, n, batch, b0, cnt, xs);
+            __syncthreads();
+            if (valid) acc_multi_tile<U, B>(row_ptr, xs, cnt, b0, b0 + cnt, table, u_first, u_step, batch, acc);
+        }
+        emit(valid, acc);
+    }
+}
+
+// y = W x for batch <= B tokens, x staged (Stageable U): warp w of the block takes row set
+// blockIdx.x * kWarps + w, then that plus gridDim.x * kWarps, ...: any grid is complete. B = 1: the
+// one-token kernel (gemv_body), B = kMaxBatch: the row-invariant batches (gemv_multi_body).
+template <int kWarps, class U, int B>
+__device__ __forceinline__ void staged_gemv(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                            float* __restrict__ y, int rows, int n, const float* table, int batch) {
+    constexpr int R = U::kRows;
+    const UnitLanes<U> L(n);
+    const long long rows_per_warp = (32 / L.lanes) * R;
+    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    const long long stride = static_cast<long long>(gridDim.x) * kWarps * rows_per_warp;
+    int row0 = 0;
+    auto find = [&](int round, const uint8_t* (&row_ptr)[R]) {
+        const long long base = warp * rows_per_warp + round * stride;
+        row0 = static_cast<int>(min(base, static_cast<long long>(rows))) + L.sub * R;
+#pragma unroll
+        for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * L.row_bytes;
+        return base < rows;
+    };
+    auto emit = [&](bool valid, const float (&acc)[B][R]) {
+        if (!valid) return;
+#pragma unroll
+        for (int t = 0; t < B; ++t) {
+            if (t < batch) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float v = sum_lanes(acc[t][r], L.lanes);
+                    if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
+                }
+            }
+        }
+    };
+    staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
+}
+
 // y[row0 + r] = W[row0 + r, :] . x for r < U::kRows: this lane's share of one row set.
 template <class U>
 __device__ __forceinline__ void gemv_rows(const uint8_t* __restrict__ W, const float* __restrict__ x,
@@ -95,12 +239,16 @@ __device__ __forceinline__ void gemv_rows(const uint8_t* __restrict__ W, const f
 template <int kWarps, class U>
 __device__ __forceinline__ void gemv_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                           float* __restrict__ y, int rows, int n, const float* table) {
-    const UnitLanes<U> L(n);
-    const long long rows_per_warp = (32 / L.lanes) * U::kRows;
-    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
-    for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
-        gemv_rows<U>(W, x, y, rows, static_cast<int>(base) + L.sub * U::kRows, L, table);
+    if constexpr (Stageable<U>::value) {
+        staged_gemv<kWarps, U, 1>(W, x, y, rows, n, table, 1);
+    } else {
+        const UnitLanes<U> L(n);
+        const long long rows_per_warp = (32 / L.lanes) * U::kRows;
+        const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+        const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
+        for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
+            gemv_rows<U>(W, x, y, rows, static_cast<int>(base) + L.sub * U::kRows, L, table);
+    }
 }
 
 // y = W x for one token, K split over the block's kWarps warps: for matrices with too few rows to
@@ -196,12 +344,16 @@ template <int kWarps, class U>
 __device__ __forceinline__ void gemv_multi_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int n, const float* table,
                                                 int batch) {
-    const UnitLanes<U> L(n);
-    const long long rows_per_warp = (32 / L.lanes) * U::kRows;
-    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
-    for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
-        gemv_rows_multi<U>(W, x, y, rows, n, static_cast<int>(base) + L.sub * U::kRows, L, table, batch);
+    if constexpr (Stageable<U>::value) {
+        staged_gemv<kWarps, U, kMaxBatch>(W, x, y, rows, n, table, batch);
+    } else {
+        const UnitLanes<U> L(n);
+        const long long rows_per_warp = (32 / L.lanes) * U::kRows;
+        const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+        const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
+        for (long long base = warp * rows_per_warp; base < rows; base += num_warps * rows_per_warp)
+            gemv_rows_multi<U>(W, x, y, rows, n, static_cast<int>(base) + L.sub * U::kRows, L, table, batch);
+    }
 }
 
 template <int kWarps, class U>

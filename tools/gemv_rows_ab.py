@@ -1,7 +1,7 @@
 """A/B of the decode GEMVs of several builds of cuda/gemv.cu and cuda/decode_fused.cu, in one process
 and without the package: each arm's fatbins are loaded with the driver API (cuda.bindings), buffers
 and timing come from torch. So it needs no build on the GPU machine, only the fatbins (built here
-with nvcc, e.g. tools/variants/make_gemv_staged.sh) and a few seconds.
+with nvcc, e.g. tools/variants/make_gemv_parent.sh) and a few seconds.
 
     python tools/gemv_rows_ab.py --arm NAME:GEMV.fatbin:DECODE_FUSED.fatbin [--arm ...] [--json F]
 

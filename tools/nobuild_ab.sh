@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A session's first device call when kernel variants wait to be decided: no package build. The fatbins
-# come from tools/variants/make_wgmma.sh and tools/variants/make_gemv_staged.sh, run here first where
+# come from tools/variants/make_wgmma.sh and tools/variants/make_gemv_parent.sh, run here first where
 # nvcc is on PATH (a minute; so they are this tree's), else taken from a carried .whl.
 #   1. the wgmma prompt GEMM (#17) against mma.sync: each wgmma arm checked in a process of its own (a
 #      faulting arm poisons only its own CUDA context), then the arms that passed timed together;
 #   2. the wgmma prompt attention (#17, #14) against attention_tc.cu, the same way;
-#   3. the staged-x decode GEMVs (#16, #19) against this tree's.
+#   3. the decode GEMVs (#16, #19) of this tree against an earlier commit's (GEMV_PARENT, default HEAD^).
 # JSON reports under $OUT (default /tmp). About 3-5 minutes.
 #
 #   tools/nobuild_ab.sh [gemm] [attention] [gemv]      default: all three
@@ -21,7 +21,7 @@ STEPS=("$@"); [ ${#STEPS[@]} -eq 0 ] && STEPS=(gemm attention gemv)
 if command -v nvcc > /dev/null && [ -z "${KEEP_FATBINS:-}" ]; then
     echo "== building the variants' fatbins from this tree"
     { want gemm || want attention; } && bash tools/variants/make_wgmma.sh 2>&1 | tail -1
-    want gemv && bash tools/variants/make_gemv_staged.sh 2>&1 | tail -1
+    want gemv && bash tools/variants/make_gemv_parent.sh "${GEMV_PARENT:-HEAD^}" 2>&1 | tail -1
 fi
 
 decide() {      # decide TOOL REF_ARM NOTIME_FLAG ARM...: check each arm beside REF_ARM alone, time those that pass
@@ -49,8 +49,8 @@ if want attention; then
         "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16"
 fi
 if want gemv; then
-    echo "== gemv_rows_ab: tree against staged"
-    timeout 200 $PY tools/gemv_rows_ab.py --arm "tree:$W/gemv_tree.fatbin:$W/decode_fused_tree.fatbin" \
-        --arm "staged:$W/gemv_staged.fatbin:$W/decode_fused_staged.fatbin" --json "$OUT/gemv_rows_ab.json" 2>&1 | tail -30
+    echo "== gemv_rows_ab: parent against tree"
+    timeout 200 $PY tools/gemv_rows_ab.py --arm "parent:$W/gemv_parent.fatbin:$W/decode_fused_parent.fatbin" \
+        --arm "tree:$W/gemv_tree.fatbin:$W/decode_fused_tree.fatbin" --json "$OUT/gemv_rows_ab.json" 2>&1 | tail -30
 fi
 echo "== done"
