@@ -19,7 +19,7 @@
 #               "name:gemv.fatbin:decode_fused.fatbin" (- keeps this build's), then this build: decode_profile
 #               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
 #               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
-#               (tools/variants/make_gemv_staged.sh builds the staged-x arm)
+#               (tools/variants/make_gemv_parent.sh builds a parent commit's arm; PAR_CONTEXT: the slots' context)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
 #               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
@@ -91,7 +91,8 @@ gemv_arm() {            # the batched step's kernel table and parallel slots, as
     timeout "$(budget 60)" $PY tools/decode_profile.py --context 192 --rows 4 --steps 5 --json "$OUT/gemv_$1.json" 2>&1 \
         | grep -E "^decode step|gemv|moe_(gate|down)" | head -8
     timeout "$(budget 60)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \
-        --clients 1,4 --warm 16 --long 0 --json "$OUT/gemv_par_$1.json" 2>&1 | grep -E "clients:|x\)" | head -6
+        --clients 1,4 --warm 16 --long 0 ${PAR_CONTEXT:+--context $PAR_CONTEXT} --json "$OUT/gemv_par_$1.json" 2>&1 \
+        | grep -E "clients:|x\)" | head -6
 }
 if has gemvab; then      # the batched GEMVs' weights converted once a batch (gemv_rows.cuh) against parents
     for arm in ${GEMV_ARMS:-}; do

@@ -3,6 +3,7 @@ request's time to its first token while a long prompt is being read in another s
 
     python tools/parallel_bench.py [--synthetic qwen3-30b-a3b] [--budget-gib 0,12] [--batch-max 0,1]
                                    [--clients 1,2,4,8] [--prompt 64] [--decode 128] [--warm 8]
+                                   [--context N] [--prompts-apart]
                                    [--long 16384] [--long-chunk 2048] [--json F]
 
 Each round submits N requests of random prompts at once (greedy, no end-of-sequence: each runs
@@ -53,6 +54,8 @@ def clients_round(llm, n: int, prompt: int, decode: int, rng) -> dict:
     last = max(r.finished for r in reqs)
     tokens = sum(r.num_tokens - 1 for r in reqs)
     return {"clients": n, "aggregate_decode_tok_s": tokens / (last - first), "tokens": tokens,
+            "first_tokens_ms": [round((r.first_token - t0) * 1e3, 1) for r in reqs],
+            "prompt_batches": (llm.status().get("prompt_batches") or {}).get("forwards"),
             "wall_s": last - t0, "per_client_tok_s": [round((r.num_tokens - 1) / (r.finished - r.first_token), 1)
                                                       for r in reqs],
             "batching": llm.batching.to_dict()}
@@ -90,7 +93,10 @@ def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
     """The clients rounds of one engine: --vram-budget-gib budget_gib (0: resident), --batch-max."""
     rng = np.random.default_rng(0)          # every arm the same prompts
     out = {"budget_gib": budget_gib, "batch_max": batch_max, "rounds": []}
-    llm = _llm(args, max(clients), args.prompt + max(args.warm, args.decode) + 8, "auto", budget_gib, batch_max)
+    context = max(args.context, args.prompt + max(args.warm, args.decode) + 8)
+    llm = _llm(args, max(clients), context, "auto", budget_gib, batch_max)
+    if args.prompts_apart:              # the A/B of prompts read together (LLM._prompt_batch)
+        llm.scheduler.batch_prompts = None
     name = f"{budget_gib:g} GiB" if budget_gib else "resident"
     print(f"{name}, --batch-max {batch_max}: plan {llm.status().get('prefill_chunk')} chunk, parallel "
           f"{llm.config.parallel}, context {llm.max_context} a slot", flush=True)
@@ -100,7 +106,8 @@ def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
         out["rounds"].append(r)
         b = r["batching"]
         print(f"  {n} clients: aggregate decode {r['aggregate_decode_tok_s']:,.1f} tok/s (per client "
-              f"{r['per_client_tok_s']}); steps of up to {b['cap']} rows, step ms by rows {b['step_ms']}", flush=True)
+              f"{r['per_client_tok_s']}); steps of up to {b['cap']} rows, step ms by rows {b['step_ms']}; first "
+              f"tokens at {r['first_tokens_ms']} ms, prompt forwards so far {r['prompt_batches']}", flush=True)
     one = out["rounds"][0]["aggregate_decode_tok_s"]
     for r in out["rounds"]:
         r["x_one_client"] = round(r["aggregate_decode_tok_s"] / one, 2)
@@ -134,6 +141,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=8, help="tokens a request of each warm round")
     ap.add_argument("--long", type=int, default=16384, help="0: no long-prompt round")
     ap.add_argument("--long-chunk", default="2048", help="the long round's --prefill (N, auto or auto:N)")
+    ap.add_argument("--context", type=int, default=0,
+                    help="each slot's context (at least what a request needs; it bounds the prompt chunk, "
+                         "and so how many prompts one forward reads)")
+    ap.add_argument("--prompts-apart", action="store_true",
+                    help="each request's prompt read alone (not with the others waiting: the A/B)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.model:

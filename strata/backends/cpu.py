@@ -199,6 +199,10 @@ class CpuOps:
         keys, values = kv.read(layer, int(positions.max()) + 1)
         return kv.output(causal_attention(kv.query(q), keys, values, positions))
 
+    @staticmethod
+    def take_rows(x: np.ndarray, rows) -> np.ndarray:
+        return x[list(rows)]
+
     # composites: a GPU backend fuses each into fewer launches; here the plain sequence -------------
     def add_rms_norm(self, x: np.ndarray, y: np.ndarray, name: str, eps: float):
         """A residual add and the norm after it -> (x + y, rms_norm(x + y))."""

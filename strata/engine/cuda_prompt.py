@@ -40,6 +40,25 @@ class PromptChunks:
         ops._copy_rows(logits.ptr + (logits.shape[0] - 1) * V * 4, 0, self.last_row.ptr, 1, V, 0, 0)
         return ops.to_host(logits) if download else None
 
+    def forward_segments(self, segments, kv):
+        """Several slots' prompts in one forward (CudaRunner.prefill_batch): segments [(ids, lo, base,
+        kv_view)], each ids read at positions lo.. of the sequence whose cell 0 is cell `base` of kv
+        (the whole cache; kv_view that slot's view of it) -> the logits of each prompt's last row
+        [len(segments), V] on the device. One pass over the weights and experts for all of them."""
+        ops, a = self.ops, self.args
+        for ids, lo, _, _ in segments:
+            if lo + len(ids) > self.max_context:
+                raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
+        ids = [t for seg in segments for t in seg[0]]
+        plan = self.step_plan
+        if len(ids) > STEP_MAX_TOKENS:
+            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
+        positions = ops.upload_segments([(lo, len(seg), base, view) for seg, lo, base, view in segments], kv.num_slots)
+        ends = np.cumsum([len(seg[0]) for seg in segments]) - 1
+        logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv,
+                                       logits_rows=[int(e) for e in ends], plan=plan)
+        return logits
+
     def forward_rows(self, ids: list[int], lo: int, kv, hand=None):
         """A layer split's card before the last (its model has no head): the chunk's rows as the next
         card's hand_in takes them -> (normed [T, D], x [T, D]) on the device, in this pool. hand: a

@@ -35,7 +35,7 @@ from . import cuda_load
 from .cuda_decode import DecodeSteps
 from .cuda_prompt import PromptChunks
 from .cuda_spec import CudaSpeculation, check_spec
-from .memory_model import VRAM_RESERVE_BYTES
+from .memory_model import STEP_MAX_TOKENS, VRAM_RESERVE_BYTES
 from .sampler import pick_host
 from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
@@ -97,9 +97,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.stage = stage
         self.model = build(a, self.ops, *stage)
         if not stage[0]:        # a later card: a decode step's rows from the card before (ops.hand_in)
-            from .memory_model import STEP_MAX_TOKENS
             self.ops.hand_buf = rt.DeviceBuffer(self.dev, 2 * STEP_MAX_TOKENS * a.hidden_size * 4)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
+        self.prompt_batches = self.batched_prompts = 0      # prefill_batch's forwards, and their prompts
         self.total_experts = num_layers * a.num_experts
         self.decode_misses, graph_error = cuda_load.decode_misses(self.store, config)
         self.store.host_experts = cuda_load.host_experts(rt, self.dev, self.stream, self.store, a, config, vram.bandwidths)
@@ -432,6 +432,47 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
                 self._snapshot_row(len(ids))
         return out
 
+    def prompt_batchable(self, ids: list[int], start: int) -> bool:
+        """Whether this prompt (ids[start:] to read) may be read in one forward with other slots'
+        (prefill_batch): more than a decode step's tokens and at most one chunk, every expert resident,
+        an f16 cache in VRAM, a whole model on this card, and no draft layer or DeltaNet states (whose
+        prompt passes are their own)."""
+        return (self.num_slots > 1 and STEP_MAX_TOKENS < len(ids) - start <= self.prefill_chunk
+                and self.store.resident and not self.hybrid and self.drafter is None and not self.kv_on_host
+                and not self.kv_all.quantized and self.stage == (True, True))
+
+    def prefill_batch(self, jobs: list[tuple[int, list[int], int]]) -> None:
+        """Several slots' prompts in one forward: jobs [(slot, ids, start)], each slot's ids[start:] read
+        at positions start.. (its cells of ids[:start] cached, as its reusable_prefix left them), each
+        weight and expert read once for all of them; each slot's last logits stay on the device for its
+        pick(). A prompt's cells and logits are those prefill() gives it alone: every op of the forward
+        is row-invariant, each prompt attends in the launch it makes alone (memory.PromptSegments), and
+        its last row takes the head's row-invariant GEMV."""
+        slots = [slot for slot, _, _ in jobs]
+        if len(set(slots)) != len(slots):
+            raise InvalidArgument(f"prefill_batch: slots {slots} repeat")
+        segments = []
+        for slot, ids, start in jobs:
+            if not self.prompt_batchable(ids, start):
+                raise InvalidArgument(f"prefill_batch: slot {slot}'s prompt of {len(ids) - start} tokens to read "
+                                      f"is not one this runner reads with others (prompt_batchable)")
+            self.use(slot)
+            self._keep_tail(start)
+            self.cached_ids = self.cached_ids[:start]
+            segments.append((ids[start:], start, slot * self.max_context, self.kv))
+        tokens = sum(len(seg[0]) for seg in segments)
+        if tokens > self.prefill_chunk:
+            raise InvalidArgument(f"prefill_batch: {tokens} tokens in one forward; the chunk is {self.prefill_chunk}")
+        with self.prompts.loan(tokens, self.prefill_chunk):
+            logits = self.prompts.forward_segments(segments, self.kv_all)
+        V = self.args.vocab_size
+        for row, (slot, ids, start) in enumerate(jobs):
+            self.use(slot)
+            self.cached_ids.extend(ids[start:])
+            self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits.keep)
+        self.prompt_batches += 1
+        self.batched_prompts += len(jobs)
+
     def decode(self, token: int, logits: bool = True) -> np.ndarray | None:
         """Append one token at the next position; -> its logits [V] (None without `logits`: they
         stay on the device for pick())."""
@@ -604,6 +645,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             "decode": self.decode_status(),
             "kv": self.kv_status(),
             "parallel": self.num_slots, "kept_conversations": self.kept.status(),
+            "prompt_batches": {"forwards": self.prompt_batches, "prompts": self.batched_prompts},
             "spec": self.spec,
             "speculation": ({**self.spec_stats.to_dict(), "auto": self.spec_auto.to_dict() if self.spec_auto else None,
                              "device_windows": self.device_windows, "room_lent": self.room_lent,

@@ -13,7 +13,7 @@ from ..config import EngineConfig, SamplingParams, refuse_gpu_kernel_paths
 from ..errors import DeviceError, InvalidArgument, PackError, StrataError, UnsupportedError
 from .logits import HostLogits, prompt_logprobs_steps
 from .sampler import Sampler
-from .scheduler import PROMPT_CHUNK, Request, Scheduler
+from .scheduler import PROMPT_CHUNK, PROMPT_READY, Request, Scheduler
 from .textstream import TextStream
 from .types import Completion, Delta, Timings, Usage
 
@@ -193,15 +193,42 @@ class LLM:
         from .scheduler import DEFAULT_QUEUE_SIZE
         n = self.config.parallel
         self.batching = batch_rule(self.config.batch_max, n)
+        # prompts read together where the runner can (the GPU's, every expert resident); not with
+        # --batch-max 1, whose rows step apart
+        prompts = n > 1 and self.config.batch_max != 1 and hasattr(self.runner, "prefill_batch")
         return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
                          choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None,
-                         batch_rule=self.batching, waits=getattr(self.runner, "worth_waiting", None) if n > 1 else None)
+                         batch_rule=self.batching, waits=getattr(self.runner, "worth_waiting", None) if n > 1 else None,
+                         batch_prompts=self._prompt_batch if prompts else None)
 
     def _decode_batch(self, works: list["Generation"]) -> None:
         """One batched decode step for the works' pending tokens (Scheduler's batch)."""
         self.runner.decode_batch([w.slot for w in works], [w.pending for w in works])
         for w in works:
             w.pending, w.stepped = None, True
+
+    def _prompt_batch(self, works: list["Generation"]) -> None:
+        """The prompts of works waiting to be read (Scheduler's batch_prompts), in forwards of at most a
+        prompt chunk's tokens in their order (runner.prefill_batch); a forward of one is left to the
+        work, which reads its prompt alone."""
+        groups: list[list[Generation]] = [[]]
+        size, limit = 0, self.runner.prefill_chunk
+        for w in works:
+            n = len(w.ids) - w.prompt_start
+            if groups[-1] and size + n > limit:
+                groups.append([])
+                size = 0
+            groups[-1].append(w)
+            size += n
+        for group in groups:
+            if len(group) < 2:
+                continue
+            self.runner.prefill_batch([(w.slot, w.ids, w.prompt_start) for w in group])
+            for w in group:
+                w.prompt_read = True
+                n = len(w.ids) - w.prompt_start
+                if w.on_progress is not None:
+                    w.on_progress(n, n)
 
     def warm_up(self) -> float:
         """Pay the first request's one-time costs now (the chat template, the tokenizer, and on the
@@ -313,6 +340,12 @@ class Generation:
         self.host = HostLogits(params, ids, llm.args.vocab_size) if params.on_host else None
         self.prompt_logprobs: list | None = None
         self.yield_chunks = False   # the scheduler's: next() returns PROMPT_CHUNK between a prompt's chunks
+        # the scheduler's: a prompt read in one pass first yields PROMPT_READY with prompt_start (the
+        # tokens cached) set, so that prompts waiting together are read in one forward (LLM._prompt_batch,
+        # which sets prompt_read); one left unread reads itself alone
+        self.batch_prompt = False
+        self.prompt_start: int | None = None
+        self.prompt_read = False
         self.pending: int | None = None   # the token the next step decodes, when it is a plain decode step
         self.stepped = False        # that step ran already, batched with other slots' (LLM._decode_batch)
         # a constrained request decodes one token at a time: each draft would need its own mask (and
@@ -383,9 +416,17 @@ class Generation:
                 llm.state = "generating"
                 return
         cached = runner.reusable_prefix(self.ids)
-        steps = runner.prefill_steps(self.ids, cached, self.on_progress)
-        for _ in steps:         # the runner pauses between chunks only where other slots may step meanwhile
-            yield PROMPT_CHUNK
+        if self.batch_prompt and runner.prompt_batchable(self.ids, cached):
+            self.prompt_start = cached
+            yield PROMPT_READY      # read now, with other slots' waiting prompts or alone
+            self.prompt_start = None
+            if self._cancelled and not self.prompt_read:
+                llm.state = "generating"
+                return              # nothing read: _decode ends it as cancelled
+        if not self.prompt_read:
+            steps = runner.prefill_steps(self.ids, cached, self.on_progress)
+            for _ in steps:         # the runner pauses between chunks only where other slots may step meanwhile
+                yield PROMPT_CHUNK
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         timings.prompt_n, timings.cache_n = len(self.ids) - cached, cached
         llm.state = "generating"

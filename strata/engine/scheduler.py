@@ -18,7 +18,11 @@ iteration whatever the grouping, and the groups start at a slot that turns each 
 slot always waits for the others. The rule is told each group's time (the clock, from the step to
 its rows' picks). Then every other busy slot advances. A prompt is read a chunk per iteration (the
 work yields PROMPT_CHUNK between chunks), so a long prompt in one slot does not hold up the other
-slots' tokens.
+slots' tokens. Prompts that wait to be read together are read in one forward: a work that would
+read its whole prompt in one pass yields PROMPT_READY instead (when told `batch_prompt`), and at
+the end of the iteration `batch_prompts` reads the waiting ones together (strata.LLM: the runner's
+prefill_batch, every weight and expert read once for all of them: several agents' short turns,
+or clients that arrive at once); then each picks its first token. One waiting alone reads itself.
 
 Events go to `Request.emit` (kind, payload): "delta" (a Delta), then "done" (the Completion) or
 "error" (the exception); a request cancelled while it waits leaves the queue with no event.
@@ -45,6 +49,14 @@ class _PromptChunk:
 
 
 PROMPT_CHUNK = _PromptChunk()   # a work's next() that read a prompt chunk and has no token yet
+
+
+class _PromptReady:
+    def __repr__(self):
+        return "PROMPT_READY"
+
+
+PROMPT_READY = _PromptReady()   # a work's next() whose prompt waits to be read (its prompt_start set)
 
 
 class QueueFull(StrataError):
@@ -117,18 +129,22 @@ class Scheduler:
     -> seconds, what the rule's step times are read from (a test's fake clock). waits(slot index,
     prompt_ids, prompt_ids another slot is reading) -> whether an admitted request should start only
     once that slot has read its prompt (its prefix then copied between the slots: n choices of one
-    prompt, agents' requests of one long system prompt); default: never."""
+    prompt, agents' requests of one long system prompt); default: never. batch_prompts(works) reads
+    the prompts of the works whose `prompt_start` is set (they yielded PROMPT_READY), together where
+    it can, marking those it read (strata.LLM: the runner's prefill_batch); without it each reads alone."""
 
     def __init__(self, begin: Callable[..., Iterator], queue_size: int = DEFAULT_QUEUE_SIZE, num_slots: int = 1,
                  on_event: Callable[[Request, str, Any], None] | None = None,
                  choose: Callable[[list[int], list[int]], int] | None = None,
                  batch: Callable[[list], None] | None = None, batch_rule: FixedBatch | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 waits: Callable[[int, list[int], list[int]], bool] | None = None):
+                 waits: Callable[[int, list[int], list[int]], bool] | None = None,
+                 batch_prompts: Callable[[list], None] | None = None):
         if queue_size < 1 or num_slots < 1:
             raise ValueError(f"queue_size and num_slots must be >= 1, got {queue_size} and {num_slots}")
         self.begin, self.queue_size, self.on_event = begin, queue_size, on_event
         self.choose, self.batch, self.clock, self.waits = choose, batch, clock, waits
+        self.batch_prompts = batch_prompts
         self.batch_rule = batch_rule or FixedBatch(num_slots)
         self._turn = 0                          # where this iteration's groups start among the ready slots
         self.slots = [Slot(i) for i in range(num_slots)]
@@ -193,6 +209,7 @@ class Scheduler:
             for slot in busy:
                 if slot not in ready and not slot.free:
                     self._advance(slot)
+            self._read_prompts(busy)
             return bool(busy)
 
     def run(self) -> None:
@@ -264,6 +281,25 @@ class Scheduler:
             self._advance(slot)
         self.batch_rule.observe(len(group), (self.clock() - t0) * 1e3)
 
+    def _read_prompts(self, busy: list[Slot]) -> None:
+        """The slots whose prompts wait to be read (PROMPT_READY this iteration): read together where
+        batch_prompts can, an engine fault there ending their requests; then each slot advances to its
+        first token (a prompt left unread reads itself alone then)."""
+        waiting = [s for s in busy if not s.free and getattr(s.work, "prompt_start", None) is not None]
+        live = [s for s in waiting if not s.request.cancelled.is_set()]
+        if self.batch_prompts is not None and len(live) > 1:
+            try:
+                self.batch_prompts([s.work for s in live])
+            except BaseException as e:
+                for slot in live:
+                    self._emit(slot.request, "error", e)
+                    self._free(slot, "error")
+                if not isinstance(e, Exception):
+                    raise
+        for slot in waiting:
+            if not slot.free:
+                self._advance(slot)
+
     def _advance(self, slot: Slot) -> None:
         request = slot.request
         try:
@@ -286,7 +322,7 @@ class Scheduler:
             if not isinstance(e, Exception):
                 raise
             return
-        if delta is PROMPT_CHUNK:                        # a prompt chunk read: no token yet
+        if delta is PROMPT_CHUNK or delta is PROMPT_READY:      # a chunk read, or a prompt waiting: no token yet
             return
         if request.first_token is None:
             request.first_token, request.state = time.monotonic(), "generating"
@@ -322,6 +358,8 @@ class Scheduler:
                           **extra)
         if hasattr(work, "yield_chunks"):
             work.yield_chunks = True     # PROMPT_CHUNK between a prompt's chunks: other slots step meanwhile
+        if self.batch_prompts is not None and hasattr(work, "batch_prompt"):
+            work.batch_prompt = True     # PROMPT_READY before a prompt read in one pass: read with others
         return work
 
     def _emit(self, request: Request, kind: str, payload: Any) -> None:

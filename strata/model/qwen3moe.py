@@ -48,7 +48,7 @@ def _draft_input(model, hidden, next_ids: np.ndarray):
 
 
 def stack_forward(model, ids, positions: np.ndarray, cache, record: Recorder = _no_record,
-                  logits_rows: slice | None = None, plan=None):
+                  logits_rows: slice | list[int] | None = None, plan=None):
     """The decoder stack of `model` (Qwen3Moe or Qwen3Next, each with first, last, head and layer())
     over ids [T] at positions [T] -> (logits [T', V] for logits_rows, hidden [T, D]); a layer split's
     card that is not the last -> (normed [T, D], hidden [T, D]) of every row (Qwen3Moe's doc)."""
@@ -64,7 +64,12 @@ def stack_forward(model, ids, positions: np.ndarray, cache, record: Recorder = _
         x, normed = model.layer(l, x, normed, positions, cache, next_norm, record, plan)
     if not model.last:
         return normed, x
-    rows = normed if logits_rows is None else normed[logits_rows]      # the norm is per row
+    if logits_rows is None:
+        rows = normed
+    elif isinstance(logits_rows, slice):
+        rows = normed[logits_rows]                                      # the norm is per row
+    else:                                       # rows apart (several prompts' last rows): a copy
+        rows = ops.take_rows(normed, list(logits_rows))
     return ops.linear(rows, model.head), x
 
 

@@ -71,3 +71,39 @@ def test_greedy_replies_in_parallel_slots_equal_one_at_a_time(one_at_a_time, bat
         assert calls and 2 <= max(calls) <= (batch_max or 4)     # they did decode together, within the cap
     b = par.status()["batching"]
     assert b["batch_max"] == batch_max and b["step_ms"] and all(ms > 0 for ms in b["step_ms"].values())
+
+
+@pytest.mark.parametrize("tc_attention", [True, False])
+def test_prompts_read_together_are_each_prompt_read_alone_bit_for_bit(tc_attention):
+    """CudaRunner.prefill_batch (#19: prompts that arrive together read in one forward): each slot's
+    last logits, and its next step's, equal a one-sequence runner's that read that prompt alone, bit
+    for bit; over the tensor-core prompt attention and attention.cu's (each prompt attends in its own
+    launch either way)."""
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.engine.llm import demo_model_path
+    from strata.pack import open_pack
+    pack = open_pack(demo_model_path())
+    off = {} if tc_attention else {"kernels_off": "tc-attention"}
+    par = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=4, **off))
+    one = CudaRunner(pack, 256, EngineConfig(device="cuda", **off))
+    rng = np.random.default_rng(3)
+    V = par.args.vocab_size
+    prompts = [rng.integers(0, V, n).tolist() for n in (12, 30, 17, 9)]
+    nxt = [int(t) for t in rng.integers(0, V, 4)]
+    want = []
+    for ids, t in zip(prompts, nxt):
+        one.reset()
+        first = one.prefill(ids, 0)
+        want.append((first, one.decode(t)))
+    assert all(par.prompt_batchable(ids, 0) for ids in prompts)
+    par.prefill_batch([(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    got = []
+    for slot in range(4):
+        par.use(slot)
+        got.append(par.ops.to_host(par._last).reshape(-1))
+    par.decode_batch([0, 1, 2, 3], nxt)
+    for slot in range(4):
+        par.use(slot)
+        step = par.ops.to_host(par._last)[0]
+        assert np.array_equal(got[slot].view(np.uint32), want[slot][0].view(np.uint32)), slot
+        assert np.array_equal(step.view(np.uint32), want[slot][1].view(np.uint32)), slot

@@ -303,6 +303,21 @@ class StepRows(DeviceTensor):
         self.lengths, self.cells, self.bases, self.num_slots = lengths, cells, bases, num_slots
 
 
+class PromptSegments(StepRows):
+    """The rows of several parallel slots' prompts read in one forward (CudaRunner.prefill_batch):
+    StepRows over every row (each row's position and the cache cell its K/V goes to, so one append
+    launch writes every slot's cells), and `parts`: for each prompt, (r0, r1, kv, positions), its rows
+    r0..r1 - 1, its slot's view of the cache and its own positions as upload_positions gives them alone,
+    so its attention is the launch that prompt read alone makes (ops_attention._attend_cells)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, rows: StepRows, parts: tuple):
+        super().__init__(rows.buf, rows.offset, rows.shape[0] - 1, rows.keep, rows.lengths, rows.cells, rows.bases,
+                         rows.num_slots)
+        self.parts = parts
+
+
 class HostPlane:
     """A KV plane in mapped pinned host memory (--kv-resident): kernels read and write it in place
     over the bus at `ptr` (the mapping's device address), as decode reads experts from the pinned

@@ -12,7 +12,7 @@ from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
                       WG_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes)
-from .memory import DeviceTensor, StepRows
+from .memory import DeviceTensor, PromptSegments, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
 
@@ -128,6 +128,13 @@ class AttentionOps:
         the chunk reads (0..max(positions), _cells_read) copied into two f16 [max_cells, Hk, Dh]
         blocks of the pool (the size of a quantized cache's scratch, so a prompt's memory does not
         grow along the context), then the prompt kernels read the copy, bit for bit the same cells."""
+        if isinstance(pos, PromptSegments):     # several slots' prompts: each attends as it would alone
+            T, H, dh = q.shape
+            out = self.alloc((T, H * dh))
+            for r0, r1, seg_kv, seg_pos in pos.parts:
+                part = self._attend_cells(q[r0:r1], Hk, seg_kv, layer, seg_pos)
+                self._copy_rows(part.ptr, 0, out.ptr + r0 * H * dh * 4, 1, (r1 - r0) * H * dh, 0, 0)
+            return out
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
         if not self._stages(kv, T, H, Hk, dh):
@@ -208,6 +215,9 @@ class AttentionOps:
         where V is stored rotated), more (a prompt chunk) dequantize the layer's cells into an f16
         scratch the f16 prompt attention reads, then un-rotate the output where V is rotated.
         (qk_norm_rope_attention fuses a step's norms, RoPE, rotation of q and append into one launch.) Every host value here is a shape, or a prompt's positions (already on the host)."""
+        if isinstance(positions, PromptSegments):
+            raise InvalidArgument("attention: several slots' prompts in one forward take an f16 cache "
+                                  f"(this one is {kv.fmt}): read them one at a time")
         T, H, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
@@ -246,6 +256,9 @@ class AttentionOps:
         """Split-K decode over kv's planes of the layer for q [T, H, Dh] (already rotated where K is
         rotated), then the combine, which un-rotates each head's output in the same launch where V is
         rotated (strata_attention_decode_combine_rot_f32) -> [T, H * Dh]."""
+        if isinstance(pos, PromptSegments):
+            raise InvalidArgument("attention: several slots' prompts in one forward take an f16 cache "
+                                  f"(this one is {kv.fmt}): read them one at a time")
         T, H, dh = q.shape
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         out = self.alloc((T, H * dh))
