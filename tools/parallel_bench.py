@@ -141,9 +141,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=8, help="tokens a request of each warm round")
     ap.add_argument("--long", type=int, default=16384, help="0: no long-prompt round")
     ap.add_argument("--long-chunk", default="2048", help="the long round's --prefill (N, auto or auto:N)")
-    ap.add_argument("--context", type=int, default=0,
-                    help="each slot's context (at least what a request needs; it bounds the prompt chunk, "
-                         "and so how many prompts one forward reads)")
+    ap.add_argument("--context", type=int, default=1024,
+                    help="each slot's context (raised to what a request needs; it bounds the prompt chunk, "
+                         "and so how many prompts one forward reads: below 8 x 64 tokens, 8 clients' "
+                         "prompts take more than one)")
     ap.add_argument("--prompts-apart", action="store_true",
                     help="each request's prompt read alone (not with the others waiting: the A/B)")
     ap.add_argument("--json")
