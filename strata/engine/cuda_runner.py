@@ -434,12 +434,13 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
     def prompt_batchable(self, ids: list[int], start: int) -> bool:
         """Whether this prompt (ids[start:] to read) may be read in one forward with other slots'
-        (prefill_batch): more than a decode step's tokens and at most one chunk, every expert resident,
-        an f16 cache in VRAM, a whole model on this card, and no draft layer or DeltaNet states (whose
-        prompt passes are their own)."""
+        (prefill_batch): more than a decode step's tokens and at most one chunk, an f16 cache in VRAM,
+        a whole model on this card, no host share of the missed experts (--cpu-experts: its GEMMs'
+        sums depend on the rows beside), and no draft layer or DeltaNet states (whose prompt passes
+        are their own). Streamed experts are read once for the whole forward, under one loan."""
         return (self.num_slots > 1 and STEP_MAX_TOKENS < len(ids) - start <= self.prefill_chunk
-                and self.store.resident and not self.hybrid and self.drafter is None and not self.kv_on_host
-                and not self.kv_all.quantized and self.stage == (True, True))
+                and self.store.host_experts is None and not self.hybrid and self.drafter is None
+                and not self.kv_on_host and not self.kv_all.quantized and self.stage == (True, True))
 
     def prefill_batch(self, jobs: list[tuple[int, list[int], int]]) -> None:
         """Several slots' prompts in one forward: jobs [(slot, ids, start)], each slot's ids[start:] read
@@ -463,13 +464,16 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         tokens = sum(len(seg[0]) for seg in segments)
         if tokens > self.prefill_chunk:
             raise InvalidArgument(f"prefill_batch: {tokens} tokens in one forward; the chunk is {self.prefill_chunk}")
+        V = self.args.vocab_size
+        rows = self._slot_logits()
         with self.prompts.loan(tokens, self.prefill_chunk):
             logits = self.prompts.forward_segments(segments, self.kv_all)
-        V = self.args.vocab_size
-        for row, (slot, ids, start) in enumerate(jobs):
+            for row, slot in enumerate(slots):       # out of the loan's memory before it goes back
+                self.ops._copy_rows(logits.ptr + row * V * 4, 0, rows.ptr + slot * V * 4, 1, V, 0, 0)
+        for slot, ids, start in jobs:
             self.use(slot)
             self.cached_ids.extend(ids[start:])
-            self._last = DeviceTensor(logits.buf, logits.offset + row * V * 4, (1, V), np.float32, logits.keep)
+            self._last = DeviceTensor(rows, slot * V * 4, (1, V), np.float32, None)
         self.prompt_batches += 1
         self.batched_prompts += len(jobs)
 
@@ -546,13 +550,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         logits copied aside (the next slot's step writes the same output), so every slot's pick()
         reads its own."""
         V = self.args.vocab_size
-        if getattr(self, "_turn_logits", None) is None:
-            self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * V * 4)
+        rows = self._slot_logits()
         for slot, token in zip(slots, tokens):
             self.use(slot)
             self.decode(token, logits=False)
-            self.rt.copy_d2d(self._turn_logits.ptr + slot * V * 4, self._last.ptr, V * 4, self.stream)
-            self._last = DeviceTensor(self._turn_logits, slot * V * 4, (1, V), np.float32, None)
+            self.rt.copy_d2d(rows.ptr + slot * V * 4, self._last.ptr, V * 4, self.stream)
+            self._last = DeviceTensor(rows, slot * V * 4, (1, V), np.float32, None)
+
+    def _slot_logits(self):
+        """A logits row per slot, for the slots' picks after steps that leave their logits elsewhere
+        (a hybrid's slots in turn, prompts read together)."""
+        if getattr(self, "_turn_logits", None) is None:
+            self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * self.args.vocab_size * 4)
+        return self._turn_logits
 
     def pick(self, params, u: float, mask=None, host=None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:

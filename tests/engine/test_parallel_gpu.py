@@ -73,18 +73,20 @@ def test_greedy_replies_in_parallel_slots_equal_one_at_a_time(one_at_a_time, bat
     assert b["batch_max"] == batch_max and b["step_ms"] and all(ms > 0 for ms in b["step_ms"].values())
 
 
-@pytest.mark.parametrize("tc_attention", [True, False])
-def test_prompts_read_together_are_each_prompt_read_alone_bit_for_bit(tc_attention):
+@pytest.mark.parametrize("tc_attention, cache", [(True, None), (False, None), (True, "20")])
+def test_prompts_read_together_are_each_prompt_read_alone_bit_for_bit(tc_attention, cache):
     """CudaRunner.prefill_batch (#19: prompts that arrive together read in one forward): each slot's
-    last logits, and its next step's, equal a one-sequence runner's that read that prompt alone, bit
-    for bit; over the tensor-core prompt attention and attention.cu's (each prompt attends in its own
-    launch either way)."""
+    last logits, and its next step's, equal a one-sequence resident runner's that read that prompt
+    alone, bit for bit; over the tensor-core prompt attention and attention.cu's (each prompt attends
+    in its own launch either way), and with the experts streamed through a cache of 20 slots."""
     from strata.engine.cuda_runner import CudaRunner
     from strata.engine.llm import demo_model_path
     from strata.pack import open_pack
     pack = open_pack(demo_model_path())
     off = {} if tc_attention else {"kernels_off": "tc-attention"}
-    par = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=4, **off))
+    streamed = {} if cache is None else {"expert_cache": cache}
+    par = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=4, **off, **streamed))
+    assert par.store.resident == (cache is None)
     one = CudaRunner(pack, 256, EngineConfig(device="cuda", **off))
     rng = np.random.default_rng(3)
     V = par.args.vocab_size

@@ -207,3 +207,24 @@ def test_llm_reads_prompts_that_arrive_together_in_one_forward(fake, rng):
     assert llm.runner.status()["prompt_batches"]["forwards"] == before + 1
     one = LLM(device="cuda", parallel=3, max_context=128, batch_max=1)      # rows apart: prompts apart too
     assert one.scheduler.batch_prompts is None
+
+
+def test_prompts_read_together_with_experts_streamed_equal_resident_alone(fake, rng):
+    """Under a budget the forward streams the chunk's missed experts once for all its prompts, under
+    one loan; each slot's logits (copied out of the loan before it goes back) and next steps are a
+    resident runner's that read the prompt alone, bit for bit."""
+    prompts = [rng.integers(0, 200, n).tolist() for n in (12, 9, 14)]
+    resident = _runner(fake, prefill="48")
+    want, tokens = [], []
+    for slot, ids in enumerate(prompts):
+        resident.use(slot)
+        want.append(resident.prefill(ids, 0))
+        tokens.append(_greedy(resident, slot, 3))
+    streamed = _runner(fake, prefill="48", expert_cache="20")
+    assert not streamed.store.resident and all(streamed.prompt_batchable(ids, 0) for ids in prompts)
+    streamed.prefill_batch([(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    assert not streamed.store.lent                     # the loan went back
+    for slot in range(3):
+        streamed.use(slot)
+        np.testing.assert_array_equal(streamed.ops.to_host(streamed._last).reshape(-1), want[slot])
+    assert [_greedy(streamed, slot, 3) for slot in range(3)] == tokens

@@ -131,9 +131,9 @@ class AttentionOps:
         if isinstance(pos, PromptSegments):     # several slots' prompts: each attends as it would alone
             T, H, dh = q.shape
             out = self.alloc((T, H * dh))
-            for r0, r1, seg_kv, seg_pos in pos.parts:
-                part = self._attend_cells(q[r0:r1], Hk, seg_kv, layer, seg_pos)
-                self._copy_rows(part.ptr, 0, out.ptr + r0 * H * dh * 4, 1, (r1 - r0) * H * dh, 0, 0)
+            for r0, r1, seg_kv, seg_pos in pos.parts:      # (a cache in VRAM, no ring: prompt_batchable)
+                kc, vc = seg_kv.layer(layer)
+                self._attend(q[r0:r1], Hk, kc, vc, seg_pos, seg_kv.max_cells, out=out[r0:r1])
             return out
         T, H, dh = q.shape
         kc, vc = kv.layer(layer)
@@ -151,13 +151,14 @@ class AttentionOps:
         return out
 
     def _attend(self, q: DeviceTensor, Hk: int, kc: int, vc: int, pos: DeviceTensor, max_cells: int,
-                ring: tuple[int, int] = (0, 0), vram: tuple = ((0, 0), 0)) -> DeviceTensor:
+                ring: tuple[int, int] = (0, 0), vram: tuple = ((0, 0), 0), out: DeviceTensor | None = None) -> DeviceTensor:
         """Causal attention of q [T, H, Dh] over the cached cells 0..max(positions) -> [T, H * Dh]
         (over a ring's last `window` positions, ring = (window, cells): split-K decode only). vram:
         ((K, V), cells) of --kv-resident's VRAM window, which the split-K decode reads the newest
-        cells from (_vram); the other kernels read every cell at kc, vc."""
+        cells from (_vram); the other kernels read every cell at kc, vc. out: where the rows go
+        (default: a new tensor)."""
         T, H, dh = q.shape
-        out = self.alloc((T, H * dh))
+        out = self.alloc((T, H * dh)) if out is None else out
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_wg.cu
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
