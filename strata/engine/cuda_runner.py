@@ -434,13 +434,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
     def prompt_batchable(self, ids: list[int], start: int) -> bool:
         """Whether this prompt (ids[start:] to read) may be read in one forward with other slots'
-        (prefill_batch): more than a decode step's tokens and at most one chunk, an f16 cache in VRAM,
+        (prefill_batch): more than a decode step's tokens and at most prompt_batch_tokens, an f16 cache in VRAM,
         a whole model on this card, no host share of the missed experts (--cpu-experts: its GEMMs'
         sums depend on the rows beside), and no draft layer or DeltaNet states (whose prompt passes
         are their own). Streamed experts are read once for the whole forward, under one loan."""
-        return (self.num_slots > 1 and STEP_MAX_TOKENS < len(ids) - start <= self.prefill_chunk
+        return (self.num_slots > 1 and STEP_MAX_TOKENS < len(ids) - start <= self.prompt_batch_tokens
                 and self.store.host_experts is None and not self.hybrid and self.drafter is None
                 and not self.kv_on_host and not self.kv_all.quantized and self.stage == (True, True))
+
+    @property
+    def prompt_batch_tokens(self) -> int:
+        """The most tokens prefill_batch reads in one forward: a prompt chunk's, streamed half of it
+        (its loan is sized for twice the tokens)."""
+        return self.prefill_chunk if self.store.resident else self.prefill_chunk // 2
 
     def prefill_batch(self, jobs: list[tuple[int, list[int], int]]) -> None:
         """Several slots' prompts in one forward: jobs [(slot, ids, start)], each slot's ids[start:] read
@@ -452,21 +458,24 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         slots = [slot for slot, _, _ in jobs]
         if len(set(slots)) != len(slots):
             raise InvalidArgument(f"prefill_batch: slots {slots} repeat")
-        segments = []
-        for slot, ids, start in jobs:
+        for slot, ids, start in jobs:           # every refusal before any slot changes
             if not self.prompt_batchable(ids, start):
                 raise InvalidArgument(f"prefill_batch: slot {slot}'s prompt of {len(ids) - start} tokens to read "
                                       f"is not one this runner reads with others (prompt_batchable)")
+        tokens = sum(len(ids) - start for _, ids, start in jobs)
+        if tokens > self.prompt_batch_tokens:
+            raise InvalidArgument(f"prefill_batch: {tokens} tokens in one forward; it takes {self.prompt_batch_tokens}")
+        segments = []
+        for slot, ids, start in jobs:
             self.use(slot)
             self._keep_tail(start)
             self.cached_ids = self.cached_ids[:start]
             segments.append((ids[start:], start, slot * self.max_context, self.kv))
-        tokens = sum(len(seg[0]) for seg in segments)
-        if tokens > self.prefill_chunk:
-            raise InvalidArgument(f"prefill_batch: {tokens} tokens in one forward; the chunk is {self.prefill_chunk}")
         V = self.args.vocab_size
         rows = self._slot_logits()
-        with self.prompts.loan(tokens, self.prefill_chunk):
+        # streamed, the loan's pool is sized for twice the tokens: the forward's inputs name each row's
+        # cell and each prompt's positions too (a few bytes a token the one-prompt pool has no room for)
+        with self.prompts.loan(tokens if self.store.resident else 2 * tokens, self.prefill_chunk):
             logits = self.prompts.forward_segments(segments, self.kv_all)
             for row, slot in enumerate(slots):       # out of the loan's memory before it goes back
                 self.ops._copy_rows(logits.ptr + row * V * 4, 0, rows.ptr + slot * V * 4, 1, V, 0, 0)

@@ -208,11 +208,11 @@ class LLM:
             w.pending, w.stepped = None, True
 
     def _prompt_batch(self, works: list["Generation"]) -> None:
-        """The prompts of works waiting to be read (Scheduler's batch_prompts), in forwards of at most a
-        prompt chunk's tokens in their order (runner.prefill_batch); a forward of one is left to the
-        work, which reads its prompt alone."""
+        """The prompts of works waiting to be read (Scheduler's batch_prompts), in their order, in
+        forwards of at most runner.prompt_batch_tokens tokens each (runner.prefill_batch); a forward
+        of one is left to the work, which reads its prompt alone."""
         groups: list[list[Generation]] = [[]]
-        size, limit = 0, self.runner.prefill_chunk
+        size, limit = 0, self.runner.prompt_batch_tokens
         for w in works:
             n = len(w.ids) - w.prompt_start
             if groups[-1] and size + n > limit:

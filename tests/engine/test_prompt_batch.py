@@ -213,15 +213,18 @@ def test_prompts_read_together_with_experts_streamed_equal_resident_alone(fake, 
     """Under a budget the forward streams the chunk's missed experts once for all its prompts, under
     one loan; each slot's logits (copied out of the loan before it goes back) and next steps are a
     resident runner's that read the prompt alone, bit for bit."""
-    prompts = [rng.integers(0, 200, n).tolist() for n in (12, 9, 14)]
-    resident = _runner(fake, prefill="48")
+    prompts = [rng.integers(0, 200, n).tolist() for n in (12, 9, 10)]
+    resident = _runner(fake, prefill="64")
     want, tokens = [], []
     for slot, ids in enumerate(prompts):
         resident.use(slot)
         want.append(resident.prefill(ids, 0))
         tokens.append(_greedy(resident, slot, 3))
-    streamed = _runner(fake, prefill="48", expert_cache="20")
+    streamed = _runner(fake, prefill="64", expert_cache="20")
     assert not streamed.store.resident and all(streamed.prompt_batchable(ids, 0) for ids in prompts)
+    assert streamed.prompt_batch_tokens == 32 and not streamed.prompt_batchable(list(range(40)), 0)
+    with pytest.raises(InvalidArgument, match="it takes 32"):
+        streamed.prefill_batch([(0, prompts[0] * 2, 0), (1, prompts[1] * 2, 0)])
     streamed.prefill_batch([(slot, ids, 0) for slot, ids in enumerate(prompts)])
     assert not streamed.store.lent                     # the loan went back
     for slot in range(3):
