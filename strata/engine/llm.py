@@ -193,8 +193,8 @@ class LLM:
         from .scheduler import DEFAULT_QUEUE_SIZE
         n = self.config.parallel
         self.batching = batch_rule(self.config.batch_max, n)
-        # prompts read together where the runner can (the GPU's, every expert resident); not with
-        # --batch-max 1, whose rows step apart
+        # prompts read together where the runner can (the GPU's: CudaRunner.prompt_batchable says
+        # which); not with --batch-max 1, whose rows step apart
         prompts = n > 1 and self.config.batch_max != 1 and hasattr(self.runner, "prefill_batch")
         return Scheduler(begin or self.begin, queue_size or DEFAULT_QUEUE_SIZE, num_slots=n, on_event=on_event,
                          choose=self.runner.best_slot if n > 1 else None, batch=self._decode_batch if n > 1 else None,
@@ -208,18 +208,21 @@ class LLM:
             w.pending, w.stepped = None, True
 
     def _prompt_batch(self, works: list["Generation"]) -> None:
-        """The prompts of works waiting to be read (Scheduler's batch_prompts), in their order, in
-        forwards of at most runner.prompt_batch_tokens tokens each (runner.prefill_batch); a forward
-        of one is left to the work, which reads its prompt alone."""
-        groups: list[list[Generation]] = [[]]
-        size, limit = 0, self.runner.prompt_batch_tokens
+        """The prompts of works waiting to be read (Scheduler's batch_prompts), in forwards of at most
+        runner.prompt_batch_tokens tokens each (runner.prefill_batch): each prompt, in their order,
+        joins the first forward it fits in. A forward of one is left to the work, which reads its
+        prompt alone."""
+        groups: list[list[Generation]] = []
+        sizes: list[int] = []
+        limit = self.runner.prompt_batch_tokens
         for w in works:
             n = len(w.ids) - w.prompt_start
-            if groups[-1] and size + n > limit:
+            at = next((i for i, size in enumerate(sizes) if size + n <= limit), len(groups))
+            if at == len(groups):
                 groups.append([])
-                size = 0
-            groups[-1].append(w)
-            size += n
+                sizes.append(0)
+            groups[at].append(w)
+            sizes[at] += n
         for group in groups:
             if len(group) < 2:
                 continue

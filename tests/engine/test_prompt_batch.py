@@ -231,3 +231,20 @@ def test_prompts_read_together_with_experts_streamed_equal_resident_alone(fake, 
         streamed.use(slot)
         np.testing.assert_array_equal(streamed.ops.to_host(streamed._last).reshape(-1), want[slot])
     assert [_greedy(streamed, slot, 3) for slot in range(3)] == tokens
+
+
+def test_waiting_prompts_join_the_first_forward_they_fit_in():
+    """LLM._prompt_batch packs the waiting prompts first-fit, in their order, into forwards of at most
+    runner.prompt_batch_tokens tokens; a forward of one is left to its work (read alone)."""
+    from types import SimpleNamespace
+    from strata.engine.llm import LLM
+    calls = []
+    runner = SimpleNamespace(prompt_batch_tokens=512, prefill_batch=lambda jobs: calls.append([j[0] for j in jobs]))
+    progress = []
+    works = [SimpleNamespace(slot=i, ids=[0] * n, prompt_start=1, prompt_read=False,
+                             on_progress=lambda done, total, i=i: progress.append((i, done, total)))
+             for i, n in enumerate((101, 451, 101, 600, 31))]
+    LLM._prompt_batch(SimpleNamespace(runner=runner), works)
+    assert calls == [[0, 2, 4]]                        # 100 + 100 + 30 tokens; 450 and 599 go alone
+    assert [w.prompt_read for w in works] == [True, False, True, False, True]
+    assert progress == [(0, 100, 100), (2, 100, 100), (4, 30, 30)]
