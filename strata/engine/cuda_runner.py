@@ -434,13 +434,14 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
 
     def prompt_batchable(self, ids: list[int], start: int) -> bool:
         """Whether this prompt (ids[start:] to read) may be read in one forward with other slots'
-        (prefill_batch): more than a decode step's tokens and at most prompt_batch_tokens, an f16 cache in VRAM,
-        a whole model on this card, no host share of the missed experts (--cpu-experts: its GEMMs'
-        sums depend on the rows beside), and no draft layer or DeltaNet states (whose prompt passes
-        are their own). Streamed experts are read once for the whole forward, under one loan."""
+        (prefill_batch): more than a decode step's tokens and at most prompt_batch_tokens, the cache
+        in VRAM (any --kv format), a whole model on this card, no host share of the missed experts
+        (--cpu-experts: its GEMMs' sums depend on the rows beside), and no draft layer or DeltaNet
+        states (whose prompt passes are their own). Streamed experts are read once for the whole
+        forward, under one loan."""
         return (self.num_slots > 1 and STEP_MAX_TOKENS < len(ids) - start <= self.prompt_batch_tokens
                 and self.store.host_experts is None and not self.hybrid and self.drafter is None
-                and not self.kv_on_host and not self.kv_all.quantized and self.stage == (True, True))
+                and not self.kv_on_host and self.stage == (True, True))
 
     @property
     def prompt_batch_tokens(self) -> int:

@@ -73,21 +73,23 @@ def test_greedy_replies_in_parallel_slots_equal_one_at_a_time(one_at_a_time, bat
     assert b["batch_max"] == batch_max and b["step_ms"] and all(ms > 0 for ms in b["step_ms"].values())
 
 
-@pytest.mark.parametrize("tc_attention, cache", [(True, None), (False, None), (True, "20")])
-def test_prompts_read_together_are_each_prompt_read_alone_bit_for_bit(tc_attention, cache):
+@pytest.mark.parametrize("tc_attention, cache, kv", [(True, None, "f16"), (False, None, "f16"), (True, "20", "f16"),
+                                                     (True, None, "q4_0")])
+def test_prompts_read_together_are_each_prompt_read_alone_bit_for_bit(tc_attention, cache, kv):
     """CudaRunner.prefill_batch (#19: prompts that arrive together read in one forward): each slot's
     last logits, and its next step's, equal a one-sequence resident runner's that read that prompt
     alone, bit for bit; over the tensor-core prompt attention and attention.cu's (each prompt attends
-    in its own launch either way), and with the experts streamed through a cache of 20 slots."""
+    in its own launch either way), with the experts streamed through a cache of 20 slots, and over a
+    q4_0 cache (each prompt attends over its slot's cells dequantized)."""
     from strata.engine.cuda_runner import CudaRunner
     from strata.engine.llm import demo_model_path
     from strata.pack import open_pack
     pack = open_pack(demo_model_path())
     off = {} if tc_attention else {"kernels_off": "tc-attention"}
     streamed = {} if cache is None else {"expert_cache": cache}
-    par = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=4, **off, **streamed))
+    par = CudaRunner(pack, 256, EngineConfig(device="cuda", parallel=4, kv=kv, **off, **streamed))
     assert par.store.resident == (cache is None)
-    one = CudaRunner(pack, 256, EngineConfig(device="cuda", **off))
+    one = CudaRunner(pack, 256, EngineConfig(device="cuda", kv=kv, **off))
     rng = np.random.default_rng(3)
     V = par.args.vocab_size
     prompts = [rng.integers(0, V, n).tolist() for n in (12, 30, 17, 9)]

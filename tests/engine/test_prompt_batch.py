@@ -186,7 +186,27 @@ def test_prefill_batch_after_a_cached_prefix_and_its_refusals(fake, rng):
     with pytest.raises(InvalidArgument, match="not one this runner reads"):
         runner.prefill_batch([(1, other[:5], 0), (2, other, 0)])
     assert not _runner(fake, parallel=1).prompt_batchable(other, 0)
-    assert not _runner(fake, kv="int8").prompt_batchable(other, 0)
+
+
+@pytest.mark.parametrize("kv", ["int8", "q4_0", "k8v4"])
+def test_prompts_read_together_over_a_quantized_cache(fake, rng, kv):
+    """Over a quantized cache each prompt's K/V is quantized into its slot's cells in one append, and
+    each prompt attends over its own slot's cells dequantized, as it does alone; the rotations of q
+    and of the output are per row."""
+    prompts = [rng.integers(0, 200, n).tolist() for n in (13, 10, 17)]
+    alone = _runner(fake, kv=kv)
+    want, tokens = [], []
+    for slot, ids in enumerate(prompts):
+        alone.use(slot)
+        want.append(alone.prefill(ids, 0))
+        tokens.append(_greedy(alone, slot, 3))
+    together = _runner(fake, kv=kv)
+    assert together.kv_all.quantized and all(together.prompt_batchable(ids, 0) for ids in prompts)
+    together.prefill_batch([(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    for slot in range(3):
+        together.use(slot)
+        np.testing.assert_array_equal(together.ops.to_host(together._last).reshape(-1), want[slot])
+    assert [_greedy(together, slot, 3) for slot in range(3)] == tokens
 
 
 def test_llm_reads_prompts_that_arrive_together_in_one_forward(fake, rng):

@@ -216,22 +216,36 @@ class AttentionOps:
         where V is stored rotated), more (a prompt chunk) dequantize the layer's cells into an f16
         scratch the f16 prompt attention reads, then un-rotate the output where V is rotated.
         (qk_norm_rope_attention fuses a step's norms, RoPE, rotation of q and append into one launch.) Every host value here is a shape, or a prompt's positions (already on the host)."""
-        if isinstance(positions, PromptSegments):
-            raise InvalidArgument("attention: several slots' prompts in one forward take an f16 cache "
-                                  f"(this one is {kv.fmt}): read them one at a time")
         T, H, dh = q.shape
         Hk = k.shape[1]
         pos = self._positions(positions)
-        (kc, vc), planes = kv.codecs, kv.planes(layer)
+        kc, vc = kv.codecs
         rot = float(np.float32(1.0 / np.sqrt(dh)))             # strata.backends.cuda.kv.rot_scale
         self._append(k, v, layer, kv, pos)
         if kc.rotated:
             q = self.copy(q)
             self._hadamard(q.ptr, T * H, dh, rot)
-        if self._quantized_split_k(kv, H, Hk, dh, T):
+        if isinstance(pos, PromptSegments):     # several slots' prompts: each attends as it would alone
+            out = self.alloc((T, H * dh))
+            for r0, r1, seg_kv, seg_pos in pos.parts:
+                self._attend_dequantized(q[r0:r1], Hk, seg_kv, layer, seg_pos, out[r0:r1])
+        elif self._quantized_split_k(kv, H, Hk, dh, T):
             return self._attend_quantized(q, Hk, kv, layer, pos)
+        else:
+            out = self._attend_dequantized(q, Hk, kv, layer, pos)
+        if vc.rotated:
+            self._hadamard(out.ptr, T * H, dh, rot)
+        return out
+
+    def _attend_dequantized(self, q: DeviceTensor, Hk: int, kv, layer: int, pos, out: DeviceTensor | None = None):
+        """A prompt's attention over a quantized cache: the layer's cells dequantized into an f16
+        scratch, read by the f16 prompt kernels (q already rotated where K is) -> [T, H * Dh], into
+        out where given (V's rotation is the caller's to undo)."""
+        T = q.shape[0]
         _ring_rows(_ring(kv, layer), T, "a quantized cache's prompt attention")
         _one_sequence(pos, "a quantized cache's prompt attention")
+        (kc, vc), planes = kv.codecs, kv.planes(layer)
+        dh = q.shape[2]
         # the scratch's size is the cache's, whatever the positions, so a prompt's memory does not
         # grow along it (the planner's dry run prices one chunk for all); only the cells the
         # attention reads (0..max(positions), where the host knows it: _cells_read) are dequantized,
@@ -242,10 +256,7 @@ class AttentionOps:
             f16 = self.alloc((rows, Hk, dh), np.float16)
             self.launch("kv_dequant_f16", (used, Hk), (values, scales, f16.ptr, used, Hk, dh), codec=codec.name)
             scratch.append(f16)
-        out = self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows)
-        if vc.rotated:
-            self._hadamard(out.ptr, T * H, dh, rot)
-        return out
+        return self._attend(q, Hk, scratch[0].ptr, scratch[1].ptr, pos, rows, out=out)
 
     @staticmethod
     def _quantized_split_k(kv, H: int, Hk: int, dh: int, T: int) -> bool:
