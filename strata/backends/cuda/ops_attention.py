@@ -269,8 +269,8 @@ class AttentionOps:
         rotated), then the combine, which un-rotates each head's output in the same launch where V is
         rotated (strata_attention_decode_combine_rot_f32) -> [T, H * Dh]."""
         if isinstance(pos, PromptSegments):
-            raise InvalidArgument("attention: several slots' prompts in one forward take an f16 cache "
-                                  f"(this one is {kv.fmt}): read them one at a time")
+            raise InvalidArgument("attention: several slots' prompts in one forward attend on the prompt path "
+                                  f"(each more than {DECODE_ROWS_MAX} rows), not the split-K decode kernels")
         T, H, dh = q.shape
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         out = self.alloc((T, H * dh))
