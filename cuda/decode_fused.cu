@@ -336,17 +336,7 @@ __device__ __forceinline__ void staged_three(const Three& m, const float* __rest
         return valid;
     };
     auto emit = [&](bool valid, const float (&acc)[B][R]) {
-        if (!valid) return;
-#pragma unroll
-        for (int t = 0; t < B; ++t) {
-            if (t < batch) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const float v = sum_lanes(acc[t][r], L.lanes);
-                    if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
-                }
-            }
-        }
+        if (valid) store_rows<U, B>(acc, L, y, rows, row0, batch);
     };
     staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
 }

@@ -77,6 +77,23 @@ __device__ __forceinline__ void gemv_rows_acc(const uint8_t* __restrict__ W, con
     }
 }
 
+// y[t, row0 + r] for t < batch, r < U::kRows: the lane sums of acc, written by each row set's first lane
+// (every row-invariant body ends its row set so).
+template <class U, int B>
+__device__ __forceinline__ void store_rows(const float (&acc)[B][U::kRows], const UnitLanes<U>& L, float* y, int rows,
+                                           int row0, int batch) {
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+        if (t < batch) {
+#pragma unroll
+            for (int r = 0; r < U::kRows; ++r) {
+                const float v = sum_lanes(acc[t][r], L.lanes);
+                if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
+            }
+        }
+    }
+}
+
 // ---- staged x --------------------------------------------------------------------------------
 // The decode GEMVs' x rows in shared memory, a tile of quant blocks at a time, each 32-weight block's
 // values padded to kStride floats: a lane's 16-byte reads of its unit then touch distinct banks within
@@ -204,17 +221,7 @@ __device__ __forceinline__ void staged_gemv(const uint8_t* __restrict__ W, const
         return base < rows;
     };
     auto emit = [&](bool valid, const float (&acc)[B][R]) {
-        if (!valid) return;
-#pragma unroll
-        for (int t = 0; t < B; ++t) {
-            if (t < batch) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const float v = sum_lanes(acc[t][r], L.lanes);
-                    if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
-                }
-            }
-        }
+        if (valid) store_rows<U, B>(acc, L, y, rows, row0, batch);
     };
     staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
 }
@@ -328,16 +335,7 @@ __device__ __forceinline__ void gemv_rows_multi(const uint8_t* __restrict__ W, c
     constexpr int R = U::kRows;
     float acc[kMaxBatch][R];
     gemv_rows_acc_multi<U>(W, x, n, rows, row0, L, table, L.sl, L.lanes, batch, acc);
-#pragma unroll
-    for (int t = 0; t < kMaxBatch; ++t) {
-        if (t < batch) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float v = sum_lanes(acc[t][r], L.lanes);
-                if (L.sl == 0 && row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
-            }
-        }
-    }
+    store_rows<U, kMaxBatch>(acc, L, y, rows, row0, batch);
 }
 
 template <int kWarps, class U>
