@@ -271,12 +271,7 @@ class Scheduler:
             try:
                 self.batch([s.work for s in group])
             except BaseException as e:
-                for slot in group:
-                    self._emit(slot.request, "error", e)
-                    self._free(slot, "error")
-                if not isinstance(e, Exception):
-                    raise
-                return
+                return self._fail(group, e)
         for slot in group:
             self._advance(slot)
         self.batch_rule.observe(len(group), (self.clock() - t0) * 1e3)
@@ -291,14 +286,18 @@ class Scheduler:
             try:
                 self.batch_prompts([s.work for s in live])
             except BaseException as e:
-                for slot in live:
-                    self._emit(slot.request, "error", e)
-                    self._free(slot, "error")
-                if not isinstance(e, Exception):
-                    raise
+                self._fail(live, e)
         for slot in waiting:
             if not slot.free:
                 self._advance(slot)
+
+    def _fail(self, slots: list[Slot], e: BaseException) -> None:
+        """An engine fault in a step the slots shared ends their requests (an interrupt goes on up)."""
+        for slot in slots:
+            self._emit(slot.request, "error", e)
+            self._free(slot, "error")
+        if not isinstance(e, Exception):
+            raise e
 
     def _advance(self, slot: Slot) -> None:
         request = slot.request
@@ -317,11 +316,7 @@ class Scheduler:
             self._emit(request, "done", request.completion)
             return self._free(slot, "done")
         except BaseException as e:                       # an engine fault ends this request only
-            self._emit(request, "error", e)
-            self._free(slot, "error")
-            if not isinstance(e, Exception):
-                raise
-            return
+            return self._fail([slot], e)
         if delta is PROMPT_CHUNK or delta is PROMPT_READY:      # a chunk read, or a prompt waiting: no token yet
             return
         if request.first_token is None:
