@@ -9,8 +9,10 @@ import contextlib
 
 import numpy as np
 
+from ..backends.cuda.memory import PromptSegments, StepRows
 from ..errors import InvalidArgument
 from . import memory_model
+from .cuda_decode import stage_rows
 from .memory_model import STEP_MAX_TOKENS
 
 
@@ -45,18 +47,27 @@ class PromptChunks:
         kv_view)], each ids read at positions lo.. of the sequence whose cell 0 is cell `base` of kv
         (the whole cache; kv_view that slot's view of it) -> the logits of each prompt's last row
         [len(segments), V] on the device. One pass over the weights and experts for all of them."""
-        ops, a = self.ops, self.args
+        ops = self.ops
         for ids, lo, _, _ in segments:
-            if lo + len(ids) > self.max_context:
-                raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
+            self._check_context(lo, len(ids))
         ids = [t for seg in segments for t in seg[0]]
-        plan = self.step_plan
-        if len(ids) > STEP_MAX_TOKENS:
-            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
-        positions = ops.upload_segments([(lo, len(seg), base, view) for seg, lo, base, view in segments], kv.num_slots)
+        T = len(ids)
+        # the rows as a decode step stages them (each row's position, length, cell and sequence), in
+        # one upload, and each prompt's positions as it uploads them read alone
+        host = np.empty(4 * T + 1, np.int32)
+        stage_rows(host, 0, T + 1, 2 * T + 1, 3 * T + 1,
+                   np.concatenate([np.arange(lo, lo + len(seg)) for seg, lo, _, _ in segments]),
+                   np.concatenate([np.full(len(seg), base, np.int64) for seg, _, base, _ in segments]))
+        t = ops.upload(host)
+        rows = StepRows(t.buf, t.offset, T, t.keep, t.ptr + 4 * (T + 1), t.ptr + 4 * (2 * T + 1),
+                        t.ptr + 4 * (3 * T + 1), kv.num_slots)
+        parts, r0 = [], 0
+        for seg, lo, _, view in segments:
+            parts.append((r0, r0 + len(seg), view, ops.upload_positions(np.arange(lo, lo + len(seg)))))
+            r0 += len(seg)
         ends = np.cumsum([len(seg[0]) for seg in segments]) - 1
-        logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), positions, kv,
-                                       logits_rows=[int(e) for e in ends], plan=plan)
+        logits, _ = self.model.forward(np.asarray(ids, dtype=np.int64), PromptSegments(rows, tuple(parts)), kv,
+                                       logits_rows=[int(e) for e in ends], plan=self._plan(T))
         return logits
 
     def forward_rows(self, ids: list[int], lo: int, kv, hand=None):
@@ -66,15 +77,21 @@ class PromptChunks:
         return self._forward(ids, lo, kv, None, hand)
 
     def _forward(self, ids: list[int], lo: int, kv, rows, hand=None):
-        if lo + len(ids) > self.max_context:
-            raise InvalidArgument(f"positions up to {lo + len(ids) - 1} do not fit the context of {self.max_context}")
-        ops, a = self.ops, self.args
-        plan = self.step_plan
-        if len(ids) > STEP_MAX_TOKENS:
-            plan = self.store.chunk_plan(len(ids), memory_model.stream_all_tokens(a), a.num_hidden_layers)
-        positions = ops.upload_positions(np.arange(lo, lo + len(ids)))
+        self._check_context(lo, len(ids))
+        positions = self.ops.upload_positions(np.arange(lo, lo + len(ids)))
         return self.model.forward(np.asarray(ids, dtype=np.int64) if hand is None else hand, positions, kv,
-                                  logits_rows=rows, plan=plan)
+                                  logits_rows=rows, plan=self._plan(len(ids)))
+
+    def _check_context(self, lo: int, n: int) -> None:
+        if lo + n > self.max_context:
+            raise InvalidArgument(f"positions up to {lo + n - 1} do not fit the context of {self.max_context}")
+
+    def _plan(self, T: int):
+        """The expert plan of a forward of T tokens: a decode step's, or the store's for a chunk."""
+        if T <= STEP_MAX_TOKENS:
+            return self.step_plan
+        a = self.args
+        return self.store.chunk_plan(T, memory_model.stream_all_tokens(a), a.num_hidden_layers)
 
     @contextlib.contextmanager
     def loan(self, tokens: int, chunk: int, pool: bool = True):

@@ -479,7 +479,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         with self.prompts.loan(tokens if self.store.resident else 2 * tokens, self.prefill_chunk):
             logits = self.prompts.forward_segments(segments, self.kv_all)
             for row, slot in enumerate(slots):       # out of the loan's memory before it goes back
-                self.ops._copy_rows(logits.ptr + row * V * 4, 0, rows.ptr + slot * V * 4, 1, V, 0, 0)
+                self.rt.copy_d2d(rows.ptr + slot * V * 4, logits.ptr + row * V * 4, V * 4, self.stream)
         for slot, ids, start in jobs:
             self.use(slot)
             self.cached_ids.extend(ids[start:])

@@ -52,7 +52,7 @@ from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
                       WGMMA_LIBRARIES, KernelPaths, wgmma_unavailable)
-from .memory import DeviceTensor, HandOff, Pool, Positions, PromptSegments, StepRows
+from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
@@ -166,25 +166,6 @@ class DeviceOps(DenseOps, AttentionOps):
         length), the form every op takes. The caller uploads once per forward and passes it down."""
         p = np.asarray(positions, dtype=np.int64).reshape(-1)
         return Positions(self.upload(np.append(p, p.max() + 1).astype(np.int32)), int(p.max()) + 1)
-
-    def upload_segments(self, segments, num_slots: int) -> PromptSegments:
-        """Several sequences' prompt rows in one forward: segments [(lo, n, base, kv)], n tokens at
-        positions lo.. of the sequence whose cell 0 is cache cell `base`, kv that sequence's view of
-        the cache -> PromptSegments: [positions | max + 1 | lengths | cells | bases] in one upload (the
-        layout of a decode step's StepRows), and each segment's own positions as upload_positions."""
-        pos = np.concatenate([np.arange(lo, lo + n) for lo, n, _, _ in segments]).astype(np.int64)
-        bases = np.concatenate([np.full(n, base) for _, n, base, _ in segments]).astype(np.int64)
-        T = len(pos)
-        host = np.concatenate([pos, [pos.max() + 1], pos + 1, bases + pos, bases]).astype(np.int32)
-        t = self.upload(host)
-        p = t.ptr
-        rows = StepRows(t.buf, t.offset, T, t.keep, p + 4 * (T + 1), p + 4 * (2 * T + 1), p + 4 * (3 * T + 1),
-                        num_slots)
-        parts, r0 = [], 0
-        for lo, n, _, kv in segments:
-            parts.append((r0, r0 + n, kv, self.upload_positions(np.arange(lo, lo + n))))
-            r0 += n
-        return PromptSegments(rows, tuple(parts))
 
     def take_rows(self, x: DeviceTensor, rows) -> DeviceTensor:
         """Rows `rows` (host ints) of x [T, n] -> [len(rows), n], a copy."""
