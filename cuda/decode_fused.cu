@@ -368,7 +368,12 @@ __device__ __forceinline__ void gemv3_rows_body(const Three& m, const float* __r
     const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     const long long num_warps = static_cast<long long>(gridDim.x) * kWarps;
     if constexpr (Stageable<U>::value) {
-        staged_three<U, kMaxBatch>(m, x, n, table, batch);
+        for_groups(batch, [&](int t0, int g) {
+            const Three mg{m.W0, m.W1, m.W2, m.y0 + static_cast<long long>(t0) * m.rows0,
+                           m.y1 + static_cast<long long>(t0) * m.rows1, m.y2 + static_cast<long long>(t0) * m.rows2,
+                           m.rows0, m.rows1, m.rows2};
+            staged_three<U, kRowsGroup>(mg, x + static_cast<long long>(t0) * n, n, table, g);
+        });
     } else {
         const uint8_t* W;
         float* y;

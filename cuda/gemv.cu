@@ -6,7 +6,8 @@
 //   y[b, r] = sum_k W[r, k] * x[b, k] for b < batch <= 8 (a prompt's few tokens; its own sum order).
 // strata_gemv_rows_<qtype>, strata_gemv_rows_split_<qtype>(W, x, y, rows, n, batch)
 //   the same y, row-invariant: row b is bit for bit strata_gemv_<qtype> (strata_gemv_split_<qtype>)
-//   on x[b] (gemv_rows.cuh's multi bodies), for a speculative verify window or parallel slots.
+//   on x[b] (gemv_rows.cuh's multi bodies), for a speculative verify window or parallel slots;
+//   kRowsGroup (4) tokens a pass over W.
 //
 // Layout: W is [rows, n] in the type's native block bytes (row r at r * (n / block_size) * type_size),
 // 16-byte aligned; x is [n] (or [batch, n]) float32, 16-byte aligned (4 for a float type with n % 8

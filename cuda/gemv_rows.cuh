@@ -20,6 +20,27 @@ namespace strata_gemv {
 
 constexpr int kMaxBatch = 8;   // tokens of the batched body (a speculative verify window)
 constexpr int kBatchRows = 4;  // rows per warp of the batched body
+#ifndef STRATA_ROWS_GROUP
+#define STRATA_ROWS_GROUP 4
+#endif
+// Tokens a row-invariant body holds sums for at once (kRowsGroup x kRows accumulators a lane); a
+// larger batch goes through in groups of them, each a pass of its own over the weights. A token's
+// sums are the same operations in the same order whatever the group, so the bits do not depend on it.
+// Measured on an H100 (tools/gemv_rows_ab.py, the 30B shape's Q8_0, us a launch at 2 / 4 / 8 tokens,
+// groups of 8 -> 4): the attention output 17.2 / 25.7 / 42.3 -> 13.0 / 17.8 / 30.3, the head
+// 208 / 343 / 600 -> 174 / 284 / 555, the fused q|k|v unchanged (18.1 at 4); groups of 2 lost at 4 and 8.
+// Fewer accumulators, fewer registers (Q8_0 rows_split 160 -> 128): more blocks a multiprocessor.
+// The four parallel slots' step went 6.23 -> 5.79 ms. STRATA_ROWS_GROUP exists for such A/Bs
+// (tools/variants); the package builds with the default.
+constexpr int kRowsGroup = STRATA_ROWS_GROUP;
+static_assert(kRowsGroup >= 1 && kRowsGroup <= kMaxBatch, "kRowsGroup");
+
+// f(t0, g) for the groups [t0, t0 + g) of `batch` tokens, kRowsGroup at a time.
+template <class F>
+__device__ __forceinline__ void for_groups(int batch, F f) {
+#pragma unroll 1
+    for (int t0 = 0; t0 < batch; t0 += kRowsGroup) f(t0, min(kRowsGroup, batch - t0));
+}
 
 __device__ __forceinline__ float sum_lanes(float v, int lanes) {  // within aligned groups of `lanes`
     for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -100,7 +121,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[B][U::kRows], cons
 // each quarter warp, where from global memory each of a warp's x loads touched 32 cache lines (a
 // lane's unit is 128 bytes of x, apart from its neighbours'), once per token. Only where x comes from
 // changes; the arithmetic and its order are the global path's, so the bits are too. Taken by the
-// whole-matrix bodies (gemv_body, gemv3_body: B = 1; gemv_multi_body, gemv3_rows_body: B = kMaxBatch)
+// whole-matrix bodies (gemv_body, gemv3_body: B = 1; gemv_multi_body, gemv3_rows_body: B = kRowsGroup)
 // of the unit types of one 32-weight block per unit (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL). Measured
 // on an H100 (tools/gemv_rows_ab.py, the 30B shape's Q8_0, us a launch, global -> staged): the head
 // 151936 x 2048 at 1 / 2 / 4 / 8 tokens 154 / 248 / 433 / 817 -> 140 / 200 / 329 / 583; the fused
@@ -203,7 +224,7 @@ __device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n
 
 // y = W x for batch <= B tokens, x staged (Stageable U): warp w of the block takes row set
 // blockIdx.x * kWarps + w, then that plus gridDim.x * kWarps, ...: any grid is complete. B = 1: the
-// one-token kernel (gemv_body), B = kMaxBatch: the row-invariant batches (gemv_multi_body).
+// one-token kernel (gemv_body), B = kRowsGroup: the row-invariant batches (gemv_multi_body), a group of tokens a call.
 template <int kWarps, class U, int B>
 __device__ __forceinline__ void staged_gemv(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int n, const float* table, int batch) {
@@ -298,17 +319,17 @@ __device__ __forceinline__ void gemv_split_body(const uint8_t* __restrict__ W, c
 // same lanes, the same U::dot and shuffle tree; the split body's warp partials meet in the same
 // order), so row t of a speculative verify window or of parallel slots is bit for bit the one-token
 // result, whatever the batch. x [batch, n], y [batch, rows]; batch is uniform over the grid.
-template <class U>
+template <class U, int B>
 __device__ __forceinline__ void gemv_rows_acc_multi(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                                     int n, int rows, int row0, const UnitLanes<U>& L,
                                                     const float* table, int u_first, int u_step, int batch,
-                                                    float (&acc)[kMaxBatch][U::kRows]) {
+                                                    float (&acc)[B][U::kRows]) {
     constexpr int R = U::kRows;
     const uint8_t* row_ptr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row_ptr[r] = W + static_cast<long long>(min(row0 + r, rows - 1)) * L.row_bytes;
 #pragma unroll
-    for (int t = 0; t < kMaxBatch; ++t)
+    for (int t = 0; t < B; ++t)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[t][r] = 0.f;
     for (int u = u_first; u < L.units; u += u_step) {
@@ -317,7 +338,7 @@ __device__ __forceinline__ void gemv_rows_acc_multi(const uint8_t* __restrict__ 
 #pragma unroll
         for (int r = 0; r < R; ++r) U::load(row_ptr[r] + static_cast<long long>(b) * U::kBlockBytes, c, raw[r]);
 #pragma unroll
-        for (int t = 0; t < kMaxBatch; ++t) {
+        for (int t = 0; t < B; ++t) {
             if (t < batch) {
                 typename U::X xv;
                 U::load_x(x + static_cast<long long>(t) * n + static_cast<long long>(b) * U::kBlockWeights, c, xv);
@@ -328,14 +349,18 @@ __device__ __forceinline__ void gemv_rows_acc_multi(const uint8_t* __restrict__ 
     }
 }
 
+// batch <= kMaxBatch tokens, kRowsGroup at a time.
 template <class U>
 __device__ __forceinline__ void gemv_rows_multi(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int n, int row0,
                                                 const UnitLanes<U>& L, const float* table, int batch) {
     constexpr int R = U::kRows;
-    float acc[kMaxBatch][R];
-    gemv_rows_acc_multi<U>(W, x, n, rows, row0, L, table, L.sl, L.lanes, batch, acc);
-    store_rows<U, kMaxBatch>(acc, L, y, rows, row0, batch);
+    for_groups(batch, [&](int t0, int g) {
+        float acc[kRowsGroup][R];
+        gemv_rows_acc_multi<U, kRowsGroup>(W, x + static_cast<long long>(t0) * n, n, rows, row0, L, table, L.sl,
+                                           L.lanes, g, acc);
+        store_rows<U, kRowsGroup>(acc, L, y + static_cast<long long>(t0) * rows, rows, row0, g);
+    });
 }
 
 template <int kWarps, class U>
@@ -343,7 +368,10 @@ __device__ __forceinline__ void gemv_multi_body(const uint8_t* __restrict__ W, c
                                                 float* __restrict__ y, int rows, int n, const float* table,
                                                 int batch) {
     if constexpr (Stageable<U>::value) {
-        staged_gemv<kWarps, U, kMaxBatch>(W, x, y, rows, n, table, batch);
+        for_groups(batch, [&](int t0, int g) {
+            staged_gemv<kWarps, U, kRowsGroup>(W, x + static_cast<long long>(t0) * n,
+                                               y + static_cast<long long>(t0) * rows, rows, n, table, g);
+        });
     } else {
         const UnitLanes<U> L(n);
         const long long rows_per_warp = (32 / L.lanes) * U::kRows;
@@ -354,40 +382,52 @@ __device__ __forceinline__ void gemv_multi_body(const uint8_t* __restrict__ W, c
     }
 }
 
-template <int kWarps, class U>
-__device__ __forceinline__ void gemv_split_multi_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
-                                                      float* __restrict__ y, int rows, int n, const float* table,
-                                                      int batch) {
+// gemv_split_body for batch <= B tokens: every token's lane sums go to shared memory at once, and after
+// one barrier the block's threads each finish a (token, row) pair, adding the warps' partials in
+// warp order as the one-token kernel does (one barrier a row set, where a barrier pair a token was).
+// Not inlined: inlined into for_groups' loop, ptxas gave the Q8_0 kernel 255 registers (128 alone).
+template <int kWarps, class U, int B>
+__device__ __noinline__ void gemv_split_group(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                 float* __restrict__ y, int rows, int n, const float* table,
+                                                 int batch) {
     constexpr int R = U::kRows;
-    __shared__ float part[kWarps][32 * R];
+    __shared__ float part[kWarps][B][32 * R];
     const UnitLanes<U> L(n);
     const int warp = threadIdx.x >> 5;
-    const long long rows_per_block = (32 / L.lanes) * R;
+    const int rows_per_block = (32 / L.lanes) * R;
     for (long long base = blockIdx.x * rows_per_block; base < rows; base += gridDim.x * rows_per_block) {
         const int row0 = static_cast<int>(base) + L.sub * R;
-        float acc[kMaxBatch][R];
-        gemv_rows_acc_multi<U>(W, x, n, rows, row0, L, table, L.sl + warp * L.lanes, L.lanes * kWarps, batch, acc);
+        float acc[B][R];
+        gemv_rows_acc_multi<U, B>(W, x, n, rows, row0, L, table, L.sl + warp * L.lanes, L.lanes * kWarps, batch, acc);
 #pragma unroll
-        for (int t = 0; t < kMaxBatch; ++t) {
+        for (int t = 0; t < B; ++t) {
             if (t < batch) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const float v = sum_lanes(acc[t][r], L.lanes);
-                    if (L.sl == 0) part[warp][L.sub * R + r] = v;
+                    if (L.sl == 0) part[warp][t][L.sub * R + r] = v;
                 }
-                __syncthreads();
-                if (warp == 0 && L.sl == 0) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float v = part[0][L.sub * R + r];
-                        for (int w = 1; w < kWarps; ++w) v += part[w][L.sub * R + r];
-                        if (row0 + r < rows) y[static_cast<long long>(t) * rows + row0 + r] = v;
-                    }
-                }
-                __syncthreads();
             }
         }
+        __syncthreads();
+        for (int i = threadIdx.x; i < batch * rows_per_block; i += kWarps * 32) {
+            const int t = i / rows_per_block, q = i - t * rows_per_block;
+            float v = part[0][t][q];
+            for (int w = 1; w < kWarps; ++w) v += part[w][t][q];
+            if (base + q < rows) y[static_cast<long long>(t) * rows + base + q] = v;
+        }
+        __syncthreads();
     }
+}
+
+template <int kWarps, class U>
+__device__ __forceinline__ void gemv_split_multi_body(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                      float* __restrict__ y, int rows, int n, const float* table,
+                                                      int batch) {
+    for_groups(batch, [&](int t0, int g) {
+        gemv_split_group<kWarps, U, kRowsGroup>(W, x + static_cast<long long>(t0) * n,
+                                                y + static_cast<long long>(t0) * rows, rows, n, table, g);
+    });
 }
 
 // How this lane works on rows of n weights (n % 8 == 0) in blocks of B: chunks of 8 weights. The
