@@ -202,6 +202,11 @@ __device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n
     __shared__ __align__(16) float xs[kFloats];
     const int num_blocks = n / 32;
     const int nb = max(1, min(num_blocks, kFloats / (batch * kStride)));
+    // x in one tile (the 30B shape's rows of 2048 and 4096 weights at one token, of 2048 at up to four):
+    // staged once for all the block's rounds, so a grid of a few blocks a multiprocessor reads x once
+    // a block instead of once a row set.
+    const bool whole = num_blocks <= nb;
+    if (whole) stage_x_tile<kWarps * 32>(x, n, batch, 0, num_blocks, xs);     // the first round's barrier orders it
     for (int round = 0;; ++round) {
         const uint8_t* row_ptr[R];
         const bool valid = find(round, row_ptr);
@@ -211,12 +216,16 @@ __device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n
         for (int t = 0; t < B; ++t)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[t][r] = 0.f;
-        for (int b0 = 0; b0 < num_blocks; b0 += nb) {
-            const int cnt = min(nb, num_blocks - b0);
-            __syncthreads();                  // the last tile's readers are done
-            stage_x_tile<kWarps * 32>(x, n, batch, b0, cnt, xs);
-            __syncthreads();
-            if (valid) acc_multi_tile<U, B>(row_ptr, xs, cnt, b0, b0 + cnt, table, u_first, u_step, batch, acc);
+        if (whole) {
+            if (valid) acc_multi_tile<U, B>(row_ptr, xs, num_blocks, 0, num_blocks, table, u_first, u_step, batch, acc);
+        } else {
+            for (int b0 = 0; b0 < num_blocks; b0 += nb) {
+                const int cnt = min(nb, num_blocks - b0);
+                __syncthreads();                  // the last tile's readers are done
+                stage_x_tile<kWarps * 32>(x, n, batch, b0, cnt, xs);
+                __syncthreads();
+                if (valid) acc_multi_tile<U, B>(row_ptr, xs, cnt, b0, b0 + cnt, table, u_first, u_step, batch, acc);
+            }
         }
         emit(valid, acc);
     }

@@ -44,7 +44,8 @@ def q8_0_bytes(rows: int, n: int, rng) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arm", action="append", required=True, help="NAME:GEMV.fatbin:DECODE_FUSED.fatbin")
+    ap.add_argument("--arm", action="append", required=True,
+                    help="NAME:GEMV.fatbin:DECODE_FUSED.fatbin[:CAP] (CAP: most blocks of the whole-matrix kernels)")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -77,7 +78,11 @@ def main(argv=None) -> int:
     report = {"arms": {}}
     first_digests = None
     for spec in args.arm:
-        name, gemv_path, fused_path = spec.split(":")
+        name, gemv_path, fused_path, *rest = spec.split(":")
+        cap = int(rest[0]) if rest else 0      # a cap on the whole-matrix kernels' grid (0: none)
+
+        def capped(grid: int) -> int:
+            return min(grid, cap) if cap else grid
         g, fz = dev.module(gemv_path), dev.module(fused_path)
         fn = {k: dev.function(g, f"strata_{k}_q8_0") for k in ("gemv", "gemv_rows", "gemv_split", "gemv_rows_split")}
         fn.update({k: dev.function(fz, f"strata_{k}_q8_0") for k in ("gemv3", "gemv3_rows")})
@@ -95,18 +100,18 @@ def main(argv=None) -> int:
                 y = out((name, case, batch, tag), batch, rows)
                 if batch == 1:
                     f = fn["gemv_split" if split else "gemv"]
-                    dev.launch(f, grid * 4 if split else grid, 128,
+                    dev.launch(f, grid * 4 if split else capped(grid), 128,
                                [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n)])
                 else:
                     f = fn["gemv_rows_split" if split else "gemv_rows"]
-                    dev.launch(f, grid * 4 if split else grid, 128,
+                    dev.launch(f, grid * 4 if split else capped(grid), 128,
                                [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n),
                                 ("i", batch)])
                 return [y]
             Ws = qkv[copy]
             ys = [out((name, case, batch, tag, i), batch, r) for i, (r, _) in enumerate(QKV)]
             sets = sum(-(-r // 4) for r, _ in QKV)
-            dev.launch(fn["gemv3" if batch == 1 else "gemv3_rows"], max(1, -(-sets // 4)), 128,
+            dev.launch(fn["gemv3" if batch == 1 else "gemv3_rows"], capped(max(1, -(-sets // 4))), 128,
                        [("P", w.data_ptr()) for w in Ws] + [("P", xp)] + [("P", y.data_ptr()) for y in ys]
                        + [("i", r) for r, _ in QKV] + [("i", 2048), ("i", batch)])
             return ys

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import strata.backends.cuda as cuda_backend
-from strata.backends.cuda.memory import Pool, gemv_grid
+from strata.backends.cuda.memory import Pool, gemv_grid, gemv_whole_grid
 from strata.backends.cuda.moe import group_by_expert
 from strata.engine import llm as llm_module
 from strata.config import EngineConfig
@@ -237,6 +237,19 @@ def test_gemv_grid_covers_every_row(qtype, n):
         lanes = min(32, 1 << (max(units, 1) - 1).bit_length())
         krows = 2 if qtype in ("Q6_K", "F32", "F16") else 4
         assert gemv_grid(qtype, rows, n) * 4 * (32 // lanes) * krows >= rows
+
+
+def test_whole_matrix_gemv_grid_is_capped_only_where_x_is_staged_once():
+    head = gemv_grid("Q8_0", 151936, 2048)
+    assert head == 9496
+    for T in (1, 2, 4, 8):      # a row of 2048: one tile holds x for a group of up to 4 tokens
+        assert gemv_whole_grid("Q8_0", 151936, 2048, T, 132) == 4 * 132
+    assert gemv_whole_grid("Q8_0", 151936, 4096, 1, 132) == 4 * 132
+    assert gemv_whole_grid("Q8_0", 151936, 4096, 2, 132) == 4 * 132
+    assert gemv_whole_grid("Q8_0", 151936, 4096, 4, 132) == gemv_grid("Q8_0", 151936, 4096)    # tiles a round
+    assert gemv_whole_grid("Q8_0", 151936, 8192, 1, 132) == gemv_grid("Q8_0", 151936, 8192)
+    assert gemv_whole_grid("Q4_K", 151936, 2048, 1, 132) == gemv_grid("Q4_K", 151936, 2048)    # x not staged
+    assert gemv_whole_grid("Q8_0", 64, 2048, 4, 132) == gemv_grid("Q8_0", 64, 2048)            # below the cap
 
 
 def test_prefill_chunk_comes_from_the_plan(fake):

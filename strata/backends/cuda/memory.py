@@ -40,6 +40,27 @@ def gemv_grid(qtype: str, rows: int, n: int) -> int:
     return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n)))
 
 
+# cuda/gemv_rows.cuh's staged x: the types of one 32-weight block a unit read x from a shared tile of
+# STAGE_FLOATS floats (one token: half), each block's 32 padded to STAGE_STRIDE, ROWS_GROUP tokens a
+# pass. Where a pass's x fits one tile, a block stages it once for all its row sets, so a grid of a few
+# blocks a multiprocessor reads x a few hundred times instead of once a row set (the 30B head at 4
+# tokens: 284 -> 248 us on an H100). STAGED_BLOCKS_PER_SM: what the 128-register bodies keep resident.
+STAGE_FLOATS, STAGE_STRIDE, ROWS_GROUP, STAGED_BLOCKS_PER_SM = 9216, 36, 4, 4
+
+
+def gemv_whole_grid(qtype: str, rows: int, n: int, T: int, num_sms: int) -> int:
+    """Blocks of the whole-matrix strata_gemv_<qtype> (T == 1) or strata_gemv_rows_<qtype> (T tokens):
+    gemv_grid's, capped at STAGED_BLOCKS_PER_SM a multiprocessor where the kernel stages x once a block.
+    Any grid gives the same bits (warps stride over row sets)."""
+    from .testing import CudaOps
+    grid = gemv_grid(qtype, rows, n)
+    block, units, _ = CudaOps.GEMV_UNITS.get(qtype, (0, 0, 0))
+    floats = STAGE_FLOATS // 2 if T == 1 else STAGE_FLOATS
+    if block != 32 or units != 1 or min(T, ROWS_GROUP) * (n // 32) * STAGE_STRIDE > floats:
+        return grid
+    return min(grid, STAGED_BLOCKS_PER_SM * num_sms)
+
+
 class _Block:
     """A range of a pool segment; handed back to the pool when collected."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .memory import DeviceTensor, Weight, gemv_grid
+from .memory import DeviceTensor, Weight, gemv_grid, gemv_whole_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
@@ -41,6 +41,8 @@ class DenseOps:
         rows, n, q = w.rows, w.shape[-1], w.qtype
         grid = gemv_grid(w.qtype, rows, n)
         split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
+        if not split:
+            grid = gemv_whole_grid(q, rows, n, T, self.num_sms)
         if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
             self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
                         (w.ptr, x, y, rows, n, T), qtype=q)
