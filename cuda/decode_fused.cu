@@ -338,7 +338,7 @@ __device__ __forceinline__ void staged_three(const Three& m, const float* __rest
     auto emit = [&](bool valid, const float (&acc)[B][R]) {
         if (valid) store_rows<U, B>(acc, L, y, rows, row0, batch);
     };
-    staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
+    staged_rounds<kWarps, U, B, false>(x, n, batch, table, find, emit, L.sl, L.lanes);
 }
 
 template <class U>

@@ -193,8 +193,9 @@ __device__ __forceinline__ void acc_multi_tile(const uint8_t* const (&row_ptr)[U
 
 // A block-uniform loop over row groups: each round, every warp may take a row set (valid) or not;
 // x is staged tile by tile for all of them, and acc of the valid ones collected. emit(acc) writes.
-// Returns after the last round any warp of the block had work in.
-template <int kWarps, class U, int B, class Find, class Emit>
+// Returns after the last round any warp of the block had work in. kOnce: x staged once for all rounds
+// where it fits one tile (staged_gemv, whose grid the host caps; not staged_three, one round a block).
+template <int kWarps, class U, int B, bool kOnce, class Find, class Emit>
 __device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n, int batch, const float* table,
                                               Find find, Emit emit, int u_first, int u_step) {
     constexpr int R = U::kRows;
@@ -205,7 +206,7 @@ __device__ __forceinline__ void staged_rounds(const float* __restrict__ x, int n
     // x in one tile (the 30B shape's rows of 2048 and 4096 weights at one token, of 2048 at up to four):
     // staged once for all the block's rounds, so a grid of a few blocks a multiprocessor reads x once
     // a block instead of once a row set.
-    const bool whole = num_blocks <= nb;
+    const bool whole = kOnce && num_blocks <= nb;
     if (whole) stage_x_tile<kWarps * 32>(x, n, batch, 0, num_blocks, xs);     // the first round's barrier orders it
     for (int round = 0;; ++round) {
         const uint8_t* row_ptr[R];
@@ -253,7 +254,7 @@ __device__ __forceinline__ void staged_gemv(const uint8_t* __restrict__ W, const
     auto emit = [&](bool valid, const float (&acc)[B][R]) {
         if (valid) store_rows<U, B>(acc, L, y, rows, row0, batch);
     };
-    staged_rounds<kWarps, U, B>(x, n, batch, table, find, emit, L.sl, L.lanes);
+    staged_rounds<kWarps, U, B, true>(x, n, batch, table, find, emit, L.sl, L.lanes);
 }
 
 // y[row0 + r] = W[row0 + r, :] . x for r < U::kRows: this lane's share of one row set.
