@@ -45,7 +45,7 @@ def q8_0_bytes(rows: int, n: int, rng) -> np.ndarray:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arm", action="append", required=True,
-                    help="NAME:GEMV.fatbin:DECODE_FUSED.fatbin[:CAP] (CAP: most blocks of the whole-matrix kernels)")
+                    help="NAME:GEMV.fatbin:DECODE_FUSED.fatbin[:CAP[:SPLIT_CAP]] (most blocks of the whole-matrix and of the split kernels; 0: none)")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -80,9 +80,13 @@ def main(argv=None) -> int:
     for spec in args.arm:
         name, gemv_path, fused_path, *rest = spec.split(":")
         cap = int(rest[0]) if rest else 0      # a cap on the whole-matrix kernels' grid (0: none)
+        split_cap = int(rest[1]) if len(rest) > 1 else 0     # and on the split kernels' (0: none)
 
         def capped(grid: int) -> int:
             return min(grid, cap) if cap else grid
+
+        def split_capped(grid: int) -> int:
+            return min(grid, split_cap) if split_cap else grid
         g, fz = dev.module(gemv_path), dev.module(fused_path)
         fn = {k: dev.function(g, f"strata_{k}_q8_0") for k in ("gemv", "gemv_rows", "gemv_split", "gemv_rows_split")}
         fn.update({k: dev.function(fz, f"strata_{k}_q8_0") for k in ("gemv3", "gemv3_rows")})
@@ -100,11 +104,11 @@ def main(argv=None) -> int:
                 y = out((name, case, batch, tag), batch, rows)
                 if batch == 1:
                     f = fn["gemv_split" if split else "gemv"]
-                    dev.launch(f, grid * 4 if split else capped(grid), 128,
+                    dev.launch(f, split_capped(grid * 4) if split else capped(grid), 128,
                                [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n)])
                 else:
                     f = fn["gemv_rows_split" if split else "gemv_rows"]
-                    dev.launch(f, grid * 4 if split else capped(grid), 128,
+                    dev.launch(f, split_capped(grid * 4) if split else capped(grid), 128,
                                [("P", W.data_ptr()), ("P", xp), ("P", y.data_ptr()), ("i", rows), ("i", n),
                                 ("i", batch)])
                 return [y]
