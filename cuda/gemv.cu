@@ -35,7 +35,8 @@
 //
 // Launch: block = (128, 1, 1) (kWarps warps); any grid is correct, since warps stride over row
 // sets. strata/backends/cuda/memory.py (gemv_grid) sizes the grid to one row set per warp from the units' kUnits and
-// kRows (mirrored there as GEMV_UNITS); the batched kernel takes 4 rows per warp.
+// kRows (mirrored there as GEMV_UNITS), capped at 4 blocks a multiprocessor where a staged body keeps
+// x in one tile for all its rounds (gemv_whole_grid); the batched kernel takes 4 rows per warp.
 //
 // Measured (H200, tools/quant_kernel_report.py, launches back to back; device copy 4250 GB/s read +
 // write): at 151936 x 2048 F16 / BF16 read W at 4320 GB/s, Q5_1 2390, Q8_0 2210, Q4_K 1350, Q6_K
