@@ -3,7 +3,7 @@ request's time to its first token while a long prompt is being read in another s
 
     python tools/parallel_bench.py [--synthetic qwen3-30b-a3b] [--budget-gib 0,12] [--batch-max 0,1]
                                    [--clients 1,2,4,8] [--prompt 64] [--decode 128] [--warm 8]
-                                   [--context N] [--prompts-apart]
+                                   [--context N] [--prompts-apart] [--trace]
                                    [--long 16384] [--long-chunk 2048] [--json F]
 
 Each round submits N requests of random prompts at once (greedy, no end-of-sequence: each runs
@@ -41,15 +41,40 @@ def _llm(args, parallel: int, context: int, prefill: str, budget_gib: float = 0.
     return llm
 
 
-def clients_round(llm, n: int, prompt: int, decode: int, rng) -> dict:
+def trace_summary(trace) -> dict:
+    """Scheduler.trace of a round -> per grouping of the iteration's batched steps (e.g. "4" or "2+2";
+    "-" for iterations with none): iterations, median ms of the iteration, of its steps, and outside
+    them (rows stepping alone, prompts read, the loop's own host work); and the round's totals."""
+    by: dict[str, list] = {}
+    for total, groups, alone, prompts in trace:
+        key = "+".join(str(rows) for rows, _ in groups) or "-"
+        steps = sum(sec for _, sec in groups)
+        by.setdefault(key, []).append((total, steps, total - steps))
+    out = {"iterations": len(trace), "total_ms": round(1e3 * sum(t[0] for t in trace), 1),
+           "in_steps_ms": round(1e3 * sum(sec for t in trace for _, sec in t[1]), 1),
+           "alone_ms": round(1e3 * sum(t[2] for t in trace), 1), "prompts_ms": round(1e3 * sum(t[3] for t in trace), 1),
+           "groupings": {}}
+    for key, rows in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        a = np.array(rows) * 1e3
+        out["groupings"][key] = {"iterations": len(rows), "median_ms": round(float(np.median(a[:, 0])), 3),
+                                 "median_steps_ms": round(float(np.median(a[:, 1])), 3),
+                                 "median_outside_ms": round(float(np.median(a[:, 2])), 3)}
+    return out
+
+
+def clients_round(llm, n: int, prompt: int, decode: int, rng, trace: bool = False) -> dict:
+    from collections import deque
+
     from strata.config import SamplingParams
     from strata.engine.scheduler import Request
     V = llm.args.vocab_size
     params = SamplingParams(max_tokens=decode)
+    llm.scheduler.trace = deque() if trace else None
     t0 = time.monotonic()
     reqs = [llm.scheduler.submit(Request(rng.integers(0, V, prompt).tolist(), params)) for _ in range(n)]
     while llm.scheduler.step():
         pass
+    recorded, llm.scheduler.trace = llm.scheduler.trace, None
     first = min(r.first_token for r in reqs)
     last = max(r.finished for r in reqs)
     tokens = sum(r.num_tokens - 1 for r in reqs)
@@ -58,7 +83,7 @@ def clients_round(llm, n: int, prompt: int, decode: int, rng) -> dict:
             "prompt_batches": (llm.status().get("prompt_batches") or {}).get("forwards"),
             "wall_s": last - t0, "per_client_tok_s": [round((r.num_tokens - 1) / (r.finished - r.first_token), 1)
                                                       for r in reqs],
-            "batching": llm.batching.to_dict()}
+            "batching": llm.batching.to_dict(), **({"trace": trace_summary(recorded)} if trace else {})}
 
 
 def long_prompt_round(args, rng) -> dict:
@@ -102,12 +127,18 @@ def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
           f"{llm.config.parallel}, context {llm.max_context} a slot", flush=True)
     for n in clients:
         clients_round(llm, n, args.prompt, args.warm, rng)   # new shapes: eager, capture; the rule's first steps
-        r = clients_round(llm, n, args.prompt, args.decode, rng)
+        r = clients_round(llm, n, args.prompt, args.decode, rng, trace=args.trace)
         out["rounds"].append(r)
         b = r["batching"]
         print(f"  {n} clients: aggregate decode {r['aggregate_decode_tok_s']:,.1f} tok/s (per client "
               f"{r['per_client_tok_s']}); steps of up to {b['cap']} rows, step ms by rows {b['step_ms']}; first "
               f"tokens at {r['first_tokens_ms']} ms, prompt forwards so far {r['prompt_batches']}", flush=True)
+        if args.trace:
+            t = r["trace"]
+            print(f"    trace: {t['iterations']} iterations, {t['total_ms']:,.1f} ms: batched steps {t['in_steps_ms']:,.1f}, "
+                  f"rows alone {t['alone_ms']:,.1f}, prompts {t['prompts_ms']:,.1f}; by grouping "
+                  + "; ".join(f"{k} x{g['iterations']}: {g['median_ms']} ms ({g['median_steps_ms']} in steps, "
+                              f"{g['median_outside_ms']} outside)" for k, g in t["groupings"].items()), flush=True)
     one = out["rounds"][0]["aggregate_decode_tok_s"]
     for r in out["rounds"]:
         r["x_one_client"] = round(r["aggregate_decode_tok_s"] / one, 2)
@@ -147,6 +178,9 @@ def main(argv=None) -> int:
                          "prompts take more than one)")
     ap.add_argument("--prompts-apart", action="store_true",
                     help="each request's prompt read alone (not with the others waiting: the A/B)")
+    ap.add_argument("--trace", action="store_true",
+                    help="each measured round's iterations timed (Scheduler.trace): per grouping of the batched "
+                         "steps, the median iteration, the steps' share and the time outside them")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.model:

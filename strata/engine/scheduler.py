@@ -152,6 +152,9 @@ class Scheduler:
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()      # one stepping thread at a time
         self._stopping = False
+        # set to a deque to record each iteration: (seconds in all, [(rows, seconds) of each batched
+        # group's step], seconds of the slots that stepped alone, of prompts read together); None: off
+        self.trace: collections.deque | None = None
 
     # ---- any thread ----
 
@@ -199,17 +202,25 @@ class Scheduler:
         """One loop iteration: admit waiting requests into free slots, then advance every busy slot
         by one step. -> whether any slot ran."""
         with self._step_lock:
+            t0 = self.clock()
             self._admit()
             busy = [s for s in self.slots if not s.free]
             ready = self._ready(busy)
-            start = 0
+            start, groups = 0, []
             for size in self.batch_rule.groups(len(ready)) if ready else ():
+                g0 = self.clock()
                 self._step_group(ready[start:start + size])
+                groups.append((size, self.clock() - g0))
                 start += size
+            t1 = self.clock()
             for slot in busy:
                 if slot not in ready and not slot.free:
                     self._advance(slot)
+            t2 = self.clock()
             self._read_prompts(busy)
+            if self.trace is not None and busy:
+                t3 = self.clock()
+                self.trace.append((t3 - t0, groups, t2 - t1, t3 - t2))
             return bool(busy)
 
     def run(self) -> None:

@@ -199,3 +199,29 @@ def test_probes_come_further_apart_while_the_choice_holds():
     probes = [i for i, g in enumerate(groupings) if g != (4,) and i > 10]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert 4 <= len(probes) <= 6 and gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], probes
+
+
+def test_the_iteration_trace_splits_each_iteration_into_its_steps():
+    """Scheduler.trace (opt-in, tools/parallel_bench.py --trace): each iteration's time, its batched
+    groups' rows and step times, and the time spent outside them."""
+    import collections
+    clock = Clock()
+
+    def batch(works):
+        clock.t += resident(len(works)) / 1e3
+        for w in works:
+            w.pending, w.stepped = None, True
+
+    def begin(ids, params, on_progress=None, slot=0, **extra):
+        return CostWork(ids, params, clock, resident, slot)
+    s = Scheduler(begin, 8, num_slots=4, batch=batch, batch_rule=FixedBatch(2), clock=clock)
+    s.trace = collections.deque()
+    for p in range(1, 5):
+        s.submit(Request([p], SamplingParams(max_tokens=6)))
+    while s.step():
+        pass
+    # the first tokens (each work alone), five batched iterations in lockstep, then the works' ends
+    assert [[rows for rows, _ in groups] for _, groups, _, _ in s.trace] == [[]] + [[2, 2]] * 5 + [[]]
+    for total, groups, alone, prompts in s.trace:
+        assert all(sec == pytest.approx(resident(2) / 1e3) for _, sec in groups)
+        assert total == pytest.approx(sum(sec for _, sec in groups) + alone + prompts)
