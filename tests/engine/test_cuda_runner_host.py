@@ -252,6 +252,17 @@ def test_whole_matrix_gemv_grid_is_capped_only_where_x_is_staged_once():
     assert gemv_whole_grid("Q8_0", 64, 2048, 4, 132) == gemv_grid("Q8_0", 64, 2048)            # below the cap
 
 
+def test_the_grid_cap_mirrors_the_staged_kernels_constants():
+    import re
+    from pathlib import Path
+
+    from strata.backends.cuda import memory
+    src = (Path(__file__).resolve().parents[2] / "cuda" / "gemv_rows.cuh").read_text()
+    assert int(re.search(r"#define STRATA_ROWS_GROUP (\d+)", src).group(1)) == memory.ROWS_GROUP
+    assert int(re.search(r"kStageFloats = (\d+);", src).group(1)) == memory.STAGE_FLOATS
+    assert int(re.search(r"kStride = (\d+);", src).group(1)) == memory.STAGE_STRIDE
+
+
 def test_prefill_chunk_comes_from_the_plan(fake):
     pack = open_pack(DEMO)
     assert CudaRunner(pack, 64, EngineConfig(device="cuda", prefill="24")).prefill_chunk == 24
