@@ -120,31 +120,36 @@ def test_chunked_prompt_equals_one_chunk(tmp_path, rng):
     np.testing.assert_allclose(llm.logits(ids), one, rtol=0, atol=3e-5 * np.abs(one).max())
 
 
-def test_follow_up_turn_resumes_from_the_state_after_the_shared_prefix(tmp_path):
+def test_follow_up_turn_resumes_from_the_state_after_the_shared_prefix(tmp_path, rng):
     pack, _ = make_next_pack(tmp_path, NEXT_SHAPES["tiny"], seed=8)
     llm = LLM(pack, device="cpu")
     runner, V = llm.runner, llm.args.vocab_size
-    turn1 = random_ids(30, V)
+    turn1 = rng.integers(0, V, 30).tolist()
     runner.prefill(turn1, runner.reusable_prefix(turn1))
-    answer = random_ids(6, V)
+    answer = rng.integers(0, V, 6).tolist()
     for t in answer:
         runner.decode(t)
     # the next turn continues the live sequence: nothing is reread
-    turn2 = turn1 + answer + random_ids(9, V)
+    turn2 = turn1 + answer + rng.integers(0, V, 9).tolist()
     start = runner.reusable_prefix(turn2)
     assert start == len(turn1) + len(answer)
     resumed = runner.prefill(turn2, start)
     # a turn that drops the answer (a template that rewrites it) resumes from the prompt's snapshot
-    turn3 = turn2[:len(turn1)] + random_ids(11, V)
+    turn3 = turn2[:len(turn1)] + rng.integers(0, V, 11).tolist()
     start3 = runner.reusable_prefix(turn3)
     assert start3 == len(turn1)
     resumed3 = runner.prefill(turn3, start3)
     # a prefix with no snapshot within it starts over
-    turn4 = turn1[:10] + random_ids(5, V)
+    turn4 = turn1[:10] + rng.integers(0, V, 5).tolist()
     assert runner.reusable_prefix(turn4) == 0
+    # Resumed and fresh reads chunk the delta rule differently, so its sums run in other orders. Over
+    # 9,200 seeded draws max|got - fresh| / max|fresh| had a median of 1.3e-6, a p99 of 1.1e-5 and a
+    # maximum of 6.1e-5; one unseeded CI draw reached 9.0e-5 (against the 3e-5 this bound was). So the
+    # bound is the transformers route's 1.5e-4 (test_hf_route_matches_transformers), and the ids now
+    # come from the replayable rng.
     for ids, got in ((turn2, resumed), (turn3, resumed3)):
         fresh = llm.logits(ids)[-1]
-        np.testing.assert_allclose(got, fresh, rtol=0, atol=3e-5 * np.abs(fresh).max())   # other chunking
+        np.testing.assert_allclose(got, fresh, rtol=0, atol=1.5e-4 * np.abs(fresh).max())
 
 
 def test_greedy_and_chat_through_the_pack_tokenizer(tmp_path, rng):
