@@ -202,23 +202,22 @@ class Scheduler:
         """One loop iteration: admit waiting requests into free slots, then advance every busy slot
         by one step. -> whether any slot ran."""
         with self._step_lock:
-            t0 = self.clock()
+            tracing = self.trace is not None
+            t0 = self.clock() if tracing else 0.0
             self._admit()
             busy = [s for s in self.slots if not s.free]
             ready = self._ready(busy)
             start, groups = 0, []
             for size in self.batch_rule.groups(len(ready)) if ready else ():
-                g0 = self.clock()
-                self._step_group(ready[start:start + size])
-                groups.append((size, self.clock() - g0))
+                groups.append((size, self._step_group(ready[start:start + size])))
                 start += size
-            t1 = self.clock()
+            t1 = self.clock() if tracing else 0.0
             for slot in busy:
                 if slot not in ready and not slot.free:
                     self._advance(slot)
-            t2 = self.clock()
+            t2 = self.clock() if tracing else 0.0
             self._read_prompts(busy)
-            if self.trace is not None and busy:
+            if tracing and busy:
                 t3 = self.clock()
                 self.trace.append((t3 - t0, groups, t2 - t1, t3 - t2))
             return bool(busy)
@@ -273,19 +272,23 @@ class Scheduler:
         k = next((i for i, s in enumerate(ready) if s.index >= self._turn), 0)
         return ready[k:] + ready[:k]
 
-    def _step_group(self, group: list[Slot]) -> None:
+    def _step_group(self, group: list[Slot]) -> float:
         """One batched decode step for the group's rows (a lone row steps itself), then their picks,
         before the next group's step (a row count's graph writes every step's logits to one buffer);
-        the rule is told its time. An engine fault in the batched step ends the group's requests."""
+        the rule is told its time. An engine fault in the batched step ends the group's requests.
+        -> its seconds (the iteration trace's)."""
         t0 = self.clock()
         if len(group) > 1:
             try:
                 self.batch([s.work for s in group])
             except BaseException as e:
-                return self._fail(group, e)
+                self._fail(group, e)
+                return self.clock() - t0
         for slot in group:
             self._advance(slot)
-        self.batch_rule.observe(len(group), (self.clock() - t0) * 1e3)
+        seconds = self.clock() - t0
+        self.batch_rule.observe(len(group), seconds * 1e3)
+        return seconds
 
     def _read_prompts(self, busy: list[Slot]) -> None:
         """The slots whose prompts wait to be read (PROMPT_READY this iteration): read together where
