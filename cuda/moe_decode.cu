@@ -32,8 +32,9 @@
 // sizes) the lane loads its x values once and keeps them for every row; the first set's weight
 // loads are issued before the staging barrier, and each next set's right after the current one's
 // dot products, so a warp has a set's weights in flight while it computes (a Q4_K gate/up pair: 2.3 KB).
-// Down: warps write their A partial results of a round of sets to shared memory; after a barrier
-// the block sums them per row in the fixed order a = 0..A-1.
+// Down: warps write their A partial results of each set to shared memory, a batch of rounds
+// (as many as the block's partial-row buffer holds: 16 for a Q4_K row of 768) without a barrier
+// between them; after the batch's barrier the block sums them per row in the fixed order a = 0..A-1.
 //
 // Launch: block = (256, 1, 1), at most 128 registers a thread (2 blocks per SM); grid = (any gx >= 1, T, 1), every gx is complete and gives the
 // same bits; strata/backends/cuda/moe_decode.py picks gx (about 2 blocks per SM). Dynamic shared
@@ -359,17 +360,26 @@ struct Down {
     int A, D, I;
 };
 
-// After a round's barrier: out rows of sets [base, base + parts) from the A partial rows in ys.
-__device__ __forceinline__ void combine_round(const Down& k, const float* ys, int base, const Split& sp,
+// Rounds per barrier: ys holds the A partial rows of `batch` rounds of sets, round j at
+// j * A * parts * set_rows floats (at least 1; for a Q4_K row of I = 768, 16 rounds).
+__device__ __forceinline__ int rounds_per_batch(const Split& sp, int A, int set_rows, int capacity) {
+    return max(1, capacity / (A * sp.parts * set_rows));
+}
+
+// After a batch's barrier: out rows of sets [base, base + parts * batch) from the A partial rows
+// each round of the batch left in ys, summed over a = 0..A-1 in order.
+__device__ __forceinline__ void combine_batch(const Down& k, const float* ys, int base, int batch, const Split& sp,
                                               int set_rows) {
     const int t = blockIdx.y, width = sp.parts * set_rows;
-    const int rows = (min(base + sp.parts, sp.end) - base) * set_rows;
+    const int rows = (min(base + sp.parts * batch, sp.end) - base) * set_rows;
     const float* w = k.weights + static_cast<long long>(t) * k.A;
     for (int i = threadIdx.x; i < rows; i += kThreads) {
         const int d = base * set_rows + i;
         if (d < k.D) {
+            const int j = i / width;
+            const float* y = ys + j * k.A * width + (i - j * width);
             float acc = 0.f;
-            for (int a = 0; a < k.A; ++a) acc = fmaf(w[a], ys[a * width + i], acc);
+            for (int a = 0; a < k.A; ++a) acc = fmaf(w[a], y[a * width], acc);
             k.out[static_cast<long long>(t) * k.D + d] = acc;
         }
     }
@@ -377,8 +387,9 @@ __device__ __forceinline__ void combine_round(const Down& k, const float* ys, in
 
 template <int R>
 __device__ __forceinline__ void store_partials(const float (&acc)[R], const Lane& L, float* ys, const Split& sp,
-                                               int set_rows) {
-    float* dst = ys + sp.a * sp.parts * set_rows + sp.part * set_rows + L.sub * R;
+                                               int set_rows, int round, int A) {
+    const int width = sp.parts * set_rows;
+    float* dst = ys + (round * A + sp.a) * width + sp.part * set_rows + L.sub * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const float y = sum_lanes(acc[r], L.lanes);
@@ -388,11 +399,12 @@ __device__ __forceinline__ void store_partials(const float (&acc)[R], const Lane
 
 template <class U>
 __device__ void down_body(const Down& k, float* table, float* xs) {
-    constexpr int R = 2 * Tile<U>::kPairs, H = Tile<U>::kHold;
-    __shared__ float ys[kWarps * 32 * R];  // [A][parts * set_rows], A * parts <= 8, set_rows <= 32 R
+    constexpr int R = 2 * Tile<U>::kPairs, H = Tile<U>::kHold, kCapacity = kWarps * 32 * R;
+    __shared__ float ys[kCapacity];  // [batch][A][parts * set_rows], A * parts <= 8, set_rows <= 32 R
     const Lane L = lane_of<U>(k.I);
     const int set_rows = (32 / L.lanes) * R, t = blockIdx.y;
     const Split sp = split_of((k.D + set_rows - 1) / set_rows, k.A);
+    const int batch = rounds_per_batch(sp, k.A, set_rows, kCapacity);
     const long long s = static_cast<long long>(t) * k.A + sp.a;
     const uint8_t* base_w = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[s]]) + k.down_off : nullptr;
     const float* hg = k.h + s * k.I;
@@ -406,46 +418,52 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
         for (int r = 0; r < R; ++r) row[r] = base_w + static_cast<long long>(min(r0 + r, k.D - 1)) * L.row_bytes;
     };
     const float* h_t = k.h + static_cast<long long>(t) * k.A * k.I;
+    // A warp's sets of a batch go without a barrier between them (its partial rows land in the
+    // batch's own rounds of ys); the block meets once a batch to sum them.
+    const int step = sp.parts * batch;
     if constexpr (H > 0) {
         if (L.units <= H * L.lanes) {  // uniform over the block
             typename U::Raw raw[R][H];
-            bool mine = sp.busy && sp.begin + sp.part < sp.end;
+            int set = sp.begin + sp.part;
+            bool mine = sp.busy && set < sp.end;
             if (mine) {
-                point(sp.begin + sp.part);
+                point(set);
                 load_held<U, R, H>(row, L, raw);
             }
             stage_and_sync<U>(table, h_t, k.A, k.I, xs, staged);
             typename U::X xv[H];
             if (sp.busy) load_held_x<U, H>(staged, xs_a, hg, L, xv);
-            for (int base = sp.begin; base < sp.end; base += sp.parts) {
-                if (mine) {
+            for (int base = sp.begin; base < sp.end; base += step) {
+                for (int j = 0; j < batch && mine && set < base + step; ++j, set += sp.parts) {
                     float acc[R];
                     dot_held<U, R, H>(raw, xv, L, table, acc);
-                    const int next = base + sp.parts + sp.part;
-                    mine = next < sp.end;
-                    if (mine) {
-                        point(next);
+                    mine = set + sp.parts < sp.end;
+                    if (mine) {  // the next set's weights travel while this one is stored
+                        point(set + sp.parts);
                         load_held<U, R, H>(row, L, raw);
                     }
-                    store_partials<R>(acc, L, ys, sp, set_rows);
+                    store_partials<R>(acc, L, ys, sp, set_rows, j, k.A);
                 }
                 __syncthreads();
-                combine_round(k, ys, base, sp, set_rows);
+                combine_batch(k, ys, base, batch, sp, set_rows);
                 __syncthreads();
             }
             return;
         }
     }
     stage_and_sync<U>(table, h_t, k.A, k.I, xs, staged);
-    for (int base = sp.begin; base < sp.end; base += sp.parts) {
-        if (sp.busy && base + sp.part < sp.end) {
-            point(base + sp.part);
-            float acc[R];
-            dot_streaming<U, R>(row, staged, xs_a, hg, L, table, acc);
-            store_partials<R>(acc, L, ys, sp, set_rows);
+    for (int base = sp.begin; base < sp.end; base += step) {
+        for (int j = 0; j < batch; ++j) {
+            const int set = base + j * sp.parts + sp.part;
+            if (sp.busy && set < sp.end) {
+                point(set);
+                float acc[R];
+                dot_streaming<U, R>(row, staged, xs_a, hg, L, table, acc);
+                store_partials<R>(acc, L, ys, sp, set_rows, j, k.A);
+            }
         }
         __syncthreads();
-        combine_round(k, ys, base, sp, set_rows);
+        combine_batch(k, ys, base, batch, sp, set_rows);
         __syncthreads();
     }
 }
