@@ -16,10 +16,12 @@
 #     moeab     device_deadline.sh's moe_decode_ab: the MoE decode kernels of each .cu in MOE_VARIANTS
 #               (cuda/moe_decode.cu itself among them for the A/B), speed, registers and output digests
 #     gemvab    the row-invariant batched GEMVs (gemv.cu, decode_fused.cu) against GEMV_ARMS' fatbins: each arm
-#               "name:gemv.fatbin:decode_fused.fatbin" (- keeps this build's), then this build: decode_profile
+#               "name:gemv.fatbin:decode_fused.fatbin[:moe_decode.fatbin]" (- keeps this build's), then this build: decode_profile
 #               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
 #               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
 #               (tools/variants/make_gemv_parent.sh builds a parent commit's arm; PAR_CONTEXT: the slots' context)
+#     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
+#               context 1024, no long round: where each scheduler iteration's time goes (#19)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
 #               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
@@ -96,13 +98,19 @@ gemv_arm() {            # the batched step's kernel table and parallel slots, as
 }
 if has gemvab; then      # the batched GEMVs' weights converted once a batch (gemv_rows.cuh) against parents
     for arm in ${GEMV_ARMS:-}; do
-        IFS=: read -r name gf df <<<"$arm"
+        IFS=: read -r name gf df mf <<<"$arm"
         cmd=(gemv_arm "$name")
+        [ -n "$mf" ] && [ "$mf" != "-" ] && cmd=(with_fatbin moe_decode "$mf" "${cmd[@]}")
         [ "$df" != "-" ] && cmd=(with_fatbin decode_fused "$df" "${cmd[@]}")
         [ "$gf" != "-" ] && cmd=(with_fatbin gemv "$gf" "${cmd[@]}")
         "${cmd[@]}"
     done
     gemv_arm tree
+fi
+if has partrace; then   # #19: the scheduler's iterations under a budget, split into steps, rows alone and prompts
+    echo "== parallel slots traced at ${PARTRACE_GIB:-12} GiB ($(elapsed) s)"
+    timeout "$(budget 240)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib "${PARTRACE_GIB:-12}" \
+        --clients "${PARTRACE_CLIENTS:-1,2,4}" --warm 16 --long 0 --context 1024 --trace --json "$OUT/partrace.json" 2>&1 | tail -40
 fi
 if has fit; then         # what bounds a one-token launch: a fixed cost or the bytes (#16)
     echo "== MoE decode fit ($(elapsed) s)"
