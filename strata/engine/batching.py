@@ -23,7 +23,12 @@ less than four of one and it batches. The ideas are `--spec auto`'s (speculate.A
   come `probe` iterations apart, twice as far after one that left the choice as it was (up to
   max_probe), `probe` again after one that changed it;
 - a row count's cost is the median of its last `keep` steps (one slow step, a page fault or a
-  collection, does not move it).
+  collection, does not move it);
+- but a row count not stepped for more than `keep` iterations starts its samples afresh: what it
+  cost then was measured in another state (under a budget the first steps after the prompts miss
+  most experts: a 2-row step measured at 25 ms in a cold cache took 4.5 ms once it was warm, and the
+  two cold samples held the median for hundreds of iterations). A probe is then two steps of its
+  grouping (NEED_SAMPLES), the second confirming the first.
 """
 from __future__ import annotations
 
@@ -97,6 +102,9 @@ class AutoBatch(FixedBatch):
         self.last_measured: dict[int, int] = {}         # row count -> iteration of its last step
 
     def observe(self, rows: int, ms: float) -> None:
+        last = self.last_measured.get(rows)
+        if last is not None and self.iterations - last > self.keep and rows in self.step_ms:
+            self.step_ms[rows].clear()              # stale: measured in another state (module doc)
         super().observe(rows, ms)
         self.last_measured[rows] = self.iterations
 

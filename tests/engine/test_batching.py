@@ -194,6 +194,20 @@ def test_a_failed_step_ends_its_groups_requests_only():
     assert sum(r.state == "done" for r in reqs) == 2
 
 
+def test_costs_measured_in_a_cold_cache_are_measured_again():
+    # 12 GiB, two clients (H100, session 22): the 2-row steps first measured right after the prompts,
+    # while most experts missed, took 25 ms; warm, one took 4.5 ms against two 1-row steps of 3.2. The
+    # cold samples held the median, and the rule ran rows apart for the whole round.
+    def cold(s):
+        return {1: 3.2, 2: 25.0}[s]
+
+    def warm(s):
+        return {1: 3.2, 2: 4.5}[s]
+    groupings, _ = run(AutoBatch(2), cold, clients=2, tokens=300, change=lambda i: warm if i == 12 else None)
+    assert groupings[:12].count((1, 1)) >= 6                    # cold: rows apart is right
+    assert groupings[80:].count((2,)) >= 0.95 * len(groupings[80:]), groupings[12:80]
+
+
 def test_probes_come_further_apart_while_the_choice_holds():
     groupings, _ = run(AutoBatch(4), resident, tokens=1200)
     probes = [i for i, g in enumerate(groupings) if g != (4,) and i > 10]
