@@ -44,7 +44,10 @@ def _llm(args, parallel: int, context: int, prefill: str, budget_gib: float = 0.
 def trace_summary(trace) -> dict:
     """Scheduler.trace of a round -> per grouping of the iteration's batched steps (e.g. "4" or "2+2";
     "-" for iterations with none): iterations, median ms of the iteration, of its steps, and outside
-    them (rows stepping alone, prompts read, the loop's own host work); and the round's totals."""
+    them (rows stepping alone, prompts read, the loop's own host work), the iteration's mean, 90th
+    percentile and largest ms (under a budget a few slow steps, the misses after the prompts, can
+    hold most of the time while the median stays low), and the first 16 iterations' ms in order; and
+    the round's totals."""
     by: dict[str, list] = {}
     for total, groups, alone, prompts in trace:
         key = "+".join(str(rows) for rows, _ in groups) or "-"
@@ -58,7 +61,11 @@ def trace_summary(trace) -> dict:
         a = np.array(rows) * 1e3
         out["groupings"][key] = {"iterations": len(rows), "median_ms": round(float(np.median(a[:, 0])), 3),
                                  "median_steps_ms": round(float(np.median(a[:, 1])), 3),
-                                 "median_outside_ms": round(float(np.median(a[:, 2])), 3)}
+                                 "median_outside_ms": round(float(np.median(a[:, 2])), 3),
+                                 "mean_ms": round(float(a[:, 0].mean()), 3),
+                                 "p90_ms": round(float(np.percentile(a[:, 0], 90)), 3),
+                                 "max_ms": round(float(a[:, 0].max()), 3)}
+    out["first_ms"] = [round(1e3 * t[0], 2) for t in list(trace)[:16]]
     return out
 
 
@@ -138,7 +145,9 @@ def arm(args, budget_gib: float, batch_max: int, clients: list[int]) -> dict:
             print(f"    trace: {t['iterations']} iterations, {t['total_ms']:,.1f} ms: batched steps {t['in_steps_ms']:,.1f}, "
                   f"rows alone {t['alone_ms']:,.1f}, prompts {t['prompts_ms']:,.1f}; by grouping "
                   + "; ".join(f"{k} x{g['iterations']}: {g['median_ms']} ms ({g['median_steps_ms']} in steps, "
-                              f"{g['median_outside_ms']} outside)" for k, g in t["groupings"].items()), flush=True)
+                              f"{g['median_outside_ms']} outside; mean {g['mean_ms']}, p90 {g['p90_ms']}, "
+                              f"max {g['max_ms']})" for k, g in t["groupings"].items())
+                  + f"; first iterations (ms) {t['first_ms']}", flush=True)
     one = out["rounds"][0]["aggregate_decode_tok_s"]
     for r in out["rounds"]:
         r["x_one_client"] = round(r["aggregate_decode_tok_s"] / one, 2)
