@@ -30,6 +30,13 @@
 // ceil(rows / ((32 / lanes) * kRows)), any grid correct. Sums in another order than the unsplit
 // kernel (a row's units go to 4 warps, then warp order), so it is not bitwise equal to it.
 //
+// Router with its routing (strata_router_split_f32(W, x, y, rows, n, ids, weights, counter, A, norm_topk),
+// strata_router_rows_split_f32(W, x, y, rows, n, batch, ids, weights, counter, A, norm_topk)): y as
+// strata_gemv_split_f32 (strata_gemv_rows_split_f32), then the last block to finish (counted on
+// *counter, an int the caller zeroes once; that block puts it back to 0) routes each token's `rows`
+// logits as strata_moe_route_f32 does (cuda/route.cuh: the same code, so the same ids and weights)
+// into ids [batch, A] and weights [batch, A]: a decode step's top-k without a launch of its own.
+//
 // Batched (gemv_batch_rows): each lane decodes 8 weights of each of 4 rows with the exact decoders
 // and multiplies them with the same 8 x values of every token; a warp covers 32 chunks of 8.
 //
@@ -54,6 +61,7 @@
 #include "gemv_units_k.cuh"
 #include "quant_blocks.cuh"
 #include "pdl.cuh"
+#include "route.cuh"
 
 namespace {
 
@@ -186,5 +194,46 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
     STRATA_GEMV_BATCH(name, Block)
 
 STRATA_GEMV_FLOAT(f32, BlockF32x8, ElemF32)
+
+namespace {
+
+// After the whole body of a block (its y rows written): the grid's last block routes every token.
+__device__ __forceinline__ void route_in_last_block(const float* y, int rows, int batch, int* ids, float* weights,
+                                                    int* counter, int A, int norm_topk) {
+    __shared__ bool last;
+    __threadfence();  // this block's rows of y before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = threadIdx.x >> 5; t < batch; t += kWarps)
+        strata_route::route_token<true>(y + static_cast<long long>(t) * rows, ids, weights, t, rows, A, norm_topk);
+    if (threadIdx.x == 0) *counter = 0;  // every block has counted: ready for the next launch
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kWarps * 32)
+    strata_router_split_f32(const uint8_t* W, const float* x, float* y, int rows, int n, int* ids, float* weights,
+                            int* counter, int A, int norm_topk) {
+    STRATA_PDL_ENTRY();
+    if (n % 8 == 0)
+        gemv_split_body<kWarps, UnitFloat8<BlockF32x8>>(W, x, y, rows, n, nullptr);
+    else
+        gemv_split_body<kWarps, UnitFloat1<ElemF32>>(W, x, y, rows, n, nullptr);
+    route_in_last_block(y, rows, 1, ids, weights, counter, A, norm_topk);
+}
+
+extern "C" __global__ void __launch_bounds__(kWarps * 32)
+    strata_router_rows_split_f32(const uint8_t* W, const float* x, float* y, int rows, int n, int batch, int* ids,
+                                 float* weights, int* counter, int A, int norm_topk) {
+    STRATA_PDL_ENTRY();
+    if (n % 8 == 0)
+        gemv_split_multi_body<kWarps, UnitFloat8<BlockF32x8>>(W, x, y, rows, n, nullptr, batch);
+    else
+        gemv_split_multi_body<kWarps, UnitFloat1<ElemF32>>(W, x, y, rows, n, nullptr, batch);
+    route_in_last_block(y, rows, batch, ids, weights, counter, A, norm_topk);
+}
 STRATA_GEMV_FLOAT(f16, BlockF16x8, ElemF16)
 STRATA_GEMV_FLOAT(bf16, BlockBF16x8, ElemBF16)

@@ -19,7 +19,7 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
 # cuda/attention.cu's kernel.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention")
+                "tc-decode-attention", "fused-route")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt

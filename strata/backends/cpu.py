@@ -209,6 +209,11 @@ class CpuOps:
         x = self.add(x, y)
         return x, self.rms_norm(x, name, eps)
 
+    def moe_router(self, x: np.ndarray, name: str, top_k: int, norm_topk: bool):
+        """The router of x and its routing -> (logits [T, E], expert ids [T, top_k], weights [T, top_k])."""
+        logits = self.linear(x, name)
+        return (logits, *self.moe_route(logits, top_k, norm_topk))
+
     def qkv(self, x: np.ndarray, prefix: str):
         """The attention projections of x -> (q [T, H*Dh], k [T, Hk*Dh], v [T, Hk*Dh])."""
         return tuple(self.linear(x, f"{prefix}attn_{p}.weight") for p in "qkv")

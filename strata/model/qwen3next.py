@@ -64,8 +64,8 @@ class Qwen3Next:
         record("attn_norm", l, attn_norm)
         record("attn_out", l, attn_out)
 
-        router_logits = ops.linear(ffn_norm, p + "ffn_gate_inp.weight")     # [T, E]
-        expert_ids, expert_weights = ops.moe_route(router_logits, a.num_experts_per_tok, a.norm_topk_prob)
+        router_logits, expert_ids, expert_weights = ops.moe_router(      # [T, E], [T, A], [T, A]
+            ffn_norm, p + "ffn_gate_inp.weight", a.num_experts_per_tok, a.norm_topk_prob)
         moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights, plan)    # [T, D]
         if a.shared_expert_intermediate_size:
             moe_out = ops.add(moe_out, ops.shared_expert(ffn_norm, p))

@@ -676,6 +676,16 @@ def _moe_route(grid, logits, ids, weights, T, E, A, norm):
     view(weights, T * A)[:] = w.reshape(-1)
 
 
+def _router(grid, W, x, y, rows, n, *rest):
+    """strata_router_split_f32 / strata_router_rows_split_f32: gemv_split's logits (_gemv_rows: bit for
+    bit the one-token product a row), then moe_route's picks; the block counter must be 0 (the last
+    block resets it)."""
+    batch, (ids, weights, counter, A, norm) = (rest[0], rest[1:]) if len(rest) == 6 else (1, rest)
+    assert view(counter, 1, np.int32)[0] == 0, "router: the block counter was not reset"
+    _gemv_rows("F32", grid, W, x, y, rows, n, batch)
+    _moe_route(((batch + 3) // 4,), y, ids, weights, batch, rows, A, norm)
+
+
 def _swiglu(grid, gate, up, out, T, I, gate_ld, up_ld, out_ld):
     assert grid[0] * 256 >= I
     g, u = _strided(gate, T, I, gate_ld), _strided(up, T, I, up_ld)
@@ -767,6 +777,7 @@ _EMULATE = {
     "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
+    "router_split_f32": _router, "router_rows_split_f32": _router,
 }
 
 

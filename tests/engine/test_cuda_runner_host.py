@@ -120,6 +120,28 @@ def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
     assert runner.ops.decode_lengths is None                 # the step's lengths do not outlive it
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
+    """fused-route (on by default): a decode step's F32 router GEMV routes in its last block
+    (strata_router_split_f32), moe_route is not launched, and the logits are --kernels-off
+    fused-route's bit for bit (the same GEMV body and route code); prompts keep linear + moe_route."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 16)
+
+    def run(config):
+        runner = CudaRunner(pack, 64, config)
+        out = [runner.prefill(ids[:10], 0)]
+        fake.launches.clear()
+        out += [runner.decode(t) for t in ids[10:]]
+        return out, list(fake.launches)
+    fused, launched = run(EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = run(EngineConfig(cuda_graphs=graphs, kernels_off="fused-route"))
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+    assert "strata_router_split_f32" in launched and "strata_moe_route_f32" not in launched
+    assert "strata_moe_route_f32" in launched_off and "strata_router_split_f32" not in launched_off
+
+
 def test_a_few_prompt_rows_take_the_kernels_their_longest_names(fake, rng):
     """A prompt of up to 8 tokens attends through the split-K decode kernels: the tensor cores' one
     launches only where its longest row reaches tc_from (Positions.num_cells), the logits the same."""

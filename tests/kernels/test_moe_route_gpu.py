@@ -42,3 +42,44 @@ def test_moe_route_random_logits(ops, rng, T, E, A, norm):
 def test_moe_route_ties_go_to_the_lower_id(ops, rng, T, E, A):
     # few distinct logits: equal logits give bit-equal probabilities on both sides
     check(ops, rng.integers(-2, 3, (T, E)).astype(np.float32), A, True)
+
+
+# (T, E, A, n): one row and a verify window of the 30B's router, rows shorter than a unit of 8 (n % 8
+# != 0), the Qwen3-Next class, one expert, E past a warp's multiple
+ROUTER_CASES = [(1, 128, 8, 2048), (4, 128, 8, 2048), (8, 128, 8, 2048), (3, 60, 4, 100), (1, 512, 10, 64),
+                (5, 1, 1, 8), (2, 257, 10, 13)]
+
+
+@pytest.mark.parametrize("T,E,A,n", ROUTER_CASES)
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "raw"])
+def test_router_routes_in_its_last_block(ops, rng, T, E, A, n, norm):
+    """strata_router_split_f32 / strata_router_rows_split_f32 (cuda/gemv.cu): the logits of
+    strata_gemv_split_f32 / strata_gemv_rows_split_f32 and the picks of strata_moe_route_f32 on them,
+    bit for bit, on any grid; launched again and again on one counter (its last block resets it)."""
+    from strata.backends.cuda.memory import gemv_grid
+
+    W = rng.standard_normal((E, n)).astype(np.float32)
+    x = (rng.standard_normal((T, n)) * 0.5).astype(np.float32)
+    w_dev, x_dev = ops._upload(W), ops._upload(x)
+    grid = 4 * gemv_grid("F32", E, n)
+    ref = ops._output(T * E * 4)
+    if T == 1:
+        ops._launch("gemv_split", grid, (w_dev, x_dev, ref, E, n), qtype="F32")
+    else:
+        ops._launch("gemv_rows_split", grid, (w_dev, x_dev, ref, E, n, T), qtype="F32")
+    ref_logits = ops._download(ref, (T, E), np.float32)
+    ref_ids, ref_weights = ops.moe_route(ref_logits, A, norm)
+    counter = ops._upload(np.zeros(64, np.int32))
+    for g in (grid, 1, 3, grid + 5, grid):
+        y, ids, weights = ops._output(T * E * 4), ops._output(T * A * 4), ops._output(T * A * 4)
+        tail = (ids, weights, counter, A, int(norm))
+        if T == 1:
+            ops._launch("router_split", g, (w_dev, x_dev, y, E, n, *tail))
+        else:
+            ops._launch("router_rows_split", g, (w_dev, x_dev, y, E, n, T, *tail))
+        logits = ops._download(y, (T, E), np.float32)
+        np.testing.assert_array_equal(logits.view(np.uint32), ref_logits.view(np.uint32), err_msg=f"grid {g}")
+        np.testing.assert_array_equal(ops._download(ids, (T, A), np.int32), ref_ids, err_msg=f"grid {g}")
+        got_w = ops._download(weights, (T, A), np.float32)
+        np.testing.assert_array_equal(got_w.view(np.uint32), ref_weights.view(np.uint32), err_msg=f"grid {g}")
+        assert ops._download(counter, (64,), np.int32)[0] == 0, f"grid {g}: the counter was not reset"

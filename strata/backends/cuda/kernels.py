@@ -65,6 +65,7 @@ class KernelPaths:
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
+    fused_route: bool = True         # decode routers route in the GEMV's last block (strata_router_*; off: + moe_route)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
 
@@ -175,6 +176,9 @@ KERNELS = {
     # row-invariant batches: row b is bit for bit gemv (gemv_split, gemv3 at batch 1) on x[b]
     "gemv_rows":        _K("gemv", "strata_gemv_rows_{qtype}", "PPPiii", 128, "gemv's", ALL_QTYPES),
     "gemv_rows_split":  _K("gemv", "strata_gemv_rows_split_{qtype}", "PPPiii", 128, "gemv_split's", ALL_QTYPES),
+    # the F32 router GEMV whose last block routes (cuda/route.cuh): y as gemv_split / gemv_rows_split
+    "router_split":     _K("gemv", "strata_router_split_f32", "PPPiiPPPii", 128, "gemv_split's"),
+    "router_rows_split": _K("gemv", "strata_router_rows_split_f32", "PPPiiiPPPii", 128, "gemv_split's"),
     "gemm_f32":         _K("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", 256, "(ceil(N / 64), ceil(M / 64))"),
     "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
     "rope_partial":     _K("rope", "strata_rope_partial_f32", "PPPiiiif", 128, "T: a block per token"),

@@ -80,6 +80,7 @@ class DeviceOps(DenseOps, AttentionOps):
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
         self._zeros = None
+        self._route_count = None             # strata_router_*'s block counter (ops_dense.moe_router)
         self.expert_uses = 0
         self.bytes_h2d = 0
         self.bytes_staged_kv = 0        # host KV cells copied into VRAM for prompt attention (--kv-resident)

@@ -3,8 +3,11 @@ dequant-fused GEMVs for a few tokens or a tensor-core / f32 GEMM for more, and t
 of cuda/decode_fused.cu (a residual add with the norm after it, the q/k/v projections in one GEMV)."""
 from __future__ import annotations
 
+import numpy as np
+
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
+from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K
 from .memory import DeviceTensor, Weight, gemv_grid, gemv_whole_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
@@ -36,6 +39,37 @@ class DenseOps:
         else:
             self._gemm_weight(w, x.ptr, y.ptr, T, rows)
         return y
+
+    def moe_router(self, x: DeviceTensor, name: str, top_k: int, norm_topk: bool):
+        """(router logits [T, E], expert ids [T, top_k], weights [T, top_k]). A decode step's F32 router
+        routes in its GEMV's last block (strata_router_*: the logits of gemv_split / gemv_rows_split and
+        moe_route's picks, bit for bit, one launch fewer); otherwise linear, then moe_route."""
+        w = self.w.tensor(name)
+        rows, n = w.rows, w.shape[-1]
+        T = x.size // n if x.shape[-1] == n else 0
+        if not (self.paths.fused_route and self.paths.split_gemv and w.qtype == "F32" and 1 <= T <= GEMV_MAX_T
+                and rows <= MOE_ROUTE_MAX_EXPERTS and 1 <= top_k <= min(rows, MOE_ROUTE_MAX_TOP_K)
+                and gemv_grid(w.qtype, rows, n) < 2 * self.num_sms):
+            logits = self.linear(x, name)
+            return (logits, *self.moe_route(logits, top_k, norm_topk))
+        x = self._aligned(x)
+        logits = self.alloc((*x.shape[:-1], rows))
+        ids, weights = self.alloc((T, top_k), np.int32), self.alloc((T, top_k))
+        grid = 4 * gemv_grid(w.qtype, rows, n)
+        tail = (ids.ptr, weights.ptr, self._route_counter(), top_k, int(bool(norm_topk)))
+        if T > 1:
+            self.launch("router_rows_split", grid, (w.ptr, x.ptr, logits.ptr, rows, n, T, *tail))
+        else:
+            self.launch("router_split", grid, (w.ptr, x.ptr, logits.ptr, rows, n, *tail))
+        return logits, ids, weights
+
+    def _route_counter(self) -> int:
+        """The int strata_router_* count their blocks on (zero between launches: the last block
+        resets it; one is enough, since every launch of these ops goes on one stream, in order)."""
+        if self._route_count is None:
+            self._route_count = self.rt.DeviceBuffer(self.device, 256)
+            self._route_count.fill_bytes(0, self.stream)
+        return self._route_count.ptr
 
     def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
         rows, n, q = w.rows, w.shape[-1], w.qtype
