@@ -20,6 +20,9 @@
 #               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
 #               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
 #               (tools/variants/make_gemv_parent.sh builds a parent commit's arm; PAR_CONTEXT: the slots' context)
+#     routeab   the router's top-k in its last block (fused-route) against its own launch: tools/decode_variants.py
+#               --route (A B A B on one load, context 512), then tools/parallel_bench.py resident at 1 and 4 clients
+#               with and without (STRATA_KERNELS_OFF=fused-route)
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
 #               context 1024, no long round: where each scheduler iteration's time goes (#19)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
@@ -106,6 +109,18 @@ if has gemvab; then      # the batched GEMVs' weights converted once a batch (ge
         "${cmd[@]}"
     done
     gemv_arm tree
+fi
+if has routeab; then    # #16: one launch fewer a layer
+    echo "== decode variants --route ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/decode_variants.py --route --context 512 --decode 256 \
+        --json "$OUT/routeab.json" 2>&1 | tail -5
+    for arm in fused apart; do
+        echo "== parallel slots, route $arm ($(elapsed) s)"
+        off=""; [ "$arm" = apart ] && off=fused-route
+        STRATA_KERNELS_OFF=$off timeout "$(budget 70)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b \
+            --budget-gib 0 --batch-max 0 --clients 1,4 --warm 16 --long 0 --context 1024 \
+            --json "$OUT/route_par_$arm.json" 2>&1 | grep -E "clients:|x\)" | head -6
+    done
 fi
 if has partrace; then   # #19: the scheduler's iterations under a budget, split into steps, rows alone and prompts
     echo "== parallel slots traced at ${PARTRACE_GIB:-12} GiB ($(elapsed) s)"

@@ -155,7 +155,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).
-    base = {n for n in names if n.startswith("strata_moe_route")}
+    base = {n for n in names if n.startswith(("strata_moe_route", "strata_router_"))}   # fused-route: the router routes
     base |= {n for n in names if n.startswith("strata_gemv") and n.endswith("_f32")}     # the F32 router
 
     def time_step(only) -> float:
@@ -190,7 +190,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
           f"routing's)")
     print(f"{'kernel':<46}{'count':>6}{'total us':>10}{'us each':>9}{'share':>8}")
     for name, (count, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name:<46}{count:>6}{us:>10.1f}{us / count:>9.2f}{us / total:>8.1%}")
+        print(f"{name:<46}{count:>6}{us:>10.1f}{us / max(count, 1):>9.2f}{us / total:>8.1%}")
     return {"whole_us": whole, "kernels": {n: list(v) for n, v in per.items()}}
 
 

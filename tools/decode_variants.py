@@ -5,6 +5,7 @@ split-K kernel.
 
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
     python tools/decode_variants.py --attention --context 512,4096,16384,32768
+    python tools/decode_variants.py --route [--context 512]
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     ap.add_argument("--attention", action="store_true", help="the f16 decode attention's two kernels, A B A B")
+    ap.add_argument("--route", action="store_true", help="only the router's top-k fused (fused-route) against apart, A B A B")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -50,20 +52,25 @@ def main(argv=None) -> int:
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, contexts[0]).tolist(), 0)
-    variants = [("fused, split GEMV, PDL", True, 2, True, True), ("fused, split GEMV, no PDL", True, 2, True, False),
-                ("fused, no split, PDL", True, 2, False, True), ("fused, 1 block/SM, PDL", True, 1, True, True),
-                ("moe_gemv path, PDL", False, 2, True, True)]
+    variants = [("fused, split GEMV, PDL", True, 2, True, True, True),
+                ("fused, split GEMV, no PDL", True, 2, True, False, True),
+                ("fused, no split, PDL", True, 2, False, True, True), ("fused, 1 block/SM, PDL", True, 1, True, True, True),
+                ("moe_gemv path, PDL", False, 2, True, True, True),
+                ("top-k apart (no fused-route)", True, 2, True, True, False)]
     if args.quick:
         variants = variants[:2]
+    if args.route:          # the router's top-k in its last block against a launch of its own, A B A B
+        variants = [("fused route", True, 2, True, True, True), ("top-k apart", True, 2, True, True, False)] * 2
     rows = []
-    for name, fused, bps, split, pdl in variants:
+    for name, fused, bps, split, pdl, route in variants:
         try:
-            runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl)
+            runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
+                                                   fused_route=route)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
             tok_s, start = timed_steps(runner, rng, args.decode)
-            rows.append((name, tok_s))
+            rows.append((name + (" (2)" if any(r[0] == name for r in rows) else ""), tok_s))
             print(f"{name:<32}{tok_s:>10.1f} tok/s  (context {start}..{len(runner.cached_ids)})", flush=True)
         except Exception as exc:       # report and go on: one variant failing says nothing of the others
             print(f"{name:<32} failed: {type(exc).__name__}: {exc}", flush=True)
