@@ -153,6 +153,25 @@ def test_bad_policy_is_refused():
         EngineConfig(expert_policy="fifo")
 
 
+def test_slots_a_prompt_gave_back_empty_take_a_steps_misses_at_once(fake, rng):
+    """After a prompt whose loan emptied the cache, the first decode step queues every miss it had
+    (24 on the demo: 6 layers x top-4) into the empty slots, not ADMIT_PER_STEP (16) of them: an
+    empty slot costs no victim. Victims stay capped at ADMIT_PER_STEP a step."""
+    from strata.engine.experts import admissions
+    pack = open_pack(DEMO)
+    resident = _runner(pack)
+    streamed = _runner(pack, vram_budget_gib=(resident.plan.mandatory_bytes + 15_000_000) / 2**30)
+    store = streamed.store
+    ids = rng.integers(0, pack.args.vocab_size, 56).tolist()
+    np.testing.assert_array_equal(streamed.prefill(ids[:50], 0), resident.prefill(ids[:50], 0))
+    assert store.cached == 0 and store._free_slots().size >= 24       # the loan gave every slot back empty
+    np.testing.assert_array_equal(streamed.decode(ids[50]), resident.decode(ids[50]))
+    assert store.stats.decode_misses == 24 and store.admissions.admitting == 24 > admissions.ADMIT_PER_STEP
+    for t in ids[51:]:
+        np.testing.assert_array_equal(streamed.decode(t), resident.decode(t))
+        assert store.admissions.admitting <= max(admissions.ADMIT_PER_STEP, store._free_slots().size)
+
+
 def test_gemv_decode_path_streams_too(fake, rng):
     pack = open_pack(DEMO)
     off = "fused-decode"                                             # moe_gemv + swiglu + combine
