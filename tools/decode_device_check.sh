@@ -24,7 +24,9 @@
 #               --route (A B A B on one load, context 512), then tools/parallel_bench.py resident at 1 and 4 clients
 #               with and without (STRATA_KERNELS_OFF=fused-route)
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
-#               context 1024, no long round: where each scheduler iteration's time goes (#19)
+#               context 1024, no long round: where each scheduler iteration's time goes (#19); PARTRACE_EMPTY="tree 16"
+#               runs it again with the admissions into empty slots capped at 16 a step (the A/B of that cap)
+#     parfull   tools/parallel_bench.py resident at 1, 2, 4 and 8 clients with its 16K long-prompt round (#19's table)
 #     fit       tools/moe_decode_bench.py at one token, --A 1, 2, 4 and 8 (Q4_K, FIT_TYPES overrides), then
 #               tools/moe_decode_fit.py: each MoE decode kernel's time as a fixed cost plus bytes over a rate
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
@@ -123,9 +125,20 @@ if has routeab; then    # #16: one launch fewer a layer
     done
 fi
 if has partrace; then   # #19: the scheduler's iterations under a budget, split into steps, rows alone and prompts
-    echo "== parallel slots traced at ${PARTRACE_GIB:-12} GiB ($(elapsed) s)"
-    timeout "$(budget 240)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib "${PARTRACE_GIB:-12}" \
-        --clients "${PARTRACE_CLIENTS:-1,2,4}" --warm 16 --long 0 --context 1024 --trace --json "$OUT/partrace.json" 2>&1 | tail -40
+    for arm in ${PARTRACE_EMPTY:-tree}; do     # tree, or N: ADMIT_EMPTY_PER_STEP patched to N for an A/B
+        echo "== parallel slots traced at ${PARTRACE_GIB:-12} GiB, admissions into empty slots: $arm ($(elapsed) s)"
+        pre="import runpy, sys"
+        [ "$arm" != tree ] && pre="$pre; import strata.engine.experts.admissions as a; a.ADMIT_EMPTY_PER_STEP = $arm"
+        timeout "$(budget 240)" $PY -c "$pre; sys.argv = ['parallel_bench.py'] + sys.argv[1:]; sys.path.insert(0, 'tools'); \
+runpy.run_path('tools/parallel_bench.py', run_name='__main__')" --synthetic qwen3-30b-a3b --budget-gib "${PARTRACE_GIB:-12}" \
+            --clients "${PARTRACE_CLIENTS:-1,2,4}" --warm 16 --long 0 --context 1024 --trace \
+            --json "$OUT/partrace_$arm.json" 2>&1 | tail -40
+    done
+fi
+if has parfull; then    # #19's table: resident slots at 1, 2, 4 and 8 clients, and a short request beside a 16K prompt
+    echo "== parallel slots, resident, with the long-prompt round ($(elapsed) s)"
+    timeout "$(budget 200)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \
+        --clients 1,2,4,8 --warm 16 --context 1024 --json "$OUT/parfull.json" 2>&1 | grep -vE "^strata: (pinning|uploading)" | tail -20
 fi
 if has fit; then         # what bounds a one-token launch: a fixed cost or the bytes (#16)
     echo "== MoE decode fit ($(elapsed) s)"
