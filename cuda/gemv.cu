@@ -36,6 +36,7 @@
 // *counter, an int the caller zeroes once; that block puts it back to 0) routes each token's `rows`
 // logits as strata_moe_route_f32 does (cuda/route.cuh: the same code, so the same ids and weights)
 // into ids [batch, A] and weights [batch, A]: a decode step's top-k without a launch of its own.
+// One row a lane (RouterUnit8): grid = rows / (32 / lanes), any grid correct.
 //
 // Batched (gemv_batch_rows): each lane decodes 8 weights of each of 4 rows with the exact decoders
 // and multiplies them with the same 8 x values of every token; a warp covers 32 chunks of 8.
@@ -197,6 +198,14 @@ STRATA_GEMV_FLOAT(f32, BlockF32x8, ElemF32)
 
 namespace {
 
+// The router's F32 units, one row a lane: a split block covers (32 / lanes) rows instead of twice
+// that, so a 128 x 2048 router takes 128 blocks, not 64. A row's sums do not depend on how many rows
+// a lane holds (gemv_rows_acc: each row its own chain over the lane's units), so the logits are
+// strata_gemv_split_f32's bit for bit.
+struct RouterUnit8 : UnitFloat8<BlockF32x8> {
+    static constexpr int kRows = 1;
+};
+
 // After the whole body of a block (its y rows written): the grid's last block routes every token.
 __device__ __forceinline__ void route_in_last_block(const float* y, int rows, int batch, int* ids, float* weights,
                                                     int* counter, int A, int norm_topk) {
@@ -219,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
                             int* counter, int A, int norm_topk) {
     STRATA_PDL_ENTRY();
     if (n % 8 == 0)
-        gemv_split_body<kWarps, UnitFloat8<BlockF32x8>>(W, x, y, rows, n, nullptr);
+        gemv_split_body<kWarps, RouterUnit8>(W, x, y, rows, n, nullptr);
     else
         gemv_split_body<kWarps, UnitFloat1<ElemF32>>(W, x, y, rows, n, nullptr);
     route_in_last_block(y, rows, 1, ids, weights, counter, A, norm_topk);
@@ -230,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
                                  float* weights, int* counter, int A, int norm_topk) {
     STRATA_PDL_ENTRY();
     if (n % 8 == 0)
-        gemv_split_multi_body<kWarps, UnitFloat8<BlockF32x8>>(W, x, y, rows, n, nullptr, batch);
+        gemv_split_multi_body<kWarps, RouterUnit8>(W, x, y, rows, n, nullptr, batch);
     else
         gemv_split_multi_body<kWarps, UnitFloat1<ElemF32>>(W, x, y, rows, n, nullptr, batch);
     route_in_last_block(y, rows, batch, ids, weights, counter, A, norm_topk);

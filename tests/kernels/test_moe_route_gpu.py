@@ -44,6 +44,21 @@ def test_moe_route_ties_go_to_the_lower_id(ops, rng, T, E, A):
     check(ops, rng.integers(-2, 3, (T, E)).astype(np.float32), A, True)
 
 
+@pytest.mark.parametrize("where", ["one", "all", "inf"])
+def test_moe_route_nan_and_inf_logits_pick_as_the_reference(ops, rng, where):
+    # a NaN logit makes every probability NaN on both sides: the picks are the first A ids in order (a
+    # stable argsort of -p), each of them a valid expert; an -inf logit is a zero probability
+    logits = rng.standard_normal((3, 128)).astype(np.float32)
+    if where == "one":
+        logits[1, 17] = np.nan
+    elif where == "all":
+        logits[:] = np.nan
+    else:
+        logits[:, ::3] = -np.inf
+    check(ops, logits, 8, True)
+    check(ops, logits, 8, False)
+
+
 # (T, E, A, n): one row and a verify window of the 30B's router, rows shorter than a unit of 8 (n % 8
 # != 0), the Qwen3-Next class, one expert, E past a warp's multiple
 ROUTER_CASES = [(1, 128, 8, 2048), (4, 128, 8, 2048), (8, 128, 8, 2048), (3, 60, 4, 100), (1, 512, 10, 64),
@@ -54,9 +69,10 @@ ROUTER_CASES = [(1, 128, 8, 2048), (4, 128, 8, 2048), (8, 128, 8, 2048), (3, 60,
 @pytest.mark.parametrize("norm", [True, False], ids=["norm", "raw"])
 def test_router_routes_in_its_last_block(ops, rng, T, E, A, n, norm):
     """strata_router_split_f32 / strata_router_rows_split_f32 (cuda/gemv.cu): the logits of
-    strata_gemv_split_f32 / strata_gemv_rows_split_f32 and the picks of strata_moe_route_f32 on them,
-    bit for bit, on any grid; launched again and again on one counter (its last block resets it)."""
-    from strata.backends.cuda.memory import gemv_grid
+    strata_gemv_split_f32 / strata_gemv_rows_split_f32 (one row a lane against two: the same sums) and
+    the picks of strata_moe_route_f32 on them, bit for bit, on any grid; launched again and again on one
+    counter (its last block resets it)."""
+    from strata.backends.cuda.memory import gemv_grid, router_grid
 
     W = rng.standard_normal((E, n)).astype(np.float32)
     x = (rng.standard_normal((T, n)) * 0.5).astype(np.float32)
@@ -70,7 +86,7 @@ def test_router_routes_in_its_last_block(ops, rng, T, E, A, n, norm):
     ref_logits = ops._download(ref, (T, E), np.float32)
     ref_ids, ref_weights = ops.moe_route(ref_logits, A, norm)
     counter = ops._upload(np.zeros(64, np.int32))
-    for g in (grid, 1, 3, grid + 5, grid):
+    for g in (router_grid(E, n), 1, 3, grid + 5, router_grid(E, n)):
         y, ids, weights = ops._output(T * E * 4), ops._output(T * A * 4), ops._output(T * A * 4)
         tail = (ids, weights, counter, A, int(norm))
         if T == 1:

@@ -40,6 +40,15 @@ def gemv_grid(qtype: str, rows: int, n: int) -> int:
     return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n)))
 
 
+def router_grid(rows: int, n: int) -> int:
+    """Blocks of strata_router_split_f32 / strata_router_rows_split_f32 (cuda/gemv.cu): one row a lane,
+    so a block covers 32 / lanes rows (lanes = the power of two >= the row's units, at most 32: units
+    of 8 weights, or of one where n % 8 != 0). Any grid gives the same bits."""
+    units = n // 8 if n % 8 == 0 else n
+    lanes = min(32, 1 << max(units - 1, 0).bit_length())
+    return max(1, -(-rows // (32 // lanes)))
+
+
 # cuda/gemv_rows.cuh's staged x: the types of one 32-weight block a unit read x from a shared tile of
 # STAGE_FLOATS floats (one token: half), each block's 32 padded to STAGE_STRIDE, ROWS_GROUP tokens a
 # pass. Where a pass's x fits one tile, a block stages it once for all its row sets, so a grid of a few

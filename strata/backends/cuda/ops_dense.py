@@ -8,7 +8,7 @@ import numpy as np
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
 from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K
-from .memory import DeviceTensor, Weight, gemv_grid, gemv_whole_grid
+from .memory import DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
@@ -55,7 +55,7 @@ class DenseOps:
         x = self._aligned(x)
         logits = self.alloc((*x.shape[:-1], rows))
         ids, weights = self.alloc((T, top_k), np.int32), self.alloc((T, top_k))
-        grid = 4 * gemv_grid(w.qtype, rows, n)
+        grid = router_grid(rows, n)
         tail = (ids.ptr, weights.ptr, self._route_counter(), top_k, int(bool(norm_topk)))
         if T > 1:
             self.launch("router_rows_split", grid, (w.ptr, x.ptr, logits.ptr, rows, n, T, *tail))
