@@ -19,12 +19,14 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
 # cuda/attention.cu's kernel.
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention", "fused-route")
+                "tc-decode-attention")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
-# attention at head dims 64 and 128 (cuda/attention_wg.cu).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention")
+# attention at head dims 64 and 128 (cuda/attention_wg.cu). fused-route: a decode step's F32 router
+# routes in its GEMV's last block (cuda/gemv.cu's strata_router_*), one launch fewer a layer, the same
+# bits; measured 0.2-0.4 us a layer slower than the router and moe_route apart (H100, both with PDL).
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention", "fused-route")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a
@@ -190,7 +192,7 @@ class EngineConfig:
         "help": "GPU kernel paths to turn off for A/B runs, comma-separated: " + ", ".join(KERNEL_PATHS)})
     kernels_on: str = field(default="", metadata={
         "help": "GPU kernel paths on trial to turn on for A/B runs, comma-separated: " + ", ".join(KERNEL_TRIAL_PATHS)
-                + " (Hopper's warpgroup MMA, sm_90 GPUs only)"})
+                + " (the wgmma ones: Hopper's warpgroup MMA, sm_90 GPUs only)"})
     kv: str = field(default="f16", metadata={"help": "KV cache format: f16, int8 (a scale per 64 values), q4_0 "
                                                      "(Hadamard-rotated 4-bit), k8v4 (int8 K, rotated 4-bit V) "
                                                      "or auto (from the measured accuracy and the plan; "

@@ -71,14 +71,24 @@ def check_parallel(config: EngineConfig, args) -> None:
                                f"(--parallel 1 runs it)")
 
 
-def check_trial_paths(paths, args) -> None:
+def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
-    wgmma-attention has kernels for head dims 64 and 128 only."""
-    from ..backends.cuda.kernels import WG_ATTENTION_HEAD_DIMS
+    wgmma-attention has kernels for head dims 64 and 128 only; fused-route for F32 routers of at most
+    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K. dense: the pack's dense tensor table
+    (name -> {"qtype", ...}), where the routers' types are read."""
+    from ..backends.cuda.kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
     dh = args.head_dim
     if paths.wgmma_attention and dh not in WG_ATTENTION_HEAD_DIMS:
         raise UnsupportedError(f"kernel path wgmma-attention (--kernels-on): this model's head dim is {dh}; the "
                                f"path's kernels take {', '.join(map(str, WG_ATTENTION_HEAD_DIMS))}")
+    if paths.fused_route:
+        types = sorted({t["qtype"] for name, t in (dense or {}).items() if name.endswith("ffn_gate_inp.weight")})
+        E, k = args.num_experts, args.num_experts_per_tok
+        why = (f"its routers are {', '.join(types) or 'absent'}, not F32" if types != ["F32"] else
+               f"it routes {E} experts top-{k}, past the kernel's {MOE_ROUTE_MAX_EXPERTS} and top-{MOE_ROUTE_MAX_TOP_K}"
+               if E > MOE_ROUTE_MAX_EXPERTS or k > MOE_ROUTE_MAX_TOP_K else None)
+        if why:
+            raise UnsupportedError(f"kernel path fused-route (--kernels-on): this model never takes it: {why}")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -122,9 +122,10 @@ def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
-    """fused-route (on by default): a decode step's F32 router GEMV routes in its last block
-    (strata_router_split_f32), moe_route is not launched, and the logits are --kernels-off
-    fused-route's bit for bit (the same GEMV body and route code); prompts keep linear + moe_route."""
+    """--kernels-on fused-route: a decode step's F32 router GEMV routes in its last block
+    (strata_router_split_f32; a batched step's strata_router_rows_split_f32), moe_route is not
+    launched, and the logits are the default path's bit for bit (the same GEMV sums and route code);
+    prompts keep linear + moe_route."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 16)
 
@@ -134,12 +135,20 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
         fake.launches.clear()
         out += [runner.decode(t) for t in ids[10:]]
         return out, list(fake.launches)
-    fused, launched = run(EngineConfig(cuda_graphs=graphs))
-    plain, launched_off = run(EngineConfig(cuda_graphs=graphs, kernels_off="fused-route"))
+    fused, launched = run(EngineConfig(cuda_graphs=graphs, kernels_on="fused-route"))
+    plain, launched_off = run(EngineConfig(cuda_graphs=graphs))
     for a, b in zip(fused, plain):
         np.testing.assert_array_equal(a, b)
     assert "strata_router_split_f32" in launched and "strata_moe_route_f32" not in launched
     assert "strata_moe_route_f32" in launched_off and "strata_router_split_f32" not in launched_off
+
+    par = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="fused-route"))
+    for slot in range(2):
+        par.use(slot)
+        par.prefill(ids[:6 + slot], 0, logits=False)
+    fake.launches.clear()
+    par.decode_batch([0, 1], ids[10:12])
+    assert "strata_router_rows_split_f32" in fake.launches and "strata_moe_route_f32" not in fake.launches
 
 
 def test_a_few_prompt_rows_take_the_kernels_their_longest_names(fake, rng):
@@ -179,6 +188,23 @@ def test_attention_trial_paths_a_model_never_takes_are_refused(fake, tmp_path):
     with pytest.raises(InvalidArgument, match=r"kernel path 'tc-decode-attention' is on by default"):
         CudaRunner(open_pack(path), 32, EngineConfig(kernels_on="tc-decode-attention"))
     CudaRunner(open_pack(DEMO), 64, EngineConfig(kv="q4_0"))    # the default paths over a quantized cache
+
+
+def test_fused_route_is_refused_where_the_model_never_takes_it():
+    """--kernels-on fused-route needs F32 routers of at most 512 experts, top-k <= 32: refused in one line
+    where the pack has other routers, before anything loads."""
+    from strata.backends.cuda.kernels import KernelPaths
+    from strata.engine import cuda_load
+    args = open_pack(DEMO).args
+    on = KernelPaths.without("", "fused-route")
+    f32 = {f"blk.{l}.ffn_gate_inp.weight": {"qtype": "F32"} for l in range(2)}
+    cuda_load.check_trial_paths(on, args, f32)
+    cuda_load.check_trial_paths(KernelPaths(), args, {"blk.0.ffn_gate_inp.weight": {"qtype": "BF16"}})
+    with pytest.raises(UnsupportedError, match=r"fused-route \(--kernels-on\): this model never takes it: its routers "
+                                               r"are BF16, F32, not F32"):
+        cuda_load.check_trial_paths(on, args, {**f32, "blk.1.ffn_gate_inp.weight": {"qtype": "BF16"}})
+    with pytest.raises(UnsupportedError, match="routes 600 experts top-4, past the kernel's 512"):
+        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts=600), f32)
 
 
 def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):

@@ -65,9 +65,9 @@ class KernelPaths:
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
-    fused_route: bool = True         # decode routers route in the GEMV's last block (strata_router_*; off: + moe_route)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
+    fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
