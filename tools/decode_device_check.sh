@@ -20,9 +20,11 @@
 #               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
 #               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
 #               (tools/variants/make_gemv_parent.sh builds a parent commit's arm; PAR_CONTEXT: the slots' context)
-#     routeab   the router's top-k in its last block (fused-route) against its own launch: tools/decode_variants.py
-#               --route (A B A B on one load, context 512), then tools/parallel_bench.py resident at 1 and 4 clients
-#               with and without (STRATA_KERNELS_OFF=fused-route)
+#     routeab   the router's top-k in its last block (--kernels-on fused-route) against its own launch:
+#               tools/decode_variants.py --route (A B A B on one load, context 512), then tools/parallel_bench.py
+#               resident at 1 and 4 clients with and without (STRATA_KERNELS_ON=fused-route)
+#     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
+#               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
 #               context 1024, no long round: where each scheduler iteration's time goes (#19); PARTRACE_EMPTY="tree 16"
 #               runs it again with the admissions into empty slots capped at 16 a step (the A/B of that cap)
@@ -118,11 +120,23 @@ if has routeab; then    # #16: one launch fewer a layer
         --json "$OUT/routeab.json" 2>&1 | tail -5
     for arm in fused apart; do
         echo "== parallel slots, route $arm ($(elapsed) s)"
-        off=""; [ "$arm" = apart ] && off=fused-route
-        STRATA_KERNELS_OFF=$off timeout "$(budget 70)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b \
+        on=""; [ "$arm" = fused ] && on=fused-route
+        STRATA_KERNELS_ON=$on timeout "$(budget 70)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b \
             --budget-gib 0 --batch-max 0 --clients 1,4 --warm 16 --long 0 --context 1024 \
             --json "$OUT/route_par_$arm.json" 2>&1 | grep -E "clients:|x\)" | head -6
     done
+fi
+if has routerab; then   # #16: the routers' top-k, arm against arm
+    for arm in ${ROUTER_ARMS:-}; do
+        IFS=: read -r name gf rf rg <<<"$arm"
+        echo "== router bench, $name ($(elapsed) s)"
+        cmd=(timeout "$(budget 60)" $PY tools/router_bench.py --router-grid "${rg:-0}" --json "$OUT/router_$name.json")
+        [ "$rf" != "-" ] && cmd=(with_fatbin moe_route "$rf" "${cmd[@]}")
+        [ "$gf" != "-" ] && cmd=(with_fatbin gemv "$gf" "${cmd[@]}")
+        "${cmd[@]}" 2>&1 | tail -10
+    done
+    echo "== router bench, tree ($(elapsed) s)"
+    timeout "$(budget 60)" $PY tools/router_bench.py --json "$OUT/router_tree.json" 2>&1 | tail -10
 fi
 if has partrace; then   # #19: the scheduler's iterations under a budget, split into steps, rows alone and prompts
     for arm in ${PARTRACE_EMPTY:-tree}; do     # tree, or N: ADMIT_EMPTY_PER_STEP patched to N for an A/B

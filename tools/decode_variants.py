@@ -52,11 +52,11 @@ def main(argv=None) -> int:
     runner = llm.runner
     rng = np.random.default_rng(0)
     runner.prefill(rng.integers(0, 1000, contexts[0]).tolist(), 0)
-    variants = [("fused, split GEMV, PDL", True, 2, True, True, True),
-                ("fused, split GEMV, no PDL", True, 2, True, False, True),
-                ("fused, no split, PDL", True, 2, False, True, True), ("fused, 1 block/SM, PDL", True, 1, True, True, True),
-                ("moe_gemv path, PDL", False, 2, True, True, True),
-                ("top-k apart (no fused-route)", True, 2, True, True, False)]
+    variants = [("fused, split GEMV, PDL", True, 2, True, True, False),
+                ("fused, split GEMV, no PDL", True, 2, True, False, False),
+                ("fused, no split, PDL", True, 2, False, True, False), ("fused, 1 block/SM, PDL", True, 1, True, True, False),
+                ("moe_gemv path, PDL", False, 2, True, True, False),
+                ("top-k in the router (fused-route)", True, 2, True, True, True)]
     if args.quick:
         variants = variants[:2]
     if args.route:          # the router's top-k in its last block against a launch of its own, A B A B
