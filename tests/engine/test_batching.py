@@ -208,6 +208,22 @@ def test_costs_measured_in_a_cold_cache_are_measured_again():
     assert groupings[80:].count((2,)) >= 0.95 * len(groupings[80:]), groupings[12:80]
 
 
+def test_a_choice_whose_cost_halves_measures_the_others_again():
+    # 12 GiB, 8 clients (H100, session 22): after the prompts every step is slow while the cache refills
+    # (here 6x falling to 1x over 60 iterations, 8-row steps worse while cold). The rule settled on
+    # 4 + 4 cold, probed 8 rows while still cold, and ran 4 + 4 until a probe 97 iterations in; with
+    # the probes doubling apart, here it never left 4 + 4. Once the choice's own cost has halved, the
+    # others are measured again.
+    warm = {1: 3.3, 2: 4.5, 3: 5.2, 4: 7.0, 8: 11.5}
+
+    def at(i):
+        f = max(1.0, 6.0 - 5.0 * i / 60)
+        return lambda s: warm[s] * f * (1.6 if s == 8 and f > 1.0 else 1.0)
+    groupings, _ = run(AutoBatch(8), at(0), clients=8, tokens=200, change=at)
+    assert groupings[100:].count((8,)) >= 0.9 * len(groupings[100:]), {g: groupings[100:].count(g) for g in set(groupings[100:])}
+    assert groupings[80:100].count((8,)) >= 15
+
+
 def test_probes_come_further_apart_while_the_choice_holds():
     groupings, _ = run(AutoBatch(4), resident, tokens=1200)
     probes = [i for i, g in enumerate(groupings) if g != (4,) and i > 10]
