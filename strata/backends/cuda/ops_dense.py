@@ -41,9 +41,9 @@ class DenseOps:
         return y
 
     def moe_router(self, x: DeviceTensor, name: str, top_k: int, norm_topk: bool):
-        """(router logits [T, E], expert ids [T, top_k], weights [T, top_k]). A decode step's F32 router
-        routes in its GEMV's last block (strata_router_*: the logits of gemv_split / gemv_rows_split and
-        moe_route's picks, bit for bit, one launch fewer); otherwise linear, then moe_route."""
+        """(router logits [T, E], expert ids [T, top_k], weights [T, top_k]): linear, then moe_route; with
+        --kernels-on fused-route, a decode step's F32 router routes in its GEMV's last block instead
+        (strata_router_*: the same logits and picks bit for bit, one launch fewer, measured slower)."""
         w = self.w.tensor(name)
         rows, n = w.rows, w.shape[-1]
         T = x.size // n if x.shape[-1] == n else 0

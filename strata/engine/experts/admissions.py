@@ -17,7 +17,9 @@ ADMIT_PER_STEP = 16               # cache admissions queued after one decode ste
 # ... of which into empty slots (a prompt's loan gives its slots back empty): no victim, so more a step.
 # At 12 GiB on qwen3-30b-a3b the first decode steps after a 64-token prompt missed about 100 experts a
 # token and took 12.8 ms against 3.3 once warm, falling by ~0.7 ms a step at 16 admissions (H100,
-# parallel_bench --trace): the slots the loan emptied refilled at 16 a step.
+# parallel_bench --trace): the slots the loan emptied refilled at 16 a step. One lease, 1 / 2 / 4 / 8
+# clients: 246.8 / 296.5 / 351.3 / 323.6 tok/s at 64 against 225.9 / 268.3 / 254.8 / 269.7 at 16; 128
+# was no better than 64 (docs/PERF.md, twenty-second session).
 ADMIT_EMPTY_PER_STEP = 64
 LFU_DECAY = 0.98                  # per decode step
 
