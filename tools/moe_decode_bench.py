@@ -49,28 +49,34 @@ def expert_pool(mo: MoeDecodeOps, q: str, E: int, I: int, D: int, host: bool, rn
     return mo.ops._upload(ptrs), (0, gate_bytes, down_off), buf
 
 
-def time_graph(mo: MoeDecodeOps, launch_all) -> float:
-    """Milliseconds for one replay of a graph that `launch_all(stream)` records (median of 5)."""
-    graphs, rt = cuda_backend._graphs(), mo.rt
-    graphs.begin_capture(mo.stream)
+def graph_ms(rt, device, stream, launch_all, reps: int = 5) -> float:
+    """Milliseconds for one replay of a graph that `launch_all(stream)` records (median of reps, after
+    one warm-up replay): the runtime rt's events on `device`."""
+    graphs = cuda_backend._graphs()
+    graphs.begin_capture(stream)
     try:
-        launch_all(mo.stream)
+        launch_all(stream)
     finally:
-        graph = graphs.end_capture(mo.stream)
+        graph = graphs.end_capture(stream)
     exe = graph.instantiate()
-    exe.upload(mo.stream)
-    exe.launch(mo.stream)  # warm-up
-    start, end = rt.Event(mo.device, timing=True), rt.Event(mo.device, timing=True)
+    exe.upload(stream)
+    exe.launch(stream)  # warm-up
+    start, end = rt.Event(device, timing=True), rt.Event(device, timing=True)
     times = []
-    for _ in range(5):
-        start.record(mo.stream)
-        exe.launch(mo.stream)
-        end.record(mo.stream)
+    for _ in range(reps):
+        start.record(stream)
+        exe.launch(stream)
+        end.record(stream)
         end.synchronize()
         times.append(start.elapsed_ms(end))
     exe.destroy()
     graph.destroy()
     return float(np.median(times))
+
+
+def time_graph(mo: MoeDecodeOps, launch_all) -> float:
+    """graph_ms on mo's device and stream."""
+    return graph_ms(mo.rt, mo.device, mo.stream, launch_all)
 
 
 def bench_type(mo: MoeDecodeOps, q: str, args, rng) -> list[dict]:

@@ -16,33 +16,9 @@ import sys
 
 import numpy as np
 
-from strata.backends import cuda as cuda_backend
 from strata.backends.cuda.memory import gemv_grid, router_grid
 from strata.backends.cuda.testing import CudaOps
-
-
-def time_graph(ops: CudaOps, launch_all, reps: int = 7) -> float:
-    """Milliseconds for one replay of the graph `launch_all(stream)` records (median of reps)."""
-    graphs, rt = cuda_backend._graphs(), ops._rt
-    graphs.begin_capture(ops.stream)
-    try:
-        launch_all(ops.stream)
-    finally:
-        graph = graphs.end_capture(ops.stream)
-    exe = graph.instantiate()
-    exe.upload(ops.stream)
-    exe.launch(ops.stream)
-    start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
-    times = []
-    for _ in range(reps):
-        start.record(ops.stream)
-        exe.launch(ops.stream)
-        end.record(ops.stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end))
-    exe.destroy()
-    graph.destroy()
-    return float(np.median(times))
+from moe_decode_bench import graph_ms  # tools/ is on sys.path when run as a script
 
 
 def main(argv=None) -> int:
@@ -86,7 +62,7 @@ def main(argv=None) -> int:
                     g_rows.launch(grid_gemv, 128, (w, x, y, E, D, T), 0, stream=st, pdl=pdl)
                 route.launch(max(1, -(-T // 4)), 128, (y, ids, wts, T, E, A, 1), 0, stream=st, pdl=pdl)
         for name, fn in (("fused", fused), ("apart", apart), ("fused", fused), ("apart", apart)):
-            us = 1e3 * time_graph(ops, fn) / L
+            us = 1e3 * graph_ms(ops._rt, ops.device, ops.stream, fn, reps=7) / L
             got_i, got_w = np.empty((T, A), np.int32), np.empty((T, A), np.float32)
             ids.copy_to_host(got_i, ops.stream)
             wts.copy_to_host(got_w, ops.stream)
