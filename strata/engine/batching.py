@@ -119,18 +119,19 @@ class AutoBatch(FixedBatch):
         options = self._options(rows)
         if len(options) == 1:
             return options[0]
-        new = [g for g in options if any(self.cost_ms(r) is None for r in g)]
+        new = self._unmeasured(options)
+        if not new:
+            best = min(options, key=self._total_ms)
+            self.cap = best[0]
+            if self._restated(best):                # a new state: every grouping measured again
+                new = self._unmeasured(options)
         if new:                                     # the climb: measure what these rows allow first
             return new[-1]                          # the largest steps first: resident, that is the choice
-        best = min(options, key=self._total_ms)
-        self.cap = best[0]
         if self.probing is not None:                # the last iteration probed: did it move the choice?
             moved = best != self.probing
             self.gap = self.probe if moved else min(2 * self.gap, self.max_probe)
             self.next_probe = self.iterations + self.gap
             self.probing = None
-        if self._restated(best):                    # a new state: every grouping measured again
-            return self.groups_again(rows)
         if self.iterations >= self.next_probe:
             i = options.index(best)
             near = [options[j] for j in (i - 1, i + 1) if 0 <= j < len(options)]
@@ -140,7 +141,8 @@ class AutoBatch(FixedBatch):
 
     def _restated(self, best: tuple[int, ...]) -> bool:
         """Whether the choice's own cost has moved 2x since it was judged (module doc); if so, the
-        other row counts' samples are dropped and the choice's cut to its last NEED_SAMPLES."""
+        other row counts' samples are dropped (every other grouping is then unmeasured) and the
+        choice's cut to its last NEED_SAMPLES."""
         total = self._total_ms(best)[0]
         if self.judged is None or self.judged[0] != best:
             self.judged = (best, total)
@@ -158,10 +160,9 @@ class AutoBatch(FixedBatch):
         self.probing, self.gap, self.next_probe = None, self.probe, self.iterations + self.probe
         return True
 
-    def groups_again(self, rows: int) -> tuple[int, ...]:
-        """This iteration's grouping after a restate: the climb's (groups() without its count)."""
-        self.iterations -= 1
-        return self.groups(rows)
+    def _unmeasured(self, options: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The groupings that use a row count without a trusted cost yet (cost_ms None)."""
+        return [g for g in options if any(self.cost_ms(r) is None for r in g)]
 
     def _options(self, rows: int) -> list[tuple[int, ...]]:
         """The distinct groupings of `rows` rows under caps 1..max_rows, fewest steps last."""
