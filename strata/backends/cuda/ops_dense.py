@@ -47,9 +47,8 @@ class DenseOps:
         w = self.w.tensor(name)
         rows, n = w.rows, w.shape[-1]
         T = x.size // n if x.shape[-1] == n else 0
-        if not (self.paths.fused_route and self.paths.split_gemv and w.qtype == "F32" and 1 <= T <= GEMV_MAX_T
-                and rows <= MOE_ROUTE_MAX_EXPERTS and 1 <= top_k <= min(rows, MOE_ROUTE_MAX_TOP_K)
-                and gemv_grid(w.qtype, rows, n) < 2 * self.num_sms):
+        if not (self.paths.fused_route and self._takes_split(w) and w.qtype == "F32" and 1 <= T <= GEMV_MAX_T
+                and rows <= MOE_ROUTE_MAX_EXPERTS and 1 <= top_k <= min(rows, MOE_ROUTE_MAX_TOP_K)):
             logits = self.linear(x, name)
             return (logits, *self.moe_route(logits, top_k, norm_topk))
         x = self._aligned(x)
@@ -71,12 +70,14 @@ class DenseOps:
             self._route_count.fill_bytes(0, self.stream)
         return self._route_count.ptr
 
+    def _takes_split(self, w: Weight) -> bool:
+        """Whether w's decode GEMVs are the split-K kernels: too few row-set blocks to fill the GPU."""
+        return self.paths.split_gemv and gemv_grid(w.qtype, w.rows, w.shape[-1]) < 2 * self.num_sms
+
     def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
         rows, n, q = w.rows, w.shape[-1], w.qtype
-        grid = gemv_grid(w.qtype, rows, n)
-        split = self.paths.split_gemv and grid < 2 * self.num_sms       # too few blocks to fill the GPU: split K
-        if not split:
-            grid = gemv_whole_grid(q, rows, n, T, self.num_sms)
+        split = self._takes_split(w)
+        grid = gemv_grid(q, rows, n) if split else gemv_whole_grid(q, rows, n, T, self.num_sms)
         if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
             self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
                         (w.ptr, x, y, rows, n, T), qtype=q)
