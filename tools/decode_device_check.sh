@@ -91,6 +91,11 @@ if has rows; then        # which kernels grow with a batched step's rows (#19's 
             --json "$OUT/profile_rows$n.json" 2>&1 | grep -v "^  timing " | head -45
     done
 fi
+par_resident() {        # par_resident JSON [args...]: parallel slots resident at 1 and 4 clients, the ratio lines
+    local json=$1; shift
+    timeout "$(budget 70)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \
+        --clients 1,4 --warm 16 --long 0 "$@" --json "$OUT/$json" 2>&1 | grep -E "clients:|x\)" | head -6
+}
 gemv_arm() {            # the batched step's kernel table and parallel slots, as this arm's fatbins give them
     echo "== gemv arm $1 ($(elapsed) s)"
     if [ -n "${GEMV_ARM_TESTS:-}" ]; then    # the arm's bits: every batched row equals its one-token launch
@@ -99,9 +104,7 @@ gemv_arm() {            # the batched step's kernel table and parallel slots, as
     fi
     timeout "$(budget 60)" $PY tools/decode_profile.py --context 192 --rows 4 --steps 5 --json "$OUT/gemv_$1.json" 2>&1 \
         | grep -E "^decode step|gemv|moe_(gate|down)" | head -8
-    timeout "$(budget 60)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b --budget-gib 0 --batch-max 0 \
-        --clients 1,4 --warm 16 --long 0 ${PAR_CONTEXT:+--context $PAR_CONTEXT} --json "$OUT/gemv_par_$1.json" 2>&1 \
-        | grep -E "clients:|x\)" | head -6
+    par_resident "gemv_par_$1.json" ${PAR_CONTEXT:+--context $PAR_CONTEXT}
 }
 if has gemvab; then      # the batched GEMVs' weights converted once a batch (gemv_rows.cuh) against parents
     for arm in ${GEMV_ARMS:-}; do
@@ -121,9 +124,7 @@ if has routeab; then    # #16: one launch fewer a layer
     for arm in fused apart; do
         echo "== parallel slots, route $arm ($(elapsed) s)"
         on=""; [ "$arm" = fused ] && on=fused-route
-        STRATA_KERNELS_ON=$on timeout "$(budget 70)" $PY tools/parallel_bench.py --synthetic qwen3-30b-a3b \
-            --budget-gib 0 --batch-max 0 --clients 1,4 --warm 16 --long 0 --context 1024 \
-            --json "$OUT/route_par_$arm.json" 2>&1 | grep -E "clients:|x\)" | head -6
+        STRATA_KERNELS_ON=$on par_resident "route_par_$arm.json" --context 1024
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
