@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arm", action="append", required=True,
                     help="NAME:GEMV.fatbin:DECODE_FUSED.fatbin[:CAP[:SPLIT_CAP]] (most blocks of the whole-matrix and of the split kernels; 0: none)")
     ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--hot", action="store_true",
+                    help="every launch reads the first copy of W (L2-resident where it fits): what a weight prefetch into the L2 could reach")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev = Driver()
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     for i in range(args.launches):
-                        run(case, batch, i % len(copies))
+                        run(case, batch, 0 if args.hot else i % len(copies))
                     end.record()
                     end.synchronize()
                     times.append(start.elapsed_time(end) * 1e3 / args.launches)

@@ -15,6 +15,9 @@ Times are CUDA-event medians after a warm-up. Columns:
           (strata_qk_norm_rope_kv_f32 / _<fmt>, q rotated in it), split-K, the combine (un-rotating V
           in it): what a layer's attention costs inside the decode graph
   split   the split-K kernel alone, as a graph of 20 / 20
+Each launch reads another copy of the cache (a layer's, as a decode step reads 48 of them), cycling
+through enough copies to outgrow the L2 three times (--warm: one copy, so every launch after the first
+finds cells of up to ~50 MB in the L2, as this tool measured until the 23rd session).
 GB/s counts the K/V plane bytes of the cells read (values and scales) over the eager and the split
 times; "of copy" divides it by the device copy rate (bytes read + written) measured in the same run
 (strata.plan.measure_bandwidths). The issue's bar: int8 and q4_0 at 32K cells at 60% of the copy rate
@@ -39,17 +42,19 @@ from strata.quant import kv as kvq
 H, HK, DH = 32, 4, 128
 FORMATS = ("f16", "f16tc", "int8", "k8v4", "q4_0")     # f16tc: the f16 cache through cuda/attention_dec_tc.cu
 GRAPH_REPS = 20
+L2_BYTES = 50 << 20     # H100 and H200
 
 
 
 def graph_ms(ops, launches, reps: int) -> float:
-    """A replay of GRAPH_REPS repetitions of `launches` (each a (op, fields, grid, args) tuple), / GRAPH_REPS."""
+    """A replay of GRAPH_REPS repetitions of launches(i) (each a list of (op, fields, grid, args) tuples; i the
+    repetition), / GRAPH_REPS."""
     g, stream = cuda_backend._graphs(), ops.stream
     pdl = tuple(getattr(ops.device, "compute_capability", (0, 0))) >= (9, 0)
     g.begin_capture(stream)
     try:
-        for _ in range(GRAPH_REPS):
-            for op, fields, grid, args in launches:
+        for i in range(GRAPH_REPS):
+            for op, fields, grid, args in launches(i):
                 ops._kernel(op, **fields).launch(grid, KERNELS[op].block, args, stream=stream,
                                                  pdl=pdl and KERNELS[op].library in PDL_LIBRARIES)
     finally:
@@ -64,7 +69,7 @@ def graph_ms(ops, launches, reps: int) -> float:
         exec_.destroy()
 
 
-def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2) -> dict:
+def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: bool = False) -> dict:
     rt, dev, stream = ops._rt, ops.device, ops.stream
     splits = ops.decode_splits(1, HK, S, DH, blocks_per_sm)
     q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
@@ -76,26 +81,33 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2) -> dict
     rot = rot_scale(DH)
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
     if fmt in ("f16", "f16tc"):
-        planes = [ops._upload(x.astype(np.float16)), ops._upload(x.astype(np.float16))]
-        nbytes = sum(p.nbytes for p in planes)
+        host = [x.astype(np.float16), x.astype(np.float16)]
         split_op, fields = ("attention_decode_tc" if fmt == "f16tc" else "attention_decode"), {"dh": DH, "g": gp}
         k_rot = v_rot = False
     else:
         kc, vc = kvq.codecs(fmt)
-        planes = [ops._upload(np.ascontiguousarray(a)) for c in (kc, vc) for a in c.encode(x)]
-        nbytes = sum(p.nbytes for p in planes)
+        host = [np.ascontiguousarray(a) for c in (kc, vc) for a in c.encode(x)]
         split_op, fields = "attention_decode_quant", {"fmt": fmt, "dh": DH, "g": gp}
         k_rot, v_rot = kc.rotated, vc.rotated
+    nbytes = sum(a.nbytes for a in host)
+    layers = 1 if warm else -(-3 * L2_BYTES // nbytes)       # copies of the cache, each launch the next one's
+    copies = [[ops._upload(a) for a in host] for _ in range(layers)]
     split = ops._kernel(split_op, **fields)
     rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
-    split_args = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5, 0, 0, *(0,) * len(planes), 0)
-    if fmt in ("f16", "f16tc"):         # tc_from: every row the kernel's
-        split_args += (0 if fmt == "f16tc" else INT32_MAX,)
+
+    def split_args(i: int) -> tuple:
+        planes = copies[i % layers]
+        a = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5, 0, 0, *(0,) * len(planes), 0)
+        if fmt in ("f16", "f16tc"):         # tc_from: every row the kernel's
+            a += (0 if fmt == "f16tc" else INT32_MAX,)
+        return a
+    turn = [0]
 
     def launch():
         if k_rot:
             rotate.launch(H, 32, (q, H, DH, rot), stream=stream)
-        split.launch((splits, HK, 1), 128, split_args, stream=stream)
+        split.launch((splits, HK, 1), 128, split_args(turn[0]), stream=stream)
+        turn[0] += 1
         combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
             rotate.launch(H, 32, (out, H, DH, rot), stream=stream)
@@ -103,27 +115,31 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2) -> dict
 
     # the same sequence as a graph; the split alone; the engine's step (cuda/decode_fused.cu's fused append
     # of the token at cell S - 1, the split, the combine with the un-rotation in it)
-    seq = ([("hadamard", {}, H, (q.ptr, H, DH, rot))] if k_rot else []) + [
-        (split_op, fields, (splits, HK, 1), split_args),
-        ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))] + (
-        [("hadamard", {}, H, (out.ptr, H, DH, rot))] if v_rot else [])
+    def seq(i: int) -> list:
+        return ([("hadamard", {}, H, (q.ptr, H, DH, rot))] if k_rot else []) + [
+            (split_op, fields, (splits, HK, 1), split_args(i)),
+            ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))] + (
+            [("hadamard", {}, H, (out.ptr, H, DH, rot))] if v_rot else [])
     graph = graph_ms(ops, seq, reps)
-    split_only = graph_ms(ops, [(split_op, fields, (splits, HK, 1), split_args)], reps)
+    split_only = graph_ms(ops, lambda i: [(split_op, fields, (splits, HK, 1), split_args(i))], reps)
     inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
     qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
     qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
     pos, inv_dev = ops._upload(np.array([S - 1], np.int32)), ops._upload(np.asarray(inv, np.float32))
     norm_args = (*qkv, qw, kw, pos, 0, inv_dev, q)
-    if fmt in ("f16", "f16tc"):
-        append = ("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
-                  (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale)))
-    else:
-        append = ("qk_norm_rope_kv_quant", {"fmt": fmt}, (1, -(-(H + 2 * HK) // 4)),
-                  (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale), rot))
+
+    def append(i: int) -> tuple:
+        planes = copies[i % layers]
+        if fmt in ("f16", "f16tc"):
+            return ("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
+                    (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale)))
+        return ("qk_norm_rope_kv_quant", {"fmt": fmt}, (1, -(-(H + 2 * HK) // 4)),
+                (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale), rot))
     final = (("attention_combine_rot", {}, (H, 1), (acc, ml, out, H, DH, splits, rot)) if v_rot
              else ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits)))
-    step = graph_ms(ops, [append, (split_op, fields, (splits, HK, 1), split_args), final], reps)
-    return {"kv": fmt, "cells": S, "splits": splits, "us": ms * 1e3, "graph_us": graph * 1e3, "step_us": step * 1e3,
+    step = graph_ms(ops, lambda i: [append(i), (split_op, fields, (splits, HK, 1), split_args(i)), final], reps)
+    return {"kv": fmt, "cells": S, "splits": splits, "layers": layers, "us": ms * 1e3, "graph_us": graph * 1e3,
+            "step_us": step * 1e3,
             "split_us": split_only * 1e3, "kv_bytes": nbytes, "gb_s": nbytes / ms / 1e6,
             "split_gb_s": nbytes / split_only / 1e6}
 
@@ -136,6 +152,8 @@ def main() -> int:
                     help="splits sized for this many blocks a multiprocessor (the engine's: 2); for a build whose "
                          "decode kernels fit more (__launch_bounds__)")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--warm", action="store_true",
+                    help="one copy of the cache for every launch (cells of up to ~50 MB stay in the L2), not a layer's each")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.blocks_per_sm < 1:
@@ -149,10 +167,10 @@ def main() -> int:
     rows = []
     for S in (int(c) for c in args.cells.split(",")):
         for fmt in formats:
-            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm)
+            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm, args.warm)
             r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)
-            print(f"{fmt:>5} {S:>7} cells  eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "
+            print(f"{fmt:>5} {S:>7} cells x{r['layers']:<3} eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "
                   f"split {r['split_us']:7.1f} us  {r['kv_bytes'] / 2**20:7.1f} MiB  of the {copy:,.0f} GB/s "
                   f"copy rate: eager {r['of_copy']:6.1%}, split {r['split_of_copy']:6.1%}")
     if args.json:
