@@ -29,7 +29,9 @@
 //   strata_attention_decode_<fmt>_d<Dh>_g<GP>(q, k_values, k_scales, v_values, v_scales, lengths,
 //       bases, part_acc, part_ml, H, Hk, max_cells, num_splits, scale, window, ring, vram_k_values,
 //       vram_k_scales, vram_v_values, vram_v_scales, vram_cells)
-//                                                                          grid (splits, Hk, B), block 128
+//                                                                          grid (splits, Hk, B), block 128,
+//       dynamic shared memory: strata.backends.cuda.kernels.decode_quant_shared's (the cp.async ring at Dh
+//       128 on sm_90, used by splits of DecodeQ::RING_FROM cells and more) or 0 (a tile a warp in registers)
 //     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null);
 //     window > 0: only its last `window` positions; ring > 0: position p in cell p % ring (the MTP
 //     drafter's K/V ring; attention.cu's decode header); 0, 0: bit for bit as without them;
@@ -208,6 +210,22 @@ __device__ __forceinline__ void scale_split(uint32_t d2, uint32_t& pw, float& m0
     m0 = m.x, m1 = m.y;
 }
 
+// cp.async: N (4, 8 or 16) bytes from global src to shared dst, in the group the next commit closes
+template <int N>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    if constexpr (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(N));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
 template <bool KQ4, bool VQ4, int DH, int GP>
 struct DecodeQ {
     using KP = Plane<KQ4, DH>;
@@ -227,6 +245,26 @@ struct DecodeQ {
     // at t NB words; V's lane g takes the halves (g & 1) of run g / 2 (its 2 bytes a block)
     // int8 V's codes can be at most 127 * 2^9 in f16 (dV < 1024), q4's 8 * 2^12 (|dV| < 8192)
     static constexpr int KMAX = VQ4 ? 27 : 24;
+    // STAGED (PLAIN spans at Dh 128 given the dynamic shared memory): a ring of NST tiles a warp, each
+    // tile's planes copied whole by cp.async (K codes [TILE][ROW], K scales [TILE][2 NB], V codes, V
+    // scales) NST - 1 tiles ahead of the one read, so a warp has up to NST tiles of bytes in flight
+    // where registers hold one. 16-byte chunks of a cell's codes are placed XOR-swizzled (k_chunk,
+    // v_chunk) so the lanes' reads of a tile (cells g, 8 + g for K; 2t, 2t + 1, ... for V) meet no
+    // bank twice in a phase. NST keeps a block under 100 KB (two a multiprocessor on sm_90).
+    static constexpr int KS = 2 * KP::NB, VS = 2 * VP::NB;          // scale bytes a cell
+    static constexpr int ST_KS = TILE * KP::ROW, ST_VW = ST_KS + TILE * KS, ST_VS = ST_VW + TILE * VP::ROW;
+    static constexpr int STAGE = ST_VS + TILE * VS;                   // bytes a tile
+    static constexpr int NST = (KQ4 && VQ4) ? 4 : (!KQ4 && !VQ4) ? 2 : 3;
+    static constexpr uint32_t RING_BYTES = static_cast<uint32_t>(kWarps) * NST * STAGE;
+    static constexpr bool CAN_STAGE = DH == 128 && KS >= 4 && VS >= 4;
+    // spans of fewer cells keep a tile a warp in registers: with a few tiles a warp the ring's first
+    // tile waits behind the whole ring's copies (H100, cold cells: q4_0 at 32K cells, 496 a split, 19.4
+    // us with the ring against 16.7 without; at 131K, 1,986 a split, 45.6 against 48.5)
+    static constexpr int RING_FROM = 8 * kWarps * TILE;
+    static __device__ __forceinline__ int k_chunk(int cell, int ch) { return KQ4 ? ch : ch ^ ((cell & 1) * 4); }
+    static __device__ __forceinline__ int v_chunk(int cell, int ch) {
+        return VQ4 ? ch ^ ((cell >> 1) & 3) : ch ^ (2 * ((cell >> 1) & 3));
+    }
 
     struct Smem {
         alignas(16) float acc[kWarps][GP][DH];          // q [GP][DH] first, then the warps' sums
@@ -269,9 +307,10 @@ struct DecodeQ {
     // addresses one multiply from a base, and a cell past the end reads cell end - 1 instead of zeros (its
     // score is -inf, so its p is 0 and its P' V terms are zeros: the sums are bit for bit those of zeros).
     // Else the ring and the VRAM window place each cell (strata_kv), and cells past the end read as zeros.
-    template <bool PLAIN>
+    template <bool PLAIN, bool STAGED = false>
     static __device__ __forceinline__ void span(const Args& a, Smem& sm, int b, int kvh, int start, int end,
-                                                int length, int64_t slot0) {
+                                                int length, int64_t slot0, uint8_t* ring_smem = nullptr) {
+        static_assert(!STAGED || (PLAIN && CAN_STAGE), "the ring serves PLAIN spans at Dh 128");
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
         const uint32_t v_half = (g & 1) ? 0x7632u : 0x5410u;   // q4 V: this lane's halves of two cells' words
         const int G = a.H / a.Hk, Hk = a.Hk;
@@ -361,11 +400,89 @@ struct DecodeQ {
             }
         };
 
-        // the warp's first tile is on its way while the query is prepared
+        // STAGED: the warp's ring; tile cf's planes into slot `slot` (cells past the end: cell end - 1, as
+        // PLAIN's loads), one commit group a tile, empty past the span so the groups count tiles
+        uint8_t* const ring = ring_smem + static_cast<uint32_t>(warp) * NST * STAGE;
+        const uint8_t* const kw0 = kv8 + row0 * KP::ROW;
+        const uint8_t* const vw0 = vv8 + row0 * VP::ROW;
+        auto issue = [&](int cf, int slot) {
+            if (cf < end) {
+                uint8_t* st = ring + slot * STAGE;
+                constexpr int KCH = KP::ROW / 16, VCH = VP::ROW / 16;
+#pragma unroll
+                for (int j = lane; j < TILE * KCH; j += 32) {
+                    const int c = j / KCH, ch = j % KCH;
+                    cp_async<16>(st + c * KP::ROW + k_chunk(c, ch) * 16, at(kw0, kw_stride, cf + c) + ch * 16);
+                }
+#pragma unroll
+                for (int j = lane; j < TILE * VCH; j += 32) {
+                    const int c = j / VCH, ch = j % VCH;
+                    cp_async<16>(st + ST_VW + c * VP::ROW + v_chunk(c, ch) * 16, at(vw0, vw_stride, cf + c) + ch * 16);
+                }
+                if (lane < TILE) {
+                    cp_async<KS>(st + ST_KS + lane * KS, at(ks_base, ks_stride, cf + lane));
+                    cp_async<VS>(st + ST_VS + lane * VS, at(vs_base, vs_stride, cf + lane));
+                }
+            }
+            cp_async_commit();
+        };
+        // a lane's registers of the tile in slot `slot`: the bytes load_k / load_v read from global memory
+        auto stage_k = [&](int slot, TileK& r) {
+            const uint8_t* st = ring + slot * STAGE;
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    const int c = sub * 16 + nt * 8 + g;
+                    if constexpr (KQ4) {
+                        const uint4 v = *reinterpret_cast<const uint4*>(st + c * KP::ROW + k_chunk(c, t) * 16);
+                        r.kw[sub][nt][0] = v.x, r.kw[sub][nt][1] = v.y, r.kw[sub][nt][2] = v.z, r.kw[sub][nt][3] = v.w;
+                    } else {
+#pragma unroll
+                        for (int kb = 0; kb < KP::NB; ++kb)
+                            r.kw[sub][nt][kb] = *reinterpret_cast<const uint4*>(st + c * KP::ROW + k_chunk(c, t + 4 * kb) * 16);
+                    }
+                }
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const int c = sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                    r.ks[sub][ci] = *reinterpret_cast<const typename RawT<KS>::T*>(st + ST_KS + c * KS);
+                }
+            }
+        };
+        auto stage_v = [&](int slot, TileV& r) {
+            const uint8_t* st = ring + slot * STAGE;
+#pragma unroll
+            for (int sub = 0; sub < NSUB; ++sub) {
+#pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    const int c = sub * 16 + (ci >> 1) * 8 + 2 * t + (ci & 1);
+                    r.vs[sub][ci] = *reinterpret_cast<const typename RawT<VS>::T*>(st + ST_VS + c * VS);
+                    if constexpr (VQ4) {
+                        const uint4 v = *reinterpret_cast<const uint4*>(st + ST_VW + c * VP::ROW + v_chunk(c, g >> 1) * 16);
+                        r.vw[sub][ci][0] = v.x, r.vw[sub][ci][1] = v.y, r.vw[sub][ci][2] = v.z, r.vw[sub][ci][3] = v.w;
+                    } else {
+#pragma unroll
+                        for (int vb = 0; vb < VP::NB; ++vb) {
+                            const int o = g * VBYTES + vb * (VP::ROW / VP::NB);     // the lane's bytes of block vb
+                            r.vw[sub][ci][vb] = *reinterpret_cast<const uint2*>(
+                                st + ST_VW + c * VP::ROW + v_chunk(c, o / 16) * 16 + o % 16);
+                        }
+                    }
+                }
+            }
+        };
+
+        // the warp's first tile (STAGED: its first NST) is on its way while the query is prepared
         int c0 = start + warp * TILE;
         TileK tk;
         TileV tv;
-        if (c0 < end) load_k(c0, tk), load_v(c0, tv);
+        if constexpr (STAGED) {
+#pragma unroll
+            for (int i = 0; i < NST; ++i) issue(c0 + i * kWarps * TILE, i);
+        } else {
+            if (c0 < end) load_k(c0, tk), load_v(c0, tv);
+        }
 
         // the query: scaled to the log2 domain, then per head by 2^e, split into the A fragments
         float qinv[NH];
@@ -379,8 +496,13 @@ struct DecodeQ {
 #pragma unroll
         for (int h = 0; h < NH; ++h) m[h] = -INFINITY, l[h] = 0.0f;
 
-        for (; c0 < end; c0 += kWarps * TILE) {
+        for (int slot = 0; c0 < end; c0 += kWarps * TILE, slot = slot + 1 == NST ? 0 : slot + 1) {
             const int next = c0 + kWarps * TILE;
+            if constexpr (STAGED) {      // this tile's group has landed (NST - 1 later ones may be in flight)
+                cp_async_wait<NST - 1>();
+                __syncwarp();
+                stage_k(slot, tk);
+            }
             // scores s[sub][h][ci] of head g + 8h and cell ci (2t, 2t + 1, 8 + 2t, 9 + 2t of the sub-tile)
             float s[NSUB][NH][4];
 #pragma unroll
@@ -436,7 +558,7 @@ struct DecodeQ {
                         s[sub][h][ci] = cell < end ? sacc[h][ci] * qinv[h] : -INFINITY;
                     }
             }
-            if (next < end) load_k(next, tk);   // this tile's K is spent
+            if (!STAGED && next < end) load_k(next, tk);   // this tile's K is spent
 
             // online softmax over the tile: the 4 lanes of a group hold the head's 4 * NSUB cells each
             float alpha[NH];
@@ -473,6 +595,7 @@ struct DecodeQ {
             }
 
             // P' V
+            if constexpr (STAGED) stage_v(slot, tv);
 #pragma unroll
             for (int sub = 0; sub < NSUB; ++sub) {
 #pragma unroll
@@ -533,8 +656,14 @@ struct DecodeQ {
                                      vb01[ii], vb23[ii]);
                 }
             }
-            if (next < end) load_v(next, tv);   // this tile's V is spent
+            if constexpr (STAGED) {      // the slot is read: the tile NST on takes it
+                __syncwarp();
+                issue(c0 + NST * kWarps * TILE, slot);
+            } else if (next < end) {
+                load_v(next, tv);        // this tile's V is spent
+            }
         }
+        if constexpr (STAGED) cp_async_wait<0>();     // no copy outlives the block (the tail's are empty)
 
         // the warp's sums: head g (+ 8), dims of n-tile (vb, ii) columns 2t, 2t + 1
         strata_dec::merge_warps<DH, GP, kWarps>(acc, m, l, sm.acc, sm.ml, G, slot0, a.num_splits, a.part_acc,
@@ -570,8 +699,20 @@ __device__ __forceinline__ void attention_decode_q(const float* __restrict__ q, 
     const typename D::Args a{q, k_values, k_scales, v_values, v_scales, bases, part_acc, part_ml, H, Hk, max_cells,
                              num_splits, scale, ring, vram_k_values, vram_k_scales, vram_v_values, vram_v_scales,
                              vram_cells};
-    if (ring == 0 && vram_cells == 0) D::template span<true>(a, sm, b, kvh, start, end, length, slot0);
-    else D::template span<false>(a, sm, b, kvh, start, end, length, slot0);
+    if (ring == 0 && vram_cells == 0) {
+        // the launch gave the ring its bytes, and the span is long enough to fill it
+        if (D::CAN_STAGE && end - start >= D::RING_FROM && dynamic_smem_bytes() >= D::RING_BYTES) {
+            if constexpr (D::CAN_STAGE) {
+                extern __shared__ uint4 kv_ring[];
+                D::template span<true, true>(a, sm, b, kvh, start, end, length, slot0,
+                                             reinterpret_cast<uint8_t*>(kv_ring));
+                return;
+            }
+        }
+        D::template span<true>(a, sm, b, kvh, start, end, length, slot0);
+    } else {
+        D::template span<false>(a, sm, b, kvh, start, end, length, slot0);
+    }
 }
 
 }  // namespace

@@ -17,9 +17,11 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # --kernels-off names those to turn off, for A/B runs of one path against its fallback. tc-decode-attention:
 # the split-K decode attention of f16 rows of at least TC_DECODE_FROM cells (strata.backends.cuda.kernels) on
 # the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
-# cuda/attention.cu's kernel.
+# cuda/attention.cu's kernel. kv-ring: the quantized split-K decode (cuda/kv_quant.cu) at head dim 128 on
+# sm_90 copies its tiles through a cp.async ring in shared memory, several tiles a warp in flight (off: one
+# tile a warp in registers; the same bits).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention")
+                "tc-decode-attention", "kv-ring")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt

@@ -137,9 +137,11 @@ e['sha256']=hashlib.sha256(open('$kdir/'+e['file'],'rb').read()).hexdigest(); js
     return $rc
 }
 
-kv_bench_once() {
-    echo "== kv attention bench, $1 ($(elapsed) s)"
-    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells "${KV_CELLS:-16384,32768,131072}" 2>&1 | tail -12
+kv_bench_once() {      # kv_bench_once LABEL [bench args...]
+    local label=$1; shift
+    echo "== kv attention bench, $label ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells "${KV_CELLS:-16384,32768,131072}" \
+        --formats "${KV_FORMATS:-f16,f16tc,int8,k8v4,q4_0}" "$@" 2>&1 | tail -16
 }
 
 kv_bench_ab() {

@@ -33,7 +33,7 @@ import numpy as np
 
 from strata.backends import rope
 import strata.backends.cuda as cuda_backend
-from strata.backends.cuda.kernels import INT32_MAX, KERNELS, PDL_LIBRARIES
+from strata.backends.cuda.kernels import INT32_MAX, KERNELS, PDL_LIBRARIES, decode_quant_shared
 from strata.backends.cuda.testing import CudaOps, time_launches
 from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
@@ -54,8 +54,8 @@ def graph_ms(ops, launches, reps: int) -> float:
     g.begin_capture(stream)
     try:
         for i in range(GRAPH_REPS):
-            for op, fields, grid, args in launches(i):
-                ops._kernel(op, **fields).launch(grid, KERNELS[op].block, args, stream=stream,
+            for op, fields, grid, args, *shared in launches(i):
+                ops._kernel(op, **fields).launch(grid, KERNELS[op].block, args, *shared, stream=stream,
                                                  pdl=pdl and KERNELS[op].library in PDL_LIBRARIES)
     finally:
         graph = g.end_capture(stream)
@@ -69,7 +69,8 @@ def graph_ms(ops, launches, reps: int) -> float:
         exec_.destroy()
 
 
-def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: bool = False) -> dict:
+def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: bool = False,
+          ring: bool = True) -> dict:
     rt, dev, stream = ops._rt, ops.device, ops.stream
     splits = ops.decode_splits(1, HK, S, DH, blocks_per_sm)
     q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
@@ -89,6 +90,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
         host = [np.ascontiguousarray(a) for c in (kc, vc) for a in c.encode(x)]
         split_op, fields = "attention_decode_quant", {"fmt": fmt, "dh": DH, "g": gp}
         k_rot, v_rot = kc.rotated, vc.rotated
+    shared = decode_quant_shared(fmt, DH, getattr(dev, "compute_capability", None)) if ring else 0
     nbytes = sum(a.nbytes for a in host)
     layers = 1 if warm else -(-3 * L2_BYTES // nbytes)       # copies of the cache, each launch the next one's
     copies = [[ops._upload(a) for a in host] for _ in range(layers)]
@@ -106,7 +108,7 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     def launch():
         if k_rot:
             rotate.launch(H, 32, (q, H, DH, rot), stream=stream)
-        split.launch((splits, HK, 1), 128, split_args(turn[0]), stream=stream)
+        split.launch((splits, HK, 1), 128, split_args(turn[0]), shared, stream=stream)
         turn[0] += 1
         combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
@@ -117,11 +119,11 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     # of the token at cell S - 1, the split, the combine with the un-rotation in it)
     def seq(i: int) -> list:
         return ([("hadamard", {}, H, (q.ptr, H, DH, rot))] if k_rot else []) + [
-            (split_op, fields, (splits, HK, 1), split_args(i)),
+            (split_op, fields, (splits, HK, 1), split_args(i), shared),
             ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))] + (
             [("hadamard", {}, H, (out.ptr, H, DH, rot))] if v_rot else [])
     graph = graph_ms(ops, seq, reps)
-    split_only = graph_ms(ops, lambda i: [(split_op, fields, (splits, HK, 1), split_args(i))], reps)
+    split_only = graph_ms(ops, lambda i: [(split_op, fields, (splits, HK, 1), split_args(i), shared)], reps)
     inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
     qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
     qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
@@ -137,8 +139,8 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
                 (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale), rot))
     final = (("attention_combine_rot", {}, (H, 1), (acc, ml, out, H, DH, splits, rot)) if v_rot
              else ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits)))
-    step = graph_ms(ops, lambda i: [append(i), (split_op, fields, (splits, HK, 1), split_args(i)), final], reps)
-    return {"kv": fmt, "cells": S, "splits": splits, "layers": layers, "us": ms * 1e3, "graph_us": graph * 1e3,
+    step = graph_ms(ops, lambda i: [append(i), (split_op, fields, (splits, HK, 1), split_args(i), shared), final], reps)
+    return {"kv": fmt, "cells": S, "splits": splits, "layers": layers, "ring_bytes": shared, "us": ms * 1e3, "graph_us": graph * 1e3,
             "step_us": step * 1e3,
             "split_us": split_only * 1e3, "kv_bytes": nbytes, "gb_s": nbytes / ms / 1e6,
             "split_gb_s": nbytes / split_only / 1e6}
@@ -152,6 +154,8 @@ def main() -> int:
                     help="splits sized for this many blocks a multiprocessor (the engine's: 2); for a build whose "
                          "decode kernels fit more (__launch_bounds__)")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--registers", action="store_true",
+                    help="the quantized kernels without their cp.async ring (no dynamic shared memory): a tile a warp in registers")
     ap.add_argument("--warm", action="store_true",
                     help="one copy of the cache for every launch (cells of up to ~50 MB stay in the L2), not a layer's each")
     ap.add_argument("--json", default="")
@@ -167,7 +171,7 @@ def main() -> int:
     rows = []
     for S in (int(c) for c in args.cells.split(",")):
         for fmt in formats:
-            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm, args.warm)
+            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm, args.warm, not args.registers)
             r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)
             print(f"{fmt:>5} {S:>7} cells x{r['layers']:<3} eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "

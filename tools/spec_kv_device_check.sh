@@ -34,6 +34,11 @@
 #              against 245) built at __launch_bounds__(128, N) for N = 3, 4 and 2, each timed with splits for
 #              N blocks a multiprocessor against this build (#14: q4_0 is latency-bound at two blocks),
 #              then test_kv_quant_gpu over the N = 3 build (the sums run in another order: not the digests)
+#     kvring   the quantized split-K decode with its cp.async ring (Dh 128, sm_90: kernels.decode_quant_shared)
+#              against the same build's register path (--registers), ring / registers / ring / registers, at
+#              KV_CELLS (default 32768,131072), KV_FORMATS (default int8,k8v4,q4_0), each launch another layer's cache
+#     ringmodel  the ring in the model: bench resident, q4_0 K/V, prompt RING_PROMPT (default 32768) and 64
+#              decoded tokens, with it and with --kernels-off kv-ring (RING_ARMS, default "ring off ring")
 #     kvncu    Nsight Compute over the int8 and q4_0 split-K decode kernels at 32K cells (device_deadline.sh's
 #              ncu_kv): this build, then KV_PARENT's when given
 #     tcbench  tools/attention_tc_bench.py --shape 80b (the head_dim-256 tensor-core prompt attention)
@@ -73,10 +78,11 @@ device_setup spec-kv-check tests spec12 room
 
 shape=qwen3-30b-a3b-mtp
 has long && ! has spec12 && ! has room && ! has specn && ! has short && ! has draftwin && shape=qwen3-30b-a3b-128k
+shape=${SHAPE:-$shape}      # the pack the steps read
 # the kernel-only steps need no model: on a fresh machine the pack's minute of CPUs would slow the build
 pack_steps=0
 for s in "${steps[@]}"; do
-    case $s in tests|kvdigest|kvbench|kvnsub|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
+    case $s in tests|kvdigest|kvbench|kvnsub|kvring|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
 done
 if [ $pack_steps = 1 ]; then start_pack "$shape" 240; else pack_pid=; echo "no pack: no step needs one" >"$OUT/pack.log"; fi
 
@@ -164,6 +170,18 @@ if has kvnsub; then     # more warps a multiprocessor, each with half the tile i
     echo "== test_kv_quant_gpu over NSUB 1 at 3 ($(elapsed) s)"
     [ -s /tmp/kv_nsub1_3.fatbin ] && with_fatbin kv_quant /tmp/kv_nsub1_3.fatbin \
         timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_kv_quant_gpu.py 2>&1 | tail -3
+fi
+if has kvring; then     # #14: NST tiles a warp in flight through shared memory against one in registers
+    for arm in ring registers ring registers; do
+        flag=(); [ $arm = registers ] && flag=(--registers)
+        KV_CELLS=${KV_CELLS:-32768,131072} KV_FORMATS=${KV_FORMATS:-int8,k8v4,q4_0} kv_bench_once "$arm" "${flag[@]}"
+    done
+fi
+if has ringmodel; then  # #14: the decode after 32K cells of q4_0 K/V with and without the ring
+    for arm in ${RING_ARMS:-ring off ring}; do
+        off=(); [ $arm = off ] && off=(--kernels-off kv-ring)
+        bench "ringmodel_$arm" 120 $shape --kv q4_0 --prompt "${RING_PROMPT:-32768}" --decode 64 "${off[@]}"
+    done
 fi
 if has kvncu; then      # is the quantized decode issue-bound? (#14: q4_0 at a quarter of the copy rate)
     ncu_kv "this build" tree

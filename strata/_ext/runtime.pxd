@@ -62,4 +62,5 @@ cdef class Kernel:
     cdef CUfunction func
     cdef int num_params
     cdef char kinds[MAX_PARAMS]
+    cdef unsigned int shared_opt_in
     cdef int _check_params(self, CUkernel kern) except -1

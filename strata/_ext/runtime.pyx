@@ -21,7 +21,7 @@ from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer,
-    CUdevice_attribute, CUlaunchAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    CUdevice_attribute, CUlaunchAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cuFuncSetAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
     cuDeviceTotalMem, cuDriverGetVersion, cuEventCreate, cuEventDestroy, cuEventElapsedTime,
@@ -613,6 +613,7 @@ cdef class Kernel:
         self.num_params = len(signature)
         for i, k in enumerate(signature.encode()):
             self.kinds[i] = k
+        self.shared_opt_in = 48 << 10      # what every launch may ask without opting in
         with nogil:
             device.activate()
             check(cuLibraryGetKernel(&kern, library.handle, cname), "cuLibraryGetKernel")
@@ -632,7 +633,8 @@ cdef class Kernel:
 
     def launch(self, grid, block, args, unsigned int shared_bytes=0, Stream stream=None, bint pdl=False):
         """Queue the kernel on `stream` (None: the legacy default stream). grid and block are an int
-        or a tuple of 1 to 3 ints; args has one value per signature letter. pdl: a programmatic
+        or a tuple of 1 to 3 ints; args has one value per signature letter. shared_bytes: dynamic
+        shared memory (past 48 KB the kernel is opted in to it first). pdl: a programmatic
         dependent launch (sm_90+), which may start while the stream's previous kernel runs: only
         for kernels that wait for it first (cuda/pdl.cuh)."""
         cdef unsigned int g[3]
@@ -654,6 +656,12 @@ cdef class Kernel:
                 raise InvalidArgument(f"kernel {self.name}: argument {i} {args[i]!r} does not fit "
                                       f"{self.signature[i]!r} ({exc})") from None
             params[i] = &slots[i]
+        if shared_bytes > self.shared_opt_in:      # more dynamic shared memory than 48 KB: opt in once
+            with nogil:
+                self.device.activate()
+                check(cuFuncSetAttribute(self.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, <int>shared_bytes),
+                      "cuFuncSetAttribute")
+            self.shared_opt_in = shared_bytes
         if pdl:
             attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1

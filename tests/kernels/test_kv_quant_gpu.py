@@ -137,6 +137,31 @@ def test_decode_short_lengths(kvops, rng, fmt, splits):
     check_decode(kvops, rng, fmt, len(lengths), 32, 4, 128, 300, splits, lengths=lengths)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "k8v4"])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_ring_equals_registers(kvops, rng, fmt, splits):
+    """At Dh 128 on sm_90 the split-K decode stages tiles through a cp.async ring in shared memory
+    (kernels.decode_quant_shared); without those bytes it keeps a tile a warp in registers. Both read
+    the same bytes into the same registers, so the outputs are equal bit for bit: lengths around the
+    32-cell warp tiles and the ring's 2-4 tiles a warp, splits of 1,024 cells and more (shorter ones
+    keep to registers: DecodeQ::RING_FROM) beside shorter ones, and cells past each length that are NaN."""
+    from strata.backends.cuda.kernels import decode_quant_shared
+    if not decode_quant_shared(fmt, 128, kvops.ops.device.compute_capability):
+        pytest.skip("the ring is for sm_90 and later")
+    lengths = np.array([1, 31, 32, 33, 127, 128, 129, 500, 1000, 2049, 4099], np.int32)
+    B, H, Hk, dh, S = len(lengths), 32, 4, 128, 4099
+    kc, vc = kvq.codecs(fmt)
+    k, v = heads(rng, (B, S, Hk, dh)), rng.standard_normal((B, S, Hk, dh)).astype(np.float32)
+    kp, vp = kc.encode(k), vc.encode(v)
+    for _, scales in (kp, vp):
+        for b, n in enumerate(lengths):
+            scales[b, n:] = F16_NAN
+    q = rng.standard_normal((B, H, dh)).astype(np.float32)
+    ring = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits)
+    regs = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits, staged=False)
+    assert np.array_equal(ring.view(np.uint32), regs.view(np.uint32))
+
+
 @pytest.mark.parametrize("fmt", ["int8", "q4_0"])
 def test_decode_32k_fresh(kvops, fmt):
     rng = np.random.default_rng()        # fresh inputs each run; the seed is in the failure
@@ -164,16 +189,22 @@ def test_decode_rows_with_bases_equal_one_row_launches(kvops, rng, fmt, dh, H, H
     gp = 1 << (H // Hk - 1).bit_length()
     scale = float(1 / np.sqrt(dh))
 
-    def run(rows, q_ptr, len_ptr, base_ptr):
+    from strata.backends.cuda.kernels import decode_quant_shared
+    ring_bytes = decode_quant_shared(fmt, dh, ops.device.compute_capability)
+
+    def run(rows, q_ptr, len_ptr, base_ptr, shared=ring_bytes):
         part_acc, part_ml = ops._output(rows * H * splits * dh * 4), ops._output(rows * H * splits * 2 * 4)
         out = ops._output(rows * H * dh * 4)
         ops._launch("attention_decode_quant", (splits, Hk, rows),
                     (q_ptr, *(p.ptr for p in planes), len_ptr, base_ptr, part_acc.ptr, part_ml.ptr, H, Hk, 0,
-                     splits, scale, 0, 0, 0, 0, 0, 0, 0), fmt=fmt, dh=dh, g=gp)
+                     splits, scale, 0, 0, 0, 0, 0, 0, 0), shared, fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, rows), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         return ops._download(out, (rows, H * dh), np.float32)
 
     got = run(T, q_dev.ptr, len_dev.ptr, base_dev.ptr)
+    if ring_bytes:      # the cp.async ring and a tile a warp in registers: the same bits
+        regs = run(T, q_dev.ptr, len_dev.ptr, base_dev.ptr, shared=0)
+        assert np.array_equal(regs.view(np.uint32), got.view(np.uint32)), fmt
     for t in range(T):
         one = run(1, q_dev.ptr + 4 * t * H * dh, len_dev.ptr + 4 * t, base_dev.ptr + 4 * t)
         assert np.array_equal(one[0].view(np.uint32), got[t].view(np.uint32)), (fmt, t)

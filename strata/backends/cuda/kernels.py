@@ -51,6 +51,22 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: in
     return max(1, min(tiles, want, ATTENTION_MAX_SPLITS))
 
 
+# cuda/kv_quant.cu's cp.async ring (DecodeQ: NST tiles of 32 cells a warp, 4 warps) at Dh 128, per format:
+# (bytes of a cell's K codes + K scales + V codes + V scales, tiles in the ring)
+_DECODE_RING = {"q4_0": (64 + 8 + 64 + 8, 4), "int8": (128 + 4 + 128 + 4, 2), "k8v4": (128 + 4 + 64 + 8, 3)}
+
+
+def decode_quant_shared(fmt: str, head_dim: int, compute_capability) -> int:
+    """Dynamic shared memory for strata_attention_decode_<fmt>: its cp.async ring (DecodeQ::RING_BYTES,
+    67-79 KB: two blocks a multiprocessor fit only from sm_90) at head dim 128 on sm_90 and later, else 0,
+    and the kernel keeps a tile a warp in registers. The sums are the same bits either way (a test
+    compares them); only how many bytes a warp has in flight changes."""
+    if head_dim != 128 or fmt not in _DECODE_RING or tuple(compute_capability or (0, 0)) < (9, 0):
+        return 0
+    cell, stages = _DECODE_RING[fmt]
+    return 4 * stages * 32 * cell
+
+
 @dataclass(frozen=True)
 class KernelPaths:
     """Which of the alternative kernel paths DeviceOps takes. Those of KERNEL_PATHS are on by default
@@ -65,6 +81,7 @@ class KernelPaths:
     pdl: bool = True                 # programmatic dependent launches (sm_90+) for the decode libraries
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
+    kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import kv as kv_formats
-from .kernels import KV_DECODE_FORMATS as DECODE_FORMATS
+from .kernels import KV_DECODE_FORMATS as DECODE_FORMATS, decode_quant_shared
 
 
 def rot_scale(head_dim: int) -> float:
@@ -93,12 +93,14 @@ class KVQuantOps:
 
     def attention_decode(self, fmt: str, q: np.ndarray, k_planes, v_planes, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None, window: int = 0,
-                         ring: int = 0, vram=None) -> np.ndarray:
+                         ring: int = 0, vram=None, staged: bool = True) -> np.ndarray:
         """One query per sequence, q [B, H, Dh], over quantized planes [B, S, Hk, ...] of format fmt,
         sequence b reading cells 0..lengths[b]-1 -> [B, H*Dh]: q rotated where K is, the split-K
         kernel, attention.cu's combine, the output un-rotated where V is rotated. vram (K planes,
         V planes) [R, Hk, ...]: --kv-resident's VRAM window of one sequence (B 1), position p at
-        p % R, which the kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow)."""
+        p % R, which the kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow). staged:
+        the kernel's cp.async ring where the engine gives it one (kernels.decode_quant_shared), else
+        a tile a warp in registers (the same bits)."""
         ops = self.ops
         if fmt not in DECODE_FORMATS:
             raise InvalidArgument(f"attention_decode: format {fmt!r} not in {DECODE_FORMATS}")
@@ -139,9 +141,10 @@ class KVQuantOps:
                     raise InvalidArgument(f"attention_decode: {codec.name} VRAM window {values.shape} / "
                                           f"{scales.shape}, want {vshape} / {sshape}")
             vram_planes = [ops._upload(np.ascontiguousarray(a)) for a in (*vram[0], *vram[1])]
+        shared = decode_quant_shared(fmt, dh, getattr(ops.device, "compute_capability", None)) if staged else 0
         ops._launch("attention_decode_quant", (splits, Hk, B),
                     (q_dev, *planes, lengths_dev, 0, part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring,
-                     *vram_planes, vram_cells), fmt=fmt, dh=dh, g=gp)
+                     *vram_planes, vram_cells), shared, fmt=fmt, dh=dh, g=gp)
         ops._launch("attention_combine", (H, B), (part_acc, part_ml, out, H, dh, splits))
         if vc.rotated:
             self._hadamard(out, B * H, dh)

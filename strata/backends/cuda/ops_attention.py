@@ -11,7 +11,7 @@ import numpy as np
 from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
-                      WG_ATTENTION_HEAD_DIMS, decode_splits, split_k_takes)
+                      WG_ATTENTION_HEAD_DIMS, decode_quant_shared, decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -282,7 +282,10 @@ class AttentionOps:
         vram, vram_cells = _vram(kv, layer)
         self.launch("attention_decode_quant", (splits, Hk, T),
                     (q.ptr, *kv.planes(layer), lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits,
-                     scale, *ring, *vram, vram_cells), fmt=kv.fmt, dh=dh, g=gp)
+                     scale, *ring, *vram, vram_cells),
+                    decode_quant_shared(kv.fmt, dh, getattr(self.device, "compute_capability", None))
+                    if self.paths.kv_ring else 0,
+                    fmt=kv.fmt, dh=dh, g=gp)
         if kv.codecs[1].rotated:
             self.launch("attention_combine_rot", (H, T),
                         (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits, float(np.float32(1.0 / np.sqrt(dh)))))
