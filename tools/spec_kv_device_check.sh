@@ -37,6 +37,10 @@
 #     kvring   the quantized split-K decode with its cp.async ring (Dh 128, sm_90: kernels.decode_quant_shared)
 #              against the same build's register path (--registers), ring / registers / ring / registers, at
 #              KV_CELLS (default 32768,131072), KV_FORMATS (default int8,k8v4,q4_0), each launch another layer's cache
+#     kvring1  the ring on short splits too: a build with DecodeQ::RING_FROM = KV_RING_TILES (default 2) tiles a
+#              warp, timed at --blocks-per-sm 1 and 2 (splits for one or two blocks a multiprocessor: one block
+#              of 4 warps with 4 tiles each in flight against two with a tile each), ring against registers,
+#              at KV_CELLS (default 32768,65536); #14's 32K case, where four tiles a warp left the ring behind
 #     ringmodel  the ring in the model: bench resident, q4_0 K/V, prompt RING_PROMPT (default 32768) and 64
 #              decoded tokens, with it and with --kernels-off kv-ring (RING_ARMS, default "ring off ring")
 #     kvncu    Nsight Compute over the int8 and q4_0 split-K decode kernels at 32K cells (device_deadline.sh's
@@ -82,7 +86,7 @@ shape=${SHAPE:-$shape}      # the pack the steps read
 # the kernel-only steps need no model: on a fresh machine the pack's minute of CPUs would slow the build
 pack_steps=0
 for s in "${steps[@]}"; do
-    case $s in tests|kvdigest|kvbench|kvnsub|kvring|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
+    case $s in tests|kvdigest|kvbench|kvnsub|kvring|kvring1|kvncu|tcbench|gdn|gdndec) ;; *) pack_steps=1 ;; esac
 done
 if [ $pack_steps = 1 ]; then start_pack "$shape" 240; else pack_pid=; echo "no pack: no step needs one" >"$OUT/pack.log"; fi
 
@@ -176,6 +180,22 @@ if has kvring; then     # #14: NST tiles a warp in flight through shared memory 
         flag=(); [ $arm = registers ] && flag=(--registers)
         KV_CELLS=${KV_CELLS:-32768,131072} KV_FORMATS=${KV_FORMATS:-int8,k8v4,q4_0} kv_bench_once "$arm" "${flag[@]}"
     done
+fi
+if has kvring1; then    # #14: fewer, longer splits, each warp's ring deep
+    n=${KV_RING_TILES:-2}
+    sed -e "s/static constexpr int RING_FROM = 8 \* kWarps \* TILE;/static constexpr int RING_FROM = $n * kWarps * TILE;/" \
+        cuda/kv_quant.cu >/tmp/kv_ring_from.cu
+    if grep -q "RING_FROM = $n \* kWarps" /tmp/kv_ring_from.cu && build_fatbin /tmp/kv_ring_from.cu /tmp/kv_ring_from.fatbin; then
+        for bps in 1 2; do
+            for arm in ring registers; do
+                flag=(--blocks-per-sm $bps); [ $arm = registers ] && flag+=(--registers)
+                KV_CELLS=${KV_CELLS:-32768,65536} KV_FORMATS=${KV_FORMATS:-int8,k8v4,q4_0} \
+                    with_fatbin kv_quant /tmp/kv_ring_from.fatbin kv_bench_once "$arm from $n tiles, $bps a multiprocessor" "${flag[@]}"
+            done
+        done
+    else
+        echo "kvring1: the RING_FROM line was not found or the variant did not build"
+    fi
 fi
 if has ringmodel; then  # #14: the decode after 32K cells of q4_0 K/V with and without the ring
     for arm in ${RING_ARMS:-ring off ring}; do
