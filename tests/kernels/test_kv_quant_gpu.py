@@ -68,18 +68,25 @@ def check_dequant(kvops, rng, codec_name: str, rows: int, Hk: int, dh: int) -> N
     assert np.array_equal(kvops.dequant_f16(codec_name, values, scales).view(np.uint16), want.view(np.uint16))
 
 
+def decode_inputs(rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int, lengths):
+    """q [B, H, dh] and fmt's K and V planes [B, S, Hk, ...] of random heads, each sequence's scales past
+    its length NaN (a kernel that reads them poisons its row) -> (q, K planes, V planes)."""
+    kc, vc = kvq.codecs(fmt)
+    k, v = heads(rng, (B, S, Hk, dh)), rng.standard_normal((B, S, Hk, dh)).astype(np.float32)
+    kp, vp = kc.encode(k), vc.encode(v)
+    for _, scales in (kp, vp):
+        for b, n in enumerate(lengths):
+            scales[b, n:] = F16_NAN
+    return rng.standard_normal((B, H, dh)).astype(np.float32), kp, vp
+
+
 def check_decode(kvops, rng, fmt: str, B: int, H: int, Hk: int, dh: int, S: int, splits=None, lengths=None) -> None:
     kc, vc = kvq.codecs(fmt)
     if lengths is None:
         lengths = rng.integers(1, S + 1, B).astype(np.int32)
         lengths[0] = S
     lengths = np.asarray(lengths, np.int32)
-    k, v = heads(rng, (B, S, Hk, dh)), rng.standard_normal((B, S, Hk, dh)).astype(np.float32)
-    kp, vp = kc.encode(k), vc.encode(v)
-    for _, scales in (kp, vp):
-        for b, n in enumerate(lengths):
-            scales[b, n:] = F16_NAN
-    q = rng.standard_normal((B, H, dh)).astype(np.float32)
+    q, kp, vp = decode_inputs(rng, fmt, B, H, Hk, dh, S, lengths)
     got = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits)
     G = H // Hk
     for b, n in enumerate(lengths):
@@ -149,14 +156,7 @@ def test_decode_ring_equals_registers(kvops, rng, fmt, splits):
     if not decode_quant_shared(fmt, 128, kvops.ops.device.compute_capability):
         pytest.skip("the ring is for sm_90 and later")
     lengths = np.array([1, 31, 32, 33, 127, 128, 129, 500, 1000, 2049, 4099], np.int32)
-    B, H, Hk, dh, S = len(lengths), 32, 4, 128, 4099
-    kc, vc = kvq.codecs(fmt)
-    k, v = heads(rng, (B, S, Hk, dh)), rng.standard_normal((B, S, Hk, dh)).astype(np.float32)
-    kp, vp = kc.encode(k), vc.encode(v)
-    for _, scales in (kp, vp):
-        for b, n in enumerate(lengths):
-            scales[b, n:] = F16_NAN
-    q = rng.standard_normal((B, H, dh)).astype(np.float32)
+    q, kp, vp = decode_inputs(rng, fmt, len(lengths), 32, 4, 128, 4099, lengths)
     ring = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits)
     regs = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits, staged=False)
     assert np.array_equal(ring.view(np.uint32), regs.view(np.uint32))
