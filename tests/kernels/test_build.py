@@ -79,3 +79,22 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
             body = src[src.index("{", at) + 1:]
             # (a kernel a macro defines continues its lines with backslashes)
             assert re.match(r"[\s\\]*STRATA_PDL_ENTRY\(\);", body), f"{lib}.cu: a kernel at offset {at} does not begin with it"
+
+
+def test_the_decode_ring_bytes_are_the_kernels():
+    """kernels.decode_quant_shared gives the quantized split-K decode its cp.async ring's bytes; it
+    mirrors cuda/kv_quant.cu's DecodeQ (tiles a warp per format, 32 cells a tile, 4 warps). Less than
+    the kernel's RING_BYTES and the kernel quietly keeps to registers, so the two must agree."""
+    import re
+
+    from strata.backends.cuda.kernels import decode_quant_shared
+    src = (Path(__file__).resolve().parents[2] / "cuda" / "kv_quant.cu").read_text()
+    m = re.search(r"static constexpr int NST = \(KQ4 && VQ4\) \? (\d+) : \(!KQ4 && !VQ4\) \? (\d+) : (\d+);", src)
+    assert m, "DecodeQ::NST's line changed: update this test and kernels._DECODE_RING"
+    nst = {"q4_0": int(m[1]), "int8": int(m[2]), "k8v4": int(m[3])}
+    assert "constexpr int kWarps = 4;" in src and "static constexpr int NSUB = DH <= 128 ? 2 : 1;" in src
+    rows = {"q4_0": (64, 8, 64, 8), "int8": (128, 4, 128, 4), "k8v4": (128, 4, 64, 8)}   # Dh 128: codes, scales
+    for fmt, cell in rows.items():
+        assert decode_quant_shared(fmt, 128, (9, 0)) == 4 * nst[fmt] * 32 * sum(cell), fmt
+        assert decode_quant_shared(fmt, 128, (8, 9)) == 0 and decode_quant_shared(fmt, 64, (9, 0)) == 0
+    assert decode_quant_shared("f16", 128, (9, 0)) == 0
