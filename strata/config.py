@@ -18,7 +18,7 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # the split-K decode attention of f16 rows of at least TC_DECODE_FROM cells (strata.backends.cuda.kernels) on
 # the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
 # cuda/attention.cu's kernel. kv-ring: the quantized split-K decode (cuda/kv_quant.cu) at head dim 128 on
-# sm_90 copies its tiles through a cp.async ring in shared memory, several tiles a warp in flight (off: one
+# sm_90 / sm_100 copies its tiles through a cp.async ring in shared memory, several tiles a warp in flight (off: one
 # tile a warp in registers; the same bits).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
                 "tc-decode-attention", "kv-ring")

@@ -96,5 +96,8 @@ def test_the_decode_ring_bytes_are_the_kernels():
     rows = {"q4_0": (64, 8, 64, 8), "int8": (128, 4, 128, 4), "k8v4": (128, 4, 64, 8)}   # Dh 128: codes, scales
     for fmt, cell in rows.items():
         assert decode_quant_shared(fmt, 128, (9, 0)) == 4 * nst[fmt] * 32 * sum(cell), fmt
-        assert decode_quant_shared(fmt, 128, (8, 9)) == 0 and decode_quant_shared(fmt, 64, (9, 0)) == 0
+        assert decode_quant_shared(fmt, 128, (10, 0)) == decode_quant_shared(fmt, 128, (9, 0))
+        for cc in ((8, 0), (8, 9), (12, 0)):        # 164 or 100 KB a multiprocessor: two blocks would not fit
+            assert decode_quant_shared(fmt, 128, cc) == 0, cc
+        assert decode_quant_shared(fmt, 64, (9, 0)) == 0
     assert decode_quant_shared("f16", 128, (9, 0)) == 0

@@ -154,7 +154,7 @@ def test_decode_ring_equals_registers(kvops, rng, fmt, splits):
     keep to registers: DecodeQ::RING_FROM) beside shorter ones, and cells past each length that are NaN."""
     from strata.backends.cuda.kernels import decode_quant_shared
     if not decode_quant_shared(fmt, 128, kvops.ops.device.compute_capability):
-        pytest.skip("the ring is for sm_90 and later")
+        pytest.skip("the ring is for GPUs of 228 KB of shared memory a multiprocessor (sm_90, sm_100)")
     lengths = np.array([1, 31, 32, 33, 127, 128, 129, 500, 1000, 2049, 4099], np.int32)
     q, kp, vp = decode_inputs(rng, fmt, len(lengths), 32, 4, 128, 4099, lengths)
     ring = kvops.attention_decode(fmt, q, kp, vp, lengths, num_splits=splits)

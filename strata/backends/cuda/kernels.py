@@ -56,12 +56,19 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_cells: int, head_dim: in
 _DECODE_RING = {"q4_0": (64 + 8 + 64 + 8, 4), "int8": (128 + 4 + 128 + 4, 2), "k8v4": (128 + 4 + 64 + 8, 3)}
 
 
+# GPU generations with 228 KB of shared memory a multiprocessor (Hopper, datacenter Blackwell), where two
+# blocks of the ring (67-79 KB) and the kernel's static 20 KB fit beside each other; sm_80 has 164 KB and
+# the consumer cards (sm_86, sm_89, sm_120) 100 KB, where the ring would leave one block a multiprocessor
+_RING_MAJORS = (9, 10)
+
+
 def decode_quant_shared(fmt: str, head_dim: int, compute_capability) -> int:
-    """Dynamic shared memory for strata_attention_decode_<fmt>: its cp.async ring (DecodeQ::RING_BYTES,
-    67-79 KB: two blocks a multiprocessor fit only from sm_90) at head dim 128 on sm_90 and later, else 0,
-    and the kernel keeps a tile a warp in registers. The sums are the same bits either way (a test
-    compares them); only how many bytes a warp has in flight changes."""
-    if head_dim != 128 or fmt not in _DECODE_RING or tuple(compute_capability or (0, 0)) < (9, 0):
+    """Dynamic shared memory for strata_attention_decode_<fmt>: its cp.async ring (DecodeQ::RING_BYTES) at
+    head dim 128 on a GPU of _RING_MAJORS, else 0, and the kernel keeps a tile a warp in registers. The
+    sums are the same bits either way (a test compares them); only how many bytes a warp has in flight
+    changes."""
+    major = tuple(compute_capability or (0, 0))[0]
+    if head_dim != 128 or fmt not in _DECODE_RING or major not in _RING_MAJORS:
         return 0
     cell, stages = _DECODE_RING[fmt]
     return 4 * stages * 32 * cell
