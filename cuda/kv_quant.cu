@@ -31,7 +31,8 @@
 //       vram_k_scales, vram_v_values, vram_v_scales, vram_cells)
 //                                                                          grid (splits, Hk, B), block 128,
 //       dynamic shared memory: strata.backends.cuda.kernels.decode_quant_shared's (the cp.async ring at Dh
-//       128 on sm_90, used by splits of DecodeQ::RING_FROM cells and more) or 0 (a tile a warp in registers)
+//       128, which the host gives on sm_90 and sm_100; splits of DecodeQ::RING_FROM cells and more use it)
+//       or 0 (a tile a warp in registers; the same bits)
 //     row b reads cells 0..lengths[b]-1 of its sequence, from cell bases[b] (b * max_cells if null);
 //     window > 0: only its last `window` positions; ring > 0: position p in cell p % ring (the MTP
 //     drafter's K/V ring; attention.cu's decode header); 0, 0: bit for bit as without them;
@@ -250,7 +251,7 @@ struct DecodeQ {
     // scales) NST - 1 tiles ahead of the one read, so a warp has up to NST tiles of bytes in flight
     // where registers hold one. 16-byte chunks of a cell's codes are placed XOR-swizzled (k_chunk,
     // v_chunk) so the lanes' reads of a tile (cells g, 8 + g for K; 2t, 2t + 1, ... for V) meet no
-    // bank twice in a phase. NST keeps a block under 100 KB (two a multiprocessor on sm_90).
+    // bank twice in a phase. NST keeps a block under 100 KB (two a multiprocessor of 228 KB).
     static constexpr int KS = 2 * KP::NB, VS = 2 * VP::NB;          // scale bytes a cell
     static constexpr int ST_KS = TILE * KP::ROW, ST_VW = ST_KS + TILE * KS, ST_VS = ST_VW + TILE * VP::ROW;
     static constexpr int STAGE = ST_VS + TILE * VS;                   // bytes a tile
