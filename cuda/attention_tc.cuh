@@ -82,11 +82,13 @@ struct RowPlace {
     }
 };
 
-// The smallest and largest position of the block's tokens (at most kRows of them): per warp by
-// shuffles into pos_s[warp]; block_span reduces the warps after a barrier. No atomics.
+// The smallest and largest position of the block's tokens (at most ROWS of them, no more than the
+// block's threads): per warp by shuffles into pos_s[warp]; block_span reduces the warps after a
+// barrier. No atomics.
+template <int ROWS = kRows>
 __device__ __forceinline__ void block_positions(const int* __restrict__ positions, int64_t row0, int64_t num_rows,
                                                 int G, int warp, int lane, int (*pos_s)[2]) {
-    const int64_t t_first = row0 / G, t_last = (min(row0 + kRows, num_rows) - 1) / G;
+    const int64_t t_first = row0 / G, t_last = (min(row0 + ROWS, num_rows) - 1) / G;
     const int64_t t = t_first + threadIdx.x;
     const bool valid = t <= t_last;
     int lo = valid ? positions[t] : INT32_MAX, hi = valid ? positions[t] : -1;
