@@ -6,8 +6,12 @@
     python3 tools/attention_wg_ab.py --arm tc:.whl/attention_tc.fatbin:strata_attention_prefill_tc_f16 \\
         --arm wg:.whl/attention_wg.fatbin:strata_attention_prefill_wg_f16 [--arm ...] [--json F]
 
-An arm is NAME:FATBIN:PREFIX; PREFIX_d<Dh> are its entry points (attention_tc.cu's contract: grid
-(ceil(T * G / 64), Hk), 128 threads).
+An arm is NAME:FATBIN:PREFIX[:ROWS:THREADS:SHARED]; PREFIX_d<Dh> are its entry points (attention_tc.cu's
+contract; grid (ceil(T * G / ROWS), Hk) of THREADS threads with SHARED bytes of dynamic shared memory,
+default 64, 128 and 0 as attention_tc.cu). A case whose head dim an arm has no entry point for is
+skipped for that arm (cuda/attention_ws.cu is built for Dh 128 only).
+
+    --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws_f16:128:384:163968
 
 1. Checks (CASES): head dims 64 and 128, groups of 1 to 8 query heads per KV head, chunks after earlier
    cells; the cache cells past the chunk's last position hold NaN (never read). Each (token, head)
@@ -37,7 +41,7 @@ BOUND = 2e-3
 # (label, Dh, H, Hk, T, offset)
 CASES = [("d128 G8", 128, 32, 4, 100, 37), ("d128 G1", 128, 8, 8, 70, 0), ("d64 G8", 64, 16, 2, 130, 200),
          ("d128 G4 one row", 128, 8, 2, 1, 5)]
-TIMED = [(512, 0), (4096, 0), (4096, 12288)]
+TIMED = [(512, 0), (4096, 0), (4096, 12288), (4096, 28672), (4096, 126976)]   # the last: a 131,072-token prompt's
 H30, HK30, DH30 = 32, 4, 128
 
 
@@ -80,11 +84,23 @@ def judge(out: np.ndarray, ref: np.ndarray, H: int) -> dict:
 class AttentionArm(Arm):
     """One build's entry points on the device (PREFIX_d<Dh>): run a case, time a chunk."""
 
+    def __init__(self, dev, name, fatbin, prefix, rows=ROWS, threads=BLOCK, shared=0):
+        super().__init__(dev, name, fatbin, prefix)
+        self.rows, self.threads, self.shared = int(rows), int(threads), int(shared)
+
+    def has(self, dh) -> bool:
+        try:
+            self.fn(f"d{dh}")
+        except RuntimeError:                # no such entry point: the lookup fails, the context is fine
+            return False
+        return True
+
     def launch(self, dh, T, H, Hk, q, k, v, pos, out):
-        grid = (-(-T * (H // Hk) // ROWS), Hk)
-        self.dev.launch(self.fn(f"d{dh}"), grid, BLOCK, [("P", q.data_ptr()), ("P", k.data_ptr()), ("P", v.data_ptr()),
-                                                   ("P", pos.data_ptr()), ("P", out.data_ptr()), ("i", T), ("i", H),
-                                                   ("i", Hk), ("f", 1.0 / math.sqrt(dh))])
+        grid = (-(-T * (H // Hk) // self.rows), Hk)
+        self.dev.launch(self.fn(f"d{dh}"), grid, self.threads,
+                        [("P", q.data_ptr()), ("P", k.data_ptr()), ("P", v.data_ptr()), ("P", pos.data_ptr()),
+                         ("P", out.data_ptr()), ("i", T), ("i", H), ("i", Hk), ("f", 1.0 / math.sqrt(dh))],
+                        shared=self.shared)
 
     def run(self, q, k, v, pos) -> np.ndarray:
         dev = self.dev
@@ -101,6 +117,9 @@ def run_checks(arms, rng) -> dict:
         ref = reference(q, k, v, pos)
         first = None
         for arm in arms:
+            if not arm.has(dh):
+                print(f"  {arm.name:>10} {label:<16} skipped: no d{dh} entry point", flush=True)
+                continue
             try:
                 out = arm.run(q, k, v, pos)
             except Exception as e:      # a fault poisons the context: report it

@@ -26,6 +26,7 @@ class Driver:
         torch.zeros(1, device="cuda")              # the primary context, current on this thread
         self.stream = torch.cuda.current_stream()
         self._keep = []
+        self._opted = {}                           # id(function) -> dynamic shared bytes opted in
 
     def check(self, result):
         err = result[0] if isinstance(result, tuple) else result
@@ -43,13 +44,18 @@ class Driver:
         (f,) = self.check(self.cu.cuModuleGetFunction(mod, name.encode()))
         return f
 
-    def launch(self, f, grid, block: int, args: list) -> None:
-        """f over grid (an int or an (x[, y[, z]]) tuple) of `block` threads; args (kind, value)."""
+    def launch(self, f, grid, block: int, args: list, shared: int = 0) -> None:
+        """f over grid (an int or an (x[, y[, z]]) tuple) of `block` threads; args (kind, value); shared:
+        dynamic shared memory bytes (the function opted in past 48 KB on its first such launch)."""
         gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, (tuple, list)) else (grid, 1, 1)
+        if shared > 48 * 1024 and self._opted.get(id(f), 0) < shared:
+            attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self.check(self.cu.cuFuncSetAttribute(f, attr, shared))
+            self._opted[id(f)] = shared
         vals = [_CTYPES[kind](value) for kind, value in args]
         ptrs = np.array([ctypes.addressof(v) for v in vals], np.uint64)
-        self.check(self.cu.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, 0, self.cu.CUstream(self.stream.cuda_stream),
-                                          int(ptrs.ctypes.data), 0))
+        self.check(self.cu.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, shared,
+                                          self.cu.CUstream(self.stream.cuda_stream), int(ptrs.ctypes.data), 0))
         self._vals = (vals, ptrs)                   # alive until the launch has read them (it copies them)
 
     # ---- buffers and timing (torch on the device); tests substitute a CPU double with the same methods

@@ -12,14 +12,22 @@ from tests.kernels.host_driver import HostDriver
 
 
 class AttentionDriver(HostDriver):
-    """Paths containing "overread" attend to one cell past each position; "heads" swaps query heads."""
+    """Paths containing "overread" attend to one cell past each position; "heads" swaps query heads;
+    "ws" is cuda/attention_ws.cu's build: Dh 128 only, 128 rows a block of 384 threads with dynamic
+    shared memory."""
 
-    def launch(self, f, grid, block, args):
+    def function(self, mod, name):
+        if "ws" in mod and not name.endswith("_d128"):
+            raise RuntimeError("CUDA driver error CUDA_ERROR_NOT_FOUND")
+        return mod, name
+
+    def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
-        assert "".join(k for k, _ in args) == "PPPPPiiif" and block == 128
+        rows, threads, dyn = (128, 384, 163968) if "ws" in path else (64, 128, 0)
+        assert "".join(k for k, _ in args) == "PPPPPiiif" and (block, shared) == (threads, dyn)
         q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals
         dh = int(name.rsplit("_d", 1)[1])
-        assert grid == (-(-T * (H // Hk) // 64), Hk)
+        assert grid == (-(-T * (H // Hk) // rows), Hk)
         assert math.isclose(scale, 1 / math.sqrt(dh), rel_tol=1e-6)
         self.launches.append((path, name))
         q, k, v = self._tensor(q_p).reshape(T, H, dh), self._tensor(k_p), self._tensor(v_p)
@@ -65,3 +73,21 @@ def test_reference_is_a_causal_softmax():
     s = k[:3, 1].astype(np.float64) @ q[0, 3].astype(np.float64) / 8
     w = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
     np.testing.assert_allclose(ref[0, 3], w @ v[:3, 1].astype(np.float64), rtol=1e-12)
+
+
+def test_an_arm_of_other_rows_and_head_dims(tmp_path):
+    """A ROWS:THREADS:SHARED arm launches its own grid, and a case of a head dim it has no entry point
+    for is skipped for it, not failed."""
+    tool = load_tool("attention_wg_ab")
+    dev = AttentionDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16",
+            "--arm", "ws:ws.fatbin:strata_attention_prefill_ws_f16:128:384:163968", "--chunks", "40@3",
+            "--repeats", "2", "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] == {"tc": True, "ws": True}
+    dims = {label: dh for label, dh, *_ in tool.CASES}
+    assert {label for label in report["checks"]["ws"]} == {label for label, dh in dims.items() if dh == 128}
+    assert ("ws.fatbin", "strata_attention_prefill_ws_f16_d128") in dev.launches
+    assert set(report["times"][0]["arms"]) == {"tc", "ws"}

@@ -1,0 +1,277 @@
+// Causal prompt attention on Hopper, warp-specialized (wgmma, sm_90a only): a producer warp streams
+// K/V tiles into a ring of shared-memory stages by cp.async while two consumer warpgroups run
+// FlashAttention-2's loop on warpgroup MMAs, so no consumer ever waits on its own loads.
+//
+// strata_attention_prefill_ws_f16_d128 (128-cell tiles) and strata_attention_prefill_ws64_f16_d128
+// (64-cell tiles) (q, k_cache, v_cache, positions, out, T, H, Hk, scale):
+//   strata_attention_prefill_tc_f16_d128's contract and precision bounds (cuda/attention_tc.cu):
+//   out[t, h, :] = softmax_c(scale * q[t, h] . k[c, h / G]) v[c, h / G] over cells c <= positions[t].
+// Launch: grid (ceil(T * G / 128), Hk), block 384 threads, dynamic shared memory WsShape::SMEM_BYTES
+// (163,904 bytes with 128-cell tiles, 163,968 with 64), which needs the launch attribute for more than
+// 48 KB. One block a multiprocessor.
+//
+// Why. cuda/attention_wg.cu put both products on wgmma but kept attention_tc.cu's block: every warp
+// loads, waits for its own tile, and meets the others at four barriers a tile, so the tensor cores
+// idle through every load and every softmax (an H100: 149 TFLOP/s against mma.sync's 272). Here:
+// - Warpgroup 2 is the producer (its registers given back to the consumers by setmaxnreg). It copies
+//   each tile's K, then its V, into stage tile % STAGES (cp.async, 16 bytes a lane, whole 32-byte
+//   sectors a quarter-warp: ws_produce), and signals the stage's full barrier by
+//   cp.async.mbarrier.arrive.noinc when its copies land. It waits on the stage's empty barrier before
+//   refilling it: STAGES - 1 tiles of K and of V run ahead of the consumers.
+// - Warpgroups 0 and 1 each own 64 query rows. Q (scaled by scale * log2 e and rounded to f16 as
+//   attention_tc.cu's fragments) goes once into shared memory in core-matrix layout. A tile: wait for
+//   K, S = Q K^T (wgmma SS), wait for S and for the previous tile's P V, free K's stage and the previous
+//   V's, the mask and online softmax (attention_tc.cuh, unchanged), then wait for V and issue O += P V
+//   (wgmma RS: P from registers) without waiting for it: it runs while the next tile's K is awaited and
+//   its S issued. The two warpgroups drift apart, so one's softmax runs beside the other's MMAs.
+// - Barriers: full and empty mbarriers per stage for K and for V (full: the producer's 32 lanes;
+//   empty: the 8 consumer warps, lane 0 of each after its wgmma wait), no block-wide barrier after
+//   the prologue.
+// With 64-cell tiles a row's softmax runs over the same tiles in the same order as attention_tc.cu, so
+// the result is the same bits (wgmma's sums were measured to round as mma.sync's); 128-cell tiles take
+// the running max over twice the cells, which moves the roundings but not the bounds.
+//
+// Not in the package yet: an experiment that tools/variants/make_wgmma.sh builds for sm_90a and
+// tools/attention_wg_ab.py checks and times against attention_tc.cu (tools/nobuild_ab.sh attention).
+// Compiled for any arch but sm_90a the entry points trap (wgmma.cuh).
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace {
+
+#include "attention_tc.cuh"
+#include "wgmma.cuh"
+#include "wgmma_attention.cuh"
+
+constexpr int kWsGroups = 2;                    // consumer warpgroups, 64 query rows each
+constexpr int kWsRows = 64 * kWsGroups;         // query rows a block
+constexpr int kWsConsumers = 128 * kWsGroups;   // consumer threads
+constexpr int kWsProducers = 128;               // the producer warpgroup
+constexpr int kWsThreads = kWsConsumers + kWsProducers;  // 384: the host launches blocks of this many
+constexpr int kWsWarps = kWsThreads / 32;
+// Registers: the block starts with 65536 / 384 = 168 a thread (__launch_bounds__(384, 1)); the producers
+// give theirs back down to kWsProducerRegs and the consumers take kWsConsumerRegs (setmaxnreg).
+constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
+static_assert(kWsProducers * kWsProducerRegs + kWsConsumers * kWsConsumerRegs <= 65536, "the register file");
+#ifndef STRATA_WS_RING_KB
+#define STRATA_WS_RING_KB 128                   // a build may try another depth (tools/variants/attention_ws_diag.py)
+#endif
+constexpr int kWsRingBytes = STRATA_WS_RING_KB * 1024;  // K and V stages together
+
+template <int DH, int CELLS>
+struct WsShape {
+    static constexpr int CHUNKS = DH / 8;                          // 16-byte chunks a row
+    static constexpr int TILE_BYTES = CELLS * DH * 2;
+    static constexpr int STAGES = kWsRingBytes / (2 * TILE_BYTES);
+    static constexpr int Q_BYTES = kWsRows * DH * 2;
+    static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * TILE_BYTES;  // full K, full V, empty K, empty V
+    static constexpr int SMEM_BYTES = BAR_OFFSET + 4 * STAGES * 8;  // the launch's dynamic shared memory
+    static_assert(STAGES >= 2, "a stage to fill while one is read");
+    static_assert(SMEM_BYTES <= 227 * 1024, "a multiprocessor's shared memory");
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// An arrival on the barrier once every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_sync(unsigned id, unsigned threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The producer warpgroup: every tile's K then V into its stage, each stage refilled once the consumers
+// free it. A warp's copy instruction covers 8 cells x 4 chunks (64 bytes of each cell): lane bit 0 is
+// the chunk's low bit, bits 1-3 the cell, bit 4 the chunk's high bit. So the 8 lanes the memory system
+// takes together (16-byte accesses go a quarter-warp at a time) read 4 cells' 32 aligned bytes, whole
+// sectors (with 8 cells' 16 bytes each, as first built, every sector came over twice: the L2 ran at
+// 94% for half the work), and write 4 rows of 2 core matrices, two 16-byte stores to a bank group.
+// Warp w takes the cell groups g = w (mod 4).
+template <int DH, int CELLS>
+__device__ __forceinline__ void ws_produce(const __half* __restrict__ kb, const __half* __restrict__ vb,
+                                           int64_t row_stride, int num_cells, int num_tiles, unsigned k_base,
+                                           unsigned v_base, unsigned bars, int p) {
+    using S = WsShape<DH, CELLS>;
+    const int cl = (p >> 1) & 7, cs = (p & 1) | ((p >> 3) & 2), g0 = p >> 5;  // cell within 8, chunk within 4
+    for (int tile = 0; tile < num_tiles; ++tile) {
+        const int st = tile % S::STAGES, use = tile / S::STAGES, cell0 = tile * CELLS;
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {
+            if (use > 0) mbar_wait(bars + (2 * S::STAGES + which * S::STAGES + st) * 8, (use - 1) & 1);
+            const __half* src = which ? vb : kb;
+            const unsigned base = (which ? v_base : k_base) + st * S::TILE_BYTES;
+#pragma unroll 2
+            for (int g = g0; g < CELLS / 8; g += kWsProducers / 32) {
+                const int cell = g * 8 + cl;
+                const bool valid = cell0 + cell < num_cells;
+                const __half* row = src + (cell0 + cell) * row_stride;
+#pragma unroll
+                for (int qd = 0; qd < S::CHUNKS / 4; ++qd) {
+                    const int chunk = qd * 4 + cs;
+                    cp_async16(base + core_chunk<S::CHUNKS>(cell, chunk) * 16, valid ? row + chunk * 8 : src, valid);
+                }
+            }
+            cp_async_arrive_noinc(bars + (which * S::STAGES + st) * 8);
+        }
+    }
+    cp_async_wait_all();
+}
+
+// A consumer warpgroup: its 64 rows' Q into shared memory, then the tile loop (see the header).
+template <int DH, int CELLS>
+__device__ __forceinline__ void ws_consume(const float* __restrict__ q, const int* __restrict__ positions,
+                                           float* __restrict__ out, int T, int H, int Hk, float scale, int64_t row0,
+                                           int64_t num_rows, int min_pos, int num_tiles, unsigned q_base,
+                                           unsigned k_base, unsigned v_base, unsigned bars, unsigned* q_words) {
+#ifndef STRATA_WG_TRAP
+    using S = WsShape<DH, CELLS>;
+    constexpr int KSTEPS = DH / 16, DTILES = DH / 8, CTILES = CELLS / 8, CHUNKS = S::CHUNKS;
+    constexpr unsigned kDimStep = 128, kCellStep = CHUNKS * 128;  // core-matrix bytes along dims, along rows
+    const int kvh = blockIdx.y, G = H / Hk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    const int wg = warp >> 2, gq = lane >> 2, tq = lane & 3;
+    int row_pos[2];
+    const RowPlace rows{row0 + warp * 16 + gq, num_rows, G, H, kvh, DH};
+    {   // Q into shared memory once: a[i + 2h] holds row 16 warp + gq + 8i, dims 16 ks + 8h + 2tq, +1
+        unsigned qa[KSTEPS][4];
+        load_rows_q(q, positions, rows, tq, scale * kLog2e, row_pos, qa);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                q_words[core_chunk<CHUNKS>(warp * 16 + gq + 8 * (j & 1), 2 * ks + (j >> 1)) * 4 + tq] = qa[ks][j];
+    }
+    fence_proxy_async();
+    named_sync(1 + wg, 128);  // this warpgroup's Q is in shared memory, visible to wgmma
+    const unsigned q_wg = q_base + wg * 8 * kCellStep;  // its 64 rows: 8 core-matrix rows
+
+    float o[DTILES][4];
+#pragma unroll
+    for (int n = 0; n < DTILES; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+        const int st = tile % S::STAGES, cell0 = tile * CELLS;
+        const unsigned parity = (tile / S::STAGES) & 1;
+        const unsigned k_tile = k_base + st * S::TILE_BYTES, v_tile = v_base + st * S::TILE_BYTES;
+        mbar_wait(bars + st * 8, parity);  // K(tile) landed
+        fence_proxy_async();
+
+        float s[CTILES][4];  // written by the first k-step (accumulate 0): no register of it touched while P V runs
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {  // dims 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 along dims
+            const uint64_t qd = smem_desc(q_wg + 2 * ks * kDimStep, kDimStep, kCellStep);
+            const uint64_t kd = smem_desc(k_tile + 2 * ks * kDimStep, kDimStep, kCellStep);
+            if constexpr (CELLS == 128)
+                wgmma_ss_n128(s, qd, kd, ks > 0);
+            else
+                wgmma_ss_n64(s, qd, kd, ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();  // S(tile), and O += P V of tile - 1
+        if (lane == 0) {
+            mbar_arrive(bars + (2 * S::STAGES + st) * 8);  // K(tile)'s stage is free
+            if (tile > 0) mbar_arrive(bars + (3 * S::STAGES + (tile - 1) % S::STAGES) * 8);  // and V(tile - 1)'s
+        }
+
+        float alpha[2];
+        mask_and_softmax(s, m, l, alpha, cell0, min_pos, row_pos, tq);
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n)
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        unsigned pa[CELLS / 16][4];  // the S accumulators of cell n-tiles 2 ks, 2 ks + 1: k-step ks's A
+#pragma unroll
+        for (int ks = 0; ks < CELLS / 16; ++ks) {
+            pa[ks][0] = pack_half2(s[2 * ks][0], s[2 * ks][1]);
+            pa[ks][1] = pack_half2(s[2 * ks][2], s[2 * ks][3]);
+            pa[ks][2] = pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            pa[ks][3] = pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+
+        mbar_wait(bars + (S::STAGES + st) * 8, parity);  // V(tile) landed
+        fence_proxy_async();
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < CELLS / 16; ++ks)  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 (N-major V)
+            wgmma_rs_n128(o, pa[ks], smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));
+        wgmma_commit();  // not waited for here: it runs while the next K is awaited and its S issued
+    }
+    wgmma_wait_all();
+
+    store_rows(o, l, row_pos, rows, tq, out);
+#endif
+}
+
+template <int DH, int CELLS>
+__device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                                                     const __half* __restrict__ v_cache,
+                                                     const int* __restrict__ positions, float* __restrict__ out,
+                                                     int T, int H, int Hk, float scale) {
+#ifdef STRATA_WG_TRAP
+    __trap();
+#else
+    using S = WsShape<DH, CELLS>;
+    static_assert(DH == 128, "O += P V is m64n128");
+    extern __shared__ __align__(128) unsigned char ws_smem[];
+    __shared__ int pos_s[kWsWarps][2];
+
+    const int kvh = blockIdx.y, G = H / Hk;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t num_rows = static_cast<int64_t>(T) * G;
+    const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kWsRows;  // heaviest first
+    const unsigned q_base = smem_addr(ws_smem), k_base = q_base + S::Q_BYTES;
+    const unsigned v_base = k_base + S::STAGES * S::TILE_BYTES, bars = q_base + S::BAR_OFFSET;
+
+    block_positions<kWsRows>(positions, row0, num_rows, G, warp, lane, pos_s);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * S::STAGES; ++i) mbar_init(bars + i * 8, kWsProducers);          // full
+        for (int i = 2 * S::STAGES; i < 4 * S::STAGES; ++i) mbar_init(bars + i * 8, kWsConsumers / 32);  // empty
+    }
+    __syncthreads();
+    const Span span = block_span<kWsWarps>(pos_s);
+    const int min_pos = span.min_pos, num_cells = span.num_cells;
+    const int num_tiles = (num_cells + CELLS - 1) / CELLS;
+    const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
+
+    if (threadIdx.x >= kWsConsumers) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
+        ws_produce<DH, CELLS>(k_cache + static_cast<int64_t>(kvh) * DH, v_cache + static_cast<int64_t>(kvh) * DH,
+                              row_stride, num_cells, num_tiles, k_base, v_base, bars, threadIdx.x - kWsConsumers);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
+        ws_consume<DH, CELLS>(q, positions, out, T, H, Hk, scale, row0, num_rows, min_pos, num_tiles, q_base,
+                              k_base, v_base, bars, reinterpret_cast<unsigned*>(ws_smem));
+    }
+#endif
+}
+
+}  // namespace
+
+#define STRATA_PREFILL_WS(NAME, DH, CELLS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(kWsThreads, 1)                                              \
+        NAME(const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, \
+             int T, int H, int Hk, float scale) {                                                             \
+        attention_prefill_ws<DH, CELLS>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);               \
+    }
+
+STRATA_PREFILL_WS(strata_attention_prefill_ws_f16_d128, 128, 128)
+STRATA_PREFILL_WS(strata_attention_prefill_ws64_f16_d128, 128, 64)
