@@ -11,7 +11,7 @@ contract; grid (ceil(T * G / ROWS), Hk) of THREADS threads with SHARED bytes of 
 default 64, 128 and 0 as attention_tc.cu). A case whose head dim an arm has no entry point for is
 skipped for that arm (cuda/attention_ws.cu is built for Dh 128 only).
 
-    --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws_f16:128:384:163968
+    --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968
 
 1. Checks (CASES): head dims 64 and 128, groups of 1 to 8 query heads per KV head, chunks after earlier
    cells; the cache cells past the chunk's last position hold NaN (never read). Each (token, head)

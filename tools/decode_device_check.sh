@@ -38,6 +38,11 @@
 #               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
+#     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
+#               --kernels-on wgmma-attention): test_attention_tc_gpu over tc and the wgmma path, then while the pack
+#               is made tools/attention_wg_ab.py on the carried fatbins (tc, ws128, ws64 and WS_EXTRA's arms, at 512 to
+#               4096 after 126,976 cells; WS_NCU=1: then Nsight Compute over ws128), then resident prompts WS_PROMPTS (default 4096,16384,32768) with the
+#               path off, on, off, on (one load each); the sha256 of the logits differ (other tiles, other roundings)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
 #               TC_DECODE_FROM cells and more) against attention.cu's: test_attention_gpu and the windowed
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
@@ -57,6 +62,23 @@ SCRIPT_ARGS=("$@")
 device_setup decode-check tests variants bench
 
 start_pack qwen3-30b-a3b 240
+if has wsprompt; then
+    during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
+        local W=.whl WS=128:384:163968
+        echo "== attention A/B: tc, ws128, ws64 ${WS_EXTRA:-} ($(elapsed) s)"
+        timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
+            --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS \
+            --arm ws64:$W/attention_ws.fatbin:strata_attention_prefill_ws64_f16:$WS ${WS_EXTRA:-} \
+            --json "$OUT/attention_ab.json" 2>&1 | grep -v " ok  " | tail -16
+        [ -n "${WS_NCU:-}" ] || return 0
+        echo "== Nsight Compute over ws128, 4096 queries after 12,288 cells ($(elapsed) s)"
+        timeout "$(budget 120)" ncu -k regex:prefill_ws128_f16_d128 --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+            --section WarpStateStats --section SchedulerStats --section SourceCounters $PY tools/attention_wg_ab.py \
+            --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS --chunks 4096@12288 --repeats 1 \
+            > "$OUT/ncu_ws.txt" 2>&1
+        grep -E "Duration|L2 Cache Throughput|Compute \(SM\)|Eligible Warps|Warp Cycles Per Issued|excessive" "$OUT/ncu_ws.txt" | head -12
+    }
+fi
 if has tests; then
     device_tests 240 12 ${TESTS:-tests/kernels/test_build.py tests/kernels/test_gemv_gpu.py tests/kernels/test_decode_fused_gpu.py \
         tests/kernels/test_moe_decode_gpu.py tests/engine/test_cuda_runner.py}
@@ -186,6 +208,14 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
     bench_synthetic p12_both 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 \
         --kernels-on wgmma-gemm,wgmma-attention
+fi
+if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
+    echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"
+    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
+    for arm in none wgmma-attention none wgmma-attention; do
+        on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
+        bench_synthetic "wsprompt_$arm" 60 qwen3-30b-a3b --prompt "${WS_PROMPTS:-4096,16384,32768}" --decode 0 "${on[@]}"
+    done
 fi
 if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores
     if has tcdecode; then

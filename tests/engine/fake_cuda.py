@@ -772,7 +772,8 @@ _EMULATE = {
     "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
-    "attention_prefill_wg_f16": _attention_prefill,
+    "attention_prefill_wg_f16": _attention_prefill, "attention_prefill_ws128_f16": _attention_prefill,
+    "attention_prefill_ws64_f16": _attention_prefill,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
@@ -874,7 +875,7 @@ _EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_n
 def read_manifest(directory=None) -> dict:
     """An sm_90 build's: the arch-specific libraries are there (DeviceOps asks for them by name)."""
     return {"format": 1, "kernels": {lib: {"archs": ["sm_90a"], "optional": True}
-                                     for lib in ("moe_gemm_wg", "attention_wg")}}
+                                     for lib in ("moe_gemm_wg", "attention_wg", "attention_ws")}}
 
 
 # ---- strata._ext.graphs ----------------------------------------------------------------------------

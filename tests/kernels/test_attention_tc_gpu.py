@@ -1,4 +1,5 @@
-"""cuda/attention_tc.cu: tensor-core causal prompt attention (and cuda/attention_wg.cu, the same on wgmma), against
+"""cuda/attention_tc.cu: tensor-core causal prompt attention (and the same on wgmma: cuda/attention_ws.cu at Dh
+128, cuda/attention_wg.cu at Dh 64), against
 strata.backends.cpu.causal_attention run in float64 on the same f16 K/V.
 
 Tolerance, per (token, head): max|out - ref| <= TOL * max|ref|. Q (scaled by scale * log2 e) and
@@ -24,8 +25,8 @@ F16_NAN = np.uint16(0x7E00).view(np.float16)
 
 @pytest.fixture(scope="module", params=["tc", "wg"])
 def prefill_tc(request):
-    """attention_tc.cu's kernels, and attention_wg.cu's (wgmma: the same contract at Dh 64 and 128) where
-    they run; a wg test at Dh 256 skips itself."""
+    """attention_tc.cu's kernels, and the wgmma path's (the same contract: attention_ws.cu at Dh 128,
+    attention_wg.cu at Dh 64) where they run; a wg test at Dh 256 skips itself."""
     from strata.backends.cuda.attention_tc import attention_prefill_tc
 
     if request.param == "tc":
@@ -33,9 +34,10 @@ def prefill_tc(request):
     import strata.backends.cuda as cuda_backend
     from strata.backends.cuda.kernels import WG_ATTENTION_HEAD_DIMS, wgmma_unavailable
     rt = cuda_backend._runtime()
-    why = wgmma_unavailable(rt.read_manifest(), rt.Device(0).compute_capability, "attention_wg")
-    if why:
-        pytest.skip(f"attention_wg: {why}")
+    for library in ("attention_wg", "attention_ws"):
+        why = wgmma_unavailable(rt.read_manifest(), rt.Device(0).compute_capability, library)
+        if why:
+            pytest.skip(f"{library}: {why}")
 
     def wg(q, *args, **kwargs):
         if q.shape[2] not in WG_ATTENTION_HEAD_DIMS:

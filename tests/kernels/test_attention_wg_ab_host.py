@@ -82,12 +82,12 @@ def test_an_arm_of_other_rows_and_head_dims(tmp_path):
     dev = AttentionDriver()
     out = tmp_path / "r.json"
     argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16",
-            "--arm", "ws:ws.fatbin:strata_attention_prefill_ws_f16:128:384:163968", "--chunks", "40@3",
+            "--arm", "ws:ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968", "--chunks", "40@3",
             "--repeats", "2", "--json", str(out)]
     assert tool.main(argv, make_driver=lambda: dev) == 0
     report = json.loads(out.read_text())
     assert report["ok"] == {"tc": True, "ws": True}
     dims = {label: dh for label, dh, *_ in tool.CASES}
     assert {label for label in report["checks"]["ws"]} == {label for label, dh in dims.items() if dh == 128}
-    assert ("ws.fatbin", "strata_attention_prefill_ws_f16_d128") in dev.launches
+    assert ("ws.fatbin", "strata_attention_prefill_ws128_f16_d128") in dev.launches
     assert set(report["times"][0]["arms"]) == {"tc", "ws"}

@@ -1,4 +1,4 @@
-"""Diagnostic builds of tools/variants/attention_ws.cu with one part of the tile loop taken out (#17): where a
+"""Diagnostic builds of cuda/attention_ws.cu with one part of the tile loop taken out (#17): where a
 tile's time goes. Each is written to /tmp and built to .whl/attention_ws_<name>.fatbin; their results
 are wrong by design, so tools/attention_wg_ab.py is run on them for its times only.
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = (ROOT / "tools" / "variants" / "attention_ws.cu").read_text()
+SRC = (ROOT / "cuda" / "attention_ws.cu").read_text()
 FLAGS = {"ring192": ["-DSTRATA_WS_RING_KB=192"]}
 EDITS = {
     "ring192": [],
@@ -41,7 +41,7 @@ def main() -> int:
         text = SRC
         for old, new in edits:
             if old not in text:
-                print(f"{name}: the edit's text is not in tools/variants/attention_ws.cu", file=sys.stderr)
+                print(f"{name}: the edit's text is not in cuda/attention_ws.cu", file=sys.stderr)
                 return 1
             text = text.replace(old, new)
         src = tmp / f"attention_ws_{name}.cu"

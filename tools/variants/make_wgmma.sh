@@ -14,7 +14,7 @@
 #       --arm wg:.whl/moe_gemm_wg.fatbin:strata_moe_gemm_wg
 #   python3 tools/attention_wg_ab.py --arm tc:.whl/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
 #       --arm wg:.whl/attention_wg.fatbin:strata_attention_prefill_wg_f16 \
-#       --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws_f16:128:384:163968
+#       --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968
 # (tools/nobuild_ab.sh runs these, each wgmma arm's checks in a process of its own.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +28,7 @@ build moe_gemm_mma "$SM90" moe_gemm &
 build moe_gemm_wg "$SM90A" moe_gemm_wg &
 build attention_tc "$SM90" attention_tc &
 build attention_wg "$SM90A" attention_wg &
-nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -o .whl/attention_ws.fatbin tools/variants/attention_ws.cu &
+build attention_ws "$SM90A" attention_ws &
 nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -o .whl/wgmma_rate.fatbin tools/variants/wgmma_rate.cu &
 wait
 ls -l .whl/moe_gemm_{mma,wg}.fatbin .whl/attention_{tc,wg,ws}.fatbin .whl/wgmma_rate.fatbin

@@ -11,7 +11,8 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, load_kernel
+from .kernels import (KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
+                      WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS, attention_ws_shared, load_kernel)
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
 SIGNATURE = KERNELS["attention_prefill_tc"].signature
@@ -22,10 +23,25 @@ ROWS_PER_BLOCK = 64   # cuda/attention_tc.cu kRows: 4 warps (8 at Dh 256, two pe
 
 def table_op(head_dim: int, wgmma: bool = False) -> str:
     """The KERNELS op of the head dim's kernel: Dh 256 runs on warp pairs, 256 threads a block; wgmma:
-    cuda/attention_wg.cu's kernel of the same contract (Dh 64, 128)."""
+    a kernel of the same contract on Hopper's warpgroup MMA, cuda/attention_ws.cu's at Dh 128 and
+    cuda/attention_wg.cu's at Dh 64."""
     if wgmma:
-        return "attention_prefill_wg"
+        return "attention_prefill_ws" if head_dim in WS_ATTENTION_HEAD_DIMS else "attention_prefill_wg"
     return "attention_prefill_tc_pairs" if head_dim in TC_ATTENTION_PAIR_HEAD_DIMS else "attention_prefill_tc"
+
+
+def prefill_launch(T: int, H: int, Hk: int, Dh: int, wgmma: bool = False) -> tuple[str, tuple, int, int, dict]:
+    """(table op, grid, block, dynamic shared bytes, entry-name fields) of the prompt attention kernel
+    for T queries of H heads over Hk KV heads: prefill_tc_launch_shape's, or attention_ws.cu's (128
+    rows a block, its ring in dynamic shared memory) where wgmma takes it."""
+    grid, block = prefill_tc_launch_shape(T, H, Hk, Dh)
+    if wgmma and Dh not in WG_ATTENTION_HEAD_DIMS:
+        raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {Dh}")
+    op = table_op(Dh, wgmma)
+    if op != "attention_prefill_ws":
+        return op, grid, KERNELS[op].block, 0, {"dh": Dh}
+    grid = (-(-T * (H // Hk) // WS_ATTENTION_ROWS), Hk)
+    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh), {"cells": WS_ATTENTION_CELLS, "dh": Dh}
 
 
 def kernel_name(head_dim: int) -> str:
@@ -45,7 +61,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
                          scale: float | None = None, device: int = 0, wgmma: bool = False) -> np.ndarray:
     """Causal attention of q [T, H, Dh] at positions [T] over f16 caches [S, Hk, Dh] holding cells
     0..max(positions) -> out [T, H * Dh] f32 (strata_attention_prefill_tc_f16_d<Dh>; wgmma: the same
-    contract's strata_attention_prefill_wg_f16_d<Dh> of cuda/attention_wg.cu, Dh 64 or 128, sm_90).
+    contract's kernel of cuda/attention_ws.cu at Dh 128, of cuda/attention_wg.cu at Dh 64, sm_90).
     The output is poisoned (NaN) before the launch, so an element the kernel misses shows."""
     from strata.backends.cuda import _runtime
 
@@ -59,9 +75,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
     T, H, dh = q.shape
     if T == 0:
         return np.empty((0, H * dh), np.float32)
-    grid, block = prefill_tc_launch_shape(T, H, kc.shape[1], dh)
-    if wgmma and dh not in WG_ATTENTION_HEAD_DIMS:
-        raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {dh}")
+    op, grid, block, shared, fields = prefill_launch(T, H, kc.shape[1], dh, wgmma)
     if pos.min() < 0 or pos.max() >= kc.shape[0]:
         raise InvalidArgument(f"attention_prefill_tc: positions must be in 0..{kc.shape[0] - 1}")
     scale = 1.0 / np.sqrt(dh) if scale is None else scale
@@ -76,8 +90,8 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
         bufs.append(buf)
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
-    kernel = load_kernel(rt, dev, table_op(dh, wgmma), dh=dh)
-    kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), stream=stream)
+    kernel = load_kernel(rt, dev, op, **fields)
+    kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), shared_bytes=shared, stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)
     stream.synchronize()

@@ -23,7 +23,11 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
 ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
-WG_ATTENTION_HEAD_DIMS = (64, 128)          # cuda/attention_wg.cu's (wgmma, sm_90a) prompt kernels
+WG_ATTENTION_HEAD_DIMS = (64, 128)          # the wgmma (sm_90a) prompt kernels' (--kernels-on wgmma-attention):
+WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's (warp-specialized); the others attention_wg.cu's
+WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128)
+WS_ATTENTION_ROWS = 128                     # query rows a block of it (two consumer warpgroups)
+_WS_RING_BYTES = 128 * 1024                 # cuda/attention_ws.cu STRATA_WS_RING_KB
 TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
 # A decode row of at least this many cells takes cuda/attention_dec_tc.cu's kernel, a shorter one
 # attention.cu's (tc-decode-attention; each kernel skips the other's rows, so a row's bits depend on its
@@ -74,6 +78,13 @@ def decode_quant_shared(fmt: str, head_dim: int, compute_capability) -> int:
     return 4 * stages * 32 * cell
 
 
+def attention_ws_shared(cells: int = WS_ATTENTION_CELLS, head_dim: int = 128) -> int:
+    """Dynamic shared memory of strata_attention_prefill_ws<cells>_f16_d<head_dim> (WsShape::SMEM_BYTES):
+    the block's Q, the K/V ring, and its stages' four mbarriers."""
+    stages = _WS_RING_BYTES // (2 * cells * head_dim * 2)
+    return WS_ATTENTION_ROWS * head_dim * 2 + 2 * stages * cells * head_dim * 2 + 4 * stages * 8
+
+
 @dataclass(frozen=True)
 class KernelPaths:
     """Which of the alternative kernel paths DeviceOps takes. Those of KERNEL_PATHS are on by default
@@ -90,7 +101,7 @@ class KernelPaths:
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
     kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
-    wgmma_attention: bool = False    # on trial: cuda/attention_wg.cu for prompt attention, Dh 64 / 128 (sm_90)
+    wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90): attention_ws.cu at Dh 128, attention_wg.cu at 64
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
     @classmethod
@@ -227,6 +238,9 @@ KERNELS = {
     # the same contract, grid and block on Hopper's wgmma; a library built for sm_90a only (WGMMA_LIBRARIES)
     "attention_prefill_wg": _K("attention_wg", "strata_attention_prefill_wg_f16_d{dh}", "PPPPPiiif", 128,
                                "attention_prefill_tc's", _each(dh=WG_ATTENTION_HEAD_DIMS)),
+    # the same contract, warp-specialized on wgmma (sm_90a only): 128 rows a block, attention_ws_shared bytes
+    "attention_prefill_ws": _K("attention_ws", "strata_attention_prefill_ws{cells}_f16_d{dh}", "PPPPPiiif", 384,
+                               "(ceil(T G / 128), Hk)", _each(cells=(64, 128), dh=WS_ATTENTION_HEAD_DIMS)),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
     "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
                                      "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),
@@ -292,7 +306,7 @@ del _K
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
 # The trial path each serves (KERNEL_TRIAL_PATHS), its library:
-WGMMA_LIBRARIES = {"wgmma-gemm": "moe_gemm_wg", "wgmma-attention": "attention_wg"}
+WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_wg",), "wgmma-attention": ("attention_wg", "attention_ws")}
 WGMMA_ARCH = "sm_90a"
 
 

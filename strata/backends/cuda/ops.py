@@ -70,8 +70,8 @@ class DeviceOps(DenseOps, AttentionOps):
         self.num_sms = device.multiprocessor_count
         self.paths = paths
         self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
-        for path, library in WGMMA_LIBRARIES.items():     # trial paths: refused in one line where they cannot run
-            if getattr(paths, path.replace("-", "_")):
+        for path, libraries in WGMMA_LIBRARIES.items():   # trial paths: refused in one line where they cannot run
+            for library in libraries if getattr(paths, path.replace("-", "_")) else ():
                 why = wgmma_unavailable(rt.read_manifest(), getattr(device, "compute_capability", None), library)
                 if why:
                     raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .attention_tc import prefill_tc_launch_shape, table_op as prefill_tc_op
+from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
                       WG_ATTENTION_HEAD_DIMS, decode_quant_shared, decode_splits, split_k_takes)
@@ -160,7 +160,7 @@ class AttentionOps:
         T, H, dh = q.shape
         out = self.alloc((T, H * dh)) if out is None else out
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
-        wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_wg.cu
+        wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_ws.cu, _wg.cu
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
             _ring_rows(ring, T, "attention")
             raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
@@ -172,8 +172,8 @@ class AttentionOps:
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
         elif wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # tensor-core flash attention
-            grid, _ = prefill_tc_launch_shape(T, H, Hk, dh)      # the block is the table op's
-            self.launch(prefill_tc_op(dh, wgmma), grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), dh=dh)
+            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma)     # the block is the table op's
+            self.launch(op, grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), shared_bytes=shared, **fields)
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention_prefill", (-(-T * G // rows), Hk),

@@ -2,13 +2,13 @@
 // K/V tiles into a ring of shared-memory stages by cp.async while two consumer warpgroups run
 // FlashAttention-2's loop on warpgroup MMAs, so no consumer ever waits on its own loads.
 //
-// strata_attention_prefill_ws_f16_d128 (128-cell tiles) and strata_attention_prefill_ws64_f16_d128
-// (64-cell tiles) (q, k_cache, v_cache, positions, out, T, H, Hk, scale):
+// strata_attention_prefill_ws<CELLS>_f16_d128, CELLS 128 or 64 (the K/V tile's cells)
+//   (q, k_cache, v_cache, positions, out, T, H, Hk, scale):
 //   strata_attention_prefill_tc_f16_d128's contract and precision bounds (cuda/attention_tc.cu):
 //   out[t, h, :] = softmax_c(scale * q[t, h] . k[c, h / G]) v[c, h / G] over cells c <= positions[t].
 // Launch: grid (ceil(T * G / 128), Hk), block 384 threads, dynamic shared memory WsShape::SMEM_BYTES
-// (163,904 bytes with 128-cell tiles, 163,968 with 64), which needs the launch attribute for more than
-// 48 KB. One block a multiprocessor.
+// (163,904 bytes with 128-cell tiles, 163,968 with 64: strata.backends.cuda.kernels.attention_ws_shared),
+// which needs the launch attribute for more than 48 KB. One block a multiprocessor.
 //
 // Why. cuda/attention_wg.cu put both products on wgmma but kept attention_tc.cu's block: every warp
 // loads, waits for its own tile, and meets the others at four barriers a tile, so the tensor cores
@@ -31,9 +31,10 @@
 // the result is the same bits (wgmma's sums were measured to round as mma.sync's); 128-cell tiles take
 // the running max over twice the cells, which moves the roundings but not the bounds.
 //
-// Not in the package yet: an experiment that tools/variants/make_wgmma.sh builds for sm_90a and
-// tools/attention_wg_ab.py checks and times against attention_tc.cu (tools/nobuild_ab.sh attention).
-// Compiled for any arch but sm_90a the entry points trap (wgmma.cuh).
+// Built for sm_90a only (setup.py's ARCH_SPECIFIC); the host launches it for head dim 128 under
+// --kernels-on wgmma-attention on an sm_90 GPU whose build has it (WS_ATTENTION_CELLS picks the tile).
+// tools/attention_wg_ab.py checks and times it against attention_tc.cu without a package build
+// (tools/nobuild_ab.sh attention). Compiled for any arch but sm_90a the entry points trap (wgmma.cuh).
 
 #include <cuda_fp16.h>
 
@@ -273,5 +274,5 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
         attention_prefill_ws<DH, CELLS>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);               \
     }
 
-STRATA_PREFILL_WS(strata_attention_prefill_ws_f16_d128, 128, 128)
+STRATA_PREFILL_WS(strata_attention_prefill_ws128_f16_d128, 128, 128)
 STRATA_PREFILL_WS(strata_attention_prefill_ws64_f16_d128, 128, 64)
