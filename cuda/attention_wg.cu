@@ -104,16 +104,8 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
     const Span span = block_span<kWarps>(pos_s);
     const int min_pos = span.min_pos, num_cells = span.num_cells;
     __syncthreads();  // every thread has read pos_s before Q overwrites it
-    {   // a[i + 2h] holds row 16 warp + gq + 8i, dims 16 ks + 8h + 2tq, +1: chunk 2 ks + h, bytes 4tq
-        unsigned* q_words = reinterpret_cast<unsigned*>(&q_s[0]);
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int r = warp * 16 + gq + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
-                q_words[core_chunk<CHUNKS>(r, chunk) * 4 + tq] = qa[ks][j];
-            }
-    }   // made visible to wgmma by the first tile's fence and barrier
+    store_q_core(reinterpret_cast<unsigned*>(&q_s[0]), qa, warp * 16 + gq, tq);
+    // made visible to wgmma by the first tile's fence and barrier
     const int num_tiles = (num_cells + kCells - 1) / kCells;
 
     const int64_t row_stride = static_cast<int64_t>(Hk) * DH;
@@ -149,19 +141,8 @@ __device__ __forceinline__ void attention_prefill_wg(const float* __restrict__ q
         if (tile + 1 < num_tiles) load_tile(k_base, kb, cell0 + kCells);
         else cp_async_commit();  // an empty group keeps "all but the newest" meaning V(tile) below
 
-        float alpha[2];
-        mask_and_softmax(s, m, l, alpha, cell0, min_pos, row_pos, tq);
-#pragma unroll
-        for (int n = 0; n < DTILES; ++n)
-            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-        unsigned pa[kCells / 16][4];  // the S accumulators of cell n-tiles 2 ks, 2 ks + 1: k-step ks's A
-#pragma unroll
-        for (int ks = 0; ks < kCells / 16; ++ks) {
-            pa[ks][0] = pack_half2(s[2 * ks][0], s[2 * ks][1]);
-            pa[ks][1] = pack_half2(s[2 * ks][2], s[2 * ks][3]);
-            pa[ks][2] = pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pa[ks][3] = pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-        }
+        unsigned pa[kCells / 16][4];
+        softmax_to_p(s, o, m, l, pa, cell0, min_pos, row_pos, tq);
 
         cp_async_wait_but_newest();  // V(tile) landed (K(tile + 1) may still be in flight)
         fence_proxy_async();

@@ -151,14 +151,10 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
     const int wg = warp >> 2, gq = lane >> 2, tq = lane & 3;
     int row_pos[2];
     const RowPlace rows{row0 + warp * 16 + gq, num_rows, G, H, kvh, DH};
-    {   // Q into shared memory once: a[i + 2h] holds row 16 warp + gq + 8i, dims 16 ks + 8h + 2tq, +1
+    {   // Q into shared memory once
         unsigned qa[KSTEPS][4];
         load_rows_q(q, positions, rows, tq, scale * kLog2e, row_pos, qa);
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                q_words[core_chunk<CHUNKS>(warp * 16 + gq + 8 * (j & 1), 2 * ks + (j >> 1)) * 4 + tq] = qa[ks][j];
+        store_q_core(q_words, qa, warp * 16 + gq, tq);
     }
     fence_proxy_async();
     named_sync(1 + wg, 128);  // this warpgroup's Q is in shared memory, visible to wgmma
@@ -194,19 +190,8 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
             if (tile > 0) mbar_arrive(bars + (3 * S::STAGES + (tile - 1) % S::STAGES) * 8);  // and V(tile - 1)'s
         }
 
-        float alpha[2];
-        mask_and_softmax(s, m, l, alpha, cell0, min_pos, row_pos, tq);
-#pragma unroll
-        for (int n = 0; n < DTILES; ++n)
-            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-        unsigned pa[CELLS / 16][4];  // the S accumulators of cell n-tiles 2 ks, 2 ks + 1: k-step ks's A
-#pragma unroll
-        for (int ks = 0; ks < CELLS / 16; ++ks) {
-            pa[ks][0] = pack_half2(s[2 * ks][0], s[2 * ks][1]);
-            pa[ks][1] = pack_half2(s[2 * ks][2], s[2 * ks][3]);
-            pa[ks][2] = pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pa[ks][3] = pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-        }
+        unsigned pa[CELLS / 16][4];
+        softmax_to_p(s, o, m, l, pa, cell0, min_pos, row_pos, tq);
 
         mbar_wait(bars + (S::STAGES + st) * 8, parity);  // V(tile) landed
         fence_proxy_async();

@@ -19,8 +19,10 @@ SRC = (ROOT / "cuda" / "attention_ws.cu").read_text()
 FLAGS = {"ring192": ["-DSTRATA_WS_RING_KB=192"]}
 EDITS = {
     "ring192": [],
-    "nosoftmax": [("        mask_and_softmax(s, m, l, alpha, cell0, min_pos, row_pos, tq);\n",
-                   "        alpha[0] = alpha[1] = 1.0f;\n")],
+    "nosoftmax": [("        softmax_to_p(s, o, m, l, pa, cell0, min_pos, row_pos, tq);\n",
+                   "#pragma unroll\n        for (int ks = 0; ks < CELLS / 16; ++ks)\n#pragma unroll\n"
+                   "            for (int j = 0; j < 4; ++j) pa[ks][j] = pack_half2(s[2 * ks + j / 2][2 * (j % 2)], "
+                   "s[2 * ks + j / 2][2 * (j % 2) + 1]);\n")],
     "nopv": [("            wgmma_rs_n128(o, pa[ks], smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));\n",
               "            o[0][0] += __uint_as_float(pa[ks][0] & 1u);\n")],
     "nos": [("            if constexpr (CELLS == 128)\n                wgmma_ss_n128(s, qd, kd, ks > 0);\n"
