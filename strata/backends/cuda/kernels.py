@@ -25,7 +25,8 @@ TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kern
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
 WG_ATTENTION_HEAD_DIMS = (64, 128)          # the wgmma (sm_90a) prompt kernels' (--kernels-on wgmma-attention):
 WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's (warp-specialized); the others attention_wg.cu's
-WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128)
+WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128):
+                                            # 128 was at or above 64 at every chunk timed (an H100, 24th session)
 WS_ATTENTION_ROWS = 128                     # query rows a block of it (two consumer warpgroups)
 _WS_RING_BYTES = 128 * 1024                 # cuda/attention_ws.cu STRATA_WS_RING_KB
 TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
