@@ -68,6 +68,10 @@ struct WsShape {
     static constexpr int STAGES = kWsRingBytes / (2 * TILE_BYTES);
     static constexpr int Q_BYTES = kWsRows * DH * 2;
     static constexpr int BAR_OFFSET = Q_BYTES + 2 * STAGES * TILE_BYTES;  // full K, full V, empty K, empty V
+    // The shared address of stage st's full (the tile landed) or empty (the consumers are done with it)
+    // mbarrier, of K (which 0) or V (which 1), in the barrier block at bars.
+    __device__ static unsigned full(unsigned bars, int which, int st) { return bars + (which * STAGES + st) * 8; }
+    __device__ static unsigned empty(unsigned bars, int which, int st) { return full(bars, 2 + which, st); }
     static constexpr int SMEM_BYTES = BAR_OFFSET + 4 * STAGES * 8;  // the launch's dynamic shared memory
     static_assert(STAGES >= 2, "a stage to fill while one is read");
     static_assert(SMEM_BYTES <= 227 * 1024, "a multiprocessor's shared memory");
@@ -115,7 +119,7 @@ __device__ __forceinline__ void ws_produce(const __half* __restrict__ kb, const 
         const int st = tile % S::STAGES, use = tile / S::STAGES, cell0 = tile * CELLS;
 #pragma unroll
         for (int which = 0; which < 2; ++which) {
-            if (use > 0) mbar_wait(bars + (2 * S::STAGES + which * S::STAGES + st) * 8, (use - 1) & 1);
+            if (use > 0) mbar_wait(S::empty(bars, which, st), (use - 1) & 1);
             const __half* src = which ? vb : kb;
             const unsigned base = (which ? v_base : k_base) + st * S::TILE_BYTES;
 #pragma unroll 2
@@ -129,7 +133,7 @@ __device__ __forceinline__ void ws_produce(const __half* __restrict__ kb, const 
                     cp_async16(base + core_chunk<S::CHUNKS>(cell, chunk) * 16, valid ? row + chunk * 8 : src, valid);
                 }
             }
-            cp_async_arrive_noinc(bars + (which * S::STAGES + st) * 8);
+            cp_async_arrive_noinc(S::full(bars, which, st));
         }
     }
     cp_async_wait_all();
@@ -138,9 +142,9 @@ __device__ __forceinline__ void ws_produce(const __half* __restrict__ kb, const 
 // A consumer warpgroup: its 64 rows' Q into shared memory, then the tile loop (see the header).
 template <int DH, int CELLS>
 __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const int* __restrict__ positions,
-                                           float* __restrict__ out, int T, int H, int Hk, float scale, int64_t row0,
-                                           int64_t num_rows, int min_pos, int num_tiles, unsigned q_base,
-                                           unsigned k_base, unsigned v_base, unsigned bars, unsigned* q_words) {
+                                           float* __restrict__ out, int H, int Hk, float scale, int64_t row0,
+                                           int64_t num_rows, int min_pos, int num_tiles, unsigned* q_words,
+                                           unsigned k_base, unsigned v_base, unsigned bars) {
 #ifndef STRATA_WG_TRAP
     using S = WsShape<DH, CELLS>;
     constexpr int KSTEPS = DH / 16, DTILES = DH / 8, CTILES = CELLS / 8, CHUNKS = S::CHUNKS;
@@ -158,7 +162,7 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
     }
     fence_proxy_async();
     named_sync(1 + wg, 128);  // this warpgroup's Q is in shared memory, visible to wgmma
-    const unsigned q_wg = q_base + wg * 8 * kCellStep;  // its 64 rows: 8 core-matrix rows
+    const unsigned q_wg = smem_addr(q_words) + wg * 8 * kCellStep;  // its 64 rows: 8 core-matrix rows
 
     float o[DTILES][4];
 #pragma unroll
@@ -169,7 +173,7 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
         const int st = tile % S::STAGES, cell0 = tile * CELLS;
         const unsigned parity = (tile / S::STAGES) & 1;
         const unsigned k_tile = k_base + st * S::TILE_BYTES, v_tile = v_base + st * S::TILE_BYTES;
-        mbar_wait(bars + st * 8, parity);  // K(tile) landed
+        mbar_wait(S::full(bars, 0, st), parity);  // K(tile) landed
         fence_proxy_async();
 
         float s[CTILES][4];  // written by the first k-step (accumulate 0): no register of it touched while P V runs
@@ -186,14 +190,14 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
         wgmma_commit();
         wgmma_wait_all();  // S(tile), and O += P V of tile - 1
         if (lane == 0) {
-            mbar_arrive(bars + (2 * S::STAGES + st) * 8);  // K(tile)'s stage is free
-            if (tile > 0) mbar_arrive(bars + (3 * S::STAGES + (tile - 1) % S::STAGES) * 8);  // and V(tile - 1)'s
+            mbar_arrive(S::empty(bars, 0, st));  // K(tile)'s stage is free
+            if (tile > 0) mbar_arrive(S::empty(bars, 1, (tile - 1) % S::STAGES));  // and V(tile - 1)'s
         }
 
         unsigned pa[CELLS / 16][4];
         softmax_to_p(s, o, m, l, pa, cell0, min_pos, row_pos, tq);
 
-        mbar_wait(bars + (S::STAGES + st) * 8, parity);  // V(tile) landed
+        mbar_wait(S::full(bars, 1, st), parity);  // V(tile) landed
         fence_proxy_async();
         wgmma_fence();
 #pragma unroll
@@ -229,8 +233,11 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
 
     block_positions<kWsRows>(positions, row0, num_rows, G, warp, lane, pos_s);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 2 * S::STAGES; ++i) mbar_init(bars + i * 8, kWsProducers);          // full
-        for (int i = 2 * S::STAGES; i < 4 * S::STAGES; ++i) mbar_init(bars + i * 8, kWsConsumers / 32);  // empty
+        for (int st = 0; st < S::STAGES; ++st)
+            for (int which = 0; which < 2; ++which) {
+                mbar_init(S::full(bars, which, st), kWsProducers);         // the producers' cp.async arrivals
+                mbar_init(S::empty(bars, which, st), kWsConsumers / 32);   // a consumer warp's each
+            }
     }
     __syncthreads();
     const Span span = block_span<kWsWarps>(pos_s);
@@ -244,8 +251,8 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
                               row_stride, num_cells, num_tiles, k_base, v_base, bars, threadIdx.x - kWsConsumers);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
-        ws_consume<DH, CELLS>(q, positions, out, T, H, Hk, scale, row0, num_rows, min_pos, num_tiles, q_base,
-                              k_base, v_base, bars, reinterpret_cast<unsigned*>(ws_smem));
+        ws_consume<DH, CELLS>(q, positions, out, H, Hk, scale, row0, num_rows, min_pos, num_tiles,
+                              reinterpret_cast<unsigned*>(ws_smem), k_base, v_base, bars);
     }
 #endif
 }

@@ -83,7 +83,8 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const unsigned 
 }
 
 // The 16-byte chunk `chunk` of row r (a cell, or a query row) in a no-swizzle core-matrix tile of CHUNKS
-// chunks a row: core matrix (r / 8, chunk), row r % 8 within it (cuda/attention_wg.cu's header draws it), in 16-byte units.
+// chunks a row: core matrix (r / 8, chunk), row r % 8 within it (cuda/attention_wg.cu's header draws
+// it), in 16-byte units.
 template <int CHUNKS>
 __device__ __forceinline__ int core_chunk(int r, int chunk) { return (((r >> 3) * CHUNKS + chunk) << 3) + (r & 7); }
 

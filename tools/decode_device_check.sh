@@ -41,8 +41,9 @@
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention): test_attention_tc_gpu over tc and the wgmma path, then while the pack
 #               is made tools/attention_wg_ab.py on the carried fatbins (tc, ws128, ws64 and WS_EXTRA's arms, at 512 to
-#               4096 after 126,976 cells; WS_NCU=1: then Nsight Compute over ws128), then resident prompts WS_PROMPTS (default 4096,16384,32768) with the
-#               path off, on, off, on (one load each); the sha256 of the logits differ (other tiles, other roundings)
+#               4096 after 126,976 cells; WS_NCU=1: then Nsight Compute over ws128), then resident prompts
+#               WS_PROMPTS (default 4096,16384,32768) with the path off, on, off, on (one load each); the sha256
+#               of the logits differ (other tiles, other roundings)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
 #               TC_DECODE_FROM cells and more) against attention.cu's: test_attention_gpu and the windowed
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and

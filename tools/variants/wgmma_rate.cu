@@ -49,9 +49,11 @@ __device__ __forceinline__ void rate(float* out, int iters, int wait_every) {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
             if constexpr (MODE == 0)
-                wgmma_ss_n64(d64, smem_desc(a_base + 2 * ks * 128, 128, 2048), smem_desc(b_base + 2 * ks * 128, 128, 2048));
+                wgmma_ss_n64(d64, smem_desc(a_base + 2 * ks * 128, 128, 2048),
+                             smem_desc(b_base + 2 * ks * 128, 128, 2048));
             else if constexpr (MODE == 1)
-                wgmma_ss_n128(d, smem_desc(a_base + 2 * ks * 128, 128, 2048), smem_desc(b_base + 2 * ks * 128, 128, 2048));
+                wgmma_ss_n128(d, smem_desc(a_base + 2 * ks * 128, 128, 2048),
+                              smem_desc(b_base + 2 * ks * 128, 128, 2048));
             else if constexpr (MODE == 2)
                 wgmma_ss_n128(d, desc_sw128(a_base + (ks & 3) * 32 + (ks >> 2) * 8192),
                               desc_sw128(b_base + (ks & 3) * 32 + (ks >> 2) * 16384));

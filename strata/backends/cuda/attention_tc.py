@@ -41,7 +41,8 @@ def prefill_launch(T: int, H: int, Hk: int, Dh: int, wgmma: bool = False) -> tup
     if op != "attention_prefill_ws":
         return op, grid, KERNELS[op].block, 0, {"dh": Dh}
     grid = (-(-T * (H // Hk) // WS_ATTENTION_ROWS), Hk)
-    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh), {"cells": WS_ATTENTION_CELLS, "dh": Dh}
+    fields = {"cells": WS_ATTENTION_CELLS, "dh": Dh}
+    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh), fields
 
 
 def kernel_name(head_dim: int) -> str:

@@ -23,8 +23,8 @@ EMBED_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
 ATTENTION_HEAD_DIMS = (64, 128, 256)        # cuda/attention.cu's tiled kernels
 TC_ATTENTION_HEAD_DIMS = (64, 128, 256)     # cuda/attention_tc.cu's prompt kernels
 TC_ATTENTION_PAIR_HEAD_DIMS = (256,)        # of them, those on warp pairs: table op "attention_prefill_tc_pairs"
-WG_ATTENTION_HEAD_DIMS = (64, 128)          # the wgmma (sm_90a) prompt kernels' (--kernels-on wgmma-attention):
-WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's (warp-specialized); the others attention_wg.cu's
+WG_ATTENTION_HEAD_DIMS = (64, 128)          # the wgmma (sm_90a) prompt kernels' (--kernels-on wgmma-attention)
+WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's; the others cuda/attention_wg.cu's
 WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128):
                                             # 128 was at or above 64 at every chunk timed (an H100, 24th session)
 WS_ATTENTION_ROWS = 128                     # query rows a block of it (two consumer warpgroups)
@@ -102,7 +102,7 @@ class KernelPaths:
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
     kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
-    wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90): attention_ws.cu at Dh 128, attention_wg.cu at 64
+    wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
     @classmethod
