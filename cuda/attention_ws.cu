@@ -73,6 +73,9 @@ struct WsShape {
     __device__ static unsigned full(unsigned bars, int which, int st) { return bars + (which * STAGES + st) * 8; }
     __device__ static unsigned empty(unsigned bars, int which, int st) { return full(bars, 2 + which, st); }
     static constexpr int SMEM_BYTES = BAR_OFFSET + 4 * STAGES * 8;  // the launch's dynamic shared memory
+    static constexpr int BOX_BYTES = CELLS * 128;                  // a TMA box: CELLS cells x 64 dims
+    // The TMA build rounds the block's base up to 1024 bytes (the 128-byte swizzle's atom) itself.
+    static constexpr int SMEM_BYTES_TMA = SMEM_BYTES + 1024;
     static_assert(STAGES >= 2, "a stage to fill while one is read");
     static_assert(SMEM_BYTES <= 227 * 1024, "a multiprocessor's shared memory");
 };
@@ -100,6 +103,30 @@ __device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
 }
 __device__ __forceinline__ void named_sync(unsigned id, unsigned threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A CUtensorMap as the host encoded it (cuTensorMapEncodeTiled), passed by value as a __grid_constant__
+// parameter: the TMA reads it from the parameter space.
+struct alignas(64) TensorMap {
+    unsigned long long bits[16];
+};
+// This thread's arrival on the barrier, which also expects `bytes` more bytes of asynchronous copies.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box at (c0, c1, c2) of the tensor map into shared memory at dst; its bytes complete on bar.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, unsigned bar) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+#endif
+}
+// A wgmma shared-memory descriptor of a tile in the 128-byte swizzle (layout type 1): rows of 128 bytes,
+// 16-byte chunk c of row r at chunk c ^ (r % 8), in 1024-byte atoms of 8 rows (as the TMA writes them).
+__device__ __forceinline__ uint64_t smem_desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+    return smem_desc(addr, lbo, sbo) | (1ull << 62);
 }
 
 // The producer warpgroup: every tile's K then V into its stage, each stage refilled once the consumers
@@ -139,8 +166,28 @@ __device__ __forceinline__ void ws_produce(const __half* __restrict__ kb, const 
     cp_async_wait_all();
 }
 
-// A consumer warpgroup: its 64 rows' Q into shared memory, then the tile loop (see the header).
+// The TMA producer (one thread): each tile's K, then its V, as DH / 64 boxes of CELLS cells x 64 dims
+// (cells past the map's end arrive as zeros), 128-byte swizzled, on the stage's full barrier.
 template <int DH, int CELLS>
+__device__ __forceinline__ void ws_produce_tma(const TensorMap* tk, const TensorMap* tv, int kvh, int num_tiles,
+                                               unsigned k_base, unsigned v_base, unsigned bars) {
+    using S = WsShape<DH, CELLS>;
+    for (int tile = 0; tile < num_tiles; ++tile) {
+        const int st = tile % S::STAGES, use = tile / S::STAGES;
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {
+            if (use > 0) mbar_wait(S::empty(bars, which, st), (use - 1) & 1);
+            const unsigned full = S::full(bars, which, st), dst = (which ? v_base : k_base) + st * S::TILE_BYTES;
+            mbar_arrive_expect_tx(full, S::TILE_BYTES);
+#pragma unroll
+            for (int h = 0; h < DH / 64; ++h)
+                tma_load_3d(dst + h * S::BOX_BYTES, which ? tv : tk, h * 64, kvh, tile * CELLS, full);
+        }
+    }
+}
+
+// A consumer warpgroup: its 64 rows' Q into shared memory, then the tile loop (see the header).
+template <int DH, int CELLS, bool TMA>
 __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const int* __restrict__ positions,
                                            float* __restrict__ out, int H, int Hk, float scale, int64_t row0,
                                            int64_t num_rows, int min_pos, int num_tiles, unsigned* q_words,
@@ -181,7 +228,9 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {  // dims 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 along dims
             const uint64_t qd = smem_desc(q_wg + 2 * ks * kDimStep, kDimStep, kCellStep);
-            const uint64_t kd = smem_desc(k_tile + 2 * ks * kDimStep, kDimStep, kCellStep);
+            // K: core matrices 2 ks, 2 ks + 1 along dims; swizzled, box ks / 4 at byte 32 (ks % 4) of its rows
+            const uint64_t kd = TMA ? smem_desc_sw128(k_tile + (ks >> 2) * S::BOX_BYTES + (ks & 3) * 32, 16, 1024)
+                                    : smem_desc(k_tile + 2 * ks * kDimStep, kDimStep, kCellStep);
             if constexpr (CELLS == 128)
                 wgmma_ss_n128(s, qd, kd, ks > 0);
             else
@@ -202,7 +251,13 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < CELLS / 16; ++ks)  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 (N-major V)
-            wgmma_rs_n128(o, pa[ks], smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));
+            // swizzled: two 8-cell atoms from 2048 ks; the next 64 dims a box on (LBO), the next 8 cells 1024
+#ifndef STRATA_WST_V_SWAP
+            wgmma_rs_n128(o, pa[ks], TMA ? smem_desc_sw128(v_tile + ks * 2048, S::BOX_BYTES, 1024)
+#else
+            wgmma_rs_n128(o, pa[ks], TMA ? smem_desc_sw128(v_tile + ks * 2048, 1024, S::BOX_BYTES)
+#endif
+                                         : smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));
         wgmma_commit();  // not waited for here: it runs while the next K is awaited and its S issued
     }
     wgmma_wait_all();
@@ -211,11 +266,12 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
 #endif
 }
 
-template <int DH, int CELLS>
+template <int DH, int CELLS, bool TMA>
 __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                                      const __half* __restrict__ v_cache,
                                                      const int* __restrict__ positions, float* __restrict__ out,
-                                                     int T, int H, int Hk, float scale) {
+                                                     int T, int H, int Hk, float scale, const TensorMap* tk,
+                                                     const TensorMap* tv) {
 #ifdef STRATA_WG_TRAP
     __trap();
 #else
@@ -228,16 +284,19 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t num_rows = static_cast<int64_t>(T) * G;
     const int64_t row0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kWsRows;  // heaviest first
-    const unsigned q_base = smem_addr(ws_smem), k_base = q_base + S::Q_BYTES;
+    const unsigned raw = smem_addr(ws_smem), q_base = TMA ? (raw + 1023) & ~1023u : raw;
+    const unsigned k_base = q_base + S::Q_BYTES;
     const unsigned v_base = k_base + S::STAGES * S::TILE_BYTES, bars = q_base + S::BAR_OFFSET;
 
     block_positions<kWsRows>(positions, row0, num_rows, G, warp, lane, pos_s);
     if (threadIdx.x == 0) {
         for (int st = 0; st < S::STAGES; ++st)
             for (int which = 0; which < 2; ++which) {
-                mbar_init(S::full(bars, which, st), kWsProducers);         // the producers' cp.async arrivals
+                // full: the producers' cp.async arrivals, or the TMA thread's one with its bytes
+                mbar_init(S::full(bars, which, st), TMA ? 1 : kWsProducers);
                 mbar_init(S::empty(bars, which, st), kWsConsumers / 32);   // a consumer warp's each
             }
+        if (TMA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const Span span = block_span<kWsWarps>(pos_s);
@@ -247,12 +306,16 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
 
     if (threadIdx.x >= kWsConsumers) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
-        ws_produce<DH, CELLS>(k_cache + static_cast<int64_t>(kvh) * DH, v_cache + static_cast<int64_t>(kvh) * DH,
-                              row_stride, num_cells, num_tiles, k_base, v_base, bars, threadIdx.x - kWsConsumers);
+        if constexpr (TMA) {
+            if (threadIdx.x == kWsConsumers) ws_produce_tma<DH, CELLS>(tk, tv, kvh, num_tiles, k_base, v_base, bars);
+        } else {
+            ws_produce<DH, CELLS>(k_cache + static_cast<int64_t>(kvh) * DH, v_cache + static_cast<int64_t>(kvh) * DH,
+                                  row_stride, num_cells, num_tiles, k_base, v_base, bars, threadIdx.x - kWsConsumers);
+        }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
-        ws_consume<DH, CELLS>(q, positions, out, H, Hk, scale, row0, num_rows, min_pos, num_tiles,
-                              reinterpret_cast<unsigned*>(ws_smem), k_base, v_base, bars);
+        ws_consume<DH, CELLS, TMA>(q, positions, out, H, Hk, scale, row0, num_rows, min_pos, num_tiles,
+                                   reinterpret_cast<unsigned*>(ws_smem + (q_base - raw)), k_base, v_base, bars);
     }
 #endif
 }
@@ -263,8 +326,20 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
     extern "C" __global__ void __launch_bounds__(kWsThreads, 1)                                              \
         NAME(const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, \
              int T, int H, int Hk, float scale) {                                                             \
-        attention_prefill_ws<DH, CELLS>(q, k_cache, v_cache, positions, out, T, H, Hk, scale);               \
+        attention_prefill_ws<DH, CELLS, false>(q, k_cache, v_cache, positions, out, T, H, Hk, scale, nullptr,  \
+                                               nullptr);                                                      \
     }
 
 STRATA_PREFILL_WS(strata_attention_prefill_ws128_f16_d128, 128, 128)
 STRATA_PREFILL_WS(strata_attention_prefill_ws64_f16_d128, 128, 64)
+
+// The TMA build: K and V through tensor maps of the caches (host: strata.backends.cuda.kernels
+// attention_tensor_maps), dims (Dh, Hk, cells) with cells the chunk's last position + 1, boxes
+// (64, 1, 128), 128-byte swizzle, zeros past the end; k_cache and v_cache unused (the contract kept).
+extern "C" __global__ void __launch_bounds__(kWsThreads, 1)
+    strata_attention_prefill_wst128_f16_d128(const float* q, const __half* k_cache, const __half* v_cache,
+                                             const int* positions, float* out, int T, int H, int Hk, float scale,
+                                             const __grid_constant__ TensorMap tk,
+                                             const __grid_constant__ TensorMap tv) {
+    attention_prefill_ws<128, 128, true>(q, k_cache, v_cache, positions, out, T, H, Hk, scale, &tk, &tv);
+}

@@ -6,12 +6,14 @@
     python3 tools/attention_wg_ab.py --arm tc:.whl/attention_tc.fatbin:strata_attention_prefill_tc_f16 \\
         --arm wg:.whl/attention_wg.fatbin:strata_attention_prefill_wg_f16 [--arm ...] [--json F]
 
-An arm is NAME:FATBIN:PREFIX[:ROWS:THREADS:SHARED]; PREFIX_d<Dh> are its entry points (attention_tc.cu's
+An arm is NAME:FATBIN:PREFIX[:ROWS:THREADS:SHARED[:tma]]; PREFIX_d<Dh> are its entry points (attention_tc.cu's
 contract; grid (ceil(T * G / ROWS), Hk) of THREADS threads with SHARED bytes of dynamic shared memory,
-default 64, 128 and 0 as attention_tc.cu). A case whose head dim an arm has no entry point for is
+default 64, 128 and 0 as attention_tc.cu; tma: two tensor maps follow, of K and V as
+cuda/attention_ws.cu's TMA build reads them). A case whose head dim an arm has no entry point for is
 skipped for that arm (cuda/attention_ws.cu is built for Dh 128 only).
 
     --arm ws:.whl/attention_ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968
+    --arm wst:.whl/attention_ws.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma
 
 1. Checks (CASES): head dims 64 and 128, groups of 1 to 8 query heads per KV head, chunks after earlier
    cells; the cache cells past the chunk's last position hold NaN (never read). Each (token, head)
@@ -84,9 +86,21 @@ def judge(out: np.ndarray, ref: np.ndarray, H: int) -> dict:
 class AttentionArm(Arm):
     """One build's entry points on the device (PREFIX_d<Dh>): run a case, time a chunk."""
 
-    def __init__(self, dev, name, fatbin, prefix, rows=ROWS, threads=BLOCK, shared=0):
+    def __init__(self, dev, name, fatbin, prefix, rows=ROWS, threads=BLOCK, shared=0, tma=""):
         super().__init__(dev, name, fatbin, prefix)
         self.rows, self.threads, self.shared = int(rows), int(threads), int(shared)
+        if tma not in ("", "tma"):
+            raise SystemExit(f"arm {name}: the 7th field is 'tma' or nothing, not {tma!r}")
+        self.tma, self._maps = tma == "tma", {}
+
+    def tensor_maps(self, dh, Hk, cells, k, v) -> list:
+        """K's and V's tensor maps (dims (Dh, Hk, cells), boxes of 64 dims x 1 head x ROWS cells)."""
+        key = (k.data_ptr(), v.data_ptr(), dh, Hk, cells)
+        if key not in self._maps:
+            make = lambda t: self.dev.tensor_map_f16(t.data_ptr(), (dh, Hk, cells), (dh * 2, Hk * dh * 2),
+                                                     (64, 1, self.rows))
+            self._maps = {key: [("B", make(k)), ("B", make(v))]}
+        return self._maps[key]
 
     def has(self, dh) -> bool:
         try:
@@ -95,18 +109,21 @@ class AttentionArm(Arm):
             return False
         return True
 
-    def launch(self, dh, T, H, Hk, q, k, v, pos, out):
+    def launch(self, dh, T, H, Hk, q, k, v, pos, out, cells):
+        """cells: the chunk's last position + 1 (the cells the tensor maps cover)."""
         grid = (-(-T * (H // Hk) // self.rows), Hk)
+        maps = self.tensor_maps(dh, Hk, cells, k, v) if self.tma else []
         self.dev.launch(self.fn(f"d{dh}"), grid, self.threads,
                         [("P", q.data_ptr()), ("P", k.data_ptr()), ("P", v.data_ptr()), ("P", pos.data_ptr()),
-                         ("P", out.data_ptr()), ("i", T), ("i", H), ("i", Hk), ("f", 1.0 / math.sqrt(dh))],
+                         ("P", out.data_ptr()), ("i", T), ("i", H), ("i", Hk), ("f", 1.0 / math.sqrt(dh))] + maps,
                         shared=self.shared)
 
     def run(self, q, k, v, pos) -> np.ndarray:
         dev = self.dev
         T, H, dh = q.shape
         out = dev.full((T, H * dh), float("nan"))
-        self.launch(dh, T, H, k.shape[1], dev.upload(q), dev.upload(k), dev.upload(v), dev.upload(pos), out)
+        self.launch(dh, T, H, k.shape[1], dev.upload(q), dev.upload(k), dev.upload(v), dev.upload(pos), out,
+                    int(pos.max()) + 1)
         return dev.download(out)
 
 
@@ -142,7 +159,8 @@ def time_chunk(dev, arms, rng, T, offset, repeats) -> dict:
     out = dev.full((T, H30 * DH30), 0.0)
     flops, res = causal_flops(T, offset), {}
     for arm in arms:
-        ms = float(np.median(dev.time_ms(lambda: arm.launch(DH30, T, H30, HK30, qd, kd, vd, pd, out), repeats)))
+        ms = float(np.median(dev.time_ms(lambda: arm.launch(DH30, T, H30, HK30, qd, kd, vd, pd, out, offset + T),
+                                         repeats)))
         res[arm.name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
     return {"T": T, "offset": offset, "arms": res}
 

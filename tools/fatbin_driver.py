@@ -5,7 +5,8 @@ building the package (tools/gemv_rows_ab.py, tools/moe_gemm_wg_ab.py).
     dev = Driver(); f = dev.function(dev.module("x.fatbin"), "strata_...")
     dev.launch(f, (gx, gy), 256, [("P", ptr), ("i", n), ("q", stride)])
 
-Argument kinds as strata._ext.runtime spells them: P a device pointer, i int32, q int64.
+Argument kinds as strata._ext.runtime spells them: P a device pointer, i int32, q int64; and B, bytes
+passed by value (a CUtensorMap from tensor_map_f16).
 """
 from __future__ import annotations
 
@@ -52,11 +53,24 @@ class Driver:
             attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             self.check(self.cu.cuFuncSetAttribute(f, attr, shared))
             self._opted[id(f)] = shared
-        vals = [_CTYPES[kind](value) for kind, value in args]
+        vals = [(ctypes.c_ubyte * len(value)).from_buffer_copy(value) if kind == "B" else _CTYPES[kind](value)
+                for kind, value in args]
         ptrs = np.array([ctypes.addressof(v) for v in vals], np.uint64)
         self.check(self.cu.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, shared,
                                           self.cu.CUstream(self.stream.cuda_stream), int(ptrs.ctypes.data), 0))
         self._vals = (vals, ptrs)                   # alive until the launch has read them (it copies them)
+
+    def tensor_map_f16(self, ptr: int, dims, strides, box) -> bytes:
+        """The 128 bytes of a CUtensorMap over f16 elements at ptr: dims innermost first, strides in
+        bytes of dims 1.., box the tile a copy moves; 128-byte swizzle, zeros past the end."""
+        cu = self.cu
+        (tm,) = self.check(cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, len(dims), ptr,
+            [cu.cuuint64_t(d) for d in dims], [cu.cuuint64_t(s) for s in strides], [cu.cuuint32_t(b) for b in box],
+            [cu.cuuint32_t(1)] * len(dims), cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        return ctypes.string_at(tm.getPtr(), 128)
 
     # ---- buffers and timing (torch on the device); tests substitute a CPU double with the same methods
 

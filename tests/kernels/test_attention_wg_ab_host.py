@@ -4,6 +4,7 @@ blocks of 64 flattened (token, head) rows). The tool passes such an arm, fails o
 the last position (the NaN cells) or one that misplaces heads, and times every arm."""
 import json
 import math
+import struct
 
 import numpy as np
 
@@ -14,7 +15,12 @@ from tests.kernels.host_driver import HostDriver
 class AttentionDriver(HostDriver):
     """Paths containing "overread" attend to one cell past each position; "heads" swaps query heads;
     "ws" is cuda/attention_ws.cu's build: Dh 128 only, 128 rows a block of 384 threads with dynamic
-    shared memory."""
+    shared memory; "wst" its TMA build, which reads K and V through the two tensor maps that follow
+    (here 128 bytes holding the address, dims, strides and box), so a map over too few cells or of
+    the wrong cache shows in its results."""
+
+    def tensor_map_f16(self, ptr, dims, strides, box):
+        return struct.pack("<Q3Q2Q3Q", ptr, *dims, *strides, *box).ljust(128, b"\0")
 
     def function(self, mod, name):
         if "ws" in mod and not name.endswith("_d128"):
@@ -23,14 +29,22 @@ class AttentionDriver(HostDriver):
 
     def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
-        rows, threads, dyn = (128, 384, 163968) if "ws" in path else (64, 128, 0)
-        assert "".join(k for k, _ in args) == "PPPPPiiif" and (block, shared) == (threads, dyn)
-        q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals
+        rows, threads, dyn = (128, 384, 164928 if "wst" in path else 163968) if "ws" in path else (64, 128, 0)
+        kinds = "PPPPPiiif" + "BB" * ("wst" in path)
+        assert "".join(k for k, _ in args) == kinds and (block, shared) == (threads, dyn)
+        q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals[:9]
+        cells = None
+        if "wst" in path:                   # K and V as the maps give them: cells past their end read 0
+            (k_p, *kmap), (v_p, *vmap) = (struct.unpack("<Q3Q2Q3Q", m[:72]) for m in vals[9:])
+            assert kmap == vmap and kmap[3:5] == [kmap[0] * 2, kmap[0] * kmap[1] * 2] and kmap[5:] == [64, 1, rows]
+            cells = kmap[2]
         dh = int(name.rsplit("_d", 1)[1])
         assert grid == (-(-T * (H // Hk) // rows), Hk)
         assert math.isclose(scale, 1 / math.sqrt(dh), rel_tol=1e-6)
         self.launches.append((path, name))
         q, k, v = self._tensor(q_p).reshape(T, H, dh), self._tensor(k_p), self._tensor(v_p)
+        if cells is not None:
+            k, v = (np.where(np.arange(len(x))[:, None, None] < cells, x, 0) for x in (k, v))
         pos, out = self._tensor(pos_p), self._tensor(out_p).reshape(T, H, dh)
         G = H // Hk
         for t in range(T):
@@ -91,3 +105,19 @@ def test_an_arm_of_other_rows_and_head_dims(tmp_path):
     assert {label for label in report["checks"]["ws"]} == {label for label, dh in dims.items() if dh == 128}
     assert ("ws.fatbin", "strata_attention_prefill_ws128_f16_d128") in dev.launches
     assert set(report["times"][0]["arms"]) == {"tc", "ws"}
+
+
+def test_a_tma_arm_passes_tensor_maps_of_the_chunks_cells(tmp_path):
+    """A 'tma' arm gets K's and V's tensor maps after the contract's arguments, over the cells up to the
+    chunk's last position (the NaN cells past it never read), one encoding per chunk timed."""
+    tool = load_tool("attention_wg_ab")
+    dev = AttentionDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16",
+            "--arm", "wst:wst.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma", "--chunks", "40@3",
+            "--repeats", "2", "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] == {"tc": True, "wst": True}
+    assert all(r["max_diff_from_first"] < 1e-6 for r in report["checks"]["wst"].values())
+    assert ("wst.fatbin", "strata_attention_prefill_wst128_f16_d128") in dev.launches
