@@ -8,6 +8,7 @@ from cuda.bindings.cydriver cimport (
 
 cdef enum:
     MAX_PARAMS = 32  # kernel parameters per launch
+    TENSOR_MAP_BYTES = 128  # a CUtensorMap, passed by value (kind B)
 
 # Raises strata.errors.DeviceError naming `call` and the driver's error name and string.
 cdef int check(CUresult err, const char* call) except -1 nogil

@@ -30,12 +30,16 @@ from cuda.bindings.cydriver cimport (
     cuLibraryUnload, cuMemAlloc, cuMemFree, cuMemFreeHost, cuMemGetInfo, cuMemHostAlloc,
     cuMemHostGetDevicePointer, cuMemcpyDtoDAsync, cuMemcpyDtoH, cuMemcpyPeerAsync, cuMemcpyDtoHAsync, cuMemcpyHtoD, cuMemcpyHtoDAsync, cuMemsetD8, cuMemsetD8Async,
     cuStreamCreateWithPriority, cuStreamDestroy, cuStreamSynchronize, cuStreamWaitEvent,
+    CUtensorMap, cuTensorMapEncodeTiled, cuuint32_t, cuuint64_t, CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
 )
+from libc.string cimport memcpy
 
 from strata.errors import DeviceError, InvalidArgument
 
 __all__ = ["init", "driver_version", "device_count", "Device", "Stream", "Event", "DeviceBuffer",
-           "HostBuffer", "copy_h2d", "copy_d2d", "copy_peer", "copy_h2d_batch", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
+           "HostBuffer", "copy_h2d", "copy_d2d", "copy_peer", "copy_h2d_batch", "tensor_map_f16", "Library", "Kernel", "kernels_dir", "read_manifest", "read_fatbin", "load_library"]
 
 
 cdef str _error_text(CUresult err):
@@ -489,6 +493,30 @@ _load_lock = threading.Lock()
 _libraries = {}
 
 
+def tensor_map_f16(uint64_t address, dims, strides, box) -> bytes:
+    """The bytes of a CUtensorMap over f16 elements at `address` (a kernel's "B" parameter): dims
+    innermost first, strides the bytes between consecutive entries of dims 1.., box the tile one
+    copy moves; 128-byte swizzle (box[0] must be 64), zeros past the tensor's end."""
+    cdef CUtensorMap tm
+    cdef cuuint64_t gdim[5]
+    cdef cuuint64_t gstride[4]
+    cdef cuuint32_t bdim[5]
+    cdef cuuint32_t estride[5]
+    cdef unsigned int rank = len(dims)
+    if not 1 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank:
+        raise InvalidArgument(f"tensor map: dims {dims!r}, strides {strides!r}, box {box!r} do not agree")
+    for i in range(rank):
+        gdim[i], bdim[i], estride[i] = dims[i], box[i], 1
+        if i:
+            gstride[i - 1] = strides[i - 1]
+    init()
+    check(cuTensorMapEncodeTiled(&tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank, <void*><uintptr_t>address, gdim,
+                                 gstride, bdim, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+          "cuTensorMapEncodeTiled")
+    return (<char*>&tm)[:TENSOR_MAP_BYTES]
+
+
 def kernels_dir() -> Path:
     """strata/kernels beside this module: the fatbins and manifest.json the build wrote."""
     return Path(__file__).resolve().parent.parent / "kernels"
@@ -552,7 +580,7 @@ cdef class Library:
         return Kernel(self, device, name, signature)
 
 
-cdef dict _KIND_BYTES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8}
+cdef dict _KIND_BYTES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8, "B": TENSOR_MAP_BYTES}
 
 cdef union ArgSlot:
     uint64_t u64
@@ -561,6 +589,7 @@ cdef union ArgSlot:
     int32_t i32
     float f32
     double f64
+    unsigned char blob[TENSOR_MAP_BYTES]
 
 
 cdef int _pack(char kind, object value, ArgSlot* slot) except -1:
@@ -576,6 +605,10 @@ cdef int _pack(char kind, object value, ArgSlot* slot) except -1:
         slot.u64 = value
     elif kind == c"f":
         slot.f32 = value
+    elif kind == c"B":
+        if not isinstance(value, bytes) or len(<bytes>value) != TENSOR_MAP_BYTES:
+            raise TypeError(f"needs the {TENSOR_MAP_BYTES} bytes of a tensor map (tensor_map_f16)")
+        memcpy(slot.blob, <const char*>(<bytes>value), TENSOR_MAP_BYTES)
     else:
         slot.f64 = value
     return 0
@@ -599,7 +632,8 @@ cdef class Kernel:
     """A kernel of a Library, bound to one device, with typed parameters.
 
     Signature letters, one per parameter: P pointer (DeviceBuffer or int address), i int32,
-    I uint32, q int64, Q uint64, f float32, d float64. Their sizes are checked against the
+    I uint32, q int64, Q uint64, f float32, d float64, B a tensor map by value (the bytes
+    tensor_map_f16 gives). Their sizes are checked against the
     kernel's own parameter layout (cuKernelGetParamInfo) when the kernel is looked up.
     """
 
@@ -608,7 +642,7 @@ cdef class Kernel:
         cdef bytes bname = name.encode()
         cdef const char* cname = bname
         if len(signature) > MAX_PARAMS or any(k not in _KIND_BYTES for k in signature):
-            raise InvalidArgument(f"kernel {name}: signature {signature!r} needs at most {MAX_PARAMS} of the letters PiIqQfd")
+            raise InvalidArgument(f"kernel {name}: signature {signature!r} needs at most {MAX_PARAMS} of the letters PiIqQfdB")
         self.library, self.device, self.name, self.signature = library, device, name, signature
         self.num_params = len(signature)
         for i, k in enumerate(signature.encode()):

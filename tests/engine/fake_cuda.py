@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import struct
 import threading
 import weakref
 
@@ -393,6 +394,15 @@ def copy_d2d(dst: int, src: int, nbytes: int, stream) -> None:
         _copy(dst, src, nbytes)
 
 
+_TENSOR_MAP = struct.Struct("<Q3Q2Q3Q")
+
+
+def tensor_map_f16(address: int, dims, strides, box) -> bytes:
+    """The runtime's CUtensorMap bytes: here the address, dims, strides and box a 3-D map holds."""
+    assert len(dims) == 3 and len(strides) == 2 and len(box) == 3 and address % 16 == 0
+    return _TENSOR_MAP.pack(address, *dims, *strides, *box).ljust(128, b"\0")
+
+
 def copy_h2d_batch(dst, src, nbytes, stream) -> None:
     assert len(dst) == len(src) == len(nbytes)
     for d, s_, n in zip(dst, src, nbytes):
@@ -561,6 +571,25 @@ def _attention_prefill(grid, q, kc, vc, pos, out, T, H, Hk, scale, dh):
     vals = view(vc, S * Hk * dh, np.float16).reshape(S, Hk, dh).astype(np.float32)
     qs = view(q, T * H * dh).reshape(T, H, dh) * np.float32(scale * math.sqrt(dh))  # causal_attention scales
     view(out, T * H * dh)[:] = causal_attention(qs, keys, vals, p).reshape(-1)
+
+
+def _attention_prefill_wst(grid, q, kc, vc, pos, out, T, H, Hk, scale, kmap, vmap, dh):
+    """attention_ws.cu's TMA build: K and V as its tensor maps give them (cells past the maps' end as
+    zeros), so a map over the wrong cache or too few cells shows in the result."""
+    p = view(pos, T, np.int32).astype(np.int64)
+    S = int(p.max()) + 1
+    planes = []
+    for m in (kmap, vmap):
+        address, d0, heads, cells, s1, s2, b0, b1, b2 = _TENSOR_MAP.unpack(m[:_TENSOR_MAP.size])
+        assert (d0, heads, s1, s2, b0, b1, b2) == (dh, Hk, dh * 2, Hk * dh * 2, 64, 1, 128), "a map of another shape"
+        plane = np.zeros((max(S, cells), Hk, dh), np.float16)
+        plane[:cells] = view(address, cells * Hk * dh, np.float16).reshape(cells, Hk, dh)
+        if not np.isfinite(plane[S:]).all():    # a tile past the last position reads them: 0 x NaN in P V
+            view(out, T * H * dh)[:] = np.nan
+            return
+        planes.append(plane[:S].astype(np.float32))
+    qs = view(q, T * H * dh).reshape(T, H, dh) * np.float32(scale * math.sqrt(dh))
+    view(out, T * H * dh)[:] = causal_attention(qs, planes[0], planes[1], p).reshape(-1)
 
 
 def _attention_rows(grid, q, kc, vc, pos, out, T, H, Hk, dh, scale):
@@ -773,7 +802,7 @@ _EMULATE = {
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_prefill_wg_f16": _attention_prefill, "attention_prefill_ws128_f16": _attention_prefill,
-    "attention_prefill_ws64_f16": _attention_prefill,
+    "attention_prefill_ws64_f16": _attention_prefill, "attention_prefill_wst128_f16": _attention_prefill_wst,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,

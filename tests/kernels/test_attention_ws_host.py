@@ -39,3 +39,15 @@ def test_shared_bytes_are_the_kernels(cells):
     assert attention_ws_shared(cells) == rows * dh * 2 + 2 * stages * tile + 4 * stages * 8
     assert f"{attention_ws_shared(cells):,}" in SRC          # the header states it
     assert attention_ws_shared(cells) <= 227 * 1024           # a block's opt-in maximum on Hopper
+
+
+def test_the_tma_build_takes_its_tensor_maps_and_1024_bytes_more():
+    op, grid, block, shared, fields = prefill_launch(4096, 32, 4, 128, wgmma=True, tma=True)
+    assert (op, grid, block) == ("attention_prefill_wst", (256, 4), 384)
+    assert shared == attention_ws_shared(WS_ATTENTION_CELLS) + 1024 == attention_ws_shared(WS_ATTENTION_CELLS, tma=True)
+    assert KERNELS[op].name(**fields) == "strata_attention_prefill_wst128_f16_d128"
+    assert KERNELS[op].signature == KERNELS["attention_prefill_ws"].signature + "BB"
+    assert re.search(r"SMEM_BYTES_TMA = SMEM_BYTES \+ 1024;", SRC)
+    for dh, wgmma in ((64, True), (128, False)):
+        with pytest.raises(InvalidArgument, match="TMA build"):
+            prefill_launch(512, 32, 4, dh, wgmma=wgmma, tma=True)

@@ -21,7 +21,7 @@ IDENT = re.compile(r"[A-Za-z_]\w*")
 # C parameter types -> strata._ext.runtime signature letters (a pointer of any type is P)
 KINDS = {"int": "i", "int32_t": "i", "unsigned": "I", "unsigned int": "I", "uint32_t": "I",
          "long long": "q", "int64_t": "q", "size_t": "q", "unsigned long long": "Q", "uint64_t": "Q",
-         "float": "f", "double": "d"}
+         "float": "f", "double": "d", "__grid_constant__ TensorMap": "B"}
 
 
 def _split_args(text: str) -> list[str]:
@@ -186,7 +186,7 @@ def test_no_kernel_name_or_signature_outside_the_table(path):
     tree = ast.parse(path.read_text())
     names = [(line, s) for line, s in _strings(tree) if re.search(r"(^|\W)strata_\w+", s) and " " not in s.strip()]
     assert not names, f"{path.name}: kernel names outside strata/backends/cuda/kernels.py: {names}"
-    signatures = [(line, s) for line, s in _strings(tree) if re.fullmatch(r"[PiIqQfd]{2,}", s)]
+    signatures = [(line, s) for line, s in _strings(tree) if re.fullmatch(r"[PiIqQfdB]{2,}", s)]
     assert not signatures, f"{path.name}: signatures outside strata/backends/cuda/kernels.py: {signatures}"
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
         literal = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]

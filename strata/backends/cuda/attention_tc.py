@@ -12,7 +12,8 @@ import numpy as np
 from strata.errors import InvalidArgument
 
 from .kernels import (KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
-                      WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS, attention_ws_shared, load_kernel)
+                      WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS, attention_tensor_maps,
+                      attention_ws_shared, load_kernel)
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
 SIGNATURE = KERNELS["attention_prefill_tc"].signature
@@ -30,19 +31,26 @@ def table_op(head_dim: int, wgmma: bool = False) -> str:
     return "attention_prefill_tc_pairs" if head_dim in TC_ATTENTION_PAIR_HEAD_DIMS else "attention_prefill_tc"
 
 
-def prefill_launch(T: int, H: int, Hk: int, Dh: int, wgmma: bool = False) -> tuple[str, tuple, int, int, dict]:
+def prefill_launch(T: int, H: int, Hk: int, Dh: int, wgmma: bool = False,
+                   tma: bool = False) -> tuple[str, tuple, int, int, dict]:
     """(table op, grid, block, dynamic shared bytes, entry-name fields) of the prompt attention kernel
     for T queries of H heads over Hk KV heads: prefill_tc_launch_shape's, or attention_ws.cu's (128
-    rows a block, its ring in dynamic shared memory) where wgmma takes it."""
+    rows a block, its ring in dynamic shared memory) where wgmma takes it; tma: its TMA build
+    (attention_prefill_wst: two tensor maps follow the contract's arguments, attention_tensor_maps),
+    which needs the cells the chunk reads known on the host."""
     grid, block = prefill_tc_launch_shape(T, H, Hk, Dh)
     if wgmma and Dh not in WG_ATTENTION_HEAD_DIMS:
         raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {Dh}")
     op = table_op(Dh, wgmma)
+    if tma and op != "attention_prefill_ws":
+        raise InvalidArgument(f"attention_prefill_tc: the TMA build is attention_ws.cu's (wgmma, Dh "
+                              f"{WS_ATTENTION_HEAD_DIMS}), not for Dh {Dh}{'' if wgmma else ' without wgmma'}")
     if op != "attention_prefill_ws":
         return op, grid, KERNELS[op].block, 0, {"dh": Dh}
     grid = (-(-T * (H // Hk) // WS_ATTENTION_ROWS), Hk)
     fields = {"cells": WS_ATTENTION_CELLS, "dh": Dh}
-    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh), fields
+    op = "attention_prefill_wst" if tma else op
+    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh, tma), fields
 
 
 def kernel_name(head_dim: int) -> str:
@@ -59,10 +67,12 @@ def prefill_tc_launch_shape(T: int, H: int, Hk: int, Dh: int) -> tuple[tuple[int
 
 
 def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
-                         scale: float | None = None, device: int = 0, wgmma: bool = False) -> np.ndarray:
+                         scale: float | None = None, device: int = 0, wgmma: bool = False,
+                         tma: bool = False) -> np.ndarray:
     """Causal attention of q [T, H, Dh] at positions [T] over f16 caches [S, Hk, Dh] holding cells
     0..max(positions) -> out [T, H * Dh] f32 (strata_attention_prefill_tc_f16_d<Dh>; wgmma: the same
-    contract's kernel of cuda/attention_ws.cu at Dh 128, of cuda/attention_wg.cu at Dh 64, sm_90).
+    contract's kernel of cuda/attention_ws.cu at Dh 128, of cuda/attention_wg.cu at Dh 64, sm_90; tma:
+    attention_ws.cu's TMA build, its tensor maps over cells 0..max(positions)).
     The output is poisoned (NaN) before the launch, so an element the kernel misses shows."""
     from strata.backends.cuda import _runtime
 
@@ -76,7 +86,7 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
     T, H, dh = q.shape
     if T == 0:
         return np.empty((0, H * dh), np.float32)
-    op, grid, block, shared, fields = prefill_launch(T, H, kc.shape[1], dh, wgmma)
+    op, grid, block, shared, fields = prefill_launch(T, H, kc.shape[1], dh, wgmma, tma)
     if pos.min() < 0 or pos.max() >= kc.shape[0]:
         raise InvalidArgument(f"attention_prefill_tc: positions must be in 0..{kc.shape[0] - 1}")
     scale = 1.0 / np.sqrt(dh) if scale is None else scale
@@ -92,7 +102,9 @@ def attention_prefill_tc(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray
     out_dev = rt.DeviceBuffer(dev, T * H * dh * 4)
     out_dev.fill_bytes(0xFF, stream)
     kernel = load_kernel(rt, dev, op, **fields)
-    kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale)), shared_bytes=shared, stream=stream)
+    maps = attention_tensor_maps(rt, bufs[1].ptr, bufs[2].ptr, kc.shape[1], dh, int(pos.max()) + 1) if tma else ()
+    kernel.launch(grid, block, (*bufs, out_dev, T, H, kc.shape[1], float(scale), *maps), shared_bytes=shared,
+                  stream=stream)
     out = np.empty((T, H * dh), np.float32)
     out_dev.copy_to_host(out, stream)
     stream.synchronize()

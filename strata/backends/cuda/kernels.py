@@ -79,11 +79,21 @@ def decode_quant_shared(fmt: str, head_dim: int, compute_capability) -> int:
     return 4 * stages * 32 * cell
 
 
-def attention_ws_shared(cells: int = WS_ATTENTION_CELLS, head_dim: int = 128) -> int:
+def attention_ws_shared(cells: int = WS_ATTENTION_CELLS, head_dim: int = 128, tma: bool = False) -> int:
     """Dynamic shared memory of strata_attention_prefill_ws<cells>_f16_d<head_dim> (WsShape::SMEM_BYTES):
-    the block's Q, the K/V ring, and its stages' four mbarriers."""
+    the block's Q, the K/V ring, and its stages' four mbarriers; tma: of the TMA build
+    strata_attention_prefill_wst<cells>_f16_d<head_dim> (SMEM_BYTES_TMA: 1024 bytes more, which it
+    skips to align its tiles to the 128-byte swizzle's 1024-byte atoms)."""
     stages = _WS_RING_BYTES // (2 * cells * head_dim * 2)
-    return WS_ATTENTION_ROWS * head_dim * 2 + 2 * stages * cells * head_dim * 2 + 4 * stages * 8
+    return WS_ATTENTION_ROWS * head_dim * 2 + 2 * stages * cells * head_dim * 2 + 4 * stages * 8 + 1024 * tma
+
+
+def attention_tensor_maps(rt, k_cache: int, v_cache: int, Hk: int, head_dim: int, cells: int) -> tuple[bytes, bytes]:
+    """The TMA build's two tensor maps (its "B" parameters): K's and V's f16 caches [cells, Hk, head_dim]
+    at k_cache and v_cache, boxes of 64 dims x 1 head x WS_ATTENTION_CELLS cells, cells past `cells`
+    (the chunk's last position + 1) read as zeros."""
+    return tuple(rt.tensor_map_f16(c, (head_dim, Hk, cells), (head_dim * 2, Hk * head_dim * 2),
+                                   (64, 1, WS_ATTENTION_CELLS)) for c in (k_cache, v_cache))
 
 
 @dataclass(frozen=True)
@@ -242,6 +252,9 @@ KERNELS = {
     # the same contract, warp-specialized on wgmma (sm_90a only): 128 rows a block, attention_ws_shared bytes
     "attention_prefill_ws": _K("attention_ws", "strata_attention_prefill_ws{cells}_f16_d{dh}", "PPPPPiiif", 384,
                                "(ceil(T G / 128), Hk)", _each(cells=(64, 128), dh=WS_ATTENTION_HEAD_DIMS)),
+    # its TMA build: K/V tiles by the tensor memory accelerator, through attention_tensor_maps' two maps
+    "attention_prefill_wst": _K("attention_ws", "strata_attention_prefill_wst{cells}_f16_d{dh}", "PPPPPiiifBB", 384,
+                                "(ceil(T G / 128), Hk)", _each(cells=(128,), dh=WS_ATTENTION_HEAD_DIMS)),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
     "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
                                      "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),

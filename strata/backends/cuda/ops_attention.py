@@ -11,7 +11,8 @@ import numpy as np
 from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
-                      WG_ATTENTION_HEAD_DIMS, decode_quant_shared, decode_splits, split_k_takes)
+                      WG_ATTENTION_HEAD_DIMS, WS_ATTENTION_HEAD_DIMS, attention_tensor_maps, decode_quant_shared,
+                      decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -172,8 +173,14 @@ class AttentionOps:
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
         elif wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # tensor-core flash attention
-            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma)     # the block is the table op's
-            self.launch(op, grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale), shared_bytes=shared, **fields)
+            # attention_ws.cu's TMA build where the host knows the cells the chunk reads (its tensor maps
+            # end there: the cells past it read as zeros, as the cp.async build zero-fills them)
+            cells = min(getattr(pos, "num_cells", 0), max_cells)
+            tma = wgmma and cells > 0 and dh in WS_ATTENTION_HEAD_DIMS
+            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma, tma)  # the block is the table op's
+            maps = attention_tensor_maps(self.rt, kc, vc, Hk, dh, cells) if tma else ()
+            self.launch(op, grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale, *maps), shared_bytes=shared,
+                        **fields)
         else:
             rows = 16 if dh == 256 else 32
             self.launch("attention_prefill", (-(-T * G // rows), Hk),
