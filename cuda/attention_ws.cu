@@ -31,6 +31,18 @@
 // the result is the same bits (wgmma's sums were measured to round as mma.sync's); 128-cell tiles take
 // the running max over twice the cells, which moves the roundings but not the bounds.
 //
+// The TMA build (strata_attention_prefill_wst128_f16_d128: two tensor maps follow the contract's
+// arguments): Nsight Compute found the cp.async build's L2 at 94% of its throughput with twice the
+// sectors the tiles hold (the same count whatever the lanes' order, so the 16-byte requests, not their
+// addresses), and the build without S, without the softmax or without P V no faster: the loads bound
+// it. Here one producer thread moves each tile by cp.async.bulk.tensor as boxes of 64 dims x 128 cells
+// (128-byte rows, 128-byte swizzle: chunk c of row r at c ^ (r % 8)), completing on the full barrier by
+// transaction bytes; the consumers read K as K-major and V as N-major swizzled operands (descriptor
+// layout type 1: K's k-steps 32 bytes apart within a row, V's 8-cell atoms 1024 bytes apart and its
+// two 64-dim boxes a box apart). The maps end at the chunk's last position + 1, so the cells past it
+// arrive as zeros, as the cp.async build zero-fills them; the host builds them per launch
+// (strata.backends.cuda.kernels.attention_tensor_maps) where it knows that position.
+//
 // Built for sm_90a only (setup.py's ARCH_SPECIFIC); the host launches it for head dim 128 under
 // --kernels-on wgmma-attention on an sm_90 GPU whose build has it (WS_ATTENTION_CELLS picks the tile).
 // tools/attention_wg_ab.py checks and times it against attention_tc.cu without a package build
