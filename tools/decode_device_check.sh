@@ -39,9 +39,10 @@
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
-#               --kernels-on wgmma-attention): test_attention_tc_gpu over tc and the wgmma path, then while the pack
-#               is made tools/attention_wg_ab.py on the carried fatbins (tc, ws128, ws64 and WS_EXTRA's arms, at 512 to
-#               4096 after 126,976 cells; WS_NCU=1: then Nsight Compute over ws128), then resident prompts
+#               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
+#               over tc, the wgmma path and the TMA build, then while the pack is made tools/attention_wg_ab.py on the
+#               carried fatbins (tc, ws128, wst and WS_EXTRA's arms, at 512 to 4096 after 126,976 cells; WS_NCU=1:
+#               then Nsight Compute over wst), then resident prompts
 #               WS_PROMPTS (default 4096,16384,32768) with the path off, on, off, on (one load each); the sha256
 #               of the logits differ (other tiles, other roundings)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
@@ -65,17 +66,17 @@ device_setup decode-check tests variants bench
 start_pack qwen3-30b-a3b 240
 if has wsprompt; then
     during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
-        local W=.whl WS=128:384:163968
-        echo "== attention A/B: tc, ws128, ws64 ${WS_EXTRA:-} ($(elapsed) s)"
+        local W=.whl WS=128:384:163968 WST=128:384:164928:tma
+        echo "== attention A/B: tc, ws128, wst ${WS_EXTRA:-} ($(elapsed) s)"
         timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
             --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS \
-            --arm ws64:$W/attention_ws.fatbin:strata_attention_prefill_ws64_f16:$WS ${WS_EXTRA:-} \
+            --arm wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:$WST ${WS_EXTRA:-} \
             --json "$OUT/attention_ab.json" 2>&1 | grep -v " ok  " | tail -16
         [ -n "${WS_NCU:-}" ] || return 0
-        echo "== Nsight Compute over ws128, 4096 queries after 12,288 cells ($(elapsed) s)"
-        timeout "$(budget 120)" ncu -k regex:prefill_ws128_f16_d128 --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        echo "== Nsight Compute over wst, 4096 queries after 12,288 cells ($(elapsed) s)"
+        timeout "$(budget 120)" ncu -k regex:prefill_wst128_f16_d128 --launch-skip 3 --launch-count 1 --section SpeedOfLight \
             --section WarpStateStats --section SchedulerStats --section SourceCounters $PY tools/attention_wg_ab.py \
-            --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS --chunks 4096@12288 --repeats 1 \
+            --arm wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:$WST --chunks 4096@12288 --repeats 1 \
             > "$OUT/ncu_ws.txt" 2>&1
         grep -E "Duration|L2 Cache Throughput|Compute \(SM\)|Eligible Warps|Warp Cycles Per Issued|excessive" "$OUT/ncu_ws.txt" | head -12
     }
