@@ -19,13 +19,16 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # the tensor cores (cuda/attention_dec_tc.cu, head dims 64 and 128); shorter rows and other shapes take
 # cuda/attention.cu's kernel. kv-ring: the quantized split-K decode (cuda/kv_quant.cu) at head dim 128 on
 # sm_90 / sm_100 copies its tiles through a cp.async ring in shared memory, several tiles a warp in flight (off: one
-# tile a warp in registers; the same bits).
+# tile a warp in registers; the same bits). tma-attention: the prompt attention at head dim 128 on sm_90
+# (a build with the sm_90a libraries) takes cuda/attention_ws.cu's TMA build, warp-specialized on wgmma
+# (off, or elsewhere: cuda/attention_tc.cu's mma.sync kernel).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention", "kv-ring")
+                "tc-decode-attention", "kv-ring", "tma-attention")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
-# attention at head dims 128 (cuda/attention_ws.cu, warp-specialized) and 64 (cuda/attention_wg.cu).
+# attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
+# on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).

@@ -32,3 +32,35 @@ def test_maps_name_each_cache_and_the_cells(fake):
     k_map, v_map = attention_tensor_maps(fake, 4096, 8192, 4, 128, 300)
     assert fake._TENSOR_MAP.unpack(k_map[:72]) == (4096, 128, 4, 300, 256, 1024, 64, 1, 128)
     assert fake._TENSOR_MAP.unpack(v_map[:72])[0] == 8192 and len(k_map) == len(v_map) == 128
+
+
+def test_the_engine_takes_the_tma_build_by_default_at_head_dim_128(fake, tmp_path, monkeypatch):
+    """tma-attention (on by default where attention_ws.cu's sm_90a library is, as fake_cuda's sm_90 build
+    has it): prompt chunks at head dim 128 launch the TMA build with maps of their own cells, a second
+    chunk's over the first's cells too; --kernels-off tma-attention gives attention_tc.cu's kernel and
+    the same logits here (one contract); an install without the library falls back to it."""
+    import pytest
+    pytest.importorskip("torch")
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from tests.fixtures import SHAPES, make_pack
+
+    path, _ = make_pack(tmp_path, dict(SHAPES["tiny"], head_dim=128), seed=4)
+    ids = np.random.default_rng(5).integers(0, 300, 40)
+
+    def run(config=EngineConfig()):
+        fake.launches.clear()
+        runner = CudaRunner(open_pack(path), 64, config)
+        return [runner.prefill(ids[:24], 0), runner.prefill(ids, 24)], list(fake.launches)
+    tma, launched = run()
+    assert launched.count("strata_attention_prefill_wst128_f16_d128") == 4      # 2 layers x 2 chunks
+    assert not [n for n in launched if n.startswith("strata_attention_prefill_tc_")]
+    tc, launched = run(EngineConfig(kernels_off="tma-attention"))
+    assert "strata_attention_prefill_tc_f16_d128" in launched and "strata_attention_prefill_wst128_f16_d128" not in launched
+    for a, b in zip(tma, tc):
+        np.testing.assert_array_equal(a, b)
+    kept = {lib: e for lib, e in fake.read_manifest()["kernels"].items() if lib != "attention_ws"}
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": kept})
+    _, launched = run()
+    assert "strata_attention_prefill_tc_f16_d128" in launched

@@ -162,6 +162,10 @@ class AttentionOps:
         out = self.alloc((T, H * dh)) if out is None else out
         G, scale = H // Hk, 1.0 / math.sqrt(dh)
         wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_ws.cu, _wg.cu
+        # attention_ws.cu's TMA build where it runs and the host knows the cells the chunk reads (its
+        # tensor maps end there: the cells past it read as zeros, as the cp.async build zero-fills them)
+        cells = min(getattr(pos, "num_cells", 0), max_cells)
+        tma = dh in WS_ATTENTION_HEAD_DIMS and cells > 0 and self.tma_attention
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
             _ring_rows(ring, T, "attention")
             raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
@@ -172,12 +176,8 @@ class AttentionOps:
                         (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, dh, scale))
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
-        elif wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # tensor-core flash attention
-            # attention_ws.cu's TMA build where the host knows the cells the chunk reads (its tensor maps
-            # end there: the cells past it read as zeros, as the cp.async build zero-fills them)
-            cells = min(getattr(pos, "num_cells", 0), max_cells)
-            tma = wgmma and cells > 0 and dh in WS_ATTENTION_HEAD_DIMS
-            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma, tma)  # the block is the table op's
+        elif tma or wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # flash attention
+            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma or tma, tma)  # the block: the table op's
             maps = attention_tensor_maps(self.rt, kc, vc, Hk, dh, cells) if tma else ()
             self.launch(op, grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale, *maps), shared_bytes=shared,
                         **fields)
