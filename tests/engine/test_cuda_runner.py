@@ -35,7 +35,9 @@ REL = 3e-3          # against the oracle at the GPU's precision
 REL_F32_KV = 3e-3   # against the plain numpy engine, demo model
 GAP = 2e-3          # router top-k margin the oracle's draws must keep (tests/engine/cpu_f16_kv.oracle_ids):
                     # a near-tied router flips with rounding and moves logits 10-100x REL (0.6 seen, demo)
-PACKS = ["demo", "tiny", "odd", "mtp", "kquant", "kquant-mixed"]
+# dh128: "tiny" at head dim 128, whose prompt chunks take attention_ws.cu's TMA build on an sm_90 GPU
+# (tma-attention, on by default; test_tma_attention_is_the_default_on_hopper says it ran)
+PACKS = ["demo", "tiny", "odd", "mtp", "kquant", "kquant-mixed", "dh128"]
 GGUF_QTYPES = {
     "kquant": {"attn": "Q8_0", "experts": "Q4_K", "embd": "Q6_K", "output": "Q8_0"},
     "kquant-mixed": {"attn": ["Q4_K", "Q8_0"], "experts": ["Q6_K", "Q4_K"], "embd": "Q8_0", "output": "Q6_K"},
@@ -63,8 +65,22 @@ def _build(name, tmp):
         pytest.importorskip("gguf")
         path, _ = make_gguf_pack(tmp, SHAPES["kquant"], GGUF_QTYPES[name], seed=8)
     else:
-        path, _ = make_pack(tmp, SHAPES[name], seed=7)
+        path, _ = make_pack(tmp, dict(SHAPES["tiny"], head_dim=128) if name == "dh128" else SHAPES[name], seed=7)
     return open_pack(path)
+
+
+def test_tma_attention_is_the_default_on_hopper(packs):
+    """On an sm_90 GPU with attention_ws.cu's sm_90a library the dh128 pack's prompt chunks take the
+    TMA build (the parametrized tests here then check its logits); --kernels-off tma-attention not."""
+    import strata.backends.cuda as cuda_backend
+    from strata.backends.cuda.kernels import wgmma_unavailable
+    rt = cuda_backend._runtime()
+    why = wgmma_unavailable(rt.read_manifest(), rt.Device(0).compute_capability, "attention_ws")
+    if why:
+        pytest.skip(f"attention_ws: {why}")
+    pack = packs("dh128")
+    assert CudaRunner(pack, 128).ops.tma_attention
+    assert not CudaRunner(pack, 128, EngineConfig(kernels_off="tma-attention")).ops.tma_attention
 
 
 def assert_close(ours, ref, rel=REL):
