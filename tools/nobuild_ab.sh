@@ -48,7 +48,8 @@ if want attention; then
     decide attention_wg_ab "tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16" --chunks= \
         "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16" \
         "ws:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968" \
-        "ws64:$W/attention_ws.fatbin:strata_attention_prefill_ws64_f16:128:384:163968"
+        "ws64:$W/attention_ws.fatbin:strata_attention_prefill_ws64_f16:128:384:163968" \
+        "wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma"
 fi
 if want gemv; then
     echo "== gemv_rows_ab: parent against tree"
