@@ -14,6 +14,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from .backends.cuda.kernels import KernelPaths, tma_attention_runs
 from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
@@ -51,7 +52,8 @@ def measure_bandwidths(rt, dev, nbytes: int, repeats: int = MEASURE_REPEATS) -> 
 
 
 def _gpu(config: EngineConfig):
-    """(free VRAM bytes, multiprocessors, bandwidths) of the first GPU of --gpus, or None without one."""
+    """(free VRAM bytes, multiprocessors, bandwidths, (the install's kernel manifest, compute capability))
+    of the first GPU of --gpus, or None without one."""
     if config.device == "cpu":
         return None
     from .backends import cuda
@@ -60,7 +62,8 @@ def _gpu(config: EngineConfig):
         return None
     rt = cuda._runtime()
     dev = rt.Device(ordinal)
-    return dev.memory_info()[0], dev.multiprocessor_count, measure_bandwidths(rt, dev, MEASURE_BYTES)
+    return (dev.memory_info()[0], dev.multiprocessor_count, measure_bandwidths(rt, dev, MEASURE_BYTES),
+            (rt.read_manifest(), dev.compute_capability))
 
 
 def _gib(n: int) -> str:
@@ -240,7 +243,10 @@ def plan_main(args, engine_kwargs: dict) -> int:
         return layer_split_main(args, dataclasses.replace(config, parallel=1) if config.parallel == "auto" else config,
                                 name, sizes)
     gpu = _gpu(config)
-    free, num_sms, bandwidths = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS)
+    free, num_sms, bandwidths, build = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS, None)
+    # the prompt plans price tma-attention's attention where this GPU and install run it (not without a GPU)
+    tma = build is not None and tma_attention_runs(KernelPaths.without(config.kernels_off, config.kernels_on),
+                                                   *build, sizes.args.head_dim)
     bus_gb_s = bandwidths.h2d_gb_s
     if config.pcie_gbs and config.pcie_gbs < bandwidths.h2d_gb_s:
         bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
@@ -258,7 +264,7 @@ def plan_main(args, engine_kwargs: dict) -> int:
             else (1, "auto: 1 (the draft layer's --draft-window ring holds one sequence)")
         config = dataclasses.replace(config, parallel=n)
     show = tuple(int(n) for n in str(args.prompt or "").split(",") if n.strip())
-    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show)
+    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show, tma_attention=tma)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
     rates, cases = split_cases(sizes, plan, config, bus_gb_s)
     if args.json:

@@ -446,7 +446,7 @@ def auto_lengths(max_context: int) -> tuple:
 
 def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room: int, spare: int, full: int,
                  cands: list[int], need, search, bandwidths: Bandwidths, num_sms: int,
-                 show: tuple = ()) -> tuple[tuple[int, int, str], tuple, tuple]:
+                 show: tuple = (), tma_attention: bool = False) -> tuple[tuple[int, int, str], tuple, tuple]:
     """--prefill auto's choice (module doc) -> ((chunk, ring, rule), the lengths shown, PromptOptions:
     the chosen one first, then the bytes and slots rules' plans, then the best others). A prompt of
     N tokens is priced as the runner reads it: the loan's pool sized by its largest chunk
@@ -454,6 +454,8 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
     a, mb = sizes.args, sizes.max_blob
     E, A = a.num_experts, a.num_experts_per_tok
     rates = prompt_cost.DEFAULT_PROMPT_RATES.at(num_sms)
+    if tma_attention:       # the GPU runs tma-attention's kernel (head dim 128 on Hopper)
+        rates = rates.with_tma_attention()
     work = prompt_cost.effective_work(prompt_cost.layer_work(sizes), rates)     # once for every candidate
     stream_all = memory_model.stream_all_tokens(a)
     weigh = auto_lengths(config.max_context)
@@ -563,12 +565,13 @@ def _legacy_choice(config, need, room: int, total_slots: int, max_blob: int) -> 
 
 def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
               bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS,
-              what_if: dict | None = None, show_prompts: tuple = ()) -> Plan:
+              what_if: dict | None = None, show_prompts: tuple = (), tma_attention: bool = False) -> Plan:
     """The plan for this pack, engine config and VRAM budget, at the context fit_context gives.
     InvalidArgument (naming the bytes needed) when the budget cannot hold the mandatory items and
     the smallest prompt loan, or a fixed --expert-cache N does not fit beside them. what_if: see
     priced() (test-only). show_prompts: prompt lengths whose predicted seconds the plan's
-    prompt_options also carry (`plan --prompt`)."""
+    prompt_options also carry (`plan --prompt`). tma_attention: the GPU runs tma-attention's kernel
+    for this model (tma_attention_runs), so the prompt plans price its attention rate."""
     config = priced(config, what_if)
     context, context_source = fit_context(sizes, config, budget_bytes, num_sms)
     config = priced(config, max_context=context)
@@ -603,7 +606,8 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
         T, ring, rule = _prompt_choice(cands, fixed, need, search, room, spare, slots == cache.total_slots, full, mb)
         if config.prefill_rule == "auto" and not fixed and ring:        # streaming: the cost model's choice
             (T, ring, rule), lengths, options = prompt_plans(sizes, config, cache, slots, room, spare, full, cands,
-                                                             need, search, bandwidths, num_sms, show_prompts)
+                                                             need, search, bandwidths, num_sms, show_prompts,
+                                                             tma_attention)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)

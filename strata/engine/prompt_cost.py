@@ -54,6 +54,11 @@ class PromptRates:
     attention_cuda_core_flop_s: float = 0.0
     gdn_flop_s: float = 0.0
 
+    def with_tma_attention(self) -> "PromptRates":
+        """These rates with the softmax attention on the TMA build (TMA_ATTENTION_SPEEDUP)."""
+        return replace(self, attention_flop_s=self.attention_flop_s * TMA_ATTENTION_SPEEDUP,
+                       source=f"{self.source}; attention on the TMA kernel, {TMA_ATTENTION_SPEEDUP}x")
+
     def at(self, num_sms: int) -> "PromptRates":
         if num_sms == self.num_sms or num_sms <= 0:
             return self
@@ -87,6 +92,12 @@ class PromptRates:
 DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
                                    "fitted to the H200's resident prompts and chunk A/B (docs/PERF.md)", 4.06e-6,
                                    18.9e12, 12.1e12)
+# attention_ws.cu's TMA build (tma-attention: head dim 128 on an sm_90 GPU) against attention_tc.cu, the
+# two kernels timed in one process on an H100 (docs/PERF.md, twenty-fifth session): 2.0x at 4,096 queries
+# after no cells, 2.3-2.4x after 12,288 and 28,672, 2.2x after 126,976. With 2.2 the model (the H200's
+# fit) puts the resident 4,096, 16,384 and 32,768-token prompts at 21,967, 20,223 and 16,664 tok/s, where
+# an H100 measured 21,480, 19,500 and 16,300 (a test holds the model to these).
+TMA_ATTENTION_SPEEDUP = 2.2
 GDN_CHUNK_TOKENS = 64             # strata.backends.cuda.linear_attn.GDN_CHUNK
 TC_ATTENTION_SLOWDOWN = {256: 285.0 / 169.0}    # a head dim's tensor-core prompt attention against Dh 128's
 

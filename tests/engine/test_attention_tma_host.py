@@ -46,8 +46,11 @@ def test_the_engine_takes_the_tma_build_by_default_at_head_dim_128(fake, tmp_pat
     from strata.pack import open_pack
     from tests.fixtures import SHAPES, make_pack
 
+    import strata.engine.planner as planner
     path, _ = make_pack(tmp_path, dict(SHAPES["tiny"], head_dim=128), seed=4)
     ids = np.random.default_rng(5).integers(0, 300, 40)
+    priced, make_plan = [], planner.make_plan          # the load's plan prices the path it will take
+    monkeypatch.setattr(planner, "make_plan", lambda *a, **k: priced.append(k.get("tma_attention")) or make_plan(*a, **k))
 
     def run(config=EngineConfig()):
         fake.launches.clear()
@@ -56,7 +59,9 @@ def test_the_engine_takes_the_tma_build_by_default_at_head_dim_128(fake, tmp_pat
     tma, launched = run()
     assert launched.count("strata_attention_prefill_wst128_f16_d128") == 4      # 2 layers x 2 chunks
     assert not [n for n in launched if n.startswith("strata_attention_prefill_tc_")]
+    assert priced == [True]
     tc, launched = run(EngineConfig(kernels_off="tma-attention"))
+    assert priced == [True, False]
     assert "strata_attention_prefill_tc_f16_d128" in launched and "strata_attention_prefill_wst128_f16_d128" not in launched
     for a, b in zip(tma, tc):
         np.testing.assert_array_equal(a, b)

@@ -27,10 +27,10 @@ def q30mtp():
     return plan_sizes(None, "qwen3-30b-a3b-mtp")[1]
 
 
-def _tok_s(sizes, N, T, R, kept, h2d=H2D):
+def _tok_s(sizes, N, T, R, kept, h2d=H2D, rates=DEFAULT_PROMPT_RATES):
     cache = ExpertCache(sizes)
     missing = [sizes.args.num_experts - k for k in cache.per_layer(kept)]
-    c = prompt_cost.prompt_cost(layer_work(sizes), missing, N, T, R, h2d, DEFAULT_PROMPT_RATES,
+    c = prompt_cost.prompt_cost(layer_work(sizes), missing, N, T, R, h2d, rates,
                                 sizes.args.num_experts, sizes.args.num_experts_per_tok, 32)
     return N / c.seconds, c
 
@@ -55,6 +55,32 @@ def test_resident_prompt_is_the_fit(q30):
     for N, measured in ((4096, 20_291.8), (16384, 15_890.5)):
         tok_s, c = _tok_s(q30, N, N, 200, q30.args.num_experts * q30.args.num_hidden_layers)
         assert c.bus_bytes == 0 and tok_s == pytest.approx(measured, rel=0.01)
+
+
+def test_tma_attention_rates_fit_the_h100s_resident_prompts(q30):
+    """With tma-attention's kernel (TMA_ATTENTION_SPEEDUP on the H200's attention fit): within 5% of the
+    H100's resident prompts with the path on (docs/PERF.md, twenty-fifth session), and faster than the
+    attention_tc.cu rates by more the longer the prompt."""
+    tma = DEFAULT_PROMPT_RATES.with_tma_attention()
+    full = q30.args.num_experts * q30.args.num_hidden_layers
+    gains = []
+    for N, measured in ((4096, 21_480), (16384, 19_500), (32768, 16_300)):
+        tok_s, _ = _tok_s(q30, N, N, 200, full, rates=tma)
+        assert tok_s == pytest.approx(measured, rel=0.05), N
+        gains.append(tok_s / _tok_s(q30, N, N, 200, full)[0])
+    assert 1.0 < gains[0] < gains[1] < gains[2]
+
+
+def test_plans_price_tma_attention_where_the_gpu_runs_it(q30mtp):
+    """make_plan(tma_attention=True), as the runner and `plan` pass it on a GPU that runs the kernel: the
+    same candidates, each predicted no slower at any prompt length (a short one may wait on the bus
+    alone) and faster at 32K."""
+    cfg = EngineConfig(max_context=32768, prefill_rule="auto")
+    tc, tma = (make_plan(q30mtp, cfg, 12 << 30, tma_attention=t) for t in (False, True))
+    by_plan = {(o.chunk, o.ring): o.seconds for o in tc.prompt_options}
+    shared = [(o.seconds, by_plan[(o.chunk, o.ring)]) for o in tma.prompt_options if (o.chunk, o.ring) in by_plan]
+    assert shared and all(a <= b for fast, slow in shared for a, b in zip(fast, slow))
+    assert all(fast[-1] < 0.9 * slow[-1] for fast, slow in shared)
 
 
 # docs/PERF.md, third session's `ab` and `abbytes` and the 8 GiB row (8 GiB, synthetic qwen3-30b-a3b):

@@ -325,6 +325,13 @@ WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_wg",), "wgmma-attention": ("attentio
 WGMMA_ARCH = "sm_90a"
 
 
+def tma_attention_runs(paths: "KernelPaths", manifest: dict | None, compute_capability, head_dim: int | None = None) -> bool:
+    """Whether prompt attention takes tma-attention's kernel (cuda/attention_ws.cu's TMA build) here:
+    the path on, an sm_90 GPU, an install with the sm_90a library, and (given) a head dim it has."""
+    return (paths.tma_attention and (head_dim is None or head_dim in WS_ATTENTION_HEAD_DIMS)
+            and wgmma_unavailable(manifest, compute_capability, "attention_ws") is None)
+
+
 def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = "moe_gemm_wg") -> str | None:
     """Why a wgmma library cannot run here (this GPU's compute capability, the install's manifest),
     or None when it can."""

@@ -51,7 +51,7 @@ from ...errors import InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
-                      WGMMA_LIBRARIES, KernelPaths, wgmma_unavailable)
+                      WGMMA_LIBRARIES, KernelPaths, tma_attention_runs, wgmma_unavailable)
 from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
@@ -77,8 +77,8 @@ class DeviceOps(DenseOps, AttentionOps):
                     raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")
         # on by default where it can run (an sm_90 GPU, a build with attention_ws.cu's sm_90a library;
         # not in the memory model's dry run, whose runtime has no manifest: the path allocates nothing)
-        self.tma_attention = paths.tma_attention and hasattr(rt, "read_manifest") and wgmma_unavailable(
-            rt.read_manifest(), getattr(device, "compute_capability", None), "attention_ws") is None
+        self.tma_attention = hasattr(rt, "read_manifest") and tma_attention_runs(
+            paths, rt.read_manifest(), getattr(device, "compute_capability", None))
         self.gemm_op = "moe_gemm_wg" if paths.wgmma_gemm else "moe_gemm"    # the prompt GEMMs' library op
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
