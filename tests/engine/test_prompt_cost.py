@@ -9,7 +9,7 @@ import pytest
 
 from strata import cli
 from strata.config import EngineConfig
-from strata.engine import planner, prompt_cost
+from strata.engine import prompt_cost
 from strata.engine.planner import ExpertCache, make_plan
 from strata.engine.prompt_cost import DEFAULT_PROMPT_RATES, layer_work
 from strata.plan import plan_sizes
