@@ -7,15 +7,13 @@ import numpy as np
 from strata.backends.cuda.attention_tc import attention_prefill_tc
 from strata.backends.cuda.kernels import attention_tensor_maps
 from strata.backends.cpu import causal_attention
+from tests.fixtures import load_tool
 
 
-def _case(rng, T=37, offset=50, H=8, Hk=2, dh=128, pad=9):
-    S = offset + T
-    q = rng.standard_normal((T, H, dh)).astype(np.float32)
-    k = rng.standard_normal((S + pad, Hk, dh)).astype(np.float16)
-    v = rng.standard_normal((S + pad, Hk, dh)).astype(np.float16)
-    k[S:], v[S:] = np.nan, np.nan
-    return q, k, v, np.arange(offset, S, dtype=np.int32)
+def _case(rng):
+    """A chunk of 37 queries after 50 cells, 8 heads over 2, Dh 128, NaN cells past the last position
+    (tools/attention_wg_ab.py's cases)."""
+    return load_tool("attention_wg_ab").make_case(rng, 128, 8, 2, 37, 50, pad=9)
 
 
 def test_the_wrapper_passes_maps_over_the_chunks_cells(fake):
