@@ -88,6 +88,7 @@ struct WsShape {
     static constexpr int BOX_BYTES = CELLS * 128;                  // a TMA box: CELLS cells x 64 dims
     // The TMA build rounds the block's base up to 1024 bytes (the 128-byte swizzle's atom) itself.
     static constexpr int SMEM_BYTES_TMA = SMEM_BYTES + 1024;
+    static_assert(SMEM_BYTES_TMA <= 227 * 1024, "a multiprocessor's shared memory, with the alignment");
     static_assert(STAGES >= 2, "a stage to fill while one is read");
     static_assert(SMEM_BYTES <= 227 * 1024, "a multiprocessor's shared memory");
 };
@@ -262,14 +263,18 @@ __device__ __forceinline__ void ws_consume(const float* __restrict__ q, const in
         fence_proxy_async();
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < CELLS / 16; ++ks)  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 (N-major V)
-            // swizzled: two 8-cell atoms from 2048 ks; the next 64 dims a box on (LBO), the next 8 cells 1024
-#ifndef STRATA_WST_V_SWAP
-            wgmma_rs_n128(o, pa[ks], TMA ? smem_desc_sw128(v_tile + ks * 2048, S::BOX_BYTES, 1024)
-#else
-            wgmma_rs_n128(o, pa[ks], TMA ? smem_desc_sw128(v_tile + ks * 2048, 1024, S::BOX_BYTES)
-#endif
-                                         : smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));
+        for (int ks = 0; ks < CELLS / 16; ++ks) {  // cells 16 ks .. + 15: core matrices 2 ks, 2 ks + 1 (N-major V)
+            if constexpr (!TMA) {
+                wgmma_rs_n128(o, pa[ks], smem_desc(v_tile + 2 * ks * kCellStep, kCellStep, kDimStep));
+            } else {
+                // swizzled: two 8-cell atoms from 2048 ks; the next 64 dims a box on (LBO), the next 8
+                // cells 1024 on (SBO); at Dh 256 two m64n128 MMAs, dims 0-127 and 128-255 (boxes 2 h, 2 h + 1)
+#pragma unroll
+                for (int h = 0; h < DH / 128; ++h)
+                    wgmma_rs_n128(*reinterpret_cast<float(*)[16][4]>(&o[16 * h][0]), pa[ks],
+                                  smem_desc_sw128(v_tile + 2 * h * S::BOX_BYTES + ks * 2048, S::BOX_BYTES, 1024));
+            }
+        }
         wgmma_commit();  // not waited for here: it runs while the next K is awaited and its S issued
     }
     wgmma_wait_all();
@@ -288,7 +293,7 @@ __device__ __forceinline__ void attention_prefill_ws(const float* __restrict__ q
     __trap();
 #else
     using S = WsShape<DH, CELLS>;
-    static_assert(DH == 128, "O += P V is m64n128");
+    static_assert(DH == 128 || (TMA && DH == 256), "O += P V is one m64n128 MMA a k-step, two for the TMA build's Dh 256");
     extern __shared__ __align__(128) unsigned char ws_smem[];
     __shared__ int pos_s[kWsWarps][2];
 
@@ -348,10 +353,17 @@ STRATA_PREFILL_WS(strata_attention_prefill_ws64_f16_d128, 128, 64)
 // The TMA build: K and V through tensor maps of the caches (host: strata.backends.cuda.kernels
 // attention_tensor_maps), dims (Dh, Hk, cells) with cells the chunk's last position + 1, boxes
 // (64, 1, 128), 128-byte swizzle, zeros past the end; k_cache and v_cache unused (the contract kept).
-extern "C" __global__ void __launch_bounds__(kWsThreads, 1)
-    strata_attention_prefill_wst128_f16_d128(const float* q, const __half* k_cache, const __half* v_cache,
-                                             const int* positions, float* out, int T, int H, int Hk, float scale,
-                                             const __grid_constant__ TensorMap tk,
-                                             const __grid_constant__ TensorMap tv) {
-    attention_prefill_ws<128, 128, true>(q, k_cache, v_cache, positions, out, T, H, Hk, scale, &tk, &tv);
-}
+#define STRATA_PREFILL_WST(NAME, DH, CELLS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(kWsThreads, 1)                                              \
+        NAME(const float* q, const __half* k_cache, const __half* v_cache, const int* positions, float* out, \
+             int T, int H, int Hk, float scale, const __grid_constant__ TensorMap tk,                        \
+             const __grid_constant__ TensorMap tv) {                                                          \
+        attention_prefill_ws<DH, CELLS, true>(q, k_cache, v_cache, positions, out, T, H, Hk, scale, &tk, &tv); \
+    }
+
+STRATA_PREFILL_WST(strata_attention_prefill_wst128_f16_d128, 128, 128)
+// Dh 256 (Qwen3-Next's attention layers) on 64-cell tiles: O's 128 accumulators a thread beside S's 32
+// fit the consumers' 232 registers, and Q (64 KB) with two stages of 32 KB K and V tiles fits shared
+// memory (197,696 bytes). Not yet run on a GPU: tools/attention_wg_ab.py --shape 80b checks and times it;
+// the engine does not launch it yet.
+STRATA_PREFILL_WST(strata_attention_prefill_wst64_f16_d256, 256, 64)

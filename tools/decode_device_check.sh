@@ -41,8 +41,9 @@
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
 #               over tc, the wgmma path and the TMA build, then while the pack is made tools/attention_wg_ab.py on the
-#               carried fatbins (tc, ws128, wst and WS_EXTRA's arms, at 512 to 4096 after 126,976 cells; WS_NCU=1:
-#               then Nsight Compute over wst), then resident prompts
+#               carried fatbins (tc, ws128, wst and WS_EXTRA's arms, at 512 to 4096 after 126,976 cells; then tc
+#               and the Dh-256 TMA build at Qwen3-Next-80B's shape; WS_NCU=1: then Nsight Compute over wst), then
+#               resident prompts
 #               WS_PROMPTS (default 4096,16384,32768) with the path off, on, off, on (one load each); the sha256
 #               of the logits differ (other tiles, other roundings)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
@@ -72,6 +73,10 @@ if has wsprompt; then
             --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS \
             --arm wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:$WST ${WS_EXTRA:-} \
             --json "$OUT/attention_ab.json" 2>&1 | grep -v " ok  " | tail -16
+        echo "== attention A/B at Qwen3-Next-80B's shape (Dh 256): tc, wst64 ($(elapsed) s)"
+        timeout "$(budget 120)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
+            --arm wst64:$W/attention_ws.fatbin:strata_attention_prefill_wst64_f16:128:384:197696:tma64 --shape 80b \
+            --json "$OUT/attention_ab_80b.json" 2>&1 | grep -v " ok  " | tail -12
         [ -n "${WS_NCU:-}" ] || return 0
         echo "== Nsight Compute over wst, 4096 queries after 12,288 cells ($(elapsed) s)"
         timeout "$(budget 120)" ncu -k regex:prefill_wst128_f16_d128 --launch-skip 3 --launch-count 1 --section SpeedOfLight \

@@ -49,7 +49,8 @@ if want attention; then
         "wg:$W/attention_wg.fatbin:strata_attention_prefill_wg_f16" \
         "ws:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968" \
         "ws64:$W/attention_ws.fatbin:strata_attention_prefill_ws64_f16:128:384:163968" \
-        "wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma"
+        "wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma" \
+        "wst64:$W/attention_ws.fatbin:strata_attention_prefill_wst64_f16:128:384:197696:tma64"
 fi
 if want gemv; then
     echo "== gemv_rows_ab: parent against tree"

@@ -24,22 +24,24 @@ class AttentionDriver(HostDriver):
         return struct.pack("<Q3Q2Q3Q", ptr, *dims, *strides, *box).ljust(128, b"\0")
 
     def function(self, mod, name):
-        if "ws" in mod and not name.endswith("_d128"):
+        if "ws" in mod and not name.endswith("_d256" if "wst64" in name else "_d128"):
             raise RuntimeError("CUDA driver error CUDA_ERROR_NOT_FOUND")
         return mod, name
 
     def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
-        rows, threads, dyn = (128, 384, 164928 if "wst" in path else 163968) if "ws" in path else (64, 128, 0)
+        q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals[:9]
+        dh = int(name.rsplit("_d", 1)[1])
+        dyn = 197696 if "wst64" in name else 164928 if "wst" in path else 163968
+        rows, threads, dyn = (128, 384, dyn) if "ws" in path else (64, 256 if dh == 256 else 128, 0)
         kinds = "PPPPPiiif" + "BB" * ("wst" in path)
         assert "".join(k for k, _ in args) == kinds and (block, shared) == (threads, dyn)
-        q_p, k_p, v_p, pos_p, out_p, T, H, Hk, scale = vals[:9]
+        box = 64 if "wst64" in name else rows
         cells = None
         if "wst" in path:                   # K and V as the maps give them: cells past their end read 0
             (k_p, *kmap), (v_p, *vmap) = (struct.unpack("<Q3Q2Q3Q", m[:72]) for m in vals[9:])
-            assert kmap == vmap and kmap[3:5] == [kmap[0] * 2, kmap[0] * kmap[1] * 2] and kmap[5:] == [64, 1, rows]
+            assert kmap == vmap and kmap[3:5] == [kmap[0] * 2, kmap[0] * kmap[1] * 2] and kmap[5:] == [64, 1, box]
             cells = kmap[2]
-        dh = int(name.rsplit("_d", 1)[1])
         assert grid == (-(-T * (H // Hk) // rows), Hk)
         assert math.isclose(scale, 1 / math.sqrt(dh), rel_tol=1e-6)
         self.launches.append((path, name))
@@ -90,26 +92,31 @@ def test_reference_is_a_causal_softmax():
     np.testing.assert_allclose(ref[0, 3], w @ v[:3, 1].astype(np.float64), rtol=1e-12)
 
 
-ARMS = {"ws": "ws:ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968",
-        "wst": "wst:wst.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma"}
+# name -> (arm, its head dim, the shape it is timed at)
+ARMS = {"ws": ("ws:ws.fatbin:strata_attention_prefill_ws128_f16:128:384:163968", 128, "30b"),
+        "wst": ("wst:wst.fatbin:strata_attention_prefill_wst128_f16:128:384:164928:tma", 128, "30b"),
+        "wst64": ("wst64:wst64.fatbin:strata_attention_prefill_wst64_f16:128:384:197696:tma64", 256, "80b")}
 
 
 @pytest.mark.parametrize("name", sorted(ARMS))
 def test_an_arm_of_other_rows_and_head_dims(tmp_path, name):
     """A ROWS:THREADS:SHARED arm launches its own grid, and a case of a head dim it has no entry point
-    for is skipped for it, not failed. A 'tma' arm (wst) gets K's and V's tensor maps after the
-    contract's arguments, over the cells up to the chunk's last position (the NaN cells past it never
-    read)."""
+    for is skipped for it, not failed, and is timed only at a shape of its head dim. A 'tma' arm gets K's
+    and V's tensor maps after the contract's arguments, over the cells up to the chunk's last position
+    (the NaN cells past it never read), boxes of its cells ('tma64': 64)."""
     tool = load_tool("attention_wg_ab")
     dev = AttentionDriver()
     out = tmp_path / "r.json"
-    argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16", "--arm", ARMS[name], "--chunks", "40@3",
-            "--repeats", "2", "--json", str(out)]
+    spec, dh, shape = ARMS[name]
+    argv = ["--arm", "tc:a.fatbin:strata_attention_prefill_tc_f16", "--arm", spec, "--chunks", "40@3",
+            "--repeats", "2", "--json", str(out), "--shape", shape]
     assert tool.main(argv, make_driver=lambda: dev) == 0
     report = json.loads(out.read_text())
     assert report["ok"] == {"tc": True, name: True}
-    dims = {label: dh for label, dh, *_ in tool.CASES}
-    assert {label for label in report["checks"][name]} == {label for label, dh in dims.items() if dh == 128}
+    dims = {label: d for label, d, *_ in tool.CASES}
+    assert {label for label in report["checks"][name]} == {label for label, d in dims.items() if d == dh}
     assert all(r["max_diff_from_first"] < 1e-6 for r in report["checks"][name].values())
-    assert (f"{name}.fatbin", f"strata_attention_prefill_{name}128_f16_d128") in dev.launches
+    prefix = spec.split(":")[2]
+    assert (f"{name}.fatbin", f"{prefix}_d{dh}") in dev.launches
     assert set(report["times"][0]["arms"]) == {"tc", name}
+    assert ("a.fatbin", f"strata_attention_prefill_tc_f16_d{dh}") in dev.launches

@@ -51,3 +51,11 @@ def test_the_tma_build_takes_its_tensor_maps_and_1024_bytes_more():
     for dh, wgmma in ((64, True), (128, False)):
         with pytest.raises(InvalidArgument, match="TMA build"):
             prefill_launch(512, 32, 4, dh, wgmma=wgmma, tma=True)
+
+
+def test_the_dh256_tma_build_fits_and_the_source_states_its_bytes():
+    """Dh 256 on 64-cell tiles: Q 64 KB, two stages of 32 KB K and V, the barriers and the alignment."""
+    shared = attention_ws_shared(64, 256, tma=True)
+    assert shared == 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 4 * 2 * 8 + 1024 <= 227 * 1024
+    assert f"{shared:,}" in SRC
+    assert KERNELS["attention_prefill_wst"].name(cells=64, dh=256) == "strata_attention_prefill_wst64_f16_d256"

@@ -254,8 +254,9 @@ KERNELS = {
     "attention_prefill_ws": _K("attention_ws", "strata_attention_prefill_ws{cells}_f16_d{dh}", "PPPPPiiif", 384,
                                "(ceil(T G / 128), Hk)", _each(cells=(64, 128), dh=WS_ATTENTION_HEAD_DIMS)),
     # its TMA build: K/V tiles by the tensor memory accelerator, through attention_tensor_maps' two maps
+    # (and at Dh 256 on 64-cell tiles: built, not yet run on a GPU, not launched by the engine)
     "attention_prefill_wst": _K("attention_ws", "strata_attention_prefill_wst{cells}_f16_d{dh}", "PPPPPiiifBB", 384,
-                                "(ceil(T G / 128), Hk)", _each(cells=(128,), dh=WS_ATTENTION_HEAD_DIMS)),
+                                "(ceil(T G / 128), Hk)", ({"cells": 128, "dh": 128}, {"cells": 64, "dh": 256})),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
     "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
                                      "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),
