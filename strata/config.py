@@ -28,7 +28,8 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
 # attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
-# on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
+# on, its cp.async build with --kernels-off tma-attention), 64 (cuda/attention_wg.cu) and 256 (attention_ws.cu's
+# TMA build on 64-cell tiles, not yet run on a GPU; where the TMA build cannot run, attention_tc.cu's).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).

@@ -73,14 +73,16 @@ def check_parallel(config: EngineConfig, args) -> None:
 
 def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
-    wgmma-attention has kernels for head dims 64 and 128 only; fused-route for F32 routers of at most
+    wgmma-attention has kernels for head dims 64, 128 and 256 (the TMA build) only; fused-route for F32 routers of at most
     MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K. dense: the pack's dense tensor table
     (name -> {"qtype", ...}), where the routers' types are read."""
-    from ..backends.cuda.kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
+    from ..backends.cuda.kernels import (MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, TMA_ATTENTION_CELLS,
+                                         WG_ATTENTION_HEAD_DIMS)
     dh = args.head_dim
-    if paths.wgmma_attention and dh not in WG_ATTENTION_HEAD_DIMS:
+    dims = sorted(set(WG_ATTENTION_HEAD_DIMS) | set(TMA_ATTENTION_CELLS))   # Dh 256: the TMA build only
+    if paths.wgmma_attention and dh not in dims:
         raise UnsupportedError(f"kernel path wgmma-attention (--kernels-on): this model's head dim is {dh}; the "
-                               f"path's kernels take {', '.join(map(str, WG_ATTENTION_HEAD_DIMS))}")
+                               f"path's kernels take {', '.join(map(str, dims))}")
     if paths.fused_route:
         types = sorted({t["qtype"] for name, t in (dense or {}).items() if name.endswith("ffn_gate_inp.weight")})
         E, k = args.num_experts, args.num_experts_per_tok

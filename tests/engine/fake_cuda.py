@@ -42,7 +42,7 @@ import weakref
 import numpy as np
 
 from strata.backends import rope
-from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES
+from strata.backends.cuda.kernels import KERNELS, PDL_LIBRARIES, TMA_ATTENTION_CELLS
 from strata.backends.cpu import causal_attention, moe_route, rms_norm, swiglu
 from strata.errors import DeviceError, InvalidArgument
 from strata.quant import QTensor, qtype
@@ -581,7 +581,8 @@ def _attention_prefill_wst(grid, q, kc, vc, pos, out, T, H, Hk, scale, kmap, vma
     planes = []
     for m in (kmap, vmap):
         address, d0, heads, cells, s1, s2, b0, b1, b2 = _TENSOR_MAP.unpack(m[:_TENSOR_MAP.size])
-        assert (d0, heads, s1, s2, b0, b1, b2) == (dh, Hk, dh * 2, Hk * dh * 2, 64, 1, 128), "a map of another shape"
+        assert (d0, heads, s1, s2, b0, b1, b2) == (dh, Hk, dh * 2, Hk * dh * 2, 64, 1, TMA_ATTENTION_CELLS[dh]), \
+            "a map of another shape"
         plane = np.zeros((max(S, cells), Hk, dh), np.float16)
         plane[:cells] = view(address, cells * Hk * dh, np.float16).reshape(cells, Hk, dh)
         if not np.isfinite(plane[S:]).all():    # a tile past the last position reads them: 0 x NaN in P V
@@ -803,6 +804,7 @@ _EMULATE = {
     "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_prefill_wg_f16": _attention_prefill, "attention_prefill_ws128_f16": _attention_prefill,
     "attention_prefill_ws64_f16": _attention_prefill, "attention_prefill_wst128_f16": _attention_prefill_wst,
+    "attention_prefill_wst64_f16": _attention_prefill_wst,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,

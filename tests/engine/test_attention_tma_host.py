@@ -67,3 +67,31 @@ def test_the_engine_takes_the_tma_build_by_default_at_head_dim_128(fake, tmp_pat
     monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": kept})
     _, launched = run()
     assert "strata_attention_prefill_tc_f16_d128" in launched
+
+
+def test_head_dim_256_takes_the_tma_build_only_on_trial(fake, tmp_path, monkeypatch):
+    """Qwen3-Next's attention layers at Dh 256: attention_tc.cu's kernel by default (the Dh-256 TMA build
+    has not been measured); --kernels-on wgmma-attention sends their prompt chunks to it (64-cell tiles),
+    with the same logits here (one contract)."""
+    import pytest
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from strata.config import EngineConfig
+    from strata.engine.cuda_runner import CudaRunner
+    from strata.pack import open_pack
+    from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
+
+    path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=256), seed=6)
+    ids = np.random.default_rng(7).integers(0, 300, 30)
+
+    def run(config=EngineConfig()):
+        fake.launches.clear()
+        out = CudaRunner(open_pack(path), 64, config).prefill(ids, 0)
+        return out, list(fake.launches)
+    base, launched = run()
+    assert "strata_attention_prefill_tc_f16_d256" in launched
+    assert "strata_attention_prefill_wst64_f16_d256" not in launched
+    trial, launched = run(EngineConfig(kernels_on="wgmma-attention"))
+    assert launched.count("strata_attention_prefill_wst64_f16_d256") == 2     # its two attention layers
+    assert not [n for n in launched if n.startswith("strata_attention_prefill_tc_")]
+    np.testing.assert_array_equal(trial, base)

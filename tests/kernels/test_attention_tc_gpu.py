@@ -27,13 +27,13 @@ F16_NAN = np.uint16(0x7E00).view(np.float16)
 def prefill_tc(request):
     """attention_tc.cu's kernels, and the wgmma path's (the same contract: attention_ws.cu at Dh 128,
     attention_wg.cu at Dh 64) where they run; a wg test at Dh 256 skips itself. wst: attention_ws.cu's
-    TMA build (Dh 128 only), its tensor maps ending at the chunk's last position."""
+    TMA build (Dh 128 and 256), its tensor maps ending at the chunk's last position."""
     from strata.backends.cuda.attention_tc import attention_prefill_tc
 
     if request.param == "tc":
         return attention_prefill_tc
     import strata.backends.cuda as cuda_backend
-    from strata.backends.cuda.kernels import WG_ATTENTION_HEAD_DIMS, WS_ATTENTION_HEAD_DIMS, wgmma_unavailable
+    from strata.backends.cuda.kernels import TMA_ATTENTION_CELLS, WG_ATTENTION_HEAD_DIMS, wgmma_unavailable
     rt = cuda_backend._runtime()
     for library in ("attention_wg", "attention_ws"):
         why = wgmma_unavailable(rt.read_manifest(), rt.Device(0).compute_capability, library)
@@ -43,7 +43,7 @@ def prefill_tc(request):
     tma = request.param == "wst"
 
     def wg(q, *args, **kwargs):
-        if q.shape[2] not in (WS_ATTENTION_HEAD_DIMS if tma else WG_ATTENTION_HEAD_DIMS):
+        if q.shape[2] not in (TMA_ATTENTION_CELLS if tma else WG_ATTENTION_HEAD_DIMS):
             pytest.skip(f"the {request.param} path has no Dh {q.shape[2]} kernel")
         return attention_prefill_tc(q, *args, wgmma=True, tma=tma, **kwargs)
     return wg

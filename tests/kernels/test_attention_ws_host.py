@@ -48,9 +48,12 @@ def test_the_tma_build_takes_its_tensor_maps_and_1024_bytes_more():
     assert KERNELS[op].name(**fields) == "strata_attention_prefill_wst128_f16_d128"
     assert KERNELS[op].signature == KERNELS["attention_prefill_ws"].signature + "BB"
     assert re.search(r"SMEM_BYTES_TMA = SMEM_BYTES \+ 1024;", SRC)
-    for dh, wgmma in ((64, True), (128, False)):
-        with pytest.raises(InvalidArgument, match="TMA build"):
-            prefill_launch(512, 32, 4, dh, wgmma=wgmma, tma=True)
+    assert prefill_launch(4096, 32, 4, 128, tma=True)[:4] == (op, grid, block, shared)     # wgmma or not
+    op, grid, block, shared, fields = prefill_launch(4096, 16, 2, 256, tma=True)    # Dh 256: 64-cell tiles
+    assert (op, grid, block, shared) == ("attention_prefill_wst", (256, 2), 384, attention_ws_shared(64, 256, True))
+    assert KERNELS[op].name(**fields) == "strata_attention_prefill_wst64_f16_d256"
+    with pytest.raises(InvalidArgument, match="TMA build takes Dh"):
+        prefill_launch(512, 32, 4, 64, wgmma=True, tma=True)
 
 
 def test_the_dh256_tma_build_fits_and_the_source_states_its_bytes():

@@ -12,7 +12,8 @@ import numpy as np
 from strata.errors import InvalidArgument
 
 from .kernels import (KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
-                      WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS, attention_tensor_maps,
+                      TMA_ATTENTION_CELLS, WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS,
+                      attention_tensor_maps,
                       attention_ws_shared, load_kernel)
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
@@ -39,18 +40,19 @@ def prefill_launch(T: int, H: int, Hk: int, Dh: int, wgmma: bool = False,
     (attention_prefill_wst: two tensor maps follow the contract's arguments, attention_tensor_maps),
     which needs the cells the chunk reads known on the host."""
     grid, block = prefill_tc_launch_shape(T, H, Hk, Dh)
-    if wgmma and Dh not in WG_ATTENTION_HEAD_DIMS:
-        raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {Dh}")
-    op = table_op(Dh, wgmma)
-    if tma and op != "attention_prefill_ws":
-        raise InvalidArgument(f"attention_prefill_tc: the TMA build is attention_ws.cu's (wgmma, Dh "
-                              f"{WS_ATTENTION_HEAD_DIMS}), not for Dh {Dh}{'' if wgmma else ' without wgmma'}")
-    if op != "attention_prefill_ws":
-        return op, grid, KERNELS[op].block, 0, {"dh": Dh}
+    if tma:
+        if Dh not in TMA_ATTENTION_CELLS:
+            raise InvalidArgument(f"attention_prefill_tc: attention_ws.cu's TMA build takes Dh "
+                                  f"{tuple(TMA_ATTENTION_CELLS)}, not {Dh}")
+        op, cells = "attention_prefill_wst", TMA_ATTENTION_CELLS[Dh]
+    else:
+        if wgmma and Dh not in WG_ATTENTION_HEAD_DIMS:
+            raise InvalidArgument(f"attention_prefill_tc: the wgmma kernels take Dh {WG_ATTENTION_HEAD_DIMS}, not {Dh}")
+        op, cells = table_op(Dh, wgmma), WS_ATTENTION_CELLS
+        if op != "attention_prefill_ws":
+            return op, grid, KERNELS[op].block, 0, {"dh": Dh}
     grid = (-(-T * (H // Hk) // WS_ATTENTION_ROWS), Hk)
-    fields = {"cells": WS_ATTENTION_CELLS, "dh": Dh}
-    op = "attention_prefill_wst" if tma else op
-    return op, grid, KERNELS[op].block, attention_ws_shared(WS_ATTENTION_CELLS, Dh, tma), fields
+    return op, grid, KERNELS[op].block, attention_ws_shared(cells, Dh, tma), {"cells": cells, "dh": Dh}
 
 
 def kernel_name(head_dim: int) -> str:

@@ -28,6 +28,10 @@ WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's; t
 WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128):
                                             # 128 was at or above 64 at every chunk timed (an H100, 24th session)
 WS_ATTENTION_ROWS = 128                     # query rows a block of it (two consumer warpgroups)
+# Its TMA build's tile by head dim: Dh 128 on by default (tma-attention); Dh 256 (built, not yet run on a
+# GPU) only under --kernels-on wgmma-attention, on trial
+TMA_ATTENTION_CELLS = {128: 128, 256: 64}
+TMA_DEFAULT_HEAD_DIMS = (128,)
 _WS_RING_BYTES = 128 * 1024                 # cuda/attention_ws.cu STRATA_WS_RING_KB
 TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
 # A decode row of at least this many cells takes cuda/attention_dec_tc.cu's kernel, a shorter one
@@ -90,10 +94,10 @@ def attention_ws_shared(cells: int = WS_ATTENTION_CELLS, head_dim: int = 128, tm
 
 def attention_tensor_maps(rt, k_cache: int, v_cache: int, Hk: int, head_dim: int, cells: int) -> tuple[bytes, bytes]:
     """The TMA build's two tensor maps (its "B" parameters): K's and V's f16 caches [cells, Hk, head_dim]
-    at k_cache and v_cache, boxes of 64 dims x 1 head x WS_ATTENTION_CELLS cells, cells past `cells`
-    (the chunk's last position + 1) read as zeros."""
+    at k_cache and v_cache, boxes of 64 dims x 1 head x the head dim's tile (TMA_ATTENTION_CELLS),
+    cells past `cells` (the chunk's last position + 1) read as zeros."""
     return tuple(rt.tensor_map_f16(c, (head_dim, Hk, cells), (head_dim * 2, Hk * head_dim * 2),
-                                   (64, 1, WS_ATTENTION_CELLS)) for c in (k_cache, v_cache))
+                                   (64, 1, TMA_ATTENTION_CELLS[head_dim])) for c in (k_cache, v_cache))
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,7 @@ KERNELS = {
     # its TMA build: K/V tiles by the tensor memory accelerator, through attention_tensor_maps' two maps
     # (and at Dh 256 on 64-cell tiles: built, not yet run on a GPU, not launched by the engine)
     "attention_prefill_wst": _K("attention_ws", "strata_attention_prefill_wst{cells}_f16_d{dh}", "PPPPPiiifBB", 384,
-                                "(ceil(T G / 128), Hk)", ({"cells": 128, "dh": 128}, {"cells": 64, "dh": 256})),
+                                "(ceil(T G / 128), Hk)", tuple({"cells": c, "dh": d} for d, c in TMA_ATTENTION_CELLS.items())),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)
     "attention_prefill_tc_pairs": _K("attention_tc", "strata_attention_prefill_tc_f16_d{dh}", "PPPPPiiif", 256,
                                      "(ceil(T G / 64), Hk)", _each(dh=TC_ATTENTION_PAIR_HEAD_DIMS)),
@@ -328,8 +332,9 @@ WGMMA_ARCH = "sm_90a"
 
 def tma_attention_runs(paths: "KernelPaths", manifest: dict | None, compute_capability, head_dim: int | None = None) -> bool:
     """Whether prompt attention takes tma-attention's kernel (cuda/attention_ws.cu's TMA build) here:
-    the path on, an sm_90 GPU, an install with the sm_90a library, and (given) a head dim it has."""
-    return (paths.tma_attention and (head_dim is None or head_dim in WS_ATTENTION_HEAD_DIMS)
+    the path on, an sm_90 GPU, an install with the sm_90a library, and (given) a head dim it takes by
+    default (TMA_DEFAULT_HEAD_DIMS)."""
+    return (paths.tma_attention and (head_dim is None or head_dim in TMA_DEFAULT_HEAD_DIMS)
             and wgmma_unavailable(manifest, compute_capability, "attention_ws") is None)
 
 

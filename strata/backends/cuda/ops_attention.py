@@ -11,7 +11,8 @@ import numpy as np
 from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
-                      WG_ATTENTION_HEAD_DIMS, WS_ATTENTION_HEAD_DIMS, attention_tensor_maps, decode_quant_shared,
+                      TMA_ATTENTION_CELLS, TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, attention_tensor_maps,
+                      decode_quant_shared,
                       decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
@@ -164,8 +165,10 @@ class AttentionOps:
         wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_ws.cu, _wg.cu
         # attention_ws.cu's TMA build where it runs and the host knows the cells the chunk reads (its
         # tensor maps end there: the cells past it read as zeros, as the cp.async build zero-fills them)
+        # (at Dh 256, unmeasured, only on trial under --kernels-on wgmma-attention)
         cells = min(getattr(pos, "num_cells", 0), max_cells)
-        tma = dh in WS_ATTENTION_HEAD_DIMS and cells > 0 and self.tma_attention
+        tma = cells > 0 and self.tma_attention and (
+            dh in TMA_DEFAULT_HEAD_DIMS or (dh in TMA_ATTENTION_CELLS and self.paths.wgmma_attention))
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
             _ring_rows(ring, T, "attention")
             raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
@@ -177,7 +180,7 @@ class AttentionOps:
         elif T <= DECODE_ROWS_MAX:     # a step or a verify window: each row as a one-token step reads it
             self._attention_decode(q, Hk, kc, vc, pos, out, max_cells, scale, ring, vram)
         elif tma or wgmma or (dh in TC_ATTENTION_HEAD_DIMS and self.paths.tc_attention):  # flash attention
-            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma or tma, tma)  # the block: the table op's
+            op, grid, _, shared, fields = prefill_launch(T, H, Hk, dh, wgmma, tma)  # the block: the table op's
             maps = attention_tensor_maps(self.rt, kc, vc, Hk, dh, cells) if tma else ()
             self.launch(op, grid, (q.ptr, kc, vc, pos.ptr, out.ptr, T, H, Hk, scale, *maps), shared_bytes=shared,
                         **fields)
