@@ -13,8 +13,7 @@ from strata.errors import InvalidArgument
 
 from .kernels import (KERNELS, TC_ATTENTION_HEAD_DIMS, TC_ATTENTION_PAIR_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
                       TMA_ATTENTION_CELLS, WS_ATTENTION_CELLS, WS_ATTENTION_HEAD_DIMS, WS_ATTENTION_ROWS,
-                      attention_tensor_maps,
-                      attention_ws_shared, load_kernel)
+                      attention_tensor_maps, attention_ws_shared, load_kernel)
 
 LIBRARY = KERNELS["attention_prefill_tc"].library
 SIGNATURE = KERNELS["attention_prefill_tc"].signature

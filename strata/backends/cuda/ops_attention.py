@@ -12,8 +12,7 @@ from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
                       TMA_ATTENTION_CELLS, TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, attention_tensor_maps,
-                      decode_quant_shared,
-                      decode_splits, split_k_takes)
+                      decode_quant_shared, decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
