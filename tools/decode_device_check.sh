@@ -46,6 +46,12 @@
 #               resident prompts
 #               WS_PROMPTS (default 4096,16384,32768) with the path off, on, off, on (one load each); the sha256
 #               of the logits differ (other tiles, other roundings)
+#     pdlchain  tools/pdl_chain_bench.py on .whl/pdl_stage.fatbin (nvcc -fatbin -arch=sm_90 -Icuda tools/variants/pdl_stage.cu):
+#               chains of Q8_0 decode GEMVs from a graph with PDL, W read from global memory against W moved into
+#               shared memory before or after griddepcontrol.wait (#16: what a kernel's fixed cost leaves)
+#     decodegap tools/decode_gap.py at context 512: the step's graph back to back, with the greedy pick's copy and
+#               sync after each, and the generation loop (runner.decode + pick): the bubble and the Python a token
+#     (wsprompt knobs: WS_AB30=0 skips the Dh-128 A/B, WS_BENCH=0 the resident prompt benches)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
 #               TC_DECODE_FROM cells and more) against attention.cu's: test_attention_gpu and the windowed
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
@@ -69,7 +75,7 @@ if has wsprompt; then
     during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
         local W=.whl WS=128:384:163968 WST=128:384:164928:tma
         echo "== attention A/B: tc, ws128, wst ${WS_EXTRA:-} ($(elapsed) s)"
-        timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
+        [ "${WS_AB30:-1}" = 0 ] || timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
             --arm ws128:$W/attention_ws.fatbin:strata_attention_prefill_ws128_f16:$WS \
             --arm wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:$WST ${WS_EXTRA:-} \
             --json "$OUT/attention_ab.json" 2>&1 | grep -v " ok  " | tail -16
@@ -219,10 +225,18 @@ fi
 if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
     echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"
     timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
-    for arm in none wgmma-attention none wgmma-attention; do
+    [ "${WS_BENCH:-1}" = 0 ] || for arm in none wgmma-attention none wgmma-attention; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "wsprompt_$arm" 60 qwen3-30b-a3b --prompt "${WS_PROMPTS:-4096,16384,32768}" --decode 0 "${on[@]}"
     done
+fi
+if has pdlchain; then    # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
+    echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
+fi
+if has decodegap; then   # #16: the graph alone, with the pick's sync, and the generation loop
+    echo "== decode gap, context 512 ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/decode_gap.py --context 512 --json "$OUT/decode_gap.json" 2>&1 | tail -4
 fi
 if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores
     if has tcdecode; then

@@ -7,7 +7,8 @@
 # but 1.8x slower than attention_tc.cu on a 4096-token chunk.)
 #
 #   tools/variants/make_wgmma.sh   -> .whl/moe_gemm_{mma,wg}.fatbin, .whl/attention_{tc,wg,ws}.fatbin,
-#                                     .whl/wgmma_rate.fatbin (tools/wgmma_rate.py)
+#                                     .whl/wgmma_rate.fatbin (tools/wgmma_rate.py), .whl/pdl_stage.fatbin
+#                                     (tools/pdl_chain_bench.py)
 #
 # Then on the GPU machine, .whl carried (a minute or two, most of it making random weights):
 #   python3 tools/moe_gemm_wg_ab.py --arm mma:.whl/moe_gemm_mma.fatbin:strata_moe_gemm \
@@ -30,5 +31,6 @@ build attention_tc "$SM90" attention_tc &
 build attention_wg "$SM90A" attention_wg &
 build attention_ws "$SM90A" attention_ws &
 nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -o .whl/wgmma_rate.fatbin tools/variants/wgmma_rate.cu &
+nvcc -fatbin -O3 -std=c++17 "$SM90" -Icuda -o .whl/pdl_stage.fatbin tools/variants/pdl_stage.cu &   # tools/pdl_chain_bench.py (#16)
 wait
 ls -l .whl/moe_gemm_{mma,wg}.fatbin .whl/attention_{tc,wg,ws}.fatbin .whl/wgmma_rate.fatbin

@@ -1,0 +1,184 @@
+"""#16's question outside the engine: can a chain of decode GEMVs, each its own kernel, read W nearer the
+copy rate if each kernel's block moves its share of W into shared memory before griddepcontrol.wait,
+beside the previous kernel's still-running block? (tools/variants/pdl_stage.cu says why and how.)
+
+Chains of Q8_0 GEMVs at Qwen3-30B-A3B's decode shapes, each GEMV reading the previous one's output and a
+W of its own (48 copies a shape, past the L2), captured in a CUDA graph with programmatic dependent
+launches as a decode step is; the time is the median graph replay:
+  qkv     48 x fused q|k|v (5,120 x 2,048, 11.1 MB)
+  o       48 x attention output (2,048 x 4,096, 8.9 MB)
+  alt     48 x (q|k|v, output): 96 GEMVs
+  small   48 x (q|k|v, 2 small steps, output, 2 small steps): what the norms/ropes between do to it
+  smallE  the same, the small steps letting their dependents launch before their own wait
+Arms: plain (the engine's shape: 2 blocks an SM, 4 rows a warp, W from global memory), plain1 (1 row a
+warp), stage (a block an SM's half, its rows into shared memory after the wait), early (the same copies
+asked before the wait). Every arm's outputs equal plain's bit for bit (same lane order, same sums), and
+one GEMV of each shape is checked against numpy. Prints us a GEMV and GB/s of W, beside the device
+copy rate measured in the same process.
+
+    python tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin [--reps 7] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+SHAPES = {"qkv": (5120, 2048), "o": (2048, 4096)}
+COPIES = 48
+
+
+def q8_0(rows: int, n: int, rng) -> np.ndarray:
+    """Random Q8_0 rows whose products keep |x| near 1 along a chain: scale ~ 1 / (sqrt(n) * 74)."""
+    nb = n // 32
+    blocks = np.empty((rows, nb, 34), np.uint8)
+    d = (rng.uniform(0.8, 1.2, (rows, nb)) / (np.sqrt(n) * 74.0)).astype(np.float16)
+    blocks[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
+    blocks[:, :, 2:] = rng.integers(0, 256, (rows, nb, 32), dtype=np.uint8)
+    return blocks.reshape(rows, nb * 34)
+
+
+def dequant(w: np.ndarray, n: int) -> np.ndarray:
+    rows, nb = w.shape[0], n // 32
+    b = w.reshape(rows, nb, 34)
+    d = b[:, :, :2].copy().view(np.float16).astype(np.float64)
+    q = b[:, :, 2:].view(np.int8).astype(np.float64)
+    return (q * d).reshape(rows, n)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fatbin", default=".whl/pdl_stage.fatbin")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--chains", default="qkv,o,alt,small,smallE")
+    ap.add_argument("--arms", default="plain,plain1,stage,early")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from strata._ext import graphs, runtime as rt
+
+    rt.init()
+    dev = rt.Device(0)
+    st = rt.Stream(dev)
+    sms = dev.multiprocessor_count
+    lib = rt.Library("pdl_stage", open(args.fatbin, "rb").read())
+    k = {"plain": lib.kernel(dev, "bench_plain_q8", "PPPii"), "plain1": lib.kernel(dev, "bench_plain1_q8", "PPPii"),
+         "stage": lib.kernel(dev, "bench_stage_q8", "PPPiiii"), "small": lib.kernel(dev, "bench_small", "PPi"),
+         "small_early": lib.kernel(dev, "bench_small_early", "PPi")}
+    rng = np.random.default_rng(0)
+
+    W, host = {}, {}
+    for name, (rows, n) in SHAPES.items():
+        host[name] = q8_0(rows, n, rng)
+        first = rt.DeviceBuffer(dev, host[name].nbytes)
+        first.copy_from_host(host[name], st)
+        W[name] = [first] + [rt.DeviceBuffer(dev, host[name].nbytes) for _ in range(COPIES - 1)]
+        for b in W[name][1:]:
+            rt.copy_d2d(b.ptr, first.ptr, host[name].nbytes, st)
+    x0 = rng.standard_normal(8192).astype(np.float32)
+    bufs = [rt.DeviceBuffer(dev, 8192 * 4) for _ in range(2)]
+    start = rt.DeviceBuffer(dev, 8192 * 4)
+    start.copy_from_host(x0, st)
+    st.synchronize()
+
+    def gemv(arm, name, w, src, dst, stream):
+        rows, n = SHAPES[name]
+        xs = n // 32 * 36 * 4
+        if arm in ("plain", "plain1"):
+            per = 32 if arm == "plain" else 8
+            grid = min(-(-rows // per), 2 * sms) if arm == "plain" else -(-rows // per)
+            k[arm].launch(grid, 256, (w, src, dst, rows, n), xs, stream=stream, pdl=True)
+        else:
+            rpb = -(-rows // sms)
+            k["stage"].launch(-(-rows // rpb), 256, (w, src, dst, rows, n, rpb, int(arm == "early")),
+                              64 + xs + rpb * n // 32 * 34, stream=stream, pdl=True)
+
+    def chain(arm, pattern):
+        seq = {"qkv": ["qkv"], "o": ["o"], "alt": ["qkv", "o"], "small": ["qkv", "s", "s", "o", "s", "s"],
+               "smallE": ["qkv", "e", "e", "o", "e", "e"]}[pattern]
+
+        def record(stream):
+            rt.copy_d2d(bufs[0].ptr, start.ptr, 8192 * 4, stream)
+            cur = 0
+            for i in range(COPIES):
+                for step in seq:
+                    src, dst = bufs[cur], bufs[1 - cur]
+                    if step in ("s", "e"):
+                        k["small" if step == "s" else "small_early"].launch(32, 256, (src, dst, 4096), 0, stream=stream, pdl=True)
+                    else:
+                        gemv(arm, step, W[step][i], src, dst, stream)
+                    cur = 1 - cur
+            return cur
+        gemvs = COPIES * sum(s in SHAPES for s in seq)
+        wbytes = COPIES * sum(host[s].nbytes for s in seq if s in SHAPES)
+        return record, gemvs, wbytes
+
+    def replay_ms(record) -> tuple[float, int]:
+        graphs.begin_capture(st)
+        try:
+            last = record(st)
+        finally:
+            g = graphs.end_capture(st)
+        exe = g.instantiate()
+        exe.upload(st)
+        exe.launch(st)
+        e0, e1 = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
+        times = []
+        for _ in range(args.reps):
+            e0.record(st)
+            exe.launch(st)
+            e1.record(st)
+            e1.synchronize()
+            times.append(e0.elapsed_ms(e1))
+        exe.destroy()
+        g.destroy()
+        return float(np.median(times)), last
+
+    from strata.backends.cuda.bandwidth import copy_rates
+    copy_gbs = copy_rates(rt, dev, st, 1 << 30)[1]   # read + written bytes a second, as strata bench counts it
+    print(f"device copy {copy_gbs:,.0f} GB/s (read + written), {sms} SMs")
+
+    ok = True
+    # one GEMV of each shape against numpy, every arm
+    for name, (rows, n) in SHAPES.items():
+        ref = dequant(host[name], n) @ x0[:n].astype(np.float64)
+        outs = {}
+        for arm in args.arms.split(","):
+            out = rt.DeviceBuffer(dev, 8192 * 4)
+            gemv(arm, name, W[name][0], start, out, st)
+            y = np.empty(8192, np.float32)
+            out.copy_to_host(y, st)
+            st.synchronize()
+            outs[arm] = y[:rows]
+            err = float(np.max(np.abs(y[:rows] - ref)) / (np.max(np.abs(ref)) + 1e-30))
+            same = bool(np.array_equal(outs[arm], next(iter(outs.values()))))
+            ok &= err < 1e-4 and same
+            print(f"check {name:4s} {arm:7s} max rel err {err:.2e} {'== first arm' if same else '!= FIRST ARM'}")
+
+    report = {"copy_gbs": copy_gbs, "sms": sms, "chains": {}}
+    print(f"{'chain':6s} {'arm':7s} {'us/GEMV':>8s} {'GB/s W':>8s} {'% copy':>7s}  graph ms")
+    for pattern in args.chains.split(","):
+        finals = {}
+        for arm in args.arms.split(","):
+            record, gemvs, wbytes = chain(arm, pattern)
+            ms, last = replay_ms(record)
+            y = np.empty(8192, np.float32)
+            bufs[last].copy_to_host(y, st)
+            st.synchronize()
+            finals[arm] = y
+            same = bool(np.array_equal(y, next(iter(finals.values()))))
+            ok &= same
+            gbs = wbytes / (ms * 1e-3) / 1e9
+            report["chains"].setdefault(pattern, {})[arm] = {"ms": ms, "us_per_gemv": 1e3 * ms / gemvs, "gbs": gbs}
+            print(f"{pattern:6s} {arm:7s} {1e3 * ms / gemvs:8.2f} {gbs:8.0f} {100 * gbs / copy_gbs:6.1f}%  "
+                  f"{ms:.3f}{'' if same else '  OUTPUT != FIRST ARM'}")
+    print("ok" if ok else "FAILED")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+// A question for #16, asked outside the engine: does a decode GEMV get nearer the copy rate when its
+// block moves its share of W into shared memory BEFORE griddepcontrol.wait, while the kernel before it
+// still runs? (The 23rd session's L2 prefetch before the wait lost: the engine's kernels fill the
+// register file at 2 blocks an SM, so a dependent block cannot be resident until the previous
+// kernel's blocks leave, too late for a prefetch to lead anything.) Here each block takes at most half
+// an SM (<= 128 registers x 256 threads, <= ~100 KB of shared memory), so the next kernel's block fits
+// beside it, and asks for its weights with cp.async.bulk on mbarriers as soon as it is resident.
+//
+// Kernels (Q8_0 rows, the engine's UnitQ8_0 arithmetic: lane l takes blocks l, l + 32, ... of a row,
+// then the warp's shuffle tree; so every kernel here gives the same bits):
+//   bench_plain_q8(W, x, y, rows, n)           the engine's shape: wait, launch dependents, x staged in
+//                                              shared memory, a warp 4 rows at once from global memory
+//   bench_plain1_q8(W, x, y, rows, n)          the same, a warp 1 row at a time
+//   bench_stage_q8(W, x, y, rows, n, rpb, early) block b takes rows [b * rpb, +rpb) whole into shared
+//                                              memory in 4 chunks (one mbarrier each); early = 1: the
+//                                              copies are asked before griddepcontrol.wait (and the
+//                                              dependents launched first), 0: after it
+//   bench_small(x, y, n)                       a latency-bound step between GEMVs (y = x * 1.0001), as
+//                                              the decode step's norms and ropes are
+//   bench_small_early(x, y, n)                 the same, launch_dependents before its wait
+// Dynamic shared memory: plain n / 32 * 36 * 4; stage 64 + n / 32 * 36 * 4 + rpb * n / 32 * 34.
+// Driven by tools/pdl_chain_bench.py.
+#include <cstdint>
+
+#include "gemv_units.cuh"
+#include "quant_blocks.cuh"
+
+using namespace strata_q;
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = 8, kChunks = 4, kXStride = 36;
+
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// x [n] into xs, 32 values a Q8_0 block padded to 36 (lanes' float4 reads meet no bank twice).
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, int n, float* xs) {
+    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+        const int j = 4 * i, b = j / 32;
+        *reinterpret_cast<float4*>(xs + b * kXStride + (j - 32 * b)) = __ldg(reinterpret_cast<const float4*>(x) + i);
+    }
+}
+
+__device__ __forceinline__ void x_of(const float* xs, int b, UnitQ8_0::X& xv) {
+    const float4* p = reinterpret_cast<const float4*>(xs + b * kXStride);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float4 f = p[k];
+        xv.v[4 * k] = f.x, xv.v[4 * k + 1] = f.y, xv.v[4 * k + 2] = f.z, xv.v[4 * k + 3] = f.w;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// UnitQ8_0::load's Raw from shared memory (its loads go through the read-only global path).
+__device__ __forceinline__ void load_q8_shared(const uint8_t* blk, UnitQ8_0::Raw& r) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);  // 2-byte aligned: 34-byte blocks
+    r.d = h[0];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.q[k] = static_cast<uint32_t>(h[1 + 2 * k]) | static_cast<uint32_t>(h[2 + 2 * k]) << 16;
+}
+
+// Rows [r, r + R) of a row-major Q8_0 matrix at W (row_bytes a row), x staged at xs: y[r + i].
+template <int R, bool Shared>
+__device__ __forceinline__ void rows_dot(const uint8_t* W, long long row_bytes, int nb, const float* xs, int nrows,
+                                         float (&acc)[R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    for (int b = lane; b < nb; b += 32) {
+        UnitQ8_0::Raw raw[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            if (i < nrows) {
+                if constexpr (Shared)
+                    load_q8_shared(W + i * row_bytes + 34LL * b, raw[i]);
+                else
+                    UnitQ8_0::load(W + i * row_bytes + 34LL * b, 0, raw[i]);
+            }
+        UnitQ8_0::X xv;
+        x_of(xs, b, xv);
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            if (i < nrows) acc[i] += UnitQ8_0::dot(raw[i], 0, xv, nullptr);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ bool bar_ready(uint32_t bar) {
+    uint32_t ok;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar)
+        : "memory");
+    return ok != 0;
+}
+
+}  // namespace
+
+template <int R>
+__device__ __forceinline__ void plain_body(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                                           int rows, int n) {
+    pdl_wait();
+    pdl_launch();
+    extern __shared__ float xs[];
+    stage_x(x, n, xs);
+    __syncthreads();
+    const int nb = n / 32, warp = blockIdx.x * kWarps + (threadIdx.x >> 5), warps = gridDim.x * kWarps;
+    const long long row_bytes = 34LL * nb;
+    for (int r = R * warp; r < rows; r += R * warps) {
+        float acc[R];
+        const int nr = min(R, rows - r);
+        rows_dot<R, false>(W + r * row_bytes, row_bytes, nb, xs, nr, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int i = 0; i < nr; ++i) y[r + i] = acc[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    bench_plain_q8(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows, int n) {
+    plain_body<4>(W, x, y, rows, n);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    bench_plain1_q8(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows, int n) {
+    plain_body<1>(W, x, y, rows, n);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    bench_stage_q8(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows, int n,
+                   int rpb, int early) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem);
+    const int nb = n / 32;
+    float* xs = reinterpret_cast<float*>(smem + 64);
+    uint8_t* ws = smem + 64 + nb * kXStride * 4;
+    const long long row_bytes = 34LL * nb;
+    const int r0 = blockIdx.x * rpb, nr = max(0, min(rpb, rows - r0)), per = (nr + kChunks - 1) / kChunks;
+    if (early) {
+        pdl_launch();
+    } else {
+        pdl_wait();
+        pdl_launch();
+    }
+    if (threadIdx.x == 0) {
+        for (int c = 0; c < kChunks; ++c)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bars + c)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int c = 0; c < kChunks; ++c) {
+            const int a = min(nr, c * per), b = min(nr, a + per);
+            const uint32_t bytes = static_cast<uint32_t>((b - a) * row_bytes), bar = smem_addr(bars + c);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+            if (bytes)
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        smem_addr(ws + a * row_bytes)),
+                    "l"(W + (r0 + a) * row_bytes), "r"(bytes), "r"(bar)
+                    : "memory");
+        }
+    }
+    if (early) pdl_wait();
+    stage_x(x, n, xs);
+    __syncthreads();  // x staged, barriers initialized
+    const int warp = threadIdx.x >> 5;
+    for (int i = 4 * warp; i < nr; i += 4 * kWarps) {
+        const int cnt = min(4, nr - i);
+        for (int c = i / per; c <= (i + cnt - 1) / per; ++c)
+            while (!bar_ready(smem_addr(bars + c))) {
+            }
+        float acc[4];
+        rows_dot<4, true>(ws + i * row_bytes, row_bytes, nb, xs, cnt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int k = 0; k < cnt; ++k) y[r0 + i + k] = acc[k];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) bench_small(const float* __restrict__ x, float* __restrict__ y, int n) {
+    pdl_wait();
+    pdl_launch();
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < n; i += gridDim.x * kThreads) y[i] = x[i] * 1.0001f;
+}
+// The same, letting its dependents launch before its own wait: the next kernel's blocks become resident
+// (and may start their copies) as soon as this one's are, not once the kernel before this one is done.
+extern "C" __global__ void __launch_bounds__(kThreads) bench_small_early(const float* __restrict__ x, float* __restrict__ y, int n) {
+    pdl_launch();
+    pdl_wait();
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < n; i += gridDim.x * kThreads) y[i] = x[i] * 1.0001f;
+}
