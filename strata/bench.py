@@ -263,11 +263,12 @@ def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: 
     token = int(np.argmax(logits))
     V = logits.shape[-1]
     t0 = time.perf_counter()
+    # each pick decodes the next token too, as a generation's picks do (pick(step=True): the runner may
+    # queue that step before the host has the token); a random-weight model's picks feed random ids
+    runner.decode(token, logits=False)
     for i in range(n_tokens):
-        runner.decode(token, logits=False)
-        token = runner.pick(greedy, 0.0)
-        if rng is not None:
-            token = int(rng.integers(0, V))
+        feed = None if rng is None else int(rng.integers(0, V))
+        runner.pick(greedy, 0.0, step=i + 1 < n_tokens, feed=feed)
         if i % 8 == 0:
             line(f"bench: decode at {context}: {i + 1}/{n_tokens} tokens")
     dt = time.perf_counter() - t0

@@ -110,11 +110,14 @@ class DecodeSteps:
         self._split_keys = np.zeros(0, np.int64)     # (layer, expert) keys the host took in the last step
         self._route_keys = self._split_keys          # ... of the step whose routing is on its way
 
-    def step(self, ids: list[int], lo: int, kv, download: bool = True):
+    def step(self, ids: list[int], lo: int, kv, download: bool = True, ids_from: int | None = None):
         """Logits of ids at positions lo.. of kv's sequence (T <= STEP_MAX_TOKENS; kv a slot's view
-        of the runner's cache, or the cache): step_rows of one sequence."""
+        of the runner's cache, or the cache): step_rows of one sequence. ids_from: the device address
+        the step's T int32 ids are copied from instead (a pick's output, queued before: ids is then
+        T placeholders)."""
         T = len(ids)
-        out, logits = self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download)
+        out, logits = self.step_rows(ids, list(range(lo, lo + T)), [kv.base] * T, kv.whole, download,
+                                     ids_from=ids_from)
         return out, last_row_of(logits)
 
     @property
@@ -124,7 +127,7 @@ class DecodeSteps:
         return self.step_in.ptr + ROW_STATES_AT
 
     def step_rows(self, ids: list[int], positions: list[int], bases: list[int], kv, download: bool = True,
-                  row_states: list[int] | None = None):
+                  row_states: list[int] | None = None, ids_from: int | None = None):
         """Logits of ids [T] (T <= STEP_MAX_TOKENS), row t at positions[t] of the sequence whose
         cell 0 is cache cell bases[t] of kv (the whole cache: rows of one sequence, or of several
         parallel slots): a graph replay where one is captured for T, else the model's launches from
@@ -138,7 +141,9 @@ class DecodeSteps:
         T = len(ids)
         t0 = time.perf_counter()
         split = T == 1 and row_states is None and self._splits()
-        ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states)
+        if ids_from is not None and split:
+            raise InvalidArgument("a step whose ids stay on the device cannot split with the host (--cpu-experts)")
+        ids_dev, pos_dev = self.stage_inputs(ids, positions, bases, kv.num_slots, row_states, ids_from)
         key = T if row_states is None else f"rows{T}"
         lengths = row_lengths(positions)
         if split:       # eager, never captured: each layer reads its routing on the host
@@ -182,11 +187,13 @@ class DecodeSteps:
         return host.decode.taken
 
     def stage_inputs(self, ids: list[int], positions: list[int], bases: list[int], num_slots: int = 1,
-                     row_states: list[int] | None = None):
+                     row_states: list[int] | None = None, ids_from: int | None = None):
         """One host->device copy of [ids | positions | max + 1 | lengths | cells | bases] into
         step_in; -> (ids [T], StepRows [T + 1]). Row t attends to cells 0..positions[t] of its
         sequence, whose cell 0 is bases[t], and appends its K/V at cell bases[t] + positions[t].
-        row_states [T] (device addresses): go with them, in the same copy, to row_states_ptr."""
+        row_states [T] (device addresses): go with them, in the same copy, to row_states_ptr.
+        ids_from: a device address whose T int32 then overwrite the ids (a device-to-device copy
+        queued after the staging one)."""
         T = len(ids)
         if not 1 <= T <= STEP_MAX_TOKENS:
             raise InvalidArgument(f"a decode step takes 1 to {STEP_MAX_TOKENS} tokens, got {T}")
@@ -206,6 +213,8 @@ class DecodeSteps:
             self._step_host[at:at + 2 * T].view(np.uint64)[:] = row_states
             host = self._step_host[:at + 2 * T]
         self.step_in.copy_from_host(host, self.stream)
+        if ids_from is not None:
+            self.ops.rt.copy_d2d(self.step_in.ptr, ids_from, 4 * T, self.stream)
         self._staged.record(self.stream)
         self.ops.bytes_h2d += host.nbytes
         buf, p = self.step_in, self.step_in.ptr
@@ -322,6 +331,18 @@ class DecodeSteps:
             self.step_times[mode].append((submit, time.perf_counter() - t0))
             self._step_timing = None
         self._after_route()
+
+    def take_timing(self):
+        """The timing of the step whose pick is to come, handed over (None: none): a step queued before
+        that pick has the token (CudaRunner.pick's step) must not take its place."""
+        timing, self._step_timing = self._step_timing, None
+        return timing
+
+    def end_timing(self, timing) -> None:
+        """take_timing()'s step has its token now (picked()'s bookkeeping of a step without routing)."""
+        if timing is not None:
+            mode, t0, submit = timing
+            self.step_times[mode].append((submit, time.perf_counter() - t0))
 
     def forget_pending(self) -> None:
         """No step's timing or routing is on its way any more (warm_up restores the store)."""

@@ -123,6 +123,10 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         # stream before it returns, so its copies in and out are done before the next one writes
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
+        # pick(step=True): recorded after the token's copy to the host, which the host waits for
+        # instead of the stream (the step queued behind it runs on); steps_ahead counts those steps
+        self._picked = rt.Event(self.dev)
+        self.steps_ahead = 0
         self._last = None            # device logits [1, V] pick() reads, or None
         # strata.engine.slots; conversations kept in host RAM (a hybrid's with its DeltaNet states)
         self._init_slots(config.parallel, self.kv_all.view, keep_bytes(config))
@@ -574,12 +578,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self._turn_logits = self.rt.DeviceBuffer(self.dev, self.num_slots * self.args.vocab_size * 4)
         return self._turn_logits
 
-    def pick(self, params, u: float, mask=None, host=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None, step: bool = False, feed: int | None = None) -> int:
         """The next token from the last prefill's or decode's logits, chosen on the device (greedy:
         cuda/argmax.cu; else cuda/sample.cu with the draw u): 4 bytes come back, not the logits.
         mask: an allowed-token bitmask (strata.engine.grammar), uploaded and applied to the device
         logits first (cuda/mask_logits.cu). host: row -> row, a request's adjustment of the logits
-        (strata.engine.logits): the row then comes to the host and is picked there."""
+        (strata.engine.logits): the row then comes to the host and is picked there.
+
+        step: then decode the token too, as decode(token, logits=False) right after would (the same
+        cells, the same logits for the next pick). Where the runner can (_steps_ahead), that step is
+        queued behind the pick before the host has the token, its id copied on the device from the
+        pick's output, so the device computes it while the host takes the token and goes round its
+        loop; else the step follows the pick as decode() would run it. feed: the id that step decodes
+        instead of the picked one (a random-weight model's bench feeds random ids)."""
         from ..backends.cuda.sample import launch_shape
         if self._last is None:
             raise InvalidArgument("pick() needs the logits of a prefill or decode first")
@@ -589,6 +600,8 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             row = host(self.ops.to_host(last).reshape(-1))            # to_host waits for the stream
             token = pick_host(row, params, u, mask)
             self.steps.picked()
+            if step:
+                self.decode(token if feed is None else feed, logits=False)
             return token
         V, ptr, io = self.args.vocab_size, self._last.ptr, self._pick_io
         if mask is not None:
@@ -603,9 +616,35 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.ops.launch("sample", launch_shape(1)[0],
                             (ptr, io.ptr, io.ptr + 4, io.ptr + 8, io.ptr + 16, io.ptr + 24, 0, V))
         io.copy_to_host(self._pick_host[24:28], self.stream, 24)
+        if step and self._steps_ahead():
+            self._picked.record(self.stream)
+            timing = self.steps.take_timing()
+            _, self._last = self.steps.step([0 if feed is None else feed], len(self.cached_ids), self.kv,
+                                            download=False, ids_from=io.ptr + 24 if feed is None else None)
+            self._picked.synchronize()          # the token is on the host; the step it feeds runs on
+            self.steps.end_timing(timing)
+            token = int(self._pick_host[24:28].view(np.int32)[0])
+            self.cached_ids.append(token if feed is None else feed)
+            self.steps_ahead += 1
+            return token
         self.stream.synchronize()
         self.steps.picked()
-        return int(self._pick_host[24:28].view(np.int32)[0])
+        token = int(self._pick_host[24:28].view(np.int32)[0])
+        if step:
+            self.decode(token if feed is None else feed, logits=False)
+        return token
+
+    def _steps_ahead(self) -> bool:
+        """Whether pick(step=True) may queue the step before the host has the token: nothing the host
+        does between a pick and the next step may depend on the token or see a step it did not ask
+        for. So: one slot (no other sequence's step can come between and take the step's logits
+        buffer), resident experts (no routing log for the host to read between steps), no host
+        split of the experts, no drafter (it takes each step's hidden rows on the host), no DeltaNet
+        states (changed in place), no K/V window in VRAM (a ring whose refills the host drives), and
+        a position left in the context."""
+        return (self.num_slots == 1 and self.steps.route_log is None and self.steps.split_plan is None
+                and self.drafter is None and not self.hybrid and not getattr(self.kv, "vram_window", 0)
+                and len(self.cached_ids) < self.max_context)
 
     def _mask_logits(self, ptr: int, mask) -> None:
         """Set the logits row at ptr to -inf where the bitmask [ceil(V / 32)] int32 is 0, in place (the

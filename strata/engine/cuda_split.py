@@ -398,11 +398,14 @@ class SplitRunner(Slots, Speculating):
             self._extend_drafters(slots, self.last.ops.to_host(self.last.steps.hidden))
         self._timed = True
 
-    def pick(self, params, u: float, mask=None, host=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None, step: bool = False, feed: int | None = None) -> int:
         """The next token from the last card's logits (CudaRunner.pick); the earlier cards' routing
-        then goes to their caches."""
+        then goes to their caches. step: then decode the token (or feed) too, as decode(token,
+        logits=False)."""
         token = self.last.pick(params, u, mask, host)
         self._picked()
+        if step:
+            self.decode(token if feed is None else feed, logits=False)
         return token
 
     def _picked(self) -> None:

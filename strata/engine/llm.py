@@ -475,14 +475,18 @@ class Generation:
         def mask():        # the grammar's allowed tokens after what it has advanced over (None: all)
             return None if self.constraint is None else self.constraint.mask()
 
-        def pick():
+        def pick(step: bool):
             if self.host is None:
-                return runner.pick(self.params, sampler.draw(), mask=mask())
-            token = runner.pick(self.params, sampler.draw(), mask=mask(), host=self.host.adjust)
+                return runner.pick(self.params, sampler.draw(), mask=mask(), step=step)
+            token = runner.pick(self.params, sampler.draw(), mask=mask(), host=self.host.adjust, step=step)
             self.host.picked(token)
             return token
 
-        token = pick()
+        # One slot: each pick decodes its token too where another token is to come (the runner may
+        # queue that step before the host has the token); with several, the scheduler may batch it.
+        alone = not self.speculate and getattr(runner, "num_slots", 1) == 1
+        stepped = alone and left() > 1
+        token = pick(stepped)
         yield token
         while True:
             if self.speculate:      # this request's drafts: other slots' windows count in theirs
@@ -494,9 +498,10 @@ class Generation:
             else:
                 if self.stepped:        # decoded already, in a batched step with other slots
                     self.stepped = False
-                else:
+                elif not stepped:       # (or by the pick that chose it)
                     runner.decode(token, logits=False)
-                token = pick()
+                stepped = alone and left() > 1
+                token = pick(stepped)
                 yield token
 
 

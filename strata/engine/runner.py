@@ -172,11 +172,16 @@ class CpuRunner(Speculating, Slots):
         self._last = out[-1]
         return self._last if logits else None
 
-    def pick(self, params, u: float, mask=None, host=None) -> int:
+    def pick(self, params, u: float, mask=None, host=None, step: bool = False, feed: int | None = None) -> int:
         """The next token from the last prefill's or decode's logits (strata.engine.sampler); mask:
         an allowed-token bitmask (strata.engine.grammar) or None; host: row -> row, the request's
-        adjustment of the logits before the mask and the pick (strata.engine.logits)."""
-        return pick_host(self._last if host is None else host(self._last), params, u, mask)
+        adjustment of the logits before the mask and the pick (strata.engine.logits). step: then
+        decode the token too, as decode(token, logits=False) (CudaRunner.pick queues it early), or
+        feed instead of it."""
+        token = pick_host(self._last if host is None else host(self._last), params, u, mask)
+        if step:
+            self.decode(token if feed is None else feed, logits=False)
+        return token
 
     # speculation (strata.engine.speculate.Speculating drives these) ---------------------------------
     def verify(self, ids: list[int], start: int):

@@ -320,3 +320,22 @@ def test_programmatic_dependent_launches_change_no_bit(packs, rng):
     assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
     for t in ids[12:]:
         assert np.array_equal(on.decode(t), off.decode(t))
+
+
+@pytest.mark.parametrize("name", ["demo", "kquant"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_pick_and_step_equals_pick_then_decode(packs, name, sampled, rng):
+    """pick(step=True) on the GPU: each step queued behind its pick, its id copied on the device,
+    leaves the same tokens, cells and next logits as pick() then decode() (bit for bit)."""
+    from strata.config import SamplingParams
+    from tests.engine.test_pick_ahead_host import _run
+    pack = packs(name)
+    runner = CudaRunner(pack, 96)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.9) if sampled else SamplingParams()
+    prompt = rng.integers(0, pack.args.vocab_size, 9).tolist()
+    draws = rng.random(16).tolist()
+    plain, plain_logits = _run(runner, prompt, params, 16, False, draws)
+    ahead, ahead_logits = _run(runner, prompt, params, 16, True, draws)
+    assert runner.steps_ahead == 16
+    assert ahead == plain and runner.cached_ids == prompt + plain
+    np.testing.assert_array_equal(ahead_logits, plain_logits)
