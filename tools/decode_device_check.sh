@@ -51,7 +51,7 @@
 #               shared memory before or after griddepcontrol.wait (#16: what a kernel's fixed cost leaves)
 #     decodegap tools/decode_gap.py at context 512: the step's graph back to back, with the greedy pick's copy and
 #               sync after each, and the generation loop (runner.decode + pick): the bubble and the Python a token
-#     (wsprompt knobs: WS_AB30=0 skips the Dh-128 A/B, WS_BENCH=0 the resident prompt benches)
+#     (wsprompt knobs: WS_AB30=0 skips the Dh-128 A/B, WS_BENCH=0 the resident prompt benches, WS_TEST_K its GPU test's -k)
 #     tcdecode  the f16 decode attention on the tensor cores (cuda/attention_dec_tc.cu, for rows of
 #               TC_DECODE_FROM cells and more) against attention.cu's: test_attention_gpu and the windowed
 #               ring test over both kernels, tools/kv_attention_bench.py's f16 and f16tc rows at 16K, 32K and
@@ -224,7 +224,7 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
 fi
 if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
     echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"
-    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
+    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_tc_gpu.py ${WS_TEST_K:+-k "$WS_TEST_K"} 2>&1 | tail -4
     [ "${WS_BENCH:-1}" = 0 ] || for arm in none wgmma-attention none wgmma-attention; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "wsprompt_$arm" 60 qwen3-30b-a3b --prompt "${WS_PROMPTS:-4096,16384,32768}" --decode 0 "${on[@]}"
