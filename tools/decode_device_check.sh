@@ -233,6 +233,9 @@ fi
 if has pdlchain; then    # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
     echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
+    echo "== the same, every kernel asking for the largest shared-memory carveout ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --carveout 100 --chains alt,small,smallE \
+        --arms plain,stage,early --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -12
 fi
 if has decodegap; then   # #16: the graph alone, with the pick's sync, and the generation loop
     echo "== decode gap, context 512 ($(elapsed) s)"

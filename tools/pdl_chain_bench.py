@@ -16,7 +16,7 @@ asked before the wait). Every arm's outputs equal plain's bit for bit (same lane
 one GEMV of each shape is checked against numpy. Prints us a GEMV and GB/s of W, beside the device
 copy rate measured in the same process.
 
-    python tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin [--reps 7] [--json F]
+    python tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin [--reps 7] [--carveout PCT] [--json F]
 """
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--chains", default="qkv,o,alt,small,smallE")
     ap.add_argument("--arms", default="plain,plain1,stage,early")
+    ap.add_argument("--carveout", type=int, default=-1,
+                    help="every kernel's preferred shared-memory carveout, percent (-1: the driver's choice)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from strata._ext import graphs, runtime as rt
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
     k = {"plain": lib.kernel(dev, "bench_plain_q8", "PPPii"), "plain1": lib.kernel(dev, "bench_plain1_q8", "PPPii"),
          "stage": lib.kernel(dev, "bench_stage_q8", "PPPiiii"), "small": lib.kernel(dev, "bench_small", "PPi"),
          "small_early": lib.kernel(dev, "bench_small_early", "PPi")}
+    if args.carveout >= 0:      # an SM changes its L1/shared split only when idle: one split for all
+        for kern in k.values():
+            kern.prefer_shared(args.carveout)
     rng = np.random.default_rng(0)
 
     W, host = {}, {}
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
 
     from strata.backends.cuda.bandwidth import copy_rates
     copy_gbs = copy_rates(rt, dev, st, 1 << 30)[1]   # read + written bytes a second, as strata bench counts it
-    print(f"device copy {copy_gbs:,.0f} GB/s (read + written), {sms} SMs")
+    print(f"device copy {copy_gbs:,.0f} GB/s (read + written), {sms} SMs, carveout "
+          f"{'driver' if args.carveout < 0 else f'{args.carveout}%'}")
 
     ok = True
     # one GEMV of each shape against numpy, every arm

@@ -21,7 +21,8 @@ from cuda.bindings.cydriver cimport (
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING,
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer,
-    CUdevice_attribute, CUlaunchAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cuFuncSetAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    CUdevice_attribute, CUlaunchAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, cuFuncSetAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
     cuDeviceTotalMem, cuDriverGetVersion, cuEventCreate, cuEventDestroy, cuEventElapsedTime,
@@ -664,6 +665,18 @@ cdef class Kernel:
         if cuKernelGetParamInfo(kern, self.num_params, &offset, &size) == CUDA_SUCCESS:
             raise InvalidArgument(f"kernel {self.name}: has more parameters than signature {self.signature!r}")
         return 0
+
+    def prefer_shared(self, int percent):
+        """Ask the driver for this share (0..100) of each SM's L1/shared memory as shared memory when it
+        runs this kernel (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT; a hint). An SM changes its
+        split only when idle, so a kernel whose blocks should sit beside another kernel's asks for the
+        same split (tools/pdl_chain_bench.py)."""
+        if not 0 <= percent <= 100:
+            raise InvalidArgument(f"kernel {self.name}: a carveout is 0..100 percent, got {percent}")
+        with nogil:
+            self.device.activate()
+            check(cuFuncSetAttribute(self.func, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent),
+                  "cuFuncSetAttribute")
 
     def launch(self, grid, block, args, unsigned int shared_bytes=0, Stream stream=None, bint pdl=False):
         """Queue the kernel on `stream` (None: the legacy default stream). grid and block are an int
