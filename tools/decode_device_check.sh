@@ -71,8 +71,17 @@ SCRIPT_ARGS=("$@")
 device_setup decode-check tests variants bench
 
 start_pack qwen3-30b-a3b 240
+pdl_chain() {           # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
+    echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
+    echo "== the same, every kernel asking for the largest shared-memory carveout ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --carveout 100 --chains alt,small,smallE \
+        --arms plain,stage,early --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -12
+}
+if has pdlchain && ! has wsprompt; then during_pack() { pdl_chain; }; fi
 if has wsprompt; then
     during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
+        if has pdlchain; then pdl_chain; fi
         local W=.whl WS=128:384:163968 WST=128:384:164928:tma
         echo "== attention A/B: tc, ws128, wst ${WS_EXTRA:-} ($(elapsed) s)"
         [ "${WS_AB30:-1}" = 0 ] || timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \
@@ -229,13 +238,6 @@ if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attentio
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "wsprompt_$arm" 60 qwen3-30b-a3b --prompt "${WS_PROMPTS:-4096,16384,32768}" --decode 0 "${on[@]}"
     done
-fi
-if has pdlchain; then    # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
-    echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
-    timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
-    echo "== the same, every kernel asking for the largest shared-memory carveout ($(elapsed) s)"
-    timeout "$(budget 90)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --carveout 100 --chains alt,small,smallE \
-        --arms plain,stage,early --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -12
 fi
 if has decodegap; then   # #16: the graph alone, with the pick's sync, and the generation loop
     echo "== decode gap, context 512 ($(elapsed) s)"
