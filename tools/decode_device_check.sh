@@ -70,7 +70,7 @@ SCRIPT_ARGS=("$@")
 . tools/device_deadline.sh
 device_setup decode-check tests variants bench
 
-start_pack qwen3-30b-a3b 240
+start_pack "${PACK_SHAPE:-qwen3-30b-a3b}" 240     # PACK_SHAPE: another synthetic shape (decodegap's)
 pdl_chain() {           # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
     echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
@@ -241,7 +241,8 @@ if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attentio
 fi
 if has decodegap; then   # #16: the graph alone, with the pick's sync, and the generation loop
     echo "== decode gap, context 512 ($(elapsed) s)"
-    timeout "$(budget 90)" $PY tools/decode_gap.py --context 512 --json "$OUT/decode_gap.json" 2>&1 | tail -4
+    timeout "$(budget 90)" $PY tools/decode_gap.py --synthetic "${PACK_SHAPE:-qwen3-30b-a3b}" --context 512 \
+        --json "$OUT/decode_gap.json" 2>&1 | tail -4
 fi
 if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores
     if has tcdecode; then
