@@ -638,11 +638,15 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         """Whether pick(step=True) may queue the step before the host has the token: nothing the host
         does between a pick and the next step may depend on the token or see a step it did not ask
         for. So: one slot (no other sequence's step can come between and take the step's logits
-        buffer), resident experts (no routing log for the host to read between steps), no host
-        split of the experts, no drafter (it takes each step's hidden rows on the host), no DeltaNet
-        states (changed in place), no K/V window in VRAM (a ring whose refills the host drives), and
-        a position left in the context."""
-        return (self.num_slots == 1 and self.steps.route_log is None and self.steps.split_plan is None
+        buffer), no staged decode (its steps read each layer's routing on the host), no host split of
+        the experts, no drafter (it takes each step's hidden rows on the host), no DeltaNet states
+        (changed in place), no K/V window in VRAM (a ring whose refills the host drives), and a position
+        left in the context. Streamed experts may: the step's routing log is read when the step after
+        it is queued (DecodeSteps._route_copy, as for steps queued without a pick between), and its
+        admissions are queued behind that step, so the copy stream fills a victim's slot only once
+        the step queued before has run (experts/admissions.py's `ready` event); each admission lands
+        a step later than in order."""
+        return (self.num_slots == 1 and not self.store.staged_decode and self.steps.split_plan is None
                 and self.drafter is None and not self.hybrid and not getattr(self.kv, "vram_window", 0)
                 and len(self.cached_ids) < self.max_context)
 

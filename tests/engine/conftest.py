@@ -2,8 +2,8 @@
 kernels) in place of the CUDA runtime, so the GPU engine's host logic runs on any machine.
 STRATA_FAKE_LAG=1 runs every test using it on a device that lags the host as far as it can
 (fake_cuda.lagging): a host that rewrites a pinned buffer under a queued copy, or reads one before
-the copy into it has landed, shows there. STRATA_FAKE_LAG=apart (or oldest) gives each stream a queue
-of its own (fake_cuda.lagging's apart): work on two streams with no event between shows there."""
+the copy into it has landed, shows there. STRATA_FAKE_LAG=apart (or oldest, or others) gives each stream
+a queue of its own (fake_cuda.lagging's apart): work on two streams with no event between shows there."""
 import os
 
 import pytest
@@ -21,7 +21,7 @@ def fake(monkeypatch):
     fake_cuda.pdl_launches.clear()
     fake_cuda.bus_calls.clear()
     lag = os.environ.get("STRATA_FAKE_LAG")
-    if lag in ("1", "apart", "oldest"):   # every emulated test on a device lagging the host (apart, oldest:
+    if lag in ("1", "apart", "oldest", "others"):   # every emulated test on a device lagging the host (apart, oldest:
         with fake_cuda.lagging(apart={"1": False, "apart": True}.get(lag, lag)):     # stream by stream)
             yield fake_cuda
     else:

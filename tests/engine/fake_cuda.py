@@ -58,6 +58,7 @@ _pending: list = []             # that work, in queue order (callables)
 _counts = [0, 0]                # pieces of work queued, and run, so far (an Event's record marks the first)
 _apart: list = []               # lagging(apart=True): the streams with work of their own queue, oldest first
 _oldest_first = [False]         # lagging(apart="oldest"): the oldest stream runs its work as it is queued
+_others_first = [False]         # lagging(apart="others"): every stream but the oldest does
 _device = threading.RLock()     # one thread runs queued work at a time (staging helpers wait on events)
 _running = [0]                  # queued work running now (depth): a buffer freed meanwhile is forgotten after
 _forgotten: list[int] = []      # those buffers
@@ -74,7 +75,10 @@ class lagging:
     written here, where one queue would have hidden the race (a layer split's hand-offs).
     apart="oldest": the oldest stream (the first to queue work: a runner's, or a layer split's first
     card's) runs its work as soon as it is queued, the others still lagging; that shows the other
-    race, a stream rewriting memory that a lagging one has yet to read."""
+    race, a stream rewriting memory that a lagging one has yet to read. apart="others": the other way
+    round, every stream but the oldest runs its work as it is queued (a copy stream filling memory
+    that the lagging compute stream's queued work has yet to read: the expert cache's admissions
+    behind a step queued early)."""
 
     def __init__(self, apart: bool | str = False):
         self.apart = apart
@@ -84,6 +88,7 @@ class lagging:
         self._was = _lag[0]
         _lag[0] = "apart" if self.apart else (_lag[0] or True)
         _oldest_first[0] = self.apart == "oldest"
+        _others_first[0] = self.apart == "others"
         return self
 
     def __exit__(self, *exc):
@@ -104,7 +109,8 @@ def _queue(stream, work) -> bool:
                 _apart.append(stream)
             stream._queue.append(work)
             stream._queued += 1
-            if _oldest_first[0] and stream is _apart[0] and not _running[0]:
+            first = stream is _apart[0]
+            if (_oldest_first[0] and first or _others_first[0] and not first) and not _running[0]:
                 _run_stream(stream)         # runs ahead of the lagging streams (lagging's doc)
         else:
             _pending.append(work)

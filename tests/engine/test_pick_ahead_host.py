@@ -63,20 +63,37 @@ def test_fed_ids_are_decoded_instead_of_the_picks(fake, rng):
     np.testing.assert_array_equal(ahead_logits, plain_logits)
 
 
-def test_streamed_experts_keep_the_plain_order(fake, rng):
-    """Under a budget the host reads each step's routing between steps: pick(step=True) picks, then
-    decodes, as before (same tokens as the plain loop; no step ahead)."""
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_streamed_experts_step_ahead_with_the_same_logits(fake, rng, policy):
+    """Under a budget each step's routing goes to the cache once the step after it is queued, so each
+    admission lands a step later; misses are read in place from the same bytes, so the logits are
+    the plain loop's bit for bit, and admissions still happen."""
     pack = open_pack(demo_model_path())
-    config = EngineConfig(device="cuda", prefill="24", expert_cache="20")
-    runner = CudaRunner(pack, 64, config)
-    if runner.steps.route_log is None:
-        pytest.skip("the demo pack fits this cache whole")
+    runner = CudaRunner(pack, 64, EngineConfig(device="cuda", prefill="24", expert_cache="20", expert_policy=policy))
+    assert runner.steps.route_log is not None
     prompt = rng.integers(0, pack.args.vocab_size, 6).tolist()
-    draws = [0.0] * 5
-    plain, plain_logits = _run(runner, prompt, GREEDY, 5, False, draws)
-    ahead, ahead_logits = _run(runner, prompt, GREEDY, 5, True, draws)
-    assert runner.steps_ahead == 0
+    draws = [0.0] * 10
+    plain, plain_logits = _run(runner, prompt, GREEDY, 10, False, draws)
+    admitted = runner.store.stats.admitted
+    ahead, ahead_logits = _run(runner, prompt, GREEDY, 10, True, draws)
+    assert runner.steps_ahead == 10
     assert ahead == plain
+    np.testing.assert_array_equal(ahead_logits, plain_logits)
+    runner.pick(GREEDY, 0.0)            # a plain pick hands the last step's routing over
+    assert runner.store.stats.admitted > admitted
+
+
+def test_a_drafter_keeps_the_plain_order(fake, rng):
+    """A runner that drafts (MTP) takes each step's hidden rows on the host: pick(step=True) picks,
+    then decodes, as before."""
+    from strata.engine.llm import LLM
+    runner = LLM(device="cuda", mtp=True, spec=2).runner
+    pack = runner.pack if hasattr(runner, "pack") else open_pack(demo_model_path())
+    assert runner.drafter is not None
+    prompt = rng.integers(0, pack.args.vocab_size, 6).tolist()
+    plain, plain_logits = _run(runner, prompt, GREEDY, 4, False, [0.0] * 4)
+    ahead, ahead_logits = _run(runner, prompt, GREEDY, 4, True, [0.0] * 4)
+    assert runner.steps_ahead == 0 and ahead == plain
     np.testing.assert_array_equal(ahead_logits, plain_logits)
 
 
