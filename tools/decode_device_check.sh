@@ -243,6 +243,11 @@ if has decodegap; then   # #16: the graph alone, with the pick's sync, and the g
     echo "== decode gap, context 512 ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/decode_gap.py --synthetic "${PACK_SHAPE:-qwen3-30b-a3b}" --context 512 \
         --json "$OUT/decode_gap.json" 2>&1 | tail -4
+    for gib in ${GAP_BUDGETS:-}; do     # e.g. GAP_BUDGETS="12 8" (the 30B shape)
+        echo "== decode gap at $gib GiB ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_gap.py --synthetic "${PACK_SHAPE:-qwen3-30b-a3b}" --context 512 \
+            --budget-gib "$gib" --rounds 2 --json "$OUT/decode_gap_$gib.json" 2>&1 | tail -3
+    done
 fi
 if has tcdecode || has tcres; then   # #16 / #14: f16 decode attention on the tensor cores against the CUDA cores
     if has tcdecode; then

@@ -5,7 +5,10 @@ generation loop (runner.decode + runner.pick, each step queued once the host has
 loop with each step queued behind its pick (pick(step=True), as bench and LLM.generate run now). The
 differences are the sync bubble and the Python around a step; random ids are fed, as bench does.
 
-    python tools/decode_gap.py [--synthetic qwen3-30b-a3b] [--context 512] [--steps 128] [--json F]
+    python tools/decode_gap.py [--synthetic qwen3-30b-a3b] [--context 512] [--steps 128] [--budget-gib G] [--json F]
+
+Under a budget the graph-alone rounds replay one step's graph with the expert table as it is (no
+admissions between), so only the two loops compare there.
 """
 from __future__ import annotations
 
@@ -26,13 +29,14 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget-gib", type=float, default=0.0, help="--vram-budget-gib (0: resident)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.config import SamplingParams
     from strata.synthetic import synthetic_pack
     n = args.steps
-    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda",
+    llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", vram_budget_gib=args.budget_gib,
               max_context=args.context + (3 * args.rounds + 2) * n + 64)
     runner = llm.runner
     rng = np.random.default_rng(0)
