@@ -119,8 +119,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
             self.kv_all.keep_rows(spec_max_drafts(asked) + 1)
         self.mtp_room_min = config.mtp_room_min
         self.room_lent = False           # whether the last prompt borrowed the draft layer's experts
-        # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32], pinned; pick() synchronizes the
-        # stream before it returns, so its copies in and out are done before the next one writes
+        # pick(): [T f32 | k i32 | p f32 | pad | u f64 | token i32], pinned; pick() waits for the
+        # token's copy before it returns (the stream, or with a step behind it an event after that
+        # copy), so its copies in and out are done before the next one writes
         self._pick_io = rt.DeviceBuffer(self.dev, 32)
         self._pick_host = np.frombuffer(rt.HostBuffer(self.dev, 32), np.uint8)
         # pick(step=True): recorded after the token's copy to the host, which the host waits for
