@@ -739,8 +739,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
     def decode_status(self) -> dict:
         """Graphs on or off (and why), the graphs held, and host time per decode step by mode:
         submit = staging copy + launches queued; step = until the logits (or, for a step that
-        keeps them on the device, pick()'s token) are on the host."""
-        return self.steps.status()
+        keeps them on the device, pick()'s token) are on the host; steps_ahead: the steps queued behind
+        their picks (pick(step=True))."""
+        return {**self.steps.status(), "steps_ahead": self.steps_ahead}
 
     def measure_limits(self, nbytes: int = 1 << 30, repeats: int = 10) -> dict:
         """{"device_copy_gb_s": bytes read + written per second of a large device-to-device copy (the

@@ -43,6 +43,7 @@ def test_pick_and_step_equals_pick_then_decode(fake, rng, params):
     assert runner.steps_ahead == 0
     ahead, ahead_logits = _run(runner, prompt, params, 12, True, draws)
     assert runner.steps_ahead == 12            # every step went ahead of its token's copy
+    assert runner.decode_status()["steps_ahead"] == 12
     assert ahead == plain
     assert runner.cached_ids == plain_ids == prompt + plain
     np.testing.assert_array_equal(ahead_logits, plain_logits)
