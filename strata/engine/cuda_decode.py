@@ -326,10 +326,7 @@ class DecodeSteps:
     def picked(self) -> None:
         """pick() has its token (the stream is synchronized): the step's host time ends, and its
         routing, queued with it, goes to the cache."""
-        if self._step_timing is not None:
-            mode, t0, submit = self._step_timing
-            self.step_times[mode].append((submit, time.perf_counter() - t0))
-            self._step_timing = None
+        self.end_timing(self.take_timing())
         self._after_route()
 
     def take_timing(self):

@@ -485,8 +485,8 @@ class Generation:
         # One slot: each pick decodes its token too where another token is to come (the runner may
         # queue that step before the host has the token); with several, the scheduler may batch it.
         alone = not self.speculate and getattr(runner, "num_slots", 1) == 1
-        stepped = alone and left() > 1
-        token = pick(stepped)
+        decoded = alone and left() > 1     # the token's decode step went with its pick
+        token = pick(decoded)
         yield token
         while True:
             if self.speculate:      # this request's drafts: other slots' windows count in theirs
@@ -498,10 +498,10 @@ class Generation:
             else:
                 if self.stepped:        # decoded already, in a batched step with other slots
                     self.stepped = False
-                elif not stepped:       # (or by the pick that chose it)
+                elif not decoded:       # (or by the pick that chose it)
                     runner.decode(token, logits=False)
-                stepped = alone and left() > 1
-                token = pick(stepped)
+                decoded = alone and left() > 1
+                token = pick(decoded)
                 yield token
 
 

@@ -126,20 +126,24 @@ def cpu_runner_f16_kv(pack, max_context: int, kv: str = "f16") -> CpuRunner:
     return runner
 
 
-def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int = 40, kv: str = "f16") -> list[int]:
+def oracle_ids(pack, rng, n: int, chunk: int = 16, gap: float = 1e-3, tries: int = 40, kv: str = "f16",
+               then=None) -> list[int]:
     """n random token ids whose oracle run (read in chunks of `chunk`) routes every token with a
     top-k margin of at least `gap` in router logit (F16KVOps.min_router_gap). Rounding differences
     that a correct engine may have (summation order; an f16 rounding tipped by the last f32 bit)
     reach ~3e-4 in a router logit on these random models, and a top-k decided by less flips with
     them and moves the logits by 10-100x any bound: such draws say nothing about the engine, so
     they are drawn again (about half are, at 20 tokens; after `tries`, the widest margin drawn).
-    On the GPU (tensor-core attention with f16 Q and P besides) the margin asked is larger.""" 
+    On the GPU (tensor-core attention with f16 Q and P besides) the margin asked is larger.
+    then: ids -> the tokens a test's run goes on with after them (its greedy steps): the oracle
+    routes those too, and their margins count as well; the n ids alone are returned."""
     best, best_gap = None, -1.0
     for _ in range(tries):
         ids = rng.integers(0, pack.args.vocab_size, n).tolist()
-        oracle = cpu_runner_f16_kv(pack, n + 1, kv)
+        run = ids + (list(then(ids)) if then is not None else [])
+        oracle = cpu_runner_f16_kv(pack, len(run) + 1, kv)
         oracle.prefill_chunk = chunk
-        oracle.logits_all(ids)
+        oracle.logits_all(run)
         if oracle.ops.min_router_gap >= gap:
             return ids
         if oracle.ops.min_router_gap > best_gap:

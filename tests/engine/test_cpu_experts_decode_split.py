@@ -20,6 +20,7 @@ from strata.engine.expert_split import (DEFAULT_HOST_RATES, EAGER_LAYER_S, FIXED
 from strata.engine.llm import demo_model_path
 from strata.pack import open_pack
 from strata.quant.dequant import dequantize
+from tests.engine.cpu_f16_kv import oracle_ids
 from tests.engine.test_cpu_experts_split_host import BOUND, MARGIN
 
 DEMO = demo_model_path()
@@ -125,30 +126,14 @@ def _watch_gpu_slots(monkeypatch, r):
     return seen
 
 
-def _routed_apart(pack, off, rng, n: int, steps: int, gap: float = 1e-3, tries: int = 20):
-    """A prompt of n random ids whose run with `steps` greedy tokens after it (on the runner `off`)
-    routes every token with a top-k margin of at least gap in router logit, by the f16-cell oracle
-    (tests/engine/cpu_f16_kv.oracle_ids' reason: a top-k decided by less flips with a summation order
-    and moves the logits past EXACT; seed 2764486470 drew one of 3.2e-4 at the 11th token, 2e-4 off)
-    -> (prompt, tokens, logits); after `tries`, the widest margin drawn."""
-    from tests.engine.cpu_f16_kv import cpu_runner_f16_kv
-    best, best_gap = None, -1.0
-    for _ in range(tries):
-        prompt = rng.integers(0, pack.args.vocab_size, n).tolist()
-        tokens, logits = _greedy(off, prompt, steps)
-        oracle = cpu_runner_f16_kv(pack, n + steps + 1, "f16")
-        oracle.logits_all(prompt + tokens)
-        if oracle.ops.min_router_gap >= gap:
-            return prompt, tokens, logits
-        if oracle.ops.min_router_gap > best_gap:
-            best, best_gap = (prompt, tokens, logits), oracle.ops.min_router_gap
-    return best
-
-
 def test_forced_share_decodes_the_same_tokens(fake, rng, monkeypatch):
     pack = open_pack(DEMO)
     off, split = _runner(pack), _runner(pack, "0.5")
-    prompt = _routed_apart(pack, _runner(pack), rng, 30, 12)[0]      # drawn on a runner of its own: off's counts stay this run's
+    # a prompt whose 12 greedy steps route apart too (oracle_ids; seed 2764486470 drew a margin of 3.2e-4
+    # at the 11th token, which moved the logits 2e-4, past EXACT), drawn on a runner of its own: off's
+    # counts stay this run's
+    probe = _runner(pack)
+    prompt = oracle_ids(pack, rng, 30, tries=20, then=lambda ids: _greedy(probe, ids, 12)[0])
     want_tokens, want = _greedy(off, prompt, 12)
     seen = _watch_gpu_slots(monkeypatch, split)
     got_tokens, got = _greedy(split, prompt, 12)
