@@ -55,6 +55,9 @@
 //   Launch: block = (128, 1, 1), any grid: warps stride over the row sets of the concatenated
 //   rows (a row set = gemv.cu's rows per warp, of one matrix); one set per warp is
 //   ceil(sum_i ceil(rows_i / rows_per_warp) / 4) blocks, rows_per_warp = 4 for batch > 1.
+// strata_gemv3_one_<qtype>(same arguments, batch 1; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL)
+//   batch == 1's y_i with one row a warp (a row set of one row), bit for bit; a block stages x once
+//   for all its rounds, so the grid is ceil(sum_i rows_i / 4) capped at 4 blocks a multiprocessor.
 
 #include <cuda_fp16.h>
 
@@ -316,7 +319,7 @@ struct Three {
 
 // gemv3_body / gemv3_rows_body with x staged (gemv_rows.cuh's staged_rounds): the same row sets of the
 // three matrices, warp w of the block taking set blockIdx.x * kWarps + w, then that plus the grid's warps.
-template <class U, int B>
+template <class U, int B, bool kOnce = false>
 __device__ __forceinline__ void staged_three(const Three& m, const float* __restrict__ x, int n, const float* table,
                                              int batch) {
     const int per_set = (32 / lanes_per_row(n / U::kBlockWeights * U::kUnits)) * U::kRows;
@@ -338,7 +341,7 @@ __device__ __forceinline__ void staged_three(const Three& m, const float* __rest
     auto emit = [&](bool valid, const float (&acc)[B][R]) {
         if (valid) store_rows<U, B>(acc, L, y, rows, row0, batch);
     };
-    staged_rounds<kWarps, U, B, false>(x, n, batch, table, find, emit, L.sl, L.lanes);
+    staged_rounds<kWarps, U, B, kOnce>(x, n, batch, table, find, emit, L.sl, L.lanes);
 }
 
 template <class U>
@@ -447,6 +450,27 @@ STRATA_GEMV3(q6_k, UnitQ6_K, BlockQ6_K)
 
 STRATA_GEMV3_IQ4(iq4_nl, UnitIQ4_NL, BlockIQ4_NL)
 STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
+
+// One token, one row a warp (gemv_rows.cuh's OneRow), the staged types only; x staged once a block for
+// all its rounds, so the host caps the grid (the kernel path one-row-gemv).
+#define STRATA_GEMV3_ONE(name, Unit)                                                                   \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_one_##name(STRATA_GEMV3_ARGS) { \
+        STRATA_PDL_ENTRY();                                                                            \
+        staged_three<OneRow<Unit>, 1, true>(STRATA_GEMV3_THREE, x, n, nullptr, 1);                     \
+    }
+
+STRATA_GEMV3_ONE(q4_0, UnitQ4_0)
+STRATA_GEMV3_ONE(q4_1, UnitQ4_1)
+STRATA_GEMV3_ONE(q5_0, UnitQ5_0)
+STRATA_GEMV3_ONE(q5_1, UnitQ5_1)
+STRATA_GEMV3_ONE(q8_0, UnitQ8_0)
+
+extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_one_iq4_nl(STRATA_GEMV3_ARGS) {
+    STRATA_PDL_ENTRY();
+    __shared__ float table[16];
+    fill_iq4_table(table);
+    staged_three<OneRow<UnitIQ4_NL>, 1, true>(STRATA_GEMV3_THREE, x, n, table, 1);
+}
 
 // Float types, one token: 8 weights per unit when n % 8 == 0, else one (as strata_gemv_<type>).
 #define STRATA_GEMV3_FLOAT(name, Block, Elem)                                                          \

@@ -38,6 +38,10 @@
 // into ids [batch, A] and weights [batch, A]: a decode step's top-k without a launch of its own.
 // One row a lane (RouterUnit8): grid = rows / (32 / lanes), any grid correct.
 //
+// One row a warp (strata_gemv_one_<qtype>, same arguments; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): the
+// single-token body with kRows = 1, so four times the warps read the same rows, each row's sum the
+// same bits as strata_gemv_<qtype>'s. Grid: ceil(rows / 4) (one row a warp), capped as gemv_whole_grid.
+//
 // Batched (gemv_batch_rows): each lane decodes 8 weights of each of 4 rows with the exact decoders
 // and multiplies them with the same 8 x values of every token; a warp covers 32 chunks of 8.
 //
@@ -157,6 +161,29 @@ STRATA_GEMV(q6_k, UnitQ6_K, BlockQ6_K)
 
 STRATA_GEMV_IQ4(iq4_nl, UnitIQ4_NL, BlockIQ4_NL)
 STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
+
+// One row a warp (gemv_rows.cuh's OneRow), the staged types only: y as strata_gemv_<qtype>, bit for
+// bit (the kernel path one-row-gemv). Grid as gemv_whole_grid's with one row a lane.
+#define STRATA_GEMV_ONE(name, Unit)                                                                    \
+    extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
+        strata_gemv_one_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {          \
+        STRATA_PDL_ENTRY();                                                                            \
+        gemv_body<kWarps, OneRow<Unit>>(W, x, y, rows, n, nullptr);                                    \
+    }
+
+STRATA_GEMV_ONE(q4_0, UnitQ4_0)
+STRATA_GEMV_ONE(q4_1, UnitQ4_1)
+STRATA_GEMV_ONE(q5_0, UnitQ5_0)
+STRATA_GEMV_ONE(q5_1, UnitQ5_1)
+STRATA_GEMV_ONE(q8_0, UnitQ8_0)
+
+extern "C" __global__ void __launch_bounds__(kWarps * 32)
+    strata_gemv_one_iq4_nl(const uint8_t* W, const float* x, float* y, int rows, int n) {
+    STRATA_PDL_ENTRY();
+    __shared__ float table[16];
+    fill_iq4_table(table);
+    gemv_body<kWarps, OneRow<UnitIQ4_NL>>(W, x, y, rows, n, table);
+}
 
 // Float types: 8 weights per unit (16-byte loads) when n % 8 == 0, else one; the branch is uniform.
 #define STRATA_GEMV_FLOAT(name, Block, Elem)                                                           \

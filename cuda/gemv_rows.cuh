@@ -134,6 +134,16 @@ constexpr int kStride = 36;
 template <class U>
 struct Stageable : std::bool_constant<U::kUnits == 1 && U::kBlockWeights == 32> {};
 
+// U with one row a lane: the one-token kernels strata_gemv_one_<q> and strata_gemv3_one_<q> (#16). A
+// row's sum is the same operations in the same order whatever kRows is (a lane's units, U::dot, the
+// shuffle tree), so these give the bits of the kRows bodies and of their row-invariant batches. Four
+// times the warps for the same rows: measured on an H100 (tools/pdl_chain_bench.py, the 30B shape's
+// Q8_0 in chains from a graph), q|k|v 9.01 -> 6.40 us and the attention output 12.19 -> 5.73.
+template <class U>
+struct OneRow : U {
+    static constexpr int kRows = 1;
+};
+
 template <class X>
 __device__ __forceinline__ auto fill_sum(X& x, int) -> decltype(x.sum = 0.f, void()) {
     x.sum = strata_q::sum_floats<32>(x.v);   // as load_x32

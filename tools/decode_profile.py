@@ -39,13 +39,15 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs-only", action="store_true", help="only the in-graph breakdown")
     ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launches")
     ap.add_argument("--kernels-off", default="", help="kernel paths to turn off (EngineConfig.kernels_off)")
+    ap.add_argument("--kernels-on", default="", help="trial kernel paths to turn on (EngineConfig.kernels_on)")
     args = ap.parse_args(argv)
     from strata import LLM
     from strata.synthetic import synthetic_pack
     if not 1 <= args.rows <= 8:
         ap.error(f"--rows must be 1..8, got {args.rows}")
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=args.context + 64,
-              vram_budget_gib=args.budget_gib, kernels_off=args.kernels_off, parallel=args.rows)
+              vram_budget_gib=args.budget_gib, kernels_off=args.kernels_off, kernels_on=args.kernels_on,
+              parallel=args.rows)
     runner, rt = llm.runner, llm.runner.rt
     rng = np.random.default_rng(0)
     for slot in reversed(range(args.rows)):             # slot 0 last: the one-row steps below run on it

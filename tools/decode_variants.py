@@ -6,6 +6,7 @@ split-K kernel.
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
     python tools/decode_variants.py --attention --context 512,4096,16384,32768
     python tools/decode_variants.py --route [--context 512]
+    python tools/decode_variants.py --one-row [--context 512]
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
@@ -39,6 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     ap.add_argument("--attention", action="store_true", help="the f16 decode attention's two kernels, A B A B")
     ap.add_argument("--route", action="store_true", help="only the router's top-k fused (fused-route) against apart, A B A B")
+    ap.add_argument("--one-row", action="store_true",
+                    help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
+                         "against the default, A B C A B C")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -46,7 +50,7 @@ def main(argv=None) -> int:
     if args.attention:
         return attention_ab(args, contexts)
     from strata import LLM
-    from strata.backends.cuda import moe as cuda_moe, moe_decode as cuda_moe_decode
+    from strata.backends.cuda import memory as cuda_memory, moe as cuda_moe, moe_decode as cuda_moe_decode
     from strata.synthetic import synthetic_pack
     llm = LLM(str(synthetic_pack(args.synthetic)), device="cuda", max_context=contexts[0] + 8 * args.decode + 64)
     runner = llm.runner
@@ -61,11 +65,18 @@ def main(argv=None) -> int:
         variants = variants[:2]
     if args.route:          # the router's top-k in its last block against a launch of its own, A B A B
         variants = [("fused route", True, 2, True, True, True), ("top-k apart", True, 2, True, True, False)] * 2
+    one_rows = {}           # variant name -> ONE_ROW_BLOCKS_PER_SM (the one-row-gemv arms)
+    if args.one_row:
+        one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
+        variants = [("default GEMVs", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
+        variants *= 2
     rows = []
     for name, fused, bps, split, pdl, route in variants:
         try:
+            if name in one_rows:
+                cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route)
+                                                   fused_route=route, one_row_gemv=name in one_rows)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)

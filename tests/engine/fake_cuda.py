@@ -466,7 +466,8 @@ class Kernel:
 
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
-        for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_wg", "moe_gemm", "dequant",
+        for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_wg", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -856,6 +857,22 @@ def _gemv3(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
         view(y, batch * rows).reshape(batch, rows)[:] = xs @ _weights(q, W, rows, n).T
 
 
+def _gemv3_one(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
+    """strata_gemv3_one_*: batch 1's product, one row a warp; warps stride, so any grid."""
+    from strata.backends.cuda.kernels import ONE_ROW_QTYPES
+    assert batch == 1 and q in ONE_ROW_QTYPES and grid[0] >= 1
+    for W, y, rows in ((W0, y0, rows0), (W1, y1, rows1), (W2, y2, rows2)):
+        _aligned("gemv3_one", W, x, y)
+        view(y, rows)[:] = view(x, n) @ _weights(q, W, rows, n).T
+
+
+def _gemv_one(q, grid, W, x, y, rows, n):
+    """strata_gemv_one_*: _gemv's product (the same bits on the device), one row a warp."""
+    from strata.backends.cuda.kernels import ONE_ROW_QTYPES
+    assert q in ONE_ROW_QTYPES
+    _gemv(q, grid, W, x, y, rows, n)
+
+
 def _gemv3_rows(q, grid, W0, W1, W2, x, y0, y1, y2, rows0, rows1, rows2, n, batch):
     """strata_gemv3_rows_*: each token's rows those of batch 1, on batch 1's grid."""
     from strata.backends.cuda.testing import CudaOps
@@ -906,7 +923,7 @@ _EMULATE.update({f"qk_norm_rope_kv_{fmt}": (lambda fmt: lambda grid, *a: _qk_nor
                  for fmt in ("int8", "q4_0", "k8v4")})
 _EMULATE["attention_decode_combine_rot_f32"] = _attention_decode_combine_rot
 _EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_norm_rope_kv, "gemv3": _gemv3,
-                 "gemv3_rows": _gemv3_rows})
+                 "gemv3_rows": _gemv3_rows, "gemv3_one": _gemv3_one, "gemv_one": _gemv_one})
 
 
 def read_manifest(directory=None) -> dict:

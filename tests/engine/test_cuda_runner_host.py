@@ -151,6 +151,52 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
     assert "strata_router_rows_split_f32" in fake.launches and "strata_moe_route_f32" not in fake.launches
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(fake, rng, graphs):
+    """--kernels-on one-row-gemv: a decode step's q|k|v and its attention output (Q8_0, too few row
+    sets to fill the GPU) run one row a warp (strata_gemv3_one_*, strata_gemv_one_*), the head (many
+    row sets) keeps strata_gemv_*; the attention output, no longer short of blocks at one row a warp,
+    leaves the split-K kernel at every batch size, so a batched step's rows take strata_gemv_rows_*
+    (the unsplit sum order, batch 1's bits on the device). The logits are the default path's."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 14)
+
+    def run(config):
+        runner = CudaRunner(pack, 64, config)
+        out = [runner.prefill(ids[:10], 0)]
+        fake.launches.clear()
+        out += [runner.decode(t) for t in ids[10:]]
+        return out, list(fake.launches)
+    one, launched = run(EngineConfig(cuda_graphs=graphs, kernels_on="one-row-gemv"))
+    plain, launched_off = run(EngineConfig(cuda_graphs=graphs))
+    for a, b in zip(one, plain):
+        np.testing.assert_array_equal(a, b)
+    assert {"strata_gemv3_one_q8_0", "strata_gemv_one_q8_0", "strata_gemv_q8_0"} <= set(launched)
+    assert "strata_gemv_split_q8_0" not in launched and "strata_gemv3_q8_0" not in launched
+    assert "strata_gemv_split_q8_0" in launched_off and not any("_one_" in k for k in launched_off)
+
+    for config, batched in ((EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="one-row-gemv"), "strata_gemv_rows_q8_0"),
+                            (EngineConfig(cuda_graphs=graphs, parallel=2), "strata_gemv_rows_split_q8_0")):
+        par = CudaRunner(pack, 48, config)
+        for slot in range(2):
+            par.use(slot)
+            par.prefill(ids[:6 + slot], 0, logits=False)
+        fake.launches.clear()
+        par.decode_batch([0, 1], ids[10:12])
+        assert batched in fake.launches
+
+
+def test_one_row_gemv_is_refused_where_no_dense_weight_takes_it():
+    from strata.engine.cuda_load import check_trial_paths
+    from strata.backends.cuda.kernels import KernelPaths
+    args = open_pack(DEMO).args
+    on = KernelPaths.without("", "one-row-gemv")
+    check_trial_paths(on, args, {"blk.0.attn_q.weight": {"qtype": "Q8_0"}})
+    with pytest.raises(UnsupportedError, match=r"one-row-gemv \(--kernels-on\): this model never takes it: its dense "
+                                               r"weights are F16, Q4_K, none of Q4_0"):
+        check_trial_paths(on, args, {"a": {"qtype": "Q4_K"}, "b": {"qtype": "F16"}})
+
+
 def test_a_few_prompt_rows_take_the_kernels_their_longest_names(fake, rng):
     """A prompt of up to 8 tokens attends through the split-K decode kernels: the tensor cores' one
     launches only where its longest row reaches tc_from (Positions.num_cells), the logits the same."""
@@ -298,6 +344,16 @@ def test_whole_matrix_gemv_grid_is_capped_only_where_x_is_staged_once():
     assert gemv_whole_grid("Q8_0", 151936, 8192, 1, 132) == gemv_grid("Q8_0", 151936, 8192)
     assert gemv_whole_grid("Q4_K", 151936, 2048, 1, 132) == gemv_grid("Q4_K", 151936, 2048)    # x not staged
     assert gemv_whole_grid("Q8_0", 64, 2048, 4, 132) == gemv_grid("Q8_0", 64, 2048)            # below the cap
+
+
+def test_one_row_grids():
+    """strata_gemv_one_* covers a quarter of the rows a block (one row a lane), capped at
+    ONE_ROW_BLOCKS_PER_SM where x is staged once a block; the split rule then sees those blocks."""
+    from strata.backends.cuda import memory
+    assert gemv_grid("Q8_0", 2048, 4096) == 128 and gemv_grid("Q8_0", 2048, 4096, one_row=True) == 512
+    assert gemv_whole_grid("Q8_0", 2048, 4096, 1, 132, one_row=True) == 512
+    assert gemv_whole_grid("Q8_0", 151936, 2048, 1, 132, one_row=True) == memory.ONE_ROW_BLOCKS_PER_SM * 132
+    assert gemv_grid("Q8_0", 300, 256, one_row=True) == -(-300 // 16)      # 8 lanes a row: 4 rows a warp
 
 
 def test_the_grid_cap_mirrors_the_staged_kernels_constants():

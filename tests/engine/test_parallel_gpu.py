@@ -14,12 +14,13 @@ pytestmark = pytest.mark.gpu
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time, in a quiet village,", "import numpy"]
 
 
-@pytest.mark.parametrize("kv", ["f16", "int8"])
-def test_batched_rows_are_each_slots_one_row_steps_bit_for_bit(kv):
+@pytest.mark.parametrize("kv,on", [("f16", ""), ("int8", ""), ("f16", "one-row-gemv")])
+def test_batched_rows_are_each_slots_one_row_steps_bit_for_bit(kv, on):
+    # one-row-gemv: the one-row steps' GEMVs one row a warp, the batched rows' four (the same sum order)
     from strata.engine.cuda_runner import CudaRunner
-    llm = LLM(device="cuda", parallel=4, kv=kv, max_context=256)
+    llm = LLM(device="cuda", parallel=4, kv=kv, max_context=256, kernels_on=on)
     par = llm.runner
-    one = CudaRunner(llm.pack, 256, EngineConfig(device="cuda", kv=kv))
+    one = CudaRunner(llm.pack, 256, EngineConfig(device="cuda", kv=kv, kernels_on=on))
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
     rng = np.random.default_rng(1)
     steps = 6

@@ -4,6 +4,7 @@ launch is bit for bit the one-token launch on row b alone, for every batch size 
 - strata_gemv_rows_<q> against strata_gemv_<q>, strata_gemv_rows_split_<q> against strata_gemv_split_<q>
   (cuda/gemv.cu, gemv_rows.cuh's multi bodies), every quant type the decode GEMV reads;
 - strata_gemv3_rows_<q> against strata_gemv3_<q> with batch 1 (cuda/decode_fused.cu);
+- strata_gemv_one_<q> and strata_gemv3_one_<q> (one row a warp) against the same one-token launches;
 - split-K decode attention over one sequence's cache for T query rows (max_cells 0: every row reads
   the same cells; lengths = positions + 1; the one-row split count) against T one-row launches, each
   row through attention.cu's kernel, attention_dec_tc.cu's, or the one its length names.
@@ -14,6 +15,7 @@ Outputs are poisoned with NaN first, so a skipped element fails; equality is of 
 import numpy as np
 import pytest
 
+from strata.backends.cuda.kernels import ONE_ROW_QTYPES
 from strata.quant import QTYPES
 from strata.quant.random import random_qtensor_bytes
 from tests.kernels.test_row_kernels_gpu import Dev
@@ -33,9 +35,11 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("qt", GEMV_TYPES)
-@pytest.mark.parametrize("rows,n,split", [(300, 512, False), (6, 2048, True), (37, 256, False), (40, 4096, False)])
+@pytest.mark.parametrize("rows,n,split", [(300, 512, False), (6, 2048, True), (37, 256, False), (40, 4096, False),
+                                          (24, 8192, False)])
 def test_gemv_rows_equal_one_token_launches(dev, qt, rows, n, split):
-    # (40, 4096): rows longer than one tile of x a batch of several tokens stages in shared memory
+    # (40, 4096): rows longer than one tile of x a batch of several tokens stages in shared memory;
+    # (24, 8192): longer than one token's tile too
     if qt in ("F32", "F16", "BF16") and rows == 37:
         n = 100                                            # the float types' n % 8 != 0 units
     rng = np.random.default_rng(abs(hash((qt, rows, n))) % 2**32)
@@ -57,6 +61,13 @@ def test_gemv_rows_equal_one_token_launches(dev, qt, rows, n, split):
                 one.launch(g, 128, (W, xp + 4 * n * b, buf.ptr, rows, n), stream=dev.stream)
                 assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref[b])), (qt, b, g)
     assert np.isfinite(ref).all()
+    if qt in ONE_ROW_QTYPES and not split:      # one row a warp: the same bits, any grid
+        one_row = dev.kernel("gemv", f"strata_gemv_one_{qt.lower()}", "PPPii")
+        for b in range(3):
+            for g in (-(-rows // 4), 1, 5):
+                buf, host = dev.out((rows,))
+                one_row.launch(g, 128, (W, xp + 4 * n * b, buf.ptr, rows, n), stream=dev.stream)
+                assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref[b])), ("one", qt, b, g)
     for batch in range(1, 9):
         for g in (grid, 1, 3):                             # any grid is complete, and the bits hold
             buf, host = dev.out((batch, rows))
@@ -81,6 +92,14 @@ def test_gemv3_rows_equal_batch_one(dev, qt, n, rows):
         one.launch(grid, 128, (*Ws, xp + 4 * n * b, *(o[0].ptr for o in outs), *rows, n, 1), stream=dev.stream)
         for i, (buf, host) in enumerate(outs):
             ref[i][b] = dev.get(buf, host)
+    if qt in ONE_ROW_QTYPES:     # one row a warp, x staged once a block for its rounds: batch 1's bits
+        one_row = dev.kernel("decode_fused", f"strata_gemv3_one_{qt.lower()}", "PPPPPPPiiiii")
+        for b in range(3):
+            for g in (-(-sum(rows) // 4), 1, 7):
+                outs = [dev.out((r,)) for r in rows]
+                one_row.launch(g, 128, (*Ws, xp + 4 * n * b, *(o[0].ptr for o in outs), *rows, n, 1), stream=dev.stream)
+                for i, (buf, host) in enumerate(outs):
+                    assert np.array_equal(_bits(dev.get(buf, host)), _bits(ref[i][b])), ("one", qt, b, g, i)
     for batch in (2, 5, 8):
         outs = [dev.out((batch, r)) for r in rows]
         multi.launch(grid, 128, (*Ws, xp, *(o[0].ptr for o in outs), *rows, n, batch), stream=dev.stream)

@@ -119,6 +119,7 @@ class KernelPaths:
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
+    one_row_gemv: bool = False       # on trial: one-token GEMVs of ONE_ROW_QTYPES one row a warp (strata_gemv_one_*)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -152,6 +153,8 @@ def _each(**axes) -> tuple:
 
 # The entry-name fields the host asks for; tests expand every table entry over them.
 ALL_QTYPES = _each(qtype=EMBED_QTYPES)                    # every type strata.quant reads
+# The types of one 32-weight block a unit (cuda/gemv_rows.cuh's Stageable): the one-row-a-warp GEMVs'
+ONE_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
 
 
 def max_decode_group(head_dim: int) -> int:
@@ -224,6 +227,9 @@ KERNELS = {
     "gemv_split":       _K("gemv", "strata_gemv_split_{qtype}", "PPPii", 128, "4x gemv's: the warps split K",
                            ALL_QTYPES),
     "gemv_batch":       _K("gemv", "strata_gemv_batch_{qtype}", "PPPiii", 128, "ceil(rows / 16)", ALL_QTYPES),
+    # gemv's bits with one row a warp (the kernel path one-row-gemv; memory.gemv_whole_grid(one_row=True))
+    "gemv_one":         _K("gemv", "strata_gemv_one_{qtype}", "PPPii", 128, "ceil(rows / 4), capped: it strides",
+                           _each(qtype=ONE_ROW_QTYPES)),
     # row-invariant batches: row b is bit for bit gemv (gemv_split, gemv3 at batch 1) on x[b]
     "gemv_rows":        _K("gemv", "strata_gemv_rows_{qtype}", "PPPiii", 128, "gemv's", ALL_QTYPES),
     "gemv_rows_split":  _K("gemv", "strata_gemv_rows_split_{qtype}", "PPPiii", 128, "gemv_split's", ALL_QTYPES),
@@ -278,6 +284,9 @@ KERNELS = {
                            ALL_QTYPES),
     "gemv3_rows":       _K("decode_fused", "strata_gemv3_rows_{qtype}", "PPPPPPPiiiii", 128,
                            "gemv3's at batch 1", ALL_QTYPES),
+    # gemv3's at batch 1 with one row a warp, x staged once a block (the kernel path one-row-gemv)
+    "gemv3_one":        _K("decode_fused", "strata_gemv3_one_{qtype}", "PPPPPPPiiiii", 128,
+                           "ceil(rows / 4), capped at 4 a multiprocessor: it strides", _each(qtype=ONE_ROW_QTYPES)),
     "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff", 128,
                            "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
     # the same into a quantized cache's planes (cuda/kv_quant.cu's formats), q rotated where K is

@@ -33,11 +33,12 @@ STAGE_BYTES = 64 << 20          # pinned staging buffer for the weight upload (t
 PROGRESS_MIN_BYTES = 1 << 30    # files at least this big print an upload progress line
 
 
-def gemv_grid(qtype: str, rows: int, n: int) -> int:
+def gemv_grid(qtype: str, rows: int, n: int, one_row: bool = False) -> int:
     """Blocks of strata_gemv_<qtype> / strata_moe_gemv_<qtype> (same unit scheme) for a [rows, n]
-    matrix: one row set per warp, from the unit table strata.backends.cuda.testing.CudaOps keeps."""
+    matrix: one row set per warp, from the unit table strata.backends.cuda.testing.CudaOps keeps;
+    one_row: strata_gemv_one_<qtype>'s, a row set of one row a lane."""
     from .testing import CudaOps
-    return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n)))
+    return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n, one_row)))
 
 
 def router_grid(rows: int, n: int) -> int:
@@ -55,19 +56,24 @@ def router_grid(rows: int, n: int) -> int:
 # blocks a multiprocessor reads x a few hundred times instead of once a row set (the 30B head at 4
 # tokens: 284 -> 248 us on an H100). STAGED_BLOCKS_PER_SM: what the 128-register bodies keep resident.
 STAGE_FLOATS, STAGE_STRIDE, ROWS_GROUP, STAGED_BLOCKS_PER_SM = 9216, 36, 4, 4
+# The one-row-a-warp kernels (strata_gemv_one_*, strata_gemv3_one_*: 48 registers a thread, 18 KB of x)
+# keep more blocks resident; their grids are capped at this many a multiprocessor (read at each launch,
+# so tools/decode_variants.py --one-row can A/B it: any grid gives the same bits).
+ONE_ROW_BLOCKS_PER_SM = 8
 
 
-def gemv_whole_grid(qtype: str, rows: int, n: int, T: int, num_sms: int) -> int:
-    """Blocks of the whole-matrix strata_gemv_<qtype> (T == 1) or strata_gemv_rows_<qtype> (T tokens):
-    gemv_grid's, capped at STAGED_BLOCKS_PER_SM a multiprocessor where the kernel stages x once a block.
-    Any grid gives the same bits (warps stride over row sets)."""
+def gemv_whole_grid(qtype: str, rows: int, n: int, T: int, num_sms: int, one_row: bool = False) -> int:
+    """Blocks of the whole-matrix strata_gemv_<qtype> (T == 1) or strata_gemv_rows_<qtype> (T tokens),
+    or with one_row strata_gemv_one_<qtype> (T == 1): gemv_grid's, capped at STAGED_BLOCKS_PER_SM
+    (ONE_ROW_BLOCKS_PER_SM) a multiprocessor where the kernel stages x once a block. Any grid gives
+    the same bits (warps stride over row sets)."""
     from .testing import CudaOps
-    grid = gemv_grid(qtype, rows, n)
+    grid = gemv_grid(qtype, rows, n, one_row)
     block, units, _ = CudaOps.GEMV_UNITS.get(qtype, (0, 0, 0))
     floats = STAGE_FLOATS // 2 if T == 1 else STAGE_FLOATS
     if block != 32 or units != 1 or min(T, ROWS_GROUP) * (n // 32) * STAGE_STRIDE > floats:
         return grid
-    return min(grid, STAGED_BLOCKS_PER_SM * num_sms)
+    return min(grid, (ONE_ROW_BLOCKS_PER_SM if one_row else STAGED_BLOCKS_PER_SM) * num_sms)
 
 
 class _Block:

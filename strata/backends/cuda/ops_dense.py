@@ -7,8 +7,9 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K
-from .memory import DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
+from . import memory
+from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
+from .memory import STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
@@ -70,19 +71,35 @@ class DenseOps:
             self._route_count.fill_bytes(0, self.stream)
         return self._route_count.ptr
 
+    def _one_row(self, qtype: str, rows: int, n: int) -> bool:
+        """Whether one-token GEMVs of this matrix run one row a warp (the trial path one-row-gemv): a type
+        of ONE_ROW_QTYPES whose row sets of the default kernel leave the capped grid short (q|k|v and
+        the attention output of the 30B shape, not its head)."""
+        return (self.paths.one_row_gemv and qtype in ONE_ROW_QTYPES
+                and gemv_grid(qtype, rows, n) < STAGED_BLOCKS_PER_SM * self.num_sms)
+
     def _takes_split(self, w: Weight) -> bool:
-        """Whether w's decode GEMVs are the split-K kernels: too few row-set blocks to fill the GPU."""
-        return self.paths.split_gemv and gemv_grid(w.qtype, w.rows, w.shape[-1]) < 2 * self.num_sms
+        """Whether w's decode GEMVs are the split-K kernels: too few row-set blocks to fill the GPU (with
+        one row a warp, where even those are too few). Every batch size decides alike, so a batch's
+        rows take the kernels of its one-token launch's sum order."""
+        one_row = self._one_row(w.qtype, w.rows, w.shape[-1])
+        return self.paths.split_gemv and gemv_grid(w.qtype, w.rows, w.shape[-1], one_row) < 2 * self.num_sms
 
     def _gemv(self, w: Weight, x: int, y: int, T: int) -> None:
         rows, n, q = w.rows, w.shape[-1], w.qtype
         split = self._takes_split(w)
-        grid = gemv_grid(q, rows, n) if split else gemv_whole_grid(q, rows, n, T, self.num_sms)
         if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
+            grid = gemv_grid(q, rows, n) if split else gemv_whole_grid(q, rows, n, T, self.num_sms)
             self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
                         (w.ptr, x, y, rows, n, T), qtype=q)
             return
-        self.launch("gemv_split" if split else "gemv", grid * 4 if split else grid, (w.ptr, x, y, rows, n), qtype=q)
+        if split:
+            self.launch("gemv_split", gemv_grid(q, rows, n) * 4, (w.ptr, x, y, rows, n), qtype=q)
+        elif self._one_row(q, rows, n):     # gemv's bits, one row a warp
+            self.launch("gemv_one", gemv_whole_grid(q, rows, n, 1, self.num_sms, one_row=True), (w.ptr, x, y, rows, n),
+                        qtype=q)
+        else:
+            self.launch("gemv", gemv_whole_grid(q, rows, n, 1, self.num_sms), (w.ptr, x, y, rows, n), qtype=q)
 
     def _gemm_weight(self, w: Weight, x: int, y: int, T: int, ldc: int) -> None:
         """y[:, :rows] (row stride ldc) = x [T, n] @ w^T; the weight dequantized in chunks of rows."""
@@ -140,8 +157,13 @@ class DenseOps:
         mats += [(ws[0].ptr, ys[0].ptr, 0)] * (3 - len(fused))
         per_set = CudaOps.gemv_rows_per_block(CudaOps, q, n) // 4     # rows per warp, as one token's
         sets = sum(-(-rows // per_set) for _, _, rows in mats)
-        # more tokens: the row-invariant kernel, each token's rows those of a one-token launch
-        self.launch("gemv3_rows" if T > 1 else "gemv3", max(1, -(-sets // 4)),
-                    (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T), qtype=q)
+        args = (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T)
+        if T == 1 and self._one_row(q, sets * per_set, n):
+            # one row a warp (batch 1's bits), x staged once a block for its rounds: a capped grid
+            ones = -(-sum(rows for _, _, rows in mats) // (CudaOps.gemv_rows_per_block(CudaOps, q, n, True) // 4))
+            self.launch("gemv3_one", max(1, min(-(-ones // 4), memory.ONE_ROW_BLOCKS_PER_SM * self.num_sms)), args,
+                        qtype=q)
+        else:   # more tokens: the row-invariant kernel, each token's rows those of a one-token launch
+            self.launch("gemv3_rows" if T > 1 else "gemv3", max(1, -(-sets // 4)), args, qtype=q)
         out = dict(zip(fused, ys))
         return tuple(out[i] if i in out else self.linear(x, names[i]) for i in range(3))

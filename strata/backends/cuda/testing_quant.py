@@ -28,10 +28,13 @@ class QuantWrappers:
                   "Q4_K": (256, 4, 4), "Q5_K": (256, 4, 2), "Q6_K": (256, 4, 2), "IQ4_XS": (256, 4, 4),
                   "F32": (8, 1, 2), "F16": (8, 1, 2), "BF16": (8, 1, 2)}
 
-    def gemv_rows_per_block(self, qtype_name: str, n: int) -> int:
+    def gemv_rows_per_block(self, qtype_name: str, n: int, one_row: bool = False) -> int:
         """Rows one 128-thread block of strata_gemv_<qtype> covers: (32 / lanes per row) * rows per lane
-        per warp, where lanes per row is the power of two >= units per row, at most 32."""
+        per warp, where lanes per row is the power of two >= units per row, at most 32. one_row: those
+        of strata_gemv_one_<qtype> (one row a lane)."""
         block, units, rows = self.GEMV_UNITS[qtype_name]
+        if one_row:
+            rows = 1
         if block == 8 and n % 8:
             block, units, rows = 1, 1, 1
         lanes = min(32, 1 << max(n // block * units - 1, 0).bit_length())
