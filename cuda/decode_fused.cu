@@ -78,6 +78,7 @@ using namespace strata_gemv;
 using namespace strata_norm;
 
 constexpr int kWarps = 4;  // GEMV and QK-norm blocks: 128 threads
+constexpr int kNormHeld = 4;   // float4s of a row strata_add_rms_norm_f32 holds a thread (4096 floats at 256 threads)
 
 }  // namespace
 
@@ -95,6 +96,40 @@ extern "C" __global__ void strata_add_rms_norm_f32(const float* x, const float* 
                        reinterpret_cast<uintptr_t>(x_out) | reinterpret_cast<uintptr_t>(w) |
                        reinterpret_cast<uintptr_t>(out)) % 16 == 0);
     float sum_sq = 0.0f;
+    if (vec && n / 4 <= kNormHeld * static_cast<int>(blockDim.x)) {
+        // The row held in registers: x, y and w all asked for at once, then the sums, so the norm's
+        // second pass neither reads x_out back nor waits for w (one memory round trip, not two). The
+        // same operations in the same order as the loop below, so the same bits.
+        const float4* x4 = reinterpret_cast<const float4*>(x + off);
+        const float4* y4 = reinterpret_cast<const float4*>(y + off);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        float4 a[kNormHeld], b[kNormHeld], g[kNormHeld];
+#pragma unroll
+        for (int k = 0; k < kNormHeld; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < n / 4) a[k] = x4[i], b[k] = y4[i], g[k] = w4[i];
+        }
+        float4* s4 = reinterpret_cast<float4*>(x_out + off);
+#pragma unroll
+        for (int k = 0; k < kNormHeld; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < n / 4) {
+                a[k] = make_float4(a[k].x + b[k].x, a[k].y + b[k].y, a[k].z + b[k].z, a[k].w + b[k].w);
+                s4[i] = a[k];
+                sum_sq += sum_sq4(a[k]);
+            }
+        }
+        const float scale = rms_scale(block_sum(sum_sq), n, eps);
+        float4* o4 = reinterpret_cast<float4*>(out + off);
+#pragma unroll
+        for (int k = 0; k < kNormHeld; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < n / 4)
+                o4[i] = make_float4(rms_apply(a[k].x, scale, g[k].x), rms_apply(a[k].y, scale, g[k].y),
+                                    rms_apply(a[k].z, scale, g[k].z), rms_apply(a[k].w, scale, g[k].w));
+        }
+        return;
+    }
     if (vec) {
         const float4* x4 = reinterpret_cast<const float4*>(x + off);
         const float4* y4 = reinterpret_cast<const float4*>(y + off);

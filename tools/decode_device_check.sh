@@ -49,6 +49,9 @@
 #     pdlchain  tools/pdl_chain_bench.py on .whl/pdl_stage.fatbin (nvcc -fatbin -arch=sm_90 -Icuda tools/variants/pdl_stage.cu):
 #               chains of Q8_0 decode GEMVs from a graph with PDL, W read from global memory against W moved into
 #               shared memory before or after griddepcontrol.wait (#16: what a kernel's fixed cost leaves)
+#     normab    tools/norm_chain_bench.py (during the pack): this build's strata_add_rms_norm_f32 against a parent
+#               decode_fused fatbin (NORM_PARENT, default .whl/decode_fused_parent.fatbin: nvcc -fatbin -arch=sm_90
+#               -Icuda of the parent's cuda/decode_fused.cu), 96 norms and 48 (q|k|v, norm) from graphs with PDL
 #     onerow    tools/decode_variants.py --one-row at context 512 (the one-token GEMVs one row a warp, grids capped at
 #               8 and 4 blocks an SM, against the default, A B C A B C), then decode_profile --graphs-only with
 #               --kernels-on one-row-gemv and without (#16)
@@ -81,10 +84,18 @@ pdl_chain() {           # #16: decode GEMVs that move W into shared memory befor
     timeout "$(budget 90)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --carveout 100 --chains alt,small,smallE \
         --arms plain,stage,early --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -12
 }
-if has pdlchain && ! has wsprompt; then during_pack() { pdl_chain; }; fi
+norm_ab() {             # #16: this build's add + RMSNorm against NORM_PARENT's decode_fused fatbin, chains from graphs
+    echo "== add + RMSNorm chains: this build against ${NORM_PARENT:-.whl/decode_fused_parent.fatbin} ($(elapsed) s)"
+    timeout "$(budget 60)" $PY tools/norm_chain_bench.py --arm new:strata/kernels/decode_fused.fatbin \
+        --arm parent:"${NORM_PARENT:-.whl/decode_fused_parent.fatbin}" --json "$OUT/normab.json" 2>&1 | tail -9
+}
+if ! has wsprompt; then
+    during_pack() { if has pdlchain; then pdl_chain; fi; if has normab; then norm_ab; fi; }
+fi
 if has wsprompt; then
     during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
         if has pdlchain; then pdl_chain; fi
+        if has normab; then norm_ab; fi
         local W=.whl WS=128:384:163968 WST=128:384:164928:tma
         echo "== attention A/B: tc, ws128, wst ${WS_EXTRA:-} ($(elapsed) s)"
         [ "${WS_AB30:-1}" = 0 ] || timeout "$(budget 150)" $PY tools/attention_wg_ab.py --arm tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16 \

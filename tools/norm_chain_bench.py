@@ -1,0 +1,145 @@
+"""The residual add + RMSNorm of a decode step (strata_add_rms_norm_f32, cuda/decode_fused.cu) timed from
+CUDA graphs with programmatic dependent launches, as a step runs it, for two or more builds of
+decode_fused.cu: #16's question whether a one-block kernel's memory round trips are its time.
+
+Chains (one row, the norm's n):
+  norm   96 add + RMSNorms in a row, each reading the one before
+  qkv    48 x (the fused q|k|v GEMV, Q8_0 5,120 x n, then add + RMSNorm of its first n outputs)
+Every arm's final outputs must equal the first arm's bit for bit (the same sums in the same order),
+and one norm is checked against numpy. Prints us a chain step and the graph's time, the median of --reps.
+
+    python tools/norm_chain_bench.py --arm new:strata/kernels/decode_fused.fatbin \
+        --arm parent:.whl/decode_fused_parent.fatbin [--n 2048] [--reps 9] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+STEPS = 96          # norms a chain (a decode step of the 30B shape has 96)
+QKV_ROWS = 5120
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arm", action="append", required=True, help="NAME:PATH of a decode_fused fatbin")
+    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=2, help="arms alternated this many times (drift shows)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from strata._ext import graphs, runtime as rt
+    from tools.pdl_chain_bench import q8_0
+
+    rt.init()
+    dev = rt.Device(0)
+    st = rt.Stream(dev)
+    n = args.n
+    arms = {}
+    for spec in args.arm:
+        name, _, path = spec.partition(":")
+        lib = rt.Library(f"decode_fused_{name}", Path(path).read_bytes())
+        arms[name] = (lib.kernel(dev, "strata_add_rms_norm_f32", "PPPPPiif"),
+                      lib.kernel(dev, "strata_gemv3_q8_0", "PPPPPPPiiiii"))
+    rng = np.random.default_rng(0)
+    w_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    x_host = rng.standard_normal(n).astype(np.float32)
+    w, x0 = rt.DeviceBuffer(dev, n * 4), rt.DeviceBuffer(dev, n * 4)
+    w.copy_from_host(w_host, st)
+    x0.copy_from_host(x_host, st)
+    wq_host = q8_0(QKV_ROWS, n, rng)
+    wq = [rt.DeviceBuffer(dev, wq_host.nbytes) for _ in range(STEPS // 2)]
+    for b in wq:
+        b.copy_from_host(wq_host, st)
+    resid = rt.DeviceBuffer(dev, n * 4)
+    bufs = [rt.DeviceBuffer(dev, QKV_ROWS * 4) for _ in range(2)]
+    normed = rt.DeviceBuffer(dev, n * 4)
+    st.synchronize()
+
+    # one norm against numpy (x + x, then the norm), every arm
+    ok = True
+    ref_sum = x_host + x_host
+    ref = ref_sum / np.sqrt(np.mean(ref_sum.astype(np.float64) ** 2) + 1e-6) * w_host
+    for name, (norm, _) in arms.items():
+        norm.launch(1, 256, (x0.ptr, x0.ptr, resid.ptr, w.ptr, normed.ptr, 1, n, 1e-6), stream=st)
+        got = np.empty(n, np.float32)
+        normed.copy_to_host(got, st)
+        st.synchronize()
+        err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+        ok &= err < 1e-5
+        print(f"check {name}: max rel err {err:.2e}")
+
+    def record(name, chain):
+        norm, gemv3 = arms[name]
+
+        def rec(stream):
+            rt.copy_d2d(resid.ptr, x0.ptr, n * 4, stream)
+            rt.copy_d2d(normed.ptr, x0.ptr, n * 4, stream)
+            for i in range(STEPS if chain == "norm" else STEPS // 2):
+                if chain == "qkv":
+                    # q|k|v of the normed row (k, v: no rows), then the residual add of q's first n outputs
+                    gemv3.launch(-(-QKV_ROWS // 16), 128, (wq[i].ptr, wq[i].ptr, wq[i].ptr, normed.ptr, bufs[0].ptr,
+                                                           bufs[1].ptr, bufs[1].ptr, QKV_ROWS, 0, 0, n, 1),
+                                 stream=stream, pdl=True)
+                    y = bufs[0].ptr
+                else:
+                    y = normed.ptr
+                norm.launch(1, 256, (resid.ptr, y, resid.ptr, w.ptr, normed.ptr, 1, n, 1e-6), stream=stream, pdl=True)
+        return rec
+
+    def replay(rec) -> tuple[float, np.ndarray]:
+        graphs.begin_capture(st)
+        try:
+            rec(st)
+        finally:
+            g = graphs.end_capture(st)
+        exe = g.instantiate()
+        exe.upload(st)
+        exe.launch(st)
+        e0, e1 = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
+        times = []
+        for _ in range(args.reps):
+            e0.record(st)
+            exe.launch(st)
+            e1.record(st)
+            e1.synchronize()
+            times.append(e0.elapsed_ms(e1))
+        out = np.empty(n, np.float32)
+        normed.copy_to_host(out, st)
+        st.synchronize()
+        exe.destroy()
+        g.destroy()
+        return float(np.median(times)), out
+
+    report = {}
+    print(f"{'chain':6s} {'arm':10s} {'us a step':>10s}  graph ms (rounds)")
+    for chain in ("norm", "qkv"):
+        steps = STEPS if chain == "norm" else STEPS // 2
+        times, finals = {a: [] for a in arms}, {}
+        for _ in range(args.rounds):
+            for name in arms:
+                ms, out = replay(record(name, chain))
+                times[name].append(ms)
+                finals[name] = out
+        first = next(iter(finals.values()))
+        for name in arms:
+            same = bool(np.array_equal(finals[name].view(np.uint32), first.view(np.uint32)))
+            ok &= same and bool(np.isfinite(finals[name]).all())
+            ms = float(np.median(times[name]))
+            print(f"{chain:6s} {name:10s} {1000 * ms / steps:10.2f}  {' '.join(f'{t:.3f}' for t in times[name])}"
+                  f"{'' if same else '  != FIRST ARM'}")
+            report.setdefault(chain, {})[name] = {"us_step": 1000 * ms / steps, "graph_ms": times[name]}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print("checks:", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
