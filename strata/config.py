@@ -21,22 +21,22 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # sm_90 / sm_100 copies its tiles through a cp.async ring in shared memory, several tiles a warp in flight (off: one
 # tile a warp in registers; the same bits). tma-attention: the prompt attention at head dim 128 on sm_90
 # (a build with the sm_90a libraries) takes cuda/attention_ws.cu's TMA build, warp-specialized on wgmma
-# (off, or elsewhere: cuda/attention_tc.cu's mma.sync kernel).
+# (off, or elsewhere: cuda/attention_tc.cu's mma.sync kernel); at head dim 256 (Qwen3-Next) its 64-cell build.
+# one-row-gemv: one-token GEMVs (the fused q|k|v and the attention output) of the types of one 32-weight
+# block a unit (Q8_0, Q4_0, ...) one row a warp, four times the warps of the 4-row kernels, the same bits;
+# a matrix then takes the split-K kernel only where one row a warp leaves it under 2 blocks an SM (off: the
+# 4-row kernels, the 30B's attention output split-K).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention", "kv-ring", "tma-attention")
+                "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
 # attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
-# on, its cp.async build with --kernels-off tma-attention), 64 (cuda/attention_wg.cu) and 256 (attention_ws.cu's
-# TMA build on 64-cell tiles, not yet run on a GPU; where the TMA build cannot run, attention_tc.cu's).
+# on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-# one-row-gemv: one-token GEMVs (the fused q|k|v and the other dense projections) of the types of one
-# 32-weight block a unit (Q8_0, Q4_0, ...) one row a warp, four times the warps of the default kernels, the
-# same bits; a matrix then takes the split-K kernel only where one row a warp leaves it under 2 blocks an SM.
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention", "fused-route", "one-row-gemv")
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-attention", "fused-route")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

@@ -54,7 +54,7 @@
 #               -Icuda of the parent's cuda/decode_fused.cu), 96 norms and 48 (q|k|v, norm) from graphs with PDL
 #     onerow    tools/decode_variants.py --one-row at context 512 (the one-token GEMVs one row a warp, grids capped at
 #               8 and 4 blocks an SM, against the default, A B C A B C), then decode_profile --graphs-only with
-#               --kernels-on one-row-gemv and without (#16)
+#               one-row-gemv on (the default) and off (#16)
 #     decodegap tools/decode_gap.py at context 512: the step's graph back to back, with the greedy pick's copy and
 #               sync after each, and the generation loop (runner.decode + pick): the bubble and the Python a token
 #     (wsprompt knobs: WS_AB30=0 skips the Dh-128 A/B, WS_BENCH=0 the resident prompt benches, WS_TEST_K its GPU test's -k)
@@ -253,14 +253,14 @@ if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attentio
         bench_synthetic "wsprompt_$arm" 60 qwen3-30b-a3b --prompt "${WS_PROMPTS:-4096,16384,32768}" --decode 0 "${on[@]}"
     done
 fi
-if has onerow; then      # #16: the one-token GEMVs one row a warp (--kernels-on one-row-gemv) against the default
+if has onerow; then      # #16: the one-token GEMVs one row a warp (one-row-gemv) against 4 rows a warp
     echo "== decode variants --one-row, context 512 ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/decode_variants.py --one-row --context 512 --decode 256 \
         --json "$OUT/onerow_512.json" 2>&1 | tail -7
-    for on in one-row-gemv ""; do
-        echo "== decode profile, kernels on: ${on:-none} ($(elapsed) s)"
-        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-on "$on" \
-            --json "$OUT/profile_onerow_${on:-none}.json" 2>&1 | tail -${ONEROW_PROFILE_LINES:-14}
+    for off in "" one-row-gemv; do
+        echo "== decode profile, kernels off: ${off:-none} ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-off "$off" \
+            --json "$OUT/profile_onerow_off_${off:-none}.json" 2>&1 | tail -${ONEROW_PROFILE_LINES:-14}
     done
 fi
 if has decodegap; then   # #16: the graph alone, with the pick's sync, and the generation loop

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--route", action="store_true", help="only the router's top-k fused (fused-route) against apart, A B A B")
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
-                         "against the default, A B C A B C")
+                         "against 4 rows a warp, A B C A B C")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -68,15 +68,16 @@ def main(argv=None) -> int:
     one_rows = {}           # variant name -> ONE_ROW_BLOCKS_PER_SM (the one-row-gemv arms)
     if args.one_row:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
-        variants = [("default GEMVs", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
+        variants = [("4 rows a warp", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
         variants *= 2
     rows = []
     for name, fused, bps, split, pdl, route in variants:
         try:
             if name in one_rows:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
+            one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, one_row_gemv=name in one_rows)
+                                                   fused_route=route, **one_row)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)

@@ -73,14 +73,12 @@ def check_parallel(config: EngineConfig, args) -> None:
 
 def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
-    wgmma-attention has kernels for head dims 64, 128 and 256 (the TMA build) only; fused-route for F32 routers of at most
-    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K; one-row-gemv for dense weights of ONE_ROW_QTYPES.
-    dense: the pack's dense tensor table (name -> {"qtype", ...}), where the routers' and dense weights' types are
-    read."""
-    from ..backends.cuda.kernels import (MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES,
-                                         TMA_ATTENTION_CELLS, WG_ATTENTION_HEAD_DIMS)
+    wgmma-attention has kernels for head dims 64 and 128 only; fused-route for F32 routers of at most
+    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K. dense: the pack's dense tensor table
+    (name -> {"qtype", ...}), where the routers' types are read."""
+    from ..backends.cuda.kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
     dh = args.head_dim
-    dims = sorted(set(WG_ATTENTION_HEAD_DIMS) | set(TMA_ATTENTION_CELLS))   # Dh 256: the TMA build only
+    dims = sorted(WG_ATTENTION_HEAD_DIMS)    # Dh 256's TMA build is tma-attention's (on by default)
     if paths.wgmma_attention and dh not in dims:
         raise UnsupportedError(f"kernel path wgmma-attention (--kernels-on): this model's head dim is {dh}; the "
                                f"path's kernels take {', '.join(map(str, dims))}")
@@ -92,11 +90,6 @@ def check_trial_paths(paths, args, dense: dict | None = None) -> None:
                if E > MOE_ROUTE_MAX_EXPERTS or k > MOE_ROUTE_MAX_TOP_K else None)
         if why:
             raise UnsupportedError(f"kernel path fused-route (--kernels-on): this model never takes it: {why}")
-    if paths.one_row_gemv:
-        types = sorted({t["qtype"] for t in (dense or {}).values()})
-        if not set(types) & set(ONE_ROW_QTYPES):
-            raise UnsupportedError(f"kernel path one-row-gemv (--kernels-on): this model never takes it: its dense "
-                                   f"weights are {', '.join(types) or 'absent'}, none of {', '.join(ONE_ROW_QTYPES)}")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

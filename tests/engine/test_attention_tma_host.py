@@ -69,15 +69,16 @@ def test_the_engine_takes_the_tma_build_by_default_at_head_dim_128(fake, tmp_pat
     assert "strata_attention_prefill_tc_f16_d128" in launched
 
 
-def test_head_dim_256_takes_the_tma_build_only_on_trial(fake, tmp_path, monkeypatch):
-    """Qwen3-Next's attention layers at Dh 256: attention_tc.cu's kernel by default (the Dh-256 TMA build
-    has not been measured); --kernels-on wgmma-attention sends their prompt chunks to it (64-cell tiles),
-    with the same logits here (one contract)."""
+def test_head_dim_256_takes_the_tma_build(fake, tmp_path, monkeypatch):
+    """Qwen3-Next's attention layers at Dh 256: the TMA build on 64-cell tiles by default (tma-attention),
+    attention_tc.cu's kernel with --kernels-off tma-attention, the same logits here (one contract);
+    --kernels-on wgmma-attention, which has no Dh-256 kernel of its own now, is refused in one line."""
     import pytest
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from strata.config import EngineConfig
     from strata.engine.cuda_runner import CudaRunner
+    from strata.errors import UnsupportedError
     from strata.pack import open_pack
     from tests.fixtures_qwen3next import NEXT_SHAPES, make_next_pack
 
@@ -88,10 +89,12 @@ def test_head_dim_256_takes_the_tma_build_only_on_trial(fake, tmp_path, monkeypa
         fake.launches.clear()
         out = CudaRunner(open_pack(path), 64, config).prefill(ids, 0)
         return out, list(fake.launches)
-    base, launched = run()
+    base, launched = run(EngineConfig(kernels_off="tma-attention"))
     assert "strata_attention_prefill_tc_f16_d256" in launched
     assert "strata_attention_prefill_wst64_f16_d256" not in launched
-    trial, launched = run(EngineConfig(kernels_on="wgmma-attention"))
+    tma, launched = run()
     assert launched.count("strata_attention_prefill_wst64_f16_d256") == 2     # its two attention layers
     assert not [n for n in launched if n.startswith("strata_attention_prefill_tc_")]
-    np.testing.assert_array_equal(trial, base)
+    np.testing.assert_array_equal(tma, base)
+    with pytest.raises(UnsupportedError, match=r"wgmma-attention \(--kernels-on\): this model's head dim is 256"):
+        run(EngineConfig(kernels_on="wgmma-attention"))

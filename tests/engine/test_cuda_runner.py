@@ -324,11 +324,11 @@ def test_programmatic_dependent_launches_change_no_bit(packs, rng):
 
 @pytest.mark.parametrize("name", ["demo", "kquant"])
 def test_one_row_gemv_changes_no_bit(packs, name, rng):
-    """--kernels-on one-row-gemv: the one-token GEMVs one row a warp (strata_gemv_one_*, strata_gemv3_one_*)
-    sum each row as the default kernels do, so graph decode agrees bitwise."""
+    """one-row-gemv (on by default): the one-token GEMVs one row a warp (strata_gemv_one_*, strata_gemv3_one_*)
+    sum each row as the 4-row kernels do (--kernels-off one-row-gemv), so graph decode agrees bitwise."""
     pack = packs(name)
-    on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_on=k))
-               for k in ("one-row-gemv", ""))
+    on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_off=k))
+               for k in ("", "one-row-gemv"))
     assert on.ops.paths.one_row_gemv and not off.ops.paths.one_row_gemv
     ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
     assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))

@@ -43,7 +43,7 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     assert {"strata_moe_gate_up_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
             "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64", "strata_moe_group"} <= used
     pdl = set(fake.pdl_launches)       # the decode path's libraries only (cuda/pdl.cuh)
-    assert {"strata_gemv3_q8_0", "strata_moe_gate_up_q8_0", "strata_add_rms_norm_f32"} <= pdl
+    assert {"strata_gemv3_one_q8_0", "strata_moe_gate_up_q8_0", "strata_add_rms_norm_f32"} <= pdl
     assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
 
 
@@ -153,11 +153,11 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(fake, rng, graphs):
-    """--kernels-on one-row-gemv: a decode step's q|k|v and its attention output (Q8_0, too few row
+    """one-row-gemv (on by default): a decode step's q|k|v and its attention output (Q8_0, too few row
     sets to fill the GPU) run one row a warp (strata_gemv3_one_*, strata_gemv_one_*), the head (many
     row sets) keeps strata_gemv_*; the attention output, no longer short of blocks at one row a warp,
     leaves the split-K kernel at every batch size, so a batched step's rows take strata_gemv_rows_*
-    (the unsplit sum order, batch 1's bits on the device). The logits are the default path's."""
+    (the unsplit sum order, batch 1's bits on the device). The logits are --kernels-off one-row-gemv's."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 14)
 
@@ -167,16 +167,17 @@ def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(f
         fake.launches.clear()
         out += [runner.decode(t) for t in ids[10:]]
         return out, list(fake.launches)
-    one, launched = run(EngineConfig(cuda_graphs=graphs, kernels_on="one-row-gemv"))
-    plain, launched_off = run(EngineConfig(cuda_graphs=graphs))
+    one, launched = run(EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = run(EngineConfig(cuda_graphs=graphs, kernels_off="one-row-gemv"))
     for a, b in zip(one, plain):
         np.testing.assert_array_equal(a, b)
     assert {"strata_gemv3_one_q8_0", "strata_gemv_one_q8_0", "strata_gemv_q8_0"} <= set(launched)
     assert "strata_gemv_split_q8_0" not in launched and "strata_gemv3_q8_0" not in launched
     assert "strata_gemv_split_q8_0" in launched_off and not any("_one_" in k for k in launched_off)
 
-    for config, batched in ((EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="one-row-gemv"), "strata_gemv_rows_q8_0"),
-                            (EngineConfig(cuda_graphs=graphs, parallel=2), "strata_gemv_rows_split_q8_0")):
+    for config, batched in ((EngineConfig(cuda_graphs=graphs, parallel=2), "strata_gemv_rows_q8_0"),
+                            (EngineConfig(cuda_graphs=graphs, parallel=2, kernels_off="one-row-gemv"),
+                             "strata_gemv_rows_split_q8_0")):
         par = CudaRunner(pack, 48, config)
         for slot in range(2):
             par.use(slot)
@@ -184,17 +185,6 @@ def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(f
         fake.launches.clear()
         par.decode_batch([0, 1], ids[10:12])
         assert batched in fake.launches
-
-
-def test_one_row_gemv_is_refused_where_no_dense_weight_takes_it():
-    from strata.engine.cuda_load import check_trial_paths
-    from strata.backends.cuda.kernels import KernelPaths
-    args = open_pack(DEMO).args
-    on = KernelPaths.without("", "one-row-gemv")
-    check_trial_paths(on, args, {"blk.0.attn_q.weight": {"qtype": "Q8_0"}})
-    with pytest.raises(UnsupportedError, match=r"one-row-gemv \(--kernels-on\): this model never takes it: its dense "
-                                               r"weights are F16, Q4_K, none of Q4_0"):
-        check_trial_paths(on, args, {"a": {"qtype": "Q4_K"}, "b": {"qtype": "F16"}})
 
 
 def test_a_few_prompt_rows_take_the_kernels_their_longest_names(fake, rng):

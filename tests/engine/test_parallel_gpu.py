@@ -14,13 +14,14 @@ pytestmark = pytest.mark.gpu
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time, in a quiet village,", "import numpy"]
 
 
-@pytest.mark.parametrize("kv,on", [("f16", ""), ("int8", ""), ("f16", "one-row-gemv")])
-def test_batched_rows_are_each_slots_one_row_steps_bit_for_bit(kv, on):
-    # one-row-gemv: the one-row steps' GEMVs one row a warp, the batched rows' four (the same sum order)
+@pytest.mark.parametrize("kv,off", [("f16", ""), ("int8", ""), ("f16", "one-row-gemv")])
+def test_batched_rows_are_each_slots_one_row_steps_bit_for_bit(kv, off):
+    # one-row-gemv (on by default): the one-row steps' GEMVs one row a warp, the batched rows' four (the same
+    # sum order); off, the attention output of both split-K
     from strata.engine.cuda_runner import CudaRunner
-    llm = LLM(device="cuda", parallel=4, kv=kv, max_context=256, kernels_on=on)
+    llm = LLM(device="cuda", parallel=4, kv=kv, max_context=256, kernels_off=off)
     par = llm.runner
-    one = CudaRunner(llm.pack, 256, EngineConfig(device="cuda", kv=kv, kernels_on=on))
+    one = CudaRunner(llm.pack, 256, EngineConfig(device="cuda", kv=kv, kernels_off=off))
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
     rng = np.random.default_rng(1)
     steps = 6

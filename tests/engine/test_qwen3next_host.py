@@ -58,11 +58,12 @@ def test_long_prompt_chunks_run_the_chunked_delta_rule(fake, tmp_path, rng):
 
 
 def test_head_dim_256_prompts_run_the_warp_pair_kernel(fake, tmp_path, rng):
-    """Qwen3-Next's own head dim (256): prompt chunks take cuda/attention_tc.cu's Dh-256 kernel, a table
-    op of its own (256 threads a block, which the fake checks at each launch)."""
+    """Qwen3-Next's own head dim (256): with --kernels-off tma-attention (or on a GPU without the sm_90a
+    library) prompt chunks take cuda/attention_tc.cu's Dh-256 kernel, a table op of its own (256 threads a
+    block, which the fake checks at each launch)."""
     path, _ = make_next_pack(tmp_path, dict(NEXT_SHAPES["tiny"], head_dim=256), seed=7)
     pack = open_pack(path)
-    gpu, cpu = CudaRunner(pack, 96), cpu_runner_f16_kv(pack, 96)
+    gpu, cpu = CudaRunner(pack, 96, EngineConfig(kernels_off="tma-attention")), cpu_runner_f16_kv(pack, 96)
     gpu.prefill_chunk = cpu.prefill_chunk = 12
     ids = oracle_ids(pack, rng, 29, chunk=12)
     check_logits(gpu, cpu, ids, REL)

@@ -28,10 +28,10 @@ WS_ATTENTION_HEAD_DIMS = (128,)             # of them, cuda/attention_ws.cu's; t
 WS_ATTENTION_CELLS = 128                    # the K/V tile attention_ws.cu's kernel the host takes has (64 or 128):
                                             # 128 was at or above 64 at every chunk timed (an H100, 24th session)
 WS_ATTENTION_ROWS = 128                     # query rows a block of it (two consumer warpgroups)
-# Its TMA build's tile by head dim: Dh 128 on by default (tma-attention); Dh 256 (built, not yet run on a
-# GPU) only under --kernels-on wgmma-attention, on trial
+# Its TMA build's tile by head dim, both on by default (tma-attention). Dh 256 on 64-cell tiles ran 508-632
+# TFLOP/s against attention_tc.cu's 156-166 at Qwen3-Next-80B's shape (an H100, 27th session)
 TMA_ATTENTION_CELLS = {128: 128, 256: 64}
-TMA_DEFAULT_HEAD_DIMS = (128,)
+TMA_DEFAULT_HEAD_DIMS = (128, 256)
 _WS_RING_BYTES = 128 * 1024                 # cuda/attention_ws.cu STRATA_WS_RING_KB
 TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 split-K decode kernels
 # A decode row of at least this many cells takes cuda/attention_dec_tc.cu's kernel, a shorter one
@@ -115,11 +115,11 @@ class KernelPaths:
     tc_attention: bool = True        # cuda/attention_tc.cu for prompt attention (off: attention.cu's CUDA-core kernel)
     tc_decode_attention: bool = True  # cuda/attention_dec_tc.cu for f16 decode rows of TC_DECODE_FROM cells and up
     kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
-    tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, sm_90a libraries)
+    tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, 256; sm_90a libraries)
+    one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
-    one_row_gemv: bool = False       # on trial: one-token GEMVs of ONE_ROW_QTYPES one row a warp (strata_gemv_one_*)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -264,7 +264,7 @@ KERNELS = {
     "attention_prefill_ws": _K("attention_ws", "strata_attention_prefill_ws{cells}_f16_d{dh}", "PPPPPiiif", 384,
                                "(ceil(T G / 128), Hk)", _each(cells=(64, 128), dh=WS_ATTENTION_HEAD_DIMS)),
     # its TMA build: K/V tiles by the tensor memory accelerator, through attention_tensor_maps' two maps
-    # (and at Dh 256 on 64-cell tiles: built, not yet run on a GPU, not launched by the engine)
+    # (and at Dh 256 on 64-cell tiles)
     "attention_prefill_wst": _K("attention_ws", "strata_attention_prefill_wst{cells}_f16_d{dh}", "PPPPPiiifBB", 384,
                                 "(ceil(T G / 128), Hk)", tuple({"cells": c, "dh": d} for d, c in TMA_ATTENTION_CELLS.items())),
     # head dim 256: the same contract and grid, 64 rows a block on 8 warps (two per 16 rows)

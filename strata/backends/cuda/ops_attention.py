@@ -11,7 +11,7 @@ import numpy as np
 from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
 from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
-                      TMA_ATTENTION_CELLS, TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, attention_tensor_maps,
+                      TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, attention_tensor_maps,
                       decode_quant_shared, decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
@@ -164,10 +164,8 @@ class AttentionOps:
         wgmma = dh in WG_ATTENTION_HEAD_DIMS and self.paths.wgmma_attention  # on trial: attention_ws.cu, _wg.cu
         # attention_ws.cu's TMA build where it runs and the host knows the cells the chunk reads (its
         # tensor maps end there: the cells past it read as zeros, as the cp.async build zero-fills them)
-        # (at Dh 256, unmeasured, only on trial under --kernels-on wgmma-attention)
         cells = min(getattr(pos, "num_cells", 0), max_cells)
-        tma = cells > 0 and self.tma_attention and (
-            dh in TMA_DEFAULT_HEAD_DIMS or (dh in TMA_ATTENTION_CELLS and self.paths.wgmma_attention))
+        tma = cells > 0 and self.tma_attention and dh in TMA_DEFAULT_HEAD_DIMS
         if ring[1] and not (split_k_takes(H, Hk, dh) and T <= DECODE_ROWS_MAX):
             _ring_rows(ring, T, "attention")
             raise InvalidArgument(f"attention: the draft layer's K/V ring needs the split-K decode kernels (head "
