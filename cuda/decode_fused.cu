@@ -181,6 +181,50 @@ __device__ __forceinline__ void norm_rope_head(const float* src, const float* __
     }
 }
 
+constexpr int kHeldPairs = 4;   // RoPE pairs a lane holds of its warp's first head (Dh <= 256)
+
+// A head's pairs (j, j + half) for j = lane + 32 k, k < kHeldPairs, with their norm weights, asked for
+// at once; and their sum of squares in norm_rope_head's order.
+struct HeldHead {
+    float a[kHeldPairs], b[kHeldPairs], wa[kHeldPairs], wb[kHeldPairs];
+
+    __device__ __forceinline__ void load(const float* src, const float* __restrict__ w, int half, int lane) {
+#pragma unroll
+        for (int k = 0; k < kHeldPairs; ++k) {
+            const int j = lane + 32 * k;
+            if (j < half) a[k] = src[j], b[k] = src[j + half], wa[k] = w[j], wb[k] = w[j + half];
+        }
+    }
+
+    __device__ __forceinline__ float sum_sq(int half, int lane) const {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kHeldPairs; ++k)
+            if (lane + 32 * k < half) s += a[k] * a[k] + b[k] * b[k];
+        return s;
+    }
+
+    // norm_rope_head's second pass on the held values
+    template <typename Out>
+    __device__ __forceinline__ void store(Out* dst, int half, int lane, float scale, const float* cos_s,
+                                          const float* sin_s) const {
+#pragma unroll
+        for (int k = 0; k < kHeldPairs; ++k) {
+            const int j = lane + 32 * k;
+            if (j >= half) continue;
+            float lo, hi;
+            rope_rotate(rms_apply(a[k], scale, wa[k]), rms_apply(b[k], scale, wb[k]), cos_s[j], sin_s[j], lo, hi);
+            if constexpr (sizeof(Out) == 2) {
+                dst[j] = __float2half_rn(lo);
+                dst[j + half] = __float2half_rn(hi);
+            } else {
+                dst[j] = lo;
+                dst[j + half] = hi;
+            }
+        }
+    }
+};
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
@@ -195,12 +239,31 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
     const int t = blockIdx.x;
     if (t >= T) return;
     const int half = head_dim / 2;
+    const int64_t kv_row = static_cast<int64_t>(Hk) * head_dim;
+    const int num_heads = H + 2 * Hk;
+    const int g0 = blockIdx.y * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    // The warp's first q or k head and its norm weights are asked for before the position and the RoPE
+    // table, and summed while the table is made: their loads overlap the table's instead of following it.
+    HeldHead held;
+    const bool hold = half <= 32 * kHeldPairs && g0 < H + Hk;
+    float held_sum = 0.0f;
+    if (hold) {
+        const float* src = g0 < H ? q + (static_cast<int64_t>(t) * H + g0) * head_dim
+                                  : k + t * kv_row + (g0 - H) * head_dim;
+        held.load(src, g0 < H ? q_w : k_w, half, lane);
+        held_sum = held.sum_sq(half, lane);
+    }
     const int p = positions[t];
     const int64_t c = cells ? cells[t] : p;
     rope_table(cos_s, sin_s, static_cast<float>(p), inv_freq, half, scale);
-    const int64_t kv_row = static_cast<int64_t>(Hk) * head_dim;
-    const int num_heads = H + 2 * Hk;
-    for (int g = blockIdx.y * kWarps + (threadIdx.x >> 5); g < num_heads; g += gridDim.y * kWarps) {
+    if (hold) {
+        const float s = rms_scale(warp_sum(held_sum), head_dim, eps);
+        if (g0 < H)
+            held.store(q_out + (static_cast<int64_t>(t) * H + g0) * head_dim, half, lane, s, cos_s, sin_s);
+        else
+            held.store(k_cache + c * kv_row + (g0 - H) * head_dim, half, lane, s, cos_s, sin_s);
+    }
+    for (int g = g0 + (hold ? gridDim.y * kWarps : 0); g < num_heads; g += gridDim.y * kWarps) {
         if (g < H) {
             const int64_t off = (static_cast<int64_t>(t) * H + g) * head_dim;
             norm_rope_head(q + off, q_w, q_out + off, half, eps, cos_s, sin_s);
