@@ -157,6 +157,18 @@ namespace {
 
 // One head of Dh = 2 * half values at src: RMSNorm with w, then the rotation by the block's
 // (cos, sin) table; the results go to dst as f32 (q) or f16 (k). One warp.
+// Pair j of a head (dst[j], dst[j + half]) = (lo, hi), as f32 (q) or f16 (k).
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* dst, int j, int half, float lo, float hi) {
+    if constexpr (sizeof(Out) == 2) {
+        dst[j] = __float2half_rn(lo);
+        dst[j + half] = __float2half_rn(hi);
+    } else {
+        dst[j] = lo;
+        dst[j + half] = hi;
+    }
+}
+
 template <typename Out>
 __device__ __forceinline__ void norm_rope_head(const float* src, const float* __restrict__ w, Out* dst, int half,
                                                float eps, const float* cos_s, const float* sin_s) {
@@ -171,13 +183,7 @@ __device__ __forceinline__ void norm_rope_head(const float* src, const float* __
         const float a = rms_apply(src[j], scale, w[j]), b = rms_apply(src[j + half], scale, w[j + half]);
         float lo, hi;
         rope_rotate(a, b, cos_s[j], sin_s[j], lo, hi);
-        if constexpr (sizeof(Out) == 2) {
-            dst[j] = __float2half_rn(lo);
-            dst[j + half] = __float2half_rn(hi);
-        } else {
-            dst[j] = lo;
-            dst[j + half] = hi;
-        }
+        store_pair(dst, j, half, lo, hi);
     }
 }
 
@@ -214,13 +220,7 @@ struct HeldHead {
             if (j >= half) continue;
             float lo, hi;
             rope_rotate(rms_apply(a[k], scale, wa[k]), rms_apply(b[k], scale, wb[k]), cos_s[j], sin_s[j], lo, hi);
-            if constexpr (sizeof(Out) == 2) {
-                dst[j] = __float2half_rn(lo);
-                dst[j + half] = __float2half_rn(hi);
-            } else {
-                dst[j] = lo;
-                dst[j + half] = hi;
-            }
+            store_pair(dst, j, half, lo, hi);
         }
     }
 };

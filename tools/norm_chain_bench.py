@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))     # the other tools' helpers
 
 STEPS = 96          # norms a chain (a decode step of the 30B shape has 96)
 QKV_ROWS = 5120
@@ -38,8 +39,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="arms alternated this many times (drift shows)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    from strata._ext import graphs, runtime as rt
-    from tools.pdl_chain_bench import q8_0
+    from strata._ext import runtime as rt
+    from moe_decode_bench import graph_ms
+    from pdl_chain_bench import q8_0
 
     rt.init()
     dev = rt.Device(0)
@@ -120,22 +122,7 @@ def main(argv=None) -> int:
         return rec
 
     def replay(rec, chain) -> tuple[float, np.ndarray]:
-        graphs.begin_capture(st)
-        try:
-            rec(st)
-        finally:
-            g = graphs.end_capture(st)
-        exe = g.instantiate()
-        exe.upload(st)
-        exe.launch(st)
-        e0, e1 = rt.Event(dev, timing=True), rt.Event(dev, timing=True)
-        times = []
-        for _ in range(args.reps):
-            e0.record(st)
-            exe.launch(st)
-            e1.record(st)
-            e1.synchronize()
-            times.append(e0.elapsed_ms(e1))
+        ms = graph_ms(rt, dev, st, rec, args.reps)       # the outputs are then one chain's
         if chain == "rope":     # q after the chain and the cache's k / v rows at cell 511
             out = np.empty(H * dh + 2 * Hk * dh // 2, np.float32)
             qk.copy_to_host(out[:H * dh], st)
@@ -149,9 +136,7 @@ def main(argv=None) -> int:
             out = np.empty(n, np.float32)
             normed.copy_to_host(out, st)
             st.synchronize()
-        exe.destroy()
-        g.destroy()
-        return float(np.median(times)), out
+        return ms, out
 
     report = {}
     print(f"{'chain':6s} {'arm':10s} {'us a step':>10s}  graph ms (rounds)")

@@ -120,6 +120,15 @@ def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
     assert runner.ops.decode_lengths is None                 # the step's lengths do not outlive it
 
 
+def _decode_launches(fake, pack, ids, config):
+    """The logits of a prefill of ids[:10] and decode steps of the rest, and the kernels the steps launched."""
+    runner = CudaRunner(pack, 64, config)
+    out = [runner.prefill(ids[:10], 0)]
+    fake.launches.clear()
+    out += [runner.decode(t) for t in ids[10:]]
+    return out, list(fake.launches)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
     """--kernels-on fused-route: a decode step's F32 router GEMV routes in its last block
@@ -128,15 +137,8 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
     prompts keep linear + moe_route."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 16)
-
-    def run(config):
-        runner = CudaRunner(pack, 64, config)
-        out = [runner.prefill(ids[:10], 0)]
-        fake.launches.clear()
-        out += [runner.decode(t) for t in ids[10:]]
-        return out, list(fake.launches)
-    fused, launched = run(EngineConfig(cuda_graphs=graphs, kernels_on="fused-route"))
-    plain, launched_off = run(EngineConfig(cuda_graphs=graphs))
+    fused, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on="fused-route"))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
     for a, b in zip(fused, plain):
         np.testing.assert_array_equal(a, b)
     assert "strata_router_split_f32" in launched and "strata_moe_route_f32" not in launched
@@ -160,15 +162,8 @@ def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(f
     (the unsplit sum order, batch 1's bits on the device). The logits are --kernels-off one-row-gemv's."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 14)
-
-    def run(config):
-        runner = CudaRunner(pack, 64, config)
-        out = [runner.prefill(ids[:10], 0)]
-        fake.launches.clear()
-        out += [runner.decode(t) for t in ids[10:]]
-        return out, list(fake.launches)
-    one, launched = run(EngineConfig(cuda_graphs=graphs))
-    plain, launched_off = run(EngineConfig(cuda_graphs=graphs, kernels_off="one-row-gemv"))
+    one, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off="one-row-gemv"))
     for a, b in zip(one, plain):
         np.testing.assert_array_equal(a, b)
     assert {"strata_gemv3_one_q8_0", "strata_gemv_one_q8_0", "strata_gemv_q8_0"} <= set(launched)
