@@ -72,8 +72,8 @@ class DenseOps:
         return self._route_count.ptr
 
     def _one_row(self, qtype: str, rows: int, n: int) -> bool:
-        """Whether one-token GEMVs of this matrix run one row a warp (the trial path one-row-gemv): a type
-        of ONE_ROW_QTYPES whose row sets of the default kernel leave the capped grid short (q|k|v and
+        """Whether one-token GEMVs of this matrix run one row a warp (the kernel path one-row-gemv): a type
+        of ONE_ROW_QTYPES whose row sets of the 4-row kernel leave the capped grid short (q|k|v and
         the attention output of the 30B shape, not its head)."""
         return (self.paths.one_row_gemv and qtype in ONE_ROW_QTYPES
                 and gemv_grid(qtype, rows, n) < STAGED_BLOCKS_PER_SM * self.num_sms)
