@@ -57,7 +57,8 @@
 //   ceil(sum_i ceil(rows_i / rows_per_warp) / 4) blocks, rows_per_warp = 4 for batch > 1.
 // strata_gemv3_one_<qtype>(same arguments, batch 1; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL)
 //   batch == 1's y_i with one row a warp (a row set of one row), bit for bit; a block stages x once
-//   for all its rounds, so the grid is ceil(sum_i rows_i / 4) capped at 4 blocks a multiprocessor.
+//   for all its rounds, so the grid is ceil(sum_i rows_i / 4), capped as strata_gemv_one_<qtype>'s
+//   (memory.gemv_whole_grid: ONE_ROW_BLOCKS_PER_SM blocks a multiprocessor).
 
 #include <cuda_fp16.h>
 
@@ -155,8 +156,6 @@ extern "C" __global__ void strata_add_rms_norm_f32(const float* x, const float* 
 
 namespace {
 
-// One head of Dh = 2 * half values at src: RMSNorm with w, then the rotation by the block's
-// (cos, sin) table; the results go to dst as f32 (q) or f16 (k). One warp.
 // Pair j of a head (dst[j], dst[j + half]) = (lo, hi), as f32 (q) or f16 (k).
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* dst, int j, int half, float lo, float hi) {
@@ -169,6 +168,8 @@ __device__ __forceinline__ void store_pair(Out* dst, int j, int half, float lo, 
     }
 }
 
+// One head of Dh = 2 * half values at src: RMSNorm with w, then the rotation by the block's
+// (cos, sin) table; the results go to dst as f32 (q) or f16 (k). One warp.
 template <typename Out>
 __device__ __forceinline__ void norm_rope_head(const float* src, const float* __restrict__ w, Out* dst, int half,
                                                float eps, const float* cos_s, const float* sin_s) {

@@ -286,7 +286,7 @@ KERNELS = {
                            "gemv3's at batch 1", ALL_QTYPES),
     # gemv3's at batch 1 with one row a warp, x staged once a block (the kernel path one-row-gemv)
     "gemv3_one":        _K("decode_fused", "strata_gemv3_one_{qtype}", "PPPPPPPiiiii", 128,
-                           "ceil(rows / 4), capped at 4 a multiprocessor: it strides", _each(qtype=ONE_ROW_QTYPES)),
+                           "gemv_one's over the three matrices' rows: it strides", _each(qtype=ONE_ROW_QTYPES)),
     "qk_norm_rope_kv":  _K("decode_fused", "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff", 128,
                            "(T, ceil((H + 2 Hk) / 4)): a warp per head"),
     # the same into a quantized cache's planes (cuda/kv_quant.cu's formats), q rotated where K is

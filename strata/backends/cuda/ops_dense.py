@@ -7,7 +7,6 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from . import memory
 from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
 from .memory import STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
 from .moe import GroupTable, grouped_gemm, tensor_core_gemm
@@ -159,10 +158,10 @@ class DenseOps:
         sets = sum(-(-rows // per_set) for _, _, rows in mats)
         args = (*(m[0] for m in mats), x.ptr, *(m[1] for m in mats), *(m[2] for m in mats), n, T)
         if T == 1 and self._one_row(q, sets * per_set, n):
-            # one row a warp (batch 1's bits), x staged once a block for its rounds: a capped grid
-            ones = -(-sum(rows for _, _, rows in mats) // (CudaOps.gemv_rows_per_block(CudaOps, q, n, True) // 4))
-            self.launch("gemv3_one", max(1, min(-(-ones // 4), memory.ONE_ROW_BLOCKS_PER_SM * self.num_sms)), args,
-                        qtype=q)
+            # one row a warp (batch 1's bits), x staged once a block for its rounds: gemv_one's grid over
+            # the three matrices' rows
+            grid = gemv_whole_grid(q, sum(rows for _, _, rows in mats), n, 1, self.num_sms, one_row=True)
+            self.launch("gemv3_one", grid, args, qtype=q)
         else:   # more tokens: the row-invariant kernel, each token's rows those of a one-token launch
             self.launch("gemv3_rows" if T > 1 else "gemv3", max(1, -(-sets // 4)), args, qtype=q)
         out = dict(zip(fused, ys))
