@@ -41,7 +41,7 @@ OLDEST_ARCH = 80  # the kernels use sm_80 instructions (attention_tc.cu: cp.asyn
 # Libraries built for one arch-specific target only (SASS, no PTX), when the build's archs include
 # its plain arch, and left out of other builds: wgmma needs sm_90a, whose code runs on sm_90 alone.
 # The manifest marks them optional (strata.system does not refuse a GPU they do not run on).
-ARCH_SPECIFIC = {"moe_gemm_wg": "90a", "attention_wg": "90a", "attention_ws": "90a"}
+ARCH_SPECIFIC = {"moe_gemm_ws": "90a", "attention_wg": "90a", "attention_ws": "90a"}
 ARCH_SPECIFIC_NVCC = 12  # the oldest nvcc major that compiles sm_90a (wgmma came with PTX ISA 8.0)
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--threads=0")
 MANIFEST_FORMAT = 1

@@ -57,6 +57,7 @@ namespace {
 #include "attention_tc.cuh"
 #include "wgmma.cuh"
 #include "wgmma_attention.cuh"
+#include "mbarrier.cuh"
 
 constexpr int kWsGroups = 2;                    // consumer warpgroups, 64 query rows each
 constexpr int kWsRows = 64 * kWsGroups;         // query rows a block
@@ -93,27 +94,6 @@ struct WsShape {
     static_assert(SMEM_BYTES <= 227 * 1024, "a multiprocessor's shared memory");
 };
 
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-// An arrival on the barrier once every cp.async this thread issued before it has landed.
-__device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void named_sync(unsigned id, unsigned threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

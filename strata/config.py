@@ -30,7 +30,7 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
                 "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
-# libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_wg.cu), wgmma-attention the prompt
+# libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_ws.cu), wgmma-attention the prompt
 # attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
 # on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's

@@ -34,7 +34,7 @@
 #     ttft      device_deadline.sh's ttft_serve on qwen3-30b-a3b: a short chat turn's first token at 8 GiB
 #     gemm      tools/moe_gemm_bench.py (the grouped tensor-core GEMM per production shape), then resident
 #               prompts 512,4096,16384
-#     wgprompt  #17's prompt kernels on wgmma (cuda/moe_gemm_wg.cu, cuda/attention_wg.cu; on trial:
+#     wgprompt  #17's prompt kernels on wgmma (cuda/moe_gemm_ws.cu, cuda/attention_wg.cu; on trial:
 #               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
@@ -233,7 +233,7 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     echo "== moe_gemm and prompt attention GPU tests, both builds ($(elapsed) s)"
     timeout "$(budget 180)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py \
         tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
-    for op in moe_gemm moe_gemm_wg; do
+    for op in moe_gemm moe_gemm_ws; do
         echo "== $op bench ($(elapsed) s)"
         timeout "$(budget 90)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
     done

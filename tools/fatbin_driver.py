@@ -1,6 +1,6 @@
 """Kernels from fatbin files through the CUDA driver API (cuda.bindings), with torch for buffers,
 streams and timing: the A/B tools' way to run kernels built here with nvcc on the GPU machine without
-building the package (tools/gemv_rows_ab.py, tools/moe_gemm_wg_ab.py).
+building the package (tools/gemv_rows_ab.py, tools/moe_gemm_ab.py).
 
     dev = Driver(); f = dev.function(dev.module("x.fatbin"), "strata_...")
     dev.launch(f, (gx, gy), 256, [("P", ptr), ("i", n), ("q", stride)])
@@ -59,6 +59,9 @@ class Driver:
         self.check(self.cu.cuLaunchKernel(f, gx, gy, gz, block, 1, 1, shared,
                                           self.cu.CUstream(self.stream.cuda_stream), int(ptrs.ctypes.data), 0))
         self._vals = (vals, ptrs)                   # alive until the launch has read them (it copies them)
+
+    def num_sms(self) -> int:
+        return self.torch.cuda.get_device_properties(0).multi_processor_count
 
     def tensor_map_f16(self, ptr: int, dims, strides, box) -> bytes:
         """The 128 bytes of a CUtensorMap over f16 elements at ptr: dims innermost first, strides in

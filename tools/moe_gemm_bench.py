@@ -1,8 +1,8 @@
 """Time strata_moe_gemm_<q> (cuda/moe_gemm.cu) on Qwen3-30B-A3B prompt shapes.
 
-    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--op moe_gemm_wg] [--json PATH]
+    python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--op moe_gemm_ws] [--json PATH]
 
---op moe_gemm_wg times cuda/moe_gemm_wg.cu (the same contract on Hopper's wgmma; sm_90 builds only).
+--op moe_gemm_ws times cuda/moe_gemm_ws.cu (the same products on Hopper's wgmma; sm_90 builds only).
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.moe_gemm import BLOCK, grid_for, tiles_for
+from strata.backends.cuda.moe_gemm import BLOCK, WS_BLOCK, WS_SHARED_BYTES, grid_for, tiles_for, ws_grid
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -60,12 +60,15 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
     y = ops._output(s * N * 4)
     args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
     kernel = ops._kernel(op, qtype=name)
-    grid = grid_for(N, len(tiles))
+    grid, block, shared = grid_for(N, len(tiles)), BLOCK, 0
+    if op == "moe_gemm_ws":     # persistent blocks over the work items, the tile count last
+        grid, block, shared = ws_grid(N, len(tiles), ops.device.multiprocessor_count), WS_BLOCK, WS_SHARED_BYTES
+        args = (*args, len(tiles))
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []
     for i in range(repeats + 3):
         start.record(ops.stream)
-        kernel.launch(grid, BLOCK, args, stream=ops.stream)
+        kernel.launch(grid, block, args, shared, stream=ops.stream)
         end.record(ops.stream)
         end.synchronize()
         if i >= 3:
@@ -81,7 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
     ap.add_argument("--only", metavar="TEXT", help="only shapes whose label or type contains TEXT")
-    ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_wg"), help="the kernel library")
+    ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_ws"), help="the kernel library")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     ops = CudaOps()

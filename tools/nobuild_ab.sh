@@ -41,8 +41,9 @@ decide() {      # decide TOOL REF_ARM NOTIME_FLAG ARM...: check each arm beside 
 }
 
 if want gemm; then
-    decide moe_gemm_wg_ab "mma:$W/moe_gemm_mma.fatbin:strata_moe_gemm" --no-times \
-        "wg:$W/moe_gemm_wg.fatbin:strata_moe_gemm_wg"
+    decide moe_gemm_ab "mma:$W/moe_gemm_mma.fatbin:strata_moe_gemm" --no-times \
+        "ws:$W/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws" \
+        ${WS_ARMS:-}
 fi
 if want attention; then
     decide attention_wg_ab "tc:$W/attention_tc.fatbin:strata_attention_prefill_tc_f16" --chunks= \

@@ -467,7 +467,7 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_wg", "moe_gemm", "dequant",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_ws", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -929,7 +929,7 @@ _EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_n
 def read_manifest(directory=None) -> dict:
     """An sm_90 build's: the arch-specific libraries are there (DeviceOps asks for them by name)."""
     return {"format": 1, "kernels": {lib: {"archs": ["sm_90a"], "optional": True}
-                                     for lib in ("moe_gemm_wg", "attention_wg", "attention_ws")}}
+                                     for lib in ("moe_gemm_ws", "attention_wg", "attention_ws")}}
 
 
 # ---- strata._ext.graphs ----------------------------------------------------------------------------
@@ -1009,7 +1009,7 @@ def _lazy_emulation(module: str, name: str):
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
-                 "moe_gemm_wg": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),   # the same contract
+                 "moe_gemm_ws": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws"),
                  "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
                  "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
                  "gdn_conv1d_rows_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_rows"),

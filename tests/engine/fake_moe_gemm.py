@@ -16,6 +16,13 @@ from tests.engine.fake_cuda import _aligned, _weights, view
 BM, BN = 128, 128   # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda.moe_gemm mirrors them)
 
 
+def emulate_moe_gemm_ws(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles):
+    """strata_moe_gemm_ws_<q> (cuda/moe_gemm_ws.cu): moe_gemm's products, persistent blocks over the
+    ceil(N / BN) x n_tiles work items, the tile count as its last argument."""
+    assert grid[1] == grid[2] == 1 and 1 <= grid[0] <= max(1, -(-N // BN) * n_tiles), f"moe_gemm_ws: grid {grid}"
+    emulate_moe_gemm(q, (-(-N // BN), n_tiles, 1), ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K)
+
+
 def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
     n_tiles = grid[1]
     assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"

@@ -141,9 +141,9 @@ def test_kernel_paths_are_refused_where_auto_finds_no_gpu(monkeypatch):
 
 def test_wgmma_needs_sm_90_and_its_library():
     from strata.backends.cuda.kernels import wgmma_unavailable
-    built = {"kernels": {"moe_gemm_wg": {"archs": ["sm_90a"], "optional": True}}}
+    built = {"kernels": {"moe_gemm_ws": {"archs": ["sm_90a"], "optional": True}}}
     assert wgmma_unavailable(built, (9, 0)) is None
     assert "this one is sm_89" in wgmma_unavailable(built, (8, 9))
     assert "this one is sm_100" in wgmma_unavailable(built, (10, 0))
-    assert "no moe_gemm_wg library" in wgmma_unavailable({"kernels": {}}, (9, 0))
-    assert "no moe_gemm_wg library" in wgmma_unavailable(None, (9, 0))
+    assert "no moe_gemm_ws library" in wgmma_unavailable({"kernels": {}}, (9, 0))
+    assert "no moe_gemm_ws library" in wgmma_unavailable(None, (9, 0))

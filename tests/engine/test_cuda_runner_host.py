@@ -61,16 +61,16 @@ def test_tc_attention_off_takes_the_cuda_core_prompt_kernel(fake, rng):
 
 # trial path(s) -> (entry points it launches, entry points it replaces: never launched), the library it needs
 WGMMA_TRIALS = [
-    ("wgmma-gemm", {"strata_moe_gemm_wg_q8_0"}, "strata_moe_gemm_q", "moe_gemm_wg"),
+    ("wgmma-gemm", {"strata_moe_gemm_ws_q8_0"}, "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-attention", {"strata_attention_prefill_wg_f16_d64"}, "strata_attention_prefill_tc_", "attention_wg"),
-    ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_wg_q8_0"},
+    ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_ws_q8_0"},
      "strata_attention_prefill_tc_", "attention_wg"),
 ]
 
 
 @pytest.mark.parametrize("on,launched,replaced,library", WGMMA_TRIALS)
 def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launched, replaced, library):
-    """--kernels-on wgmma-gemm / wgmma-attention: the prompt GEMMs launch cuda/moe_gemm_wg.cu's entry
+    """--kernels-on wgmma-gemm / wgmma-attention: the prompt GEMMs launch cuda/moe_gemm_ws.cu's entry
     points, prompt attention at Dh 64 cuda/attention_wg.cu's (each the contract of the kernel it
     replaces, so the same logits here); refused in one line where the install has no such library."""
     pack = open_pack(DEMO)

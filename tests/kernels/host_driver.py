@@ -41,6 +41,9 @@ class HostDriver:
     def download(self, t):
         return t.a.copy()
 
+    def num_sms(self):
+        return 4                                 # few: a persistent launch's blocks each take several items
+
     def time_ms(self, fn, repeats, warmup=3):
         fn()
         return [1.0] * repeats

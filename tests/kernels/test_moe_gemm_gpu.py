@@ -1,4 +1,4 @@
-"""strata_moe_gemm_<q> (cuda/moe_gemm.cu), and strata_moe_gemm_wg_<q> (cuda/moe_gemm_wg.cu, wgmma: the
+"""strata_moe_gemm_<q> (cuda/moe_gemm.cu), and strata_moe_gemm_ws_<q> (cuda/moe_gemm_ws.cu, wgmma: the
 same contract, on sm_90 GPUs whose build has it), through strata.backends.cuda.moe_gemm against float64.
 
 Reference: each group's weight dequantized by strata.quant (bit-exact with the kernel's decoders),
@@ -30,16 +30,16 @@ def ops():
     return CudaOps()
 
 
-@pytest.fixture(params=["moe_gemm", "moe_gemm_wg"])
+@pytest.fixture(params=["moe_gemm", "moe_gemm_ws"])
 def op(request):
-    """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_wg.cu (wgmma) where it runs."""
-    if request.param == "moe_gemm_wg":
+    """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_ws.cu (wgmma) where it runs."""
+    if request.param == "moe_gemm_ws":
         import strata.backends.cuda as cuda_backend
         from strata.backends.cuda.kernels import wgmma_unavailable
         ops = request.getfixturevalue("ops")
         why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
         if why:
-            pytest.skip(f"moe_gemm_wg: {why}")
+            pytest.skip(f"moe_gemm_ws: {why}")
     return request.param
 
 

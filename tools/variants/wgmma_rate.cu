@@ -1,5 +1,5 @@
 // What one multiprocessor's warpgroup MMAs reach from shared memory, by operand layout (#17): the
-// ceiling the prompt kernels on wgmma (cuda/attention_ws.cu, cuda/moe_gemm_wg.cu) can be held against.
+// ceiling the prompt kernels on wgmma (cuda/attention_ws.cu, cuda/moe_gemm_ws.cu) can be held against.
 // Not part of the package: tools/wgmma_rate.py runs tools/variants/make_wgmma.sh's .whl/wgmma_rate.fatbin.
 //
 // strata_wgmma_rate_<name>(out, iters, wait_every): one block a multiprocessor of 128 or 256 threads (one

@@ -117,7 +117,7 @@ class KernelPaths:
     kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
     tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, 256; sm_90a libraries)
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
-    wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_wg.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
+    wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
@@ -300,9 +300,10 @@ KERNELS = {
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
                            ALL_QTYPES),
-    # the same contract on Hopper's warpgroup MMA; a library built for sm_90a only (WGMMA_LIBRARIES)
-    "moe_gemm_wg":      _K("moe_gemm_wg", "strata_moe_gemm_wg_{qtype}", "PqPPqPqii", 256, "moe_gemm's",
-                           ALL_QTYPES),
+    # the same products on Hopper's warpgroup MMA, warp-specialized and persistent, the tile count last; a
+    # library built for sm_90a only (WGMMA_LIBRARIES); WS_SHARED_BYTES of dynamic shared memory
+    "moe_gemm_ws":      _K("moe_gemm_ws", "strata_moe_gemm_ws_{qtype}", "PqPPqPqiii", 512,
+                           "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid", ALL_QTYPES),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
@@ -335,7 +336,7 @@ del _K
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
 # The trial path each serves (KERNEL_TRIAL_PATHS), its library:
-WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_wg",), "wgmma-attention": ("attention_wg", "attention_ws")}
+WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-attention": ("attention_wg", "attention_ws")}
 WGMMA_ARCH = "sm_90a"
 
 
@@ -347,7 +348,7 @@ def tma_attention_runs(paths: "KernelPaths", manifest: dict | None, compute_capa
             and wgmma_unavailable(manifest, compute_capability, "attention_ws") is None)
 
 
-def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = "moe_gemm_wg") -> str | None:
+def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = "moe_gemm_ws") -> str | None:
     """Why a wgmma library cannot run here (this GPU's compute capability, the install's manifest),
     or None when it can."""
     cc = tuple(compute_capability or (0, 0))

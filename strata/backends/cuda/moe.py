@@ -24,7 +24,7 @@ from .kernels import KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import grid_for, tiles_for
+from .moe_gemm import WS_SHARED_BYTES, grid_for, tiles_for, ws_grid
 from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 from .moe_plan import MoePlan
 
@@ -68,9 +68,13 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
                  N: int) -> None:
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
-    if n_tiles:
-        ops.launch(ops.gemm_op, grid_for(N, n_tiles), (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1]),
-                   qtype=w.qtype)
+    if not n_tiles:
+        return
+    args = (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1])
+    if ops.gemm_op == "moe_gemm_ws":        # persistent blocks over the work items, the tile count last
+        ops.launch("moe_gemm_ws", ws_grid(N, n_tiles, ops.num_sms), (*args, n_tiles), WS_SHARED_BYTES, qtype=w.qtype)
+    else:
+        ops.launch(ops.gemm_op, grid_for(N, n_tiles), args, qtype=w.qtype)
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):

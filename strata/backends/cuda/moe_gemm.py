@@ -56,6 +56,17 @@ def grid_for(N: int, n_tiles: int) -> tuple[int, int]:
     return -(-N // BN), n_tiles
 
 
+# cuda/moe_gemm_ws.cu: the same products, warp-specialized and persistent on Hopper's wgmma (sm_90a).
+WS_BLOCK = 512              # two consumer warpgroups and two producer ones (kThreads)
+WS_SHARED_BYTES = 4 * 32768 + 64    # four 32 KB stages and their eight mbarriers (kSmemBytes): an opt-in size
+
+
+def ws_grid(N: int, n_tiles: int, num_sms: int) -> int:
+    """Blocks of a strata_moe_gemm_ws launch: one a multiprocessor, fewer when there are fewer work
+    items (ceil(N / BN) x n_tiles); each block strides over the items."""
+    return max(1, min(-(-N // BN) * n_tiles, num_sms))
+
+
 def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
              tiles: np.ndarray | None = None, op: str = "moe_gemm") -> np.ndarray:
     """Y [S, N] float32 with Y[s] = f16(X[s]) @ f16(W_g)^T for s in each range (g, s0, rows); rows
@@ -66,11 +77,11 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
     kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
     whose device and stream are used (one is made if None). op: the table's "moe_gemm", or
-    "moe_gemm_wg" (cuda/moe_gemm_wg.cu: the same contract on wgmma, sm_90 only)."""
+    "moe_gemm_ws" (cuda/moe_gemm_ws.cu: the same products on wgmma, sm_90 only)."""
     from strata.backends.cuda.testing import CudaOps
 
-    if op not in ("moe_gemm", "moe_gemm_wg"):
-        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_wg")
+    if op not in ("moe_gemm", "moe_gemm_ws"):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_ws")
     ops = ops or CudaOps()
     rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
@@ -101,7 +112,11 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         return Y
     y_dev = ops._output(Y.nbytes)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    ops._launch(op, grid_for(N, len(tiles)), args, qtype=qtype_name)
+    if op == "moe_gemm_ws":
+        ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, len(tiles)), WS_SHARED_BYTES,
+                    qtype=qtype_name)
+    else:
+        ops._launch(op, grid_for(N, len(tiles)), args, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y

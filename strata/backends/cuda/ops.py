@@ -77,7 +77,7 @@ class DeviceOps(DenseOps, AttentionOps):
                     raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")
         # on by default where it can run (an sm_90 GPU, a build with attention_ws.cu's sm_90a library)
         self.tma_attention = tma_attention_runs(paths, rt.read_manifest(), getattr(device, "compute_capability", None))
-        self.gemm_op = "moe_gemm_wg" if paths.wgmma_gemm else "moe_gemm"    # the prompt GEMMs' library op
+        self.gemm_op = "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm"    # the prompt GEMMs' library op
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}

@@ -1,12 +1,17 @@
-"""A/B of the prompt GEMM's builds: cuda/moe_gemm.cu (mma.sync) against cuda/moe_gemm_wg.cu (Hopper's
-wgmma), from fatbins built here with nvcc, in one process and without the package build: each arm's
-fatbin is loaded through the driver API (tools/fatbin_driver.py), buffers and timing come from torch.
+"""A/B of the prompt GEMM's builds: cuda/moe_gemm.cu (mma.sync) against cuda/moe_gemm_ws.cu (Hopper's
+wgmma, warp-specialized) or another commit's build, from fatbins built here with nvcc, in one process and
+without the package build: each arm's fatbin is loaded through the driver API (tools/fatbin_driver.py),
+buffers and timing come from torch.
 
-    tools/variants/make_wgmma.sh            -> .whl/moe_gemm_{mma,wg}.fatbin (sm_90 / sm_90a), ...
-    python3 tools/moe_gemm_wg_ab.py --arm mma:.whl/moe_gemm_mma.fatbin:strata_moe_gemm \\
-        --arm wg:.whl/moe_gemm_wg.fatbin:strata_moe_gemm_wg [--arm ...] [--tokens 4096] [--json F]
+    tools/variants/make_wgmma.sh            -> .whl/moe_gemm_{mma,ws}.fatbin (sm_90 / sm_90a), ...
+    python3 tools/moe_gemm_ab.py --arm mma:.whl/moe_gemm_mma.fatbin:strata_moe_gemm \\
+        --arm ws:.whl/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws [--arm ...] [--tokens 4096] [--json F]
 
-An arm is NAME:FATBIN:PREFIX; PREFIX_<type> are its entry points (one contract: cuda/moe_gemm.cu's).
+An arm is NAME:FATBIN:PREFIX[:ws[:BLOCK[:SHARED]]] or NAME:FATBIN:PREFIX:ws16[:BLOCK[:SHARED]] (the build
+taking X as f16); PREFIX_<type> are its entry points (one contract: cuda/moe_gemm.cu's). `:ws` marks cuda/moe_gemm_ws.cu's launch: one block a multiprocessor over every work
+item (BLOCK threads, default WS_BLOCK; a build with other producer warpgroups needs its own), its opt-in
+shared memory (SHARED bytes, default WS_SHARED_BYTES; a build with other stages needs its own), and the
+tile count as a tenth argument.
 
 1. Checks, every type of strata.backends.cuda.moe_gemm.QTYPE_NAMES: three groups of random weights
    (N = 200: a partial 128-row tile; K two blocks, 520 for the float types: a partial k step), token
@@ -31,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (strata's pure-Python parts)
 from fatbin_driver import Arm, finish  # noqa: E402
 from moe_gemm_bench import shapes  # noqa: E402
-from strata.backends.cuda.moe_gemm import BLOCK, QTYPE_NAMES, grid_for, tiles_for  # noqa: E402
+from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES, grid_for,  # noqa: E402
+                                           tiles_for, ws_grid)
 from strata.quant import QTYPES  # noqa: E402
 from strata.quant.dequant import dequantize  # noqa: E402
 from strata.quant.random import random_qtensor_bytes  # noqa: E402
@@ -87,15 +93,25 @@ def judge(name: str, Y: np.ndarray, weights, ranges, X, null_groups=(3,)) -> dic
 class GemmArm(Arm):
     """One build's entry points on the device: run a case, time a shape."""
 
+    ws = 0              # cuda/moe_gemm_ws.cu's launch: its block size (0: moe_gemm.cu's launch)
+    shared = WS_SHARED_BYTES
+    x16 = False         # its STRATA_WS_GEMM_X16 build: X given as f16 (the arm's X is f16(X), ldx in halves)
+
     def launch(self, qtype, ptrs, tiles, X, Y, N, K):
-        self.dev.launch(self.fn(qtype.lower()), grid_for(N, tiles.shape[0]), BLOCK,
-                        [("P", ptrs.data_ptr()), ("q", 0), ("P", tiles.data_ptr()), ("P", X.data_ptr()),
-                         ("q", X.shape[1]), ("P", Y.data_ptr()), ("q", Y.shape[1]), ("i", N), ("i", K)])
+        args = [("P", ptrs.data_ptr()), ("q", 0), ("P", tiles.data_ptr()), ("P", X.data_ptr()),
+                ("q", X.shape[1]), ("P", Y.data_ptr()), ("q", Y.shape[1]), ("i", N), ("i", K)]
+        n_tiles = tiles.shape[0]
+        if self.ws:
+            self.dev.launch(self.fn(qtype.lower()), ws_grid(N, n_tiles, self.dev.num_sms()), self.ws,
+                            args + [("i", n_tiles)], self.shared)
+        else:
+            self.dev.launch(self.fn(qtype.lower()), grid_for(N, n_tiles), BLOCK, args)
 
     def run(self, qtype: str, weights, ranges, X, null_groups=(3,)) -> np.ndarray:
         dev = self.dev
         N = weights[0].size // QTYPES[qtype].row_bytes(X.shape[1])
         blobs = [dev.upload(np.concatenate([w, np.zeros(64, np.uint8)])) for w in weights]
+        X = X.astype(np.float16) if self.x16 else X
         ptrs = dev.upload(np.array([0 if g in null_groups else b.data_ptr() for g, b in enumerate(blobs)], np.int64))
         tiles = dev.upload(tiles_for(ranges))
         Y = dev.full((X.shape[0], N), float("nan"))
@@ -118,9 +134,11 @@ def time_shape(dev, arms, rng, qtype, N, K, rows, repeats) -> dict:
     tiles = dev.upload(tiles_for(ranges))
     ptrs = dev.upload(np.array([blob.data_ptr() + g * stride for g in range(len(rows))], np.int64))
     X, Y = dev.randn((s, K)), dev.full((s, N), 0.0)
+    X16 = dev.upload(dev.download(X).astype(np.float16)) if any(a.x16 for a in arms) else None
     out = {}
     for arm in arms:
-        ms = float(np.median(dev.time_ms(lambda: arm.launch(qtype, ptrs, tiles, X, Y, N, K), repeats)))
+        x = X16 if arm.x16 else X
+        ms = float(np.median(dev.time_ms(lambda: arm.launch(qtype, ptrs, tiles, x, Y, N, K), repeats)))
         out[arm.name] = {"ms": round(ms, 4), "tflops": round(2.0 * s * N * K / ms / 1e9, 1),
                          "weight_gbps": round(len(rows) * N * row_bytes / ms / 1e6, 1)}
     return {"qtype": qtype, "N": N, "K": K, "groups": len(rows), "rows": s, "arms": out}
@@ -165,8 +183,13 @@ def main(argv=None, make_driver=None) -> int:
     dev = make_driver()
     arms = []
     for spec in args.arm:
-        name, fatbin, prefix = spec.split(":")
-        arms.append(GemmArm(dev, name, fatbin, prefix))
+        name, fatbin, prefix, *mode = spec.split(":")
+        arm = GemmArm(dev, name, fatbin, prefix)
+        if mode and mode[0] in ("ws", "ws16"):
+            arm.ws = int(mode[1]) if len(mode) > 1 else WS_BLOCK
+            arm.shared = int(mode[2]) if len(mode) > 2 else WS_SHARED_BYTES
+            arm.x16 = mode[0] == "ws16"
+        arms.append(arm)
     rng = np.random.default_rng(0)
     print("checks (every type):", flush=True)
     report = {"checks": run_checks(arms, rng), "times": []}

@@ -1,4 +1,4 @@
-"""tools/moe_gemm_wg_ab.py on the CPU: a host double of tools/fatbin_driver.Driver computes each launch
+"""tools/moe_gemm_ab.py on the CPU: a host double of tools/fatbin_driver.Driver computes each launch
 the way cuda/moe_gemm.cu's contract says (f16(X) f16(W_g)^T over the tile table; rows of no tile, and
 groups whose address is 0, untouched). The tool's checks pass such an arm, fail a perturbed or a
 wrong-rows one (exit 1), and its timing pass launches every arm with the contract's arguments."""
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from strata.backends.cuda.moe_gemm import QTYPE_NAMES
+from strata.backends.cuda.moe_gemm import QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from tests.fixtures import load_tool
@@ -17,13 +17,20 @@ from tests.kernels.host_driver import HostDriver
 class GemmDriver(HostDriver):
     """cuda/moe_gemm.cu's contract; module paths containing "noisy" or "shifted" give a wrong kernel."""
 
-    def launch(self, f, grid, block, args):
+    def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
         kinds = "".join(k for k, _ in args)
-        assert kinds == "PqPPqPqii" and block == 256
-        ptrs, part, tiles, X, ldx, Y, ldy, N, K = vals
         qtype = next(q for q in QTYPE_NAMES if name.endswith("_" + q.lower()))
-        assert grid == (-(-N // 128), self._tensor(tiles).shape[0])
+        if "_ws" in name:       # cuda/moe_gemm_ws.cu: persistent blocks, the tile count as a tenth argument
+            assert kinds == "PqPPqPqiii" and block == WS_BLOCK and shared == WS_SHARED_BYTES
+            *vals, n_tiles = vals
+            assert n_tiles == self._tensor(vals[2]).shape[0]
+            assert self._tensor(vals[3]).dtype == (np.float16 if "_ws16_" in name else np.float32)
+            assert grid == min(self.num_sms(), -(-vals[7] // 128) * n_tiles)
+        else:
+            assert kinds == "PqPPqPqii" and block == 256 and shared == 0
+            assert grid == (-(-vals[7] // 128), self._tensor(vals[2]).shape[0])
+        ptrs, part, tiles, X, ldx, Y, ldy, N, K = vals
         self.launches.append((path, qtype))
         P, T, Xa, Ya = self._tensor(ptrs), self._tensor(tiles), self._tensor(X), self._tensor(Y)
         assert Xa.shape[1] == ldx and Ya.shape[1] == ldy
@@ -42,36 +49,39 @@ class GemmDriver(HostDriver):
 
 
 def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
-    tool = load_tool("moe_gemm_wg_ab")
+    tool = load_tool("moe_gemm_ab")
     dev = GemmDriver()
     out = tmp_path / "r.json"
     argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "wg:b.fatbin:strata_moe_gemm_wg",
+            "--arm", "ws:c.fatbin:strata_moe_gemm_ws:ws", "--arm", "ws16:d.fatbin:strata_moe_gemm_ws16:ws16",
             "--arm", "noisy:noisy.fatbin:strata_moe_gemm_wg", "--arm", "shifted:shifted.fatbin:strata_moe_gemm_wg",
             "--tokens", "64", "--repeats", "2", "--only", "k/v", "--json", str(out)]
     assert tool.main(argv, make_driver=lambda: dev) == 1
     report = json.loads(out.read_text())
-    assert report["ok"] == {"mma": True, "wg": True, "noisy": False, "shifted": False}
+    assert report["ok"] == {"mma": True, "wg": True, "ws": True, "ws16": True, "noisy": False, "shifted": False}
     checks = report["checks"]
     assert set(checks["mma"]) == set(tool.QTYPE_NAMES)
     assert all(r["equal_to_first"] == 1.0 for r in checks["wg"].values())
+    assert all(r["equal_to_first"] == 1.0 for r in checks["ws"].values())
+    assert all(r["equal_to_first"] == 1.0 for r in checks["ws16"].values())
     assert all(r["worst_over_bound"] > 1 for r in checks["noisy"].values())
     assert not any(r["untouched_nan"] for r in checks["shifted"].values())
     # the timing pass: the dense k/v shape at 64 tokens, every arm launched with its entry point
     (t,) = report["times"]
     assert (t["qtype"], t["N"], t["K"], t["rows"]) == ("Q8_0", 512, 2048, 64)
-    assert set(t["arms"]) == {"mma", "wg", "noisy", "shifted"}
-    assert ("b.fatbin", "Q8_0") in dev.launches
-    assert "checks passed: mma yes, wg yes, noisy NO, shifted NO" in capsys.readouterr().out
+    assert set(t["arms"]) == {"mma", "wg", "ws", "ws16", "noisy", "shifted"}
+    assert {("b.fatbin", "Q8_0"), ("c.fatbin", "Q8_0"), ("d.fatbin", "Q8_0")} <= set(dev.launches)
+    assert "checks passed: mma yes, wg yes, ws yes, ws16 yes, noisy NO, shifted NO" in capsys.readouterr().out
 
 
 def test_all_good_arms_exit_zero():
-    tool = load_tool("moe_gemm_wg_ab")
+    tool = load_tool("moe_gemm_ab")
     assert tool.main(["--arm", "a:a.fatbin:strata_moe_gemm", "--no-times"], make_driver=GemmDriver) == 0
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "F32"])
 def test_check_case_has_an_uncovered_row_and_a_null_group(name):
-    tool = load_tool("moe_gemm_wg_ab")
+    tool = load_tool("moe_gemm_ab")
     weights, ranges, X = tool.check_case(name, np.random.default_rng(0))
     covered = np.zeros(X.shape[0], bool)
     for g, s0, rows in ranges:

@@ -1,0 +1,299 @@
+// The prompt chunks' grouped GEMM (cuda/moe_gemm.cu's contract) on Hopper's warpgroup MMA, warp-
+// specialized and persistent (sm_90a only): producer warps decode weights and round X to f16 into a
+// ring of shared-memory stages while two consumer warpgroups keep the tensor cores fed from it.
+//
+// strata_moe_gemm_ws_<q>(ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles)  signature "PqPPqPqiii"
+//   strata_moe_gemm_<q>'s parameters, requirements and results, with the tile count (moe_gemm.cu takes
+//   it from the grid): Y[s0 + i, n] = sum_k f16(X[s0 + i, k]) * f16(W_g[n, k]) for every tile (g, s0, m)
+//   of tiles[0 .. n_tiles), i < m, n < N. <q>: the same fifteen types.
+// Launch: grid (any number of blocks: each takes work items blockIdx.x, + gridDim.x, ... of the
+// ceil(N / 128) x n_tiles items, so the host launches min(items, multiprocessors)), block kThreads
+// (384), dynamic shared memory kSmemBytes (131,136 bytes: the launch attribute past 48 KB). One block a
+// multiprocessor.
+//
+// Why. moe_gemm.cu's 8 warps each decode weights, round X, load fragments by ldmatrix and issue
+// mma.sync, one barrier a 32-wide k step: they spend their issue slots on everything at once and the
+// tensor cores run at 15-20% of their peak (148-165 TFLOP/s on the 30B's expert shapes). cuda/
+// moe_gemm_wg.cu put the products on wgmma in that same block and lost (103-110): a warpgroup waited
+// on its own stores every step. Here the roles are split, as in cuda/attention_ws.cu:
+// - Warpgroup 2, the producer: thread p owns tile row p. Per 64-wide k step it decodes that weight
+//   row's 64 weights (gemm_wide.cuh's decode16, bit for bit decode8's, rounded to f16) and rounds X row
+//   p's 64 values to f16, all into registers first (their loads in flight together), then waits for
+//   the stage to be free, stores both as 16 chunks of 16 bytes in wgmma's no-swizzle K-major layout
+//   (core matrices of 8 rows x 16 bytes; a quarter-warp's 8 lanes write the 8 rows of one: no bank
+//   conflicts), fences them for the async proxy and arrives on the stage's full barrier.
+// - Warpgroups 0 and 1 each own 64 of the tile's 128 token rows: per stage, wait for it, four
+//   wgmma.m64n128k16 (both operands from shared memory), commit, and once the previous stage's group
+//   has finished (wait_group 1) free that stage; after a tile's last stage, Y from the accumulators.
+// - Persistent: the ring runs on across a block's work items, so the producer decodes the next item's
+//   first stages while the consumers store the last one's Y. Items go n-block fastest, so the blocks
+//   running together share each tile's X rows and each expert's weights in L2.
+// - kStages (4) stages of 32 KB: 16 KB of f16(X) and 16 KB of f16(W).
+// Both consumer warpgroups issue their wgmmas whether or not their rows hold tokens (a short tile's
+// idle half costs tensor time, not decode time, and a conditional wgmma makes ptxas serialize them all).
+//
+// Precision and determinism: as moe_gemm.cu's (f16 operands rounded to nearest even, exact products,
+// f32 accumulation in ascending 16-wide k steps; an output depends only on its row of X and its
+// weight row), so Y is bit-identical whatever the tile a row falls in, the grid, n_tiles or S. wgmma's
+// sums were measured bit-equal to mma.sync's (cuda/moe_gemm_wg.cu, the eighteenth session).
+//
+// tools/moe_gemm_wg_ab.py checks it against the float64 product and moe_gemm.cu and times both from
+// fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
+// entry points trap (wgmma.cuh).
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "quant_blocks.cuh"
+
+namespace {
+
+using namespace strata_q;
+
+#include "gemm_wide.cuh"
+#include "mbarrier.cuh"
+#include "wgmma.cuh"
+
+constexpr int kBM = 128, kBN = 128, kBK = 64;          // token rows, weight rows, k of a stage
+#ifndef STRATA_WS_GEMM_PRODUCERS
+#define STRATA_WS_GEMM_PRODUCERS 2     // producer warpgroups (a build may try 1 or 4)
+#endif
+constexpr int kProducerGroups = STRATA_WS_GEMM_PRODUCERS;
+#ifdef STRATA_WS_GEMM_X16
+constexpr bool kX16 = true;     // X given as f16 (a trial build: strata_moe_gemm_ws16_<q>, X's ldx in halves)
+#else
+constexpr bool kX16 = false;
+#endif
+constexpr int kConsumers = 256, kProducers = 128 * kProducerGroups, kThreads = kConsumers + kProducers;
+#ifndef STRATA_WS_GEMM_STAGES
+#define STRATA_WS_GEMM_STAGES 4
+#endif
+constexpr int kStages = STRATA_WS_GEMM_STAGES;
+constexpr int kKChunks = kBK / 8;                      // 16-byte chunks of a row in a stage
+constexpr int kTileBytes = kBM * kBK * 2;              // one operand's stage: 16 KB
+constexpr int kStageBytes = 2 * kTileBytes;            // A (f16 X) then B (f16 W)
+constexpr unsigned kLbo = 128, kSbo = kKChunks * 128;  // bytes between core matrices along k / along rows
+constexpr int kBarOffset = kStages * kStageBytes;      // full[kStages], empty[kStages]
+constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;
+// Registers: 65536 / kThreads a thread at launch; with four producer warpgroups (768 threads, 80 each) the
+// producers give theirs down to kProducerRegs and the consumers take kConsumerRegs (setmaxnreg).
+constexpr int kProducerRegs = kProducerGroups == 4 ? 48 : 0, kConsumerRegs = kProducerGroups == 4 ? 160 : 0;
+static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "the register file");
+constexpr int kDecodes = 4 / kProducerGroups;          // 16-weight decodes of a producer thread a stage
+constexpr int kXChunks = kKChunks / kProducerGroups;   // and 8-value chunks of X (as many as weight chunks)
+static_assert(kBM == kBN, "a producer thread's row is a token row of X and a weight row alike");
+static_assert(kKChunks == 8 && 4 % kProducerGroups == 0, "a stage row's four 16-weight decodes split evenly");
+static_assert(kSmemBytes <= 227 * 1024, "a multiprocessor's shared memory");
+
+// 16 bytes at src into shared memory at dst by cp.async, or 16 zeros (nothing read) where !valid.
+__device__ __forceinline__ void copy16_async(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// The 16-byte chunk (halves 8 kc .. 8 kc + 7 of row r) of a stage's operand, in 16-byte units.
+__device__ __forceinline__ int chunk(int r, int kc) { return ((r >> 3) * kKChunks + kc) * 8 + (r & 7); }
+
+__device__ __forceinline__ unsigned full_bar(unsigned bars, int st) { return bars + st * 8; }
+__device__ __forceinline__ unsigned empty_bar(unsigned bars, int st) { return bars + (kStages + st) * 8; }
+
+// A work item: tile `tile` of the table, weight rows n0 .. n0 + 127.
+struct Item {
+    int4 t;      // (g, s0, m, unused)
+    int n0;
+    bool live;   // rows to compute and a group this launch holds
+};
+
+__device__ __forceinline__ Item item_at(const unsigned long long* __restrict__ ptrs, const int* __restrict__ tiles,
+                                        int w, int n_blocks) {
+    Item it;
+    it.t = __ldg(reinterpret_cast<const int4*>(tiles) + w / n_blocks);
+    it.n0 = (w % n_blocks) * kBN;
+    it.live = it.t.z > 0 && ptrs[it.t.x] != 0;
+    return it;
+}
+
+// Producer thread p of kProducers: tile row p % 128, part q = p / 128 of each stage's row (weights
+// 16 kDecodes q .. + 16 kDecodes - 1 and X chunks kXChunks q .. + kXChunks - 1). Every live item's
+// stages, in order, into the ring.
+template <class B, class TX>
+__device__ __forceinline__ void produce(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                        const int* __restrict__ tiles, const TX* __restrict__ X, long long ldx,
+                                        int N, int K, int items, int n_blocks, unsigned base, unsigned bars, int p) {
+    const long long row_bytes = static_cast<long long>(K / B::kWeights) * B::kBytes;
+    const int steps = (K + kBK - 1) / kBK;
+    const int r = p % kBM, q = p / kBM;
+    int ring = 0;  // stages filled so far, over all items
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+        const Item it = item_at(ptrs, tiles, w, n_blocks);
+        if (!it.live) continue;
+        const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[it.t.x] + part_offset) +
+                               static_cast<long long>(min(it.n0 + r, N - 1)) * row_bytes;
+        const bool x_valid = r < it.t.z;
+        const TX* x_row = X + static_cast<long long>(it.t.y + min(r, it.t.z - 1)) * ldx;
+        for (int step = 0; step < steps; ++step, ++ring) {
+            const int k0 = step * kBK;
+            const int st = ring % kStages, use = ring / kStages;
+            const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
+            uint4 wv[2 * kDecodes], xv[kXChunks];
+            if constexpr (kX16) {   // f16 X: its chunks straight into the stage once it is free (zeros past m, K)
+                if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
+#pragma unroll
+                for (int c = 0; c < kXChunks; ++c) {
+                    const int k = k0 + 8 * (kXChunks * q + c);
+                    copy16_async(a_base + static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u, x_row + min(k, K - 8),
+                               x_valid && k < K);
+                }
+                cp_async_arrive_noinc(full_bar(bars, st));
+            }
+#pragma unroll
+            for (int j = 0; j < kDecodes; ++j) {
+                const int k = k0 + 16 * (kDecodes * q + j);
+                uint4 two[2];
+                if (k < K) {
+                    Wide<B>::decode16(w_row, k, K, two);
+                } else {
+                    two[0] = two[1] = make_uint4(0u, 0u, 0u, 0u);
+                }
+                wv[2 * j] = two[0];
+                wv[2 * j + 1] = two[1];
+            }
+            if constexpr (!kX16) {
+#pragma unroll
+                for (int c = 0; c < kXChunks; ++c) {
+                    const int k = k0 + 8 * (kXChunks * q + c);
+                    const uint2 a = load_x4(x_row, k, K, x_valid), b = load_x4(x_row, k + 4, K, x_valid);
+                    xv[c] = make_uint4(a.x, a.y, b.x, b.y);
+                }
+                if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
+            }
+#pragma unroll
+            for (int c = 0; c < kXChunks; ++c) {
+                if constexpr (!kX16) {
+                    const unsigned off = static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u;
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_base + off), "r"(xv[c].x),
+                                 "r"(xv[c].y), "r"(xv[c].z), "r"(xv[c].w)
+                                 : "memory");
+                }
+                const unsigned woff = static_cast<unsigned>(chunk(r, 2 * kDecodes * q + c)) * 16u;
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(b_base + woff), "r"(wv[c].x),
+                             "r"(wv[c].y), "r"(wv[c].z), "r"(wv[c].w)
+                             : "memory");
+            }
+            fence_proxy_async();
+            mbar_arrive(full_bar(bars, st));
+        }
+    }
+    if constexpr (kX16) copies_wait_all();
+}
+
+// A consumer warpgroup (wg 0 or 1: tile rows 64 wg .. 64 wg + 63): every live item's stages through
+// wgmma, then its rows of Y.
+__device__ __forceinline__ void consume(const unsigned long long* __restrict__ ptrs, const int* __restrict__ tiles,
+                                        float* __restrict__ Y, long long ldy, int N, int K, int items, int n_blocks,
+                                        unsigned base, unsigned bars, int wg, int warp_in_wg, int lane) {
+    const int steps = (K + kBK - 1) / kBK;
+    const int g = lane >> 2, t = lane & 3;
+    int ring = 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+        const Item it = item_at(ptrs, tiles, w, n_blocks);
+        if (!it.live) continue;
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        for (int step = 0; step < steps; ++step, ++ring) {
+            const int st = ring % kStages;
+            mbar_wait(full_bar(bars, st), (ring / kStages) & 1);
+            if constexpr (kX16) fence_proxy_async();   // the cp.async writes of X, for wgmma's reads
+            const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
+            wgmma_fence();
+#pragma unroll
+            for (int k16 = 0; k16 < kBK / 16; ++k16)
+                wgmma_m64n128k16(acc, smem_desc(a_base + chunk(64 * wg, 2 * k16) * 16, kLbo, kSbo),
+                                 smem_desc(b_base + chunk(0, 2 * k16) * 16, kLbo, kSbo));
+            wgmma_commit();
+            wgmma_wait<1>();  // the previous stage's group is done: free its stage
+            if (step > 0 && lane == 0) mbar_arrive(empty_bar(bars, (ring - 1) % kStages));
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty_bar(bars, (ring - 1) % kStages));
+
+        // accumulators (wgmma_m64n128k16): rows 64 wg + 16 warp + lane / 4 (+ 8), columns 8 j + 2 (lane % 4)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = 64 * wg + 16 * warp_in_wg + g + 8 * h;
+            if (row >= it.t.z) continue;
+            float* y_row = Y + static_cast<long long>(it.t.y + row) * ldy;
+#pragma unroll
+            for (int j = 0; j < kBN / 8; ++j) {
+                const int n = it.n0 + 8 * j + 2 * t;
+                if (n + 1 < N) {
+                    *reinterpret_cast<float2*>(y_row + n) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                } else if (n < N) {
+                    y_row[n] = acc[4 * j + 2 * h];
+                }
+            }
+        }
+    }
+}
+
+template <class B, class TX>
+__device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                                 const int* __restrict__ tiles, int n_tiles, const TX* __restrict__ X,
+                                                 long long ldx, float* __restrict__ Y, long long ldy, int N, int K) {
+#ifdef STRATA_WG_TRAP
+    __trap();
+#else
+    extern __shared__ __align__(128) unsigned char ws_smem[];
+    const unsigned base = smem_addr(ws_smem), bars = base + kBarOffset;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(full_bar(bars, st), kX16 ? 2 * kProducers : kProducers);  // each producer's (and its cp.async's)
+            mbar_init(empty_bar(bars, st), kConsumers / 32);  // lane 0 of each consumer warp
+        }
+    }
+    __syncthreads();
+    const int n_blocks = (N + kBN - 1) / kBN, items = n_blocks * n_tiles;
+    if (threadIdx.x >= kConsumers) {
+        if constexpr (kProducerRegs > 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+        produce<B, TX>(ptrs, part_offset, tiles, X, ldx, N, K, items, n_blocks, base, bars, threadIdx.x - kConsumers);
+    } else {
+        if constexpr (kProducerRegs > 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+        const int warp = threadIdx.x >> 5;
+        consume(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
+    }
+#endif
+}
+
+}  // namespace
+
+#ifdef STRATA_WS_GEMM_X16
+#define STRATA_WS_NAME(name) strata_moe_gemm_ws16_##name
+using XT = __half;
+#else
+#define STRATA_WS_NAME(name) strata_moe_gemm_ws_##name
+using XT = float;
+#endif
+#define STRATA_MOE_GEMM_WS(name, Block)                                                                \
+    extern "C" __global__ void __launch_bounds__(kThreads, 1) STRATA_WS_NAME(name)(                    \
+        const unsigned long long* ptrs, long long part_offset, const int* tiles, const XT* X,         \
+        long long ldx, float* Y, long long ldy, int N, int K, int n_tiles) {                           \
+        moe_gemm_ws_body<Block, XT>(ptrs, part_offset, tiles, n_tiles, X, ldx, Y, ldy, N, K);          \
+    }
+
+STRATA_MOE_GEMM_WS(f32, BlockF32x8)
+STRATA_MOE_GEMM_WS(f16, BlockF16x8)
+STRATA_MOE_GEMM_WS(bf16, BlockBF16x8)
+STRATA_MOE_GEMM_WS(q8_0, BlockQ8_0)
+STRATA_MOE_GEMM_WS(q4_0, BlockQ4_0)
+STRATA_MOE_GEMM_WS(q4_1, BlockQ4_1)
+STRATA_MOE_GEMM_WS(q5_0, BlockQ5_0)
+STRATA_MOE_GEMM_WS(q5_1, BlockQ5_1)
+STRATA_MOE_GEMM_WS(q2_k, BlockQ2_K)
+STRATA_MOE_GEMM_WS(q3_k, BlockQ3_K)
+STRATA_MOE_GEMM_WS(q4_k, BlockQ4_K)
+STRATA_MOE_GEMM_WS(q5_k, BlockQ5_K)
+STRATA_MOE_GEMM_WS(q6_k, BlockQ6_K)
+STRATA_MOE_GEMM_WS(iq4_nl, BlockIQ4_NL)
+STRATA_MOE_GEMM_WS(iq4_xs, BlockIQ4_XS)
