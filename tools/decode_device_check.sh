@@ -38,6 +38,10 @@
 #               --kernels-on wgmma-gemm,wgmma-attention) against mma.sync in one lease: test_moe_gemm_gpu and
 #               test_attention_tc_gpu over both builds, moe_gemm_bench per library, resident prompts
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
+#     gemmab    tools/variants/gemm_ws_ab.sh on the carried fatbins while the pack is made (GEMMAB_ARMS: its arms)
+#     wsgemm    #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu, --kernels-on wgmma-gemm) against
+#               moe_gemm.cu: test_moe_gemm_gpu over both, moe_gemm_bench per library, resident prompts WSGEMM_PROMPTS
+#               (default 4096,16384) off, on, off, on, then 16384 at 12 GiB off and on
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
 #               over tc, the wgmma path and the TMA build, then while the pack is made tools/attention_wg_ab.py on the
@@ -113,6 +117,14 @@ if has wsprompt; then
             --arm wst:$W/attention_ws.fatbin:strata_attention_prefill_wst128_f16:$WST --chunks 4096@12288 --repeats 1 \
             > "$OUT/ncu_ws.txt" 2>&1
         grep -E "Duration|L2 Cache Throughput|Compute \(SM\)|Eligible Warps|Warp Cycles Per Issued|excessive" "$OUT/ncu_ws.txt" | head -12
+    }
+fi
+if has gemmab; then     # the prompt GEMM's carried fatbins (tools/variants/gemm_ws_ab.sh) while the pack is made
+    if declare -F during_pack > /dev/null; then eval "$(declare -f during_pack | sed '1s/during_pack/during_pack_first/')"; fi
+    during_pack() {
+        if declare -F during_pack_first > /dev/null; then during_pack_first; fi
+        echo "== prompt GEMM A/B: ${GEMMAB_ARMS:-every arm} ($(elapsed) s)"
+        OUT=$OUT timeout "$(budget 240)" bash tools/variants/gemm_ws_ab.sh ${GEMMAB_ARMS:-} 2>&1 | tail -40
     }
 fi
 if has tests; then
@@ -244,6 +256,20 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
     bench_synthetic p12_both 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 \
         --kernels-on wgmma-gemm,wgmma-attention
+fi
+if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu) against mma.sync
+    echo "== moe_gemm GPU tests, both builds ($(elapsed) s)"
+    timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py 2>&1 | tail -4
+    for op in moe_gemm moe_gemm_ws; do
+        echo "== $op bench ($(elapsed) s)"
+        timeout "$(budget 60)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
+    done
+    for arm in none wgmma-gemm none wgmma-gemm; do
+        on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
+        bench_synthetic "prompt_$arm" 60 qwen3-30b-a3b --prompt ${WSGEMM_PROMPTS:-4096,16384} --decode 0 "${on[@]}"
+    done
+    bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
+    bench_synthetic p12_ws 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
 fi
 if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
     echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"

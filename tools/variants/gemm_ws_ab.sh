@@ -1,17 +1,36 @@
+#!/usr/bin/env bash
+# #17: builds of cuda/moe_gemm_ws.cu (and this tree's moe_gemm.cu) against the parent commit's moe_gemm.cu,
+# from fatbins and without a package build: each arm's checks in a process of its own (bit-equality to the
+# parent's outputs printed where it is not 100%), then the arms that passed timed together on the 30B's
+# prompt shapes (tools/moe_gemm_ab.py). Build the fatbins here first (nvcc, a minute):
+#   parent:  git archive <parent> cuda | tar -x -C /tmp/parent && nvcc -fatbin -O3 -std=c++17 -arch=sm_90
+#            -I/tmp/parent/cuda -o .whl/moe_gemm_parent.fatbin /tmp/parent/cuda/moe_gemm.cu
+#   arms:    bash tools/variants/make_wgmma.sh (mma, ws), and the trial builds below with nvcc -fatbin
+#            -gencode=arch=compute_90a,code=sm_90a -Icuda -D... cuda/moe_gemm_ws.cu
+# Then on the GPU machine, .whl carried: OUT=... bash tools/variants/gemm_ws_ab.sh [arm ...]
 W=.whl
+OUT=${OUT:-/tmp}
 declare -A A=(
  [mma]="mma:$W/moe_gemm_mma.fatbin:strata_moe_gemm"
- [ws]="ws:$W/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws"
- [ws1]="ws1:$W/moe_gemm_ws1.fatbin:strata_moe_gemm_ws:ws:384"
- [ws16]="ws16:$W/moe_gemm_ws16.fatbin:strata_moe_gemm_ws16:ws16"
- [ws16_1]="ws16_1:$W/moe_gemm_ws16_1.fatbin:strata_moe_gemm_ws16:ws16:384"
- [ws16s6]="ws16s6:$W/moe_gemm_ws16_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704")
+ [ws]="ws:$W/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws"                                  # two producer warpgroups
+ [ws1]="ws1:$W/moe_gemm_ws1.fatbin:strata_moe_gemm_ws:ws:384"                           # -DSTRATA_WS_GEMM_PRODUCERS=1
+ [wsp]="wsp:$W/moe_gemm_wsp.fatbin:strata_moe_gemm_ws:ws"                               # -DSTRATA_WS_GEMM_PREFETCH
+ [ws16]="ws16:$W/moe_gemm_ws16.fatbin:strata_moe_gemm_ws16:ws16"                        # -DSTRATA_WS_GEMM_X16
+ [ws16p]="ws16p:$W/moe_gemm_ws16p.fatbin:strata_moe_gemm_ws16:ws16"                     # X16 and PREFETCH
+ [ws16s6]="ws16s6:$W/moe_gemm_ws16_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704")     # X16, STAGES=6
 REF="parent:$W/moe_gemm_parent.fatbin:strata_moe_gemm"
+arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws1 wsp ws16 ws16p ws16s6)
 pass=()
-for n in mma ws ws1 ws16 ws16_1 ws16s6; do
-  echo "== checks $n"
-  if timeout 120 python3 tools/moe_gemm_ab.py --arm "$REF" --arm "${A[$n]}" --no-times --json $OUT/check_$n.json > $OUT/check_$n.log 2>&1; then pass+=(--arm "${A[$n]}"); echo passed; else grep -v " ok " $OUT/check_$n.log | tail -5; fi
-  grep "equal to parent" $OUT/check_$n.log | grep -v "100.0%" | grep -v "^ *parent" | head -3
+for n in "${arms[@]}"; do
+    [ -f "$(echo "${A[$n]}" | cut -d: -f2)" ] || { echo "== $n: no fatbin"; continue; }
+    echo "== checks $n"
+    if timeout 120 python3 tools/moe_gemm_ab.py --arm "$REF" --arm "${A[$n]}" --no-times --json "$OUT/check_$n.json" \
+            > "$OUT/check_$n.log" 2>&1; then
+        pass+=(--arm "${A[$n]}"); echo passed
+    else
+        grep -v " ok " "$OUT/check_$n.log" | tail -5
+    fi
+    grep "equal to parent" "$OUT/check_$n.log" | grep -v "100.0%" | grep -v "^ *parent" | head -3
 done
 echo "== times"
-timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" --json $OUT/times.json 2>&1 | grep -v " ok " | tail -12
+timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" --json "$OUT/times.json" 2>&1 | grep -v " ok " | tail -12
