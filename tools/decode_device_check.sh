@@ -41,7 +41,7 @@
 #     gemmab    tools/variants/gemm_ws_ab.sh on the carried fatbins while the pack is made (GEMMAB_ARMS: its arms)
 #     wsgemm    #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu, --kernels-on wgmma-gemm) against
 #               moe_gemm.cu: test_moe_gemm_gpu over both, moe_gemm_bench per library, resident prompts WSGEMM_PROMPTS
-#               (default 4096,16384) off, on, off, on, then 16384 at 12 GiB off and on
+#               (default 4096,16384) off, on, off, on, then 16384 at 12 GiB off and on (WSGEMM_12=0 skips those)
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
 #               over tc, the wgmma path and the TMA build, then while the pack is made tools/attention_wg_ab.py on the
@@ -268,8 +268,10 @@ if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "prompt_$arm" 60 qwen3-30b-a3b --prompt ${WSGEMM_PROMPTS:-4096,16384} --decode 0 "${on[@]}"
     done
-    bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
-    bench_synthetic p12_ws 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
+    if [ "${WSGEMM_12:-1}" = 1 ]; then
+        bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
+        bench_synthetic p12_ws 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
+    fi
 fi
 if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
     echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"
