@@ -135,6 +135,13 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
         for (int step = 0; step < steps; ++step, ++ring) {
             const int k0 = step * kBK;
             const int st = ring % kStages, use = ring / kStages;
+#ifdef STRATA_WS_GEMM_PREFETCH
+            if (step + 1 < steps) {   // a trial: the next stage's lines of this row into L1 (the weights' by proportion)
+                const long long kn = k0 + kBK + 16 * kDecodes * q;
+                asm volatile("prefetch.global.L1 [%0];\n" ::"l"(w_row + kn * B::kBytes / B::kWeights));
+                asm volatile("prefetch.global.L1 [%0];\n" ::"l"(x_row + min(kn, static_cast<long long>(K) - 1)));
+            }
+#endif
             const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
             uint4 wv[2 * kDecodes], xv[kXChunks];
             if constexpr (kX16) {   // f16 X: its chunks straight into the stage once it is free (zeros past m, K)
