@@ -45,23 +45,30 @@ __device__ __forceinline__ float biased_byte(uint32_t w, int i) {
 
 // out[0..7] = 16 halves of f(q) for the 16 bytes q of words w (each byte an unsigned quant):
 // f(q) = ((q - bias) * mul) - sub, with exactly decode8's roundings.
-// kSub (Q4_K, Q5_K) takes bias = 2^23 only: -mul * 2^23 is then exact (a power-of-two scaling).
+// A file that defines STRATA_K4_FMA before including this one (cuda/moe_gemm_ws.cu) rounds kSub's
+// products with one fma instead of a subtraction and a multiply: the same values, and the same bits
+// but for the zero of a negative scale at quant 0 (+0 for -0). kSub (Q4_K, Q5_K) takes bias = 2^23
+// only, and -mul * 2^23 is then exact (a power-of-two scaling).
 template <bool kSub>
 __device__ __forceinline__ void scale16(const uint32_t (&w)[4], float bias, float mul, float sub, uint4 (&out)[2]) {
-    const float mul_bias = -__fmul_rn(mul, bias);
     uint32_t h[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         float v[4];
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
+#ifdef STRATA_K4_FMA
             if constexpr (kSub) {
-                // bias is 2^23 here (the K-quants' unsigned nibbles): for a finite mul, mul * (2^23 + q) - mul * 2^23 is
-                // exactly mul * q, so one fma rounds it as __fmul_rn(mul, q) would, without q's subtraction
-                v[b] = __fsub_rn(__fmaf_rn(mul, biased_byte(w[i], b), mul_bias), sub);
-            } else {
-                v[b] = __fmul_rn(mul, __fsub_rn(biased_byte(w[i], b), bias));
+                // bias is 2^23 here (the K-quants' unsigned nibbles): for a finite mul, mul * (2^23 + q) - mul * 2^23
+                // is exactly mul * q, so one fma rounds it as __fmul_rn(mul, q) would, without q's subtraction,
+                // but for a zero's sign: a negative mul at q = 0 gives +0 where the multiply gives -0
+                // (tests/kernels/test_gemm_wide_host.py checks this over every f16 scale and 5-bit quant)
+                v[b] = __fsub_rn(__fmaf_rn(mul, biased_byte(w[i], b), -__fmul_rn(mul, bias)), sub);
+                continue;
             }
+#endif
+            const float q = __fsub_rn(biased_byte(w[i], b), bias);
+            v[b] = kSub ? __fsub_rn(__fmul_rn(mul, q), sub) : __fmul_rn(mul, q);
         }
         h[2 * i] = half2_bits(v[0], v[1]);
         h[2 * i + 1] = half2_bits(v[2], v[3]);

@@ -35,7 +35,10 @@
 // Precision and determinism: as moe_gemm.cu's (f16 operands rounded to nearest even, exact products,
 // f32 accumulation in ascending 16-wide k steps; an output depends only on its row of X and its
 // weight row), so Y is bit-identical whatever the tile a row falls in, the grid, n_tiles or S. wgmma's
-// sums were measured bit-equal to mma.sync's (cuda/moe_gemm_wg.cu, the eighteenth session).
+// sums were measured bit-equal to mma.sync's (the first wgmma GEMM, the eighteenth session), and this
+// kernel's first build matched moe_gemm.cu's on all fifteen types. Its Q4_K / Q5_K weights come from one
+// fma a product (STRATA_K4_FMA, gemm_wide.cuh): the same values, but +0 for the -0 of a negative scale's
+// quant 0, so an output may differ from moe_gemm.cu's in the sign of an exact zero.
 //
 // tools/moe_gemm_wg_ab.py checks it against the float64 product and moe_gemm.cu and times both from
 // fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
@@ -51,6 +54,7 @@ namespace {
 
 using namespace strata_q;
 
+#define STRATA_K4_FMA 1   // Q4_K / Q5_K products by one fma (gemm_wide.cuh): the producers' instructions are the bound
 #include "gemm_wide.cuh"
 #include "mbarrier.cuh"
 #include "wgmma.cuh"
