@@ -8,24 +8,28 @@
 //   of tiles[0 .. n_tiles), i < m, n < N. <q>: the same fifteen types.
 // Launch: grid (any number of blocks: each takes work items blockIdx.x, + gridDim.x, ... of the
 // ceil(N / 128) x n_tiles items, so the host launches min(items, multiprocessors)), block kThreads
-// (384), dynamic shared memory kSmemBytes (131,136 bytes: the launch attribute past 48 KB). One block a
-// multiprocessor.
+// (512: two consumer warpgroups, two producer ones), dynamic shared memory kSmemBytes (131,136 bytes: the
+// launch attribute past 48 KB). One block a multiprocessor. (strata.backends.cuda.moe_gemm: WS_BLOCK,
+// WS_SHARED_BYTES, ws_grid.)
 //
 // Why. moe_gemm.cu's 8 warps each decode weights, round X, load fragments by ldmatrix and issue
 // mma.sync, one barrier a 32-wide k step: they spend their issue slots on everything at once and the
 // tensor cores run at 15-20% of their peak (148-165 TFLOP/s on the 30B's expert shapes). cuda/
 // moe_gemm_wg.cu put the products on wgmma in that same block and lost (103-110): a warpgroup waited
 // on its own stores every step. Here the roles are split, as in cuda/attention_ws.cu:
-// - Warpgroup 2, the producer: thread p owns tile row p. Per 64-wide k step it decodes that weight
-//   row's 64 weights (gemm_wide.cuh's decode16, bit for bit decode8's, rounded to f16) and rounds X row
-//   p's 64 values to f16, all into registers first (their loads in flight together), then waits for
-//   the stage to be free, stores both as 16 chunks of 16 bytes in wgmma's no-swizzle K-major layout
-//   (core matrices of 8 rows x 16 bytes; a quarter-warp's 8 lanes write the 8 rows of one: no bank
-//   conflicts), fences them for the async proxy and arrives on the stage's full barrier.
+// - Warpgroups 2 and 3, the producers: thread p owns tile row p % 128 and half q = p / 128 of its
+//   stage. Per 64-wide k step it decodes that weight row's 32 weights of half q (gemm_wide.cuh's
+//   decode16, bit for bit decode8's, rounded to f16) and rounds X row p % 128's 32 values of half q to
+//   f16, all into registers first (their loads in flight together), then waits for the stage to be
+//   free, stores both as 8 chunks of 16 bytes in wgmma's no-swizzle K-major layout (core matrices of
+//   8 rows x 16 bytes; a quarter-warp's 8 lanes write the 8 rows of one: no bank conflicts), fences
+//   them for the async proxy and arrives on the stage's full barrier. (The first build had one
+//   producer warpgroup, each thread a whole row: on an H100 it ran 97 TFLOP/s against moe_gemm.cu's
+//   158 on the 30B's gate|up; STRATA_WS_GEMM_PRODUCERS=1 builds it again.)
 // - Warpgroups 0 and 1 each own 64 of the tile's 128 token rows: per stage, wait for it, four
 //   wgmma.m64n128k16 (both operands from shared memory), commit, and once the previous stage's group
 //   has finished (wait_group 1) free that stage; after a tile's last stage, Y from the accumulators.
-// - Persistent: the ring runs on across a block's work items, so the producer decodes the next item's
+// - Persistent: the ring runs on across a block's work items, so the producers decode the next item's
 //   first stages while the consumers store the last one's Y. Items go n-block fastest, so the blocks
 //   running together share each tile's X rows and each expert's weights in L2.
 // - kStages (4) stages of 32 KB: 16 KB of f16(X) and 16 KB of f16(W).
@@ -40,7 +44,12 @@
 // fma a product (STRATA_K4_FMA, gemm_wide.cuh): the same values, but +0 for the -0 of a negative scale's
 // quant 0, so an output may differ from moe_gemm.cu's in the sign of an exact zero.
 //
-// tools/moe_gemm_wg_ab.py checks it against the float64 product and moe_gemm.cu and times both from
+// Trial builds (tools/variants/gemm_ws_ab.sh times them): STRATA_WS_GEMM_X16 takes X as f16 (entry points
+// strata_moe_gemm_ws16_<q>, ldx in halves) and copies its chunks straight into the stage by cp.async, so
+// the producers only decode weights; STRATA_WS_GEMM_PREFETCH prefetches each row's next-stage lines into
+// L1; STRATA_WS_GEMM_STAGES deepens the ring.
+//
+// tools/moe_gemm_ab.py checks it against the float64 product and moe_gemm.cu and times both from
 // fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
 // entry points trap (wgmma.cuh).
 
