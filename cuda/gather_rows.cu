@@ -10,6 +10,13 @@
 // (x) and the rows (y), so any grid is complete. When n, both leading dimensions and both pointers
 // are multiples of 4 floats (16 bytes) the copy moves float4s: a large copy (R = 1) runs at the
 // device's copy rate, which strata.engine.cuda_runner.measure_limits reports.
+//
+// strata_gather_rows_f16(src, rows, dst, R, n, src_ld, dst_ld): the same gather into f16 rows, each value
+//   rounded to nearest even (dst_ld in halves): the prompt GEMMs' X, rounded once where
+//   cuda/moe_gemm_ws.cu's f16-X entry points read it (the trial path wgmma-gemm-f16x). With n and both
+//   leading dimensions multiples of 4 and 16-byte aligned src, 8-byte aligned dst, it moves 4 values a thread.
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -30,6 +37,32 @@ extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f32(
             for (long long c = col0; c < n / 4; c += col_step) d4[c] = s4[c];
         } else {
             for (long long c = col0; c < n; c += col_step) d[c] = s[c];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f16(
+    const float* __restrict__ src, const int* __restrict__ rows, __half* __restrict__ dst, int R, long long n,
+    long long src_ld, long long dst_ld) {
+    const bool vec = n % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
+    const long long col0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const long long col_step = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (int i = blockIdx.y; i < R; i += gridDim.y) {
+        const long long r = rows ? rows[i] : i;
+        const float* s = src + r * src_ld;
+        __half* d = dst + static_cast<long long>(i) * dst_ld;
+        if (vec) {
+            for (long long c = col0; c < n / 4; c += col_step) {
+                const float4 v = reinterpret_cast<const float4*>(s)[c];
+                const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+                uint2 out;
+                out.x = *reinterpret_cast<const uint32_t*>(&lo);
+                out.y = *reinterpret_cast<const uint32_t*>(&hi);
+                reinterpret_cast<uint2*>(d)[c] = out;
+            }
+        } else {
+            for (long long c = col0; c < n; c += col_step) d[c] = __float2half_rn(s[c]);
         }
     }
 }

@@ -44,10 +44,11 @@
 // fma a product (STRATA_K4_FMA, gemm_wide.cuh): the same values, but +0 for the -0 of a negative scale's
 // quant 0, so an output may differ from moe_gemm.cu's in the sign of an exact zero.
 //
-// Trial builds (tools/variants/gemm_ws_ab.sh times them): STRATA_WS_GEMM_X16 takes X as f16 (entry points
-// strata_moe_gemm_ws16_<q>, ldx in halves) and copies its chunks straight into the stage by cp.async, so
-// the producers only decode weights; STRATA_WS_GEMM_PREFETCH prefetches each row's next-stage lines into
-// L1; STRATA_WS_GEMM_STAGES deepens the ring.
+// strata_moe_gemm_ws16_<q> takes X as f16 (ldx in halves; 16-byte aligned rows) and copies its chunks
+// straight into the stage by cp.async (zeros past m and K), so the producers only decode weights.
+// Trial builds (tools/variants/gemm_ws_ab.sh times them): STRATA_WS_GEMM_PREFETCH prefetches each row's
+// next-stage lines into L1; STRATA_WS_GEMM_STAGES deepens the ring; STRATA_WS_GEMM_PRODUCERS=1 is the
+// first build.
 //
 // tools/moe_gemm_ab.py checks it against the float64 product and moe_gemm.cu and times both from
 // fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
@@ -73,11 +74,6 @@ constexpr int kBM = 128, kBN = 128, kBK = 64;          // token rows, weight row
 #define STRATA_WS_GEMM_PRODUCERS 2     // producer warpgroups (a build may try 1 or 4)
 #endif
 constexpr int kProducerGroups = STRATA_WS_GEMM_PRODUCERS;
-#ifdef STRATA_WS_GEMM_X16
-constexpr bool kX16 = true;     // X given as f16 (a trial build: strata_moe_gemm_ws16_<q>, X's ldx in halves)
-#else
-constexpr bool kX16 = false;
-#endif
 constexpr int kConsumers = 256, kProducers = 128 * kProducerGroups, kThreads = kConsumers + kProducers;
 #ifndef STRATA_WS_GEMM_STAGES
 #define STRATA_WS_GEMM_STAGES 4
@@ -130,6 +126,10 @@ __device__ __forceinline__ Item item_at(const unsigned long long* __restrict__ p
 // Producer thread p of kProducers: tile row p % 128, part q = p / 128 of each stage's row (weights
 // 16 kDecodes q .. + 16 kDecodes - 1 and X chunks kXChunks q .. + kXChunks - 1). Every live item's
 // stages, in order, into the ring.
+// X given as f16 (strata_moe_gemm_ws16_<q>, ldx in halves): copied, not rounded.
+template <class TX>
+constexpr bool kX16 = sizeof(TX) == 2;
+
 template <class B, class TX>
 __device__ __forceinline__ void produce(const unsigned long long* __restrict__ ptrs, long long part_offset,
                                         const int* __restrict__ tiles, const TX* __restrict__ X, long long ldx,
@@ -157,7 +157,7 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
 #endif
             const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
             uint4 wv[2 * kDecodes], xv[kXChunks];
-            if constexpr (kX16) {   // f16 X: its chunks straight into the stage once it is free (zeros past m, K)
+            if constexpr (kX16<TX>) {   // f16 X: its chunks straight into the stage once it is free (zeros past m, K)
                 if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
 #pragma unroll
                 for (int c = 0; c < kXChunks; ++c) {
@@ -179,7 +179,7 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
                 wv[2 * j] = two[0];
                 wv[2 * j + 1] = two[1];
             }
-            if constexpr (!kX16) {
+            if constexpr (!kX16<TX>) {
 #pragma unroll
                 for (int c = 0; c < kXChunks; ++c) {
                     const int k = k0 + 8 * (kXChunks * q + c);
@@ -190,7 +190,7 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
             }
 #pragma unroll
             for (int c = 0; c < kXChunks; ++c) {
-                if constexpr (!kX16) {
+                if constexpr (!kX16<TX>) {
                     const unsigned off = static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u;
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_base + off), "r"(xv[c].x),
                                  "r"(xv[c].y), "r"(xv[c].z), "r"(xv[c].w)
@@ -205,11 +205,12 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
             mbar_arrive(full_bar(bars, st));
         }
     }
-    if constexpr (kX16) copies_wait_all();
+    if constexpr (kX16<TX>) copies_wait_all();
 }
 
 // A consumer warpgroup (wg 0 or 1: tile rows 64 wg .. 64 wg + 63): every live item's stages through
 // wgmma, then its rows of Y.
+template <bool X16>
 __device__ __forceinline__ void consume(const unsigned long long* __restrict__ ptrs, const int* __restrict__ tiles,
                                         float* __restrict__ Y, long long ldy, int N, int K, int items, int n_blocks,
                                         unsigned base, unsigned bars, int wg, int warp_in_wg, int lane) {
@@ -225,7 +226,7 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
         for (int step = 0; step < steps; ++step, ++ring) {
             const int st = ring % kStages;
             mbar_wait(full_bar(bars, st), (ring / kStages) & 1);
-            if constexpr (kX16) fence_proxy_async();   // the cp.async writes of X, for wgmma's reads
+            if constexpr (X16) fence_proxy_async();   // the cp.async writes of X, for wgmma's reads
             const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
             wgmma_fence();
 #pragma unroll
@@ -269,7 +270,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __res
     const unsigned base = smem_addr(ws_smem), bars = base + kBarOffset;
     if (threadIdx.x == 0) {
         for (int st = 0; st < kStages; ++st) {
-            mbar_init(full_bar(bars, st), kX16 ? 2 * kProducers : kProducers);  // each producer's (and its cp.async's)
+            mbar_init(full_bar(bars, st), kX16<TX> ? 2 * kProducers : kProducers);  // each producer's (and its cp.async's)
             mbar_init(empty_bar(bars, st), kConsumers / 32);  // lane 0 of each consumer warp
         }
     }
@@ -281,26 +282,23 @@ __device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __res
     } else {
         if constexpr (kProducerRegs > 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
         const int warp = threadIdx.x >> 5;
-        consume(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
+        consume<kX16<TX>>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
     }
 #endif
 }
 
 }  // namespace
 
-#ifdef STRATA_WS_GEMM_X16
-#define STRATA_WS_NAME(name) strata_moe_gemm_ws16_##name
-using XT = __half;
-#else
-#define STRATA_WS_NAME(name) strata_moe_gemm_ws_##name
-using XT = float;
-#endif
-#define STRATA_MOE_GEMM_WS(name, Block)                                                                \
-    extern "C" __global__ void __launch_bounds__(kThreads, 1) STRATA_WS_NAME(name)(                    \
+// Both entry families: X as f32 (strata_moe_gemm_ws_<q>) and as f16 (strata_moe_gemm_ws16_<q>).
+#define STRATA_MOE_GEMM_WS_X(name, Block, prefix, XT)                                                  \
+    extern "C" __global__ void __launch_bounds__(kThreads, 1) prefix##name(                            \
         const unsigned long long* ptrs, long long part_offset, const int* tiles, const XT* X,         \
         long long ldx, float* Y, long long ldy, int N, int K, int n_tiles) {                           \
         moe_gemm_ws_body<Block, XT>(ptrs, part_offset, tiles, n_tiles, X, ldx, Y, ldy, N, K);          \
     }
+#define STRATA_MOE_GEMM_WS(name, Block)                                                                \
+    STRATA_MOE_GEMM_WS_X(name, Block, strata_moe_gemm_ws_, float)                                     \
+    STRATA_MOE_GEMM_WS_X(name, Block, strata_moe_gemm_ws16_, __half)
 
 STRATA_MOE_GEMM_WS(f32, BlockF32x8)
 STRATA_MOE_GEMM_WS(f16, BlockF16x8)

@@ -10,6 +10,8 @@
 // Launch: grid = (ceil(I / 256), min(T, 65535), 1), block = (256, 1, 1); blocks stride over rows
 // when T > 65535. Memory-bound: one coalesced read of gate and up, one write of out.
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 extern "C" __global__ void __launch_bounds__(256) strata_swiglu_f32(const float* gate, const float* up, float* out,
@@ -38,5 +40,32 @@ extern "C" __global__ void __launch_bounds__(256) strata_swiglu_rows_f32(const f
     for (int64_t t = bounds[lo] + blockIdx.y; t < end; t += gridDim.y) {
         const float g = gate[t * gate_ld + i], u = up[t * up_ld + i];
         out[t * out_ld + i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+// strata_swiglu_f16(...), strata_swiglu_rows_f16(...): the same two kernels writing out as f16 (round to
+// nearest even; out_ld in halves), the down projection's X where cuda/moe_gemm_ws.cu's f16-X entry points
+// read it (the trial path wgmma-gemm-f16x). out must not alias gate or up.
+extern "C" __global__ void __launch_bounds__(256) strata_swiglu_f16(const float* gate, const float* up, __half* out,
+                                                                    int T, int I, int64_t gate_ld, int64_t up_ld,
+                                                                    int64_t out_ld) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        const float g = gate[t * gate_ld + i], u = up[t * up_ld + i];
+        out[t * out_ld + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) strata_swiglu_rows_f16(const float* gate, const float* up, __half* out,
+                                                                         const int* __restrict__ bounds, int lo, int hi,
+                                                                         int I, int64_t gate_ld, int64_t up_ld,
+                                                                         int64_t out_ld) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const int64_t end = bounds[hi];
+    for (int64_t t = bounds[lo] + blockIdx.y; t < end; t += gridDim.y) {
+        const float g = gate[t * gate_ld + i], u = up[t * up_ld + i];
+        out[t * out_ld + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
     }
 }

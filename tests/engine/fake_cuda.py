@@ -467,7 +467,7 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_ws", "moe_gemm", "dequant",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -723,12 +723,13 @@ def _router(grid, W, x, y, rows, n, *rest):
     _moe_route(((batch + 3) // 4,), y, ids, weights, batch, rows, A, norm)
 
 
-def _swiglu(grid, gate, up, out, T, I, gate_ld, up_ld, out_ld):
+def _swiglu(grid, gate, up, out, T, I, gate_ld, up_ld, out_ld, dtype=np.float32):
     assert grid[0] * 256 >= I
     g, u = _strided(gate, T, I, gate_ld), _strided(up, T, I, up_ld)
     r = swiglu(g, u)
+    size = np.dtype(dtype).itemsize
     for t in range(T):
-        view(out + t * out_ld * 4, I)[:] = r[t]
+        view(out + t * out_ld * size, I, dtype)[:] = r[t]
 
 
 def _moe_combine(grid, residual, expert_out, rows, weights, out, T, A, D):
@@ -1010,6 +1011,7 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
                  "moe_gemm_ws": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws"),
+                 "moe_gemm_ws16": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws16"),
                  "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
                  "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
                  "gdn_conv1d_rows_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_rows"),
@@ -1058,15 +1060,26 @@ def _moe_group(grid, ids, S, A, E, tokens, rows, starts_out, tiles, max_tiles, b
 _EMULATE["moe_group"] = _moe_group
 
 
-def _swiglu_rows(grid, gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld):
-    """cuda/swiglu.cu strata_swiglu_rows_f32: rows [bounds[lo], bounds[hi]) only."""
+def _swiglu_rows(grid, gate, up, out, bounds, lo, hi, I, gate_ld, up_ld, out_ld, dtype=np.float32):
+    """cuda/swiglu.cu strata_swiglu_rows_f32 (_f16: out as f16): rows [bounds[lo], bounds[hi]) only."""
     r0, r1 = (int(r) for r in view(bounds, hi + 1, np.int32)[[lo, hi]])
     if r1 > r0:
-        _swiglu(grid, gate + r0 * gate_ld * 4, up + r0 * up_ld * 4, out + r0 * out_ld * 4, r1 - r0, I,
-                gate_ld, up_ld, out_ld)
+        size = np.dtype(dtype).itemsize
+        _swiglu(grid, gate + r0 * gate_ld * 4, up + r0 * up_ld * 4, out + r0 * out_ld * size, r1 - r0, I,
+                gate_ld, up_ld, out_ld, dtype)
+
+
+def _gather_rows_f16(grid, src, rows, dst, R, n, src_ld, dst_ld):
+    """cuda/gather_rows.cu strata_gather_rows_f16: the gather, rounded to f16."""
+    idx = view(rows, R, np.int32).copy() if rows else np.arange(R)
+    for i, r in enumerate(idx):
+        view(dst + i * dst_ld * 2, n, np.float16)[:] = view(src + int(r) * src_ld * 4, n)
 
 
 _EMULATE["swiglu_rows_f32"] = _swiglu_rows
+_EMULATE["swiglu_rows_f16"] = lambda *a: _swiglu_rows(*a, dtype=np.float16)
+_EMULATE["swiglu_f16"] = lambda *a: _swiglu(*a, dtype=np.float16)
+_EMULATE["gather_rows_f16"] = _gather_rows_f16
 
 
 # cuda/throttle.cu (--pcie-gbs): the fake has no clock; it keeps what the store asked for.

@@ -16,14 +16,18 @@ from tests.engine.fake_cuda import _aligned, _weights, view
 BM, BN = 128, 128   # cuda/moe_gemm.cu kBM, kBN (strata.backends.cuda.moe_gemm mirrors them)
 
 
-def emulate_moe_gemm_ws(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles):
-    """strata_moe_gemm_ws_<q> (cuda/moe_gemm_ws.cu): moe_gemm's products, persistent blocks over the
-    ceil(N / BN) x n_tiles work items, the tile count as its last argument."""
+def emulate_moe_gemm_ws(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles, x_dtype=np.float32):
+    """strata_moe_gemm_ws_<q> (cuda/moe_gemm_ws.cu; ws16: X as f16): moe_gemm's products, persistent
+    blocks over the ceil(N / BN) x n_tiles work items, the tile count as its last argument."""
     assert grid[1] == grid[2] == 1 and 1 <= grid[0] <= max(1, -(-N // BN) * n_tiles), f"moe_gemm_ws: grid {grid}"
-    emulate_moe_gemm(q, (-(-N // BN), n_tiles, 1), ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K)
+    emulate_moe_gemm(q, (-(-N // BN), n_tiles, 1), ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, x_dtype)
 
 
-def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
+def emulate_moe_gemm_ws16(*args):
+    emulate_moe_gemm_ws(*args, x_dtype=np.float16)
+
+
+def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, x_dtype=np.float32):
     n_tiles = grid[1]
     assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"
     assert K > 0 and K % max(qtype(q).block_size, 8) == 0, f"moe_gemm: K {K} for {q}"
@@ -42,5 +46,5 @@ def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K):
             _aligned("moe_gemm", w)
             cache[g] = _weights(q, w, N, K).astype(np.float16).astype(np.float32)
         for i in range(m):
-            x = view(X + (s0 + i) * ldx * 4, K).astype(np.float16).astype(np.float32)
+            x = view(X + (s0 + i) * ldx * np.dtype(x_dtype).itemsize, K, x_dtype).astype(np.float16).astype(np.float32)
             view(Y + (s0 + i) * ldy * 4, N)[:] = cache[g] @ x

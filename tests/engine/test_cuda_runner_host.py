@@ -62,6 +62,8 @@ def test_tc_attention_off_takes_the_cuda_core_prompt_kernel(fake, rng):
 # trial path(s) -> (entry points it launches, entry points it replaces: never launched), the library it needs
 WGMMA_TRIALS = [
     ("wgmma-gemm", {"strata_moe_gemm_ws_q8_0"}, "strata_moe_gemm_q", "moe_gemm_ws"),
+    ("wgmma-gemm-f16x", {"strata_moe_gemm_ws16_q8_0", "strata_gather_rows_f16", "strata_swiglu_rows_f16"},
+     "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-attention", {"strata_attention_prefill_wg_f16_d64"}, "strata_attention_prefill_tc_", "attention_wg"),
     ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_ws_q8_0"},
      "strata_attention_prefill_tc_", "attention_wg"),
@@ -71,8 +73,10 @@ WGMMA_TRIALS = [
 @pytest.mark.parametrize("on,launched,replaced,library", WGMMA_TRIALS)
 def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launched, replaced, library):
     """--kernels-on wgmma-gemm / wgmma-attention: the prompt GEMMs launch cuda/moe_gemm_ws.cu's entry
-    points, prompt attention at Dh 64 cuda/attention_wg.cu's (each the contract of the kernel it
-    replaces, so the same logits here); refused in one line where the install has no such library."""
+    points (wgmma-gemm-f16x: its f16-X ones, X gathered and SwiGLU's output written as f16: the same
+    products, as the GEMMs round X to f16 anyway), prompt attention at Dh 64 cuda/attention_wg.cu's (each
+    the contract of the kernel it replaces, so the same logits here); refused in one line where the
+    install has no such library."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 20)
     base = CudaRunner(pack, 64).prefill(ids, 0)
@@ -83,9 +87,22 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
     assert not [n for n in fake.launches if n.startswith(replaced)]
     kept = {lib: e for lib, e in fake.read_manifest()["kernels"].items() if lib != library}
     monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": kept})
-    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-\w+ \(--kernels-on\): this install has no "
+    with pytest.raises(UnsupportedError, match=r"kernel path wgmma-[\w-]+ \(--kernels-on\): this install has no "
                                                + library):
         CudaRunner(pack, 64, EngineConfig(kernels_on=on))
+
+
+def test_f16x_gemms_with_the_routing_grouped_on_the_host(fake, rng):
+    """wgmma-gemm-f16x where the host groups a chunk's rows (--kernels-off group-on-device): the expert
+    rows gathered and SwiGLU's rows written as f16 there too, and the same logits."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 20)
+    base = CudaRunner(pack, 64, EngineConfig(kernels_off="group-on-device")).prefill(ids, 0)
+    fake.launches.clear()
+    runner = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-f16x", kernels_off="group-on-device"))
+    np.testing.assert_array_equal(runner.prefill(ids, 0), base)
+    assert {"strata_swiglu_f16", "strata_gather_rows_f16", "strata_moe_gemm_ws16_q8_0"} <= set(fake.launches)
+    assert "strata_swiglu_f32" not in fake.launches and "strata_moe_gemm_ws_q8_0" not in fake.launches
 
 
 @pytest.mark.parametrize("graphs", [False, True])

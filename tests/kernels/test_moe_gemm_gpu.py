@@ -30,16 +30,17 @@ def ops():
     return CudaOps()
 
 
-@pytest.fixture(params=["moe_gemm", "moe_gemm_ws"])
+@pytest.fixture(params=["moe_gemm", "moe_gemm_ws", "moe_gemm_ws16"])
 def op(request):
-    """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_ws.cu (wgmma) where it runs."""
-    if request.param == "moe_gemm_ws":
+    """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_ws.cu (wgmma; ws16: X given as
+    f16) where it runs."""
+    if request.param != "moe_gemm":
         import strata.backends.cuda as cuda_backend
         from strata.backends.cuda.kernels import wgmma_unavailable
         ops = request.getfixturevalue("ops")
         why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
         if why:
-            pytest.skip(f"moe_gemm_ws: {why}")
+            pytest.skip(f"{request.param}: {why}")
     return request.param
 
 

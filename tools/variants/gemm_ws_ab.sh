@@ -5,21 +5,21 @@
 # prompt shapes (tools/moe_gemm_ab.py). Build the fatbins here first (nvcc, a minute):
 #   parent:  git archive <parent> cuda | tar -x -C /tmp/parent && nvcc -fatbin -O3 -std=c++17 -arch=sm_90
 #            -I/tmp/parent/cuda -o .whl/moe_gemm_parent.fatbin /tmp/parent/cuda/moe_gemm.cu
-#   arms:    bash tools/variants/make_wgmma.sh (mma, ws), and the trial builds below with nvcc -fatbin
-#            -gencode=arch=compute_90a,code=sm_90a -Icuda -D... cuda/moe_gemm_ws.cu
+#   arms:    bash tools/variants/make_wgmma.sh (mma, ws: the default build, whose ws16 entry points take X
+#            as f16; and the trial builds ws1, wsp, ws_s6: -D... as the table below says)
 # Then on the GPU machine, .whl carried: OUT=... bash tools/variants/gemm_ws_ab.sh [arm ...]
 W=.whl
 OUT=${OUT:-/tmp}
 declare -A A=(
  [mma]="mma:$W/moe_gemm_mma.fatbin:strata_moe_gemm"
  [ws]="ws:$W/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws"                                  # two producer warpgroups
+ [ws16]="ws16:$W/moe_gemm_ws.fatbin:strata_moe_gemm_ws16:ws16"                          # the same, X as f16
  [ws1]="ws1:$W/moe_gemm_ws1.fatbin:strata_moe_gemm_ws:ws:384"                           # -DSTRATA_WS_GEMM_PRODUCERS=1
  [wsp]="wsp:$W/moe_gemm_wsp.fatbin:strata_moe_gemm_ws:ws"                               # -DSTRATA_WS_GEMM_PREFETCH
- [ws16]="ws16:$W/moe_gemm_ws16.fatbin:strata_moe_gemm_ws16:ws16"                        # -DSTRATA_WS_GEMM_X16
- [ws16p]="ws16p:$W/moe_gemm_ws16p.fatbin:strata_moe_gemm_ws16:ws16"                     # X16 and PREFETCH
- [ws16s6]="ws16s6:$W/moe_gemm_ws16_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704")     # X16, STAGES=6
+ [ws16p]="ws16p:$W/moe_gemm_wsp.fatbin:strata_moe_gemm_ws16:ws16"                       # the same, X as f16
+ [ws16s6]="ws16s6:$W/moe_gemm_ws_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704")       # -DSTRATA_WS_GEMM_STAGES=6
 REF="parent:$W/moe_gemm_parent.fatbin:strata_moe_gemm"
-arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws1 wsp ws16 ws16p ws16s6)
+arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws16 ws1 wsp ws16p ws16s6)
 pass=()
 for n in "${arms[@]}"; do
     [ -f "$(echo "${A[$n]}" | cut -d: -f2)" ] || { echo "== $n: no fatbin"; continue; }

@@ -27,6 +27,10 @@ build() {   # build OUT ARCH SRC: SRC cuda/<SRC>.cu
 }
 build moe_gemm_mma "$SM90" moe_gemm &
 build moe_gemm_ws "$SM90A" moe_gemm_ws &
+# moe_gemm_ws.cu's trial builds (tools/variants/gemm_ws_ab.sh's arms)
+nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_PRODUCERS=1 -o .whl/moe_gemm_ws1.fatbin cuda/moe_gemm_ws.cu &
+nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_PREFETCH -o .whl/moe_gemm_wsp.fatbin cuda/moe_gemm_ws.cu &
+nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_STAGES=6 -o .whl/moe_gemm_ws_s6.fatbin cuda/moe_gemm_ws.cu &
 build attention_tc "$SM90" attention_tc &
 build attention_wg "$SM90A" attention_wg &
 build attention_ws "$SM90A" attention_ws &

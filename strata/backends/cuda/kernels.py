@@ -118,6 +118,7 @@ class KernelPaths:
     tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, 256; sm_90a libraries)
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
+    wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
@@ -216,6 +217,8 @@ def _lower(fields: dict) -> dict:
 _K = Kernel
 KERNELS = {
     # op: Kernel(library, entry, signature, block, grid[, over])
+    "gather_rows_f16":  _K("gather_rows", "strata_gather_rows_f16", "PPPiqqq", 256,
+                           "(any, min(R, 65535)): it strides; f32 rows in, f16 rows out"),
     "gather_rows":      _K("gather_rows", "strata_gather_rows_f32", "PPPiqqq", 256,
                            "(min(ceil(n / 1024), 8 per SM), min(rows, 65535)): it strides"),
     "add":              _K("add", "strata_add_f32", "PPPq", 256, "min(ceil(n / 1024), 8 per SM): it strides"),
@@ -296,6 +299,9 @@ KERNELS = {
     "moe_gemv":         _K("moe_gemv", "strata_moe_gemv_{qtype}", "PqPPiPii", 128, "(gemv's, slots)", ALL_QTYPES),
     "swiglu":           _K("swiglu", "strata_swiglu_f32", "PPPiiqqq", 256, "(ceil(I / 256), min(T, 65535))"),
     "swiglu_rows":      _K("swiglu", "strata_swiglu_rows_f32", "PPPPiiiqqq", 256, "(ceil(I / 256), any): it strides"),
+    # the same two writing f16 (out_ld in halves): the down GEMM's X under wgmma-gemm-f16x
+    "swiglu_f16":       _K("swiglu", "strata_swiglu_f16", "PPPiiqqq", 256, "(ceil(I / 256), min(T, 65535))"),
+    "swiglu_rows_f16":  _K("swiglu", "strata_swiglu_rows_f16", "PPPPiiiqqq", 256, "(ceil(I / 256), any): it strides"),
     "moe_combine":      _K("moe_combine", "strata_moe_combine_f32", "PPPPPiii", 256, "(ceil(D / 256), min(T, 65535))"),
     "moe_group":        _K("moe_group", "strata_moe_group", "PiiiPPPPii", 256, "E + 1"),
     "moe_gemm":         _K("moe_gemm", "strata_moe_gemm_{qtype}", "PqPPqPqii", 256, "(ceil(N / 128), tiles)",
@@ -303,6 +309,9 @@ KERNELS = {
     # the same products on Hopper's warpgroup MMA, warp-specialized and persistent, the tile count last; a
     # library built for sm_90a only (WGMMA_LIBRARIES); WS_SHARED_BYTES of dynamic shared memory
     "moe_gemm_ws":      _K("moe_gemm_ws", "strata_moe_gemm_ws_{qtype}", "PqPPqPqiii", 512,
+                           "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid", ALL_QTYPES),
+    # the same with X given as f16 (ldx in halves), copied into the stages (the trial path wgmma-gemm-f16x)
+    "moe_gemm_ws16":    _K("moe_gemm_ws", "strata_moe_gemm_ws16_{qtype}", "PqPPqPqiii", 512,
                            "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid", ALL_QTYPES),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
@@ -336,7 +345,7 @@ del _K
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
 # The trial path each serves (KERNEL_TRIAL_PATHS), its library:
-WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-attention": ("attention_wg", "attention_ws")}
+WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-gemm-f16x": ("moe_gemm_ws",), "wgmma-attention": ("attention_wg", "attention_ws")}
 WGMMA_ARCH = "sm_90a"
 
 

@@ -67,12 +67,13 @@ class GroupTable:
 def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
                  N: int) -> None:
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
-    and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles)."""
+    and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles). X is f16
+    (ldx in halves) where ops.gemm_x16, else f32."""
     if not n_tiles:
         return
     args = (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1])
-    if ops.gemm_op == "moe_gemm_ws":        # persistent blocks over the work items, the tile count last
-        ops.launch("moe_gemm_ws", ws_grid(N, n_tiles, ops.num_sms), (*args, n_tiles), WS_SHARED_BYTES, qtype=w.qtype)
+    if ops.gemm_op in ("moe_gemm_ws", "moe_gemm_ws16"):   # persistent blocks over the work items, the tile count last
+        ops.launch(ops.gemm_op, ws_grid(N, n_tiles, ops.num_sms), (*args, n_tiles), WS_SHARED_BYTES, qtype=w.qtype)
     else:
         ops.launch(ops.gemm_op, grid_for(N, n_tiles), args, qtype=w.qtype)
 
@@ -97,8 +98,9 @@ def _moe_gemv(ops, lay: ExpertLayer, part: str, ids: DeviceTensor, x: int, x_div
                qtype=w.qtype)
 
 
-def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int) -> None:
-    ops.launch("swiglu", (-(-I // 256), min(rows, 65535)),
+def _swiglu(ops, gate: int, up: int, out: int, rows: int, I: int, ld: int, f16: bool = False) -> None:
+    """out [rows, I] = silu(gate) * up; f16: out as f16 (the f16-X prompt GEMMs' input)."""
+    ops.launch("swiglu_f16" if f16 else "swiglu", (-(-I // 256), min(rows, 65535)),
                (gate, up, out, rows, I, ld, ld, I))
 
 
@@ -221,13 +223,18 @@ def _at(blob: int, w: Weight, rows: int | None = None) -> Weight:
     return Weight(blob + w.ptr, w.qtype, (rows or w.rows, w.shape[-1]))
 
 
-def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool):
+def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool, f16: bool = False):
     """The prompt path's buffers: xs [S, D] (row r = x row index[r], rows in expert order), then h
-    [S, I] (SwiGLU out), the gate|up outputs (gu [S, 2I] when fused, else g and u [S, I]), y [S, D]."""
+    [S, I] (SwiGLU out), the gate|up outputs (gu [S, 2I] when fused, else g and u [S, I]), y [S, D].
+    f16: xs and h as f16, the f16-X prompt GEMMs' inputs (ops.gemm_x16), xs rounded by the gather."""
     D = x.shape[1]
-    xs = ops.alloc((S, D))
-    ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D)
-    h = ops.alloc((S, I))
+    xs = ops.alloc((S, D), np.float16 if f16 else np.float32)
+    if f16:
+        ops.launch("gather_rows_f16", (max(1, min(-(-D // 1024), 8 * ops.num_sms)), min(S, 65535)),
+                   (x.ptr, index, xs.ptr, S, D, D, D))
+    else:
+        ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D)
+    h = ops.alloc((S, I), np.float16 if f16 else np.float32)
     gu = ops.alloc((S, 2 * I)) if fused else None
     g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
     return xs, h, gu, g, u, ops.alloc((S, D))
@@ -271,7 +278,9 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     index = ops.upload(np.concatenate([(order // A).astype(np.int32), rows]))   # token of each sorted row | rows
     I = gate.rows
     fused = lay.contiguous_gate_up
-    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, fused)
+    f16 = tc and ops.gemm_x16               # the GEMMs read xs and h as f16 (no per-expert fallback then)
+    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, fused, f16)
+    h_size = h.dtype.itemsize
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
     where = {e: (s0, c) for e, s0, c in zip(experts.tolist(), starts.tolist(), counts.tolist())}
@@ -291,7 +300,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
                 else:
                     ops._gemm_weight(_at(blob, gate), xs.ptr + s0 * D * 4, g.ptr + s0 * I * 4, c, I)
                     ops._gemm_weight(_at(blob, up), xs.ptr + s0 * D * 4, u.ptr + s0 * I * 4, c, I)
-        _swiglu(ops, gate_in + r0 * ld * 4, up_in + r0 * ld * 4, h.ptr + r0 * I * 4, r1 - r0, I, ld)
+        _swiglu(ops, gate_in + r0 * ld * 4, up_in + r0 * ld * 4, h.ptr + r0 * I * h_size, r1 - r0, I, ld, f16)
         if tc:
             grouped_gemm(ops, table.t.ptr, table.tiles_ptr, n, down, h.ptr, I, y.ptr, D, D)
         else:
@@ -319,7 +328,7 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     index, tiles, n = group_on_device(ops, ids, E)
     starts = index.ptr + 8 * S
     I = lay.parts["gate"].rows
-    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, lay.contiguous_gate_up)
+    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, lay.contiguous_gate_up, ops.gemm_x16)
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
@@ -334,7 +343,7 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
             table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
             ops.bytes_h2d += addrs.nbytes
         _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
-        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld)
+        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
         grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)
     if wait is None:
         return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
@@ -342,7 +351,8 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D, wait())
 
 
-def _swiglu_rows(ops, gate: int, up: int, out: int, starts: int, lo: int, hi: int, I: int, ld: int) -> None:
-    """SwiGLU over the sorted rows of experts lo..hi-1, whose bounds only the device knows."""
-    ops.launch("swiglu_rows", (-(-I // 256), 2 * ops.num_sms),
+def _swiglu_rows(ops, gate: int, up: int, out: int, starts: int, lo: int, hi: int, I: int, ld: int,
+                 f16: bool = False) -> None:
+    """SwiGLU over the sorted rows of experts lo..hi-1, whose bounds only the device knows (f16: out as f16)."""
+    ops.launch("swiglu_rows_f16" if f16 else "swiglu_rows", (-(-I // 256), 2 * ops.num_sms),
                (gate, up, out, starts, lo, hi, I, ld, ld, I))

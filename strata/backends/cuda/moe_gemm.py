@@ -77,11 +77,12 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     tests can move a weight to another address; part_offset (a multiple of 16) is passed to the
     kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
     whose device and stream are used (one is made if None). op: the table's "moe_gemm", or
-    "moe_gemm_ws" (cuda/moe_gemm_ws.cu: the same products on wgmma, sm_90 only)."""
+    "moe_gemm_ws" (cuda/moe_gemm_ws.cu: the same products on wgmma, sm_90 only), or "moe_gemm_ws16" (its
+    entry points taking X as f16: X is rounded to f16 here, as the kernels round it)."""
     from strata.backends.cuda.testing import CudaOps
 
-    if op not in ("moe_gemm", "moe_gemm_ws"):
-        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm or moe_gemm_ws")
+    if op not in ("moe_gemm", "moe_gemm_ws", "moe_gemm_ws16"):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm, moe_gemm_ws or moe_gemm_ws16")
     ops = ops or CudaOps()
     rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
@@ -111,8 +112,9 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         Y.fill(np.nan)
         return Y
     y_dev = ops._output(Y.nbytes)
-    args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), ops._upload(X), K, y_dev, N, N, K)
-    if op == "moe_gemm_ws":
+    x_dev = ops._upload(X.astype(np.float16) if op == "moe_gemm_ws16" else X)
+    args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), x_dev, K, y_dev, N, N, K)
+    if op in ("moe_gemm_ws", "moe_gemm_ws16"):
         ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, len(tiles)), WS_SHARED_BYTES,
                     qtype=qtype_name)
     else:

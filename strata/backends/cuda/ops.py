@@ -77,7 +77,9 @@ class DeviceOps(DenseOps, AttentionOps):
                     raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")
         # on by default where it can run (an sm_90 GPU, a build with attention_ws.cu's sm_90a library)
         self.tma_attention = tma_attention_runs(paths, rt.read_manifest(), getattr(device, "compute_capability", None))
-        self.gemm_op = "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm"    # the prompt GEMMs' library op
+        # the prompt GEMMs' kernel op; with moe_gemm_ws16 they read X as f16 (gemm_x16: its producers write f16)
+        self.gemm_op = "moe_gemm_ws16" if paths.wgmma_gemm_f16x else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm"
+        self.gemm_x16 = self.gemm_op == "moe_gemm_ws16"
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
