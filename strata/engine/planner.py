@@ -454,9 +454,9 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
     a, mb = sizes.args, sizes.max_blob
     E, A = a.num_experts, a.num_experts_per_tok
     rates = prompt_cost.DEFAULT_PROMPT_RATES.at(num_sms)
-    if tma_attention:       # the GPU runs tma-attention's kernel (head dim 128 on Hopper)
+    if tma_attention:       # the GPU runs tma-attention's kernels (head dims 128 and 256 on Hopper)
         rates = rates.with_tma_attention()
-    work = prompt_cost.effective_work(prompt_cost.layer_work(sizes), rates)     # once for every candidate
+    work = prompt_cost.effective_work(prompt_cost.layer_work(sizes, tma_attention), rates)  # once for every candidate
     stream_all = memory_model.stream_all_tokens(a)
     weigh = auto_lengths(config.max_context)
     lengths = tuple(sorted(set(weigh) | {min(int(N), config.max_context) for N in show if int(N) > 0}))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..backends.cuda.kernels import TC_ATTENTION_HEAD_DIMS
+from ..backends.cuda.kernels import TC_ATTENTION_HEAD_DIMS, TMA_DEFAULT_HEAD_DIMS
 
 PROMPT_BUS_EFFICIENCY = 0.92      # a ring's copies against the pinned rate (docs/PERF.md: 92% when PCIe-bound)
 AUTO_PROMPTS = (4096, 16384, 32768)   # the prompt lengths --prefill auto weighs (capped at the context)
@@ -100,6 +100,9 @@ DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
 TMA_ATTENTION_SPEEDUP = 2.2
 GDN_CHUNK_TOKENS = 64             # strata.backends.cuda.linear_attn.GDN_CHUNK
 TC_ATTENTION_SLOWDOWN = {256: 285.0 / 169.0}    # a head dim's tensor-core prompt attention against Dh 128's
+# Under tma-attention the Dh-256 build (64-cell tiles) ran 508-632 TFLOP/s at the 80B's shape and the Dh-128
+# build 484-658 at the 30B's (H100, the twenty-fifth and twenty-seventh sessions' kernel A/Bs, 4,096 queries
+# after 0 to 126,976 cells): the same rate, so a TMA plan prices both head dims alike (layer_work).
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,10 @@ class LayerWork:
     gdn_flops: float = 0.0
 
 
-def layer_work(sizes) -> list[LayerWork]:
-    """LayerWork of each main layer of a pack's sizes (strata.engine.planner.PackSizes)."""
+def layer_work(sizes, tma_attention: bool = False) -> list[LayerWork]:
+    """LayerWork of each main layer of a pack's sizes (strata.engine.planner.PackSizes). tma_attention:
+    the GPU runs tma-attention's kernels, whose head dims (TMA_DEFAULT_HEAD_DIMS) all run at the Dh-128
+    rate, so no TC_ATTENTION_SLOWDOWN applies to them."""
     a = sizes.args
     out = []
     for l in range(a.num_hidden_layers):
@@ -128,8 +133,8 @@ def layer_work(sizes) -> list[LayerWork]:
         expert = a.num_experts_per_tok * sum(p["shape"][0] * p["shape"][1] for p in parts.values())
         full = a.is_full_attention(l) if hasattr(a, "is_full_attention") else True
         attention = 2 * a.num_attention_heads * a.head_dim if full else 0
-        if a.head_dim in TC_ATTENTION_HEAD_DIMS:    # priced as Dh-128 work at its measured rate
-            attention *= TC_ATTENTION_SLOWDOWN.get(a.head_dim, 1.0)
+        if a.head_dim in TC_ATTENTION_HEAD_DIMS and not (tma_attention and a.head_dim in TMA_DEFAULT_HEAD_DIMS):
+            attention *= TC_ATTENTION_SLOWDOWN.get(a.head_dim, 1.0)     # priced as Dh-128 work at its measured rate
         gdn = 0.0
         if not full:        # chunks of C: the Gram matrix, its inverse, the state's update and output
             C, Hv = GDN_CHUNK_TOKENS, a.linear_num_value_heads

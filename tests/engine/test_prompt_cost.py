@@ -269,3 +269,22 @@ def test_the_80b_attention_on_tensor_cores():
                  if w.attention_macs else w for w in work]
     assert _80b_tok_s(work, sizes, 16384) > 1.4 * _80b_tok_s(cuda_core, sizes, 16384)
     assert _80b_tok_s(work, sizes, 512) == pytest.approx(_80b_tok_s(cuda_core, sizes, 512), rel=0.02)
+
+
+def test_a_tma_plan_prices_head_dim_256_at_the_dh_128_rate():
+    """Under tma-attention the Dh-256 build ran at the Dh-128 build's rate (508-632 against 484-658 TFLOP/s,
+    H100 kernel A/Bs), so a TMA plan's 80B layers carry their attention unslowed: 1 / TC_ATTENTION_SLOWDOWN
+    of the tensor-core plan's, on the full-attention layers only, and the 16K prompt priced faster."""
+    sizes = plan_sizes(None, "qwen3-next-80b-a3b")[1]
+    tc, tma = layer_work(sizes), layer_work(sizes, tma_attention=True)
+    full = [i for i, w in enumerate(tc) if w.attention_macs]
+    assert full and len(full) < len(tc)                           # the DeltaNet layers have none
+    for i, (a, b) in enumerate(zip(tc, tma)):
+        slow = prompt_cost.TC_ATTENTION_SLOWDOWN[256] if i in full else 1.0
+        assert b.attention_macs == pytest.approx(a.attention_macs / slow)
+        assert (b.dense_macs, b.expert_macs, b.gdn_flops) == (a.dense_macs, a.expert_macs, a.gdn_flops)
+    rates = prompt_cost.DEFAULT_PROMPT_RATES.with_tma_attention()
+    secs = [prompt_cost.effective_work(w, rates) for w in (tc, tma)]
+    assert sum(w.attention_macs for w in secs[1]) < sum(w.attention_macs for w in secs[0])
+    q30 = plan_sizes(None, "qwen3-30b-a3b")[1]                    # Dh 128: nothing to unslow
+    assert [w.attention_macs for w in layer_work(q30, True)] == [w.attention_macs for w in layer_work(q30)]
