@@ -71,7 +71,8 @@ using namespace strata_q;
 
 constexpr int kBM = 128, kBN = 128, kBK = 64;          // token rows, weight rows, k of a stage
 #ifndef STRATA_WS_GEMM_PRODUCERS
-#define STRATA_WS_GEMM_PRODUCERS 2     // producer warpgroups (a build may try 1 or 4)
+#define STRATA_WS_GEMM_PRODUCERS 2     // producer warpgroups, 1 or 2 (four would cap every thread at 80 registers,
+                                       // under what ptxas needs for a consumer's 64 accumulators and wgmma)
 #endif
 constexpr int kProducerGroups = STRATA_WS_GEMM_PRODUCERS;
 constexpr int kConsumers = 256, kProducers = 128 * kProducerGroups, kThreads = kConsumers + kProducers;
@@ -85,14 +86,10 @@ constexpr int kStageBytes = 2 * kTileBytes;            // A (f16 X) then B (f16 
 constexpr unsigned kLbo = 128, kSbo = kKChunks * 128;  // bytes between core matrices along k / along rows
 constexpr int kBarOffset = kStages * kStageBytes;      // full[kStages], empty[kStages]
 constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;
-// Registers: 65536 / kThreads a thread at launch; with four producer warpgroups (768 threads, 80 each) the
-// producers give theirs down to kProducerRegs and the consumers take kConsumerRegs (setmaxnreg).
-constexpr int kProducerRegs = kProducerGroups == 4 ? 48 : 0, kConsumerRegs = kProducerGroups == 4 ? 160 : 0;
-static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "the register file");
 constexpr int kDecodes = 4 / kProducerGroups;          // 16-weight decodes of a producer thread a stage
 constexpr int kXChunks = kKChunks / kProducerGroups;   // and 8-value chunks of X (as many as weight chunks)
 static_assert(kBM == kBN, "a producer thread's row is a token row of X and a weight row alike");
-static_assert(kKChunks == 8 && 4 % kProducerGroups == 0, "a stage row's four 16-weight decodes split evenly");
+static_assert(kKChunks == 8 && (kProducerGroups == 1 || kProducerGroups == 2), "a stage row's four 16-weight decodes split evenly");
 static_assert(kSmemBytes <= 227 * 1024, "a multiprocessor's shared memory");
 
 // 16 bytes at src into shared memory at dst by cp.async, or 16 zeros (nothing read) where !valid.
@@ -123,12 +120,13 @@ __device__ __forceinline__ Item item_at(const unsigned long long* __restrict__ p
     return it;
 }
 
-// Producer thread p of kProducers: tile row p % 128, part q = p / 128 of each stage's row (weights
-// 16 kDecodes q .. + 16 kDecodes - 1 and X chunks kXChunks q .. + kXChunks - 1). Every live item's
-// stages, in order, into the ring.
 // X given as f16 (strata_moe_gemm_ws16_<q>, ldx in halves): copied, not rounded.
 template <class TX>
 constexpr bool kX16 = sizeof(TX) == 2;
+
+// Producer thread p of kProducers: tile row p % 128, part q = p / 128 of each stage's row (weights
+// 16 kDecodes q .. + 16 kDecodes - 1 and X chunks kXChunks q .. + kXChunks - 1). Every live item's
+// stages, in order, into the ring.
 
 template <class B, class TX>
 __device__ __forceinline__ void produce(const unsigned long long* __restrict__ ptrs, long long part_offset,
@@ -246,11 +244,15 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
             const int row = 64 * wg + 16 * warp_in_wg + g + 8 * h;
             if (row >= it.t.z) continue;
             float* y_row = Y + static_cast<long long>(it.t.y + row) * ldy;
+            const bool pairs = (reinterpret_cast<uintptr_t>(y_row) & 7) == 0;  // n is even: 8-byte stores where Y allows
 #pragma unroll
             for (int j = 0; j < kBN / 8; ++j) {
                 const int n = it.n0 + 8 * j + 2 * t;
-                if (n + 1 < N) {
+                if (n + 1 < N && pairs) {
                     *reinterpret_cast<float2*>(y_row + n) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                } else if (n + 1 < N) {
+                    y_row[n] = acc[4 * j + 2 * h];
+                    y_row[n + 1] = acc[4 * j + 2 * h + 1];
                 } else if (n < N) {
                     y_row[n] = acc[4 * j + 2 * h];
                 }
@@ -277,10 +279,8 @@ __device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __res
     __syncthreads();
     const int n_blocks = (N + kBN - 1) / kBN, items = n_blocks * n_tiles;
     if (threadIdx.x >= kConsumers) {
-        if constexpr (kProducerRegs > 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
         produce<B, TX>(ptrs, part_offset, tiles, X, ldx, N, K, items, n_blocks, base, bars, threadIdx.x - kConsumers);
     } else {
-        if constexpr (kProducerRegs > 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
         const int warp = threadIdx.x >> 5;
         consume<kX16<TX>>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
     }
