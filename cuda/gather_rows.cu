@@ -20,49 +20,47 @@
 
 #include <cstdint>
 
-extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f32(
-    const float* __restrict__ src, const int* __restrict__ rows, float* __restrict__ dst, int R, long long n,
-    long long src_ld, long long dst_ld) {
-    const bool vec = n % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 &&
-                     ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
+namespace {
+
+// Four values of a row, moved or rounded to f16.
+__device__ __forceinline__ void put4(float* d, long long c, float4 v) { reinterpret_cast<float4*>(d)[c] = v; }
+__device__ __forceinline__ void put4(__half* d, long long c, float4 v) {
+    const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    reinterpret_cast<uint2*>(d)[c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+__device__ __forceinline__ void put(float* d, long long c, float v) { d[c] = v; }
+__device__ __forceinline__ void put(__half* d, long long c, float v) { d[c] = __float2half_rn(v); }
+
+// vec: n, both leading dimensions multiples of 4, src 16-byte and dst 4 * sizeof(Out)-byte aligned.
+template <class Out>
+__device__ __forceinline__ void gather_rows(const float* __restrict__ src, const int* __restrict__ rows, Out* __restrict__ dst,
+                                            int R, long long n, long long src_ld, long long dst_ld) {
+    const bool vec = n % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(dst) & (4 * sizeof(Out) - 1)) == 0;
     const long long col0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     const long long col_step = static_cast<long long>(gridDim.x) * blockDim.x;
     for (int i = blockIdx.y; i < R; i += gridDim.y) {
         const long long r = rows ? rows[i] : i;
         const float* s = src + r * src_ld;
-        float* d = dst + static_cast<long long>(i) * dst_ld;
+        Out* d = dst + static_cast<long long>(i) * dst_ld;
         if (vec) {
-            const float4* s4 = reinterpret_cast<const float4*>(s);
-            float4* d4 = reinterpret_cast<float4*>(d);
-            for (long long c = col0; c < n / 4; c += col_step) d4[c] = s4[c];
+            for (long long c = col0; c < n / 4; c += col_step) put4(d, c, reinterpret_cast<const float4*>(s)[c]);
         } else {
-            for (long long c = col0; c < n; c += col_step) d[c] = s[c];
+            for (long long c = col0; c < n; c += col_step) put(d, c, s[c]);
         }
     }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f32(
+    const float* __restrict__ src, const int* __restrict__ rows, float* __restrict__ dst, int R, long long n,
+    long long src_ld, long long dst_ld) {
+    gather_rows(src, rows, dst, R, n, src_ld, dst_ld);
 }
 
 extern "C" __global__ void __launch_bounds__(256) strata_gather_rows_f16(
     const float* __restrict__ src, const int* __restrict__ rows, __half* __restrict__ dst, int R, long long n,
     long long src_ld, long long dst_ld) {
-    const bool vec = n % 4 == 0 && src_ld % 4 == 0 && dst_ld % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
-                     (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
-    const long long col0 = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const long long col_step = static_cast<long long>(gridDim.x) * blockDim.x;
-    for (int i = blockIdx.y; i < R; i += gridDim.y) {
-        const long long r = rows ? rows[i] : i;
-        const float* s = src + r * src_ld;
-        __half* d = dst + static_cast<long long>(i) * dst_ld;
-        if (vec) {
-            for (long long c = col0; c < n / 4; c += col_step) {
-                const float4 v = reinterpret_cast<const float4*>(s)[c];
-                const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-                uint2 out;
-                out.x = *reinterpret_cast<const uint32_t*>(&lo);
-                out.y = *reinterpret_cast<const uint32_t*>(&hi);
-                reinterpret_cast<uint2*>(d)[c] = out;
-            }
-        } else {
-            for (long long c = col0; c < n; c += col_step) d[c] = __float2half_rn(s[c]);
-        }
-    }
+    gather_rows(src, rows, dst, R, n, src_ld, dst_ld);
 }
