@@ -18,7 +18,8 @@ import sys
 import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
-from strata.backends.cuda.moe_gemm import BLOCK, WS_BLOCK, WS_SHARED_BYTES, grid_for, tiles_for, ws_grid
+from strata.backends.cuda.kernels import KERNELS
+from strata.backends.cuda.moe_gemm import launch_for, tiles_for
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -60,10 +61,8 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
     y = ops._output(s * N * 4)
     args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
     kernel = ops._kernel(op, qtype=name)
-    grid, block, shared = grid_for(N, len(tiles)), BLOCK, 0
-    if op == "moe_gemm_ws":     # persistent blocks over the work items, the tile count last
-        grid, block, shared = ws_grid(N, len(tiles), ops.device.multiprocessor_count), WS_BLOCK, WS_SHARED_BYTES
-        args = (*args, len(tiles))
+    grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
+    args, block = (*args, *tail), KERNELS[op].block
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []
     for i in range(repeats + 3):

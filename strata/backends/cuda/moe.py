@@ -24,7 +24,7 @@ from .kernels import KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import WS_SHARED_BYTES, grid_for, tiles_for, ws_grid
+from .moe_gemm import launch_for, tiles_for
 from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 from .moe_plan import MoePlan
 
@@ -71,11 +71,8 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
     (ldx in halves) where ops.gemm_x16, else f32."""
     if not n_tiles:
         return
-    args = (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1])
-    if ops.gemm_op in ("moe_gemm_ws", "moe_gemm_ws16"):   # persistent blocks over the work items, the tile count last
-        ops.launch(ops.gemm_op, ws_grid(N, n_tiles, ops.num_sms), (*args, n_tiles), WS_SHARED_BYTES, qtype=w.qtype)
-    else:
-        ops.launch(ops.gemm_op, grid_for(N, n_tiles), args, qtype=w.qtype)
+    grid, tail, shared = launch_for(ops.gemm_op, N, n_tiles, ops.num_sms)
+    ops.launch(ops.gemm_op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared, qtype=w.qtype)
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):
@@ -229,11 +226,7 @@ def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool, 
     f16: xs and h as f16, the f16-X prompt GEMMs' inputs (ops.gemm_x16), xs rounded by the gather."""
     D = x.shape[1]
     xs = ops.alloc((S, D), np.float16 if f16 else np.float32)
-    if f16:
-        ops.launch("gather_rows_f16", (max(1, min(-(-D // 1024), 8 * ops.num_sms)), min(S, 65535)),
-                   (x.ptr, index, xs.ptr, S, D, D, D))
-    else:
-        ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D)
+    ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D, f16)
     h = ops.alloc((S, I), np.float16 if f16 else np.float32)
     gu = ops.alloc((S, 2 * I)) if fused else None
     g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))

@@ -61,10 +61,21 @@ WS_BLOCK = 512              # two consumer warpgroups and two producer ones (kTh
 WS_SHARED_BYTES = 4 * 32768 + 64    # four 32 KB stages and their eight mbarriers (kSmemBytes): an opt-in size
 
 
+WS_OPS = ("moe_gemm_ws", "moe_gemm_ws16")     # its two entry families (X as f32, as f16)
+
+
 def ws_grid(N: int, n_tiles: int, num_sms: int) -> int:
     """Blocks of a strata_moe_gemm_ws launch: one a multiprocessor, fewer when there are fewer work
     items (ceil(N / BN) x n_tiles); each block strides over the items."""
     return max(1, min(-(-N // BN) * n_tiles, num_sms))
+
+
+def launch_for(op: str, N: int, n_tiles: int, num_sms: int) -> tuple:
+    """(grid, arguments after the contract's nine, dynamic shared bytes) of a launch of kernel op
+    (moe_gemm, or one of WS_OPS: persistent blocks, the tile count last, an opt-in shared size)."""
+    if op in WS_OPS:
+        return ws_grid(N, n_tiles, num_sms), (n_tiles,), WS_SHARED_BYTES
+    return grid_for(N, n_tiles), (), 0
 
 
 def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offsets=None, part_offset: int = 0,
@@ -81,8 +92,8 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     entry points taking X as f16: X is rounded to f16 here, as the kernels round it)."""
     from strata.backends.cuda.testing import CudaOps
 
-    if op not in ("moe_gemm", "moe_gemm_ws", "moe_gemm_ws16"):
-        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm, moe_gemm_ws or moe_gemm_ws16")
+    if op not in ("moe_gemm", *WS_OPS):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm, {' or '.join(WS_OPS)}")
     ops = ops or CudaOps()
     rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
@@ -114,11 +125,8 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     y_dev = ops._output(Y.nbytes)
     x_dev = ops._upload(X.astype(np.float16) if op == "moe_gemm_ws16" else X)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), x_dev, K, y_dev, N, N, K)
-    if op in ("moe_gemm_ws", "moe_gemm_ws16"):
-        ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, len(tiles)), WS_SHARED_BYTES,
-                    qtype=qtype_name)
-    else:
-        ops._launch(op, grid_for(N, len(tiles)), args, qtype=qtype_name)
+    grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
+    ops._launch(op, grid, (*args, *tail), shared, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y

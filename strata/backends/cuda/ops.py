@@ -132,10 +132,12 @@ class DeviceOps(DenseOps, AttentionOps):
         self._copy_rows(x.ptr, 0, out.ptr, 1, x.nbytes // 4, 0, 0)
         return out
 
-    def _copy_rows(self, src: int, rows: int, dst: int, R: int, n: int, src_ld: int, dst_ld: int) -> None:
-        """dst row i = src row rows[i] (rows a device int32 pointer, or 0 for i), n 4-byte elements each."""
+    def _copy_rows(self, src: int, rows: int, dst: int, R: int, n: int, src_ld: int, dst_ld: int,
+                   f16: bool = False) -> None:
+        """dst row i = src row rows[i] (rows a device int32 pointer, or 0 for i), n f32 elements each;
+        f16: dst rounded to f16 (dst_ld in halves)."""
         grid = (max(1, min(-(-n // 1024), 8 * self.num_sms)), min(R, 65535))
-        self.launch("gather_rows", grid, (src, rows, dst, R, n, src_ld, dst_ld))
+        self.launch("gather_rows_f16" if f16 else "gather_rows", grid, (src, rows, dst, R, n, src_ld, dst_ld))
 
     def _aligned(self, x: DeviceTensor) -> DeviceTensor:
         """x itself, or a copy when a row slice left it off the 16-byte alignment the kernels read with."""

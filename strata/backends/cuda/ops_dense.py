@@ -110,8 +110,7 @@ class DenseOps:
             table = GroupTable(self, 1, T)
             if self.gemm_x16:           # the f16-X GEMM: x rounded to f16 once, by a pass of its own
                 x16 = self.alloc((T, n), np.float16)
-                self.launch("gather_rows_f16", (max(1, min(-(-n // 1024), 8 * self.num_sms)), min(T, 65535)),
-                            (x, 0, x16.ptr, T, n, n, n))
+                self._copy_rows(x, 0, x16.ptr, T, n, n, n, f16=True)
                 x = x16.ptr
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
                          x, n, y, ldc, rows)
