@@ -93,10 +93,10 @@ static_assert(kKChunks == 8 && (kProducerGroups == 1 || kProducerGroups == 2), "
 static_assert(kSmemBytes <= 227 * 1024, "a multiprocessor's shared memory");
 
 // 16 bytes at src into shared memory at dst by cp.async, or 16 zeros (nothing read) where !valid.
-[[maybe_unused]] __device__ __forceinline__ void copy16_async(unsigned dst, const void* src, bool valid) {
+__device__ __forceinline__ void copy16_async(unsigned dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-[[maybe_unused]] __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // The 16-byte chunk (halves 8 kc .. 8 kc + 7 of row r) of a stage's operand, in 16-byte units.
 __device__ __forceinline__ int chunk(int r, int kc) { return ((r >> 3) * kKChunks + kc) * 8 + (r & 7); }
