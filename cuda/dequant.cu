@@ -11,9 +11,22 @@
 // no FMA contraction; f16 -> f32 exact). Each thread writes two float4, so a warp's stores are
 // 1 KiB contiguous.
 //
+// strata_dequant_h_<qtype>(blocks, out, n_blocks): the same, each weight rounded to f16 (round to
+//   nearest even; out of __half, 16-byte aligned): the prompt GEMM's operand (cuda/moe_gemm_ws.cu's
+//   strata_moe_gemm_ws16_f16 over a chunk's dequantized weights), the very f16 values that
+//   gemm_wide.cuh's decoders give the fused GEMMs.
+//
+// strata_dequant_h_groups_<qtype>(ptrs, part_offset, n_blocks, out, out_stride)
+//   The f16 rows of one matrix in each of many blobs (a layer's experts): matrix g starts at
+//   ptrs[g] + part_offset (n_blocks blocks, 16-byte aligned) and goes to out + g * out_stride
+//   halves (16-byte aligned); a group whose ptrs[g] is 0 is skipped (its rows keep what they held).
+//   Grid (x, groups): x blocks stride over each group's weights. Block types only.
+//
 // Launch: block = (256, 1, 1) is what the binding uses (any multiple of 32 is correct), grid =
 // any size: threads stride over the work, so a grid capped below n_blocks * block_size / 8 / 256
 // is still complete. No shared memory.
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -23,8 +36,26 @@ namespace {
 
 using namespace strata_q;
 
-template <class B>
-__device__ __forceinline__ void dequant_blocks(const uint8_t* __restrict__ blocks, float* __restrict__ out,
+// Eight weights to out (f32: two float4; f16: one 16-byte store of eight halves).
+__device__ __forceinline__ void store8(float* out, const float* v) {
+    float4* o = reinterpret_cast<float4*>(out);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__half* out, const float* v) {
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __half2 p = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        h[i] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+    *reinterpret_cast<uint4*>(out) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+__device__ __forceinline__ void store1(float* out, float v) { *out = v; }
+__device__ __forceinline__ void store1(__half* out, float v) { *out = __float2half_rn(v); }
+
+template <class B, class TOut>
+__device__ __forceinline__ void dequant_blocks(const uint8_t* __restrict__ blocks, TOut* __restrict__ out,
                                                long long n_blocks) {
     constexpr int kChunks = B::kWeights / 8;
     const long long total = n_blocks * kChunks;
@@ -34,19 +65,26 @@ __device__ __forceinline__ void dequant_blocks(const uint8_t* __restrict__ block
         const int j = static_cast<int>(t - b * kChunks);
         float v[8];
         B::decode8(blocks + b * B::kBytes, j, v);
-        float4* o = reinterpret_cast<float4*>(out + t * 8);
-        o[0] = make_float4(v[0], v[1], v[2], v[3]);
-        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        store8(out + t * 8, v);
     }
 }
 
+template <class B>
+__device__ __forceinline__ void dequant_h_groups(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                                 long long n_blocks, __half* __restrict__ out, long long out_stride) {
+    const unsigned long long base = ptrs[blockIdx.y];
+    if (base == 0) return;
+    const uint8_t* blocks = reinterpret_cast<const uint8_t*>(base + part_offset);
+    dequant_blocks<B>(blocks, out + blockIdx.y * out_stride, n_blocks);
+}
+
 // Float types element by element: every shape works, whatever its alignment beyond the natural.
-template <class Elem>
-__device__ __forceinline__ void dequant_elements(const uint8_t* __restrict__ data, float* __restrict__ out,
+template <class Elem, class TOut>
+__device__ __forceinline__ void dequant_elements(const uint8_t* __restrict__ data, TOut* __restrict__ out,
                                                  long long n) {
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = Elem::value(Elem::load(data + i * Elem::kBytes));
+        store1(out + i, Elem::value(Elem::load(data + i * Elem::kBytes)));
 }
 
 }  // namespace
@@ -54,6 +92,13 @@ __device__ __forceinline__ void dequant_elements(const uint8_t* __restrict__ dat
 #define STRATA_DEQUANT(name, Block)                                                                    \
     extern "C" __global__ void strata_dequant_##name(const uint8_t* blocks, float* out, long long n_blocks) { \
         dequant_blocks<Block>(blocks, out, n_blocks);                                                  \
+    }                                                                                                  \
+    extern "C" __global__ void strata_dequant_h_##name(const uint8_t* blocks, __half* out, long long n_blocks) { \
+        dequant_blocks<Block>(blocks, out, n_blocks);                                                  \
+    }                                                                                                  \
+    extern "C" __global__ void strata_dequant_h_groups_##name(const unsigned long long* ptrs, long long part_offset, \
+                                                              long long n_blocks, __half* out, long long out_stride) { \
+        dequant_h_groups<Block>(ptrs, part_offset, n_blocks, out, out_stride);                         \
     }
 
 STRATA_DEQUANT(q4_0, BlockQ4_0)
@@ -71,6 +116,9 @@ STRATA_DEQUANT(iq4_xs, BlockIQ4_XS)
 
 #define STRATA_DEQUANT_FLOAT(name, Elem)                                                               \
     extern "C" __global__ void strata_dequant_##name(const uint8_t* blocks, float* out, long long n_blocks) { \
+        dequant_elements<Elem>(blocks, out, n_blocks);                                                 \
+    }                                                                                                  \
+    extern "C" __global__ void strata_dequant_h_##name(const uint8_t* blocks, __half* out, long long n_blocks) { \
         dequant_elements<Elem>(blocks, out, n_blocks);                                                 \
     }
 

@@ -57,6 +57,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "quant_blocks.cuh"
 
@@ -123,6 +124,11 @@ __device__ __forceinline__ Item item_at(const unsigned long long* __restrict__ p
 // X given as f16 (strata_moe_gemm_ws16_<q>, ldx in halves): copied, not rounded.
 template <class TX>
 constexpr bool kX16 = sizeof(TX) == 2;
+// And f16 weights beside f16 X (strata_moe_gemm_ws16_f16): both operands copied by cp.async, nothing
+// decoded (the weights of a prompt chunk dequantized once into f16 rows, then multiplied at the rate
+// the tensor cores and cp.async allow).
+template <class B, class TX>
+constexpr bool kWCopy = kX16<TX> && std::is_same_v<B, BlockF16x8>;
 
 // Producer thread p of kProducers: tile row p % 128, part q = p / 128 of each stage's row (weights
 // 16 kDecodes q .. + 16 kDecodes - 1 and X chunks kXChunks q .. + kXChunks - 1). Every live item's
@@ -163,7 +169,19 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
                     copy16_async(a_base + static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u, x_row + min(k, K - 8),
                                x_valid && k < K);
                 }
+                if constexpr (kWCopy<B, TX>) {   // f16 weight rows (16-byte aligned, K a multiple of 8)
+#pragma unroll
+                    for (int c = 0; c < kXChunks; ++c) {
+                        const int kc = kXChunks * q + c, k = k0 + 8 * kc;
+                        copy16_async(b_base + static_cast<unsigned>(chunk(r, kc)) * 16u,
+                                     w_row + 2ll * min(k, K - 8), k < K);
+                    }
+                }
                 cp_async_arrive_noinc(full_bar(bars, st));
+                if constexpr (kWCopy<B, TX>) {
+                    mbar_arrive(full_bar(bars, st));
+                    continue;
+                }
             }
 #pragma unroll
             for (int j = 0; j < kDecodes; ++j) {

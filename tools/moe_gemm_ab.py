@@ -22,6 +22,11 @@ tile count as a tenth argument.
 2. Times, the Qwen3-30B-A3B prompt shapes of tools/moe_gemm_bench.py at --tokens: CUDA-event medians
    of --repeats launches per arm, TFLOP/s and the weights' read rate.
 
+3. With --retype TYPE, each shape timed again with TYPE weights (F16: the chunk's weights dequantized
+   once, then multiplied as f16 rows; a ws16 arm's strata_moe_gemm_ws16_f16 copies both operands by
+   cp.async). With --dequant FATBIN (cuda/dequant.cu's build), each shape's dequantization to f16
+   rows (strata_dequant_h_<type> over all its groups' weights) timed too: the price of that path.
+
 Exit status 1 when an arm fails a check (its times are still printed: a failed layout still times).
 """
 from __future__ import annotations
@@ -144,6 +149,29 @@ def time_shape(dev, arms, rng, qtype, N, K, rows, repeats) -> dict:
     return {"qtype": qtype, "N": N, "K": K, "groups": len(rows), "rows": s, "arms": out}
 
 
+def time_dequant(dev, mod, qtype, N, K, groups, repeats) -> float:
+    """Median ms of cuda/dequant.cu's strata_dequant_h_<qtype> over `groups` matrices of N x K
+    (contiguous: one launch, as a chunk's dequantization of its experts would be, on ops._dequant's
+    grid), after checking its first matrix against f16(strata.quant's dequantize) bit for bit
+    (RuntimeError where it differs)."""
+    qt = QTYPES[qtype]
+    n_blocks = groups * N * K // qt.block_size
+    one = random_qtensor_bytes(qtype, (N, K), np.random.default_rng(2))
+    src = dev.upload(np.resize(one, groups * one.size))
+    out = dev.upload(np.zeros(groups * N * K // 2, np.float32))        # f16 halves
+    fn = dev.function(mod, f"strata_dequant_h_{qtype.lower()}")
+    units = n_blocks * max(qt.block_size // 8, 1)
+    grid = max(1, min(-(-units // 256), 32 * dev.num_sms()))
+    run = lambda: dev.launch(fn, grid, 256, [("P", src.data_ptr()), ("P", out.data_ptr()), ("q", n_blocks)])  # noqa: E731
+    run()
+    got = dev.download(out).view(np.uint16)[:N * K]
+    want = dequantize(qtype, one, (N, K)).astype(np.float16).reshape(-1).view(np.uint16)
+    if not np.array_equal(got, want):
+        raise RuntimeError(f"strata_dequant_h_{qtype.lower()}: {int(np.sum(got != want))} of {N * K} halves "
+                           "differ from f16(dequantize)")
+    return round(float(np.median(dev.time_ms(run, repeats))), 4)
+
+
 def run_checks(arms, rng) -> dict:
     """{arm: {qtype: judge's dict + equal_to_first}} over every type."""
     report = {a.name: {} for a in arms}
@@ -176,6 +204,8 @@ def main(argv=None, make_driver=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", metavar="TEXT", help="time only shapes whose label or type contains TEXT")
     ap.add_argument("--no-times", action="store_true", help="checks only")
+    ap.add_argument("--retype", metavar="TYPE", help="time each shape again with TYPE weights (e.g. F16)")
+    ap.add_argument("--dequant", metavar="FATBIN", help="time each shape's dequantization to f16 (cuda/dequant.cu)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if make_driver is None:
@@ -198,13 +228,18 @@ def main(argv=None, make_driver=None) -> int:
         names = [a.name for a in arms]
         print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'rows':>6} "
               + "".join(f"{n + ' ms':>12}{'TF/s':>7}" for n in names))
+        dq = dev.module(args.dequant) if args.dequant else None
         for label, qtype, N, K, rows in shapes(args.tokens, np.random.default_rng(1)):
             if args.only and args.only not in f"{label} {qtype}":
                 continue
-            t = {"shape": label, **time_shape(dev, arms, rng, qtype, N, K, rows, args.repeats)}
-            report["times"].append(t)
-            print(f"{label:<16} {qtype:<5} {N:>7} {K:>5} {t['rows']:>6} "
-                  + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names), flush=True)
+            for qt in [qtype] + ([args.retype] if args.retype and args.retype != qtype else []):
+                t = {"shape": label, **time_shape(dev, arms, rng, qt, N, K, rows, args.repeats)}
+                if dq is not None and qt == qtype:
+                    t["dequant_ms"] = time_dequant(dev, dq, qtype, N, K, len(rows), args.repeats)
+                report["times"].append(t)
+                print(f"{label:<16} {qt:<5} {N:>7} {K:>5} {t['rows']:>6} "
+                      + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names)
+                      + (f"   dequant {t['dequant_ms']:.3f} ms" if "dequant_ms" in t else ""), flush=True)
     return finish(report, ok, args.json)
 
 

@@ -20,6 +20,17 @@ class GemmDriver(HostDriver):
     def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
         kinds = "".join(k for k, _ in args)
+        if name.startswith("strata_dequant_h_"):     # cuda/dequant.cu's f16 rows (wrong in "noisy" modules)
+            assert kinds == "PPq" and block == 256
+            qt = next(QTYPES[q] for q in QTYPE_NAMES if name.endswith("_" + q.lower()))
+            src, dst, n_blocks = vals
+            n = n_blocks * qt.block_size
+            h = dequantize(qt.name, self._bytes_at(src, n_blocks * qt.type_size), (n,)).astype(np.float16)
+            if "noisy" in path:
+                h[0] = -h[0] if h[0] != 0 else np.float16(1)
+            self._tensor(dst).reshape(-1).view(np.float16)[:n] = h
+            self.launches.append((path, qt.name))
+            return
         qtype = next(q for q in QTYPE_NAMES if name.endswith("_" + q.lower()))
         if "_ws" in name:       # cuda/moe_gemm_ws.cu: persistent blocks, the tile count as a tenth argument
             assert kinds == "PqPPqPqiii" and block == WS_BLOCK and shared == WS_SHARED_BYTES
@@ -89,3 +100,21 @@ def test_check_case_has_an_uncovered_row_and_a_null_group(name):
         covered[s0:s0 + rows] = True
     assert (~covered).sum() == 1 and ranges[-1][0] == 3
     assert X.shape[1] % max(QTYPES[name].block_size, 8) == 0
+
+
+def test_retype_and_dequant_times(tmp_path):
+    """--retype times each shape again with F16 weights (a ws16 arm's both-operands-copied build);
+    --dequant checks strata_dequant_h_<type> against f16(dequantize) and times it; a wrong dequant
+    build stops the run."""
+    tool = load_tool("moe_gemm_ab")
+    dev = GemmDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "ws16:d.fatbin:strata_moe_gemm_ws16:ws16",
+            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--retype", "F16", "--dequant", "dq.fatbin",
+            "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 0
+    q8, f16 = json.loads(out.read_text())["times"]
+    assert (q8["qtype"], f16["qtype"]) == ("Q8_0", "F16") and q8["dequant_ms"] == 1.0 and "dequant_ms" not in f16
+    assert {("d.fatbin", "F16"), ("dq.fatbin", "Q8_0")} <= set(dev.launches)
+    with pytest.raises(RuntimeError, match="strata_dequant_h_q8_0: .* differ"):
+        tool.main(argv[:-2] + ["--dequant", "noisy.fatbin"], make_driver=GemmDriver)

@@ -6,7 +6,7 @@
 #   parent:  git archive <parent> cuda | tar -x -C /tmp/parent && nvcc -fatbin -O3 -std=c++17 -arch=sm_90
 #            -I/tmp/parent/cuda -o .whl/moe_gemm_parent.fatbin /tmp/parent/cuda/moe_gemm.cu
 #   arms:    bash tools/variants/make_wgmma.sh (mma, ws: the default build, whose ws16 entry points take X
-#            as f16; and the trial builds ws1, wsp, ws_s6: -D... as the table below says)
+#            as f16; and the trial builds ws1, wsp, ws_s6: -D... as the table below says; and dequant.fatbin)
 # Then on the GPU machine, .whl carried: OUT=... bash tools/variants/gemm_ws_ab.sh [arm ...]
 W=.whl
 OUT=${OUT:-/tmp}
@@ -33,4 +33,7 @@ for n in "${arms[@]}"; do
     grep "equal to parent" "$OUT/check_$n.log" | grep -v "100.0%" | grep -v "^ *parent" | head -3
 done
 echo "== times"
-timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" --json "$OUT/times.json" 2>&1 | grep -v " ok " | tail -12
+# each shape again with f16 weights (dequantized once: the ws16 arms copy both operands by cp.async), and the
+# price of that dequantization (cuda/dequant.cu's strata_dequant_h_<type>, checked against f16(dequantize))
+dq=(); [ -f $W/dequant.fatbin ] && dq=(--retype F16 --dequant $W/dequant.fatbin)
+timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" "${dq[@]}" --json "$OUT/times.json" 2>&1 | grep -v " ok " | tail -18
