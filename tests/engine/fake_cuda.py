@@ -467,7 +467,8 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
+                       "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
                 return _EMULATE[prefix](base[len(prefix) + 1:].upper(), _dims(grid), *args)
@@ -524,6 +525,25 @@ def _dequant(q, grid, blocks, out, n_blocks):
     qt = qtype(q)
     n = n_blocks * qt.block_size
     view(out, n)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
+
+
+def _dequant_h(q, grid, blocks, out, n_blocks):
+    """strata_dequant_h_<q>: _dequant's weights rounded to f16."""
+    _aligned("dequant_h", blocks, out)
+    qt = qtype(q)
+    n = n_blocks * qt.block_size
+    view(out, n, np.float16)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
+
+
+def _dequant_h_groups(q, grid, ptrs, part_offset, n_blocks, out, out_stride):
+    """strata_dequant_h_groups_<q>: grid (x, G); group g's matrix at ptrs[g] + part_offset to out +
+    g * out_stride halves, groups of address 0 skipped."""
+    G = grid[1]
+    _aligned("dequant_h_groups", ptrs, out)
+    assert out_stride % 8 == 0 and out_stride >= n_blocks * qtype(q).block_size
+    for g, addr in enumerate(view(ptrs, G, np.uint64).tolist()):
+        if addr:
+            _dequant_h(q, grid, int(addr) + part_offset, out + 2 * g * out_stride, n_blocks)
 
 
 def _embed(q, grid, table, ids, out, T, n):
@@ -807,7 +827,7 @@ _EMULATE = {
     "attention_decode_q4_0": lambda grid, *a, dh: _attention_decode_q("q4_0", grid, *a, dh=dh),
     "attention_decode_k8v4": lambda grid, *a, dh: _attention_decode_q("k8v4", grid, *a, dh=dh),
     "gemv": _gemv, "gemv_split": _gemv, "gemv_batch": _gemv_batch, "gemv_rows": _gemv_rows,
-    "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "embed": _embed,
+    "gemv_rows_split": _gemv_rows, "moe_gemv": _moe_gemv, "dequant": _dequant, "dequant_h": _dequant_h, "dequant_h_groups": _dequant_h_groups, "embed": _embed,
     "rms_norm_f32": _rms_norm, "gather_rows_f32": _gather_rows, "add_f32": _add, "gemm_f32_nt": _gemm,
     "rope_f32": _rope, "kv_append_f16": _kv_append, "kv_ring_append": _kv_ring_append, "attention_prefill_f16": _attention_prefill, "attention_prefill_tc_f16": _attention_prefill,
     "attention_prefill_wg_f16": _attention_prefill, "attention_prefill_ws128_f16": _attention_prefill,

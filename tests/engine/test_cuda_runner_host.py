@@ -64,6 +64,7 @@ WGMMA_TRIALS = [
     ("wgmma-gemm", {"strata_moe_gemm_ws_q8_0"}, "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-gemm-f16x", {"strata_moe_gemm_ws16_q8_0", "strata_gather_rows_f16", "strata_swiglu_rows_f16"},
      "strata_moe_gemm_q", "moe_gemm_ws"),
+    ("wgmma-gemm-dq", {"strata_moe_gemm_ws16_q8_0", "strata_gather_rows_f16"}, "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-attention", {"strata_attention_prefill_wg_f16_d64"}, "strata_attention_prefill_tc_", "attention_wg"),
     ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_ws_q8_0"},
      "strata_attention_prefill_tc_", "attention_wg"),
@@ -90,6 +91,28 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
     with pytest.raises(UnsupportedError, match=r"kernel path wgmma-[\w-]+ \(--kernels-on\): this install has no "
                                                + library):
         CudaRunner(pack, 64, EngineConfig(kernels_on=on))
+
+
+def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypatch):
+    """wgmma-gemm-dq: where a chunk has DQ_MIN_ROWS rows an expert (lowered here for the demo model's
+    20 tokens), every expert of a layer is dequantized to f16 rows in one launch a matrix and the
+    f16-X GEMMs run over them (moe_gemm_ws16_f16), the dense projections likewise: the same f16
+    operands as the decoding GEMMs', so the same logits; under the threshold, the decoding GEMMs."""
+    import strata.backends.cuda.moe as moe
+    import strata.backends.cuda.ops_dense as ops_dense
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 20)
+    base = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-f16x")).prefill(ids, 0)
+    fake.launches.clear()
+    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
+    assert not [n for n in fake.launches if n.startswith("strata_dequant_h")]
+    assert "strata_moe_gemm_ws16_q8_0" in fake.launches
+    for module in (moe, ops_dense):
+        monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
+    fake.launches.clear()
+    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
+    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_ws16_f16"} <= set(fake.launches)
+    assert "strata_moe_gemm_ws16_q8_0" not in fake.launches
 
 
 def test_f16x_gemms_with_the_routing_grouped_on_the_host(fake, rng):

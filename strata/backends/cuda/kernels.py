@@ -119,6 +119,7 @@ class KernelPaths:
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
+    wgmma_gemm_dq: bool = False      # on trial: a chunk's weights dequantized to f16 once, both operands copied (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
@@ -154,6 +155,8 @@ def _each(**axes) -> tuple:
 
 # The entry-name fields the host asks for; tests expand every table entry over them.
 ALL_QTYPES = _each(qtype=EMBED_QTYPES)                    # every type strata.quant reads
+# Block types (cuda/dequant.cu's strata_dequant_h_groups_*: the float types are elements, not blocks)
+DQ_GROUP_QTYPES = tuple(q for q in EMBED_QTYPES if q not in ("F32", "F16", "BF16"))
 # The types of one 32-weight block a unit (cuda/gemv_rows.cuh's Stageable): the one-row-a-warp GEMVs'
 ONE_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
 
@@ -224,6 +227,12 @@ KERNELS = {
     "add":              _K("add", "strata_add_f32", "PPPq", 256, "min(ceil(n / 1024), 8 per SM): it strides"),
     "dequant":          _K("dequant", "strata_dequant_{qtype}", "PPq", 256, "ceil(units / 256), capped: it strides",
                            ALL_QTYPES),
+    # the same, rounded to f16 (out of halves): the dequantize-then-f16 prompt GEMMs (wgmma-gemm-dq)
+    "dequant_h":        _K("dequant", "strata_dequant_h_{qtype}", "PPq", 256, "ceil(units / 256), capped: it strides",
+                           ALL_QTYPES),
+    # one matrix of each of a layer's expert blobs (ptrs [G], a part's offset) to out + g * out_stride halves
+    "dequant_h_groups": _K("dequant", "strata_dequant_h_groups_{qtype}", "PqqPq", 256,
+                           "(x, G): x blocks stride over a group's weights", _each(qtype=DQ_GROUP_QTYPES)),
     "embed":            _K("embed", "strata_embed_{qtype}", "PPPii", 256, "T: a block per token", ALL_QTYPES),
     "rms_norm":         _K("rms_norm", "strata_rms_norm_f32", "PPPiif", RMS_NORM_BLOCK, "rows: a block per row"),
     "gemv":             _K("gemv", "strata_gemv_{qtype}", "PPPii", 128, "ceil(rows / rows per block)", ALL_QTYPES),
@@ -345,7 +354,8 @@ del _K
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
 # The trial path each serves (KERNEL_TRIAL_PATHS), its library:
-WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-gemm-f16x": ("moe_gemm_ws",), "wgmma-attention": ("attention_wg", "attention_ws")}
+WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-gemm-f16x": ("moe_gemm_ws",), "wgmma-gemm-dq": ("moe_gemm_ws",),
+                   "wgmma-attention": ("attention_wg", "attention_ws")}
 WGMMA_ARCH = "sm_90a"
 
 

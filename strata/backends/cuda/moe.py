@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .kernels import KERNELS
+from .kernels import DQ_GROUP_QTYPES, KERNELS
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
@@ -306,6 +306,38 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D, wait())
 
 
+# wgmma-gemm-dq: a layer's resident experts are dequantized to f16 rows once per chunk where the chunk
+# gives them DQ_MIN_ROWS rows each on average (the dequantization costs as much as about 100 rows' products
+# through the decoding GEMM; measured in tools/moe_gemm_ab.py --retype F16 --dequant), and a dense
+# projection where the chunk has DQ_MIN_ROWS tokens.
+DQ_MIN_ROWS = 128
+
+
+def dq_experts(ops, lay: ExpertLayer, S: int, E: int, resident: bool) -> bool:
+    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq): every
+    expert resident (one address table), gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
+    parts = [lay.parts[n] for n in ("gate", "up", "down")]
+    return (ops.gemm_dq and resident and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E
+            and all(p.qtype in DQ_GROUP_QTYPES for p in parts))
+
+
+def _dequantized_experts(ops, lay: ExpertLayer, table: int, E: int):
+    """The layer's experts (blob addresses at `table`, [E] uint64 on the device) as f16 rows: (address
+    table, gate|up Weight, down Weight) over two scratch blocks, gate|up [E, 2I, D] and down [E, D, I]."""
+    gate, down = lay.parts["gate"], lay.parts["down"]
+    I, D = gate.rows, gate.shape[-1]
+    gu16, d16 = ops.alloc((E, 2 * I, D), np.float16), ops.alloc((E, D, I), np.float16)
+    for part, rows, n, out in ((gate, 2 * I, D, gu16), (down, D, I, d16)):
+        n_blocks = rows * n // qtype_of(part.qtype).block_size
+        units = n_blocks * max(qtype_of(part.qtype).block_size // 8, 1)
+        grid = (max(1, min(-(-units // 256), 4 * ops.num_sms)), E)
+        ops.launch("dequant_h_groups", grid, (table, part.ptr, n_blocks, out.ptr, rows * n), qtype=part.qtype)
+    addrs = np.concatenate([gu16.ptr + np.arange(E, dtype=np.uint64) * np.uint64(2 * I * D * 2),
+                            d16.ptr + np.arange(E, dtype=np.uint64) * np.uint64(D * I * 2)])
+    ptrs = ops.upload(addrs)
+    return ptrs, (gu16, d16), Weight(0, "F16", (2 * I, D)), Weight(0, "F16", (D, I))
+
+
 def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
                            weights: DeviceTensor, plan: MoePlan, ids_host: np.ndarray | None = None,
                            on_host=(), wait=None) -> DeviceTensor:
@@ -325,6 +357,7 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
+    dq = dq_experts(ops, lay, S, E, plan.resident)
     for batch, blobs in plan.batches(lay.layer, [e for e in range(E) if e not in on_host]):
         if not batch:                           # every expert of the layer on the host
             continue
@@ -335,6 +368,13 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
             addrs[batch] = blobs
             table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
             ops.bytes_h2d += addrs.nbytes
+        if dq:      # every expert's weights as f16 rows first, then both GEMMs over them (one batch: resident)
+            ptrs, keep, w_gu, w_down = _dequantized_experts(ops, lay, table.ptr, E)
+            grouped_gemm(ops, ptrs.ptr, tiles.ptr, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
+            _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
+            grouped_gemm(ops, ptrs.ptr + 8 * E, tiles.ptr, n, w_down, h.ptr, I, y.ptr, D, D)
+            del keep, ptrs              # back to the pool; the stream orders later users after these launches
+            continue
         _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
         _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
         grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)

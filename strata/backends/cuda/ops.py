@@ -78,8 +78,10 @@ class DeviceOps(DenseOps, AttentionOps):
         # on by default where it can run (an sm_90 GPU, a build with attention_ws.cu's sm_90a library)
         self.tma_attention = tma_attention_runs(paths, rt.read_manifest(), getattr(device, "compute_capability", None))
         # the prompt GEMMs' kernel op; with moe_gemm_ws16 they read X as f16 (gemm_x16: its producers write f16)
-        self.gemm_op = "moe_gemm_ws16" if paths.wgmma_gemm_f16x else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm"
+        self.gemm_op = ("moe_gemm_ws16" if paths.wgmma_gemm_f16x or paths.wgmma_gemm_dq
+                        else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm")
         self.gemm_x16 = self.gemm_op == "moe_gemm_ws16"
+        self.gemm_dq = paths.wgmma_gemm_dq   # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS)
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}

@@ -7,9 +7,9 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
+from .kernels import DQ_GROUP_QTYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
 from .memory import STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
-from .moe import GroupTable, grouped_gemm, tensor_core_gemm
+from .moe import DQ_MIN_ROWS, GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
 GEMV_MAX_T = 8                       # the GEMV kernels take up to 8 tokens (a step, a verify window)
@@ -112,6 +112,13 @@ class DenseOps:
                 x16 = self.alloc((T, n), np.float16)
                 self._copy_rows(x, 0, x16.ptr, T, n, n, n, f16=True)
                 x = x16.ptr
+            w16 = None
+            if self.gemm_dq and T >= DQ_MIN_ROWS and w.qtype in DQ_GROUP_QTYPES:   # f16 rows first (wgmma-gemm-dq)
+                w16 = self.alloc((rows, n), np.float16)
+                units = rows * n // 8
+                self.launch("dequant_h", max(1, min(-(-units // 256), 32 * self.num_sms)),
+                            (w.ptr, w16.ptr, rows * n // qtype_of(w.qtype).block_size), qtype=w.qtype)
+                w = Weight(w16.ptr, "F16", w.shape)
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
                          x, n, y, ldc, rows)
             return
