@@ -246,7 +246,7 @@ if has wgprompt; then    # #17: the prompt kernels on Hopper's warpgroup MMA aga
     echo "== moe_gemm and prompt attention GPU tests, both builds ($(elapsed) s)"
     timeout "$(budget 180)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py \
         tests/kernels/test_attention_tc_gpu.py 2>&1 | tail -4
-    for op in moe_gemm moe_gemm_ws; do
+    for op in ${WSGEMM_BENCH_OPS-moe_gemm moe_gemm_ws}; do     # WSGEMM_BENCH_OPS= skips them (gemmab times the kernels)
         echo "== $op bench ($(elapsed) s)"
         timeout "$(budget 90)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
     done
