@@ -98,3 +98,48 @@ def test_dequant_rejects_bad_input(ops, rng):
         ops.dequantize("Q4_K", data.view(np.int8), (2, 256))
     with pytest.raises(InvalidArgument, match="16-byte aligned"):
         ops.dequantize_into("Q4_K", 0x1008, 0x2000, 1)
+
+
+def f16_bits_equal(got, want):
+    diff = np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))
+    assert diff.size == 0, f"{diff.size} of {got.size} halves differ; first at {diff[0]}: {got.reshape(-1)[diff[0]]!r}"
+
+
+@pytest.mark.parametrize("name", list(QTYPES))
+def test_dequant_h_is_f16_of_the_exact_weights(ops, rng, name):
+    """strata_dequant_h_<q> (wgmma-gemm-dq's dense weights): each weight the f16 rounding (nearest even)
+    of the exact float32 one, bit for bit; nothing written past its count (poison kept)."""
+    qt = QTYPES[name]
+    for shape in awkward_shapes(name)[:3] + [(768, 2048)]:
+        if qt.block_size > 1 and int(np.prod(shape)) % 8:
+            continue
+        data = random_qtensor_bytes(name, shape, rng, std=float(rng.uniform(1e-3, 1.0)))
+        n = int(np.prod(shape))
+        n_blocks = n // qt.block_size
+        out = ops._output(2 * n + 64)
+        work = n_blocks if qt.block_size == 1 else n_blocks * (qt.block_size // 8)
+        src = ops._upload(data)         # held until the download's synchronize
+        ops._launch("dequant_h", max(1, min(-(-work // 256), 1 << 20)), (src, out, n_blocks), qtype=name)
+        got = ops._download(out, (n + 32,), np.float16)
+        f16_bits_equal(got[:n], dequantize(name, data, shape).astype(np.float16).reshape(-1))
+        assert (got[n:].view(np.uint16) == 0xFFFF).all()
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_dequant_h_groups_writes_each_blob_and_skips_null_ones(ops, rng, name):
+    """strata_dequant_h_groups_<q> (a layer's experts for wgmma-gemm-dq): group g's matrix at
+    ptrs[g] + part_offset to out + g * stride halves, a null address skipped (its rows keep their
+    poison), the rows past each matrix untouched."""
+    qt = QTYPES[name]
+    rows, n, part = 24, 2 * max(qt.block_size, 256), 4096
+    stride = rows * n + 64
+    mats = [random_qtensor_bytes(name, (rows, n), rng) for _ in range(3)]
+    blobs = [ops._upload(np.concatenate([rng.integers(0, 256, part, dtype=np.uint8), m])) for m in mats]
+    ptrs = ops._upload(np.array([blobs[0].ptr, 0, blobs[2].ptr, blobs[1].ptr], np.uint64))
+    out = ops._output(2 * 4 * stride)
+    n_blocks = rows * n // qt.block_size
+    ops._launch("dequant_h_groups", (3, 4), (ptrs, part, n_blocks, out, stride), qtype=name)
+    got = ops._download(out, (4, stride), np.float16)
+    for g, m in ((0, mats[0]), (2, mats[2]), (3, mats[1])):
+        f16_bits_equal(got[g, :rows * n], dequantize(name, m, (rows, n)).astype(np.float16).reshape(-1))
+    assert (got[1].view(np.uint16) == 0xFFFF).all() and (got[:, rows * n:].view(np.uint16) == 0xFFFF).all()
