@@ -113,6 +113,23 @@ def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypat
     np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
     assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_ws16_f16"} <= set(fake.launches)
     assert "strata_moe_gemm_ws16_q8_0" not in fake.launches
+    # no room for the f16 weights (try_alloc's None, as a full card or a frozen pool gives): the decoding GEMMs
+    import strata.backends.cuda.ops as ops_module
+    monkeypatch.setattr(ops_module.DeviceOps, "try_alloc", lambda self, shape, dtype=np.float32: None)
+    fake.launches.clear()
+    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
+    assert not [n for n in fake.launches if n.startswith("strata_dequant_h")]
+    assert "strata_moe_gemm_ws16_q8_0" in fake.launches and "strata_moe_gemm_ws16_f16" not in fake.launches
+
+
+def test_try_alloc_gives_none_where_the_pool_cannot_grow(fake):
+    """DeviceOps.try_alloc: a block where there is room, None (not an error) where a frozen pool has none."""
+    from strata.backends.cuda.memory import Pool
+    runner = CudaRunner(open_pack(DEMO), 64)
+    ops = runner.ops
+    ops.pool = Pool(ops.rt, ops.device, reserve_bytes=1 << 20)
+    assert ops.try_alloc((1024,), np.float16) is not None
+    assert ops.try_alloc((1 << 20,), np.float32) is None
 
 
 def test_f16x_gemms_with_the_routing_grouped_on_the_host(fake, rng):

@@ -323,10 +323,14 @@ def dq_experts(ops, lay: ExpertLayer, S: int, E: int, resident: bool) -> bool:
 
 def _dequantized_experts(ops, lay: ExpertLayer, table: int, E: int):
     """The layer's experts (blob addresses at `table`, [E] uint64 on the device) as f16 rows: (address
-    table, gate|up Weight, down Weight) over two scratch blocks, gate|up [E, 2I, D] and down [E, D, I]."""
+    table, its scratch, gate|up Weight, down Weight) over two scratch blocks, gate|up [E, 2I, D] and down
+    [E, D, I]; None where the device has no memory for them."""
     gate, down = lay.parts["gate"], lay.parts["down"]
     I, D = gate.rows, gate.shape[-1]
-    gu16, d16 = ops.alloc((E, 2 * I, D), np.float16), ops.alloc((E, D, I), np.float16)
+    scratch = ops.try_alloc((E, 2 * I, D), np.float16), ops.try_alloc((E, D, I), np.float16)
+    if None in scratch:             # the card has no room for them: the decoding GEMMs instead
+        return None
+    gu16, d16 = scratch
     for part, rows, n, out in ((gate, 2 * I, D, gu16), (down, D, I, d16)):
         n_blocks = rows * n // qtype_of(part.qtype).block_size
         units = n_blocks * max(qtype_of(part.qtype).block_size // 8, 1)
@@ -368,8 +372,10 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
             addrs[batch] = blobs
             table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
             ops.bytes_h2d += addrs.nbytes
-        if dq:      # every expert's weights as f16 rows first, then both GEMMs over them (one batch: resident)
-            ptrs, keep, w_gu, w_down = _dequantized_experts(ops, lay, table.ptr, E)
+        made = _dequantized_experts(ops, lay, table.ptr, E) if dq else None
+        if made:    # every expert's weights as f16 rows first, then both GEMMs over them (one batch: resident)
+            ptrs, keep, w_gu, w_down = made
+            del made
             grouped_gemm(ops, ptrs.ptr, tiles.ptr, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
             _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
             grouped_gemm(ops, ptrs.ptr + 8 * E, tiles.ptr, n, w_down, h.ptr, I, y.ptr, D, D)

@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from ...errors import InvalidArgument, UnsupportedError
+from ...errors import DeviceError, InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
@@ -114,6 +114,14 @@ class DeviceOps(DenseOps, AttentionOps):
         shape = tuple(int(s) for s in shape)
         block, buf = self.pool.alloc(max(1, math.prod(shape)) * np.dtype(dtype).itemsize)
         return DeviceTensor(buf, block.offset, shape, dtype, block)
+
+    def try_alloc(self, shape, dtype=np.float32) -> DeviceTensor | None:
+        """alloc, or None where the device (or a frozen pool) has no room: for scratch a path can do
+        without (wgmma-gemm-dq's f16 weights)."""
+        try:
+            return self.alloc(shape, dtype)
+        except DeviceError:
+            return None
 
     def upload(self, array: np.ndarray) -> DeviceTensor:
         array = np.ascontiguousarray(array)

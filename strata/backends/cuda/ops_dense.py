@@ -114,7 +114,8 @@ class DenseOps:
                 x = x16.ptr
             w16 = None
             if self.gemm_dq and T >= DQ_MIN_ROWS and w.qtype in DQ_GROUP_QTYPES:   # f16 rows first (wgmma-gemm-dq)
-                w16 = self.alloc((rows, n), np.float16)
+                w16 = self.try_alloc((rows, n), np.float16)     # None: no room, the decoding GEMM
+            if w16 is not None:
                 units = rows * n // 8
                 self.launch("dequant_h", max(1, min(-(-units // 256), 32 * self.num_sms)),
                             (w.ptr, w16.ptr, rows * n // qtype_of(w.qtype).block_size), qtype=w.qtype)
