@@ -46,9 +46,15 @@
 //
 // strata_moe_gemm_ws16_<q> takes X as f16 (ldx in halves; 16-byte aligned rows) and copies its chunks
 // straight into the stage by cp.async (zeros past m and K), so the producers only decode weights.
+// strata_moe_gemm_ws16_f16 (f16 X and f16 W, wgmma-gemm-dq's weights dequantized first) copies both
+// operands by cp.async: its producers decode nothing.
 // Trial builds (tools/variants/gemm_ws_ab.sh times them): STRATA_WS_GEMM_PREFETCH prefetches each row's
 // next-stage lines into L1; STRATA_WS_GEMM_STAGES deepens the ring; STRATA_WS_GEMM_PRODUCERS=1 is the
-// first build.
+// first build. STRATA_WS_GEMM_BN=256 (with one producer warpgroup: 384 threads, 196,672 bytes of shared
+// memory) makes a work item 256 weight rows: a producer thread fills two, a consumer warpgroup issues
+// two m64n128k16 a k step into two accumulator sets (128 registers), and a stage's 48 KB carry 4.2
+// MFLOP instead of 32 KB for 2.1, for where the operands' L2 traffic, not the decode, is the bound (the
+// f16 path: at the tensor cores' rate a 128 x 128 tile asks about 15 TB/s of the H100's L2).
 //
 // tools/moe_gemm_ab.py checks it against the float64 product and moe_gemm.cu and times both from
 // fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
@@ -70,7 +76,12 @@ using namespace strata_q;
 #include "mbarrier.cuh"
 #include "wgmma.cuh"
 
-constexpr int kBM = 128, kBN = 128, kBK = 64;          // token rows, weight rows, k of a stage
+#ifndef STRATA_WS_GEMM_BN
+#define STRATA_WS_GEMM_BN 128      // weight rows of a work item: 256 (a trial build, one producer warpgroup) loads
+                                   // half the X bytes a product and gives each consumer two m64n128 MMAs a k step
+#endif
+constexpr int kBM = 128, kBN = STRATA_WS_GEMM_BN, kBK = 64;   // token rows, weight rows, k of a stage
+constexpr int kWRows = kBN / kBM;                      // weight rows a producer thread fills (1 or 2)
 #ifndef STRATA_WS_GEMM_PRODUCERS
 #define STRATA_WS_GEMM_PRODUCERS 2     // producer warpgroups, 1 or 2 (four would cap every thread at 80 registers,
                                        // under what ptxas needs for a consumer's 64 accumulators and wgmma)
@@ -82,14 +93,15 @@ constexpr int kConsumers = 256, kProducers = 128 * kProducerGroups, kThreads = k
 #endif
 constexpr int kStages = STRATA_WS_GEMM_STAGES;
 constexpr int kKChunks = kBK / 8;                      // 16-byte chunks of a row in a stage
-constexpr int kTileBytes = kBM * kBK * 2;              // one operand's stage: 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;            // A (f16 X) then B (f16 W)
+constexpr int kTileBytes = kBM * kBK * 2;              // X's stage: 16 KB (W's: kWRows of them)
+constexpr int kStageBytes = (1 + kWRows) * kTileBytes; // A (f16 X) then B (f16 W)
 constexpr unsigned kLbo = 128, kSbo = kKChunks * 128;  // bytes between core matrices along k / along rows
 constexpr int kBarOffset = kStages * kStageBytes;      // full[kStages], empty[kStages]
 constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8;
 constexpr int kDecodes = 4 / kProducerGroups;          // 16-weight decodes of a producer thread a stage
 constexpr int kXChunks = kKChunks / kProducerGroups;   // and 8-value chunks of X (as many as weight chunks)
-static_assert(kBM == kBN, "a producer thread's row is a token row of X and a weight row alike");
+static_assert(kBN == kBM || (kBN == 2 * kBM && kProducerGroups == 1),
+              "a producer thread's row is a token row of X and one (or, one producer warpgroup, two) weight rows");
 static_assert(kKChunks == 8 && (kProducerGroups == 1 || kProducerGroups == 2), "a stage row's four 16-weight decodes split evenly");
 static_assert(kSmemBytes <= 227 * 1024, "a multiprocessor's shared memory");
 
@@ -145,8 +157,11 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const Item it = item_at(ptrs, tiles, w, n_blocks);
         if (!it.live) continue;
-        const uint8_t* w_row = reinterpret_cast<const uint8_t*>(ptrs[it.t.x] + part_offset) +
-                               static_cast<long long>(min(it.n0 + r, N - 1)) * row_bytes;
+        const uint8_t* w_rows[kWRows];  // this thread's weight rows: r, and r + 128 in a 256-row build
+#pragma unroll
+        for (int h = 0; h < kWRows; ++h)
+            w_rows[h] = reinterpret_cast<const uint8_t*>(ptrs[it.t.x] + part_offset) +
+                        static_cast<long long>(min(it.n0 + r + kBM * h, N - 1)) * row_bytes;
         const bool x_valid = r < it.t.z;
         const TX* x_row = X + static_cast<long long>(it.t.y + min(r, it.t.z - 1)) * ldx;
         for (int step = 0; step < steps; ++step, ++ring) {
@@ -155,12 +170,11 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
 #ifdef STRATA_WS_GEMM_PREFETCH
             if (step + 1 < steps) {   // a trial: the next stage's lines of this row into L1 (the weights' by proportion)
                 const long long kn = k0 + kBK + 16 * kDecodes * q;
-                asm volatile("prefetch.global.L1 [%0];\n" ::"l"(w_row + kn * B::kBytes / B::kWeights));
+                asm volatile("prefetch.global.L1 [%0];\n" ::"l"(w_rows[0] + kn * B::kBytes / B::kWeights));
                 asm volatile("prefetch.global.L1 [%0];\n" ::"l"(x_row + min(kn, static_cast<long long>(K) - 1)));
             }
 #endif
             const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
-            uint4 wv[2 * kDecodes], xv[kXChunks];
             if constexpr (kX16<TX>) {   // f16 X: its chunks straight into the stage once it is free (zeros past m, K)
                 if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
 #pragma unroll
@@ -171,53 +185,60 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
                 }
                 if constexpr (kWCopy<B, TX>) {   // f16 weight rows (16-byte aligned, K a multiple of 8)
 #pragma unroll
-                    for (int c = 0; c < kXChunks; ++c) {
-                        const int kc = kXChunks * q + c, k = k0 + 8 * kc;
-                        copy16_async(b_base + static_cast<unsigned>(chunk(r, kc)) * 16u,
-                                     w_row + 2ll * min(k, K - 8), k < K);
+                    for (int h = 0; h < kWRows; ++h) {
+#pragma unroll
+                        for (int c = 0; c < kXChunks; ++c) {
+                            const int kc = kXChunks * q + c, k = k0 + 8 * kc;
+                            copy16_async(b_base + static_cast<unsigned>(chunk(r + kBM * h, kc)) * 16u,
+                                         w_rows[h] + 2ll * min(k, K - 8), k < K);
+                        }
                     }
                 }
                 cp_async_arrive_noinc(full_bar(bars, st));
-                if constexpr (kWCopy<B, TX>) {
-                    mbar_arrive(full_bar(bars, st));
-                    continue;
-                }
             }
 #pragma unroll
-            for (int j = 0; j < kDecodes; ++j) {
-                const int k = k0 + 16 * (kDecodes * q + j);
-                uint4 two[2];
-                if (k < K) {
-                    Wide<B>::decode16(w_row, k, K, two);
-                } else {
-                    two[0] = two[1] = make_uint4(0u, 0u, 0u, 0u);
+            for (int h = 0; h < (kWCopy<B, TX> ? 0 : kWRows); ++h) {   // each weight row: decode, then store
+                uint4 wv[2 * kDecodes], xv[kXChunks];
+#pragma unroll
+                for (int j = 0; j < kDecodes; ++j) {
+                    const int k = k0 + 16 * (kDecodes * q + j);
+                    uint4 two[2];
+                    if (k < K) {
+                        Wide<B>::decode16(w_rows[h], k, K, two);
+                    } else {
+                        two[0] = two[1] = make_uint4(0u, 0u, 0u, 0u);
+                    }
+                    wv[2 * j] = two[0];
+                    wv[2 * j + 1] = two[1];
                 }
-                wv[2 * j] = two[0];
-                wv[2 * j + 1] = two[1];
-            }
-            if constexpr (!kX16<TX>) {
+                if constexpr (!kX16<TX>) {
+                    if (h == 0) {     // X's values with the first row's loads in flight, then the stage once free
+#pragma unroll
+                        for (int c = 0; c < kXChunks; ++c) {
+                            const int k = k0 + 8 * (kXChunks * q + c);
+                            const uint2 a = load_x4(x_row, k, K, x_valid), b = load_x4(x_row, k + 4, K, x_valid);
+                            xv[c] = make_uint4(a.x, a.y, b.x, b.y);
+                        }
+                        if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
+                    }
+                }
 #pragma unroll
                 for (int c = 0; c < kXChunks; ++c) {
-                    const int k = k0 + 8 * (kXChunks * q + c);
-                    const uint2 a = load_x4(x_row, k, K, x_valid), b = load_x4(x_row, k + 4, K, x_valid);
-                    xv[c] = make_uint4(a.x, a.y, b.x, b.y);
-                }
-                if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
-            }
-#pragma unroll
-            for (int c = 0; c < kXChunks; ++c) {
-                if constexpr (!kX16<TX>) {
-                    const unsigned off = static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u;
-                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_base + off), "r"(xv[c].x),
-                                 "r"(xv[c].y), "r"(xv[c].z), "r"(xv[c].w)
+                    if constexpr (!kX16<TX>) {
+                        if (h == 0) {
+                            const unsigned off = static_cast<unsigned>(chunk(r, kXChunks * q + c)) * 16u;
+                            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_base + off), "r"(xv[c].x),
+                                         "r"(xv[c].y), "r"(xv[c].z), "r"(xv[c].w)
+                                         : "memory");
+                        }
+                    }
+                    const unsigned woff = static_cast<unsigned>(chunk(r + kBM * h, 2 * kDecodes * q + c)) * 16u;
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(b_base + woff), "r"(wv[c].x),
+                                 "r"(wv[c].y), "r"(wv[c].z), "r"(wv[c].w)
                                  : "memory");
                 }
-                const unsigned woff = static_cast<unsigned>(chunk(r, 2 * kDecodes * q + c)) * 16u;
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(b_base + woff), "r"(wv[c].x),
-                             "r"(wv[c].y), "r"(wv[c].z), "r"(wv[c].w)
-                             : "memory");
             }
-            fence_proxy_async();
+            if constexpr (!kWCopy<B, TX>) fence_proxy_async();   // the stores, for wgmma's reads
             mbar_arrive(full_bar(bars, st));
         }
     }
@@ -236,9 +257,11 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const Item it = item_at(ptrs, tiles, w, n_blocks);
         if (!it.live) continue;
-        float acc[64];
+        float acc[kWRows][64];    // weight rows 128 b .. 128 b + 127 of the item in acc[b]
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        for (int b = 0; b < kWRows; ++b)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[b][i] = 0.f;
         for (int step = 0; step < steps; ++step, ++ring) {
             const int st = ring % kStages;
             mbar_wait(full_bar(bars, st), (ring / kStages) & 1);
@@ -247,8 +270,10 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
             wgmma_fence();
 #pragma unroll
             for (int k16 = 0; k16 < kBK / 16; ++k16)
-                wgmma_m64n128k16(acc, smem_desc(a_base + chunk(64 * wg, 2 * k16) * 16, kLbo, kSbo),
-                                 smem_desc(b_base + chunk(0, 2 * k16) * 16, kLbo, kSbo));
+#pragma unroll
+                for (int b = 0; b < kWRows; ++b)
+                    wgmma_m64n128k16(acc[b], smem_desc(a_base + chunk(64 * wg, 2 * k16) * 16, kLbo, kSbo),
+                                     smem_desc(b_base + chunk(kBM * b, 2 * k16) * 16, kLbo, kSbo));
             wgmma_commit();
             wgmma_wait<1>();  // the previous stage's group is done: free its stage
             if (step > 0 && lane == 0) mbar_arrive(empty_bar(bars, (ring - 1) % kStages));
@@ -264,15 +289,19 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
             float* y_row = Y + static_cast<long long>(it.t.y + row) * ldy;
             const bool pairs = (reinterpret_cast<uintptr_t>(y_row) & 7) == 0;  // n is even: 8-byte stores where Y allows
 #pragma unroll
-            for (int j = 0; j < kBN / 8; ++j) {
-                const int n = it.n0 + 8 * j + 2 * t;
-                if (n + 1 < N && pairs) {
-                    *reinterpret_cast<float2*>(y_row + n) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-                } else if (n + 1 < N) {
-                    y_row[n] = acc[4 * j + 2 * h];
-                    y_row[n + 1] = acc[4 * j + 2 * h + 1];
-                } else if (n < N) {
-                    y_row[n] = acc[4 * j + 2 * h];
+            for (int b = 0; b < kWRows; ++b) {
+#pragma unroll
+                for (int j = 0; j < 128 / 8; ++j) {
+                    const int n = it.n0 + kBM * b + 8 * j + 2 * t;
+                    const float v0 = acc[b][4 * j + 2 * h], v1 = acc[b][4 * j + 2 * h + 1];
+                    if (n + 1 < N && pairs) {
+                        *reinterpret_cast<float2*>(y_row + n) = make_float2(v0, v1);
+                    } else if (n + 1 < N) {
+                        y_row[n] = v0;
+                        y_row[n + 1] = v1;
+                    } else if (n < N) {
+                        y_row[n] = v0;
+                    }
                 }
             }
         }

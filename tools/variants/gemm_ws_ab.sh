@@ -6,7 +6,7 @@
 #   parent:  git archive <parent> cuda | tar -x -C /tmp/parent && nvcc -fatbin -O3 -std=c++17 -arch=sm_90
 #            -I/tmp/parent/cuda -o .whl/moe_gemm_parent.fatbin /tmp/parent/cuda/moe_gemm.cu
 #   arms:    bash tools/variants/make_wgmma.sh (mma, ws: the default build, whose ws16 entry points take X
-#            as f16; and the trial builds ws1, wsp, ws_s6: -D... as the table below says; and dequant.fatbin)
+#            as f16; and the trial builds ws1, wsp, ws_s6, ws_n256: -D... as the table below says; and dequant.fatbin)
 # Then on the GPU machine, .whl carried: OUT=... bash tools/variants/gemm_ws_ab.sh [arm ...]
 W=.whl
 OUT=${OUT:-/tmp}
@@ -17,9 +17,11 @@ declare -A A=(
  [ws1]="ws1:$W/moe_gemm_ws1.fatbin:strata_moe_gemm_ws:ws:384"                           # -DSTRATA_WS_GEMM_PRODUCERS=1
  [wsp]="wsp:$W/moe_gemm_wsp.fatbin:strata_moe_gemm_ws:ws"                               # -DSTRATA_WS_GEMM_PREFETCH
  [ws16p]="ws16p:$W/moe_gemm_wsp.fatbin:strata_moe_gemm_ws16:ws16"                       # the same, X as f16
- [ws16s6]="ws16s6:$W/moe_gemm_ws_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704")       # -DSTRATA_WS_GEMM_STAGES=6
+ [ws16s6]="ws16s6:$W/moe_gemm_ws_s6.fatbin:strata_moe_gemm_ws16:ws16:512:196704"        # -DSTRATA_WS_GEMM_STAGES=6
+ [wsn256]="wsn256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_ws:ws:384:196672"          # -DSTRATA_WS_GEMM_BN=256, 1 producer WG
+ [ws16n256]="ws16n256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_ws16:ws16:384:196672")  # the same, X as f16
 REF="parent:$W/moe_gemm_parent.fatbin:strata_moe_gemm"
-arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws16 ws1 wsp ws16p ws16s6)
+arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws16 ws16n256 ws1 wsp ws16p ws16s6 wsn256)
 pass=()
 for n in "${arms[@]}"; do
     [ -f "$(echo "${A[$n]}" | cut -d: -f2)" ] || { echo "== $n: no fatbin"; continue; }

@@ -31,6 +31,8 @@ build moe_gemm_ws "$SM90A" moe_gemm_ws &
 nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_PRODUCERS=1 -o .whl/moe_gemm_ws1.fatbin cuda/moe_gemm_ws.cu &
 nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_PREFETCH -o .whl/moe_gemm_wsp.fatbin cuda/moe_gemm_ws.cu &
 nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_STAGES=6 -o .whl/moe_gemm_ws_s6.fatbin cuda/moe_gemm_ws.cu &
+nvcc -fatbin -O3 -std=c++17 "$SM90A" -Icuda -DSTRATA_WS_GEMM_BN=256 -DSTRATA_WS_GEMM_PRODUCERS=1 \
+    -o .whl/moe_gemm_ws_n256.fatbin cuda/moe_gemm_ws.cu &
 build dequant "$SM90" dequant &     # strata_dequant_h_<type>: gemm_ws_ab.sh's dequantize-then-f16 arm
 build attention_tc "$SM90" attention_tc &
 build attention_wg "$SM90A" attention_wg &
