@@ -115,9 +115,11 @@ def test_moe_gemm_awkward_sizes(ops, op, rng, name):
 
 
 # (name, N, K, rows per group): Qwen3-30B-A3B experts (gate|up fused, down), dense projections
-# (one group tiled), a head-like slice with few rows
+# (one group tiled), a head-like slice with few rows; and the experts as f16 rows (wgmma-gemm-dq's
+# operands: moe_gemm_ws16 copies both by cp.async)
 PRODUCTION = [("Q4_K", 1536, 2048, "experts"), ("Q4_K", 2048, 768, "experts"), ("Q6_K", 2048, 768, "experts"),
-              ("Q8_0", 512, 4096, [1000]), ("Q8_0", 4096, 2048, [300]), ("Q8_0", 20000 + 37, 2048, [3])]
+              ("Q8_0", 512, 4096, [1000]), ("Q8_0", 4096, 2048, [300]), ("Q8_0", 20000 + 37, 2048, [3]),
+              ("F16", 1536, 2048, "experts"), ("F16", 2048, 768, "experts")]
 
 
 @gpu
