@@ -81,7 +81,8 @@ class DeviceOps(DenseOps, AttentionOps):
         self.gemm_op = ("moe_gemm_ws16" if paths.wgmma_gemm_f16x or paths.wgmma_gemm_dq
                         else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm")
         self.gemm_x16 = self.gemm_op == "moe_gemm_ws16"
-        self.gemm_dq = paths.wgmma_gemm_dq   # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS)
+        # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS), before whichever GEMM runs
+        self.gemm_dq = paths.wgmma_gemm_dq or paths.dq_gemm
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
