@@ -34,8 +34,8 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # as f16 (cuda/moe_gemm_ws.cu's ws16 entry points: the expert rows gathered and SwiGLU's output written as
 # f16, the dense projections' inputs rounded by a pass of their own), wgmma-gemm-dq the same f16-X GEMMs
 # over weights dequantized to f16 rows first (cuda/dequant.cu), where a chunk has rows enough to pay for it
-# (strata.backends.cuda.moe.DQ_MIN_ROWS: the resident experts of a layer and the dense projections, both
-# operands then copied into the stages by cp.async, nothing decoded in the GEMM); dq-gemm the same
+# (strata.backends.cuda.moe.DQ_MIN_ROWS: a layer's experts, batch by batch in groups of DQ_SCRATCH_BYTES,
+# and the dense projections, both operands then copied into the stages by cp.async, nothing decoded in the GEMM); dq-gemm the same
 # dequantization first on any GPU, before cuda/moe_gemm.cu's mma.sync GEMM (whose f16 weights it only
 # loads: the path for the sm_80 / sm_86 / sm_89 cards without wgmma), wgmma-attention the prompt
 # attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is

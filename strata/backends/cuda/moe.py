@@ -306,42 +306,66 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D, wait())
 
 
-# wgmma-gemm-dq: a layer's resident experts are dequantized to f16 rows once per chunk where the chunk
-# gives them DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has DQ_MIN_ROWS
-# tokens. An estimate, not yet measured: a 30B expert's dequantization (4.7 M weights, about 12 MB read and
-# written) takes about 4 us at an H100's copy rate, and a row saves 9.4 MFLOP at 158 TFLOP/s (the decoding
-# GEMM) less the same at the f16 GEMM's rate; at 400 TFLOP/s that pays from about 110 rows.
-# tools/moe_gemm_ab.py --retype F16 --dequant measures both sides.
+# wgmma-gemm-dq / dq-gemm: a batch's experts are dequantized to f16 rows once per chunk where the chunk
+# gives the layer's experts DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has
+# DQ_MIN_ROWS tokens. An estimate, not yet measured: a 30B expert's dequantization (4.7 M weights, about
+# 12 MB read and written) takes about 4 us at an H100's copy rate, and a row saves 9.4 MFLOP at 158
+# TFLOP/s (the decoding GEMM) less the same at the f16 GEMM's rate; at 400 TFLOP/s that pays from about
+# 110 rows. tools/moe_gemm_ab.py --retype F16 --dequant measures both sides.
 DQ_MIN_ROWS = 128
+# The f16 weights of one group of a batch's experts, at most (the 30B: 54 experts of 9.4 MB; a batch of
+# more experts is dequantized and multiplied group by group, so the scratch stays this size).
+DQ_SCRATCH_BYTES = 512 << 20
+DQ_MIN_GROUP = 4        # fewer experts a group than this where the pool is short: the decoding GEMMs instead
 
 
-def dq_experts(ops, lay: ExpertLayer, S: int, E: int, resident: bool) -> bool:
-    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq): every
-    expert resident (one address table), gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
+def dq_experts(ops, lay: ExpertLayer, S: int, E: int) -> bool:
+    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq, dq-gemm):
+    gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
     parts = [lay.parts[n] for n in ("gate", "up", "down")]
-    return (ops.gemm_dq and resident and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E
+    return (ops.gemm_dq and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E
             and all(p.qtype in DQ_GROUP_QTYPES for p in parts))
 
 
-def _dequantized_experts(ops, lay: ExpertLayer, table: int, E: int):
-    """The layer's experts (blob addresses at `table`, [E] uint64 on the device) as f16 rows: (address
-    table, its scratch, gate|up Weight, down Weight) over two scratch blocks, gate|up [E, 2I, D] and down
-    [E, D, I]; None where the device has no memory for them."""
+def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n: int, E: int, xs, gu, h, y,
+                  starts: int, ld: int) -> bool:
+    """A batch's experts (ids `batch`, blob addresses `blobs`) through the f16 path: group by group of at
+    most DQ_SCRATCH_BYTES, each group's gate|up and down dequantized into two scratch blocks (one
+    strata_dequant_h_groups launch a matrix over the group's blob addresses), then gate|up, SwiGLU and
+    down over every tile, with an address table that names only the group's experts (the other tiles
+    are skipped). Where the pool has no room for a full group, smaller ones; False, having queued
+    nothing, where it has none for DQ_MIN_GROUP experts."""
     gate, down = lay.parts["gate"], lay.parts["down"]
     I, D = gate.rows, gate.shape[-1]
-    scratch = ops.try_alloc((E, 2 * I, D), np.float16), ops.try_alloc((E, D, I), np.float16)
-    if None in scratch:             # the card has no room for them: the decoding GEMMs instead
-        return None
-    gu16, d16 = scratch
-    for part, rows, n, out in ((gate, 2 * I, D, gu16), (down, D, I, d16)):
-        n_blocks = rows * n // qtype_of(part.qtype).block_size
-        units = n_blocks * max(qtype_of(part.qtype).block_size // 8, 1)
-        grid = (max(1, min(-(-units // 256), 4 * ops.num_sms)), E)
-        ops.launch("dequant_h_groups", grid, (table, part.ptr, n_blocks, out.ptr, rows * n), qtype=part.qtype)
-    addrs = np.concatenate([gu16.ptr + np.arange(E, dtype=np.uint64) * np.uint64(2 * I * D * 2),
-                            d16.ptr + np.arange(E, dtype=np.uint64) * np.uint64(D * I * 2)])
-    ptrs = ops.upload(addrs)
-    return ptrs, (gu16, d16), Weight(0, "F16", (2 * I, D)), Weight(0, "F16", (D, I))
+    gu_halves, d_halves = 2 * I * D, D * I
+    group = max(1, min(len(batch), DQ_SCRATCH_BYTES // (2 * (gu_halves + d_halves))))
+    while True:     # the largest group the pool has room for (a prompt's loan may hold less), down to DQ_MIN_GROUP
+        gu16, d16 = ops.try_alloc((group, gu_halves), np.float16), ops.try_alloc((group, d_halves), np.float16)
+        if gu16 is not None and d16 is not None:
+            break
+        del gu16, d16
+        if group <= min(DQ_MIN_GROUP, len(batch)):
+            return False        # the card has no room for them: the decoding GEMMs instead
+        group = max(group // 2, min(DQ_MIN_GROUP, len(batch)))
+    w_gu, w_down = Weight(0, "F16", (2 * I, D)), Weight(0, "F16", (D, I))
+    for i0 in range(0, len(batch), group):
+        experts = batch[i0:i0 + group]
+        slots = np.arange(len(experts), dtype=np.uint64)
+        src = ops.upload(np.asarray(blobs[i0:i0 + group], np.uint64))
+        for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):
+            n_blocks = halves // qtype_of(part.qtype).block_size
+            units = n_blocks * max(qtype_of(part.qtype).block_size // 8, 1)
+            grid = (max(1, min(-(-units // 256), 4 * ops.num_sms)), len(experts))
+            ops.launch("dequant_h_groups", grid, (src.ptr, part.ptr, n_blocks, out.ptr, halves), qtype=part.qtype)
+        addrs = np.zeros(2 * E, np.uint64)      # expert -> its f16 rows (gate|up, then down), 0 outside the group
+        addrs[experts] = np.uint64(gu16.ptr) + slots * np.uint64(2 * gu_halves)
+        addrs[E + np.asarray(experts)] = np.uint64(d16.ptr) + slots * np.uint64(2 * d_halves)
+        table = ops.upload(addrs)
+        grouped_gemm(ops, table.ptr, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
+        _swiglu_rows(ops, gu.ptr, gu.ptr + I * 4, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, ops.gemm_x16)
+        grouped_gemm(ops, table.ptr + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D)
+        del src, table          # back to the pool; the stream orders later users after these launches
+    return True
 
 
 def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
@@ -363,10 +387,12 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
-    dq = dq_experts(ops, lay, S, E, plan.resident)
+    dq = dq_experts(ops, lay, S, E)
     for batch, blobs in plan.batches(lay.layer, [e for e in range(E) if e not in on_host]):
         if not batch:                           # every expert of the layer on the host
             continue
+        if dq and _moe_dq_batch(ops, lay, batch, blobs, tiles.ptr, n, E, xs, gu, h, y, starts, ld):
+            continue            # the batch's weights as f16 rows first, then the GEMMs over them
         if plan.resident:                       # one batch: the layer's row of the expert table
             ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)
         else:
@@ -374,15 +400,6 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
             addrs[batch] = blobs
             table.buf.copy_from_host(addrs, ops.stream, table.offset)    # ordered after the last batch's launches
             ops.bytes_h2d += addrs.nbytes
-        made = _dequantized_experts(ops, lay, table.ptr, E) if dq else None
-        if made:    # every expert's weights as f16 rows first, then both GEMMs over them (one batch: resident)
-            ptrs, keep, w_gu, w_down = made
-            del made
-            grouped_gemm(ops, ptrs.ptr, tiles.ptr, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
-            _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
-            grouped_gemm(ops, ptrs.ptr + 8 * E, tiles.ptr, n, w_down, h.ptr, I, y.ptr, D, D)
-            del keep, ptrs              # back to the pool; the stream orders later users after these launches
-            continue
         _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
         _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
         grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)
