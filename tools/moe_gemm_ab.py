@@ -25,7 +25,9 @@ tile count as a tenth argument.
 3. With --retype TYPE, each shape timed again with TYPE weights (F16: the chunk's weights dequantized
    once, then multiplied as f16 rows; a ws16 arm's strata_moe_gemm_ws16_f16 copies both operands by
    cp.async). With --dequant FATBIN (cuda/dequant.cu's build), each shape's dequantization to f16
-   rows (strata_dequant_h_<type> over all its groups' weights) timed too: the price of that path.
+   rows (strata_dequant_h_<type> over all its groups' weights) timed too: the price of that path. A
+   "+ dequant" line then gives each arm's dequantization + f16 GEMM and its speedup over that arm's
+   own decoding GEMM of the shape (above 1x: the dequantize-first path pays at these rows).
 
 Exit status 1 when an arm fails a check (its times are still printed: a failed layout still times).
 """
@@ -232,14 +234,23 @@ def main(argv=None, make_driver=None) -> int:
         for label, qtype, N, K, rows in shapes(args.tokens, np.random.default_rng(1)):
             if args.only and args.only not in f"{label} {qtype}":
                 continue
+            own = None
             for qt in [qtype] + ([args.retype] if args.retype and args.retype != qtype else []):
                 t = {"shape": label, **time_shape(dev, arms, rng, qt, N, K, rows, args.repeats)}
                 if dq is not None and qt == qtype:
                     t["dequant_ms"] = time_dequant(dev, dq, qtype, N, K, len(rows), args.repeats)
+                if own is None:
+                    own = t
+                elif "dequant_ms" in own:     # the dequantize-first price: dequantization + the f16 GEMM, per arm
+                    t["dq_total_ms"] = {n: round(own["dequant_ms"] + t["arms"][n]["ms"], 4) for n in names}
                 report["times"].append(t)
                 print(f"{label:<16} {qt:<5} {N:>7} {K:>5} {t['rows']:>6} "
                       + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names)
                       + (f"   dequant {t['dequant_ms']:.3f} ms" if "dequant_ms" in t else ""), flush=True)
+                if "dq_total_ms" in t:
+                    print(f"{'  + dequant':<36} {t['rows']:>6} "
+                          + "".join(f"{t['dq_total_ms'][n]:>12.3f}{own['arms'][n]['ms'] / t['dq_total_ms'][n]:>6.2f}x"
+                                    for n in names), flush=True)
     return finish(report, ok, args.json)
 
 

@@ -115,6 +115,7 @@ def test_retype_and_dequant_times(tmp_path):
     assert tool.main(argv, make_driver=lambda: dev) == 0
     q8, f16 = json.loads(out.read_text())["times"]
     assert (q8["qtype"], f16["qtype"]) == ("Q8_0", "F16") and q8["dequant_ms"] == 1.0 and "dequant_ms" not in f16
+    assert f16["dq_total_ms"] == {"mma": 2.0, "ws16": 2.0} and "dq_total_ms" not in q8
     assert {("d.fatbin", "F16"), ("dq.fatbin", "Q8_0")} <= set(dev.launches)
     with pytest.raises(RuntimeError, match="strata_dequant_h_q8_0: .* differ"):
         tool.main(argv[:-2] + ["--dequant", "noisy.fatbin"], make_driver=GemmDriver)
