@@ -328,7 +328,7 @@ def dq_experts(ops, lay: ExpertLayer, S: int, E: int) -> bool:
 
 
 def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n: int, E: int, xs, gu, h, y,
-                  starts: int, ld: int) -> bool:
+                  starts: int, gate_in: int, up_in: int, ld: int) -> bool:
     """A batch's experts (ids `batch`, blob addresses `blobs`) through the f16 path: group by group of at
     most DQ_SCRATCH_BYTES, each group's gate|up and down dequantized into two scratch blocks (one
     strata_dequant_h_groups launch a matrix over the group's blob addresses), then gate|up, SwiGLU and
@@ -352,17 +352,16 @@ def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n
         experts = batch[i0:i0 + group]
         slots = np.arange(len(experts), dtype=np.uint64)
         src = ops.upload(np.asarray(blobs[i0:i0 + group], np.uint64))
-        for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):
+        for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):    # block types: a thread 8 weights
             n_blocks = halves // qtype_of(part.qtype).block_size
-            units = n_blocks * max(qtype_of(part.qtype).block_size // 8, 1)
-            grid = (max(1, min(-(-units // 256), 4 * ops.num_sms)), len(experts))
+            grid = (max(1, min(-(-halves // 8 // 256), 4 * ops.num_sms)), len(experts))
             ops.launch("dequant_h_groups", grid, (src.ptr, part.ptr, n_blocks, out.ptr, halves), qtype=part.qtype)
         addrs = np.zeros(2 * E, np.uint64)      # expert -> its f16 rows (gate|up, then down), 0 outside the group
         addrs[experts] = np.uint64(gu16.ptr) + slots * np.uint64(2 * gu_halves)
         addrs[E + np.asarray(experts)] = np.uint64(d16.ptr) + slots * np.uint64(2 * d_halves)
         table = ops.upload(addrs)
         grouped_gemm(ops, table.ptr, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
-        _swiglu_rows(ops, gu.ptr, gu.ptr + I * 4, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, ops.gemm_x16)
+        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, ops.gemm_x16)
         grouped_gemm(ops, table.ptr + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D)
         del src, table          # back to the pool; the stream orders later users after these launches
     return True
@@ -391,7 +390,7 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     for batch, blobs in plan.batches(lay.layer, [e for e in range(E) if e not in on_host]):
         if not batch:                           # every expert of the layer on the host
             continue
-        if dq and _moe_dq_batch(ops, lay, batch, blobs, tiles.ptr, n, E, xs, gu, h, y, starts, ld):
+        if dq and _moe_dq_batch(ops, lay, batch, blobs, tiles.ptr, n, E, xs, gu, h, y, starts, gate_in, up_in, ld):
             continue            # the batch's weights as f16 rows first, then the GEMMs over them
         if plan.resident:                       # one batch: the layer's row of the expert table
             ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)

@@ -221,12 +221,13 @@ class DeviceOps(DenseOps, AttentionOps):
             self._f32_weights[name] = buf
         return self._f32_weights[name].ptr
 
-    def _dequant(self, qtype: str, src: int, dst: int, num_weights: int) -> None:
+    def _dequant(self, qtype: str, src: int, dst: int, num_weights: int, f16: bool = False) -> None:
+        """num_weights weights at src dequantized to dst as f32 (f16: rounded to f16, strata_dequant_h_*)."""
         qt = qtype_of(qtype)
         n_blocks = num_weights // qt.block_size
         threads = num_weights if qt.block_size == 1 else num_weights // 8
         grid = max(1, min(-(-threads // 256), 32 * self.num_sms))
-        self.launch("dequant", grid, (src, dst, n_blocks), qtype=qt.name)
+        self.launch("dequant_h" if f16 else "dequant", grid, (src, dst, n_blocks), qtype=qt.name)
 
     # ---- weights -----------------------------------------------------------------------------
     def has_weight(self, name: str) -> bool:

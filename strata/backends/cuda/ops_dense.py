@@ -116,9 +116,7 @@ class DenseOps:
             if self.gemm_dq and T >= DQ_MIN_ROWS and w.qtype in DQ_GROUP_QTYPES:   # f16 rows first (wgmma-gemm-dq)
                 w16 = self.try_alloc((rows, n), np.float16)     # None: no room, the decoding GEMM
             if w16 is not None:
-                units = rows * n // 8
-                self.launch("dequant_h", max(1, min(-(-units // 256), 32 * self.num_sms)),
-                            (w.ptr, w16.ptr, rows * n // qtype_of(w.qtype).block_size), qtype=w.qtype)
+                self._dequant(w.qtype, w.ptr, w16.ptr, rows * n, f16=True)
                 w = Weight(w16.ptr, "F16", w.shape)
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
                          x, n, y, ldc, rows)
