@@ -520,19 +520,16 @@ def _moe_gemv(q, grid, ptrs, part_offset, ids, x, x_div, y, rows, n):
         view(y + s * rows * 4, rows)[:] = _weights(q, W, rows, n) @ xs
 
 
-def _dequant(q, grid, blocks, out, n_blocks):
+def _dequant(q, grid, blocks, out, n_blocks, dtype=np.float32):
+    """strata_dequant_<q> (dtype f16: strata_dequant_h_<q>, the weights rounded to f16)."""
     _aligned("dequant", blocks, out)
     qt = qtype(q)
     n = n_blocks * qt.block_size
-    view(out, n)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
+    view(out, n, dtype)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
 
 
 def _dequant_h(q, grid, blocks, out, n_blocks):
-    """strata_dequant_h_<q>: _dequant's weights rounded to f16."""
-    _aligned("dequant_h", blocks, out)
-    qt = qtype(q)
-    n = n_blocks * qt.block_size
-    view(out, n, np.float16)[:] = QTensor(q, (n,), _resolve(blocks, n_blocks * qt.type_size).copy()).dequantize().reshape(-1)
+    _dequant(q, grid, blocks, out, n_blocks, np.float16)
 
 
 def _dequant_h_groups(q, grid, ptrs, part_offset, n_blocks, out, out_stride):
