@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (strata's pure-Python parts)
 from fatbin_driver import Arm, finish  # noqa: E402
 from moe_gemm_bench import shapes  # noqa: E402
+from strata.backends.cuda.kernels import dequant_grid  # noqa: E402
 from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES, grid_for,  # noqa: E402
                                            tiles_for, ws_grid)
 from strata.quant import QTYPES  # noqa: E402
@@ -162,8 +163,7 @@ def time_dequant(dev, mod, qtype, N, K, groups, repeats) -> float:
     src = dev.upload(np.resize(one, groups * one.size))
     out = dev.upload(np.zeros(groups * N * K // 2, np.float32))        # f16 halves
     fn = dev.function(mod, f"strata_dequant_h_{qtype.lower()}")
-    units = n_blocks * max(qt.block_size // 8, 1)
-    grid = max(1, min(-(-units // 256), 32 * dev.num_sms()))
+    grid = dequant_grid(qt.block_size, groups * N * K, dev.num_sms())
     run = lambda: dev.launch(fn, grid, 256, [("P", src.data_ptr()), ("P", out.data_ptr()), ("q", n_blocks)])  # noqa: E731
     run()
     got = dev.download(out).view(np.uint16)[:N * K]

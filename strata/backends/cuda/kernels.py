@@ -156,6 +156,14 @@ def _each(**axes) -> tuple:
 
 # The entry-name fields the host asks for; tests expand every table entry over them.
 ALL_QTYPES = _each(qtype=EMBED_QTYPES)                    # every type strata.quant reads
+def dequant_grid(block_size: int, num_weights: int, num_sms: int, per_sm: int = 32) -> int:
+    """Blocks of a cuda/dequant.cu launch over num_weights weights of a type of block_size: a thread
+    per 8 weights (per element for the float types), 256 a block, capped at per_sm a multiprocessor
+    (the threads stride over the rest)."""
+    threads = num_weights if block_size == 1 else num_weights // 8
+    return max(1, min(-(-threads // 256), per_sm * num_sms))
+
+
 # Block types (cuda/dequant.cu's strata_dequant_h_groups_*: the float types are elements, not blocks)
 DQ_GROUP_QTYPES = tuple(q for q in EMBED_QTYPES if q not in ("F32", "F16", "BF16"))
 # The types of one 32-weight block a unit (cuda/gemv_rows.cuh's Stageable): the one-row-a-warp GEMVs'

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .kernels import DQ_GROUP_QTYPES, KERNELS
+from .kernels import DQ_GROUP_QTYPES, KERNELS, dequant_grid
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
@@ -352,9 +352,10 @@ def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n
         experts = batch[i0:i0 + group]
         slots = np.arange(len(experts), dtype=np.uint64)
         src = ops.upload(np.asarray(blobs[i0:i0 + group], np.uint64))
-        for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):    # block types: a thread 8 weights
-            n_blocks = halves // qtype_of(part.qtype).block_size
-            grid = (max(1, min(-(-halves // 8 // 256), 4 * ops.num_sms)), len(experts))
+        for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):
+            bs = qtype_of(part.qtype).block_size
+            grid = (dequant_grid(bs, halves, ops.num_sms, per_sm=4), len(experts))     # x blocks a group
+            n_blocks = halves // bs
             ops.launch("dequant_h_groups", grid, (src.ptr, part.ptr, n_blocks, out.ptr, halves), qtype=part.qtype)
         addrs = np.zeros(2 * E, np.uint64)      # expert -> its f16 rows (gate|up, then down), 0 outside the group
         addrs[experts] = np.uint64(gu16.ptr) + slots * np.uint64(2 * gu_halves)

@@ -51,7 +51,7 @@ from ...errors import DeviceError, InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, PDL_LIBRARIES,
-                      WGMMA_LIBRARIES, KernelPaths, tma_attention_runs, wgmma_unavailable)
+                      WGMMA_LIBRARIES, KernelPaths, dequant_grid, tma_attention_runs, wgmma_unavailable)
 from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
@@ -224,10 +224,8 @@ class DeviceOps(DenseOps, AttentionOps):
     def _dequant(self, qtype: str, src: int, dst: int, num_weights: int, f16: bool = False) -> None:
         """num_weights weights at src dequantized to dst as f32 (f16: rounded to f16, strata_dequant_h_*)."""
         qt = qtype_of(qtype)
-        n_blocks = num_weights // qt.block_size
-        threads = num_weights if qt.block_size == 1 else num_weights // 8
-        grid = max(1, min(-(-threads // 256), 32 * self.num_sms))
-        self.launch("dequant_h" if f16 else "dequant", grid, (src, dst, n_blocks), qtype=qt.name)
+        grid = dequant_grid(qt.block_size, num_weights, self.num_sms)
+        self.launch("dequant_h" if f16 else "dequant", grid, (src, dst, num_weights // qt.block_size), qtype=qt.name)
 
     # ---- weights -----------------------------------------------------------------------------
     def has_weight(self, name: str) -> bool:
