@@ -287,43 +287,47 @@ namespace {
 
 constexpr int kQuantMaxPairs = 128;  // Dh <= 256
 
-// RMSNorm's 1 / rms of one head of DH = 32 * PER values at src (16-byte aligned), summed exactly as
-// strata_rms_norm_f32 sums a row of DH on its 16-byte path with 256 threads: thread i takes the float4
-// i, each warp sums its threads' (warp_sum), then warp 0 sums the warps' sums; the warps past the
-// first two hold zeros, which add exactly, so that pass is w0 (+ w1 at Dh 256).
+// One q or k head of DH = 32 * PER values at src (16-byte aligned) and its norm weights, asked for at once
+// (qk_norm_rope_kv_quant asks for the warp's first head before the position and the RoPE table); then
+// RMSNorm's 1 / rms summed exactly as strata_rms_norm_f32 sums a row of DH on its 16-byte path with 256
+// threads: thread i takes the float4 i, each warp sums its threads' (warp_sum), then warp 0 sums the
+// warps' sums; the warps past the first two hold zeros, which add exactly, so that pass is w0 (+ w1 at
+// Dh 256).
 template <int PER>
-__device__ __forceinline__ float head_rms_scale(const float* src, int lane, float eps) {
-    constexpr int N4 = 8 * PER;
-    const float4* x4 = reinterpret_cast<const float4*>(src);
-    float w0 = 0.0f;
-    if (lane < N4) w0 += sum_sq4(x4[lane]);
-    w0 = warp_sum(w0);
-    if constexpr (N4 > 32) {
-        float w1 = 0.0f;
-        w1 += sum_sq4(x4[32 + lane]);
-        w0 = w0 + warp_sum(w1);
-    }
-    return rms_scale(w0, 32 * PER, eps);
-}
+struct QuantHead {
+    static constexpr int N4 = 8 * PER, HALF = 16 * PER;
+    float4 s0, s1;       // the float4s lane and 32 + lane, for the sum
+    HeldHead pairs;      // the RoPE pairs (j, j + HALF), j = lane + 32 k, and their weights
 
-// One head at src: RMSNorm with w (strata_rms_norm_f32's sum and rms_apply), NEOX RoPE with the block's
-// table (rope_rotate, as strata_rope_f32), then the lane's PER consecutive values into v (through the
-// warp's buf of DH floats). One warp.
-template <int PER>
-__device__ __forceinline__ void norm_rope_lanes(const float* src, const float* __restrict__ w, float eps,
-                                                const float* cos_s, const float* sin_s, float* buf, int lane,
-                                                float (&v)[PER]) {
-    constexpr int HALF = 16 * PER;
-    const float scale = head_rms_scale<PER>(src, lane, eps);
-#pragma unroll
-    for (int j = lane; j < HALF; j += 32) {
-        const float a = rms_apply(src[j], scale, w[j]), b = rms_apply(src[j + HALF], scale, w[j + HALF]);
-        rope_rotate(a, b, cos_s[j], sin_s[j], buf[j], buf[j + HALF]);
+    __device__ __forceinline__ void load(const float* src, const float* __restrict__ w, int lane) {
+        const float4* x4 = reinterpret_cast<const float4*>(src);
+        if (lane < N4) s0 = x4[lane];
+        if constexpr (N4 > 32) s1 = x4[32 + lane];
+        pairs.load(src, w, HALF, lane);
     }
-    __syncwarp();
-    strata_kv::load_row<PER>(buf + lane * PER, v);
-    __syncwarp();                                   // buf is the warp's next head's
-}
+
+    __device__ __forceinline__ float rms(int lane, float eps) const {
+        float w0 = 0.0f;
+        if (lane < N4) w0 += sum_sq4(s0);
+        w0 = warp_sum(w0);
+        if constexpr (N4 > 32) {
+            float w1 = 0.0f;
+            w1 += sum_sq4(s1);
+            w0 = w0 + warp_sum(w1);
+        }
+        return rms_scale(w0, 32 * PER, eps);
+    }
+
+    // RMSNorm, NEOX RoPE with the block's table (rope_rotate, as strata_rope_f32), then the lane's PER
+    // consecutive values into v (through the warp's buf of DH floats). One warp.
+    __device__ __forceinline__ void norm_rope(float eps, const float* cos_s, const float* sin_s, float* buf,
+                                              int lane, float (&v)[PER]) const {
+        pairs.store(buf, HALF, lane, rms(lane, eps), cos_s, sin_s);
+        __syncwarp();
+        strata_kv::load_row<PER>(buf + lane * PER, v);
+        __syncwarp();                               // buf is the warp's next head's
+    }
+};
 
 template <bool KQ4, bool VQ4, int PER>
 __device__ __forceinline__ void qk_norm_rope_kv_quant(const float* q, const float* __restrict__ k,
@@ -338,23 +342,31 @@ __device__ __forceinline__ void qk_norm_rope_kv_quant(const float* q, const floa
     __shared__ float cos_s[kQuantMaxPairs], sin_s[kQuantMaxPairs];
     __shared__ float buf_s[kWarps][DH];
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int num_heads = H + 2 * Hk, g0 = blockIdx.y * kWarps + warp;
+    auto head = [&](int g) {                        // head g < H + Hk's values and norm weights
+        return g < H ? q + (static_cast<int64_t>(t) * H + g) * DH : k + (static_cast<int64_t>(t) * Hk + g - H) * DH;
+    };
+    // The warp's first q or k head is asked for before the position and the RoPE table, so its loads
+    // overlap the table's (as strata_qk_norm_rope_kv_f32's); the sums wait for the table.
+    QuantHead<PER> held;
+    if (g0 < H + Hk) held.load(head(g0), g0 < H ? q_w : k_w, lane);
     const int p = positions[t];
     const int64_t c = cells ? cells[t] : p;
     rope_table(cos_s, sin_s, static_cast<float>(p), inv_freq, DH / 2, scale);
     float* buf = buf_s[warp];
-    const int num_heads = H + 2 * Hk;
-    for (int g = blockIdx.y * kWarps + warp; g < num_heads; g += gridDim.y * kWarps) {
+    for (int g = g0; g < num_heads; g += gridDim.y * kWarps) {
         float x[PER];
         if (g < H) {
-            const int64_t off = (static_cast<int64_t>(t) * H + g) * DH;
-            norm_rope_lanes<PER>(q + off, q_w, eps, cos_s, sin_s, buf, lane, x);
+            if (g != g0) held.load(head(g), q_w, lane);
+            held.norm_rope(eps, cos_s, sin_s, buf, lane, x);
             if constexpr (KQ4) strata_kv::hadamard_warp<PER>(x, lane, rot_scale);   // q . k = Hq . Hk
+            const int64_t off = (static_cast<int64_t>(t) * H + g) * DH;
 #pragma unroll
             for (int i = 0; i < PER; ++i) q_out[off + lane * PER + i] = x[i];
         } else if (g < H + Hk) {
-            const int h = g - H;
-            norm_rope_lanes<PER>(k + (static_cast<int64_t>(t) * Hk + h) * DH, k_w, eps, cos_s, sin_s, buf, lane, x);
-            strata_kv::append_head<KQ4, PER>(x, lane, c * Hk + h, k_values, k_scales, rot_scale);
+            if (g != g0) held.load(head(g), k_w, lane);
+            held.norm_rope(eps, cos_s, sin_s, buf, lane, x);
+            strata_kv::append_head<KQ4, PER>(x, lane, c * Hk + g - H, k_values, k_scales, rot_scale);
         } else {
             const int h = g - H - Hk;
             strata_kv::load_row<PER>(v + (static_cast<int64_t>(t) * Hk + h) * DH + lane * PER, x);

@@ -8,6 +8,7 @@ Chains (one row, the norm's n):
   qkv    48 x (the fused q|k|v GEMV, Q8_0 5,120 x n, then add + RMSNorm of its first n outputs)
   rope   48 QK-norm + RoPE + f16 K/V appends at the 30B's heads (32 / 4, Dh 128), q in place, each
          reading the q the one before wrote
+  ropeq  the same with q4_0 K/V appends (strata_qk_norm_rope_kv_q4_0: q rotated, K and V quantized)
 Every arm's final outputs must equal the first arm's bit for bit (the same sums in the same order;
 rope's within 1e-4 of the largest, as a build may contract its head sums otherwise), and one norm is
 checked against numpy. Prints us a chain step and the graph's time, the median of --reps.
@@ -53,7 +54,8 @@ def main(argv=None) -> int:
         lib = rt.Library(f"decode_fused_{name}", Path(path).read_bytes())
         arms[name] = (lib.kernel(dev, "strata_add_rms_norm_f32", "PPPPPiif"),
                       lib.kernel(dev, "strata_gemv3_q8_0", "PPPPPPPiiiii"),
-                      lib.kernel(dev, "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff"))
+                      lib.kernel(dev, "strata_qk_norm_rope_kv_f32", "PPPPPPPPPPPiiiiff"),
+                      lib.kernel(dev, "strata_qk_norm_rope_kv_q4_0", "PPPPPPPPPPPPPiiiifff"))
     rng = np.random.default_rng(0)
     w_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
     x_host = rng.standard_normal(n).astype(np.float32)
@@ -79,13 +81,16 @@ def main(argv=None) -> int:
     pos = rt.DeviceBuffer(dev, 4)
     pos.copy_from_host(np.array([511], np.int32), st)
     cache = rt.DeviceBuffer(dev, 1024 * Hk * dh * 2 * 2)      # k then v, 1,024 cells of f16
+    # q4_0 planes (ropeq): k values, k scales, v values, v scales of 1,024 cells
+    plane_bytes = [1024 * Hk * dh // 2, 1024 * Hk * dh // 32 * 2] * 2
+    planes = [rt.DeviceBuffer(dev, b) for b in plane_bytes]
     st.synchronize()
 
     # one norm against numpy (x + x, then the norm), every arm
     ok = True
     ref_sum = x_host + x_host
     ref = ref_sum / np.sqrt(np.mean(ref_sum.astype(np.float64) ** 2) + 1e-6) * w_host
-    for name, (norm, _, _) in arms.items():
+    for name, (norm, *_) in arms.items():
         norm.launch(1, 256, (x0.ptr, x0.ptr, resid.ptr, w.ptr, normed.ptr, 1, n, 1e-6), stream=st)
         got = np.empty(n, np.float32)
         normed.copy_to_host(got, st)
@@ -95,7 +100,7 @@ def main(argv=None) -> int:
         print(f"check {name}: max rel err {err:.2e}")
 
     def record(name, chain):
-        norm, gemv3, rope = arms[name]
+        norm, gemv3, rope, ropeq = arms[name]
 
         def rec(stream):
             rt.copy_d2d(resid.ptr, x0.ptr, n * 4, stream)
@@ -108,6 +113,13 @@ def main(argv=None) -> int:
                                 (qk.ptr, qk.ptr + H * dh * 4, qk.ptr + (H + Hk) * dh * 4, norm_w.ptr, norm_w.ptr,
                                  pos.ptr, 0, inv.ptr, qk.ptr, kc, vc, 1, H, Hk, dh, 1e-6, 1.0),
                                 stream=stream, pdl=True)
+                return
+            if chain == "ropeq":
+                for _ in range(STEPS // 2):
+                    ropeq.launch((1, -(-(H + 2 * Hk) // 4)), 128,
+                                 (qk.ptr, qk.ptr + H * dh * 4, qk.ptr + (H + Hk) * dh * 4, norm_w.ptr, norm_w.ptr,
+                                  pos.ptr, 0, inv.ptr, qk.ptr, *(p.ptr for p in planes), 1, H, Hk, dh, 1e-6, 1.0,
+                                  float(np.float32(1.0 / np.sqrt(dh)))), stream=stream, pdl=True)
                 return
             for i in range(STEPS if chain == "norm" else STEPS // 2):
                 if chain == "qkv":
@@ -132,6 +144,15 @@ def main(argv=None) -> int:
             st.synchronize()
             kv = cells.reshape(2, 1024, Hk * dh)[:, 511].reshape(-1)
             out[H * dh:] = kv.view(np.float32)
+        elif chain == "ropeq":  # q after the chain and every plane's bytes
+            out = np.empty(H * dh, np.float32)
+            qk.copy_to_host(out, st)
+            st.synchronize()
+            for p, b in zip(planes, plane_bytes):
+                raw = np.empty(b // 4, np.float32)
+                p.copy_to_host(raw, st)
+                st.synchronize()
+                out = np.concatenate([out, raw])
         else:
             out = np.empty(n, np.float32)
             normed.copy_to_host(out, st)
@@ -140,7 +161,7 @@ def main(argv=None) -> int:
 
     report = {}
     print(f"{'chain':6s} {'arm':10s} {'us a step':>10s}  graph ms (rounds)")
-    for chain in ("norm", "qkv", "rope"):
+    for chain in ("norm", "qkv", "rope", "ropeq"):
         steps = STEPS if chain == "norm" else STEPS // 2
         times, finals = {a: [] for a in arms}, {}
         for _ in range(args.rounds):
@@ -154,6 +175,8 @@ def main(argv=None) -> int:
             if chain == "rope":     # a build may round the head's sum of squares in another order: close
                 a, b = finals[name][:H * dh], first[:H * dh]
                 ok &= bool(np.isfinite(a).all()) and bool(np.abs(a - b).max() <= 1e-4 * np.abs(b).max())
+            elif chain == "ropeq":  # q, then the planes' raw bytes (not floats)
+                ok &= same and bool(np.isfinite(finals[name][:H * dh]).all())
             else:
                 ok &= same and bool(np.isfinite(finals[name]).all())
             ms = float(np.median(times[name]))
