@@ -98,30 +98,6 @@ __device__ __forceinline__ void named_sync(unsigned id, unsigned threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// A CUtensorMap as the host encoded it (cuTensorMapEncodeTiled), passed by value as a __grid_constant__
-// parameter: the TMA reads it from the parameter space.
-struct alignas(64) TensorMap {
-    unsigned long long bits[16];
-};
-// This thread's arrival on the barrier, which also expects `bytes` more bytes of asynchronous copies.
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// The box at (c0, c1, c2) of the tensor map into shared memory at dst; its bytes complete on bar.
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, unsigned bar) {
-#ifndef STRATA_WG_TRAP
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-#endif
-}
-// A wgmma shared-memory descriptor of a tile in the 128-byte swizzle (layout type 1): rows of 128 bytes,
-// 16-byte chunk c of row r at chunk c ^ (r % 8), in 1024-byte atoms of 8 rows (as the TMA writes them).
-__device__ __forceinline__ uint64_t smem_desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
-    return smem_desc(addr, lbo, sbo) | (1ull << 62);
-}
-
 // The producer warpgroup: every tile's K then V into its stage, each stage refilled once the consumers
 // free it. A warp's copy instruction covers 8 cells x 4 chunks (64 bytes of each cell): lane bit 0 is
 // the chunk's low bit, bits 1-3 the cell, bit 4 the chunk's high bit. So the 8 lanes the memory system

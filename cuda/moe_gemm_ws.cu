@@ -56,6 +56,18 @@
 // MFLOP instead of 32 KB for 2.1, for where the operands' L2 traffic, not the decode, is the bound (the
 // f16 path: at the tensor cores' rate a 128 x 128 tile asks about 15 TB/s of the H100's L2).
 //
+// strata_moe_gemm_wst_f16(ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles, w_base, tx, tw)
+//   strata_moe_gemm_ws16_f16's products with both operands moved by the TMA (the attention's lesson: its
+//   cp.async build ran the L2 at 94% on 16-byte requests, 250 TFLOP/s; its TMA build 500-650). tx: a
+//   tensor map of X's f16 rows [rows, K] (ldx halves apart), tw: one of the weights' f16 rows [rows, K]
+//   starting at w_base, every group's matrix among them (ptrs[g] + part_offset - w_base a multiple of its
+//   2K-byte rows); boxes of 64 halves x 128 rows, 128-byte swizzle, zeros past either end
+//   (strata.backends.cuda.moe_gemm.wst_maps). One producer thread asks for a stage's two (or, 256-row
+//   build, three) boxes on its full barrier by transaction bytes; the consumers read them as 128-byte
+//   swizzled K-major operands. A tile's rows past m read other groups' rows (or zeros) and are not
+//   stored. Dynamic shared memory kSmemBytes + 1024 (the block rounds its base up to the swizzle's
+//   1024-byte atom). K a multiple of 8.
+//
 // tools/moe_gemm_ab.py checks it against the float64 product and moe_gemm.cu and times both from
 // fatbins (tools/variants/make_wgmma.sh), without a package build. Compiled for any arch but sm_90a the
 // entry points trap (wgmma.cuh).
@@ -245,9 +257,35 @@ __device__ __forceinline__ void produce(const unsigned long long* __restrict__ p
     if constexpr (kX16<TX>) copies_wait_all();
 }
 
+// The TMA producer (one thread): each live item's stages, X's box (k0, s0) and the weights' box(es) (k0,
+// the group's first row + n0 [+ 128]), on the stage's full barrier.
+__device__ __forceinline__ void produce_tma(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                            const int* __restrict__ tiles, int K, int items, int n_blocks,
+                                            unsigned long long w_base, const TensorMap* tx, const TensorMap* tw,
+                                            unsigned base, unsigned bars) {
+    const int steps = (K + kBK - 1) / kBK;
+    const unsigned long long row_bytes = 2ull * K;
+    int ring = 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+        const Item it = item_at(ptrs, tiles, w, n_blocks);
+        if (!it.live) continue;
+        const int w_row = static_cast<int>((ptrs[it.t.x] + part_offset - w_base) / row_bytes) + it.n0;
+        for (int step = 0; step < steps; ++step, ++ring) {
+            const int st = ring % kStages, use = ring / kStages, k0 = step * kBK;
+            if (use > 0) mbar_wait(empty_bar(bars, st), (use - 1) & 1);
+            const unsigned a_base = base + st * kStageBytes, full = full_bar(bars, st);
+            mbar_arrive_expect_tx(full, kStageBytes);
+            tma_load_2d(a_base, tx, k0, it.t.y, full);
+#pragma unroll
+            for (int h = 0; h < kWRows; ++h) tma_load_2d(a_base + (1 + h) * kTileBytes, tw, k0, w_row + kBM * h, full);
+        }
+    }
+}
+
 // A consumer warpgroup (wg 0 or 1: tile rows 64 wg .. 64 wg + 63): every live item's stages through
-// wgmma, then its rows of Y.
-template <bool X16>
+// wgmma, then its rows of Y. kTma: the stages are the TMA's 128-byte swizzled boxes (rows of 128 bytes,
+// 8-row atoms 1024 bytes apart, a 16-wide k step 32 bytes along the row); else the no-swizzle layout.
+template <bool X16, bool kTma = false>
 __device__ __forceinline__ void consume(const unsigned long long* __restrict__ ptrs, const int* __restrict__ tiles,
                                         float* __restrict__ Y, long long ldy, int N, int K, int items, int n_blocks,
                                         unsigned base, unsigned bars, int wg, int warp_in_wg, int lane) {
@@ -265,15 +303,20 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
         for (int step = 0; step < steps; ++step, ++ring) {
             const int st = ring % kStages;
             mbar_wait(full_bar(bars, st), (ring / kStages) & 1);
-            if constexpr (X16) fence_proxy_async();   // the cp.async writes of X, for wgmma's reads
+            if constexpr (X16 && !kTma) fence_proxy_async();   // the cp.async writes of X, for wgmma's reads
             const unsigned a_base = base + st * kStageBytes, b_base = a_base + kTileBytes;
             wgmma_fence();
 #pragma unroll
             for (int k16 = 0; k16 < kBK / 16; ++k16)
 #pragma unroll
-                for (int b = 0; b < kWRows; ++b)
-                    wgmma_m64n128k16(acc[b], smem_desc(a_base + chunk(64 * wg, 2 * k16) * 16, kLbo, kSbo),
-                                     smem_desc(b_base + chunk(kBM * b, 2 * k16) * 16, kLbo, kSbo));
+                for (int b = 0; b < kWRows; ++b) {
+                    if constexpr (kTma)
+                        wgmma_m64n128k16(acc[b], smem_desc_sw128(a_base + 64 * wg * 128 + 32 * k16, 16, 1024),
+                                         smem_desc_sw128(b_base + kTileBytes * b + 32 * k16, 16, 1024));
+                    else
+                        wgmma_m64n128k16(acc[b], smem_desc(a_base + chunk(64 * wg, 2 * k16) * 16, kLbo, kSbo),
+                                         smem_desc(b_base + chunk(kBM * b, 2 * k16) * 16, kLbo, kSbo));
+                }
             wgmma_commit();
             wgmma_wait<1>();  // the previous stage's group is done: free its stage
             if (step > 0 && lane == 0) mbar_arrive(empty_bar(bars, (ring - 1) % kStages));
@@ -334,7 +377,45 @@ __device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __res
 #endif
 }
 
+// strata_moe_gemm_wst_f16's body: the ring as moe_gemm_ws_body's, in a 1024-aligned block, filled by one
+// producer thread's TMA copies (each full barrier: that thread's arrival and the stage's bytes).
+__device__ __forceinline__ void moe_gemm_wst_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
+                                                  const int* __restrict__ tiles, int n_tiles, float* __restrict__ Y,
+                                                  long long ldy, int N, int K, unsigned long long w_base,
+                                                  const TensorMap* tx, const TensorMap* tw) {
+#ifdef STRATA_WG_TRAP
+    __trap();
+#else
+    extern __shared__ __align__(128) unsigned char ws_smem[];
+    const unsigned base = (smem_addr(ws_smem) + 1023) & ~1023u, bars = base + kBarOffset;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(full_bar(bars, st), 1);
+            mbar_init(empty_bar(bars, st), kConsumers / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int n_blocks = (N + kBN - 1) / kBN, items = n_blocks * n_tiles;
+    if (threadIdx.x >= kConsumers) {
+        if (threadIdx.x == kConsumers) produce_tma(ptrs, part_offset, tiles, K, items, n_blocks, w_base, tx, tw, base, bars);
+    } else {
+        const int warp = threadIdx.x >> 5;
+        consume<true, true>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
+    }
+#endif
+}
+
 }  // namespace
+
+// The TMA build over f16 weights and f16 X (X and the contract's part of ptrs read through tx and tw; X
+// and ldx kept for the contract's order, unused).
+extern "C" __global__ void __launch_bounds__(kThreads, 1) strata_moe_gemm_wst_f16(
+    const unsigned long long* ptrs, long long part_offset, const int* tiles, const __half* X, long long ldx, float* Y,
+    long long ldy, int N, int K, int n_tiles, unsigned long long w_base, const __grid_constant__ TensorMap tx,
+    const __grid_constant__ TensorMap tw) {
+    moe_gemm_wst_body(ptrs, part_offset, tiles, n_tiles, Y, ldy, N, K, w_base, &tx, &tw);
+}
 
 // Both entry families: X as f32 (strata_moe_gemm_ws_<q>) and as f16 (strata_moe_gemm_ws16_<q>).
 #define STRATA_MOE_GEMM_WS_X(name, Block, prefix, XT)                                                  \

@@ -1,7 +1,8 @@
 // What the Hopper warpgroup-MMA kernels share (cuda/moe_gemm_ws.cu, cuda/attention_wg.cu,
-// cuda/attention_ws.cu): the trap switch for archs without wgmma, the descriptor of a no-swizzle
-// shared-memory operand, the fence / commit / wait instructions, and the m64n128k16 MMA with both
-// operands in shared memory. Include inside an anonymous namespace.
+// cuda/attention_ws.cu): the trap switch for archs without wgmma, the descriptors of a no-swizzle and a
+// 128-byte swizzled shared-memory operand, the fence / commit / wait instructions, the m64n128k16 MMA
+// with both operands in shared memory, and the TMA's tensor maps and box copies. Include inside an
+// anonymous namespace.
 //
 // Built for anything but sm_90a (setup.py builds these libraries for sm_90a only) STRATA_WG_TRAP is
 // set, every instruction here compiles to nothing, and the kernels trap instead of running.
@@ -21,6 +22,12 @@
 __device__ __forceinline__ uint64_t smem_desc(unsigned addr, unsigned k_step, unsigned mn_step) {
     return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(k_step >> 4) << 16) |
            (static_cast<uint64_t>(mn_step >> 4) << 32);
+}
+
+// A wgmma shared-memory descriptor of a tile in the 128-byte swizzle (layout type 1): rows of 128 bytes,
+// 16-byte chunk c of row r at chunk c ^ (r % 8), in 1024-byte atoms of 8 rows (as the TMA writes them).
+__device__ __forceinline__ uint64_t smem_desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+    return smem_desc(addr, lbo, sbo) | (1ull << 62);
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -81,5 +88,33 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(desc_a), "l"(desc_b), "r"(1));
+#endif
+}
+
+// A CUtensorMap as the host encoded it (cuTensorMapEncodeTiled), passed by value as a __grid_constant__
+// parameter: the TMA reads it from the parameter space.
+struct alignas(64) TensorMap {
+    unsigned long long bits[16];
+};
+// This thread's arrival on the barrier, which also expects `bytes` more bytes of asynchronous copies.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box at (c0, c1) of a 2-d tensor map, or (c0, c1, c2) of a 3-d one, into shared memory at dst;
+// its bytes complete on bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, unsigned bar) {
+#ifndef STRATA_WG_TRAP
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
 #endif
 }

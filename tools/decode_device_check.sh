@@ -43,7 +43,8 @@
 #               512,4096,16384 with neither, both and each, then 16384 at 12 GiB with neither and both
 #     gemmab    tools/variants/gemm_ws_ab.sh on the carried fatbins while the pack is made (GEMMAB_ARMS: its arms)
 #     wsgemm    #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu, --kernels-on wgmma-gemm) against
-#               moe_gemm.cu: test_moe_gemm_gpu over both (and test_dequant_gpu's f16 tests), moe_gemm_bench per library, resident prompts WSGEMM_PROMPTS
+#               moe_gemm.cu: test_moe_gemm_gpu over both (and test_dequant_gpu's f16 tests; WSGEMM_TEST_K: -k), moe_gemm_bench per
+#               WSGEMM_OPS (default "moe_gemm moe_gemm_ws"; OP:--f16 times the shapes as F16; moe_gemm_wst the TMA build), resident prompts WSGEMM_PROMPTS
 #               (default 4096,16384) in each arm of WSGEMM_ARMS (default none, dq-gemm, wgmma-gemm-f16x, wgmma-gemm-dq, twice),
 #               then 16384 at 12 GiB off and with wgmma-gemm (WSGEMM_12=0 skips those)
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
@@ -278,10 +279,13 @@ if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda
     echo "== moe_gemm GPU tests, both builds, and the f16 dequantization ($(elapsed) s)"
     timeout "$(budget 150)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_moe_gemm_gpu.py \
         "tests/kernels/test_dequant_gpu.py::test_dequant_h_is_f16_of_the_exact_weights" \
-        "tests/kernels/test_dequant_gpu.py::test_dequant_h_groups_writes_each_blob_and_skips_null_ones" 2>&1 | tail -4
-    for op in moe_gemm moe_gemm_ws; do
-        echo "== $op bench ($(elapsed) s)"
-        timeout "$(budget 60)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op --json "$OUT/gemm_$op.json" 2>&1 | tail -9
+        "tests/kernels/test_dequant_gpu.py::test_dequant_h_groups_writes_each_blob_and_skips_null_ones" \
+        ${WSGEMM_TEST_K:+-k "$WSGEMM_TEST_K"} 2>&1 | tail -4
+    for spec in ${WSGEMM_OPS:-moe_gemm moe_gemm_ws}; do     # OP or OP:--f16 (every shape as F16)
+        op=${spec%%:*}; extra=(); [ "$spec" != "$op" ] && extra=("${spec#*:}")
+        echo "== $op ${extra[*]} bench ($(elapsed) s)"
+        timeout "$(budget 60)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op "${extra[@]}" \
+            --json "$OUT/gemm_$op${extra:+_f16}.json" 2>&1 | tail -9
     done
     for arm in ${WSGEMM_ARMS:-none dq-gemm wgmma-gemm-f16x wgmma-gemm-dq none dq-gemm wgmma-gemm-f16x wgmma-gemm-dq}; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")

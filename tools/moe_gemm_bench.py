@@ -2,7 +2,10 @@
 
     python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--op moe_gemm_ws] [--json PATH]
 
---op moe_gemm_ws times cuda/moe_gemm_ws.cu (the same products on Hopper's wgmma; sm_90 builds only).
+--op moe_gemm_ws times cuda/moe_gemm_ws.cu (the same products on Hopper's wgmma; sm_90 builds only);
+moe_gemm_ws16 its entry points taking X as f16; moe_gemm_wst its TMA build over f16 weights (wgmma-gemm-dq's
+GEMM: every shape taken as F16, the groups' matrices back to back as the dq scratch holds them). --f16
+takes every shape as F16 with the other ops too.
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -19,7 +22,7 @@ import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
 from strata.backends.cuda.kernels import KERNELS
-from strata.backends.cuda.moe_gemm import launch_for, tiles_for
+from strata.backends.cuda.moe_gemm import WST_SHARED_BYTES, launch_for, tiles_for, ws_grid, wst_maps
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -45,7 +48,8 @@ def shapes(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, int, i
 def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
     rt = ops._rt
     row_bytes = qtype(name).row_bytes(K)
-    stride = -(-N * row_bytes // 256) * 256
+    # the TMA build's groups a whole number of rows apart (the dq scratch: back to back)
+    stride = N * row_bytes if op == "moe_gemm_wst" else -(-N * row_bytes // 256) * 256
     G = len(rows)
     blob = rt.DeviceBuffer(ops.device, G * stride)
     one = random_qtensor_bytes(name, (N, K), rng)   # one matrix, copied to every group's place
@@ -56,12 +60,18 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
         ranges.append((g, s, r))
         s += r
     tiles = tiles_for(ranges)
-    X = rng.standard_normal((s, K)).astype(np.float32)
+    X = rng.standard_normal((s, K)).astype(np.float16 if op in ("moe_gemm_ws16", "moe_gemm_wst") else np.float32)
     ptrs = np.array([blob.ptr + g * stride for g in range(G)], np.uint64)
     y = ops._output(s * N * 4)
-    args = (ops._upload(ptrs), 0, ops._upload(tiles), ops._upload(X), K, y, N, N, K)
-    kernel = ops._kernel(op, qtype=name)
-    grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
+    x_dev = ops._upload(X)
+    args = (ops._upload(ptrs), 0, ops._upload(tiles), x_dev, K, y, N, N, K)
+    if op == "moe_gemm_wst":
+        kernel = ops._kernel(op)
+        grid, shared = ws_grid(N, len(tiles), ops.device.multiprocessor_count), WST_SHARED_BYTES
+        tail = (len(tiles), blob.ptr, *wst_maps(rt, x_dev.ptr, s, K, blob.ptr, G * N, K))
+    else:
+        kernel = ops._kernel(op, qtype=name)
+        grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
     args, block = (*args, *tail), KERNELS[op].block
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []
@@ -83,7 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt tokens (dense rows; experts get tokens * 8)")
     ap.add_argument("--only", metavar="TEXT", help="only shapes whose label or type contains TEXT")
-    ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_ws"), help="the kernel library")
+    ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_ws", "moe_gemm_ws16", "moe_gemm_wst"),
+                    help="the kernel library (and entry family)")
+    ap.add_argument("--f16", action="store_true", help="every shape's weights as F16 (moe_gemm_wst: always)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     ops = CudaOps()
@@ -93,6 +105,8 @@ def main(argv=None) -> int:
     for label, name, N, K, rows in shapes(args.tokens, rng):
         if args.only and args.only not in f"{label} {name}":
             continue
+        if args.f16 or args.op == "moe_gemm_wst":
+            name = "F16"
         r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats, args.op)}
         results.append(r)
         print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "

@@ -401,12 +401,15 @@ def copy_d2d(dst: int, src: int, nbytes: int, stream) -> None:
 
 
 _TENSOR_MAP = struct.Struct("<Q3Q2Q3Q")
+_TENSOR_MAP_2D = struct.Struct("<Q2QQ2Q")
 
 
 def tensor_map_f16(address: int, dims, strides, box) -> bytes:
-    """The runtime's CUtensorMap bytes: here the address, dims, strides and box a 3-D map holds."""
-    assert len(dims) == 3 and len(strides) == 2 and len(box) == 3 and address % 16 == 0
-    return _TENSOR_MAP.pack(address, *dims, *strides, *box).ljust(128, b"\0")
+    """The runtime's CUtensorMap bytes: here the address, dims, strides and box a 3-D (or 2-D) map holds."""
+    assert len(dims) in (2, 3) and len(strides) == len(dims) - 1 and len(box) == len(dims) and address % 16 == 0
+    assert all(s % 16 == 0 for s in strides) and box[0] == 64, "the TMA's 16-byte strides, 128-byte swizzle's rows"
+    pack = _TENSOR_MAP if len(dims) == 3 else _TENSOR_MAP_2D
+    return pack.pack(address, *dims, *strides, *box).ljust(128, b"\0")
 
 
 def copy_h2d_batch(dst, src, nbytes, stream) -> None:
@@ -467,7 +470,7 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_pair", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_pair", "moe_gemm_wst", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
                        "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
@@ -1030,6 +1033,7 @@ _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
                  "moe_gemm_ws": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws"),
                  "moe_gemm_ws16": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws16"),
+                 "moe_gemm_wst": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_wst"),
                  "sample_f32": _lazy_emulation("fake_sample", "emulate_sample"),
                  "gdn_conv1d_step_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_step"),
                  "gdn_conv1d_rows_f32": _lazy_emulation("fake_gated_delta", "emulate_conv1d_rows"),

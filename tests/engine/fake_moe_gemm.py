@@ -27,6 +27,35 @@ def emulate_moe_gemm_ws16(*args):
     emulate_moe_gemm_ws(*args, x_dtype=np.float16)
 
 
+def emulate_moe_gemm_wst(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, n_tiles, w_base, tx, tw):
+    """strata_moe_gemm_wst_f16: moe_gemm_ws16's products with X and the weights read through its tensor
+    maps (rows past a map's end as zeros), so a map over the wrong block, rows or stride shows: each
+    group's first row is (ptrs[g] + part_offset - w_base) / 2K of tw's rows."""
+    from tests.engine.fake_cuda import _TENSOR_MAP_2D
+    assert q == "F16" and grid[1] == grid[2] == 1 and 1 <= grid[0] <= max(1, -(-N // BN) * n_tiles)
+    (xa, xk, x_rows, x_stride, *xbox), (wa, wk, w_rows, w_stride, *wbox) = (
+        _TENSOR_MAP_2D.unpack(m[:_TENSOR_MAP_2D.size]) for m in (tx, tw))
+    assert xk == wk == K and xbox == wbox == [64, BM] and wa == w_base and w_stride == 2 * K, "a map of another shape"
+    table = view(tiles, 4 * n_tiles, np.int32).reshape(n_tiles, 4)
+    groups = int(table[:, 0].max()) + 1 if n_tiles else 0
+    addrs = view(ptrs, groups, np.uint64) if groups else np.zeros(0, np.uint64)
+
+    def rows(address, stride, count, first, n):     # rows first .. first + n - 1 of a map, zeros past its end
+        out = np.zeros((n, K), np.float32)
+        for i in range(max(0, min(n, count - first))):
+            out[i] = view(address + (first + i) * stride, K, np.float16)
+        return out
+    for g, s0, m, _ in table.tolist():
+        if m == 0 or int(addrs[g]) == 0:
+            continue
+        offset = int(addrs[g]) + part_offset - w_base
+        assert offset >= 0 and offset % (2 * K) == 0, f"moe_gemm_wst: group {g} is not on a row of the weights' map"
+        w = rows(wa, w_stride, w_rows, offset // (2 * K), N)
+        x = rows(xa, x_stride, x_rows, s0, m)
+        for i in range(m):
+            view(Y + (s0 + i) * ldy * 4, N)[:] = w @ x[i]
+
+
 def emulate_moe_gemm(q, grid, ptrs, part_offset, tiles, X, ldx, Y, ldy, N, K, x_dtype=np.float32):
     n_tiles = grid[1]
     assert grid[0] * BN >= N > 0, f"moe_gemm: grid {grid} does not cover N {N} in tiles of {BN}"

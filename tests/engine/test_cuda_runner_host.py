@@ -96,8 +96,10 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
 def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypatch):
     """wgmma-gemm-dq: where a chunk has DQ_MIN_ROWS rows an expert (lowered here for the demo model's
     20 tokens), every expert of a layer is dequantized to f16 rows in one launch a matrix and the
-    f16-X GEMMs run over them (moe_gemm_ws16_f16), the dense projections likewise: the same f16
-    operands as the decoding GEMMs', so the same logits; under the threshold, the decoding GEMMs."""
+    f16 GEMMs run over them with both operands moved by the TMA (moe_gemm_wst_f16, its tensor maps
+    over the scratch and X: the emulation reads through them), the dense projections likewise: the
+    same f16 operands as the decoding GEMMs', so the same logits; under the threshold, the decoding
+    GEMMs."""
     import strata.backends.cuda.moe as moe
     import strata.backends.cuda.ops_dense as ops_dense
     pack = open_pack(DEMO)
@@ -111,15 +113,15 @@ def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypat
         monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
     fake.launches.clear()
     np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
-    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_ws16_f16"} <= set(fake.launches)
-    assert "strata_moe_gemm_ws16_q8_0" not in fake.launches
+    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_wst_f16"} <= set(fake.launches)
+    assert "strata_moe_gemm_ws16_q8_0" not in fake.launches and "strata_moe_gemm_ws16_f16" not in fake.launches
     # no room for the f16 weights (try_alloc's None, as a full card or a frozen pool gives): the decoding GEMMs
     import strata.backends.cuda.ops as ops_module
     monkeypatch.setattr(ops_module.DeviceOps, "try_alloc", lambda self, shape, dtype=np.float32: None)
     fake.launches.clear()
     np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
     assert not [n for n in fake.launches if n.startswith("strata_dequant_h")]
-    assert "strata_moe_gemm_ws16_q8_0" in fake.launches and "strata_moe_gemm_ws16_f16" not in fake.launches
+    assert "strata_moe_gemm_ws16_q8_0" in fake.launches and "strata_moe_gemm_wst_f16" not in fake.launches
 
 
 def test_dq_gemm_dequantizes_before_the_mma_sync_gemm(fake, rng, monkeypatch):

@@ -133,6 +133,33 @@ def test_moe_gemm_production_shapes(ops, op, rng, name, N, K, rows):
 
 
 @gpu
+@pytest.mark.parametrize("N,K,counts", [(1536, 2048, "experts"), (2048, 768, "experts"), (4096, 2048, [300]),
+                                        (BN + 72, 40, [1, 70, BM, 2 * BM + 1, 5]), (37, 8, [BM - 1, 3, 130]),
+                                        (512, 4096, [1000]), (20000 + 37, 2048, [3])])
+def test_moe_gemm_wst_is_ws16_bit_for_bit(ops, rng, N, K, counts):
+    """strata_moe_gemm_wst_f16 (the TMA build, wgmma-gemm-dq's GEMM): within the bounds against float64, and
+    strata_moe_gemm_ws16_f16's outputs bit for bit (the same MMAs in the same k order; only how the
+    operands reach shared memory differs), a null group skipped, behind a part offset."""
+    from strata.backends.cuda.moe_gemm import moe_gemm
+    op = "moe_gemm_ws16"
+    import strata.backends.cuda as cuda_backend
+    from strata.backends.cuda.kernels import wgmma_unavailable
+    why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
+    if why:
+        pytest.skip(f"moe_gemm_wst: {why}")
+    counts = rng.integers(32, 320, size=6) if counts == "experts" else counts
+    weights, ranges, X = make_case(rng, "F16", N, K, counts, std=0.02)
+    if len(weights) > 2:
+        weights[1] = None
+        ranges = [r for r in ranges if r[0] != 1]
+    got = moe_gemm("F16", weights, ranges, X, ops=ops, op="moe_gemm_wst", part_offset=32)
+    check("F16", got, weights, ranges, X, f"wst N {N} K {K}")
+    want = moe_gemm("F16", weights, ranges, X, ops=ops, op=op)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+        f"N {N} K {K}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} outputs differ from ws16"
+
+
+@gpu
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "BF16"])
 def test_moe_gemm_deterministic(ops, op, rng, name):
     """Identical bits when the weights move (other offsets, a part offset), when tiles are cut at

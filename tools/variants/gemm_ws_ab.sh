@@ -38,4 +38,4 @@ echo "== times"
 # each shape again with f16 weights (dequantized once: the ws16 arms copy both operands by cp.async), and the
 # price of that dequantization (cuda/dequant.cu's strata_dequant_h_<type>, checked against f16(dequantize))
 dq=(); [ -f $W/dequant.fatbin ] && dq=(--retype F16 --dequant $W/dequant.fatbin)
-timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" "${dq[@]}" --json "$OUT/times.json" 2>&1 | grep -v " ok " | tail -18
+timeout 300 python3 tools/moe_gemm_ab.py --arm "$REF" "${pass[@]}" "${dq[@]}" --json "$OUT/times.json" 2>&1 | grep -v " ok " | tail -44

@@ -337,6 +337,9 @@ KERNELS = {
     # the same with X given as f16 (ldx in halves), copied into the stages (the trial path wgmma-gemm-f16x)
     "moe_gemm_ws16":    _K("moe_gemm_ws", "strata_moe_gemm_ws16_{qtype}", "PqPPqPqiii", 512,
                            "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid", ALL_QTYPES),
+    # the same over f16 weights and f16 X with both operands moved by the TMA (the dq path's): two tensor maps
+    "moe_gemm_wst":     _K("moe_gemm_ws", "strata_moe_gemm_wst_f16", "PqPPqPqiiiQBB", 512,
+                           "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid; moe_gemm.wst_maps"),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,

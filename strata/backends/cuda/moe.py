@@ -24,7 +24,7 @@ from .kernels import DQ_GROUP_QTYPES, KERNELS, dequant_grid
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import launch_for, tiles_for
+from .moe_gemm import WST_SHARED_BYTES, launch_for, tiles_for, ws_grid, wst_maps, wst_takes
 from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch, pair_launch
 from .moe_plan import MoePlan
 
@@ -65,11 +65,19 @@ class GroupTable:
 
 
 def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
-                 N: int) -> None:
+                 N: int, tma: tuple | None = None) -> None:
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles). X is f16
-    (ldx in halves) where ops.gemm_x16, else f32."""
+    (ldx in halves) where ops.gemm_x16, else f32. tma: (w_base, w_rows, x_rows) where every group's
+    f16 matrix lies in one block of f16 rows from w_base (the dq path's scratch) and X has x_rows rows:
+    with ops.gemm_tma, strata_moe_gemm_wst_f16 moves both operands by the TMA."""
     if not n_tiles:
+        return
+    if tma is not None and ops.gemm_tma and w.qtype == "F16" and wst_takes(X, ldx, tma[0], w.shape[-1]):
+        w_base, w_rows, x_rows = tma
+        maps = wst_maps(ops.rt, X, x_rows, ldx, w_base, w_rows, w.shape[-1])
+        ops.launch("moe_gemm_wst", ws_grid(N, n_tiles, ops.num_sms),
+                   (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], n_tiles, w_base, *maps), WST_SHARED_BYTES)
         return
     grid, tail, shared = launch_for(ops.gemm_op, N, n_tiles, ops.num_sms)
     ops.launch(ops.gemm_op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared, qtype=w.qtype)
@@ -369,9 +377,10 @@ def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n
         addrs[experts] = np.uint64(gu16.ptr) + slots * np.uint64(2 * gu_halves)
         addrs[E + np.asarray(experts)] = np.uint64(d16.ptr) + slots * np.uint64(2 * d_halves)
         table = ops.upload(addrs)
-        grouped_gemm(ops, table.ptr, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I)
+        grouped_gemm(ops, table.ptr, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I,
+                     tma=(gu16.ptr, group * 2 * I, xs.shape[0]))
         _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, ops.gemm_x16)
-        grouped_gemm(ops, table.ptr + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D)
+        grouped_gemm(ops, table.ptr + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D, tma=(d16.ptr, group * D, h.shape[0]))
         del src, table          # back to the pool; the stream orders later users after these launches
     return True
 

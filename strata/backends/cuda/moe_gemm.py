@@ -62,6 +62,23 @@ WS_SHARED_BYTES = 4 * 32768 + 64    # four 32 KB stages and their eight mbarrier
 
 
 WS_OPS = ("moe_gemm_ws", "moe_gemm_ws16")     # its two entry families (X as f32, as f16)
+# Its TMA build over f16 weights and f16 X (strata_moe_gemm_wst_f16, the dq path's): the same ring in a block
+# rounded up to the 128-byte swizzle's 1024-byte atom, and two tensor maps of boxes of 64 halves x TMA_ROWS rows.
+WST_SHARED_BYTES = WS_SHARED_BYTES + 1024
+TMA_ROWS = 128
+
+
+def wst_maps(rt, x: int, x_rows: int, ldx: int, w_base: int, w_rows: int, K: int) -> tuple[bytes, bytes]:
+    """strata_moe_gemm_wst_f16's tensor maps (its "B" parameters): X's f16 rows [x_rows, K], ldx halves
+    apart, and the weights' f16 rows [w_rows, K] from w_base (every group's matrix among them); rows
+    past either end read as zeros."""
+    return (rt.tensor_map_f16(x, (K, x_rows), (2 * ldx,), (64, TMA_ROWS)),
+            rt.tensor_map_f16(w_base, (K, w_rows), (2 * K,), (64, TMA_ROWS)))
+
+
+def wst_takes(X: int, ldx: int, w_base: int, K: int) -> bool:
+    """Whether the TMA can read these operands: 16-byte aligned starts and row strides."""
+    return X % 16 == 0 and w_base % 16 == 0 and ldx % 8 == 0 and K % 8 == 0
 
 
 def ws_grid(N: int, n_tiles: int, num_sms: int) -> int:
@@ -89,11 +106,15 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     kernel, with ptrs[g] that much before the bytes; tiles overrides tiles_for(ranges). ops: a CudaOps
     whose device and stream are used (one is made if None). op: the table's "moe_gemm", or
     "moe_gemm_ws" (cuda/moe_gemm_ws.cu: the same products on wgmma, sm_90 only), or "moe_gemm_ws16" (its
-    entry points taking X as f16: X is rounded to f16 here, as the kernels round it)."""
+    entry points taking X as f16: X is rounded to f16 here, as the kernels round it), or "moe_gemm_wst"
+    (its TMA build: F16 weights, X as f16; the groups' matrices then lie in one block, a row apart, which
+    the weights' tensor map covers, and offsets are ignored)."""
     from strata.backends.cuda.testing import CudaOps
 
-    if op not in ("moe_gemm", *WS_OPS):
-        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm, {' or '.join(WS_OPS)}")
+    if op not in ("moe_gemm", "moe_gemm_wst", *WS_OPS):
+        raise InvalidArgument(f"moe_gemm: op {op!r} is not moe_gemm, moe_gemm_wst, {' or '.join(WS_OPS)}")
+    if op == "moe_gemm_wst" and qtype(qtype_name).name != "F16":
+        raise InvalidArgument(f"moe_gemm: moe_gemm_wst takes F16 weights, not {qtype_name}")
     ops = ops or CudaOps()
     rt = _cuda._runtime()
     X = np.ascontiguousarray(X, np.float32)
@@ -109,6 +130,18 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     tiles = tiles_for(ranges) if tiles is None else np.ascontiguousarray(tiles, np.int32)
     offsets = offsets or [0] * len(weights)
     bufs, ptrs = [], []
+    if op == "moe_gemm_wst":    # one block: group g's rows after g + 1 rows of gap (a row of garbage between)
+        block = np.full(len(weights) * (N + 1) * row_bytes, 0x7b, np.uint8)
+        for g, w in enumerate(weights):
+            if w is not None:
+                start = (g * (N + 1) + 1) * row_bytes
+                block[start:start + N * row_bytes] = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+        w_buf = rt.DeviceBuffer(ops.device, block.size)
+        w_buf.copy_from_host(block, ops.stream)
+        bufs.append(w_buf)
+        ptrs = [0 if w is None else w_buf.ptr + (g * (N + 1) + 1) * row_bytes - part_offset
+                for g, w in enumerate(weights)]
+        weights = []
     for w, off in zip(weights, offsets):
         if w is None:
             ptrs.append(0)
@@ -123,10 +156,14 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
         Y.fill(np.nan)
         return Y
     y_dev = ops._output(Y.nbytes)
-    x_dev = ops._upload(X.astype(np.float16) if op == "moe_gemm_ws16" else X)
+    x_dev = ops._upload(X.astype(np.float16) if op in ("moe_gemm_ws16", "moe_gemm_wst") else X)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), x_dev, K, y_dev, N, N, K)
     grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
-    ops._launch(op, grid, (*args, *tail), shared, qtype=qtype_name)
+    if op == "moe_gemm_wst":
+        tail = (len(tiles), w_buf.ptr, *wst_maps(rt, x_dev.ptr, S, K, w_buf.ptr, len(block) // row_bytes, K))
+        ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, *tail), WST_SHARED_BYTES)
+    else:
+        ops._launch(op, grid, (*args, *tail), shared, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
     return Y

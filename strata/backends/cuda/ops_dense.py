@@ -128,7 +128,7 @@ class DenseOps:
                 self._dequant(w.qtype, w.ptr, w16.ptr, rows * n, f16=True)
                 w = Weight(w16.ptr, "F16", w.shape)
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
-                         x, n, y, ldc, rows)
+                         x, n, y, ldc, rows, tma=(w.ptr, rows, T) if w16 is not None else None)
             return
         row_bytes = qtype_of(w.qtype).row_bytes(n)
         # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.
