@@ -125,22 +125,19 @@ __device__ __forceinline__ int staged_floats(int n) {
     return n / U::kBlockWeights * U::kUnits * Stage<U>::kStride;
 }
 
-// Rows [0, num_rows) of src (leading dimension n) into xs, staged_floats(n) floats per row; kFresh: src
-// was written by other blocks of this launch (strata_moe_pair's h), read through the L2 (ld.global.cg),
-// not the read-only path.
-template <class U, bool kFresh = false>
+// Rows [0, num_rows) of src (leading dimension n) into xs, staged_floats(n) floats per row.
+template <class U>
 __device__ void stage_rows(const float* __restrict__ src, int num_rows, int n, float* xs) {
     using S = Stage<U>;
     const int row_floats = staged_floats<U>(n);
     if constexpr (S::kN == 1) {
-        for (int i = threadIdx.x; i < num_rows * n; i += kThreads) xs[i] = kFresh ? __ldcg(src + i) : src[i];
+        for (int i = threadIdx.x; i < num_rows * n; i += kThreads) xs[i] = src[i];
     } else {
         const int quads = n / 4;
         for (int i = threadIdx.x; i < num_rows * quads; i += kThreads) {
             const int row = i / quads, j = 4 * (i - row * quads);
             const int b = j / U::kBlockWeights, jb = j - b * U::kBlockWeights;
-            const float4* p = reinterpret_cast<const float4*>(src + static_cast<long long>(row) * n + j);
-            const float4 v = kFresh ? __ldcg(p) : __ldg(p);
+            const float4 v = __ldg(reinterpret_cast<const float4*>(src + static_cast<long long>(row) * n + j));
             *reinterpret_cast<float4*>(xs + row * row_floats + b * U::kUnits * S::kStride + S::pos(jb)) = v;
         }
     }
@@ -253,34 +250,24 @@ __device__ __forceinline__ void dot_streaming(const uint8_t* const (&row)[Q], bo
     }
 }
 
-// Where a block works: its chunk bx of gx over a matrix's row sets, for token t. (blockIdx.x, gridDim.x,
-// blockIdx.y) in the two-launch kernels; strata_moe_pair hands them out by ticket.
-struct Place {
-    int bx, gx, t;
-    static __device__ __forceinline__ Place of_grid() {
-        return {static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), static_cast<int>(blockIdx.y)};
-    }
-};
-
 // The block's chunk of row sets and this warp's expert and share of it.
 struct Split {
     int begin, end, parts, part, a;
     bool busy;  // warps past A * (8 / A) serve no expert
 };
 
-__device__ __forceinline__ Split split_of(int num_sets, int A, const Place& pl) {
-    const unsigned gx = pl.gx;                  // unsigned, as gridDim.x was: the same division
-    const int chunk = (num_sets + gx - 1) / gx, warp = threadIdx.x >> 5;
-    const int begin = pl.bx * chunk, parts = kWarps / A;
+__device__ __forceinline__ Split split_of(int num_sets, int A) {
+    const int chunk = (num_sets + gridDim.x - 1) / gridDim.x, warp = threadIdx.x >> 5;
+    const int begin = blockIdx.x * chunk, parts = kWarps / A;
     return {begin, min(begin + chunk, num_sets), parts, warp / A, warp % A, warp / A < parts};
 }
 
 // IQ4 codebook (read by the IQ4 units only) and the staged rows; every thread reaches the barrier.
-template <class U, bool kFresh = false>
+template <class U>
 __device__ __forceinline__ void stage_and_sync(float* table, const float* src, int num_rows, int n, float* xs,
                                                bool staged) {
     if (threadIdx.x < 16) table[threadIdx.x] = static_cast<float>(iq4_value(threadIdx.x));
-    if (staged) stage_rows<U, kFresh>(src, num_rows, n, xs);
+    if (staged) stage_rows<U>(src, num_rows, n, xs);
     __syncthreads();
 }
 
@@ -305,11 +292,11 @@ __device__ __forceinline__ void swiglu_rows(const float (&acc)[2 * P], const Lan
 }
 
 template <class U>
-__device__ void gate_up_body(const GateUp& k, const Place& pl, float* table, float* xs) {
+__device__ void gate_up_body(const GateUp& k, float* table, float* xs) {
     constexpr int P = Tile<U>::kPairs, H = Tile<U>::kHold, Q = 2 * P;
     const Lane L = lane_of<U>(k.D);
-    const int set_rows = (32 / L.lanes) * P, t = pl.t;
-    const Split sp = split_of((k.I + set_rows - 1) / set_rows, k.A, pl);
+    const int set_rows = (32 / L.lanes) * P, t = blockIdx.y;
+    const Split sp = split_of((k.I + set_rows - 1) / set_rows, k.A);
     const long long s = static_cast<long long>(t) * k.A + sp.a;
     const uint8_t* blob = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[s]]) : nullptr;
     const float* xg = k.x + static_cast<long long>(t) * k.D;
@@ -382,8 +369,8 @@ __device__ __forceinline__ int rounds_per_batch(const Split& sp, int A, int set_
 // After a batch's barrier: out rows of sets [base, base + parts * batch) from the A partial rows
 // each round of the batch left in ys, summed over a = 0..A-1 in order.
 __device__ __forceinline__ void combine_batch(const Down& k, const float* ys, int base, int batch, const Split& sp,
-                                              int set_rows, int t) {
-    const int width = sp.parts * set_rows;
+                                              int set_rows) {
+    const int t = blockIdx.y, width = sp.parts * set_rows;
     const int rows = (min(base + sp.parts * batch, sp.end) - base) * set_rows;
     const float* w = k.weights + static_cast<long long>(t) * k.A;
     for (int i = threadIdx.x; i < rows; i += kThreads) {
@@ -410,19 +397,13 @@ __device__ __forceinline__ void store_partials(const float (&acc)[R], const Lane
     }
 }
 
-// kFresh: h was written by this launch's gate|up blocks (strata_moe_pair): wait() returns once it is
-// all there, after the first set's weights are asked for, and h is read through the L2.
-struct NoWait {
-    __device__ __forceinline__ void operator()() const {}
-};
-
-template <class U, bool kFresh = false, class Wait = NoWait>
-__device__ void down_body(const Down& k, const Place& pl, float* table, float* xs, const Wait& wait = Wait()) {
+template <class U>
+__device__ void down_body(const Down& k, float* table, float* xs) {
     constexpr int R = 2 * Tile<U>::kPairs, H = Tile<U>::kHold, kCapacity = kWarps * 32 * R;
     __shared__ float ys[kCapacity];  // [batch][A][parts * set_rows], A * parts <= 8, set_rows <= 32 R
     const Lane L = lane_of<U>(k.I);
-    const int set_rows = (32 / L.lanes) * R, t = pl.t;
-    const Split sp = split_of((k.D + set_rows - 1) / set_rows, k.A, pl);
+    const int set_rows = (32 / L.lanes) * R, t = blockIdx.y;
+    const Split sp = split_of((k.D + set_rows - 1) / set_rows, k.A);
     const int batch = rounds_per_batch(sp, k.A, set_rows, kCapacity);
     const long long s = static_cast<long long>(t) * k.A + sp.a;
     const uint8_t* base_w = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[s]]) + k.down_off : nullptr;
@@ -449,8 +430,7 @@ __device__ void down_body(const Down& k, const Place& pl, float* table, float* x
                 point(set);
                 load_held<U, R, H>(row, L, raw);
             }
-            wait();
-            stage_and_sync<U, kFresh>(table, h_t, k.A, k.I, xs, staged);
+            stage_and_sync<U>(table, h_t, k.A, k.I, xs, staged);
             typename U::X xv[H];
             if (sp.busy) load_held_x<U, H>(staged, xs_a, hg, L, xv);
             for (int base = sp.begin; base < sp.end; base += step) {
@@ -465,14 +445,13 @@ __device__ void down_body(const Down& k, const Place& pl, float* table, float* x
                     store_partials<R>(acc, L, ys, sp, set_rows, j, k.A);
                 }
                 __syncthreads();
-                combine_batch(k, ys, base, batch, sp, set_rows, t);
+                combine_batch(k, ys, base, batch, sp, set_rows);
                 __syncthreads();
             }
             return;
         }
     }
-    wait();
-    stage_and_sync<U, kFresh>(table, h_t, k.A, k.I, xs, staged);
+    stage_and_sync<U>(table, h_t, k.A, k.I, xs, staged);
     for (int base = sp.begin; base < sp.end; base += step) {
         for (int j = 0; j < batch; ++j) {
             const int set = base + j * sp.parts + sp.part;
@@ -484,73 +463,8 @@ __device__ void down_body(const Down& k, const Place& pl, float* table, float* x
             }
         }
         __syncthreads();
-        combine_batch(k, ys, base, batch, sp, set_rows, t);
+        combine_batch(k, ys, base, batch, sp, set_rows);
         __syncthreads();
-    }
-}
-
-// ---- gate | up | SwiGLU and down in one launch ---------------------------------------------------
-
-constexpr long long kPairSpinLimit = 1ll << 26;   // ~seconds of polls: a count that never comes traps, not hangs
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// A down block's wait for its token's gate|up blocks: thread 0 polls the token's count (acquire), then the
-// block meets, so every thread's reads of h follow the writes that count covers.
-struct PairWait {
-    const int* count;
-    int want;
-    __device__ __forceinline__ void operator()() const {
-        if (threadIdx.x == 0) {
-            long long polls = 0;
-            while (load_acquire(count) < want) {
-                __nanosleep(32);
-                if (++polls > kPairSpinLimit) __trap();
-            }
-        }
-        __syncthreads();
-    }
-};
-
-// The launch's blocks take tickets in the order they start (sync[0]): the first gx_gu * T are gate|up
-// blocks (chunk ticket % gx_gu of token ticket / gx_gu), the rest down blocks (likewise over gx_down). A
-// gate|up block counts itself on sync[1 + t] once its h rows are written; a down block asks for its first
-// weights, then waits for its token's count to reach gx_gu. A block holding a down ticket started after
-// every gate|up ticket was taken, by blocks that are running or done and wait on nothing, so the wait
-// ends whatever the GPU's block order. The last block out (sync[1 + T]) puts every count back to 0
-// for the next launch; the caller zeroes them once. Each block's work is the two-launch kernels' for the
-// same (bx, gx, t), so h and out are theirs bit for bit.
-template <class G, class Dn>
-__device__ void pair_body(const GateUp& gu, const Down& dn, int* sync, int gx_gu, int gx_down, int T, float* table,
-                          float* xs) {
-    __shared__ int ticket_s;
-    const int n_gu = gx_gu * T, total = n_gu + gx_down * T;
-    if (threadIdx.x == 0) ticket_s = atomicAdd(sync, 1) % total;
-    __syncthreads();
-    const int ticket = ticket_s;
-    if (ticket < n_gu) {
-        const Place pl{ticket % gx_gu, gx_gu, ticket / gx_gu};
-        gate_up_body<G>(gu, pl, table, xs);
-        __threadfence();                        // this thread's h rows, before the block's count
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(sync + 1 + pl.t, 1);
-    } else {
-        const int i = ticket - n_gu;
-        const Place pl{i % gx_down, gx_down, i / gx_down};
-        down_body<Dn, true>(dn, pl, table, xs, PairWait{sync + 1 + pl.t, gx_gu});
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(sync + 1 + T, 1) == total - 1) {      // every block has taken, counted and waited
-            for (int j = 0; j <= T; ++j) sync[j] = 0;
-            sync[1 + T] = 0;
-            __threadfence();
-        }
     }
 }
 
@@ -580,8 +494,8 @@ __device__ void pair_body(const GateUp& gu, const Down& dn, int* sync, int gx_gu
     }
 
 #define STRATA_MOE_DECODE_QUANT(name, Unit)                                                            \
-    STRATA_MOE_DECODE(name, gate_up_body<Unit>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)), \
-                      down_body<Unit>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)))
+    STRATA_MOE_DECODE(name, gate_up_body<Unit>(k, table, reinterpret_cast<float*>(staged_x)),          \
+                      down_body<Unit>(k, table, reinterpret_cast<float*>(staged_x)))
 
 STRATA_MOE_DECODE_QUANT(q4_0, UnitQ4_0)
 STRATA_MOE_DECODE_QUANT(q4_1, UnitQ4_1)
@@ -600,49 +514,11 @@ STRATA_MOE_DECODE_QUANT(iq4_xs, UnitIQ4_XS)
 // else single weights, as strata_moe_gemv_<float type>; the branch is uniform.
 #define STRATA_MOE_DECODE_FLOAT(name, Block, Elem)                                                     \
     STRATA_MOE_DECODE(name,                                                                            \
-                      if (D % 8 == 0) gate_up_body<UnitFloat8<Block>>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)); \
-                      else gate_up_body<UnitFloat1<Elem>>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)),          \
-                      if (I % 8 == 0) down_body<UnitFloat8<Block>>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)); \
-                      else down_body<UnitFloat1<Elem>>(k, Place::of_grid(), table, reinterpret_cast<float*>(staged_x)))
+                      if (D % 8 == 0) gate_up_body<UnitFloat8<Block>>(k, table, reinterpret_cast<float*>(staged_x)); \
+                      else gate_up_body<UnitFloat1<Elem>>(k, table, reinterpret_cast<float*>(staged_x)),          \
+                      if (I % 8 == 0) down_body<UnitFloat8<Block>>(k, table, reinterpret_cast<float*>(staged_x)); \
+                      else down_body<UnitFloat1<Elem>>(k, table, reinterpret_cast<float*>(staged_x)))
 
 STRATA_MOE_DECODE_FLOAT(f32, BlockF32x8, ElemF32)
 STRATA_MOE_DECODE_FLOAT(f16, BlockF16x8, ElemF16)
 STRATA_MOE_DECODE_FLOAT(bf16, BlockBF16x8, ElemBF16)
-
-// strata_moe_pair_<gate type>_<down type>(ptrs, gate_off, up_off, down_off, ids, x, h, weights, out, sync, A,
-// I, D, gx_gu, gx_down, T): both kernels' work in one launch of (gx_gu + gx_down) * T blocks (pair_body),
-// for a layer's gate|up type and down type; h [T * A, I] as strata_moe_gate_up's, staged in the down
-// blocks (the launch's dynamic shared memory must hold both kernels' staged rows); sync: 2 + T ints,
-// zero before the first launch.
-#define STRATA_MOE_PAIR(name, G, Dn)                                                                   \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_pair_##name(                  \
-        const unsigned long long* ptrs, long long gate_off, long long up_off, long long down_off, const int* ids, \
-        const float* x, float* h, const float* weights, float* out, int* sync, int A, int I, int D, int gx_gu,  \
-        int gx_down, int T) {                                                                          \
-        STRATA_PDL_ENTRY();                                                                            \
-        __shared__ float table[16];                                                                    \
-        extern __shared__ float4 staged_x[];                                                           \
-        pair_body<G, Dn>(GateUp{ptrs, gate_off, up_off, ids, x, h, A, I, D},                           \
-                         Down{ptrs, down_off, ids, h, weights, out, A, D, I}, sync, gx_gu, gx_down, T, table, \
-                         reinterpret_cast<float*>(staged_x));                                          \
-    }
-
-// each block type with itself, and the mixes llama-quantize's _M and _S types give a layer's experts
-STRATA_MOE_PAIR(q4_0_q4_0, UnitQ4_0, UnitQ4_0)
-STRATA_MOE_PAIR(q4_1_q4_1, UnitQ4_1, UnitQ4_1)
-STRATA_MOE_PAIR(q5_0_q5_0, UnitQ5_0, UnitQ5_0)
-STRATA_MOE_PAIR(q5_1_q5_1, UnitQ5_1, UnitQ5_1)
-STRATA_MOE_PAIR(q8_0_q8_0, UnitQ8_0, UnitQ8_0)
-STRATA_MOE_PAIR(iq4_nl_iq4_nl, UnitIQ4_NL, UnitIQ4_NL)
-STRATA_MOE_PAIR(q2_k_q2_k, UnitQ2_K, UnitQ2_K)
-STRATA_MOE_PAIR(q3_k_q3_k, UnitQ3_K, UnitQ3_K)
-STRATA_MOE_PAIR(q4_k_q4_k, UnitQ4_K, UnitQ4_K)
-STRATA_MOE_PAIR(q5_k_q5_k, UnitQ5_K, UnitQ5_K)
-STRATA_MOE_PAIR(q6_k_q6_k, UnitQ6_K, UnitQ6_K)
-STRATA_MOE_PAIR(iq4_xs_iq4_xs, UnitIQ4_XS, UnitIQ4_XS)
-STRATA_MOE_PAIR(q2_k_q3_k, UnitQ2_K, UnitQ3_K)
-STRATA_MOE_PAIR(q3_k_q4_k, UnitQ3_K, UnitQ4_K)
-STRATA_MOE_PAIR(q3_k_q5_k, UnitQ3_K, UnitQ5_K)
-STRATA_MOE_PAIR(q4_k_q6_k, UnitQ4_K, UnitQ6_K)
-STRATA_MOE_PAIR(q5_k_q6_k, UnitQ5_K, UnitQ6_K)
-STRATA_MOE_PAIR(iq4_xs_q6_k, UnitIQ4_XS, UnitQ6_K)

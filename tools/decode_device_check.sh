@@ -23,9 +23,6 @@
 #     routeab   the router's top-k in its last block (--kernels-on fused-route) against its own launch:
 #               tools/decode_variants.py --route (A B A B on one load, context 512), then tools/parallel_bench.py
 #               resident at 1 and 4 clients with and without (STRATA_KERNELS_ON=fused-route)
-#     pairab    the routed experts' gate|up and down in one launch (--kernels-on moe-pair) against two: tools/moe_decode_bench.py
-#               (Q4_K and Q8_0, 1 and 4 tokens, pair beside both, with and without PDL), tools/decode_variants.py --pair
-#               (A B A B on one load, context 512), then tools/parallel_bench.py resident at 1 and 4 clients with and without
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -191,19 +188,6 @@ if has gemvab; then      # the batched GEMVs' weights converted once a batch (ge
         "${cmd[@]}"
     done
     gemv_arm tree
-fi
-if has pairab; then     # #16: the MoE pair in one launch (moe-pair)
-    echo "== moe_decode_bench: pair beside both ($(elapsed) s)"
-    timeout "$(budget 100)" $PY tools/moe_decode_bench.py --types Q4_K,Q8_0 --tokens 1,4 --blocks-per-sm 2 \
-        --json "$OUT/pair_bench.json" 2>&1 | grep -E "^Q|^copy|rror" | tail -6
-    echo "== decode variants --pair ($(elapsed) s)"
-    timeout "$(budget 120)" $PY tools/decode_variants.py --pair --context 512 --decode 256 \
-        --json "$OUT/pairab.json" 2>&1 | tail -5
-    for arm in pair two; do
-        echo "== parallel slots, experts in $arm launch(es) ($(elapsed) s)"
-        on=""; [ "$arm" = pair ] && on=moe-pair
-        STRATA_KERNELS_ON=$on par_resident "pair_par_$arm.json" --context 1024
-    done
 fi
 if has routeab; then    # #16: one launch fewer a layer
     echo "== decode variants --route ($(elapsed) s)"

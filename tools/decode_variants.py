@@ -7,7 +7,6 @@ split-K kernel.
     python tools/decode_variants.py --attention --context 512,4096,16384,32768
     python tools/decode_variants.py --route [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
-    python tools/decode_variants.py --pair [--context 512]
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
@@ -44,8 +43,6 @@ def main(argv=None) -> int:
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
-    ap.add_argument("--pair", action="store_true",
-                    help="only the routed experts' gate|up and down in one launch (moe-pair) against two, A B A B")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -63,14 +60,11 @@ def main(argv=None) -> int:
                 ("fused, split GEMV, no PDL", True, 2, True, False, False),
                 ("fused, no split, PDL", True, 2, False, True, False), ("fused, 1 block/SM, PDL", True, 1, True, True, False),
                 ("moe_gemv path, PDL", False, 2, True, True, False),
-                ("top-k in the router (fused-route)", True, 2, True, True, True),
-                ("gate|up and down in one launch (moe-pair)", True, 2, True, True, False)]
+                ("top-k in the router (fused-route)", True, 2, True, True, True)]
     if args.quick:
         variants = variants[:2]
     if args.route:          # the router's top-k in its last block against a launch of its own, A B A B
         variants = [("fused route", True, 2, True, True, True), ("top-k apart", True, 2, True, True, False)] * 2
-    if args.pair:           # the MoE pair in one launch against two, A B A B
-        variants = [("moe-pair", True, 2, True, True, False), ("two launches", True, 2, True, True, False)] * 2
     one_rows = {}           # variant name -> ONE_ROW_BLOCKS_PER_SM (the one-row-gemv arms)
     if args.one_row:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
@@ -82,13 +76,11 @@ def main(argv=None) -> int:
             if name in one_rows:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)
-            pair = "moe-pair" in name
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, moe_pair=pair, **one_row)
+                                                   fused_route=route, **one_row)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
-            cuda_moe.pair_launch = functools.partial(cuda_moe_decode.pair_launch, blocks_per_sm=bps)
             tok_s, start = timed_steps(runner, rng, args.decode)
             rows.append((name + (" (2)" if any(r[0] == name for r in rows) else ""), tok_s))
             print(f"{name:<32}{tok_s:>10.1f} tok/s  (context {start}..{len(runner.cached_ids)})", flush=True)

@@ -1,7 +1,5 @@
 """GB/s of expert weights read by strata_moe_gate_up_<q> and strata_moe_down_<q> (cuda/moe_decode.cu)
-at decode shapes, launched from a CUDA graph as the decode step runs them; and of strata_moe_pair_<q>_<q>
-(both in one launch, the trial path moe-pair) where the type has one: "pair" beside "both", and on sm_90
-both again with programmatic dependent launches, as the engine's step has them ("both+pdl", "pair+pdl").
+at decode shapes, launched from a CUDA graph as the decode step runs them.
 
     python tools/moe_decode_bench.py [--types Q4_K,Q6_K] [--tokens 1,4] [--blocks-per-sm 1,2,4,8]
                                      [--host] [--digest] [--json PATH]
@@ -23,8 +21,7 @@ import sys
 import numpy as np
 
 from strata.backends import cuda as cuda_backend
-from strata.backends.cuda.kernels import MOE_PAIR_MAX_T
-from strata.backends.cuda.moe_decode import MoeDecodeOps, down_launch, gate_up_launch, pair_launch
+from strata.backends.cuda.moe_decode import MoeDecodeOps, down_launch, gate_up_launch
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 from quant_kernel_report import copy_rate_gbps  # tools/ is on sys.path when run as a script
@@ -86,9 +83,6 @@ def bench_type(mo: MoeDecodeOps, q: str, args, rng) -> list[dict]:
     I, D, A = args.I, args.D, args.A
     ptrs, (gate_off, up_off, down_off), pool = expert_pool(mo, q, args.experts, I, D, args.host, rng)
     qt, rows = qtype(q), []
-    sync = mo.rt.DeviceBuffer(mo.device, 4 * (2 + MOE_PAIR_MAX_T))      # the pair launches' tickets and counts
-    sync.fill_bytes(0, mo.stream)
-    pdl = tuple(mo.device.compute_capability) >= (9, 0)
     for T in args.tokens:
         S = T * A
         ids = [mo.ops._upload(rng.permutation(args.experts)[:S].astype(np.int32)) for _ in range(args.reps)]
@@ -110,32 +104,17 @@ def bench_type(mo: MoeDecodeOps, q: str, args, rng) -> list[dict]:
                                           g.shared_bytes, stream=st),
                                 kd.launch(d.grid, d.block, (ptrs, down_off, i, h, w, out, A, D, I),
                                           d.shared_bytes, stream=st)) for i in ids]
-            arms = [("gate_up", run_g), ("down", run_d), ("both", both)]
-            p = pair_launch(q, q, T, A, I, D, mo.num_sms, bps)
-            if p is not None:
-                kp = mo.ops._kernel("moe_pair", qtype=q, down=q)
-                pair = lambda st, pdl=False: [kp.launch(  # noqa: E731
-                    p.grid, p.block, (ptrs, gate_off, up_off, down_off, i, x, h, w, out, sync, A, I, D, p.gx_gu, p.gx_down,
-                                      T), p.shared_bytes, stream=st, pdl=pdl) for i in ids]
-                arms.append(("pair", pair))
-                if pdl:
-                    both_pdl = lambda st: [(kg.launch(g.grid, g.block, (ptrs, gate_off, up_off, i, x, h, A, I, D),  # noqa: E731
-                                                      g.shared_bytes, stream=st, pdl=True),
-                                            kd.launch(d.grid, d.block, (ptrs, down_off, i, h, w, out, A, D, I),
-                                                      d.shared_bytes, stream=st, pdl=True)) for i in ids]
-                    arms += [("both+pdl", both_pdl), ("pair+pdl", lambda st: pair(st, True))]
-            us = {k: 1e3 * time_graph(mo, f) / args.reps for k, f in arms}
+            us = {k: 1e3 * time_graph(mo, f) / args.reps for k, f in (("gate_up", run_g), ("down", run_d),
+                                                                      ("both", both))}
             row = {"qtype": q, "T": T, "blocks_per_sm": bps, "gx_gate_up": g.grid[0], "gx_down": d.grid[0],
                    "gate_up_us": us["gate_up"], "down_us": us["down"], "both_us": us["both"],
                    "gate_up_gbps": gu_bytes / us["gate_up"] / 1e3, "down_gbps": down_bytes / us["down"] / 1e3,
-                   "both_gbps": (gu_bytes + down_bytes) / us["both"] / 1e3, "weight_bytes": gu_bytes + down_bytes,
-                   **{f"{k}_us": v for k, v in us.items() if k not in ("gate_up", "down", "both")}}
+                   "both_gbps": (gu_bytes + down_bytes) / us["both"] / 1e3, "weight_bytes": gu_bytes + down_bytes}
             rows.append(row)
-            extra = "".join(f" | {k} {v:7.2f} us" for k, v in us.items() if k not in ("gate_up", "down", "both"))
             print(f"{q:7s} T {T} bps {bps} (gx {g.grid[0]:4d}/{d.grid[0]:4d}): gate_up {us['gate_up']:7.2f} us "
                   f"{row['gate_up_gbps']:7.0f} GB/s | down {us['down']:7.2f} us {row['down_gbps']:7.0f} GB/s | "
-                  f"both {us['both']:7.2f} us {row['both_gbps']:7.0f} GB/s ({(gu_bytes + down_bytes) / 1e6:.1f} MB)"
-                  f"{extra}", flush=True)
+                  f"both {us['both']:7.2f} us {row['both_gbps']:7.0f} GB/s ({(gu_bytes + down_bytes) / 1e6:.1f} MB)",
+                  flush=True)
         if args.digest:         # one eager launch of each (the last grid above) on the first routing: the bits
             kg.launch(g.grid, g.block, (ptrs, gate_off, up_off, ids[0], x, h, A, I, D), g.shared_bytes, stream=mo.stream)
             kd.launch(d.grid, d.block, (ptrs, down_off, ids[0], h, w, out, A, D, I), d.shared_bytes, stream=mo.stream)

@@ -71,15 +71,12 @@ def check_parallel(config: EngineConfig, args) -> None:
                                f"(--parallel 1 runs it)")
 
 
-def check_trial_paths(paths, args, dense: dict | None = None, experts: dict | None = None) -> None:
+def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
     wgmma-attention has kernels for head dims 64 and 128 only; fused-route for F32 routers of at most
-    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K; moe-pair for layers whose experts'
-    (gate|up, down) types have a strata_moe_pair kernel (MOE_PAIR_TYPES), at most MAX_ACTIVE a token. dense:
-    the pack's dense tensor table (name -> {"qtype", ...}), where the routers' types are read; experts:
-    its "experts" entry ({"layers": [{"parts": {"gate": {"qtype", ...}, ...}}, ...]})."""
-    from ..backends.cuda.kernels import MOE_PAIR_TYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
-    from ..backends.cuda.moe_decode import MAX_ACTIVE
+    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K. dense: the pack's dense tensor table
+    (name -> {"qtype", ...}), where the routers' types are read."""
+    from ..backends.cuda.kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
     dh = args.head_dim
     dims = sorted(WG_ATTENTION_HEAD_DIMS)    # Dh 256's TMA build is tma-attention's (on by default)
     if paths.wgmma_attention and dh not in dims:
@@ -93,15 +90,6 @@ def check_trial_paths(paths, args, dense: dict | None = None, experts: dict | No
                if E > MOE_ROUTE_MAX_EXPERTS or k > MOE_ROUTE_MAX_TOP_K else None)
         if why:
             raise UnsupportedError(f"kernel path fused-route (--kernels-on): this model never takes it: {why}")
-    if paths.moe_pair:
-        layers = (experts or {}).get("layers", [])
-        types = sorted({(lay["parts"]["gate"]["qtype"], lay["parts"]["down"]["qtype"]) for lay in layers})
-        why = (f"it routes {args.num_experts_per_tok} experts a token, past the kernels' {MAX_ACTIVE}"
-               if args.num_experts_per_tok > MAX_ACTIVE else
-               f"its experts' (gate|up, down) types are {', '.join('/'.join(t) for t in types) or 'absent'}, "
-               f"none of which has a kernel" if not any(t in MOE_PAIR_TYPES for t in types) else None)
-        if why:
-            raise UnsupportedError(f"kernel path moe-pair (--kernels-on): this model never takes it: {why}")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -58,7 +58,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         config = config or EngineConfig(device="cuda")
         cuda_load.check_config(pack, config)
         paths = KernelPaths.without(config.kernels_off, config.kernels_on)
-        cuda_load.check_trial_paths(paths, pack.args, pack.meta.get("dense"), pack.meta.get("experts"))
+        cuda_load.check_trial_paths(paths, pack.args, pack.meta.get("dense"))
         self.hybrid = hybrid = pack.args.architecture == "qwen3next"
         rt = self.rt = _runtime()
         self.args = a = pack.args

@@ -470,7 +470,7 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_pair", "moe_gemm_wst", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_wst", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
                        "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
@@ -1029,7 +1029,6 @@ def _lazy_emulation(module: str, name: str):
 
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
-                 "moe_pair": _lazy_emulation("fake_moe_decode", "emulate_moe_pair"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
                  "moe_gemm_ws": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws"),
                  "moe_gemm_ws16": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws16"),

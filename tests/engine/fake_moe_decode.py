@@ -4,8 +4,7 @@ From the kernels' contract, in float32 numpy: they check what a real launch need
 with gx >= 1, the matrix starts' alignment) and fail loudly on a bad pointer, a short table or an
 expert id outside it, as fake_cuda's view() does. Wiring, in fake_cuda.py:
 
-    Kernel.run prefixes: "moe_gate_up" -> emulate_moe_gate_up, "moe_down" -> emulate_moe_down,
-    "moe_pair" -> emulate_moe_pair
+    Kernel.run prefixes: "moe_gate_up" -> emulate_moe_gate_up, "moe_down" -> emulate_moe_down
 """
 from __future__ import annotations
 
@@ -61,17 +60,3 @@ def emulate_moe_down(q, grid, ptrs, down_off, ids, h, weights, out, A, D, I):
         _check_start("moe_down", q, blob + down_off)
         result[s // A] += w[s] * (fake_cuda._weights(q, blob + down_off, D, I) @ hs[s])
     fake_cuda.view(out, T * D).reshape(T, D)[:] = result
-
-
-def emulate_moe_pair(types, grid, ptrs, gate_off, up_off, down_off, ids, x, h, weights, out, sync, A, I, D,
-                     gx_gu, gx_down, T):
-    """strata_moe_pair_<g>_<d>: emulate_moe_gate_up over (gx_gu, T), then emulate_moe_down over
-    (gx_down, T); the grid must be their blocks, and the sync ints zero before (and so after) a launch."""
-    from strata.backends.cuda.kernels import MOE_PAIR_TYPES
-    pair = next(((g, d) for g, d in MOE_PAIR_TYPES if f"{g}_{d}" == types), None)
-    assert pair is not None, f"fake_cuda: no strata_moe_pair for {types}"
-    assert tuple(grid) == ((gx_gu + gx_down) * T, 1, 1) and gx_gu >= 1 and gx_down >= 1, \
-        f"fake_cuda: moe_pair grid {grid}, gx_gu {gx_gu}, gx_down {gx_down}, T {T}"
-    assert not fake_cuda.view(sync, 2 + T, np.int32).any(), "fake_cuda: moe_pair's sync ints not zero"
-    emulate_moe_gate_up(pair[0], (gx_gu, T, 1), ptrs, gate_off, up_off, ids, x, h, A, I, D)
-    emulate_moe_down(pair[1], (gx_down, T, 1), ptrs, down_off, ids, h, weights, out, A, D, I)

@@ -336,36 +336,6 @@ def test_one_row_gemv_changes_no_bit(packs, name, rng):
         assert np.array_equal(on.decode(t), off.decode(t))
 
 
-@pytest.mark.parametrize("name", ["demo", "kquant", "kquant-mixed"])
-def test_moe_pair_changes_no_bit(packs, name, rng):
-    """moe-pair (on trial): a decode step's gate|up and down in one launch (strata_moe_pair_*, down blocks
-    waiting on their token's count) give the two launches' logits bit for bit, from graphs, one row and
-    batched rows of parallel slots, step after step on the same sync ints."""
-    pack = packs(name)
-    on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_on=k))
-               for k in ("moe-pair", ""))
-    assert on.ops.paths.moe_pair and not off.ops.paths.moe_pair
-    ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
-    assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
-    for t in ids[12:]:
-        assert np.array_equal(on.decode(t), off.decode(t))
-    par_on, par_off = (CudaRunner(pack, 48, EngineConfig(device="cuda", cuda_graphs=True, parallel=3, kernels_on=k))
-                       for k in ("moe-pair", ""))
-    for par in (par_on, par_off):
-        for slot in range(3):
-            par.use(slot)
-            par.prefill(ids[:5 + slot], 0, logits=False)
-    for step in range(4):
-        for par in (par_on, par_off):
-            par.decode_batch([0, 1, 2], ids[12 + 3 * step:15 + 3 * step])
-        for slot in range(3):
-            got = []
-            for par in (par_on, par_off):
-                par.use(slot)
-                got.append(par.ops.to_host(par._last)[0])
-            assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32)), (step, slot)
-
-
 @pytest.mark.parametrize("name", ["demo", "kquant"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_pick_and_step_equals_pick_then_decode(packs, name, sampled, rng):

@@ -229,62 +229,6 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_moe_pair_runs_a_decode_steps_experts_in_one_launch(fake, rng, graphs):
-    """--kernels-on moe-pair: a decode step's routed experts take strata_moe_pair_* (gate|up and down in one
-    launch; a batched step's too), not the two kernels, and the logits are the two launches' bit for bit;
-    the emulation checks the grid is both kernels' blocks and the sync ints are zero at every launch
-    (the kernel's last block resets them); prompts keep the grouped GEMMs."""
-    pack = open_pack(DEMO)
-    ids = oracle_ids(pack, rng, 16)
-    paired, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on="moe-pair"))
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
-    for a, b in zip(paired, plain):
-        np.testing.assert_array_equal(a, b)
-    assert "strata_moe_pair_q8_0_q8_0" in launched and "strata_moe_gate_up_q8_0" not in launched
-    assert "strata_moe_gate_up_q8_0" in launched_off and "strata_moe_pair_q8_0_q8_0" not in launched_off
-
-    par = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="moe-pair"))
-    for slot in range(2):
-        par.use(slot)
-        par.prefill(ids[:6 + slot], 0, logits=False)
-    fake.launches.clear()
-    par.decode_batch([0, 1], ids[10:12])
-    assert "strata_moe_pair_q8_0_q8_0" in fake.launches and "strata_moe_down_q8_0" not in fake.launches
-
-
-def test_moe_pair_is_refused_where_the_model_never_takes_it():
-    """--kernels-on moe-pair needs a layer whose experts' (gate|up, down) types have a kernel, at most 8
-    experts a token: refused in one line otherwise, before anything loads."""
-    from strata.backends.cuda.kernels import KernelPaths
-    from strata.engine import cuda_load
-    args = open_pack(DEMO).args
-    on = KernelPaths.without("", "moe-pair")
-
-    def experts(*pairs):
-        return {"layers": [{"parts": {"gate": {"qtype": g}, "up": {"qtype": g}, "down": {"qtype": d}}} for g, d in pairs]}
-    cuda_load.check_trial_paths(on, args, {}, experts(("Q4_K", "Q6_K"), ("F16", "F16")))
-    cuda_load.check_trial_paths(KernelPaths(), args, {}, experts(("F16", "F16")))
-    with pytest.raises(UnsupportedError, match=r"moe-pair \(--kernels-on\): this model never takes it: its experts' "
-                                               r"\(gate\|up, down\) types are F16/F16, Q6_K/Q4_K, none of which"):
-        cuda_load.check_trial_paths(on, args, {}, experts(("Q6_K", "Q4_K"), ("F16", "F16")))
-    with pytest.raises(UnsupportedError, match="routes 10 experts a token, past the kernels' 8"):
-        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts_per_tok=10), {}, experts(("Q4_K", "Q4_K")))
-
-
-def test_pair_launch_shapes():
-    from strata.backends.cuda.moe_decode import down_launch, gate_up_launch, pair_launch
-
-    for T in (1, 4):
-        p, g, d = pair_launch("Q4_K", "Q6_K", T, 8, 768, 2048), gate_up_launch("Q4_K", T, 8, 768, 2048), \
-            down_launch("Q6_K", T, 8, 2048, 768)
-        assert (p.gx_gu, p.gx_down) == (g.grid[0], d.grid[0]) and p.grid == ((g.grid[0] + d.grid[0]) * T, 1, 1)
-        assert p.shared_bytes == max(g.shared_bytes, d.shared_bytes) and p.name == "strata_moe_pair_q4_k_q6_k"
-    assert pair_launch("Q6_K", "Q4_K", 1, 8, 768, 2048) is None          # no such kernel
-    assert pair_launch("Q4_K", "Q4_K", 1025, 8, 768, 2048) is None       # past MOE_PAIR_MAX_T
-    assert pair_launch("Q4_K", "Q4_K", 1, 8, 1536, 4096) is None         # down's h rows not staged
-
-
-@pytest.mark.parametrize("graphs", [False, True])
 def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(fake, rng, graphs):
     """one-row-gemv (on by default): a decode step's q|k|v and its attention output (Q8_0, too few row
     sets to fill the GPU) run one row a warp (strata_gemv3_one_*, strata_gemv_one_*), the head (many

@@ -123,7 +123,6 @@ class KernelPaths:
     dq_gemm: bool = False            # on trial: the same dequantization before moe_gemm.cu (any GPU)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
-    moe_pair: bool = False           # on trial: a decode step's gate|up and down in one launch (strata_moe_pair_*)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -169,11 +168,6 @@ def dequant_grid(block_size: int, num_weights: int, num_sms: int, per_sm: int = 
 DQ_GROUP_QTYPES = tuple(q for q in EMBED_QTYPES if q not in ("F32", "F16", "BF16"))
 # The types of one 32-weight block a unit (cuda/gemv_rows.cuh's Stageable): the one-row-a-warp GEMVs'
 ONE_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
-# cuda/moe_decode.cu's strata_moe_pair_<gate|up type>_<down type>: each block type with itself, and the
-# mixes llama-quantize's _S / _M types give a layer's experts (a Q4_K_M's Q6_K down projections, ...)
-MOE_PAIR_TYPES = tuple((q, q) for q in DQ_GROUP_QTYPES) + (
-    ("Q2_K", "Q3_K"), ("Q3_K", "Q4_K"), ("Q3_K", "Q5_K"), ("Q4_K", "Q6_K"), ("Q5_K", "Q6_K"), ("IQ4_XS", "Q6_K"))
-MOE_PAIR_MAX_T = 1024           # tokens a pair launch takes (its sync ints: 2 + T)
 
 
 def max_decode_group(head_dim: int) -> int:
@@ -344,10 +338,6 @@ KERNELS = {
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),
-    # both in one launch: (gx_gu + gx_down) x T blocks by ticket, down blocks waiting on their token's count
-    "moe_pair":         _K("moe_decode", "strata_moe_pair_{qtype}_{down}", "PqqqPPPPPPiiiiii", 256,
-                           "((gx_gu + gx_down) * T, 1, 1) and dynamic shared memory: moe_decode.pair_launch",
-                           tuple({"qtype": g, "down": d} for g, d in MOE_PAIR_TYPES)),
     "argmax":           _K("argmax", "strata_argmax_f32", "PPi", 1024, "B: a block per row"),
     "sample":           _K("sample", "strata_sample_f32", "PPPPPPPi", 1024, "(B, 1, 1); the block must be 1024"),
     "mask_logits":      _K("mask_logits", "strata_mask_logits_f32", "PPi", 256, "(ceil(V / 256), B, 1)"),

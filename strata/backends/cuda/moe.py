@@ -25,7 +25,7 @@ from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
 from .moe_gemm import WST_SHARED_BYTES, launch_for, tiles_for, ws_grid, wst_maps, wst_takes
-from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch, pair_launch
+from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 from .moe_plan import MoePlan
 
 GROUP_SIGNATURE = KERNELS["moe_group"].signature
@@ -140,8 +140,7 @@ def _zero_rows(ops, y: DeviceTensor, ids: np.ndarray, experts) -> None:
 
 def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
     """x [T, D] -> [T, D] for small T: gate|up with SwiGLU, then down with the weighted sum over a
-    token's experts (cuda/moe_decode.cu, two launches; one with the trial path moe-pair where it has a
-    kernel for the layer's two types); the GEMV path where those kernels do not apply."""
+    token's experts (cuda/moe_decode.cu, two launches); the GEMV path where those kernels do not apply."""
     x = ops._aligned(x)
     T, D = x.shape
     A = ids.shape[1]
@@ -149,13 +148,6 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     I = gate.rows
     if ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
         h = ops.alloc((T * A, I))
-        pair = pair_launch(gate.qtype, down.qtype, T, A, I, D, ops.num_sms) if ops.paths.moe_pair else None
-        if pair is not None:
-            out = ops.alloc((T, D))
-            ops.launch("moe_pair", pair.grid, (lay.table, gate.ptr, up.ptr, down.ptr, ids.ptr, x.ptr, h.ptr, weights.ptr,
-                                               out.ptr, ops.pair_sync(), A, I, D, pair.gx_gu, pair.gx_down, T),
-                       pair.shared_bytes, qtype=pair.qtype, down=pair.down)
-            return out
         spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
         ops.launch("moe_gate_up", spec.grid,
                    (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes, qtype=gate.qtype)

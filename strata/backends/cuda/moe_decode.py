@@ -3,14 +3,10 @@ expert's blob found through a device pointer table), and numpy-in/out wrappers t
 
     strata_moe_gate_up_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D)        (kernels.KERNELS["moe_gate_up"])
     strata_moe_down_<q>(ptrs, down_off, ids, h, weights, out, A, D, I)         (kernels.KERNELS["moe_down"])
-    strata_moe_pair_<g>_<d>(ptrs, gate_off, up_off, down_off, ids, x, h, weights, out, sync, A, I, D,
-                            gx_gu, gx_down, T)                                   (kernels.KERNELS["moe_pair"])
 
 gate_up_launch / down_launch give (table op, quant type, grid, block, dynamic shared bytes) from
 the sizes alone; grid = (gx, T, 1) with gx about blocks_per_sm * num_sms / T blocks (any gx >= 1
 is complete and gives the same bits, so the choice is speed only). Slot s = t * A + a everywhere.
-pair_launch gives the one launch of both (the trial path moe-pair): their blocks by ticket, the same
-chunks, so the same bits; its sync ints (2 + T) are zero before a launch and after it.
 """
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ import numpy as np
 from strata.errors import InvalidArgument
 from strata.quant import qtype
 
-from .kernels import KERNELS, MOE_PAIR_MAX_T, MOE_PAIR_TYPES
+from .kernels import KERNELS
 
 LIBRARY = KERNELS["moe_gate_up"].library
 THREADS = KERNELS["moe_gate_up"].block   # cuda/moe_decode.cu kThreads
@@ -94,38 +90,6 @@ def down_launch(q: str, T: int, A: int, D: int, I: int, num_sms: int = NUM_SMS, 
     """strata_moe_down_<q> for T tokens: row sets of (32 / lanes) * 2 * pairs rows, A rows of h staged."""
     q = qtype(q).name
     return _launch("moe_down", q, T, D, I, 2 * _tile(q, I)[2], A, num_sms, blocks_per_sm)
-
-
-class PairLaunch(NamedTuple):
-    qtype: str               # gate|up's
-    down: str                # down's
-    grid: tuple
-    block: int
-    shared_bytes: int
-    gx_gu: int
-    gx_down: int
-
-    @property
-    def name(self) -> str:
-        return KERNELS["moe_pair"].name(qtype=self.qtype, down=self.down)
-
-
-def pair_launch(gate_q: str, down_q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SMS,
-                blocks_per_sm: int = 2) -> PairLaunch | None:
-    """strata_moe_pair_<g>_<d> for T tokens: gate_up_launch's and down_launch's chunks in one grid of
-    (gx_gu + gx_down) * T blocks, the larger of their dynamic shared memory. None where cuda/moe_decode.cu
-    has no kernel for the two types, T > MOE_PAIR_MAX_T, or down's A rows of h do not fit its staging
-    (the pair reads h, which its own blocks write, only from the staged rows)."""
-    g, d = qtype(gate_q).name, qtype(down_q).name
-    if (g, d) not in MOE_PAIR_TYPES or not 1 <= T <= MOE_PAIR_MAX_T:
-        return None
-    gu = gate_up_launch(g, T, A, I, D, num_sms, blocks_per_sm)
-    dn = down_launch(d, T, A, D, I, num_sms, blocks_per_sm)
-    if not dn.shared_bytes:
-        return None
-    gx_gu, gx_down = gu.grid[0], dn.grid[0]
-    return PairLaunch(g, d, ((gx_gu + gx_down) * T, 1, 1), THREADS, max(gu.shared_bytes, dn.shared_bytes),
-                      gx_gu, gx_down)
 
 
 def check_sizes(op: str, q: str, T: int, A: int, I: int, D: int) -> None:
@@ -219,41 +183,3 @@ class MoeDecodeOps:
         args = (self.ops._upload(ptrs), down_off, self.ops._upload(ids), self.ops._upload(h), self.ops._upload(w),
                 A, D, I)
         return self._run(spec, args, (T, D))
-
-    def moe_pair(self, q: str, down_q: str, blobs, offsets: tuple, ids, x, weights, A: int, I: int, D: int, *,
-                 host=(), pads=None) -> tuple[np.ndarray, np.ndarray]:
-        """moe_gate_up then moe_down in one launch (strata_moe_pair_*; offsets: gate, up, down) -> (h, out).
-        The launch's sync ints live on this object from launch to launch, as an engine's do; sync_counts()
-        reads them back."""
-        gate_off, up_off, down_off = offsets
-        ids = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        w = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
-        T = x.shape[0] if x.ndim == 2 else 0
-        for op, qt, off in (("moe_gate_up", q, (gate_off, up_off, 0)), ("moe_down", down_q, (0, 0, down_off))):
-            check_sizes(op, qt, T, A, I, D)
-            check_offsets(op, qtype(qt).name, I, D, *off)
-        if x.shape != (T, D) or ids.shape != (T * A,) or w.shape != (T * A,) or ids.min() < 0 or ids.max() >= len(blobs):
-            raise InvalidArgument(f"moe_pair: x {x.shape} must be [T, {D}], weights and ids [T * {A}], ids < {len(blobs)}")
-        spec = pair_launch(q, down_q, T, A, I, D, self.num_sms)
-        if spec is None:
-            raise InvalidArgument(f"moe_pair: no pair launch for {q} / {down_q} at T {T}, A {A}, I {I}")
-        if getattr(self, "_sync", None) is None:
-            self._sync = self.rt.DeviceBuffer(self.device, 4 * (2 + MOE_PAIR_MAX_T))
-            self._sync.fill_bytes(0, self.stream)
-        ptrs = self._place_blobs(blobs, frozenset(host), pads)
-        h, out = self.ops._output(T * A * I * 4), self.ops._output(T * D * 4)
-        self.ops._launch("moe_pair", spec.grid,
-                         (self.ops._upload(ptrs), gate_off, up_off, down_off, self.ops._upload(ids), self.ops._upload(x),
-                          h, self.ops._upload(w), out, self._sync, A, I, D, spec.gx_gu, spec.gx_down, T),
-                         spec.shared_bytes, stream=self.stream, qtype=spec.qtype, down=spec.down)
-        result = self.ops._download(h, (T * A, I), np.float32), self.ops._download(out, (T, D), np.float32)
-        self._keep.clear()
-        return result
-
-    def sync_counts(self) -> np.ndarray:
-        """The pair launches' sync ints (ticket, T counts, blocks out): all zero between launches."""
-        counts = np.empty(2 + MOE_PAIR_MAX_T, np.int32)
-        self._sync.copy_to_host(counts, self.stream)
-        self.stream.synchronize()
-        return counts

@@ -90,7 +90,6 @@ class DeviceOps(DenseOps, AttentionOps):
         self._f32_weights: dict = {}
         self._zeros = None
         self._route_count = None             # strata_router_*'s block counter (ops_dense.moe_router)
-        self._pair_sync = None               # strata_moe_pair_*'s tickets and counts (ops_dense.pair_sync)
         self.expert_uses = 0
         self.bytes_h2d = 0
         self.bytes_staged_kv = 0        # host KV cells copied into VRAM for prompt attention (--kv-resident)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
-from .kernels import DQ_GROUP_QTYPES, MOE_PAIR_MAX_T, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
+from .kernels import DQ_GROUP_QTYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
 from .memory import STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
 from .moe import DQ_MIN_ROWS, GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
@@ -69,15 +69,6 @@ class DenseOps:
             self._route_count = self.rt.DeviceBuffer(self.device, 256)
             self._route_count.fill_bytes(0, self.stream)
         return self._route_count.ptr
-
-    def pair_sync(self) -> int:
-        """The ints strata_moe_pair_* hand out tickets and count on (2 + MOE_PAIR_MAX_T; zero between
-        launches: each launch's last block resets them; one set is enough, the launches go on one
-        stream, in order)."""
-        if self._pair_sync is None:
-            self._pair_sync = self.rt.DeviceBuffer(self.device, 4 * (2 + MOE_PAIR_MAX_T))
-            self._pair_sync.fill_bytes(0, self.stream)
-        return self._pair_sync.ptr
 
     def _one_row(self, qtype: str, rows: int, n: int) -> bool:
         """Whether one-token GEMVs of this matrix run one row a warp (the kernel path one-row-gemv): a type
