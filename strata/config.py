@@ -35,15 +35,14 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # f16, the dense projections' inputs rounded by a pass of their own), wgmma-gemm-dq the same f16-X GEMMs
 # over weights dequantized to f16 rows first (cuda/dequant.cu), where a chunk has rows enough to pay for it
 # (strata.backends.cuda.moe.DQ_MIN_ROWS: a layer's experts, batch by batch in groups of DQ_SCRATCH_BYTES,
-# and the dense projections, both operands then copied into the stages by cp.async, nothing decoded in the GEMM); dq-gemm the same
-# dequantization first on any GPU, before cuda/moe_gemm.cu's mma.sync GEMM (whose f16 weights it only
-# loads: the path for the sm_80 / sm_86 / sm_89 cards without wgmma), wgmma-attention the prompt
+# and the dense projections, both operands then moved into the stages by the TMA, nothing decoded in the GEMM:
+# strata_moe_gemm_wst_f16), wgmma-attention the prompt
 # attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
 # on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-gemm-dq", "dq-gemm", "wgmma-attention", "fused-route")
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-gemm-dq", "wgmma-attention", "fused-route")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

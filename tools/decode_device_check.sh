@@ -42,7 +42,7 @@
 #     wsgemm    #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu, --kernels-on wgmma-gemm) against
 #               moe_gemm.cu: test_moe_gemm_gpu over both (and test_dequant_gpu's f16 tests; WSGEMM_TEST_K: -k), moe_gemm_bench per
 #               WSGEMM_OPS (default "moe_gemm moe_gemm_ws"; OP:--f16 times the shapes as F16; moe_gemm_wst the TMA build), resident prompts WSGEMM_PROMPTS
-#               (default 4096,16384) in each arm of WSGEMM_ARMS (default none, dq-gemm, wgmma-gemm-f16x, wgmma-gemm-dq, twice),
+#               (default 4096,16384) in each arm of WSGEMM_ARMS (default none, wgmma-gemm-f16x, wgmma-gemm-dq, twice),
 #               then 16384 at 12 GiB off and with wgmma-gemm (WSGEMM_12=0 skips those)
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
@@ -271,7 +271,7 @@ if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda
         timeout "$(budget 60)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op "${extra[@]}" \
             --json "$OUT/gemm_$op${extra:+_f16}.json" 2>&1 | tail -9
     done
-    for arm in ${WSGEMM_ARMS:-none dq-gemm wgmma-gemm-f16x wgmma-gemm-dq none dq-gemm wgmma-gemm-f16x wgmma-gemm-dq}; do
+    for arm in ${WSGEMM_ARMS:-none wgmma-gemm-f16x wgmma-gemm-dq none wgmma-gemm-f16x wgmma-gemm-dq}; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "prompt_$arm" 60 qwen3-30b-a3b --prompt ${WSGEMM_PROMPTS:-4096,16384} --decode 0 "${on[@]}"
     done

@@ -124,22 +124,6 @@ def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypat
     assert "strata_moe_gemm_ws16_q8_0" in fake.launches and "strata_moe_gemm_wst_f16" not in fake.launches
 
 
-def test_dq_gemm_dequantizes_before_the_mma_sync_gemm(fake, rng, monkeypatch):
-    """dq-gemm (any GPU): the same dequantization first, then cuda/moe_gemm.cu over f16 weights with
-    X as f32 (moe_gemm_f16); the logits of the default path, which rounds the same weights to f16."""
-    import strata.backends.cuda.moe as moe
-    import strata.backends.cuda.ops_dense as ops_dense
-    pack = open_pack(DEMO)
-    ids = oracle_ids(pack, rng, 20)
-    base = CudaRunner(pack, 64).prefill(ids, 0)
-    for module in (moe, ops_dense):
-        monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
-    fake.launches.clear()
-    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="dq-gemm")).prefill(ids, 0), base)
-    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_f16"} <= set(fake.launches)
-    assert not [n for n in fake.launches if n.startswith(("strata_moe_gemm_q", "strata_moe_gemm_ws"))]
-
-
 def test_try_alloc_gives_none_where_the_pool_cannot_grow(fake):
     """DeviceOps.try_alloc: a block where there is room, None (not an error) where a frozen pool has none."""
     from strata.backends.cuda.memory import Pool

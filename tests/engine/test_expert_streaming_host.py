@@ -359,27 +359,27 @@ def test_a_streamed_prompt_lets_other_slots_decode_between_its_chunks(fake, rng)
     assert short.completion.token_ids == one.generate(short_ids, max_tokens=3).token_ids
 
 
-@pytest.mark.parametrize("on", ["dq-gemm", "wgmma-gemm-dq"])
-def test_dq_paths_over_streamed_batches_in_groups(fake, rng, monkeypatch, on):
-    """The dequantize-first paths over a streamed chunk's ring batches (5 experts a batch), each cut into
-    groups of 2 experts (DQ_SCRATCH_BYTES lowered; DQ_MIN_ROWS lowered for the demo's short prompt): f16
-    rows from the ring's slots, the same logits as the resident runner of the same GEMM family."""
+def test_dq_path_over_streamed_batches_in_groups(fake, rng, monkeypatch):
+    """wgmma-gemm-dq over a streamed chunk's ring batches (5 experts a batch), each cut into groups of 2
+    experts (DQ_SCRATCH_BYTES lowered; DQ_MIN_ROWS lowered for the demo's short prompt): f16 rows from
+    the ring's slots, multiplied by the TMA GEMM through maps over each group's scratch, the same logits
+    as the resident f16-X runner."""
     import strata.backends.cuda.moe as moe
     import strata.backends.cuda.ops_dense as ops_dense
     pack = open_pack(DEMO)
     a = pack.args
     per_expert = 2 * 3 * a.moe_intermediate_size * a.hidden_size        # f16 gate|up and down
-    base_on = "" if on == "dq-gemm" else "wgmma-gemm-f16x"
-    resident = _runner(pack, kernels_on=base_on)
+    resident = _runner(pack, kernels_on="wgmma-gemm-f16x")
     for module in (moe, ops_dense):
         monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
     monkeypatch.setattr(moe, "DQ_SCRATCH_BYTES", 2 * per_expert)
     monkeypatch.setattr(moe, "DQ_MIN_GROUP", 1)
     monkeypatch.setattr(planner, "ring_slots", lambda max_blob, *args, **k: 5)
-    streamed = _runner(pack, expert_cache="7", kernels_on=on)
+    streamed = _runner(pack, expert_cache="7", kernels_on="wgmma-gemm-dq")
     ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
     fake.launches.clear()
     _same_run(resident, streamed, ids, decode_steps=4)
     groups = [n for n in fake.launches if n.startswith("strata_dequant_h_groups_")]
     assert len(groups) >= 2 * a.num_hidden_layers * 3        # several groups a layer, two matrices each
+    assert "strata_moe_gemm_wst_f16" in fake.launches
     assert streamed.store.stats.prompt_streamed > 0

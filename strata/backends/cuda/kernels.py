@@ -120,7 +120,6 @@ class KernelPaths:
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_gemm_dq: bool = False      # on trial: a chunk's weights dequantized to f16 once, both operands copied (sm_90)
-    dq_gemm: bool = False            # on trial: the same dequantization before moe_gemm.cu (any GPU)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 

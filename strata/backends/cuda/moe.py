@@ -314,7 +314,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D, wait())
 
 
-# wgmma-gemm-dq / dq-gemm: a batch's experts are dequantized to f16 rows once per chunk where the chunk
+# wgmma-gemm-dq: a batch's experts are dequantized to f16 rows once per chunk where the chunk
 # gives the layer's experts DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has
 # DQ_MIN_ROWS tokens. An estimate, not yet measured: a 30B expert's dequantization (4.7 M weights, about
 # 12 MB read and written) takes about 4 us at an H100's copy rate, and a row saves 9.4 MFLOP at 158
@@ -328,7 +328,7 @@ DQ_MIN_GROUP = 4        # fewer experts a group than this where the pool is shor
 
 
 def dq_experts(ops, lay: ExpertLayer, S: int, E: int) -> bool:
-    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq, dq-gemm):
+    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq):
     gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
     parts = [lay.parts[n] for n in ("gate", "up", "down")]
     return (ops.gemm_dq and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E

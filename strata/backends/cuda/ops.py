@@ -82,7 +82,7 @@ class DeviceOps(DenseOps, AttentionOps):
                         else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm")
         self.gemm_x16 = self.gemm_op == "moe_gemm_ws16"
         # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS), before whichever GEMM runs
-        self.gemm_dq = paths.wgmma_gemm_dq or paths.dq_gemm
+        self.gemm_dq = paths.wgmma_gemm_dq
         # and with wgmma-gemm-dq, the f16 GEMM over them moves both operands by the TMA (strata_moe_gemm_wst_f16)
         self.gemm_tma = paths.wgmma_gemm_dq
         self._kernels: dict = {}             # entry name -> runtime kernel
