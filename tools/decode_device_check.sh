@@ -41,7 +41,8 @@
 #     gemmab    tools/variants/gemm_ws_ab.sh on the carried fatbins while the pack is made (GEMMAB_ARMS: its arms)
 #     wsgemm    #17: the prompt GEMMs warp-specialized on wgmma (cuda/moe_gemm_ws.cu, --kernels-on wgmma-gemm) against
 #               moe_gemm.cu: test_moe_gemm_gpu over both (and test_dequant_gpu's f16 tests; WSGEMM_TEST_K: -k), moe_gemm_bench per
-#               WSGEMM_OPS (default "moe_gemm moe_gemm_ws"; OP:--f16 times the shapes as F16; moe_gemm_wst the TMA build), resident prompts WSGEMM_PROMPTS
+#               WSGEMM_OPS (default "moe_gemm moe_gemm_ws"; OP:--f16 times the shapes as F16; moe_gemm_wst the TMA build;
+#               WSGEMM_N256=1: the TMA build again as the 256-row trial fatbin), resident prompts WSGEMM_PROMPTS
 #               (default 4096,16384) in each arm of WSGEMM_ARMS (default none, wgmma-gemm-f16x, wgmma-gemm-dq, twice),
 #               then 16384 at 12 GiB off and with wgmma-gemm (WSGEMM_12=0 skips those)
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
@@ -271,6 +272,11 @@ if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda
         timeout "$(budget 60)" $PY tools/moe_gemm_bench.py --repeats 20 --op $op "${extra[@]}" \
             --json "$OUT/gemm_$op${extra:+_f16}.json" 2>&1 | tail -9
     done
+    if [ -n "${WSGEMM_N256:-}" ]; then    # the TMA GEMM as the 256-row trial build (.whl/moe_gemm_ws_n256.fatbin)
+        echo "== moe_gemm_wst, 256-row build ($(elapsed) s)"
+        with_fatbin moe_gemm_ws .whl/moe_gemm_ws_n256.fatbin timeout "$(budget 60)" $PY tools/moe_gemm_bench.py \
+            --repeats 20 --op moe_gemm_wst --ws-build 256 --json "$OUT/gemm_wst256.json" 2>&1 | tail -9
+    fi
     for arm in ${WSGEMM_ARMS:-none wgmma-gemm-f16x wgmma-gemm-dq none wgmma-gemm-f16x wgmma-gemm-dq}; do
         on=(); [ "$arm" != none ] && on=(--kernels-on "$arm")
         bench_synthetic "prompt_$arm" 60 qwen3-30b-a3b --prompt ${WSGEMM_PROMPTS:-4096,16384} --decode 0 "${on[@]}"

@@ -5,7 +5,9 @@
 --op moe_gemm_ws times cuda/moe_gemm_ws.cu (the same products on Hopper's wgmma; sm_90 builds only);
 moe_gemm_ws16 its entry points taking X as f16; moe_gemm_wst its TMA build over f16 weights (wgmma-gemm-dq's
 GEMM: every shape taken as F16, the groups' matrices back to back as the dq scratch holds them). --f16
-takes every shape as F16 with the other ops too.
+takes every shape as F16 with the other ops too. --ws-build 256 launches the wgmma library as its 256-row
+trial build (STRATA_WS_GEMM_BN=256, one producer warpgroup: 384 threads, 48 KB stages), for a run where
+that build's fatbin stands in for the package's (tools/device_deadline.sh with_fatbin).
 
 Each shape's weights are random valid blocks in one device buffer (groups at a fixed stride, as in
 an expert blob); X is random. Times are CUDA-event medians over the repeats after warm-up
@@ -45,7 +47,7 @@ def shapes(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, int, i
     ]
 
 
-def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
+def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm", ws_build=128):
     rt = ops._rt
     row_bytes = qtype(name).row_bytes(K)
     # the TMA build's groups a whole number of rows apart (the dq scratch: back to back)
@@ -73,6 +75,8 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm"):
         kernel = ops._kernel(op, qtype=name)
         grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
     args, block = (*args, *tail), KERNELS[op].block
+    if ws_build == 256 and op != "moe_gemm":     # the 256-row build: 384 threads, 4 stages of 48 KB (+ 1024 for wst)
+        block, shared = 384, shared + 4 * 16384
     start, end = rt.Event(ops.device, timing=True), rt.Event(ops.device, timing=True)
     times = []
     for i in range(repeats + 3):
@@ -96,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--op", default="moe_gemm", choices=("moe_gemm", "moe_gemm_ws", "moe_gemm_ws16", "moe_gemm_wst"),
                     help="the kernel library (and entry family)")
     ap.add_argument("--f16", action="store_true", help="every shape's weights as F16 (moe_gemm_wst: always)")
+    ap.add_argument("--ws-build", type=int, default=128, choices=(128, 256),
+                    help="the wgmma library's build: 128 (the package's) or 256 weight rows an item (a trial fatbin)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     ops = CudaOps()
@@ -107,7 +113,7 @@ def main(argv=None) -> int:
             continue
         if args.f16 or args.op == "moe_gemm_wst":
             name = "F16"
-        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats, args.op)}
+        r = {"shape": label, **bench_shape(ops, rng, name, N, K, rows, args.repeats, args.op, args.ws_build)}
         results.append(r)
         print(f"{label:<16} {name:<5} {N:>7} {K:>5} {r['groups']:>6} {r['rows']:>6} {r['ms']:>8.3f} "
               f"{r['tflops']:>8.1f} {r['weight_gbps']:>7.0f}", flush=True)
