@@ -8,7 +8,9 @@ buffers and timing come from torch.
         --arm ws:.whl/moe_gemm_ws.fatbin:strata_moe_gemm_ws:ws [--arm ...] [--tokens 4096] [--json F]
 
 An arm is NAME:FATBIN:PREFIX[:ws[:BLOCK[:SHARED]]] or NAME:FATBIN:PREFIX:ws16[:BLOCK[:SHARED]] (the build
-taking X as f16); PREFIX_<type> are its entry points (one contract: cuda/moe_gemm.cu's). `:ws` marks cuda/moe_gemm_ws.cu's launch: one block a multiprocessor over every work
+taking X as f16), or NAME:FATBIN:strata_moe_gemm_wst:wst[:BLOCK[:SHARED]] (the TMA build over f16 weights and
+f16 X: checked and timed on the F16 shapes only, the groups' matrices back to back in one block that
+its weight map covers, SHARED default WST_SHARED_BYTES); PREFIX_<type> are its entry points (one contract: cuda/moe_gemm.cu's). `:ws` marks cuda/moe_gemm_ws.cu's launch: one block a multiprocessor over every work
 item (BLOCK threads, default WS_BLOCK; a build with other producer warpgroups needs its own), its opt-in
 shared memory (SHARED bytes, default WS_SHARED_BYTES; a build with other stages needs its own), and the
 tile count as a tenth argument.
@@ -44,8 +46,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (st
 from fatbin_driver import Arm, finish  # noqa: E402
 from moe_gemm_bench import shapes  # noqa: E402
 from strata.backends.cuda.kernels import dequant_grid  # noqa: E402
-from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES, grid_for,  # noqa: E402
-                                           tiles_for, ws_grid)
+from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, TMA_ROWS, WS_BLOCK, WS_SHARED_BYTES,  # noqa: E402
+                                           WST_SHARED_BYTES, grid_for, tiles_for, ws_grid)
 from strata.quant import QTYPES  # noqa: E402
 from strata.quant.dequant import dequantize  # noqa: E402
 from strata.quant.random import random_qtensor_bytes  # noqa: E402
@@ -104,12 +106,23 @@ class GemmArm(Arm):
     ws = 0              # cuda/moe_gemm_ws.cu's launch: its block size (0: moe_gemm.cu's launch)
     shared = WS_SHARED_BYTES
     x16 = False         # its STRATA_WS_GEMM_X16 build: X given as f16 (the arm's X is f16(X), ldx in halves)
+    tma = False         # strata_moe_gemm_wst_f16: f16 weights in one block, both operands through tensor maps
 
-    def launch(self, qtype, ptrs, tiles, X, Y, N, K):
+    def takes(self, qtype: str) -> bool:
+        return not self.tma or qtype == "F16"
+
+    def launch(self, qtype, ptrs, tiles, X, Y, N, K, w_block=None):
+        """w_block: (first address, rows) of the one block of f16 rows holding every group's matrix (tma)."""
         args = [("P", ptrs.data_ptr()), ("q", 0), ("P", tiles.data_ptr()), ("P", X.data_ptr()),
                 ("q", X.shape[1]), ("P", Y.data_ptr()), ("q", Y.shape[1]), ("i", N), ("i", K)]
         n_tiles = tiles.shape[0]
-        if self.ws:
+        if self.tma:
+            w_base, w_rows = w_block
+            maps = (self.dev.tensor_map_f16(X.data_ptr(), (K, X.shape[0]), (2 * X.shape[1],), (64, TMA_ROWS)),
+                    self.dev.tensor_map_f16(w_base, (K, w_rows), (2 * K,), (64, TMA_ROWS)))
+            self.dev.launch(self.fn("f16"), ws_grid(N, n_tiles, self.dev.num_sms()), self.ws,
+                            args + [("i", n_tiles), ("Q", w_base), ("B", maps[0]), ("B", maps[1])], self.shared)
+        elif self.ws:
             self.dev.launch(self.fn(qtype.lower()), ws_grid(N, n_tiles, self.dev.num_sms()), self.ws,
                             args + [("i", n_tiles)], self.shared)
         else:
@@ -118,19 +131,28 @@ class GemmArm(Arm):
     def run(self, qtype: str, weights, ranges, X, null_groups=(3,)) -> np.ndarray:
         dev = self.dev
         N = weights[0].size // QTYPES[qtype].row_bytes(X.shape[1])
-        blobs = [dev.upload(np.concatenate([w, np.zeros(64, np.uint8)])) for w in weights]
         X = X.astype(np.float16) if self.x16 else X
-        ptrs = dev.upload(np.array([0 if g in null_groups else b.data_ptr() for g, b in enumerate(blobs)], np.int64))
+        w_block = None
+        if self.tma:        # the groups back to back in one block, as the dq scratch holds them
+            block = dev.upload(np.concatenate(weights))
+            addrs = [block.data_ptr() + g * weights[0].size for g in range(len(weights))]
+            blobs, w_block = [block], (block.data_ptr(), len(weights) * N)
+        else:
+            blobs = [dev.upload(np.concatenate([w, np.zeros(64, np.uint8)])) for w in weights]
+            addrs = [b.data_ptr() for b in blobs]
+        ptrs = dev.upload(np.array([0 if g in null_groups else a for g, a in enumerate(addrs)], np.int64))
         tiles = dev.upload(tiles_for(ranges))
         Y = dev.full((X.shape[0], N), float("nan"))
-        self.launch(qtype, ptrs, tiles, dev.upload(X), Y, N, X.shape[1])
+        self.launch(qtype, ptrs, tiles, dev.upload(X), Y, N, X.shape[1], w_block)
+        del blobs
         return dev.download(Y)
 
 
 def time_shape(dev, arms, rng, qtype, N, K, rows, repeats) -> dict:
     """Median ms a launch per arm over one buffer of groups (one random matrix copied to each)."""
     row_bytes = QTYPES[qtype].row_bytes(K)
-    stride = -(-N * row_bytes // 256) * 256
+    # F16 matrices back to back (a whole number of rows apart, as the TMA build's weight map needs)
+    stride = N * row_bytes if qtype == "F16" else -(-N * row_bytes // 256) * 256
     one = random_qtensor_bytes(qtype, (N, K), rng)
     host = np.zeros((len(rows), stride), np.uint8)
     host[:, :one.size] = one
@@ -144,9 +166,10 @@ def time_shape(dev, arms, rng, qtype, N, K, rows, repeats) -> dict:
     X, Y = dev.randn((s, K)), dev.full((s, N), 0.0)
     X16 = dev.upload(dev.download(X).astype(np.float16)) if any(a.x16 for a in arms) else None
     out = {}
-    for arm in arms:
+    for arm in (a for a in arms if a.takes(qtype)):
         x = X16 if arm.x16 else X
-        ms = float(np.median(dev.time_ms(lambda: arm.launch(qtype, ptrs, tiles, x, Y, N, K), repeats)))
+        w_block = (blob.data_ptr(), len(rows) * N)
+        ms = float(np.median(dev.time_ms(lambda: arm.launch(qtype, ptrs, tiles, x, Y, N, K, w_block), repeats)))
         out[arm.name] = {"ms": round(ms, 4), "tflops": round(2.0 * s * N * K / ms / 1e9, 1),
                          "weight_gbps": round(len(rows) * N * row_bytes / ms / 1e6, 1)}
     return {"qtype": qtype, "N": N, "K": K, "groups": len(rows), "rows": s, "arms": out}
@@ -180,7 +203,7 @@ def run_checks(arms, rng) -> dict:
     for qtype in QTYPE_NAMES:
         weights, ranges, X = check_case(qtype, rng)
         first = None
-        for arm in arms:
+        for arm in (a for a in arms if a.takes(qtype)):
             try:
                 Y = arm.run(qtype, weights, ranges, X)
             except Exception as e:          # a fault poisons the context: report it, stop this arm's checks
@@ -189,13 +212,13 @@ def run_checks(arms, rng) -> dict:
                 continue
             r = judge(qtype, Y, weights, ranges, X)
             if first is None:
-                first = Y
+                first, first_name = Y, arm.name
             covered = ~np.isnan(first)
             same = Y[covered].view(np.uint32) == first[covered].view(np.uint32)
             r["equal_to_first"] = round(float(np.mean(same)), 4)
             report[arm.name][qtype] = r
             print(f"  {arm.name:>8} {qtype:<6} {'ok  ' if r['ok'] else 'FAIL'} error/bound "
-                  f"{r['worst_over_bound']:.3g}, equal to {arms[0].name}: {r['equal_to_first']:.1%}", flush=True)
+                  f"{r['worst_over_bound']:.3g}, equal to {first_name}: {r['equal_to_first']:.1%}", flush=True)
     return report
 
 
@@ -217,15 +240,17 @@ def main(argv=None, make_driver=None) -> int:
     for spec in args.arm:
         name, fatbin, prefix, *mode = spec.split(":")
         arm = GemmArm(dev, name, fatbin, prefix)
-        if mode and mode[0] in ("ws", "ws16"):
+        if mode and mode[0] in ("ws", "ws16", "wst"):
             arm.ws = int(mode[1]) if len(mode) > 1 else WS_BLOCK
-            arm.shared = int(mode[2]) if len(mode) > 2 else WS_SHARED_BYTES
-            arm.x16 = mode[0] == "ws16"
+            arm.shared = int(mode[2]) if len(mode) > 2 else WST_SHARED_BYTES if mode[0] == "wst" else WS_SHARED_BYTES
+            arm.x16 = mode[0] in ("ws16", "wst")
+            arm.tma = mode[0] == "wst"
         arms.append(arm)
     rng = np.random.default_rng(0)
     print("checks (every type):", flush=True)
     report = {"checks": run_checks(arms, rng), "times": []}
-    ok = {a.name: all(r["ok"] for r in report["checks"][a.name].values()) for a in arms}
+    ok = {a.name: bool(report["checks"][a.name]) and all(r["ok"] for r in report["checks"][a.name].values())
+          for a in arms}
     if not args.no_times:
         names = [a.name for a in arms]
         print(f"{'shape':<16} {'type':<5} {'N':>7} {'K':>5} {'rows':>6} "
@@ -242,15 +267,18 @@ def main(argv=None, make_driver=None) -> int:
                 if own is None:
                     own = t
                 elif "dequant_ms" in own:     # the dequantize-first price: dequantization + the f16 GEMM, per arm
-                    t["dq_total_ms"] = {n: round(own["dequant_ms"] + t["arms"][n]["ms"], 4) for n in names}
+                    t["dq_total_ms"] = {n: round(own["dequant_ms"] + t["arms"][n]["ms"], 4) for n in t["arms"]}
                 report["times"].append(t)
+                cells = {n: f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in t["arms"]}
                 print(f"{label:<16} {qt:<5} {N:>7} {K:>5} {t['rows']:>6} "
-                      + "".join(f"{t['arms'][n]['ms']:>12.3f}{t['arms'][n]['tflops']:>7.0f}" for n in names)
+                      + "".join(cells.get(n, f"{'-':>12}{'':>7}") for n in names)
                       + (f"   dequant {t['dequant_ms']:.3f} ms" if "dequant_ms" in t else ""), flush=True)
                 if "dq_total_ms" in t:
+                    # each arm's own decoding GEMM of the shape, or (the TMA build, f16 only) the first arm's
+                    base = {n: own["arms"].get(n, own["arms"][names[0]])["ms"] for n in t["dq_total_ms"]}
                     print(f"{'  + dequant':<36} {t['rows']:>6} "
-                          + "".join(f"{t['dq_total_ms'][n]:>12.3f}{own['arms'][n]['ms'] / t['dq_total_ms'][n]:>6.2f}x"
-                                    for n in names), flush=True)
+                          + "".join(f"{t['dq_total_ms'][n]:>12.3f}{base[n] / t['dq_total_ms'][n]:>6.2f}x"
+                                    if n in t["dq_total_ms"] else f"{'-':>12}{'':>7}" for n in names), flush=True)
     return finish(report, ok, args.json)
 
 

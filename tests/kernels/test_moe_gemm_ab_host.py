@@ -3,11 +3,12 @@ the way cuda/moe_gemm.cu's contract says (f16(X) f16(W_g)^T over the tile table;
 groups whose address is 0, untouched). The tool's checks pass such an arm, fail a perturbed or a
 wrong-rows one (exit 1), and its timing pass launches every arm with the contract's arguments."""
 import json
+import struct
 
 import numpy as np
 import pytest
 
-from strata.backends.cuda.moe_gemm import QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES
+from strata.backends.cuda.moe_gemm import QTYPE_NAMES, TMA_ROWS, WS_BLOCK, WS_SHARED_BYTES, WST_SHARED_BYTES
 from strata.quant import QTYPES
 from strata.quant.dequant import dequantize
 from tests.fixtures import load_tool
@@ -15,11 +16,36 @@ from tests.kernels.host_driver import HostDriver
 
 
 class GemmDriver(HostDriver):
-    """cuda/moe_gemm.cu's contract; module paths containing "noisy" or "shifted" give a wrong kernel."""
+    """cuda/moe_gemm.cu's contract; module paths containing "noisy" or "shifted" give a wrong kernel.
+    strata_moe_gemm_wst_f16 reads X and the weights through its two tensor maps (here 128 bytes holding
+    the address, dims, stride and box), so a map over the wrong rows or block shows in its results."""
+
+    MAP = struct.Struct("<Q2QQ2Q")
+
+    def tensor_map_f16(self, ptr, dims, strides, box):
+        assert len(dims) == 2 and box == (64, TMA_ROWS) and strides[0] % 16 == 0
+        return self.MAP.pack(ptr, *dims, *strides, *box).ljust(128, b"\0")
 
     def launch(self, f, grid, block, args, shared=0):
         (path, name), vals = f, [v for _, v in args]
         kinds = "".join(k for k, _ in args)
+        if name == "strata_moe_gemm_wst_f16":
+            assert kinds == "PqPPqPqiiiQBB" and block == WS_BLOCK and shared == WST_SHARED_BYTES
+            ptrs, part, tiles, X, ldx, Y, ldy, N, K, n_tiles, w_base, mx, mw = vals
+            assert grid == min(self.num_sms(), -(-N // 128) * n_tiles)
+            (xa, xk, x_rows, x_stride, *_), (wa, wk, w_rows, w_stride, *_) = (self.MAP.unpack(m[:self.MAP.size])
+                                                                           for m in (mx, mw))
+            assert xk == wk == K and wa == w_base and w_stride == 2 * K
+            Xa = self._bytes_at(xa, x_rows * x_stride).view(np.float16).reshape(x_rows, -1)[:, :K]
+            Wa = self._bytes_at(wa, w_rows * w_stride).view(np.float16).reshape(w_rows, K)
+            P, T, Ya = self._tensor(ptrs), self._tensor(tiles), self._tensor(Y)
+            for g, s0, m, _ in T:
+                if m <= 0 or P[g] == 0:
+                    continue
+                r0 = (int(P[g]) + part - w_base) // (2 * K)
+                Ya[s0:s0 + m] = Xa[s0:s0 + m].astype(np.float64) @ Wa[r0:r0 + N].astype(np.float64).T
+            self.launches.append((path, "F16"))
+            return
         if name.startswith("strata_dequant_h_"):     # cuda/dequant.cu's f16 rows (wrong in "noisy" modules)
             assert kinds == "PPq" and block == 256
             qt = next(QTYPES[q] for q in QTYPE_NAMES if name.endswith("_" + q.lower()))
@@ -83,6 +109,25 @@ def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
     assert set(t["arms"]) == {"mma", "wg", "ws", "ws16", "noisy", "shifted"}
     assert {("b.fatbin", "Q8_0"), ("c.fatbin", "Q8_0"), ("d.fatbin", "Q8_0")} <= set(dev.launches)
     assert "checks passed: mma yes, wg yes, ws yes, ws16 yes, noisy NO, shifted NO" in capsys.readouterr().out
+
+
+def test_a_tma_arm_takes_the_f16_shapes_through_its_maps(tmp_path):
+    """A wst arm (strata_moe_gemm_wst_f16): checked on F16 only, where its outputs equal the parent's bit
+    for bit; timed on the --retype F16 shapes only, its "+ dequant" set against the first arm's decoding
+    GEMM; the other shapes print '-' for it."""
+    tool = load_tool("moe_gemm_ab")
+    dev = GemmDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "wst:e.fatbin:strata_moe_gemm_wst:wst",
+            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--retype", "F16", "--dequant", "dq.fatbin",
+            "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 0
+    report = json.loads(out.read_text())
+    assert list(report["checks"]["wst"]) == ["F16"] and report["checks"]["wst"]["F16"]["equal_to_first"] == 1.0
+    q8, f16 = report["times"]
+    assert set(q8["arms"]) == {"mma"} and set(f16["arms"]) == {"mma", "wst"}
+    assert f16["dq_total_ms"] == {"mma": 2.0, "wst": 2.0}
+    assert ("e.fatbin", "F16") in dev.launches
 
 
 def test_all_good_arms_exit_zero():
