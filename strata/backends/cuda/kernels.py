@@ -119,7 +119,7 @@ class KernelPaths:
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
-    wgmma_gemm_dq: bool = False      # on trial: a chunk's weights dequantized to f16 once, both operands copied (sm_90)
+    wgmma_gemm_dq: bool = False      # on trial: a chunk's weights dequantized to f16 once, both operands by the TMA (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 

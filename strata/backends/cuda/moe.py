@@ -316,10 +316,10 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
 
 # wgmma-gemm-dq: a batch's experts are dequantized to f16 rows once per chunk where the chunk
 # gives the layer's experts DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has
-# DQ_MIN_ROWS tokens. An estimate, not yet measured: a 30B expert's dequantization (4.7 M weights, about
-# 12 MB read and written) takes about 4 us at an H100's copy rate, and a row saves 9.4 MFLOP at 158
-# TFLOP/s (the decoding GEMM) less the same at the f16 GEMM's rate; at 400 TFLOP/s that pays from about
-# 110 rows. tools/moe_gemm_ab.py --retype F16 --dequant measures both sides.
+# DQ_MIN_ROWS tokens. Half measured: on an H100 a 30B expert's dequantization (4.7 M weights) took about
+# 4.9 us (a layer's 128 experts 0.63 ms, about the copy rate), and a row saves 9.4 MFLOP at 159 TFLOP/s
+# (the decoding GEMM) less the same at the f16 GEMM's rate; at 400 TFLOP/s that pays from about 140 rows.
+# The TMA f16 GEMM's rate is not yet measured (tools/moe_gemm_ab.py --retype F16 --dequant, arm wst).
 DQ_MIN_ROWS = 128
 # The f16 weights of one group of a batch's experts, at most (the 30B: 54 experts of 9.4 MB; a batch of
 # more experts is dequantized and multiplied group by group, so the scratch stays this size).
