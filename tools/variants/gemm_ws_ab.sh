@@ -21,9 +21,10 @@ declare -A A=(
  [wsn256]="wsn256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_ws:ws:384:196672"          # -DSTRATA_WS_GEMM_BN=256, 1 producer WG
  [ws16n256]="ws16n256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_ws16:ws16:384:196672"  # the same, X as f16
  [wst]="wst:$W/moe_gemm_ws.fatbin:strata_moe_gemm_wst:wst"                              # the TMA build (F16 shapes only)
- [wst256]="wst256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_wst:wst:384:197696")      # the same, 256-row items
+ [wst256]="wst256:$W/moe_gemm_ws_n256.fatbin:strata_moe_gemm_wst:wst:384:197696"       # the same, 256-row items
+ [wsts6]="wsts6:$W/moe_gemm_ws_s6.fatbin:strata_moe_gemm_wst:wst:512:197728")            # the same, six stages
 REF="parent:$W/moe_gemm_parent.fatbin:strata_moe_gemm"
-arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws16 ws16n256 wst wst256 ws1 wsp ws16p ws16s6 wsn256)
+arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(mma ws ws16 ws16n256 wst wst256 wsts6 ws1 wsp ws16p ws16s6 wsn256)
 pass=()
 for n in "${arms[@]}"; do
     [ -f "$(echo "${A[$n]}" | cut -d: -f2)" ] || { echo "== $n: no fatbin"; continue; }
