@@ -111,18 +111,24 @@ def test_checks_pass_a_contract_arm_and_fail_wrong_ones(tmp_path, capsys):
     assert "checks passed: mma yes, wg yes, ws yes, ws16 yes, noisy NO, shifted NO" in capsys.readouterr().out
 
 
+def _retyped_run(tmp_path, arm: str):
+    """moe_gemm_ab over the dense k/v shape at 64 tokens, again as F16 with the dequantization timed, the
+    parent arm and `arm`: (tool, the driver, argv, the JSON report)."""
+    tool = load_tool("moe_gemm_ab")
+    dev = GemmDriver()
+    out = tmp_path / "r.json"
+    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", arm,
+            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--retype", "F16", "--dequant", "dq.fatbin",
+            "--json", str(out)]
+    assert tool.main(argv, make_driver=lambda: dev) == 0
+    return tool, dev, argv, json.loads(out.read_text())
+
+
 def test_a_tma_arm_takes_the_f16_shapes_through_its_maps(tmp_path):
     """A wst arm (strata_moe_gemm_wst_f16): checked on F16 only, where its outputs equal the parent's bit
     for bit; timed on the --retype F16 shapes only, its "+ dequant" set against the first arm's decoding
     GEMM; the other shapes print '-' for it."""
-    tool = load_tool("moe_gemm_ab")
-    dev = GemmDriver()
-    out = tmp_path / "r.json"
-    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "wst:e.fatbin:strata_moe_gemm_wst:wst",
-            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--retype", "F16", "--dequant", "dq.fatbin",
-            "--json", str(out)]
-    assert tool.main(argv, make_driver=lambda: dev) == 0
-    report = json.loads(out.read_text())
+    _, dev, _, report = _retyped_run(tmp_path, "wst:e.fatbin:strata_moe_gemm_wst:wst")
     assert list(report["checks"]["wst"]) == ["F16"] and report["checks"]["wst"]["F16"]["equal_to_first"] == 1.0
     q8, f16 = report["times"]
     assert set(q8["arms"]) == {"mma"} and set(f16["arms"]) == {"mma", "wst"}
@@ -151,14 +157,8 @@ def test_retype_and_dequant_times(tmp_path):
     """--retype times each shape again with F16 weights (a ws16 arm's both-operands-copied build);
     --dequant checks strata_dequant_h_<type> against f16(dequantize) and times it; a wrong dequant
     build stops the run."""
-    tool = load_tool("moe_gemm_ab")
-    dev = GemmDriver()
-    out = tmp_path / "r.json"
-    argv = ["--arm", "mma:a.fatbin:strata_moe_gemm", "--arm", "ws16:d.fatbin:strata_moe_gemm_ws16:ws16",
-            "--tokens", "64", "--repeats", "2", "--only", "k/v", "--retype", "F16", "--dequant", "dq.fatbin",
-            "--json", str(out)]
-    assert tool.main(argv, make_driver=lambda: dev) == 0
-    q8, f16 = json.loads(out.read_text())["times"]
+    tool, dev, argv, report = _retyped_run(tmp_path, "ws16:d.fatbin:strata_moe_gemm_ws16:ws16")
+    q8, f16 = report["times"]
     assert (q8["qtype"], f16["qtype"]) == ("Q8_0", "F16") and q8["dequant_ms"] == 1.0 and "dequant_ms" not in f16
     assert f16["dq_total_ms"] == {"mma": 2.0, "ws16": 2.0} and "dq_total_ms" not in q8
     assert {("d.fatbin", "F16"), ("dq.fatbin", "Q8_0")} <= set(dev.launches)
