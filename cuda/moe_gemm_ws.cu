@@ -351,57 +351,40 @@ __device__ __forceinline__ void consume(const unsigned long long* __restrict__ p
     }
 }
 
-template <class B, class TX>
+// The ring, its barriers and the roles. kTma (strata_moe_gemm_wst_f16): the block's base rounded up to
+// the 128-byte swizzle's 1024-byte atom, and one producer thread's TMA copies fill it (each full barrier:
+// that thread's arrival and the stage's bytes), X and the weights read through tx and tw from w_base.
+template <class B, class TX, bool kTma = false>
 __device__ __forceinline__ void moe_gemm_ws_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
                                                  const int* __restrict__ tiles, int n_tiles, const TX* __restrict__ X,
-                                                 long long ldx, float* __restrict__ Y, long long ldy, int N, int K) {
+                                                 long long ldx, float* __restrict__ Y, long long ldy, int N, int K,
+                                                 unsigned long long w_base = 0, const TensorMap* tx = nullptr,
+                                                 const TensorMap* tw = nullptr) {
 #ifdef STRATA_WG_TRAP
     __trap();
 #else
     extern __shared__ __align__(128) unsigned char ws_smem[];
-    const unsigned base = smem_addr(ws_smem), bars = base + kBarOffset;
+    const unsigned raw = smem_addr(ws_smem), base = kTma ? (raw + 1023) & ~1023u : raw, bars = base + kBarOffset;
     if (threadIdx.x == 0) {
         for (int st = 0; st < kStages; ++st) {
-            mbar_init(full_bar(bars, st), kX16<TX> ? 2 * kProducers : kProducers);  // each producer's (and its cp.async's)
+            // each producer's (and its cp.async's) arrival, or the TMA thread's one with its bytes
+            mbar_init(full_bar(bars, st), kTma ? 1 : kX16<TX> ? 2 * kProducers : kProducers);
             mbar_init(empty_bar(bars, st), kConsumers / 32);  // lane 0 of each consumer warp
         }
+        if constexpr (kTma) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const int n_blocks = (N + kBN - 1) / kBN, items = n_blocks * n_tiles;
     if (threadIdx.x >= kConsumers) {
-        produce<B, TX>(ptrs, part_offset, tiles, X, ldx, N, K, items, n_blocks, base, bars, threadIdx.x - kConsumers);
-    } else {
-        const int warp = threadIdx.x >> 5;
-        consume<kX16<TX>>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
-    }
-#endif
-}
-
-// strata_moe_gemm_wst_f16's body: the ring as moe_gemm_ws_body's, in a 1024-aligned block, filled by one
-// producer thread's TMA copies (each full barrier: that thread's arrival and the stage's bytes).
-__device__ __forceinline__ void moe_gemm_wst_body(const unsigned long long* __restrict__ ptrs, long long part_offset,
-                                                  const int* __restrict__ tiles, int n_tiles, float* __restrict__ Y,
-                                                  long long ldy, int N, int K, unsigned long long w_base,
-                                                  const TensorMap* tx, const TensorMap* tw) {
-#ifdef STRATA_WG_TRAP
-    __trap();
-#else
-    extern __shared__ __align__(128) unsigned char ws_smem[];
-    const unsigned base = (smem_addr(ws_smem) + 1023) & ~1023u, bars = base + kBarOffset;
-    if (threadIdx.x == 0) {
-        for (int st = 0; st < kStages; ++st) {
-            mbar_init(full_bar(bars, st), 1);
-            mbar_init(empty_bar(bars, st), kConsumers / 32);
+        if constexpr (kTma) {
+            if (threadIdx.x == kConsumers) produce_tma(ptrs, part_offset, tiles, K, items, n_blocks, w_base, tx, tw, base, bars);
+        } else {
+            produce<B, TX>(ptrs, part_offset, tiles, X, ldx, N, K, items, n_blocks, base, bars, threadIdx.x - kConsumers);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    const int n_blocks = (N + kBN - 1) / kBN, items = n_blocks * n_tiles;
-    if (threadIdx.x >= kConsumers) {
-        if (threadIdx.x == kConsumers) produce_tma(ptrs, part_offset, tiles, K, items, n_blocks, w_base, tx, tw, base, bars);
     } else {
         const int warp = threadIdx.x >> 5;
-        consume<true, true>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3, threadIdx.x & 31);
+        consume<kX16<TX>, kTma>(ptrs, tiles, Y, ldy, N, K, items, n_blocks, base, bars, warp >> 2, warp & 3,
+                                threadIdx.x & 31);
     }
 #endif
 }
@@ -414,7 +397,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) strata_moe_gemm_wst_f1
     const unsigned long long* ptrs, long long part_offset, const int* tiles, const __half* X, long long ldx, float* Y,
     long long ldy, int N, int K, int n_tiles, unsigned long long w_base, const __grid_constant__ TensorMap tx,
     const __grid_constant__ TensorMap tw) {
-    moe_gemm_wst_body(ptrs, part_offset, tiles, n_tiles, Y, ldy, N, K, w_base, &tx, &tw);
+    moe_gemm_ws_body<BlockF16x8, __half, true>(ptrs, part_offset, tiles, n_tiles, X, ldx, Y, ldy, N, K, w_base, &tx,
+                                               &tw);
 }
 
 // Both entry families: X as f32 (strata_moe_gemm_ws_<q>) and as f16 (strata_moe_gemm_ws16_<q>).
