@@ -46,8 +46,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]     # tools/ and the repository (st
 from fatbin_driver import Arm, finish  # noqa: E402
 from moe_gemm_bench import shapes  # noqa: E402
 from strata.backends.cuda.kernels import dequant_grid  # noqa: E402
-from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, TMA_ROWS, WS_BLOCK, WS_SHARED_BYTES,  # noqa: E402
-                                           WST_SHARED_BYTES, grid_for, tiles_for, ws_grid)
+from strata.backends.cuda.moe_gemm import (BLOCK, QTYPE_NAMES, WS_BLOCK, WS_SHARED_BYTES,  # noqa: E402
+                                           WST_SHARED_BYTES, grid_for, tiles_for, ws_grid, wst_maps)
 from strata.quant import QTYPES  # noqa: E402
 from strata.quant.dequant import dequantize  # noqa: E402
 from strata.quant.random import random_qtensor_bytes  # noqa: E402
@@ -118,8 +118,7 @@ class GemmArm(Arm):
         n_tiles = tiles.shape[0]
         if self.tma:
             w_base, w_rows = w_block
-            maps = (self.dev.tensor_map_f16(X.data_ptr(), (K, X.shape[0]), (2 * X.shape[1],), (64, TMA_ROWS)),
-                    self.dev.tensor_map_f16(w_base, (K, w_rows), (2 * K,), (64, TMA_ROWS)))
+            maps = wst_maps(self.dev, X.data_ptr(), X.shape[0], X.shape[1], w_base, w_rows, K)   # the driver's encoder
             self.dev.launch(self.fn("f16"), ws_grid(N, n_tiles, self.dev.num_sms()), self.ws,
                             args + [("i", n_tiles), ("Q", w_base), ("B", maps[0]), ("B", maps[1])], self.shared)
         elif self.ws:
