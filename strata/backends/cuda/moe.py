@@ -69,11 +69,11 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles). X is f16
     (ldx in halves) where ops.gemm_x16, else f32. tma: (w_base, w_rows, x_rows) where every group's
-    f16 matrix lies in one block of f16 rows from w_base (the dq path's scratch) and X has x_rows rows:
-    with ops.gemm_tma, strata_moe_gemm_wst_f16 moves both operands by the TMA."""
+    f16 matrix lies in one block of f16 rows from w_base (the dq path's scratch, wgmma-gemm-dq's only) and X
+    has x_rows rows: strata_moe_gemm_wst_f16 moves both operands by the TMA."""
     if not n_tiles:
         return
-    if tma is not None and ops.gemm_tma and w.qtype == "F16" and wst_takes(X, ldx, tma[0], w.shape[-1]):
+    if tma is not None and w.qtype == "F16" and wst_takes(X, ldx, tma[0], w.shape[-1]):
         w_base, w_rows, x_rows = tma
         maps = wst_maps(ops.rt, X, x_rows, ldx, w_base, w_rows, w.shape[-1])
         ops.launch("moe_gemm_wst", ws_grid(N, n_tiles, ops.num_sms),

@@ -81,10 +81,9 @@ class DeviceOps(DenseOps, AttentionOps):
         self.gemm_op = ("moe_gemm_ws16" if paths.wgmma_gemm_f16x or paths.wgmma_gemm_dq
                         else "moe_gemm_ws" if paths.wgmma_gemm else "moe_gemm")
         self.gemm_x16 = self.gemm_op == "moe_gemm_ws16"
-        # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS), before whichever GEMM runs
+        # weights dequantized to f16 rows first where rows are many (moe.DQ_MIN_ROWS), then multiplied with both
+        # operands moved by the TMA (moe.grouped_gemm's tma: strata_moe_gemm_wst_f16)
         self.gemm_dq = paths.wgmma_gemm_dq
-        # and with wgmma-gemm-dq, the f16 GEMM over them moves both operands by the TMA (strata_moe_gemm_wst_f16)
-        self.gemm_tma = paths.wgmma_gemm_dq
         self._kernels: dict = {}             # entry name -> runtime kernel
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
