@@ -30,17 +30,21 @@ def ops():
     return CudaOps()
 
 
+def skip_without_wgmma(ops, what: str) -> None:
+    """Skip where cuda/moe_gemm_ws.cu's library cannot run (not sm_90, or a build without it)."""
+    import strata.backends.cuda as cuda_backend
+    from strata.backends.cuda.kernels import wgmma_unavailable
+    why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
+    if why:
+        pytest.skip(f"{what}: {why}")
+
+
 @pytest.fixture(params=["moe_gemm", "moe_gemm_ws", "moe_gemm_ws16"])
 def op(request):
     """Each build of the contract: cuda/moe_gemm.cu, and cuda/moe_gemm_ws.cu (wgmma; ws16: X given as
     f16) where it runs."""
     if request.param != "moe_gemm":
-        import strata.backends.cuda as cuda_backend
-        from strata.backends.cuda.kernels import wgmma_unavailable
-        ops = request.getfixturevalue("ops")
-        why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
-        if why:
-            pytest.skip(f"{request.param}: {why}")
+        skip_without_wgmma(request.getfixturevalue("ops"), request.param)
     return request.param
 
 
@@ -141,12 +145,7 @@ def test_moe_gemm_wst_is_ws16_bit_for_bit(ops, rng, N, K, counts):
     strata_moe_gemm_ws16_f16's outputs bit for bit (the same MMAs in the same k order; only how the
     operands reach shared memory differs), a null group skipped, behind a part offset."""
     from strata.backends.cuda.moe_gemm import moe_gemm
-    op = "moe_gemm_ws16"
-    import strata.backends.cuda as cuda_backend
-    from strata.backends.cuda.kernels import wgmma_unavailable
-    why = wgmma_unavailable(cuda_backend._runtime().read_manifest(), ops.device.compute_capability)
-    if why:
-        pytest.skip(f"moe_gemm_wst: {why}")
+    skip_without_wgmma(ops, "moe_gemm_wst")
     counts = rng.integers(32, 320, size=6) if counts == "experts" else counts
     weights, ranges, X = make_case(rng, "F16", N, K, counts, std=0.02)
     if len(weights) > 2:
@@ -154,7 +153,7 @@ def test_moe_gemm_wst_is_ws16_bit_for_bit(ops, rng, N, K, counts):
         ranges = [r for r in ranges if r[0] != 1]
     got = moe_gemm("F16", weights, ranges, X, ops=ops, op="moe_gemm_wst", part_offset=32)
     check("F16", got, weights, ranges, X, f"wst N {N} K {K}")
-    want = moe_gemm("F16", weights, ranges, X, ops=ops, op=op)
+    want = moe_gemm("F16", weights, ranges, X, ops=ops, op="moe_gemm_ws16")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
         f"N {N} K {K}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} outputs differ from ws16"
 

@@ -158,11 +158,11 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     y_dev = ops._output(Y.nbytes)
     x_dev = ops._upload(X.astype(np.float16) if op in ("moe_gemm_ws16", "moe_gemm_wst") else X)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), x_dev, K, y_dev, N, N, K)
-    grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
     if op == "moe_gemm_wst":
         tail = (len(tiles), w_buf.ptr, *wst_maps(rt, x_dev.ptr, S, K, w_buf.ptr, len(block) // row_bytes, K))
         ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, *tail), WST_SHARED_BYTES)
     else:
+        grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
         ops._launch(op, grid, (*args, *tail), shared, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
