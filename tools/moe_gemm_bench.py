@@ -24,7 +24,7 @@ import numpy as np
 
 from strata.backends.cuda.testing import CudaOps
 from strata.backends.cuda.kernels import KERNELS
-from strata.backends.cuda.moe_gemm import WST_SHARED_BYTES, launch_for, tiles_for, ws_grid, wst_maps
+from strata.backends.cuda.moe_gemm import launch_for, tiles_for, wst_launch_for
 from strata.quant import qtype
 from strata.quant.random import random_qtensor_bytes
 
@@ -69,8 +69,8 @@ def bench_shape(ops, rng, name, N, K, rows, repeats, op="moe_gemm", ws_build=128
     args = (ops._upload(ptrs), 0, ops._upload(tiles), x_dev, K, y, N, N, K)
     if op == "moe_gemm_wst":
         kernel = ops._kernel(op)
-        grid, shared = ws_grid(N, len(tiles), ops.device.multiprocessor_count), WST_SHARED_BYTES
-        tail = (len(tiles), blob.ptr, *wst_maps(rt, x_dev.ptr, s, K, blob.ptr, G * N, K))
+        grid, tail, shared = wst_launch_for(rt, N, len(tiles), ops.device.multiprocessor_count, x_dev.ptr, s, K,
+                                            blob.ptr, G * N, K)
     else:
         kernel = ops._kernel(op, qtype=name)
         grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)

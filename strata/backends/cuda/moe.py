@@ -24,7 +24,7 @@ from .kernels import DQ_GROUP_QTYPES, KERNELS, dequant_grid
 from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
-from .moe_gemm import WST_SHARED_BYTES, launch_for, tiles_for, ws_grid, wst_maps, wst_takes
+from .moe_gemm import launch_for, tiles_for, wst_launch_for, wst_takes
 from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
 from .moe_plan import MoePlan
 
@@ -75,9 +75,8 @@ def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ld
         return
     if tma is not None and w.qtype == "F16" and wst_takes(X, ldx, tma[0], w.shape[-1]):
         w_base, w_rows, x_rows = tma
-        maps = wst_maps(ops.rt, X, x_rows, ldx, w_base, w_rows, w.shape[-1])
-        ops.launch("moe_gemm_wst", ws_grid(N, n_tiles, ops.num_sms),
-                   (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], n_tiles, w_base, *maps), WST_SHARED_BYTES)
+        grid, tail, shared = wst_launch_for(ops.rt, N, n_tiles, ops.num_sms, X, x_rows, ldx, w_base, w_rows, w.shape[-1])
+        ops.launch("moe_gemm_wst", grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared)
         return
     grid, tail, shared = launch_for(ops.gemm_op, N, n_tiles, ops.num_sms)
     ops.launch(ops.gemm_op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared, qtype=w.qtype)

@@ -76,6 +76,14 @@ def wst_maps(rt, x: int, x_rows: int, ldx: int, w_base: int, w_rows: int, K: int
             rt.tensor_map_f16(w_base, (K, w_rows), (2 * K,), (64, TMA_ROWS)))
 
 
+def wst_launch_for(rt, N: int, n_tiles: int, num_sms: int, X: int, x_rows: int, ldx: int, w_base: int, w_rows: int,
+                   K: int) -> tuple:
+    """launch_for of strata_moe_gemm_wst_f16: (grid, the arguments after the contract's nine (the tile
+    count, w_base, wst_maps' two maps), dynamic shared bytes)."""
+    return (ws_grid(N, n_tiles, num_sms), (n_tiles, w_base, *wst_maps(rt, X, x_rows, ldx, w_base, w_rows, K)),
+            WST_SHARED_BYTES)
+
+
 def wst_takes(X: int, ldx: int, w_base: int, K: int) -> bool:
     """Whether the TMA can read these operands: 16-byte aligned starts and row strides."""
     return X % 16 == 0 and w_base % 16 == 0 and ldx % 8 == 0 and K % 8 == 0
@@ -158,11 +166,13 @@ def moe_gemm(qtype_name: str, weights, ranges, X: np.ndarray, *, ops=None, offse
     y_dev = ops._output(Y.nbytes)
     x_dev = ops._upload(X.astype(np.float16) if op in ("moe_gemm_ws16", "moe_gemm_wst") else X)
     args = (ops._upload(np.array(ptrs, np.uint64)), part_offset, ops._upload(tiles), x_dev, K, y_dev, N, N, K)
+    num_sms = ops.device.multiprocessor_count
     if op == "moe_gemm_wst":
-        tail = (len(tiles), w_buf.ptr, *wst_maps(rt, x_dev.ptr, S, K, w_buf.ptr, len(block) // row_bytes, K))
-        ops._launch(op, ws_grid(N, len(tiles), ops.device.multiprocessor_count), (*args, *tail), WST_SHARED_BYTES)
+        grid, tail, shared = wst_launch_for(rt, N, len(tiles), num_sms, x_dev.ptr, S, K, w_buf.ptr,
+                                            len(block) // row_bytes, K)
+        ops._launch(op, grid, (*args, *tail), shared)
     else:
-        grid, tail, shared = launch_for(op, N, len(tiles), ops.device.multiprocessor_count)
+        grid, tail, shared = launch_for(op, N, len(tiles), num_sms)
         ops._launch(op, grid, (*args, *tail), shared, qtype=qtype_name)
     Y = ops._download(y_dev, Y.shape, np.float32)
     del bufs    # freed only after the download's synchronize
