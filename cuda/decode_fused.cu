@@ -35,7 +35,7 @@
 //                             v_values, v_scales, T, H, Hk, head_dim, eps, scale, rot_scale)
 //   The same QK-norm and RoPE into a quantized cache (cuda/kv_quant.cu's planes, fmt int8: int8 K and V;
 //   q4_0: q4r K and V; k8v4: int8 K, q4r V), bit for bit the unfused chain the cache ran before:
-//   strata_rms_norm_f32 on q and k (its sum order on the 16-byte path, 256 threads: head_rms_scale),
+//   strata_rms_norm_f32 on q and k (its sum order on the 16-byte path, 256 threads: QuantHead::rms),
 //   strata_rope_f32, then strata_kv_append_int8 / _q4r of k and of v (cuda/kv_codec.cuh, the same code:
 //   q4r rotates the head first) into row cells[t] (positions[t] where cells is null) of the planes, and
 //   q -> q_out, rotated (strata_hadamard_f32) where K is q4r. Each row's outputs depend on that row only.
