@@ -46,7 +46,7 @@
 //
 // strata_moe_gemm_ws16_<q> takes X as f16 (ldx in halves; 16-byte aligned rows) and copies its chunks
 // straight into the stage by cp.async (zeros past m and K), so the producers only decode weights.
-// strata_moe_gemm_ws16_f16 (f16 X and f16 W, wgmma-gemm-dq's weights dequantized first) copies both
+// strata_moe_gemm_ws16_f16 (f16 X and f16 W, tma-gemm's fallback over weights dequantized first) copies both
 // operands by cp.async: its producers decode nothing.
 // Trial builds (tools/variants/gemm_ws_ab.sh times them): STRATA_WS_GEMM_PREFETCH prefetches each row's
 // next-stage lines into L1; STRATA_WS_GEMM_STAGES deepens the ring; STRATA_WS_GEMM_PRODUCERS=1 is the

@@ -138,7 +138,8 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
         phase = "warm-up"
         V = llm.args.vocab_size
         runner.reset()                  # warm-up: module loads, weight caches, allocator
-        runner.decode(int(np.argmax(runner.prefill(rng.integers(0, V, 16).tolist(), 0))))
+        n_warm = min(getattr(runner, "warm_prompt_tokens", 16), max(1, llm.max_context - 1))
+        runner.decode(int(np.argmax(runner.prefill(rng.integers(0, V, n_warm).tolist(), 0))))
         for n in sorted(set(prompt_lengths)):
             phase = f"prompt {n}"
             _prompt_phase(runner, res, n, rng.integers(0, V, n).tolist(), line)

@@ -25,24 +25,27 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # one-row-gemv: one-token GEMVs (the fused q|k|v and the attention output) of the types of one 32-weight
 # block a unit (Q8_0, Q4_0, ...) one row a warp, four times the warps of the 4-row kernels, the same bits;
 # a matrix then takes the split-K kernel only where one row a warp leaves it under 2 blocks an SM (off: the
-# 4-row kernels, the 30B's attention output split-K).
+# 4-row kernels, the 30B's attention output split-K). tma-gemm: on sm_90 (a build with the sm_90a libraries),
+# a prompt chunk with rows enough to pay for it (strata.backends.cuda.moe.DQ_MIN_ROWS a weight matrix: a
+# layer's experts on average, a dense projection's tokens) has its weights dequantized to f16 rows first
+# (cuda/dequant.cu; the experts group by group in a scratch of at most DQ_SCRATCH_BYTES, taken only where the
+# pool has room) and multiplied by cuda/moe_gemm_ws.cu's TMA build, both operands moved by the TMA and
+# nothing decoded in the GEMM (strata_moe_gemm_wst_f16); the same bits as the decoding GEMMs (off, smaller
+# chunks, no room, or elsewhere: cuda/moe_gemm.cu's mma.sync GEMMs).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv")
+                "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv", "tma-gemm")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
-# libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_ws.cu); wgmma-gemm-f16x the same GEMMs reading X
-# as f16 (cuda/moe_gemm_ws.cu's ws16 entry points: the expert rows gathered and SwiGLU's output written as
-# f16, the dense projections' inputs rounded by a pass of their own), wgmma-gemm-dq the same f16-X GEMMs
-# over weights dequantized to f16 rows first (cuda/dequant.cu), where a chunk has rows enough to pay for it
-# (strata.backends.cuda.moe.DQ_MIN_ROWS: a layer's experts, batch by batch in groups of DQ_SCRATCH_BYTES,
-# and the dense projections, both operands then moved into the stages by the TMA, nothing decoded in the GEMM:
-# strata_moe_gemm_wst_f16), wgmma-attention the prompt
-# attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its TMA build while tma-attention is
-# on, its cp.async build with --kernels-off tma-attention) and 64 (cuda/attention_wg.cu).
+# libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_ws.cu, decoding the weights as they load);
+# wgmma-gemm-f16x the same GEMMs reading X as f16 (cuda/moe_gemm_ws.cu's ws16 entry points: the expert rows
+# gathered and SwiGLU's output written as f16, the dense projections' inputs rounded by a pass of their
+# own), wgmma-attention the prompt attention at head dims 128 (cuda/attention_ws.cu, warp-specialized: its
+# TMA build while tma-attention is on, its cp.async build with --kernels-off tma-attention) and 64
+# (cuda/attention_wg.cu).
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-gemm-dq", "wgmma-attention", "fused-route")
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

@@ -3,7 +3,7 @@
     python tools/moe_gemm_bench.py [--repeats 20] [--tokens 4096] [--only TEXT] [--op moe_gemm_ws] [--json PATH]
 
 --op moe_gemm_ws times cuda/moe_gemm_ws.cu (the same products on Hopper's wgmma; sm_90 builds only);
-moe_gemm_ws16 its entry points taking X as f16; moe_gemm_wst its TMA build over f16 weights (wgmma-gemm-dq's
+moe_gemm_ws16 its entry points taking X as f16; moe_gemm_wst its TMA build over f16 weights (tma-gemm's
 GEMM: every shape taken as F16, the groups' matrices back to back as the dq scratch holds them). --f16
 takes every shape as F16 with the other ops too. --ws-build 256 launches the wgmma library as its 256-row
 trial build (STRATA_WS_GEMM_BN=256, one producer warpgroup: 384 threads, 48 KB stages), for a run where

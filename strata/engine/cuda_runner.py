@@ -96,6 +96,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         self.ops = (Qwen3NextDeviceOps if hybrid else DeviceOps)(rt, self.dev, self.stream, self.weights, a, paths)
         self.stage = stage
         self.model = build(a, self.ops, *stage)
+        self.ops.preload_tma_gemm(self.weights.layers)
         if not stage[0]:        # a later card: a decode step's rows from the card before (ops.hand_in)
             self.ops.hand_buf = rt.DeviceBuffer(self.dev, 2 * STEP_MAX_TOKENS * a.hidden_size * 4)
         self.cached_ids: list[int] = []      # tokens whose K/V the cache holds, from position 0
@@ -172,10 +173,19 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         if self.drafter:
             self.drafter.reset()
 
-    def warm_up(self, num_tokens: int = 19, steps: int = 3) -> None:
+    @property
+    def warm_prompt_tokens(self) -> int:
+        """The warm-up prompt's tokens: a short chat turn's, or where tma-gemm runs the DQ_MIN_ROWS a
+        dense projection needs to take it (its first launches and the pool's growth for its f16
+        weights otherwise fall on the first such prompt: an H100 read a first 512-token prompt at
+        7,654-7,966 tok/s, later ones at 13,193-14,054)."""
+        from ..backends.cuda.moe import DQ_MIN_ROWS
+        return max(19, DQ_MIN_ROWS) if self.ops.gemm_dq else 19
+
+    def warm_up(self, num_tokens: int | None = None, steps: int = 3) -> None:
         """Run what a first short chat turn runs, so that the first request pays none of its one-time
-        costs: a prompt of num_tokens through the prompt path (its kernels' first loads and launches,
-        the pool it grows, the expert ring), `steps` decode steps (the eager one that measures the
+        costs: a prompt of num_tokens (default warm_prompt_tokens) through the prompt path (its kernels'
+        first loads and launches, the pool it grows, the expert ring), `steps` decode steps (the eager one that measures the
         step, the CUDA graph's capture, a replay) and pick()'s sampling and greedy kernels; with
         experts streaming, the loan's size of every prompt length class is computed too.
 
@@ -187,7 +197,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         activation pool and the captured graph (status() lists both, as after any request)."""
         from ..config import SamplingParams
         self.warm_loans()
-        n = max(1, min(num_tokens, self.max_context - steps))
+        n = max(1, min(num_tokens or self.warm_prompt_tokens, self.max_context - steps))
+        if not num_tokens and n > 19 and len(self._warm_drafts(n + steps)) < len(self._warm_drafts(19 + steps)):
+            n = 19      # a context too short for both: the speculation windows' graphs first
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())

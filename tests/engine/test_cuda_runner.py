@@ -83,6 +83,39 @@ def test_tma_attention_is_the_default_on_hopper(packs):
     assert not CudaRunner(pack, 128, EngineConfig(kernels_off="tma-attention")).ops.tma_attention
 
 
+@pytest.mark.parametrize("name", ["demo", "kquant", "kquant-mixed"])
+def test_tma_gemm_gives_the_decoding_gemms_logits_bit_for_bit(packs, name, rng, monkeypatch):
+    """tma-gemm (on by default on an sm_90 GPU with moe_gemm_ws.cu's sm_90a library): with DQ_MIN_ROWS
+    lowered to 1 every prompt GEMM of a block type dequantizes its weights to f16 rows and runs the TMA
+    GEMM (strata_moe_gemm_wst_f16), resident and over streamed ring batches in groups of 2 experts; the
+    same f16 products, f32 sums in the same order, so the logits of --kernels-off tma-gemm bit for bit."""
+    import strata.backends.cuda as cuda_backend
+    import strata.backends.cuda.moe as moe
+    import strata.backends.cuda.ops_dense as ops_dense
+    from strata.backends.cuda.kernels import wgmma_unavailable
+    rt = cuda_backend._runtime()
+    why = wgmma_unavailable(rt.read_manifest(), rt.Device(0).compute_capability, "moe_gemm_ws")
+    if why:
+        pytest.skip(f"moe_gemm_ws: {why}")
+    for module in (moe, ops_dense):
+        monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
+    pack = packs(name)
+    a = pack.args
+    ids = rng.integers(0, a.vocab_size, 60).tolist()
+    cfg = dict(device="cuda", prefill="24")
+    off = CudaRunner(pack, 128, EngineConfig(kernels_off="tma-gemm", **cfg))
+    on = CudaRunner(pack, 128, EngineConfig(**cfg))
+    assert on.ops.gemm_dq and not off.ops.gemm_dq
+    want = off.prefill(ids, 0)
+    np.testing.assert_array_equal(on.prefill(ids, 0), want)
+    per_expert = 2 * 3 * a.moe_intermediate_size * a.hidden_size        # f16 gate|up and down
+    monkeypatch.setattr(moe, "DQ_SCRATCH_BYTES", 2 * per_expert)
+    monkeypatch.setattr(moe, "DQ_MIN_GROUP", 1)
+    streamed = CudaRunner(pack, 128, EngineConfig(expert_cache="0", **cfg))
+    np.testing.assert_array_equal(streamed.prefill(ids, 0), want)
+    assert streamed.status()["expert_cache"]["prompt_streamed"] > 0
+
+
 def assert_close(ours, ref, rel=REL):
     bound = rel * np.abs(ref).max()
     assert ours.shape == ref.shape and np.isfinite(ours).all()

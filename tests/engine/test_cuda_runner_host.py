@@ -64,7 +64,6 @@ WGMMA_TRIALS = [
     ("wgmma-gemm", {"strata_moe_gemm_ws_q8_0"}, "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-gemm-f16x", {"strata_moe_gemm_ws16_q8_0", "strata_gather_rows_f16", "strata_swiglu_rows_f16"},
      "strata_moe_gemm_q", "moe_gemm_ws"),
-    ("wgmma-gemm-dq", {"strata_moe_gemm_ws16_q8_0", "strata_gather_rows_f16"}, "strata_moe_gemm_q", "moe_gemm_ws"),
     ("wgmma-attention", {"strata_attention_prefill_wg_f16_d64"}, "strata_attention_prefill_tc_", "attention_wg"),
     ("wgmma-attention, wgmma-gemm", {"strata_attention_prefill_wg_f16_d64", "strata_moe_gemm_ws_q8_0"},
      "strata_attention_prefill_tc_", "attention_wg"),
@@ -93,35 +92,50 @@ def test_wgmma_trial_paths_take_their_kernels(fake, rng, monkeypatch, on, launch
         CudaRunner(pack, 64, EngineConfig(kernels_on=on))
 
 
-def test_dq_gemms_dequantize_first_and_give_the_same_logits(fake, rng, monkeypatch):
-    """wgmma-gemm-dq: where a chunk has DQ_MIN_ROWS rows an expert (lowered here for the demo model's
-    20 tokens), every expert of a layer is dequantized to f16 rows in one launch a matrix and the
-    f16 GEMMs run over them with both operands moved by the TMA (moe_gemm_wst_f16, its tensor maps
-    over the scratch and X: the emulation reads through them), the dense projections likewise: the
-    same f16 operands as the decoding GEMMs', so the same logits; under the threshold, the decoding
-    GEMMs."""
+def test_tma_gemm_dequantizes_first_and_gives_the_same_logits(fake, rng, monkeypatch):
+    """tma-gemm (on by default where the sm_90a library runs): where a chunk has DQ_MIN_ROWS rows an expert
+    (lowered here for the demo model's 20 tokens), every expert of a layer is dequantized to f16 rows in one
+    launch a matrix and the f16 GEMMs run over them with both operands moved by the TMA (moe_gemm_wst_f16,
+    its tensor maps over the scratch and X: the emulation reads through them), the dense projections
+    likewise: the same f16 operands as the decoding GEMMs', so the same logits as --kernels-off tma-gemm.
+    Under the threshold, with no room for the scratch, or without the library: the mma.sync GEMMs over f32
+    X, as with the path off."""
     import strata.backends.cuda.moe as moe
     import strata.backends.cuda.ops_dense as ops_dense
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 20)
-    base = CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-f16x")).prefill(ids, 0)
     fake.launches.clear()
-    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
-    assert not [n for n in fake.launches if n.startswith("strata_dequant_h")]
-    assert "strata_moe_gemm_ws16_q8_0" in fake.launches
+    base = CudaRunner(pack, 64, EngineConfig(kernels_off="tma-gemm")).prefill(ids, 0)
+    decoding = {n for n in fake.launches if n.startswith("strata_moe_gemm_q")}
+    assert decoding and not [n for n in fake.launches if n.startswith(("strata_dequant_h", "strata_moe_gemm_w"))]
+
+    def launches_of(paths: dict | None = None) -> set:
+        fake.launches.clear()
+        np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(**(paths or {}))).prefill(ids, 0), base)
+        return set(fake.launches)
+    runner = CudaRunner(pack, 64)     # its kernels looked up at load: the first long prompt pays no library load
+    assert ("moe_gemm_wst",) in runner.ops._launches and ("dequant_h_groups", ("qtype", "Q8_0")) in runner.ops._launches
+    assert not [k for k in CudaRunner(pack, 64, EngineConfig(kernels_off="tma-gemm")).ops._launches
+                if k[0] in ("moe_gemm_wst", "dequant_h_groups")]
+    under = launches_of()
+    assert decoding <= under and not [n for n in under if n.startswith(("strata_dequant_h", "strata_moe_gemm_w"))]
     for module in (moe, ops_dense):
         monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
-    fake.launches.clear()
-    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
-    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_wst_f16"} <= set(fake.launches)
-    assert "strata_moe_gemm_ws16_q8_0" not in fake.launches and "strata_moe_gemm_ws16_f16" not in fake.launches
+    over = launches_of()
+    assert {"strata_dequant_h_groups_q8_0", "strata_dequant_h_q8_0", "strata_moe_gemm_wst_f16",
+            "strata_gather_rows_f16", "strata_swiglu_rows_f16"} <= over
+    assert not [n for n in over if n.startswith("strata_moe_gemm_ws16")]
+    assert not (decoding & over)        # every GEMM of the chunk's block types on the f16 path
     # no room for the f16 weights (try_alloc's None, as a full card or a frozen pool gives): the decoding GEMMs
     import strata.backends.cuda.ops as ops_module
-    monkeypatch.setattr(ops_module.DeviceOps, "try_alloc", lambda self, shape, dtype=np.float32: None)
-    fake.launches.clear()
-    np.testing.assert_array_equal(CudaRunner(pack, 64, EngineConfig(kernels_on="wgmma-gemm-dq")).prefill(ids, 0), base)
-    assert not [n for n in fake.launches if n.startswith("strata_dequant_h")]
-    assert "strata_moe_gemm_ws16_q8_0" in fake.launches and "strata_moe_gemm_wst_f16" not in fake.launches
+    with monkeypatch.context() as m:
+        m.setattr(ops_module.DeviceOps, "try_alloc", lambda self, shape, dtype=np.float32: None)
+        full = launches_of()
+    assert decoding <= full and not [n for n in full if n.startswith(("strata_dequant_h", "strata_moe_gemm_w"))]
+    # an install without moe_gemm_ws's sm_90a library: quietly the decoding GEMMs (a default path, not refused)
+    kept = {lib: e for lib, e in fake.read_manifest()["kernels"].items() if lib != "moe_gemm_ws"}
+    monkeypatch.setattr(fake, "read_manifest", lambda directory=None: {"format": 1, "kernels": kept})
+    assert decoding <= launches_of() and "strata_moe_gemm_wst_f16" not in fake.launches
 
 
 def test_try_alloc_gives_none_where_the_pool_cannot_grow(fake):

@@ -360,22 +360,22 @@ def test_a_streamed_prompt_lets_other_slots_decode_between_its_chunks(fake, rng)
 
 
 def test_dq_path_over_streamed_batches_in_groups(fake, rng, monkeypatch):
-    """wgmma-gemm-dq over a streamed chunk's ring batches (5 experts a batch), each cut into groups of 2
+    """tma-gemm over a streamed chunk's ring batches (5 experts a batch), each cut into groups of 2
     experts (DQ_SCRATCH_BYTES lowered; DQ_MIN_ROWS lowered for the demo's short prompt): f16 rows from
     the ring's slots, multiplied by the TMA GEMM through maps over each group's scratch, the same logits
-    as the resident f16-X runner."""
+    as the resident runner with the path off."""
     import strata.backends.cuda.moe as moe
     import strata.backends.cuda.ops_dense as ops_dense
     pack = open_pack(DEMO)
     a = pack.args
     per_expert = 2 * 3 * a.moe_intermediate_size * a.hidden_size        # f16 gate|up and down
-    resident = _runner(pack, kernels_on="wgmma-gemm-f16x")
+    resident = _runner(pack, kernels_off="tma-gemm")
     for module in (moe, ops_dense):
         monkeypatch.setattr(module, "DQ_MIN_ROWS", 1)
     monkeypatch.setattr(moe, "DQ_SCRATCH_BYTES", 2 * per_expert)
     monkeypatch.setattr(moe, "DQ_MIN_GROUP", 1)
     monkeypatch.setattr(planner, "ring_slots", lambda max_blob, *args, **k: 5)
-    streamed = _runner(pack, expert_cache="7", kernels_on="wgmma-gemm-dq")
+    streamed = _runner(pack, expert_cache="7")
     ids = rng.integers(0, pack.args.vocab_size, 50).tolist()
     fake.launches.clear()
     _same_run(resident, streamed, ids, decode_steps=4)

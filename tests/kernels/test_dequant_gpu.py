@@ -107,7 +107,7 @@ def f16_bits_equal(got, want):
 
 @pytest.mark.parametrize("name", list(QTYPES))
 def test_dequant_h_is_f16_of_the_exact_weights(ops, rng, name):
-    """strata_dequant_h_<q> (wgmma-gemm-dq's dense weights): each weight the f16 rounding (nearest even)
+    """strata_dequant_h_<q> (tma-gemm's dense weights): each weight the f16 rounding (nearest even)
     of the exact float32 one, bit for bit; nothing written past its count (poison kept)."""
     qt = QTYPES[name]
     for shape in awkward_shapes(name)[:3] + [(768, 2048)]:
@@ -127,7 +127,7 @@ def test_dequant_h_is_f16_of_the_exact_weights(ops, rng, name):
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 def test_dequant_h_groups_writes_each_blob_and_skips_null_ones(ops, rng, name):
-    """strata_dequant_h_groups_<q> (a layer's experts for wgmma-gemm-dq): group g's matrix at
+    """strata_dequant_h_groups_<q> (a layer's experts for tma-gemm): group g's matrix at
     ptrs[g] + part_offset to out + g * stride halves, a null address skipped (its rows keep their
     poison), the rows past each matrix untouched."""
     qt = QTYPES[name]

@@ -119,7 +119,7 @@ def test_moe_gemm_awkward_sizes(ops, op, rng, name):
 
 
 # (name, N, K, rows per group): Qwen3-30B-A3B experts (gate|up fused, down), dense projections
-# (one group tiled), a head-like slice with few rows; and the experts as f16 rows (wgmma-gemm-dq's
+# (one group tiled), a head-like slice with few rows; and the experts as f16 rows (tma-gemm's
 # operands: moe_gemm_ws16 copies both by cp.async)
 PRODUCTION = [("Q4_K", 1536, 2048, "experts"), ("Q4_K", 2048, 768, "experts"), ("Q6_K", 2048, 768, "experts"),
               ("Q8_0", 512, 4096, [1000]), ("Q8_0", 4096, 2048, [300]), ("Q8_0", 20000 + 37, 2048, [3]),
@@ -141,7 +141,7 @@ def test_moe_gemm_production_shapes(ops, op, rng, name, N, K, rows):
                                         (BN + 72, 40, [1, 70, BM, 2 * BM + 1, 5]), (37, 8, [BM - 1, 3, 130]),
                                         (512, 4096, [1000]), (20000 + 37, 2048, [3])])
 def test_moe_gemm_wst_is_ws16_bit_for_bit(ops, rng, N, K, counts):
-    """strata_moe_gemm_wst_f16 (the TMA build, wgmma-gemm-dq's GEMM): within the bounds against float64, and
+    """strata_moe_gemm_wst_f16 (the TMA build, tma-gemm's GEMM): within the bounds against float64, and
     strata_moe_gemm_ws16_f16's outputs bit for bit (the same MMAs in the same k order; only how the
     operands reach shared memory differs), a null group skipped, behind a part offset."""
     from strata.backends.cuda.moe_gemm import moe_gemm

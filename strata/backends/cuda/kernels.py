@@ -117,9 +117,9 @@ class KernelPaths:
     kv_ring: bool = True             # cuda/kv_quant.cu's split-K decode stages tiles in a cp.async ring (Dh 128, sm_90)
     tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, 256; sm_90a libraries)
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
+    tma_gemm: bool = True            # prompt GEMMs of many rows over weights dequantized to f16, by the TMA (sm_90a libraries)
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
-    wgmma_gemm_dq: bool = False      # on trial: a chunk's weights dequantized to f16 once, both operands by the TMA (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
 
@@ -235,7 +235,7 @@ KERNELS = {
     "add":              _K("add", "strata_add_f32", "PPPq", 256, "min(ceil(n / 1024), 8 per SM): it strides"),
     "dequant":          _K("dequant", "strata_dequant_{qtype}", "PPq", 256, "ceil(units / 256), capped: it strides",
                            ALL_QTYPES),
-    # the same, rounded to f16 (out of halves): the dequantize-then-f16 prompt GEMMs (wgmma-gemm-dq)
+    # the same, rounded to f16 (out of halves): the dequantize-then-f16 prompt GEMMs (tma-gemm)
     "dequant_h":        _K("dequant", "strata_dequant_h_{qtype}", "PPq", 256, "ceil(units / 256), capped: it strides",
                            ALL_QTYPES),
     # one matrix of each of a layer's expert blobs (ptrs [G], a part's offset) to out + g * out_stride halves
@@ -365,7 +365,7 @@ del _K
 # Libraries built for one arch-specific target only, when the build's archs include its plain arch
 # (setup.py ARCH_SPECIFIC): absent from other builds, and no reason to refuse a GPU they do not run on.
 # The trial path each serves (KERNEL_TRIAL_PATHS), its library:
-WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-gemm-f16x": ("moe_gemm_ws",), "wgmma-gemm-dq": ("moe_gemm_ws",),
+WGMMA_LIBRARIES = {"wgmma-gemm": ("moe_gemm_ws",), "wgmma-gemm-f16x": ("moe_gemm_ws",),
                    "wgmma-attention": ("attention_wg", "attention_ws")}
 WGMMA_ARCH = "sm_90a"
 
@@ -376,6 +376,12 @@ def tma_attention_runs(paths: "KernelPaths", manifest: dict | None, compute_capa
     default (TMA_DEFAULT_HEAD_DIMS)."""
     return (paths.tma_attention and (head_dim is None or head_dim in TMA_DEFAULT_HEAD_DIMS)
             and wgmma_unavailable(manifest, compute_capability, "attention_ws") is None)
+
+
+def tma_gemm_runs(paths: "KernelPaths", manifest: dict | None, compute_capability) -> bool:
+    """Whether prompt GEMMs of many rows take tma-gemm's f16 path here: the path on, an sm_90 GPU, an
+    install with moe_gemm_ws.cu's sm_90a library (strata_moe_gemm_wst_f16 and its f16-X fallback)."""
+    return paths.tma_gemm and wgmma_unavailable(manifest, compute_capability, "moe_gemm_ws") is None
 
 
 def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = "moe_gemm_ws") -> str | None:

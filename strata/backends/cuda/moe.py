@@ -65,21 +65,24 @@ class GroupTable:
 
 
 def grouped_gemm(ops, ptrs: int, tiles: int, n_tiles: int, w: Weight, X: int, ldx: int, Y: int, ldy: int,
-                 N: int, tma: tuple | None = None) -> None:
+                 N: int, tma: tuple | None = None, x16: bool | None = None) -> None:
     """Y rows of every tile = X rows @ (group's matrix at ptrs[group] + w.ptr)^T, one launch; ptrs
     and tiles are device addresses ([G] uint64 blob addresses, [n_tiles, 4] int32 tiles). X is f16
-    (ldx in halves) where ops.gemm_x16, else f32. tma: (w_base, w_rows, x_rows) where every group's
-    f16 matrix lies in one block of f16 rows from w_base (the dq path's scratch, wgmma-gemm-dq's only) and X
-    has x_rows rows: strata_moe_gemm_wst_f16 moves both operands by the TMA."""
+    (ldx in halves) where x16 (default ops.gemm_x16), else f32. tma: (w_base, w_rows, x_rows) where every
+    group's f16 matrix lies in one block of f16 rows from w_base (tma-gemm's scratch) and X (f16) has x_rows
+    rows: strata_moe_gemm_wst_f16 moves both operands by the TMA (where its alignment holds; else the
+    f16-X GEMM that copies them, moe_gemm_ws16)."""
     if not n_tiles:
         return
+    x16 = ops.gemm_x16 if x16 is None else x16
     if tma is not None and w.qtype == "F16" and wst_takes(X, ldx, tma[0], w.shape[-1]):
         w_base, w_rows, x_rows = tma
         grid, tail, shared = wst_launch_for(ops.rt, N, n_tiles, ops.num_sms, X, x_rows, ldx, w_base, w_rows, w.shape[-1])
         ops.launch("moe_gemm_wst", grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared)
         return
-    grid, tail, shared = launch_for(ops.gemm_op, N, n_tiles, ops.num_sms)
-    ops.launch(ops.gemm_op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared, qtype=w.qtype)
+    op = ops.gemm_op if x16 == ops.gemm_x16 else "moe_gemm_ws16"    # f16 X on tma-gemm's path: the wgmma build reads it
+    grid, tail, shared = launch_for(op, N, n_tiles, ops.num_sms)
+    ops.launch(op, grid, (ptrs, w.ptr, tiles, X, ldx, Y, ldy, N, w.shape[-1], *tail), shared, qtype=w.qtype)
 
 
 def group_on_device(ops, ids: DeviceTensor, E: int):
@@ -227,17 +230,25 @@ def _at(blob: int, w: Weight, rows: int | None = None) -> Weight:
     return Weight(blob + w.ptr, w.qtype, (rows or w.rows, w.shape[-1]))
 
 
-def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool, f16: bool = False):
+def _expert_rows(ops, x: DeviceTensor, index: int, S: int, I: int, fused: bool, f16: bool = False, dq=None):
     """The prompt path's buffers: xs [S, D] (row r = x row index[r], rows in expert order), then h
     [S, I] (SwiGLU out), the gate|up outputs (gu [S, 2I] when fused, else g and u [S, I]), y [S, D].
-    f16: xs and h as f16, the f16-X prompt GEMMs' inputs (ops.gemm_x16), xs rounded by the gather."""
+    f16: xs and h as f16, the f16-X prompt GEMMs' inputs (ops.gemm_x16), xs rounded by the gather.
+    dq: a function called once the buffers are taken and before the gather, whose truth makes xs and h f16
+    after all (tma-gemm's scratch taken); they are then blocks of the f32 size, as the memory plan prices.
+    -> (xs, h, gu, g, u, y, dq's answer)."""
     D = x.shape[1]
-    xs = ops.alloc((S, D), np.float16 if f16 else np.float32)
-    ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D, f16)
-    h = ops.alloc((S, I), np.float16 if f16 else np.float32)
+    dtype = np.float16 if f16 else np.float32
+    xs, h = ops.alloc((S, D), dtype), ops.alloc((S, I), dtype)
     gu = ops.alloc((S, 2 * I)) if fused else None
     g, u = (None, None) if fused else (ops.alloc((S, I)), ops.alloc((S, I)))
-    return xs, h, gu, g, u, ops.alloc((S, D))
+    y = ops.alloc((S, D))
+    taken = dq() if dq is not None else None
+    if taken and not f16:
+        f16 = True
+        xs, h = (DeviceTensor(t.buf, t.offset, t.shape, np.float16, t.keep) for t in (xs, h))
+    ops._copy_rows(x.ptr, index, xs.ptr, S, D, D, D, f16)
+    return xs, h, gu, g, u, y, taken
 
 
 def _swiglu_in(gu, g, u, I: int) -> tuple[int, int, int]:
@@ -279,7 +290,7 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     I = gate.rows
     fused = lay.contiguous_gate_up
     f16 = tc and ops.gemm_x16               # the GEMMs read xs and h as f16 (no per-expert fallback then)
-    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, fused, f16)
+    xs, h, gu, g, u, y, _ = _expert_rows(ops, x, index.ptr, S, I, fused, f16)
     h_size = h.dtype.itemsize
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = GroupTable(ops, min(ops.args.num_experts, S), S) if tc else None
@@ -313,67 +324,95 @@ def moe_grouped(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weigh
     return _combine(ops, y, index.ptr + S * 4, weights, T, A, D, wait())
 
 
-# wgmma-gemm-dq: a batch's experts are dequantized to f16 rows once per chunk where the chunk
-# gives the layer's experts DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has
-# DQ_MIN_ROWS tokens. Half measured: on an H100 a 30B expert's dequantization (4.7 M weights) took about
-# 4.9 us (a layer's 128 experts 0.63 ms, about the copy rate), and a row saves 9.4 MFLOP at 159 TFLOP/s
-# (the decoding GEMM) less the same at the f16 GEMM's rate; at 400 TFLOP/s that pays from about 140 rows.
-# The TMA f16 GEMM's rate is not yet measured (tools/moe_gemm_ab.py --retype F16 --dequant, arm wst).
+# tma-gemm: a layer's experts are dequantized to f16 rows once per chunk where the chunk gives them
+# DQ_MIN_ROWS rows each on average, and a dense projection where the chunk has DQ_MIN_ROWS tokens. On an
+# H100 (thirty-first session, docs/PERF.md) a layer's gate|up of the 30B (128 experts, Q4_K) dequantizes
+# in 0.43 ms and its down in 0.21 ms, 5.0 us an expert, and the TMA f16 GEMM runs at 355-390 TFLOP/s
+# against the decoding mma.sync GEMM's 141-159: a row saves 9.4 MFLOP x (1/159 - 1/370) TFLOP/s = 34 ns,
+# so the dequantization pays from about 150 rows an expert; below, a chunk loses little (a GEMM that
+# little, and the threshold an average over the layer's experts).
 DQ_MIN_ROWS = 128
 # The f16 weights of one group of a batch's experts, at most (the 30B: 54 experts of 9.4 MB; a batch of
 # more experts is dequantized and multiplied group by group, so the scratch stays this size).
 DQ_SCRATCH_BYTES = 512 << 20
 DQ_MIN_GROUP = 4        # fewer experts a group than this where the pool is short: the decoding GEMMs instead
+DQ_SPARE_BYTES = 1 << 20    # free in the pool after the scratch, or no scratch (the blocks taken while it is held)
 
 
 def dq_experts(ops, lay: ExpertLayer, S: int, E: int) -> bool:
-    """Whether this chunk's expert GEMMs take the dequantize-then-f16 path (wgmma-gemm-dq):
+    """Whether this chunk's expert GEMMs may take the dequantize-then-f16 path (tma-gemm):
     gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
     parts = [lay.parts[n] for n in ("gate", "up", "down")]
     return (ops.gemm_dq and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E
             and all(p.qtype in DQ_GROUP_QTYPES for p in parts))
 
 
-def _moe_dq_batch(ops, lay: ExpertLayer, batch: list, blobs: list, tiles: int, n: int, E: int, xs, gu, h, y,
-                  starts: int, gate_in: int, up_in: int, ld: int) -> bool:
-    """A batch's experts (ids `batch`, blob addresses `blobs`) through the f16 path: group by group of at
-    most DQ_SCRATCH_BYTES, each group's gate|up and down dequantized into two scratch blocks (one
-    strata_dequant_h_groups launch a matrix over the group's blob addresses), then gate|up, SwiGLU and
-    down over every tile, with an address table that names only the group's experts (the other tiles
-    are skipped). Where the pool has no room for a full group, smaller ones; False, having queued
-    nothing, where it has none for DQ_MIN_GROUP experts."""
+class DqScratch:
+    """tma-gemm's scratch for one chunk's layer: the f16 gate|up and down of `group` experts, and the
+    small tables their launches read (blob addresses, and each expert's f16 rows, 0 outside the group).
+    All of it is taken where the pool has room (a reserved pool is sized for the decoding path, which
+    the memory plan prices), with DQ_SPARE_BYTES still free after it for the chunk's small blocks that
+    follow while it is held."""
+
+    def __init__(self, gu16: DeviceTensor, d16: DeviceTensor, src: DeviceTensor, table: DeviceTensor):
+        self.gu16, self.d16, self.src, self.table = gu16, d16, src, table
+        self.group = gu16.shape[0]
+
+    @classmethod
+    def take(cls, ops, lay: ExpertLayer, E: int) -> "DqScratch | None":
+        """The largest group (up to E experts, DQ_SCRATCH_BYTES) the pool has room for, down to
+        DQ_MIN_GROUP; None where it has none (the decoding GEMMs then)."""
+        gate = lay.parts["gate"]
+        I, D = gate.rows, gate.shape[-1]
+        gu_halves, d_halves = 2 * I * D, D * I
+        group = max(1, min(E, DQ_SCRATCH_BYTES // (2 * (gu_halves + d_halves))))
+        while True:
+            parts = [ops.try_alloc(shape, dtype) for shape, dtype in (
+                ((2 * E,), np.uint64), ((group,), np.uint64), ((group, gu_halves), np.float16),
+                ((group, d_halves), np.float16), ((DQ_SPARE_BYTES,), np.uint8))]
+            if all(p is not None for p in parts):
+                table, src, gu16, d16, _ = parts     # the spare goes back at once
+                return cls(gu16, d16, src, table)
+            del parts
+            if group <= min(DQ_MIN_GROUP, E):
+                return None
+            group = max(group // 2, min(DQ_MIN_GROUP, E))
+
+
+def _moe_dq_batch(ops, lay: ExpertLayer, scratch: DqScratch, batch: list, blobs: list, tiles: int, n: int, E: int,
+                  xs, gu, h, y, starts: int, gate_in: int, up_in: int, ld: int) -> None:
+    """A batch's experts (ids `batch`, blob addresses `blobs`) through the f16 path: group by group of
+    scratch.group, each group's gate|up and down dequantized into the scratch (one strata_dequant_h_groups
+    launch a matrix over the group's blob addresses), then gate|up, SwiGLU and down over every tile, with
+    an address table that names only the group's experts (the other tiles are skipped)."""
     gate, down = lay.parts["gate"], lay.parts["down"]
     I, D = gate.rows, gate.shape[-1]
     gu_halves, d_halves = 2 * I * D, D * I
-    group = max(1, min(len(batch), DQ_SCRATCH_BYTES // (2 * (gu_halves + d_halves))))
-    while True:     # the largest group the pool has room for (a prompt's loan may hold less), down to DQ_MIN_GROUP
-        gu16, d16 = ops.try_alloc((group, gu_halves), np.float16), ops.try_alloc((group, d_halves), np.float16)
-        if gu16 is not None and d16 is not None:
-            break
-        del gu16, d16
-        if group <= min(DQ_MIN_GROUP, len(batch)):
-            return False        # the card has no room for them: the decoding GEMMs instead
-        group = max(group // 2, min(DQ_MIN_GROUP, len(batch)))
+    gu16, d16, group = scratch.gu16, scratch.d16, scratch.group
     w_gu, w_down = Weight(0, "F16", (2 * I, D)), Weight(0, "F16", (D, I))
+    addrs = np.zeros(2 * E, np.uint64)
     for i0 in range(0, len(batch), group):
         experts = batch[i0:i0 + group]
         slots = np.arange(len(experts), dtype=np.uint64)
-        src = ops.upload(np.asarray(blobs[i0:i0 + group], np.uint64))
+        # the stream orders each refill after the launches that read the last one
+        scratch.src.buf.copy_from_host(np.asarray(blobs[i0:i0 + group], np.uint64), ops.stream, scratch.src.offset)
         for part, halves, out in ((gate, gu_halves, gu16), (down, d_halves, d16)):
             bs = qtype_of(part.qtype).block_size
             grid = (dequant_grid(bs, halves, ops.num_sms, per_sm=4), len(experts))     # x blocks a group
             n_blocks = halves // bs
-            ops.launch("dequant_h_groups", grid, (src.ptr, part.ptr, n_blocks, out.ptr, halves), qtype=part.qtype)
-        addrs = np.zeros(2 * E, np.uint64)      # expert -> its f16 rows (gate|up, then down), 0 outside the group
+            ops.launch("dequant_h_groups", grid, (scratch.src.ptr, part.ptr, n_blocks, out.ptr, halves),
+                       qtype=part.qtype)
+        addrs[:] = 0            # expert -> its f16 rows (gate|up, then down), 0 outside the group
         addrs[experts] = np.uint64(gu16.ptr) + slots * np.uint64(2 * gu_halves)
         addrs[E + np.asarray(experts)] = np.uint64(d16.ptr) + slots * np.uint64(2 * d_halves)
-        table = ops.upload(addrs)
-        grouped_gemm(ops, table.ptr, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I,
-                     tma=(gu16.ptr, group * 2 * I, xs.shape[0]))
-        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, ops.gemm_x16)
-        grouped_gemm(ops, table.ptr + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D, tma=(d16.ptr, group * D, h.shape[0]))
-        del src, table          # back to the pool; the stream orders later users after these launches
-    return True
+        scratch.table.buf.copy_from_host(addrs, ops.stream, scratch.table.offset)
+        ops.bytes_h2d += 8 * (len(experts) + 2 * E)
+        table = scratch.table.ptr
+        grouped_gemm(ops, table, tiles, n, w_gu, xs.ptr, D, gu.ptr, 2 * I, 2 * I,
+                     tma=(gu16.ptr, group * 2 * I, xs.shape[0]), x16=True)
+        _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, experts[0], experts[-1] + 1, I, ld, True)
+        grouped_gemm(ops, table + 8 * E, tiles, n, w_down, h.ptr, I, y.ptr, D, D, tma=(d16.ptr, group * D, h.shape[0]),
+                     x16=True)
 
 
 def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor,
@@ -383,7 +422,8 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     every expert the store hands out without the routing: all resident (one batch, the layer's
     table row as the addresses), or a chunk that streams every non-cached expert (the store's
     batches in expert order; each batch's launches see an address table with zeros for the other
-    experts, whose tiles moe_gemm skips, and SwiGLU takes the batch's rows from the device).
+    experts, whose tiles moe_gemm skips, and SwiGLU takes the batch's rows from the device). Where
+    tma-gemm takes the chunk (dq_experts) and its scratch is had, every batch goes through the f16 path.
     on_host: experts the host computes (never in a batch: address 0, skipped), wait() the device
     address of their sum, added by the combine (ids_host: the routing, read back for them)."""
     T, D = x.shape
@@ -391,16 +431,17 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
     index, tiles, n = group_on_device(ops, ids, E)
     starts = index.ptr + 8 * S
     I = lay.parts["gate"].rows
-    xs, h, gu, g, u, y = _expert_rows(ops, x, index.ptr, S, I, lay.contiguous_gate_up, ops.gemm_x16)
+    take = (lambda: DqScratch.take(ops, lay, E)) if dq_experts(ops, lay, S, E) else None
+    xs, h, gu, g, u, y, scratch = _expert_rows(ops, x, index.ptr, S, I, lay.contiguous_gate_up, ops.gemm_x16, take)
     gate_in, up_in, ld = _swiglu_in(gu, g, u, I)
     table = ops.alloc((E,), np.uint64)          # the batch's blob addresses, 0 for the other experts
     addrs = np.zeros(E, np.uint64)
-    dq = dq_experts(ops, lay, S, E)
     for batch, blobs in plan.batches(lay.layer, [e for e in range(E) if e not in on_host]):
         if not batch:                           # every expert of the layer on the host
             continue
-        if dq and _moe_dq_batch(ops, lay, batch, blobs, tiles.ptr, n, E, xs, gu, h, y, starts, gate_in, up_in, ld):
-            continue            # the batch's weights as f16 rows first, then the GEMMs over them
+        if scratch is not None:     # the batch's weights as f16 rows first, then the GEMMs over them
+            _moe_dq_batch(ops, lay, scratch, batch, blobs, tiles.ptr, n, E, xs, gu, h, y, starts, gate_in, up_in, ld)
+            continue
         if plan.resident:                       # one batch: the layer's row of the expert table
             ops.rt.copy_d2d(table.ptr, lay.table, 8 * E, ops.stream)
         else:
@@ -411,6 +452,7 @@ def _moe_grouped_on_device(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTe
         _gate_up_tc(ops, table.ptr, tiles.ptr, n, lay, xs, gu, g, u)
         _swiglu_rows(ops, gate_in, up_in, h.ptr, starts, batch[0], batch[-1] + 1, I, ld, ops.gemm_x16)
         grouped_gemm(ops, table.ptr, tiles.ptr, n, lay.parts["down"], h.ptr, I, y.ptr, D, D)
+    del scratch             # back to the pool before the combine takes its output
     if wait is None:
         return _combine(ops, y, index.ptr + S * 4, weights, T, ids.shape[1], D)
     _zero_rows(ops, y, ids_host, on_host)

@@ -108,18 +108,22 @@ class DenseOps:
             return
         if tensor_core_gemm(w.qtype, n, self.paths.tensor_core_prompt) and x % 16 == 0 and w.ptr % 16 == 0:    # one tensor-core launch
             table = GroupTable(self, 1, T)
-            if self.gemm_x16:           # the f16-X GEMM: x rounded to f16 once, by a pass of its own
-                x16 = self.alloc((T, n), np.float16)
+            # the f16-X GEMMs: x rounded to f16 once, by a pass of its own
+            x16 = self.alloc((T, n), np.float16) if self.gemm_x16 else None
+            w16 = None
+            if self.gemm_dq and T >= DQ_MIN_ROWS and w.qtype in DQ_GROUP_QTYPES:   # f16 rows first (tma-gemm)
+                w16 = self.try_alloc((rows, n), np.float16)     # None: no room, the decoding GEMM
+                if w16 is not None and x16 is None:
+                    x16 = self.try_alloc((T, n), np.float16)
+                    w16 = w16 if x16 is not None else None
+            if x16 is not None:
                 self._copy_rows(x, 0, x16.ptr, T, n, n, n, f16=True)
                 x = x16.ptr
-            w16 = None
-            if self.gemm_dq and T >= DQ_MIN_ROWS and w.qtype in DQ_GROUP_QTYPES:   # f16 rows first (wgmma-gemm-dq)
-                w16 = self.try_alloc((rows, n), np.float16)     # None: no room, the decoding GEMM
             if w16 is not None:
                 self._dequant(w.qtype, w.ptr, w16.ptr, rows * n, f16=True)
                 w = Weight(w16.ptr, "F16", w.shape)
             grouped_gemm(self, table.t.ptr, table.tiles_ptr, table.fill([w.ptr], [(0, 0, T)]), Weight(0, w.qtype, w.shape),
-                         x, n, y, ldc, rows, tma=(w.ptr, rows, T) if w16 is not None else None)
+                         x, n, y, ldc, rows, tma=(w.ptr, rows, T) if w16 is not None else None, x16=x16 is not None)
             return
         row_bytes = qtype_of(w.qtype).row_bytes(n)
         # Chunks of a multiple of 16 rows start 16-byte aligned whatever the row size.
