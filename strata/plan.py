@@ -14,7 +14,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .backends.cuda.kernels import KernelPaths, tma_attention_runs
+from .backends.cuda.kernels import KernelPaths, tma_attention_runs, tma_gemm_runs
 from .config import EngineConfig
 from .engine.planner import (DEFAULT_BANDWIDTHS, DEFAULT_NUM_SMS, RING_BUDGET_BYTES, Bandwidths, PackSizes,
                              make_plan, vram_budget)
@@ -244,9 +244,11 @@ def plan_main(args, engine_kwargs: dict) -> int:
                                 name, sizes)
     gpu = _gpu(config)
     free, num_sms, bandwidths, build = gpu if gpu else (None, DEFAULT_NUM_SMS, DEFAULT_BANDWIDTHS, None)
-    # the prompt plans price tma-attention's attention where this GPU and install run it (not without a GPU)
-    tma = build is not None and tma_attention_runs(KernelPaths.without(config.kernels_off, config.kernels_on),
-                                                   *build, sizes.args.head_dim)
+    # the prompt plans price tma-attention's attention and tma-gemm's GEMMs where this GPU and install run
+    # them (not without a GPU)
+    paths = KernelPaths.without(config.kernels_off, config.kernels_on)
+    tma = build is not None and tma_attention_runs(paths, *build, sizes.args.head_dim)
+    tma_gemm = build is not None and tma_gemm_runs(paths, *build)
     bus_gb_s = bandwidths.h2d_gb_s
     if config.pcie_gbs and config.pcie_gbs < bandwidths.h2d_gb_s:
         bandwidths = Bandwidths(config.pcie_gbs, bandwidths.device_copy_gb_s,
@@ -264,7 +266,8 @@ def plan_main(args, engine_kwargs: dict) -> int:
             else (1, "auto: 1 (the draft layer's --draft-window ring holds one sequence)")
         config = dataclasses.replace(config, parallel=n)
     show = tuple(int(n) for n in str(args.prompt or "").split(",") if n.strip())
-    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show, tma_attention=tma)
+    plan = make_plan(sizes, config, budget, source, bandwidths, num_sms, show_prompts=show, tma_attention=tma,
+                     tma_gemm=tma_gemm)
     options = kv_trade(sizes, config, budget, bandwidths, num_sms)
     rates, cases = split_cases(sizes, plan, config, bus_gb_s)
     if args.json:

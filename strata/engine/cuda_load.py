@@ -113,7 +113,7 @@ def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, ma
     """The VRAM plan for this pack and budget (InvalidArgument naming the bytes needed when the
     budget is too small)."""
     from ..backends.cuda.bandwidth import copy_rates
-    from ..backends.cuda.kernels import KernelPaths, tma_attention_runs
+    from ..backends.cuda.kernels import KernelPaths, tma_attention_runs, tma_gemm_runs
     from .planner import Bandwidths, PackSizes, make_plan
     sizes = PackSizes.of_pack(pack)
     cfg = dataclasses.replace(config, max_context=max_context)
@@ -122,9 +122,10 @@ def vram_plan(rt, dev, stream, pack, config: EngineConfig, budget_bytes: int, ma
     if config.pcie_gbs:
         h2d = min(h2d, config.pcie_gbs)          # what the plan's predicted speeds see
     bandwidths = Bandwidths(h2d, d2d, f"measured at load on {dev.name}")
-    tma = tma_attention_runs(KernelPaths.without(config.kernels_off, config.kernels_on), rt.read_manifest(),
-                             dev.compute_capability, pack.args.head_dim)
-    plan = make_plan(sizes, cfg, budget_bytes, "runner", bandwidths, dev.multiprocessor_count, tma_attention=tma)
+    paths, manifest = KernelPaths.without(config.kernels_off, config.kernels_on), rt.read_manifest()
+    tma = tma_attention_runs(paths, manifest, dev.compute_capability, pack.args.head_dim)
+    plan = make_plan(sizes, cfg, budget_bytes, "runner", bandwidths, dev.multiprocessor_count, tma_attention=tma,
+                     tma_gemm=tma_gemm_runs(paths, manifest, dev.compute_capability))
     return VramPlan(plan, sizes, max_context, bandwidths, measured)
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..backends.cuda.memory import SEGMENT_BYTES, Pool
+from ..backends.cuda.moe import DQ_MIN_ROWS
 from ..config import KV_VRAM_SLACK, EngineConfig, ModelArgs, spec_max_drafts
 from ..errors import InvalidArgument
 from ..quant import kv as kv_formats
@@ -446,7 +447,8 @@ def auto_lengths(max_context: int) -> tuple:
 
 def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room: int, spare: int, full: int,
                  cands: list[int], need, search, bandwidths: Bandwidths, num_sms: int,
-                 show: tuple = (), tma_attention: bool = False) -> tuple[tuple[int, int, str], tuple, tuple]:
+                 show: tuple = (), tma_attention: bool = False,
+                 tma_gemm: bool = False) -> tuple[tuple[int, int, str], tuple, tuple]:
     """--prefill auto's choice (module doc) -> ((chunk, ring, rule), the lengths shown, PromptOptions:
     the chosen one first, then the bytes and slots rules' plans, then the best others). A prompt of
     N tokens is priced as the runner reads it: the loan's pool sized by its largest chunk
@@ -457,6 +459,12 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
     if tma_attention:       # the GPU runs tma-attention's kernels (head dims 128 and 256 on Hopper)
         rates = rates.with_tma_attention()
     work = prompt_cost.effective_work(prompt_cost.layer_work(sizes, tma_attention), rates)  # once for every candidate
+    # tma-gemm (the GPU runs it: tma_gemm_runs) prices the chunks it takes (moe.dq_experts' rows an expert)
+    dq_rates = rates.with_tma_gemm(max(w.expert_macs for w in work) / A) if tma_gemm else rates
+    dq_tokens = -(-DQ_MIN_ROWS * E // A)
+
+    def rates_for(T: int, N: int):
+        return dq_rates if min(T, N) >= dq_tokens else rates
     stream_all = memory_model.stream_all_tokens(a)
     weigh = auto_lengths(config.max_context)
     lengths = tuple(sorted(set(weigh) | {min(int(N), config.max_context) for N in show if int(N) > 0}))
@@ -470,7 +478,8 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
         for N in lengths:
             kept = kept_for(min(T, 1 << max(4, (N - 1).bit_length())), R)
             missing = [E - k for k in cache.per_layer(kept)]
-            out.append(prompt_cost.prompt_cost(work, missing, N, T, R, bandwidths.h2d_gb_s, rates, E, A, stream_all))
+            out.append(prompt_cost.prompt_cost(work, missing, N, T, R, bandwidths.h2d_gb_s, rates_for(T, N), E, A,
+                                               stream_all))
         return out
 
     bytes_T, bytes_R, bytes_why = _prompt_choice(cands, False, need, search, room, spare, False, full, mb)
@@ -565,13 +574,15 @@ def _legacy_choice(config, need, room: int, total_slots: int, max_blob: int) -> 
 
 def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_source: str = "given",
               bandwidths: Bandwidths = DEFAULT_BANDWIDTHS, num_sms: int = DEFAULT_NUM_SMS,
-              what_if: dict | None = None, show_prompts: tuple = (), tma_attention: bool = False) -> Plan:
+              what_if: dict | None = None, show_prompts: tuple = (), tma_attention: bool = False,
+              tma_gemm: bool = False) -> Plan:
     """The plan for this pack, engine config and VRAM budget, at the context fit_context gives.
     InvalidArgument (naming the bytes needed) when the budget cannot hold the mandatory items and
     the smallest prompt loan, or a fixed --expert-cache N does not fit beside them. what_if: see
     priced() (test-only). show_prompts: prompt lengths whose predicted seconds the plan's
     prompt_options also carry (`plan --prompt`). tma_attention: the GPU runs tma-attention's kernel
-    for this model (tma_attention_runs), so the prompt plans price its attention rate."""
+    for this model (tma_attention_runs), so the prompt plans price its attention rate; tma_gemm: the GPU
+    runs tma-gemm (tma_gemm_runs), so they price its GEMMs on the chunks it takes."""
     config = priced(config, what_if)
     context, context_source = fit_context(sizes, config, budget_bytes, num_sms)
     config = priced(config, max_context=context)
@@ -607,7 +618,7 @@ def make_plan(sizes: PackSizes, config: EngineConfig, budget_bytes: int, budget_
         if config.prefill_rule == "auto" and not fixed and ring:        # streaming: the cost model's choice
             (T, ring, rule), lengths, options = prompt_plans(sizes, config, cache, slots, room, spare, full, cands,
                                                              need, search, bandwidths, num_sms, show_prompts,
-                                                             tma_attention)
+                                                             tma_attention, tma_gemm)
     loan = need(T) + ring * mb
     kept = slots if loan <= spare else min(slots, cache.slots_within(room - loan))
     chunk = min(T, config.max_context)

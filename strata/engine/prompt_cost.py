@@ -59,6 +59,15 @@ class PromptRates:
         return replace(self, attention_flop_s=self.attention_flop_s * TMA_ATTENTION_SPEEDUP,
                        source=f"{self.source}; attention on the TMA kernel, {TMA_ATTENTION_SPEEDUP}x")
 
+    def with_tma_gemm(self, expert_weights: float) -> "PromptRates":
+        """These rates for a chunk that tma-gemm takes (strata.backends.cuda.moe.dq_experts): the linear
+        layers TMA_GEMM_SPEEDUP faster, and each routed expert of a layer (expert_weights weights) its
+        dequantization to f16 once a chunk (TMA_DQ_WEIGHT_S a weight) on top of expert_chunk_s."""
+        return replace(self, linear_flop_s=self.linear_flop_s * TMA_GEMM_SPEEDUP,
+                       expert_chunk_s=self.expert_chunk_s + expert_weights * TMA_DQ_WEIGHT_S * DEFAULT_NUM_SMS
+                       / self.num_sms,
+                       source=f"{self.source}; GEMMs over f16 weights by the TMA, {TMA_GEMM_SPEEDUP}x")
+
     def at(self, num_sms: int) -> "PromptRates":
         if num_sms == self.num_sms or num_sms <= 0:
             return self
@@ -98,6 +107,16 @@ DEFAULT_PROMPT_RATES = PromptRates(149.2e12, 258.6e12, DEFAULT_NUM_SMS,
 # fit) puts the resident 4,096, 16,384 and 32,768-token prompts at 21,967, 20,223 and 16,664 tok/s, where
 # an H100 measured 21,480, 19,500 and 16,300 (a test holds the model to these).
 TMA_ATTENTION_SPEEDUP = 2.2
+# tma-gemm (the prompt GEMMs over weights dequantized to f16, both operands by the TMA; chunks with
+# strata.backends.cuda.moe.DQ_MIN_ROWS rows an expert) against the decoding mma.sync GEMMs, an H100 in one
+# lease (docs/PERF.md, thirty-first session): the TMA GEMM ran 355-390 TFLOP/s on the 30B's expert shapes
+# and 445-643 on its dense ones against 141-190, and a layer's 128 Q4_K experts dequantized in 0.64 ms
+# (1.06 ps a weight). With the linear layers 2.0x faster (on the H200's fit, with tma-attention) and that
+# cost a chunk, the model puts the resident 4,096, 16,384 and 32,768-token prompts at 28,798, 30,282 and
+# 23,448 tok/s (a test holds it there) where the H100 read 28,884-29,419, 29,970 and 23,123 tok/s, against
+# 21,427-21,567, 19,657 and 16,334 with --kernels-off tma-gemm (the model: 21,967, 20,223, 16,664).
+TMA_GEMM_SPEEDUP = 2.0
+TMA_DQ_WEIGHT_S = 1.06e-12
 GDN_CHUNK_TOKENS = 64             # strata.backends.cuda.linear_attn.GDN_CHUNK
 TC_ATTENTION_SLOWDOWN = {256: 285.0 / 169.0}    # a head dim's tensor-core prompt attention against Dh 128's
 # Under tma-attention the Dh-256 build (64-cell tiles) ran 508-632 TFLOP/s at the 80B's shape and the Dh-128

@@ -71,6 +71,37 @@ def test_tma_attention_rates_fit_the_h100s_resident_prompts(q30):
     assert 1.0 < gains[0] < gains[1] < gains[2]
 
 
+def test_tma_gemm_rates_fit_the_h100s_resident_prompts(q30):
+    """tma-gemm's rates (TMA_GEMM_SPEEDUP and the dequantization a chunk, over tma-attention's) within 3% of
+    the H100's resident prompts with both paths on (docs/PERF.md, thirty-first session); the chunks under
+    DQ_MIN_ROWS rows an expert keep the decoding GEMMs' rates."""
+    from strata.backends.cuda.moe import DQ_MIN_ROWS
+    a = q30.args
+    work = layer_work(q30, True)
+    tma = DEFAULT_PROMPT_RATES.with_tma_attention()
+    dq = tma.with_tma_gemm(work[0].expert_macs / a.num_experts_per_tok)
+    assert dq.linear_flop_s == 2.0 * tma.linear_flop_s and dq.expert_chunk_s > tma.expert_chunk_s
+    full = a.num_experts * a.num_hidden_layers
+    for N, measured in ((4096, 29_150), (16384, 29_970), (32768, 23_123)):
+        assert N * a.num_experts_per_tok >= DQ_MIN_ROWS * a.num_experts
+        tok_s, _ = _tok_s(q30, N, N, 200, full, rates=dq)
+        assert tok_s == pytest.approx(measured, rel=0.03), N
+
+
+def test_plans_price_tma_gemm_where_the_gpu_runs_it(q30mtp):
+    """make_plan(tma_gemm=True), as the runner and `plan` pass it on a GPU that runs tma-gemm: the same
+    candidates, none predicted slower at any prompt length, and those whose chunks take the path faster
+    at 16K and 32K."""
+    cfg = EngineConfig(max_context=32768, prefill_rule="auto")
+    off, on = (make_plan(q30mtp, cfg, 12 << 30, tma_attention=True, tma_gemm=t) for t in (False, True))
+    by_plan = {(o.chunk, o.ring): o.seconds for o in off.prompt_options}
+    shared = [(o.chunk, o.seconds, by_plan[(o.chunk, o.ring)]) for o in on.prompt_options
+              if (o.chunk, o.ring) in by_plan]
+    assert shared and all(a <= b * (1 + 1e-9) for _, fast, slow in shared for a, b in zip(fast, slow))
+    big = [(fast, slow) for T, fast, slow in shared if T >= 2048]
+    assert big and all(fast[-1] < 0.9 * slow[-1] for fast, slow in big)
+
+
 def test_plans_price_tma_attention_where_the_gpu_runs_it(q30mtp):
     """make_plan(tma_attention=True), as the runner and `plan` pass it on a GPU that runs the kernel: the
     same candidates, each predicted no slower at any prompt length (a short one may wait on the bus
