@@ -45,6 +45,12 @@
 #               WSGEMM_N256=1: the TMA build again as the 256-row trial fatbin), resident prompts WSGEMM_PROMPTS
 #               (default 4096,16384) in each arm of WSGEMM_ARMS (default none, wgmma-gemm-f16x, wgmma-gemm-dq, twice),
 #               then 16384 at 12 GiB off and with wgmma-gemm (WSGEMM_12=0 skips those)
+#     tmagemm   #17: tma-gemm (the default on sm_90) against --kernels-off tma-gemm in one lease: resident prompts
+#               TMA_PROMPTS (default 512,4096,16384,32768) on, off, on, off; 16384 at 12 GiB and 4096 at 8 GiB on and
+#               off; then tools/prompt_profile.py (each kernel's time, the GEMMs' and attention's share of the
+#               tensor cores' rate measured in the same run) at TMA_PROFILE (default 4096,16384) on and off.
+#               Knobs: TMA_VARIANTS=512,1024,...: first tools/prompt_variants.py --tma-gemm (one load, the first
+#               prompt of each arm timed apart); TMA_BENCH=0, TMA_BUDGETS=0 and TMA_PROFILE=0 skip those parts
 #     wsprompt  #17 / #14: the warp-specialized wgmma prompt attention (cuda/attention_ws.cu, Dh 128, on trial under
 #               --kernels-on wgmma-attention, its TMA build where the host knows the cells): test_attention_tc_gpu
 #               over tc, the wgmma path and the TMA build, then while the pack is made tools/attention_wg_ab.py on the
@@ -285,6 +291,26 @@ if has wsgemm; then      # #17: the prompt GEMMs warp-specialized on wgmma (cuda
         bench_synthetic p12_none 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0
         bench_synthetic p12_ws 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 --kernels-on wgmma-gemm
     fi
+fi
+if has tmagemm; then     # #17: the prompt GEMMs over f16 weights by the TMA (the default) against the decoding GEMMs
+    if [ -n "${TMA_VARIANTS:-}" ]; then     # e.g. 512,1024,2048,4096: both arms on one load, first prompts apart
+        echo "== prompt variants, tma-gemm off and on: $TMA_VARIANTS ($(elapsed) s)"
+        timeout "$(budget 120)" $PY tools/prompt_variants.py --tma-gemm --prompt "$TMA_VARIANTS" --repeats 3 2>&1 | tail -24
+    fi
+    [ "${TMA_BENCH:-1}" = 0 ] || for arm in on off on off; do
+        off=(); [ "$arm" = off ] && off=(--kernels-off tma-gemm)
+        bench_synthetic "tma_$arm" 90 qwen3-30b-a3b --prompt "${TMA_PROMPTS:-512,4096,16384,32768}" --decode 0 "${off[@]}"
+    done
+    [ "${TMA_BUDGETS:-1}" = 0 ] || for arm in on off; do
+        off=(); [ "$arm" = off ] && off=(--kernels-off tma-gemm)
+        bench_synthetic "tma12_$arm" 60 qwen3-30b-a3b --vram-budget-gib 12 --prompt 16384 --decode 0 "${off[@]}"
+        bench_synthetic "tma8_$arm" 60 qwen3-30b-a3b --vram-budget-gib 8 --prompt 4096 --decode 0 "${off[@]}"
+    done
+    [ "${TMA_PROFILE:-}" = 0 ] || for off in "" tma-gemm; do
+        echo "== prompt profile, kernels off: ${off:-none} ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/prompt_profile.py --prompt "${TMA_PROFILE:-4096,16384}" --kernels-off "$off" \
+            --top "${TMA_TOP:-8}" --json "$OUT/prompt_profile_${off:-none}.json" 2>&1 | tail -40
+    done
 fi
 if has wsprompt; then    # #17 / #14: the warp-specialized wgmma prompt attention against attention_tc.cu
     echo "== prompt attention GPU tests, tc and the wgmma path ($(elapsed) s)"
