@@ -11,7 +11,9 @@ its residual, while the GPU skips those experts.
   error within 15%; auto where the host never pays is bit for bit the run without the split;
 - the synthetic 30B shape at 8 GiB: a 19-token turn with auto and the bus capped at 25 GB/s
   (--pcie-gbs, which only delays) computes some experts on the host and stays within the RMS bound
-  (on the H200's full bus the cost model refuses the split: tests/engine/test_expert_split.py);
+  (on the H200's full bus the cost model refuses the split: tests/engine/test_expert_split.py), where
+  the host's rates measured at load make the split pay (skipped, having checked the host took none,
+  where they do not: a machine with slower cores);
 - decode steps with a forced share (eager; the fused kernels over the host's slots pointed at a cached
   expert with weight 0, the host's sum added from mapped memory): the whole-run bounds over steps fed
   the same tokens (tests/engine/test_cpu_experts_decode_split.py runs it on the emulated runtime).
@@ -22,6 +24,7 @@ import pytest
 from strata.config import EngineConfig
 from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
+from strata.engine.memory_model import stream_all_tokens
 from strata.pack import open_pack
 from tests.engine.test_cpu_experts_split_host import BOUND, MARGIN, _close, _layer_outputs, _numpy_ffn, _runner
 
@@ -83,12 +86,19 @@ def test_30b_shape_19_token_turn_with_auto(rng):
     del off                    # one pinned arena of the 30B shape at a time
     gc.collect()
     auto = CudaRunner(pack, 1024, EngineConfig(**cfg, cpu_experts="auto", pcie_gbs=25.0))
+    a = pack.args
+    # whether the cost model gives this host any expert at the rates it measured at load: the premise
+    # depends on the machine's cores (the H200's host split; an H100 machine's, at 0.46 ms an expert, did not)
+    planned = auto.store.host_experts.chunk(len(ids), len(ids) >= stream_all_tokens(a), range(a.num_hidden_layers))
     got = auto.prefill(ids, 0)
     host = auto.status()["expert_cache"]["host"]
     print("host share of a 19-token turn at 25 GB/s:", host)
-    assert host["experts"] > 0, host
     err = np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean())
     assert err <= BOUND, err
+    if planned is None:
+        assert host["experts"] == 0, host
+        pytest.skip(f"this host's measured rates never beat the bus at 25 GB/s: {host['rates']}")
+    assert host["experts"] > 0, host
 
 
 @pytest.mark.parametrize("share", ["0.5", "1"])
