@@ -40,6 +40,8 @@ from .sampler import pick_host
 from .slots import Slots, keep_bytes, reusable_prefix
 from .speculate import Speculating
 
+WARM_PROMPT_TOKENS = 19     # the warm-up's prompt: a short first chat turn
+
 
 class CudaRunner(Speculating, CudaSpeculation, Slots):
     device = "cuda"
@@ -180,7 +182,7 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         weights otherwise fall on the first such prompt: an H100 read a first 512-token prompt at
         7,654-7,966 tok/s, later ones at 13,193-14,054)."""
         from ..backends.cuda.moe import DQ_MIN_ROWS
-        return max(19, DQ_MIN_ROWS) if self.ops.gemm_dq else 19
+        return max(WARM_PROMPT_TOKENS, DQ_MIN_ROWS) if self.ops.gemm_dq else WARM_PROMPT_TOKENS
 
     def warm_up(self, num_tokens: int | None = None, steps: int = 3) -> None:
         """Run what a first short chat turn runs, so that the first request pays none of its one-time
@@ -198,8 +200,9 @@ class CudaRunner(Speculating, CudaSpeculation, Slots):
         from ..config import SamplingParams
         self.warm_loans()
         n = max(1, min(num_tokens or self.warm_prompt_tokens, self.max_context - steps))
-        if not num_tokens and n > 19 and len(self._warm_drafts(n + steps)) < len(self._warm_drafts(19 + steps)):
-            n = 19      # a context too short for both: the speculation windows' graphs first
+        short = WARM_PROMPT_TOKENS
+        if not num_tokens and n > short and len(self._warm_drafts(n + steps)) < len(self._warm_drafts(short + steps)):
+            n = short   # a context too short for both: the speculation windows' graphs first
         steps = max(0, min(steps, self.max_context - n))
         drafts = self._warm_drafts(n + steps)
         params = (SamplingParams(temperature=0.8, top_p=0.9, top_k=40), SamplingParams())

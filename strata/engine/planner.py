@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..backends.cuda.memory import SEGMENT_BYTES, Pool
-from ..backends.cuda.moe import DQ_MIN_ROWS
+from ..backends.cuda.moe import dq_rows_enough
 from ..config import KV_VRAM_SLACK, EngineConfig, ModelArgs, spec_max_drafts
 from ..errors import InvalidArgument
 from ..quant import kv as kv_formats
@@ -461,10 +461,9 @@ def prompt_plans(sizes: PackSizes, config, cache: ExpertCache, slots: int, room:
     work = prompt_cost.effective_work(prompt_cost.layer_work(sizes, tma_attention), rates)  # once for every candidate
     # tma-gemm (the GPU runs it: tma_gemm_runs) prices the chunks it takes (moe.dq_experts' rows an expert)
     dq_rates = rates.with_tma_gemm(max(w.expert_macs for w in work) / A) if tma_gemm else rates
-    dq_tokens = -(-DQ_MIN_ROWS * E // A)
 
     def rates_for(T: int, N: int):
-        return dq_rates if min(T, N) >= dq_tokens else rates
+        return dq_rates if dq_rows_enough(min(T, N) * A, E) else rates
     stream_all = memory_model.stream_all_tokens(a)
     weigh = auto_lengths(config.max_context)
     lengths = tuple(sorted(set(weigh) | {min(int(N), config.max_context) for N in show if int(N) > 0}))

@@ -339,11 +339,17 @@ DQ_MIN_GROUP = 4        # fewer experts a group than this where the pool is shor
 DQ_SPARE_BYTES = 1 << 20    # free in the pool after the scratch, or no scratch (the blocks taken while it is held)
 
 
+def dq_rows_enough(S: int, E: int) -> bool:
+    """Whether a chunk's S routed rows give a layer's E experts rows enough for tma-gemm (DQ_MIN_ROWS each
+    on average); the prompt cost model prices chunks by the same rule."""
+    return S >= DQ_MIN_ROWS * E
+
+
 def dq_experts(ops, lay: ExpertLayer, S: int, E: int) -> bool:
     """Whether this chunk's expert GEMMs may take the dequantize-then-f16 path (tma-gemm):
-    gate|up contiguous, block types, S / E >= DQ_MIN_ROWS."""
+    gate|up contiguous, block types, dq_rows_enough."""
     parts = [lay.parts[n] for n in ("gate", "up", "down")]
-    return (ops.gemm_dq and lay.contiguous_gate_up and S >= DQ_MIN_ROWS * E
+    return (ops.gemm_dq and lay.contiguous_gate_up and dq_rows_enough(S, E)
             and all(p.qtype in DQ_GROUP_QTYPES for p in parts))
 
 
