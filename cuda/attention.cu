@@ -388,6 +388,8 @@ namespace {
 __device__ __forceinline__ void combine_head(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                              float* dst, int H, int head_dim, int num_splits) {
     __shared__ float weight_s[kMaxSplits];
+    __shared__ short used_s[kMaxSplits];
+    __shared__ int used_n;
     __shared__ float red_s[4];
     const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t slot0 = (static_cast<int64_t>(b) * H + h) * num_splits;
@@ -410,13 +412,42 @@ __device__ __forceinline__ void combine_head(const float* __restrict__ part_acc,
     }
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(kFull, lsum, o);
     if (lane == 0) red_s[warp] = lsum;
+    // The splits that read cells, in order (warp 0, a ballot a 32): an empty one ((m, l) = (-inf, 0), acc
+    // zeros: every decode kernel's empty_split) adds fmaf(0, 0, a) = a (a is never -0: it starts at +0 and
+    // a sum only gives -0 from two -0s), so leaving it out changes no bit; a cache sized past the row
+    // (splits for max_cells) has many. A split of NaN scores (m -inf, l NaN) stays in, as before.
+    if (warp == 0) {
+        int count = 0;
+        for (int s0 = 0; s0 < num_splits; s0 += 32) {
+            const int s = s0 + lane;
+            const bool used = s < num_splits && !(ml[2 * s] == -INFINITY && ml[2 * s + 1] == 0.0f);
+            const unsigned mask = __ballot_sync(kFull, used);
+            if (used) used_s[count + __popc(mask & ((1u << lane) - 1u))] = static_cast<short>(s);
+            count += __popc(mask);
+        }
+        if (lane == 0) used_n = count;
+    }
     __syncthreads();
     lsum = (red_s[0] + red_s[1]) + (red_s[2] + red_s[3]);
 
+    // over the used splits in order, kAhead loads asked for before their FMAs (the same chain of fmaf)
+    constexpr int kAhead = 8;
     const float* acc = part_acc + slot0 * head_dim;
+    const int used = used_n;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < num_splits; ++s) a = fmaf(weight_s[s], acc[static_cast<int64_t>(s) * head_dim + d], a);
+        for (int k0 = 0; k0 < used; k0 += kAhead) {
+            float v[kAhead], w[kAhead];
+#pragma unroll
+            for (int i = 0; i < kAhead; ++i) {
+                const int s = k0 + i < used ? used_s[k0 + i] : 0;
+                v[i] = k0 + i < used ? acc[static_cast<int64_t>(s) * head_dim + d] : 0.0f;
+                w[i] = weight_s[s];
+            }
+#pragma unroll
+            for (int i = 0; i < kAhead; ++i)
+                if (k0 + i < used) a = fmaf(w[i], v[i], a);
+        }
         dst[d] = lsum > 0.0f ? a / lsum : 0.0f;
     }
 }

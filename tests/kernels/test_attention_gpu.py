@@ -138,6 +138,39 @@ def test_attention_decode_any_split_count(ops, rng, tc, num_splits, sharpness):
     assert_heads_close(ops.attention_decode(q, k_cache, v_cache, lengths, num_splits, tc=tc), ref, 32)
 
 
+@pytest.mark.parametrize("rotated", [False, True])
+def test_attention_combine_leaves_empty_splits_out_bit_for_bit(ops, rng, rotated):
+    """The combine skips splits that read no cells ((m, l) = (-inf, 0), acc zeros: a cache sized past the row
+    leaves most splits so). Against the same partials with each empty split made a used one of weight 0 (m
+    so low that its weight underflows to 0, l and acc zeros: the sums the loop then reads are the empty
+    ones' terms before the skip), the outputs are the same bits; a split of NaN scores (m -inf, l NaN) is not
+    empty: its NaN sum of weights leaves its head zeros (the combine's rule for a sum not above 0)."""
+    B, H, dh, used, splits = 2, 8, 128, 24, 100
+    place = np.sort(rng.choice(splits, used, replace=False))          # the used splits among 100
+    acc = np.zeros((B, H, splits, dh), np.float32)
+    ml = np.tile(np.array([-np.inf, 0.0], np.float32), (B, H, splits, 1))
+    acc[:, :, place] = rng.standard_normal((B, H, used, dh))
+    ml[:, :, place, 0] = rng.uniform(-30, 5, (B, H, used))
+    ml[:, :, place, 1] = rng.uniform(0.5, 40, (B, H, used))
+    ml[0, 3, place[5]] = (-np.inf, np.nan)                            # NaN scores: kept
+    tiny = ml.copy()
+    empty = np.isneginf(ml[..., 0]) & (ml[..., 1] == 0)
+    tiny[..., 0][empty] = -1e30                                        # weight exp2(-1e30 - M) = 0, read
+
+    def combine(m):
+        splits_ = acc.shape[2]
+        out = ops._output(B * H * dh * 4)
+        args = (ops._upload(acc), ops._upload(m), out, H, dh, splits_)
+        if rotated:
+            ops._launch("attention_combine_rot", (H, B), (*args, float(np.float32(1 / np.sqrt(dh)))))
+        else:
+            ops._launch("attention_combine", (H, B), args)
+        return ops._download(out, (B, H, dh), np.float32)
+    skipped, read = combine(ml), combine(tiny)
+    assert np.array_equal(skipped.view(np.uint32), read.view(np.uint32))
+    assert (skipped[0, 3] == 0).all() and np.isfinite(skipped).all() and (skipped[0, 2] != 0).any()
+
+
 def test_kv_append_then_decode(ops, rng):
     # the decode step's order: append this token's K/V at its position, then attend with length pos + 1
     H, Hk, dh, S, pos = 32, 4, 128, 512, 300
