@@ -65,6 +65,7 @@
 #include "gemv_units.cuh"
 #include "gemv_units_k.cuh"
 #include "quant_blocks.cuh"
+#include "norm_rope.cuh"
 #include "pdl.cuh"
 #include "route.cuh"
 
@@ -271,5 +272,100 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
         gemv_split_multi_body<kWarps, UnitFloat1<ElemF32>>(W, x, y, rows, n, nullptr, batch);
     route_in_last_block(y, rows, batch, ids, weights, counter, A, norm_topk);
 }
+namespace {
+
+// The router's F32 units with x read from shared memory (the block's normed rows): UnitFloat8's dot, so
+// a row's sums are strata_gemv_split_f32's bit for bit.
+struct RouterUnitShared : UnitFloat8<BlockF32x8> {
+    static __device__ __forceinline__ void load_x(const float* xb, int, X& x) {
+        const float4 a = reinterpret_cast<const float4*>(xb)[0], b = reinterpret_cast<const float4*>(xb)[1];
+        x.v[0] = a.x, x.v[1] = a.y, x.v[2] = a.z, x.v[3] = a.w, x.v[4] = b.x, x.v[5] = b.y, x.v[6] = b.z, x.v[7] = b.w;
+    }
+};
+
+constexpr int kNormThreads = 256;   // strata_add_rms_norm_f32's block, whose sum order these blocks replay
+
+// strata_norm::block_sum over kNormThreads virtual threads, run by this block's 128: thread i holds the
+// partials of virtual threads i (p0) and i + 128 (p1), virtual warps w and w + 4 of real warp w.
+__device__ __forceinline__ float block_sum_virtual(float p0, float p1) {
+    __shared__ float warp_sums[kNormThreads / 32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    p0 = strata_norm::warp_sum(p0);
+    p1 = strata_norm::warp_sum(p1);
+    if (lane == 0) warp_sums[warp] = p0, warp_sums[warp + kWarps] = p1;
+    __syncthreads();
+    if (warp == 0) {
+        float v = lane < kNormThreads / 32 ? warp_sums[lane] : 0.0f;
+        v = strata_norm::warp_sum(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+// Row t of strata_add_rms_norm_f32 (its vec path, a block of 256) in this block: a = x + y, the sum of
+// squares in that kernel's order, then a * scale * w into xs (shared memory); block 0 also writes a to
+// x_out and the normed row to normed. x, y, w 16-byte aligned, n % 4 == 0.
+__device__ __forceinline__ void add_norm_row(const float* x, const float* y, float* x_out, const float* __restrict__ w,
+                                             float* normed, float* xs, int n, float eps) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const int quads = n / 4;
+    float part[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {              // virtual thread v = threadIdx.x + 128 h: quads v, v + 256, ...
+        for (int i = threadIdx.x + kWarps * 32 * h; i < quads; i += kNormThreads) {
+            const float4 a = x4[i], b = y4[i];
+            const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            reinterpret_cast<float4*>(xs)[i] = v;
+            part[h] += strata_norm::sum_sq4(v);
+        }
+    }
+    const float scale = strata_norm::rms_scale(block_sum_virtual(part[0], part[1]), n, eps);
+    const bool first = blockIdx.x == 0;
+    for (int i = threadIdx.x; i < quads; i += kWarps * 32) {   // each thread rescales only its own quads
+        const float4 v = reinterpret_cast<const float4*>(xs)[i], g = w4[i];
+        const float4 o = make_float4(strata_norm::rms_apply(v.x, scale, g.x), strata_norm::rms_apply(v.y, scale, g.y),
+                                     strata_norm::rms_apply(v.z, scale, g.z), strata_norm::rms_apply(v.w, scale, g.w));
+        reinterpret_cast<float4*>(xs)[i] = o;
+        if (first) reinterpret_cast<float4*>(x_out)[i] = v, reinterpret_cast<float4*>(normed)[i] = o;
+    }
+}
+
+}  // namespace
+
+// strata_add_norm_router_f32(x, y, x_out, norm_w, normed, W, logits, rows, n, batch, eps)
+//   The post-attention residual add and RMSNorm of `batch` tokens (strata_add_rms_norm_f32: x_out = x + y,
+//   normed = rms_norm(x_out) * norm_w, bit for bit) and the F32 router over the normed rows (logits
+//   [batch, rows] = W normed, strata_gemv_split_f32 / strata_gemv_rows_split_f32's sums bit for bit), in one
+//   launch: every block normalizes the rows itself into shared memory (block 0 writes x_out and normed)
+//   while its share of W streams into the L2, so the norm costs no launch of its own.
+//   Layout: x, y, x_out, normed [batch, n] f32, norm_w [n] f32, all 16-byte aligned, n % 8 == 0; W [rows, n]
+//   F32. Launch: as strata_gemv_split_f32's (any grid), block 128, dynamic shared memory batch * n * 4.
+extern "C" __global__ void __launch_bounds__(kWarps * 32)
+    strata_add_norm_router_f32(const float* x, const float* y, float* x_out, const float* __restrict__ norm_w,
+                               float* normed, const uint8_t* W, float* logits, int rows, int n, int batch, float eps) {
+    STRATA_PDL_ENTRY();
+    extern __shared__ float4 xs4[];
+    float* xs = reinterpret_cast<float*>(xs4);
+    {   // the block's first row set of W into the L2 while the norm is made (UnitFloat8's R rows a block)
+        const long long row_bytes = 4LL * n, base = static_cast<long long>(blockIdx.x) * RouterUnitShared::kRows;
+        const long long lines = (min(static_cast<long long>(RouterUnitShared::kRows), rows - base) * row_bytes) >> 7;
+        for (long long i = threadIdx.x; i < lines; i += kWarps * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(W + base * row_bytes + (i << 7)));
+    }
+    for (int t = 0; t < batch; ++t) {
+        const long long off = static_cast<long long>(t) * n;
+        add_norm_row(x + off, y + off, x_out + off, norm_w, normed + off, xs + off, n, eps);
+    }
+    __syncthreads();
+    if (batch == 1)
+        gemv_split_body<kWarps, RouterUnitShared>(W, xs, logits, rows, n, nullptr);
+    else
+        gemv_split_multi_body<kWarps, RouterUnitShared>(W, xs, logits, rows, n, nullptr, batch);
+}
+
 STRATA_GEMV_FLOAT(f16, BlockF16x8, ElemF16)
 STRATA_GEMV_FLOAT(bf16, BlockBF16x8, ElemBF16)

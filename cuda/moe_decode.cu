@@ -9,6 +9,13 @@
 // strata_moe_down_<qtype>(ptrs, down_off, ids, h, weights, out, A, D, I)
 //   out[t * D + d] = fmaf over a = 0..A-1 in order of weights[s] * (down_e[d] . h[s]), from 0
 //   (down_e row d at blob + down_off + d * row_bytes(I)); no atomics, so the result is deterministic.
+// strata_moe_gate_up_route_<qtype>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk)
+//   the same h, with token t's routing made in each of its blocks: warp 0 picks the top A of logits
+//   [T, E] (E <= 512) with cuda/route.cuh's code (strata_moe_route_f32's: the same ids and weights, bit for
+//   bit) into shared memory before the body, and block (0, t) writes them to ids [T, A] and weights
+//   [T, A] (the down kernel's inputs). A decode step's top-k then costs no launch of its own; every block
+//   routes (a warp's few hundred cycles, before its weight addresses are known) while its other warps
+//   copy the E table entries to shared memory.
 //
 // Each row's dot product is strata_moe_gemv_<qtype>'s (cuda/moe_gemv.cu): the same units
 // (gemv_units*.cuh), the same lane of the row for each unit (lanes = the power of two >= units per
@@ -48,6 +55,7 @@
 #include "gemv_units_k.cuh"
 #include "quant_blocks.cuh"
 #include "pdl.cuh"
+#include "route.cuh"
 
 namespace {
 
@@ -55,6 +63,8 @@ using namespace strata_q;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr int kMaxActive = 8;   // A <= 8: warp w serves expert w % A
+constexpr int kMaxRouted = 512; // E <= 512 where the blocks route (cuda/route.cuh's kMaxPerLane * 32)
 
 __device__ __forceinline__ float sum_lanes(float v, int lanes) {  // within aligned groups of `lanes`
     for (int offset = lanes >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -276,7 +286,7 @@ __device__ __forceinline__ void stage_and_sync(float* table, const float* src, i
 struct GateUp {
     const unsigned long long* ptrs;
     long long gate_off, up_off;
-    const int* ids;
+    const int* ids;     // the block's token's A ids (ids + t * A, or the block's own routing in shared memory)
     const float* x;
     float* h;
     int A, I, D;
@@ -298,7 +308,7 @@ __device__ void gate_up_body(const GateUp& k, float* table, float* xs) {
     const int set_rows = (32 / L.lanes) * P, t = blockIdx.y;
     const Split sp = split_of((k.I + set_rows - 1) / set_rows, k.A);
     const long long s = static_cast<long long>(t) * k.A + sp.a;
-    const uint8_t* blob = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[s]]) : nullptr;
+    const uint8_t* blob = sp.busy ? reinterpret_cast<const uint8_t*>(k.ptrs[k.ids[sp.a]]) : nullptr;
     const float* xg = k.x + static_cast<long long>(t) * k.D;
     float* h_row = k.h + s * k.I;
     const bool staged = dynamic_smem_bytes() >= 4u * staged_floats<U>(k.D);
@@ -468,8 +478,33 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
     }
 }
 
+// ---- the routing in gate|up's blocks (strata_moe_gate_up_route_<qtype>) ---------------------------
+
+// Token t = blockIdx.y's top-A of its E logits by warp 0 (cuda/route.cuh, the code strata_moe_route_f32
+// runs: the same ids and weights, bit for bit) into the block's shared ids_s / w_s; block (0, t) also
+// writes them to ids / weights [T, A] for the down kernel and the host. Meanwhile the other warps copy the
+// layer's E table entries into ptr_s, so no global read waits between the picks and the weights' loads.
+// Every thread reaches the barrier.
+__device__ __forceinline__ void route_block(const unsigned long long* ptrs, unsigned long long* ptr_s,
+                                            const float* logits, int* ids, float* weights, int* ids_s, float* w_s,
+                                            int A, int E, int norm_topk) {
+    const int t = blockIdx.y, lane = threadIdx.x & 31;
+    for (int e = threadIdx.x - 32; e >= 0 && e < E; e += kThreads - 32) ptr_s[e] = ptrs[e];
+    if (threadIdx.x < 32) {
+        strata_route::route_token<false>(logits + static_cast<long long>(t) * E, ids_s, w_s, 0, E, A, norm_topk);
+        if (blockIdx.x == 0 && lane < A) {   // the lane that wrote entry `lane` reads it back
+            ids[static_cast<long long>(t) * A + lane] = ids_s[lane];
+            weights[static_cast<long long>(t) * A + lane] = w_s[lane];
+        }
+    }
+    __syncthreads();
+}
+
 }  // namespace
 
+#define STRATA_GATE_UP_ROUTE_ARGS                                                                      \
+    const unsigned long long *ptrs, long long gate_off, long long up_off, int *ids, const float *x, float *h, \
+        int A, int I, int D, const float *logits, float *weights, int E, int norm_topk
 #define STRATA_GATE_UP_ARGS                                                                            \
     const unsigned long long *ptrs, long long gate_off, long long up_off, const int *ids, const float *x, float *h, \
         int A, int I, int D
@@ -482,7 +517,19 @@ __device__ void down_body(const Down& k, float* table, float* xs) {
         STRATA_PDL_ENTRY();                                                                            \
         __shared__ float table[16];                                                                    \
         extern __shared__ float4 staged_x[];                                                           \
-        const GateUp k{ptrs, gate_off, up_off, ids, x, h, A, I, D};                                    \
+        const GateUp k{ptrs, gate_off, up_off, ids + static_cast<long long>(blockIdx.y) * A, x, h, A, I, D}; \
+        GateUpUnit;                                                                                    \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                         \
+        strata_moe_gate_up_route_##name(STRATA_GATE_UP_ROUTE_ARGS) {                                   \
+        STRATA_PDL_ENTRY();                                                                            \
+        __shared__ float table[16];                                                                    \
+        __shared__ int ids_s[kMaxActive];                                                              \
+        __shared__ float w_s[kMaxActive];                                                              \
+        __shared__ unsigned long long ptr_s[kMaxRouted];                                               \
+        extern __shared__ float4 staged_x[];                                                           \
+        route_block(ptrs, ptr_s, logits, ids, weights, ids_s, w_s, A, E, norm_topk);                   \
+        const GateUp k{ptr_s, gate_off, up_off, ids_s, x, h, A, I, D};                                 \
         GateUpUnit;                                                                                    \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(kThreads, 2) strata_moe_down_##name(STRATA_DOWN_ARGS) {  \

@@ -45,7 +45,14 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route")
+# route-in-moe: a decode step's top-k routing runs in the MoE gate|up kernel's blocks (each routes its token
+# from the router's logits, cuda/route.cuh's code, so the same ids and weights; block 0 of a token writes
+# them for the down kernel and the host), one launch fewer a layer (strata_moe_gate_up_route_*).
+# norm-in-router: a decode step's post-attention residual add and RMSNorm run in the F32 router GEMV's
+# blocks (each normalizes the rows itself, in strata_add_rms_norm_f32's order, while its share of the router
+# streams in; block 0 writes both outputs), one launch fewer a layer (strata_add_norm_router_f32).
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route", "route-in-moe",
+                      "norm-in-router")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

@@ -23,6 +23,10 @@
 #     routeab   the router's top-k in its last block (--kernels-on fused-route) against its own launch:
 #               tools/decode_variants.py --route (A B A B on one load, context 512), then tools/parallel_bench.py
 #               resident at 1 and 4 clients with and without (STRATA_KERNELS_ON=fused-route)
+#     inmoe     the top-k in the MoE gate|up kernel's blocks (--kernels-on route-in-moe) and the post-attention norm in
+#               the router's (norm-in-router): tools/decode_variants.py --route-in-moe (both, each, neither, twice on one
+#               load, context 512), decode_profile --graphs-only at context 512 with both and neither, then 12 GiB
+#               decode (prompt 512, INMOE_DECODE tokens) both, neither, both, neither
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -204,6 +208,20 @@ if has routeab; then    # #16: one launch fewer a layer
         echo "== parallel slots, route $arm ($(elapsed) s)"
         on=""; [ "$arm" = fused ] && on=fused-route
         STRATA_KERNELS_ON=$on par_resident "route_par_$arm.json" --context 1024
+    done
+fi
+if has inmoe; then      # #16: moe_route's launch folded into gate|up's blocks
+    echo "== decode variants --route-in-moe ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/decode_variants.py --route-in-moe --context 512 --decode 256 \
+        --json "$OUT/inmoe_variants.json" 2>&1 | tail -9
+    for on in route-in-moe,norm-in-router ""; do
+        echo "== decode profile, kernels on: ${on:-defaults} ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-on "$on" \
+            --json "$OUT/inmoe_profile_${on:+on}${on:-off}.json" 2>&1 | grep -E "step|rout|gate_up|moe_down|norm|gemv_split_f32" | head -14
+    done
+    for on in route-in-moe,norm-in-router "" route-in-moe,norm-in-router ""; do
+        bench_synthetic "inmoe_b12_${on:+on}${on:-off}" 70 qwen3-30b-a3b --vram-budget-gib 12 --prompt 512 \
+            --decode "${INMOE_DECODE:-128}" ${on:+--kernels-on $on}
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm

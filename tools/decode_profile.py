@@ -159,6 +159,8 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
     # graph without them would read ids from whatever the pool block held before).
     base = {n for n in names if n.startswith(("strata_moe_route", "strata_router_"))}   # fused-route: the router routes
     base |= {n for n in names if n.startswith("strata_gemv") and n.endswith("_f32")}     # the F32 router
+    # route-in-moe: gate|up routes (and writes the ids); norm-in-router: the router makes the post-attention norm
+    base |= {n for n in names if n.startswith(("strata_moe_gate_up_route_", "strata_add_norm_router_"))}
 
     def time_step(only) -> float:
         def filtered(op, grid, a, shared_bytes=0, **fields):

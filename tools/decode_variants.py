@@ -6,6 +6,7 @@ split-K kernel.
     python tools/decode_variants.py [--synthetic qwen3-30b-a3b] [--context 512] [--decode 64] [--json PATH]
     python tools/decode_variants.py --attention --context 512,4096,16384,32768
     python tools/decode_variants.py --route [--context 512]
+    python tools/decode_variants.py --route-in-moe [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="only PDL on against off")
     ap.add_argument("--attention", action="store_true", help="the f16 decode attention's two kernels, A B A B")
     ap.add_argument("--route", action="store_true", help="only the router's top-k fused (fused-route) against apart, A B A B")
+    ap.add_argument("--route-in-moe", action="store_true",
+                    help="only the top-k in the MoE gate|up kernel's blocks (route-in-moe) and the post-attention norm in "
+                         "the router's (norm-in-router), both, each and neither, A B C D A B C D")
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
@@ -65,6 +69,11 @@ def main(argv=None) -> int:
         variants = variants[:2]
     if args.route:          # the router's top-k in its last block against a launch of its own, A B A B
         variants = [("fused route", True, 2, True, True, True), ("top-k apart", True, 2, True, True, False)] * 2
+    in_moe, in_router = set(), set()     # variant names with route-in-moe, norm-in-router on
+    if args.route_in_moe:   # the top-k in gate|up's blocks, the norm in the router's: both, each, neither
+        names = ("both fused", "top-k in gate|up", "norm in router", "neither")
+        in_moe, in_router = {names[0], names[1]}, {names[0], names[2]}
+        variants = [(n, True, 2, True, True, False) for n in names] * 2
     one_rows = {}           # variant name -> ONE_ROW_BLOCKS_PER_SM (the one-row-gemv arms)
     if args.one_row:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
@@ -77,7 +86,8 @@ def main(argv=None) -> int:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, **one_row)
+                                                   fused_route=route, route_in_moe=name in in_moe,
+                                                   norm_in_router=name in in_router, **one_row)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)

@@ -214,6 +214,22 @@ class CpuOps:
         logits = self.linear(x, name)
         return (logits, *self.moe_route(logits, top_k, norm_topk))
 
+    def add_rms_norm_router(self, x: np.ndarray, y: np.ndarray, name: str, eps: float, router: str):
+        """add_rms_norm and the router's logits over the normed rows, or None where routed_moe makes them
+        -> (x + y, normed, None) here (a GPU backend may make the norm inside the router's GEMV)."""
+        return (*self.add_rms_norm(x, y, name, eps), None)
+
+    def routed_moe(self, x: np.ndarray, layer: int, router: str, top_k: int, norm_topk: bool, plan=None,
+                   logits=None):
+        """The router, its routing and the routed experts of `layer` -> (logits [T, E], ids [T, top_k],
+        weights [T, top_k], out [T, D]): moe_router, then moe; logits: the router's, made already (a GPU
+        backend may route inside its expert kernels)."""
+        if logits is None:
+            logits, ids, weights = self.moe_router(x, router, top_k, norm_topk)
+        else:
+            ids, weights = self.moe_route(logits, top_k, norm_topk)
+        return logits, ids, weights, self.moe(x, layer, ids, weights, plan)
+
     def qkv(self, x: np.ndarray, prefix: str):
         """The attention projections of x -> (q [T, H*Dh], k [T, Hk*Dh], v [T, Hk*Dh])."""
         return tuple(self.linear(x, f"{prefix}attn_{p}.weight") for p in "qkv")

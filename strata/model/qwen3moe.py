@@ -111,13 +111,14 @@ class Qwen3Moe:
         attn = ops.qk_norm_rope_attention(q, k, v, p + "attn_q_norm.weight", p + "attn_k_norm.weight", eps,
                                           l, kv, positions)              # [T, H*Dh]
         attn_out = ops.linear(attn, p + "attn_output.weight")
-        x, ffn_norm = ops.add_rms_norm(x, attn_out, p + "ffn_norm.weight", eps)
+        router = p + "ffn_gate_inp.weight"
+        x, ffn_norm, router_logits = ops.add_rms_norm_router(x, attn_out, p + "ffn_norm.weight", eps, router)
         record("attn_norm", l, attn_norm)
         record("attn_out", l, attn_out)
 
-        router_logits, expert_ids, expert_weights = ops.moe_router(      # [T, E], [T, A], [T, A]
-            ffn_norm, p + "ffn_gate_inp.weight", a.num_experts_per_tok, a.norm_topk_prob)
-        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights, plan)    # [T, D]
+        # ids [T, A] and weights [T, A] kept to the layer's end: the memory plan replays these lifetimes
+        router_logits, expert_ids, expert_weights, moe_out = ops.routed_moe(    # [T, E], ids, weights, [T, D]
+            ffn_norm, l, router, a.num_experts_per_tok, a.norm_topk_prob, plan, logits=router_logits)
         x, normed = ops.add_rms_norm(x, moe_out, next_norm, eps)
         record("router_logits", l, router_logits)
         record("moe_out", l, moe_out)

@@ -60,13 +60,15 @@ class Qwen3Next:
             attn_out = self.gated_attention(l, attn_norm, positions, cache)
         else:
             attn_out = self.delta_net(l, attn_norm, cache, record)
-        x, ffn_norm = ops.add_rms_norm(x, attn_out, p + "post_attention_norm.weight", a.rms_norm_eps)
+        router = p + "ffn_gate_inp.weight"
+        x, ffn_norm, router_logits = ops.add_rms_norm_router(x, attn_out, p + "post_attention_norm.weight",
+                                                             a.rms_norm_eps, router)
         record("attn_norm", l, attn_norm)
         record("attn_out", l, attn_out)
 
-        router_logits, expert_ids, expert_weights = ops.moe_router(      # [T, E], [T, A], [T, A]
-            ffn_norm, p + "ffn_gate_inp.weight", a.num_experts_per_tok, a.norm_topk_prob)
-        moe_out = ops.moe(ffn_norm, l, expert_ids, expert_weights, plan)    # [T, D]
+        # ids [T, A] and weights [T, A] kept to the layer's end: the memory plan replays these lifetimes
+        router_logits, expert_ids, expert_weights, moe_out = ops.routed_moe(    # [T, E], ids, weights, [T, D]
+            ffn_norm, l, router, a.num_experts_per_tok, a.norm_topk_prob, plan, logits=router_logits)
         if a.shared_expert_intermediate_size:
             moe_out = ops.add(moe_out, ops.shared_expert(ffn_norm, p))
         x, normed = ops.add_rms_norm(x, moe_out, next_norm, a.rms_norm_eps)

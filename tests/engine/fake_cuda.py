@@ -470,7 +470,7 @@ class Kernel:
     def run(self, grid, args):
         base = self.name.removeprefix("strata_")
         for prefix in ("gemv_rows_split", "gemv_rows", "gemv3_rows", "gemv_batch", "gemv_split", "gemv_one", "gemv3_one",
-                       "gemv", "gemv3", "moe_gemv", "moe_gate_up", "moe_down", "moe_gemm_wst", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
+                       "gemv", "gemv3", "moe_gemv", "moe_gate_up_route", "moe_gate_up", "moe_down", "moe_gemm_wst", "moe_gemm_ws16", "moe_gemm_ws", "moe_gemm", "dequant_h_groups", "dequant_h",
                        "dequant",
                        "embed"):                                             # per quant type
             if base.startswith(prefix + "_"):
@@ -838,7 +838,21 @@ _EMULATE = {
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
     "router_split_f32": _router, "router_rows_split_f32": _router,
+    "add_norm_router_f32": lambda grid, *a: _add_norm_router(grid, *a),
 }
+
+
+def _add_norm_router(grid, x, y, x_out, w, normed, W, logits, rows, n, batch, eps):
+    """strata_add_norm_router_f32: strata_add_rms_norm_f32's outputs, then gemv_split's logits over the normed
+    rows (each row the one-token product, as _gemv_rows); x_out and normed must not overlap x or y (every
+    block reads those while block 0 writes)."""
+    assert 1 <= batch <= 8 and n % 8 == 0
+    _aligned("add_norm_router", x, y, x_out, w, normed)
+    span = batch * n * 4
+    for out in (x_out, normed):
+        assert all(out + span <= a or a + span <= out for a in (x, y)), "add_norm_router: an output overlaps x or y"
+    _add_rms_norm((batch,), x, y, x_out, w, normed, batch, n, eps)
+    _gemv_rows("F32", grid, W, normed, logits, rows, n, batch)
 
 
 # ---- cuda/decode_fused.cu ---------------------------------------------------------------------------
@@ -1028,6 +1042,7 @@ def _lazy_emulation(module: str, name: str):
 
 
 _EMULATE.update({"moe_gate_up": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up"),
+                 "moe_gate_up_route": _lazy_emulation("fake_moe_decode", "emulate_moe_gate_up_route"),
                  "moe_down": _lazy_emulation("fake_moe_decode", "emulate_moe_down"),
                  "moe_gemm": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm"),
                  "moe_gemm_ws": _lazy_emulation("fake_moe_gemm", "emulate_moe_gemm_ws"),

@@ -4,13 +4,14 @@ From the kernels' contract, in float32 numpy: they check what a real launch need
 with gx >= 1, the matrix starts' alignment) and fail loudly on a bad pointer, a short table or an
 expert id outside it, as fake_cuda's view() does. Wiring, in fake_cuda.py:
 
-    Kernel.run prefixes: "moe_gate_up" -> emulate_moe_gate_up, "moe_down" -> emulate_moe_down
+    Kernel.run prefixes: "moe_gate_up" -> emulate_moe_gate_up, "moe_gate_up_route" ->
+    emulate_moe_gate_up_route, "moe_down" -> emulate_moe_down
 """
 from __future__ import annotations
 
 import numpy as np
 
-from strata.backends.cpu import swiglu
+from strata.backends.cpu import moe_route, swiglu
 from strata.quant import qtype
 from tests.engine import fake_cuda
 
@@ -45,6 +46,17 @@ def emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D):
         gate = fake_cuda._weights(q, blob + gate_off, I, D) @ xs[s // A]
         up = fake_cuda._weights(q, blob + up_off, I, D) @ xs[s // A]
         out[s] = swiglu(gate, up)
+
+
+def emulate_moe_gate_up_route(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm):
+    """strata_moe_gate_up_route_<q>: each token's top-A of logits [T, E] as strata_moe_route_f32 picks them
+    (the numpy reference's) into ids and weights [T, A], then emulate_moe_gate_up over them."""
+    T = _check_grid("moe_gate_up_route", grid, A)
+    assert 1 <= A <= E <= 512, f"fake_cuda: moe_gate_up_route takes A <= E <= 512, got {A}, {E}"
+    picks, w = moe_route(fake_cuda.view(logits, T * E).reshape(T, E), A, bool(norm))
+    fake_cuda.view(ids, T * A, np.int32)[:] = picks.reshape(-1)
+    fake_cuda.view(weights, T * A)[:] = w.reshape(-1)
+    emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D)
 
 
 def emulate_moe_down(q, grid, ptrs, down_off, ids, h, weights, out, A, D, I):

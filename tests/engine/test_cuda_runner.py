@@ -369,6 +369,32 @@ def test_one_row_gemv_changes_no_bit(packs, name, rng):
         assert np.array_equal(on.decode(t), off.decode(t))
 
 
+@pytest.mark.parametrize("name", ["demo", "kquant", "kquant-mixed"])
+def test_route_in_moe_and_norm_in_router_change_no_bit(packs, name, rng):
+    """route-in-moe and norm-in-router (on trial), each and both: each decode step's top-k made in the MoE gate|up
+    kernel's blocks (cuda/route.cuh's code, as strata_moe_route_f32), the post-attention add + RMSNorm in the
+    router's blocks (strata_add_rms_norm_f32's sum order), give graph decode's logits bit for bit, one slot and a
+    batched step of two; and the same under a VRAM budget (the route log copied after gate|up)."""
+    pack = packs(name)
+    ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
+    paths = "route-in-moe,norm-in-router"
+    for on_paths in ("route-in-moe", "norm-in-router", paths):
+        for extra in ({}, {"expert_cache": "9", "prefill": "24"}):
+            on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_on=k, **extra))
+                       for k in (on_paths, ""))
+            assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
+            for t in ids[12:]:
+                assert np.array_equal(on.decode(t), off.decode(t)), (on_paths, extra)
+    on, off = (CudaRunner(pack, 48, EngineConfig(device="cuda", cuda_graphs=True, parallel=2, kernels_on=k))
+               for k in (paths, ""))
+    for r in (on, off):
+        for slot in range(2):
+            r.use(slot)
+            r.prefill(ids[:6 + slot], 0, logits=False)
+    got, want = (r.ops.to_host(r.batch_rows([0, 1], ids[10:12], [6, 7])) for r in (on, off))
+    assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["demo", "kquant"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_pick_and_step_equals_pick_then_decode(packs, name, sampled, rng):

@@ -227,6 +227,136 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
+def test_decode_steps_route_in_the_gate_up_kernel(fake, rng, graphs):
+    """--kernels-on route-in-moe: a decode step's routing runs in the MoE gate|up kernel's blocks
+    (strata_moe_gate_up_route_*, writing the ids and weights down reads), moe_route is not launched, and
+    the logits are the default path's bit for bit (the same route code); a batched step of parallel slots
+    likewise; prompts keep linear + moe_route + the grouped GEMMs."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 16)
+    config = EngineConfig(cuda_graphs=graphs, kernels_on="route-in-moe")
+    routed, launched = _decode_launches(fake, pack, ids, config)
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    for a, b in zip(routed, plain):
+        np.testing.assert_array_equal(a, b)
+    fused = [n for n in launched if n.startswith("strata_moe_gate_up_route_")]
+    assert fused and "strata_moe_route_f32" not in launched
+    assert not [n for n in launched_off if n.startswith("strata_moe_gate_up_route_")]
+
+    fake.launches.clear()
+    runner = CudaRunner(pack, 64, config)
+    runner.prefill(ids[:10], 0)
+    assert "strata_moe_route_f32" in fake.launches       # a prompt chunk routes on its own
+
+    par = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="route-in-moe"))
+    for slot in range(2):
+        par.use(slot)
+        par.prefill(ids[:6 + slot], 0, logits=False)
+    fake.launches.clear()
+    par.decode_batch([0, 1], ids[10:12])
+    assert set(fused) <= set(fake.launches) and "strata_moe_route_f32" not in fake.launches
+
+
+def test_route_in_moe_under_a_budget_logs_the_routing_it_makes(fake, rng):
+    """Under a VRAM budget a decode step's routing goes back to the host (the plan's route log, which the
+    expert cache learns from): with route-in-moe the ids come from the gate|up kernel, so the log is copied
+    after it; the steps' logits and the cache's view of the routing equal the default path's."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 14)
+
+    def run(config):
+        runner = CudaRunner(pack, 64, config)
+        out = [runner.prefill(ids[:8], 0)]
+        fake.launches.clear()
+        out += [runner.decode(t) for t in ids[8:]]
+        return out, list(fake.launches), runner
+    budget = dict(device="cuda", prefill="24", expert_cache="9")
+    routed, launched, runner = run(EngineConfig(kernels_on="route-in-moe", **budget))
+    plain, _, plain_runner = run(EngineConfig(**budget))
+    assert not runner.store.resident and runner.store.stats.decode_misses > 0
+    assert runner.store.stats.decode_misses == plain_runner.store.stats.decode_misses
+    assert [n for n in launched if n.startswith("strata_moe_gate_up_route_")] and "strata_moe_route_f32" not in launched
+    for a, b in zip(routed, plain):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(runner.steps._route_host, plain_runner.steps._route_host)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_norm_in_router_makes_the_norm_in_the_routers_blocks(fake, rng, graphs):
+    """--kernels-on norm-in-router: a decode step's post-attention add + RMSNorm runs in the F32 router GEMV's
+    blocks (strata_add_norm_router_f32), so a layer launches strata_add_rms_norm_f32 once (the norm before
+    attention) instead of twice and no separate router GEMV; the logits are the default path's bit for bit,
+    also beside route-in-moe, in a batched step of parallel slots, and under a budget. Prompts keep the
+    launches apart."""
+    pack = open_pack(DEMO)
+    layers = pack.args.num_hidden_layers
+    ids = oracle_ids(pack, rng, 16)
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    for on in ("norm-in-router", "norm-in-router,route-in-moe"):
+        fused, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on=on))
+        for a, b in zip(fused, plain):
+            np.testing.assert_array_equal(a, b)
+        fused_norms = launched.count("strata_add_norm_router_f32")      # steps run eagerly or captured, x layers
+        assert fused_norms and fused_norms % layers == 0
+        assert launched.count("strata_add_rms_norm_f32") == launched_off.count("strata_add_rms_norm_f32") - fused_norms
+        assert "strata_gemv_split_f32" not in launched and "strata_gemv_split_f32" in launched_off
+
+    fake.launches.clear()
+    CudaRunner(pack, 64, EngineConfig(kernels_on="norm-in-router")).prefill(ids[:10], 0)
+    assert "strata_add_norm_router_f32" not in fake.launches
+
+    for extra in ({"parallel": 2}, {"device": "cuda", "prefill": "24", "expert_cache": "9"}):
+        runs = []
+        for on in ("norm-in-router", ""):
+            r = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, kernels_on=on, **extra))
+            if "parallel" in extra:
+                for slot in range(2):
+                    r.use(slot)
+                    r.prefill(ids[:6 + slot], 0, logits=False)
+                fake.launches.clear()
+                runs.append(r.ops.to_host(r.batch_rows([0, 1], ids[10:12], [6, 7])))
+            else:
+                runs.append([r.prefill(ids[:8], 0)] + [r.decode(t) for t in ids[8:12]])
+            if on:
+                assert "strata_add_norm_router_f32" in fake.launches
+        np.testing.assert_array_equal(np.asarray(runs[0]), np.asarray(runs[1]))
+
+
+def test_norm_in_router_is_refused_where_the_model_never_takes_it():
+    """--kernels-on norm-in-router: refused in one line for a model whose routers are not F32 or whose rows are
+    past the kernel's shared memory, and beside fused-route."""
+    from strata.backends.cuda.kernels import KernelPaths
+    from strata.engine import cuda_load
+    args = open_pack(DEMO).args
+    on = KernelPaths.without("", "norm-in-router")
+    f32 = {f"blk.{l}.ffn_gate_inp.weight": {"qtype": "F32"} for l in range(2)}
+    cuda_load.check_trial_paths(on, args, f32)
+    with pytest.raises(UnsupportedError, match=r"norm-in-router \(--kernels-on\): this model never takes it: its "
+                                               r"routers are BF16, not F32"):
+        cuda_load.check_trial_paths(on, args, {"blk.0.ffn_gate_inp.weight": {"qtype": "BF16"}})
+    with pytest.raises(UnsupportedError, match="a row of 16384 floats passes the kernel's 40 KB"):
+        cuda_load.check_trial_paths(on, dataclasses.replace(args, hidden_size=16384), f32)
+    with pytest.raises(UnsupportedError, match="fused-route and norm-in-router .* name one"):
+        cuda_load.check_trial_paths(KernelPaths.without("", "norm-in-router,fused-route"), args, f32)
+
+
+def test_route_in_moe_is_refused_where_the_model_never_takes_it():
+    """--kernels-on route-in-moe: refused in one line for a model routing more than 512 experts or more than
+    8 a token, and beside fused-route (both move moe_route's work)."""
+    from strata.backends.cuda.kernels import KernelPaths
+    from strata.engine import cuda_load
+    args = open_pack(DEMO).args
+    on = KernelPaths.without("", "route-in-moe")
+    cuda_load.check_trial_paths(on, args, {})
+    with pytest.raises(UnsupportedError, match="route-in-moe .*routes 600 experts top-4, past the kernel's 512 and top-8"):
+        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts=600), {})
+    with pytest.raises(UnsupportedError, match="routes 128 experts top-10"):
+        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts=128, num_experts_per_tok=10), {})
+    with pytest.raises(UnsupportedError, match="fused-route and route-in-moe .* name one"):
+        cuda_load.check_trial_paths(KernelPaths.without("", "route-in-moe,fused-route"), args, {})
+
+
+@pytest.mark.parametrize("graphs", [False, True])
 def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(fake, rng, graphs):
     """one-row-gemv (on by default): a decode step's q|k|v and its attention output (Q8_0, too few row
     sets to fill the GPU) run one row a warp (strata_gemv3_one_*, strata_gemv_one_*), the head (many

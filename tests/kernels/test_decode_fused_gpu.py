@@ -115,6 +115,39 @@ def test_add_rms_norm_equals_add_then_rms_norm(gpu, rng, rows, n, in_place):
     assert np.array_equal(out, gpu.download(ob, x.shape))
 
 
+# ---- add + RMSNorm in the router's blocks (norm-in-router) ----------------------------------------
+
+# (tokens, n, router rows): the 30B's step and verify windows, Qwen3-Next's 512 experts, rows of 4096
+@pytest.mark.parametrize("T,n,E", [(1, 2048, 128), (2, 2048, 128), (5, 2048, 128), (1, 2048, 512), (2, 4096, 64),
+                                   (1, 264, 40)])
+def test_add_norm_router_equals_add_rms_norm_then_router(gpu, rng, T, n, E):
+    """strata_add_norm_router_f32 (cuda/gemv.cu): x_out, normed and the logits equal strata_add_rms_norm_f32 then
+    strata_gemv_split_f32 (strata_gemv_rows_split_f32 for T > 1) bit for bit, at the engine's grid and others
+    (any grid is complete)."""
+    from strata.backends.cuda.memory import gemv_grid
+    x = (rng.standard_normal((T, n)) * rng.uniform(0.1, 10.0, (T, 1))).astype(np.float32)
+    y = rng.standard_normal((T, n)).astype(np.float32)
+    w = rng.uniform(-2.0, 2.0, n).astype(np.float32)
+    W = (rng.standard_normal((E, n)) * 0.05).astype(np.float32)
+    s_ref, out_ref = add_rms_norm(gpu, x, y, w, 1e-6)
+    ob, Wb, lb = gpu.upload(out_ref), gpu.upload(W), gpu.output(T * E * 4)
+    grid = gemv_grid("F32", E, n) * 4
+    if T == 1:
+        gpu.launch("gemv", "strata_gemv_split_f32", "PPPii", grid, 128, (Wb.ptr, ob.ptr, lb.ptr, E, n))
+    else:
+        gpu.launch("gemv", "strata_gemv_rows_split_f32", "PPPiii", grid, 128, (Wb.ptr, ob.ptr, lb.ptr, E, n, T))
+    logits_ref = gpu.download(lb, (T, E))
+    xb, yb, wb = gpu.upload(x), gpu.upload(y), gpu.upload(w)
+    for g in (grid, 1, 3, 4 * grid + 1):
+        sb, nb, lb = gpu.output(x.nbytes), gpu.output(x.nbytes), gpu.output(T * E * 4)
+        gpu.kernel("gemv", "strata_add_norm_router_f32", "PPPPPPPiiif").launch(
+            g, 128, (xb.ptr, yb.ptr, sb.ptr, wb.ptr, nb.ptr, Wb.ptr, lb.ptr, E, n, T, 1e-6), T * n * 4,
+            stream=gpu.stream)
+        assert np.array_equal(gpu.download(sb, x.shape).view(np.uint32), s_ref.view(np.uint32)), g
+        assert np.array_equal(gpu.download(nb, x.shape).view(np.uint32), out_ref.view(np.uint32)), g
+        assert np.array_equal(gpu.download(lb, (T, E)).view(np.uint32), logits_ref.view(np.uint32)), g
+
+
 # ---- QK-norm + RoPE + K/V append ------------------------------------------------------------------
 
 # (T, H, Hk, Dh): one token at the production heads (Qwen3-30B-A3B: 32 / 4 / 128), Dh 64 (the demo

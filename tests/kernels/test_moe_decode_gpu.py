@@ -181,6 +181,34 @@ def test_deterministic_for_every_grid(mo, rng, q):
         assert np.array_equal(out.view(np.uint32), runs[0][1].view(np.uint32))
 
 
+@pytest.mark.parametrize("q", ["Q4_K", "Q8_0", "Q6_K", "Q4_0", "F32"])
+def test_routing_in_gate_up_is_moe_route_then_gate_up_bit_for_bit(mo, rng, q):
+    """strata_moe_gate_up_route_<q> (route-in-moe): every block routes its token with cuda/route.cuh's code,
+    so ids and weights equal strata_moe_route_f32's and h equals strata_moe_gate_up_<q>'s over them, bit for
+    bit, at any grid (gx 1: one block a token; 5000: blocks with no rows route too), E of 128, 60 and 512,
+    renormalized or not; logits with ties (the lower id first) and a NaN row entry."""
+    bs = max(QTYPES[q].block_size, 8)
+    I0, D0 = (768, 2048) if bs > 8 else (64, 256)           # the 30B's rows in a quant type (128 copies)
+    for T, A, E, I, D, norm in [(1, 8, 128, I0, D0, True), (4, 8, 128, 3 * bs, 5 * bs, False),
+                                (3, 4, 60, 2 * bs, 3 * bs, True), (2, 8, 512, bs, 2 * bs, True)]:
+        ex = Experts(q, 5, I, D, rng)
+        blobs = [ex.blobs[e % 5] for e in range(E)]            # E table entries over 5 distinct experts
+        logits = rng.standard_normal((T, E)).astype(np.float32)
+        logits[0, 7] = logits[0, 3] = logits[0].max() + 1       # a tie at the top: id 3 first
+        if T > 2:
+            logits[2, 11] = np.nan
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        ids_ref, w_ref = mo.ops.moe_route(logits, A, norm)
+        h_ref = mo.moe_gate_up(q, blobs, ex.gate_off, ex.up_off, ids_ref.reshape(-1), x, A, I, D, host=(1,))
+        for gx in (None, 1, 5000):
+            h, ids, w = mo.moe_gate_up_route(q, blobs, ex.gate_off, ex.up_off, logits, x, A, I, D, norm, host=(1,),
+                                             gx=gx)
+            case = f"{q} T {T} A {A} E {E} gx {gx}"
+            assert np.array_equal(ids, ids_ref), case
+            assert np.array_equal(w.view(np.uint32), w_ref.view(np.uint32)), case
+            assert np.array_equal(h.view(np.uint32), h_ref.view(np.uint32)), case
+
+
 def test_launch_shapes():
     from strata.backends.cuda.moe_decode import MAX_SHARED_BYTES, down_launch, gate_up_launch
 

@@ -122,6 +122,8 @@ class KernelPaths:
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
+    route_in_moe: bool = False       # on trial: decode steps route in the MoE gate|up kernel's blocks (strata_moe_gate_up_route_*)
+    norm_in_router: bool = False     # on trial: decode steps' post-attention add + RMSNorm in the F32 router's blocks
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -256,6 +258,9 @@ KERNELS = {
     # the F32 router GEMV whose last block routes (cuda/route.cuh): y as gemv_split / gemv_rows_split
     "router_split":     _K("gemv", "strata_router_split_f32", "PPPiiPPPii", 128, "gemv_split's"),
     "router_rows_split": _K("gemv", "strata_router_rows_split_f32", "PPPiiiPPPii", 128, "gemv_split's"),
+    # the residual add and RMSNorm of a decode step's rows made in the F32 router GEMV's blocks (norm-in-router)
+    "add_norm_router":  _K("gemv", "strata_add_norm_router_f32", "PPPPPPPiiif", 128,
+                           "gemv_split's; dynamic shared memory rows * n * 4"),
     "gemm_f32":         _K("gemm_f32", "strata_gemm_f32_nt", "PPPiiiqqq", 256, "(ceil(N / 64), ceil(M / 64))"),
     "rope":             _K("rope", "strata_rope_f32", "PPPiiif", 128, "T: a block per token"),
     "rope_partial":     _K("rope", "strata_rope_partial_f32", "PPPiiiif", 128, "T: a block per token"),
@@ -335,6 +340,10 @@ KERNELS = {
                            "min(ceil(N / 128) x tiles, SMs): moe_gemm.ws_grid; moe_gemm.wst_maps"),
     "moe_gate_up":      _K("moe_decode", "strata_moe_gate_up_{qtype}", "PqqPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
+    # the same gate|up with the routing in its blocks (route-in-moe): each block routes its token from the
+    # router's logits as strata_moe_route_f32 does, block (0, t) writes the ids and weights
+    "moe_gate_up_route": _K("moe_decode", "strata_moe_gate_up_route_{qtype}", "PqqPPPiiiPPii", 256,
+                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),
     "argmax":           _K("argmax", "strata_argmax_f32", "PPi", 1024, "B: a block per row"),

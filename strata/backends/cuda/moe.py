@@ -140,19 +140,38 @@ def _zero_rows(ops, y: DeviceTensor, ids: np.ndarray, experts) -> None:
             ops.rt.copy_d2d(y.ptr + s0 * D * 4, ops._zeros_ptr(c * D * 4), c * D * 4, ops.stream)
 
 
-def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor) -> DeviceTensor:
+def fused_decode_takes(ops, lay: ExpertLayer, T: int, A: int) -> bool:
+    """Whether moe_decode runs cuda/moe_decode.cu's two launches (else the GEMV path)."""
+    gate, up = lay.parts["gate"], lay.parts["up"]
+    return ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535
+
+
+def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weights: DeviceTensor,
+               route: tuple | None = None) -> DeviceTensor:
     """x [T, D] -> [T, D] for small T: gate|up with SwiGLU, then down with the weighted sum over a
-    token's experts (cuda/moe_decode.cu, two launches); the GEMV path where those kernels do not apply."""
+    token's experts (cuda/moe_decode.cu, two launches); the GEMV path where those kernels do not apply.
+    route = (logits [T, E], norm_topk): ids and weights are not yet written, and the gate|up launch routes
+    each token itself (strata_moe_gate_up_route_*, the top-k of strata_moe_route_f32 bit for bit) and
+    writes them; only where fused_decode_takes."""
     x = ops._aligned(x)
     T, D = x.shape
     A = ids.shape[1]
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
-    if ops.paths.fused_decode and gate.qtype == up.qtype and A <= MAX_ACTIVE and T <= 65535:
+    if route is not None and not fused_decode_takes(ops, lay, T, A):
+        raise InvalidArgument(f"moe_decode: the routing in gate|up needs its fused kernels ({gate.qtype} gate, "
+                              f"{up.qtype} up, {T} tokens top-{A})")
+    if fused_decode_takes(ops, lay, T, A):
         h = ops.alloc((T * A, I))
         spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
-        ops.launch("moe_gate_up", spec.grid,
-                   (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D), spec.shared_bytes, qtype=gate.qtype)
+        if route is None:
+            ops.launch("moe_gate_up", spec.grid, (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D),
+                       spec.shared_bytes, qtype=gate.qtype)
+        else:
+            logits, norm_topk = route
+            ops.launch("moe_gate_up_route", spec.grid,
+                       (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D, logits.ptr, weights.ptr,
+                        logits.shape[-1], int(bool(norm_topk))), spec.shared_bytes, qtype=gate.qtype)
         out = ops.alloc((T, D))
         spec = down_launch(down.qtype, T, A, D, I, ops.num_sms)
         ops.launch("moe_down", spec.grid, (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I),

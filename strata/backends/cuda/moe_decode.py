@@ -3,6 +3,8 @@ expert's blob found through a device pointer table), and numpy-in/out wrappers t
 
     strata_moe_gate_up_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D)        (kernels.KERNELS["moe_gate_up"])
     strata_moe_down_<q>(ptrs, down_off, ids, h, weights, out, A, D, I)         (kernels.KERNELS["moe_down"])
+    strata_moe_gate_up_route_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk)
+        gate|up over each token's own routing of logits [T, E], ids and weights written  ("moe_gate_up_route")
 
 gate_up_launch / down_launch give (table op, quant type, grid, block, dynamic shared bytes) from
 the sizes alone; grid = (gx, T, 1) with gx about blocks_per_sm * num_sms / T blocks (any gx >= 1
@@ -163,6 +165,32 @@ class MoeDecodeOps:
         ptrs = self._place_blobs(blobs, frozenset(host), pads)
         args = (self.ops._upload(ptrs), gate_off, up_off, self.ops._upload(ids), self.ops._upload(x), A, I, D)
         return self._run(spec, args, (T * A, I))
+
+    def moe_gate_up_route(self, q: str, blobs, gate_off: int, up_off: int, logits, x, A: int, I: int, D: int,
+                          norm_topk: bool = True, *, host=(), pads=None, gx: int | None = None):
+        """strata_moe_gate_up_route_<q>: each token's top-A of logits [T, E] (strata_moe_route_f32's picks)
+        and moe_gate_up over them -> (h [T * A, I], ids [T, A] int32, weights [T, A] f32)."""
+        q = qtype(q).name
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        T = x.shape[0] if x.ndim == 2 else 0
+        check_sizes("moe_gate_up_route", q, T, A, I, D)
+        check_offsets("moe_gate_up_route", q, I, D, gate_off, up_off, 0)
+        E = logits.shape[-1] if logits.ndim == 2 else 0
+        if x.shape != (T, D) or logits.shape != (T, E) or not A <= E <= min(512, len(blobs)):
+            raise InvalidArgument(f"moe_gate_up_route: x {x.shape} must be [T, {D}] and logits {logits.shape} "
+                                  f"[T, E] with {A} <= E <= min(512, {len(blobs)} experts)")
+        spec = gate_up_launch(q, T, A, I, D, self.num_sms)
+        spec = spec._replace(op="moe_gate_up_route", grid=(gx, T, 1) if gx else spec.grid)
+        ptrs = self._place_blobs(blobs, frozenset(host), pads)
+        h, ids, w = (self.ops._output(n * 4) for n in (T * A * I, T * A, T * A))
+        self.ops._launch(spec.op, spec.grid, (self.ops._upload(ptrs), gate_off, up_off, ids, self.ops._upload(x), h,
+                                              A, I, D, self.ops._upload(logits), w, E, int(bool(norm_topk))),
+                         spec.shared_bytes, stream=self.stream, qtype=spec.qtype)
+        out = (self.ops._download(h, (T * A, I), np.float32), self.ops._download(ids, (T, A), np.int32),
+               self.ops._download(w, (T, A), np.float32))
+        self._keep.clear()
+        return out
 
     def moe_down(self, q: str, blobs, down_off: int, ids, h, weights, A: int, D: int, I: int, *,
                  host=(), pads=None, gx: int | None = None) -> np.ndarray:

@@ -54,7 +54,7 @@ from .kernels import (DQ_GROUP_QTYPES, EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPE
                       PDL_LIBRARIES, WGMMA_LIBRARIES, KernelPaths, dequant_grid, tma_attention_runs,
                       tma_gemm_runs, wgmma_unavailable)
 from .memory import DeviceTensor, HandOff, Pool, Positions
-from .moe import moe_decode, moe_decode_split, moe_grouped
+from .moe import fused_decode_takes, moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
 from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 (importable from here)
 from .moe_plan import RESIDENT, MoePlan
@@ -302,6 +302,43 @@ class DeviceOps(DenseOps, AttentionOps):
                     (router_logits.ptr, ids.ptr, weights.ptr, T, E, top_k, int(bool(norm_topk))))
         return ids, weights
 
+    def routed_moe(self, x: DeviceTensor, layer: int, router: str, top_k: int, norm_topk: bool,
+                   plan: MoePlan | None = None, logits: DeviceTensor | None = None):
+        """The router's logits, their top-k and the routed experts of `layer` -> (logits [T, E], ids [T, A],
+        weights [T, A], out [T, D]): moe_router, then moe (logits: the router's, made already, as
+        add_rms_norm_router makes them). With route-in-moe, a decode step whose experts the fused kernels
+        read through the table (no staging, no host share) routes in the gate|up kernel's blocks instead
+        of a launch of its own (moe.moe_decode's `route`): the same bits."""
+        plan = plan or RESIDENT
+        if not self._routes_in_moe(x, layer, router, top_k, plan):
+            if logits is None:
+                logits, ids, weights = self.moe_router(x, router, top_k, norm_topk)
+            else:
+                ids, weights = self.moe_route(logits, top_k, norm_topk)
+            return logits, ids, weights, self.moe(x, layer, ids, weights, plan)
+        logits = self.linear(x, router) if logits is None else logits
+        ids, weights = self.alloc((x.shape[0], top_k), np.int32), self.alloc((x.shape[0], top_k))
+        self.expert_uses += ids.size
+        out = moe_decode(self, x, self.w.layers[layer], ids, weights, route=(logits, norm_topk))
+        self._log_route(plan, layer, ids)
+        return logits, ids, weights, out
+
+    def _routes_in_moe(self, x: DeviceTensor, layer: int, router: str, top_k: int, plan: MoePlan) -> bool:
+        """Whether routed_moe routes in the gate|up kernel (the route-in-moe path; see routed_moe)."""
+        if not (self.paths.route_in_moe and x.ndim == 2 and x.shape[0] <= GEMV_MAX_T
+                and plan.stage is None and plan.host is None):
+            return False
+        E = self.w.tensor(router).rows
+        return (1 <= top_k <= min(E, MOE_ROUTE_MAX_TOP_K) and E <= MOE_ROUTE_MAX_EXPERTS
+                and fused_decode_takes(self, self.w.layers[layer], x.shape[0], top_k))
+
+    def _log_route(self, plan: MoePlan, layer: int, ids: DeviceTensor) -> None:
+        """A decode step's routing of `layer` into the plan's route log (it goes back to the host with the
+        logits), where the plan keeps one."""
+        if plan.route_log:
+            row = plan.route_log + layer * GEMV_MAX_T * ids.shape[1] * 4
+            self.rt.copy_d2d(row, ids.ptr, ids.nbytes, self.stream)
+
     def moe(self, x: DeviceTensor, layer: int, expert_ids: DeviceTensor, expert_weights: DeviceTensor,
             plan: MoePlan | None = None) -> DeviceTensor:
         """Routed experts of `layer`, reached as the forward's plan says (strata.backends.cuda.moe_plan;
@@ -309,9 +346,7 @@ class DeviceOps(DenseOps, AttentionOps):
         plan = plan or RESIDENT
         self.expert_uses += expert_ids.size
         if x.shape[0] <= GEMV_MAX_T:
-            if plan.route_log:               # the step's routing goes back to the host with the logits
-                row = plan.route_log + layer * GEMV_MAX_T * expert_ids.shape[1] * 4
-                self.rt.copy_d2d(row, expert_ids.ptr, expert_ids.nbytes, self.stream)
+            self._log_route(plan, layer, expert_ids)
             lay = self.w.layers[layer]
             if plan.stage is not None:       # routing to the host: staged, or unpinned
                 lay = dataclasses.replace(lay, table=plan.stage(layer, self.to_host(expert_ids)))

@@ -14,6 +14,9 @@ from .testing import CudaOps
 
 GEMV_MAX_T = 8                       # the GEMV kernels take up to 8 tokens (a step, a verify window)
 WEIGHT_SCRATCH_BYTES = 64 << 20      # dequantized weight rows per GEMM chunk
+# strata_add_norm_router_f32's normed rows (dynamic shared memory): what a launch gets without opting in (48 KB)
+# less the kernel's static 5 KB (ptxas: 5,168 bytes at sm_90), rounded down
+NORM_ROUTER_SHARED_BYTES = 40 << 10
 
 
 class DenseOps:
@@ -149,6 +152,35 @@ class DenseOps:
         self.launch("add_rms_norm", max(rows, 1),
                     (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), out.ptr, rows, n, float(eps)))
         return x_out, out
+
+    def add_rms_norm_router(self, x: DeviceTensor, y: DeviceTensor, name: str, eps: float, router: str):
+        """(x + y, rms_norm(x + y) * w, the router's logits of that or None) -> add_rms_norm and None (the
+        router left to routed_moe); with norm-in-router, a decode step's F32 router whose GEMV takes the
+        split kernels makes the add and the norm in its own blocks (strata_add_norm_router_f32: the same
+        outputs and logits bit for bit, one launch fewer). The same blocks in the same order either way
+        (the memory plan's)."""
+        if not self._norm_in_router(x, y, name, router):
+            return (*self.add_rms_norm(x, y, name, eps), None)
+        w = self.w.tensor(router)
+        n = x.shape[-1]
+        T = x.size // n
+        x_out, normed = self.alloc(x.shape), self.alloc(x.shape)
+        logits = self.alloc((*x.shape[:-1], w.rows))
+        self.launch("add_norm_router", gemv_grid(w.qtype, w.rows, n) * 4,
+                    (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), normed.ptr, w.ptr, logits.ptr, w.rows, n, T,
+                     float(eps)), T * n * 4)
+        return x_out, normed, logits
+
+    def _norm_in_router(self, x: DeviceTensor, y: DeviceTensor, name: str, router: str) -> bool:
+        """Whether add_rms_norm_router runs as one launch (see there): a decode step's rows, 16-byte aligned,
+        whose normed rows fit NORM_ROUTER_SHARED_BYTES of shared memory, and an F32 router of the split kernels."""
+        if not self.paths.norm_in_router or x.shape != y.shape or x.ndim != 2:
+            return False
+        w = self.w.tensor(router)
+        T, n = x.shape
+        return (T <= GEMV_MAX_T and n % 8 == 0 and T * n * 4 <= NORM_ROUTER_SHARED_BYTES and w.qtype == "F32"
+                and w.shape[-1] == n and x.ptr % 16 == 0 and y.ptr % 16 == 0 and self._takes_split(w)
+                and self._f32_weight(name) % 16 == 0)
 
     def qkv(self, x: DeviceTensor, prefix: str):
         """The attention projections -> (q, k, v): one strata_gemv3 launch over q and those of k, v
