@@ -32,8 +32,19 @@ SUPPORTED_ARCHITECTURES = ("qwen3moe", "qwen3next")
 # pool has room) and multiplied by cuda/moe_gemm_ws.cu's TMA build, both operands moved by the TMA and
 # nothing decoded in the GEMM (strata_moe_gemm_wst_f16); the same bits as the decoding GEMMs (off, smaller
 # chunks, no room, or elsewhere: cuda/moe_gemm.cu's mma.sync GEMMs).
+# route-in-moe: a decode step's top-k routing runs in the MoE gate|up kernel's blocks (each routes its token
+# from the router's logits, cuda/route.cuh's code, so the same ids and weights; block 0 of a token writes
+# them for the down kernel and the host), one launch fewer a layer (strata_moe_gate_up_route_*), where the
+# fused MoE kernels read every expert through the table (not a staged or host-split step) and the model
+# routes at most 512 experts, 8 a token. norm-in-router: a decode step's post-attention residual add and
+# RMSNorm run in the F32 router GEMV's blocks (each normalizes the rows itself, in strata_add_rms_norm_f32's
+# order, while its share of the router streams in; block 0 writes both outputs), one launch fewer a layer
+# (strata_add_norm_router_f32), where the router is F32 on the split GEMV and the rows fit its shared memory.
+# Both give the same bits as off; --kernels-on fused-route turns both off (it makes the router and top-k
+# its own way).
 KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-gemv", "pdl", "tc-attention",
-                "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv", "tma-gemm")
+                "tc-decode-attention", "kv-ring", "tma-attention", "one-row-gemv", "tma-gemm", "route-in-moe",
+                "norm-in-router")
 # Paths on trial: off unless --kernels-on names them, until the device has measured them faster and
 # their GPU tests have passed. On Hopper's warpgroup MMA (sm_90 GPUs, a build that made the sm_90a
 # libraries): wgmma-gemm the prompt GEMMs (cuda/moe_gemm_ws.cu, decoding the weights as they load);
@@ -45,14 +56,7 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-# route-in-moe: a decode step's top-k routing runs in the MoE gate|up kernel's blocks (each routes its token
-# from the router's logits, cuda/route.cuh's code, so the same ids and weights; block 0 of a token writes
-# them for the down kernel and the host), one launch fewer a layer (strata_moe_gate_up_route_*).
-# norm-in-router: a decode step's post-attention residual add and RMSNorm run in the F32 router GEMV's
-# blocks (each normalizes the rows itself, in strata_add_rms_norm_f32's order, while its share of the router
-# streams in; block 0 writes both outputs), one launch fewer a layer (strata_add_norm_router_f32).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route", "route-in-moe",
-                      "norm-in-router")
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

@@ -23,10 +23,11 @@
 #     routeab   the router's top-k in its last block (--kernels-on fused-route) against its own launch:
 #               tools/decode_variants.py --route (A B A B on one load, context 512), then tools/parallel_bench.py
 #               resident at 1 and 4 clients with and without (STRATA_KERNELS_ON=fused-route)
-#     inmoe     the top-k in the MoE gate|up kernel's blocks (--kernels-on route-in-moe) and the post-attention norm in
-#               the router's (norm-in-router): tools/decode_variants.py --route-in-moe (both, each, neither, twice on one
-#               load, context 512), decode_profile --graphs-only at context 512 with both and neither, then 12 GiB
-#               decode (prompt 512, INMOE_DECODE tokens) both, neither, both, neither
+#     inmoe     the top-k in the MoE gate|up kernel's blocks (route-in-moe) and the post-attention norm in the
+#               router's (norm-in-router), both on by default: tools/decode_variants.py --route-in-moe (both, each,
+#               neither, twice on one load, context 512), decode_profile --graphs-only at context 512 with both and
+#               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off, then resident
+#               prompt 512 and 16384 with decode after each, on and off
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -86,7 +87,7 @@
 #               #16: where each kernel is the faster)
 #     tcres     tcdecode's resident decode arms alone (its tests and kernel bench run elsewhere:
 #               spec_kv_device_check.sh's tests and kvbench, whose formats include f16tc)
-# DEADLINE_S (default 570) bounds the whole run; logs and JSON under $OUT.
+# DEADLINE_S (default 570) bounds the whole run, TESTS_S (default 240) the build and tests; logs and JSON under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT_ARGS=("$@")
@@ -141,7 +142,7 @@ if has gemmab; then     # the prompt GEMM's carried fatbins (tools/variants/gemm
     }
 fi
 if has tests; then
-    device_tests 240 12 ${TESTS:-tests/kernels/test_build.py tests/kernels/test_gemv_gpu.py tests/kernels/test_decode_fused_gpu.py \
+    device_tests "${TESTS_S:-240}" 12 ${TESTS:-tests/kernels/test_build.py tests/kernels/test_gemv_gpu.py tests/kernels/test_decode_fused_gpu.py \
         tests/kernels/test_moe_decode_gpu.py tests/engine/test_cuda_runner.py}
 else
     device_tests 240 3      # the build alone takes 65-125 s on a fresh machine
@@ -214,14 +215,17 @@ if has inmoe; then      # #16: moe_route's launch folded into gate|up's blocks
     echo "== decode variants --route-in-moe ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/decode_variants.py --route-in-moe --context 512 --decode 256 \
         --json "$OUT/inmoe_variants.json" 2>&1 | tail -9
-    for on in route-in-moe,norm-in-router ""; do
-        echo "== decode profile, kernels on: ${on:-defaults} ($(elapsed) s)"
-        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-on "$on" \
-            --json "$OUT/inmoe_profile_${on:+on}${on:-off}.json" 2>&1 | grep -E "step|rout|gate_up|moe_down|norm|gemv_split_f32" | head -14
+    for off in "" route-in-moe,norm-in-router; do
+        echo "== decode profile, kernels off: ${off:-none} ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-off "$off" \
+            --json "$OUT/inmoe_profile_$([ -n "$off" ] && echo off || echo on).json" 2>&1 | grep -E "step|rout|gate_up|moe_down|norm|gemv_split_f32" | head -14
     done
-    for on in route-in-moe,norm-in-router "" route-in-moe,norm-in-router ""; do
-        bench_synthetic "inmoe_b12_${on:+on}${on:-off}" 70 qwen3-30b-a3b --vram-budget-gib 12 --prompt 512 \
-            --decode "${INMOE_DECODE:-128}" ${on:+--kernels-on $on}
+    for off in "" route-in-moe,norm-in-router "" route-in-moe,norm-in-router; do
+        bench_synthetic "inmoe_b12_$([ -n "$off" ] && echo off || echo on)" 70 qwen3-30b-a3b --vram-budget-gib 12 --prompt 512 \
+            --decode "${INMOE_DECODE:-128}" ${off:+--kernels-off $off}
+    done
+    for off in "" route-in-moe,norm-in-router; do
+        bench_synthetic "inmoe_res_$([ -n "$off" ] && echo off || echo on)" 80 qwen3-30b-a3b --prompt 512,16384 --decode 128 ${off:+--kernels-off $off}
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm

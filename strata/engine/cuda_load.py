@@ -74,10 +74,7 @@ def check_parallel(config: EngineConfig, args) -> None:
 def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     """A trial kernel path (--kernels-on) this model would never take is refused in one line:
     wgmma-attention has kernels for head dims 64 and 128 only; fused-route for F32 routers of at most
-    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K; route-in-moe for at most
-    MOE_ROUTE_MAX_EXPERTS experts top-k <= 8 (the gate|up kernel's warps serve 8 experts a token), and not
-    beside fused-route (both take moe_route's launch away; name one); norm-in-router for F32 routers over rows
-    of a multiple of 8 that fit its shared memory, not beside fused-route. dense: the pack's dense tensor table
+    MOE_ROUTE_MAX_EXPERTS experts, top-k <= MOE_ROUTE_MAX_TOP_K. dense: the pack's dense tensor table
     (name -> {"qtype", ...}), where the routers' types are read."""
     from ..backends.cuda.kernels import MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, WG_ATTENTION_HEAD_DIMS
     dh = args.head_dim
@@ -85,22 +82,6 @@ def check_trial_paths(paths, args, dense: dict | None = None) -> None:
     if paths.wgmma_attention and dh not in dims:
         raise UnsupportedError(f"kernel path wgmma-attention (--kernels-on): this model's head dim is {dh}; the "
                                f"path's kernels take {', '.join(map(str, dims))}")
-    if paths.fused_route and paths.route_in_moe:
-        raise UnsupportedError("kernel paths fused-route and route-in-moe (--kernels-on) both move moe_route's "
-                               "work into another launch: name one")
-    if paths.fused_route and paths.norm_in_router:
-        raise UnsupportedError("kernel paths fused-route and norm-in-router (--kernels-on) each make the router in "
-                               "a kernel of their own: name one")
-    if paths.norm_in_router:
-        from ..backends.cuda.ops_dense import NORM_ROUTER_SHARED_BYTES
-        types = sorted({t["qtype"] for name, t in (dense or {}).items() if name.endswith("ffn_gate_inp.weight")})
-        D = args.hidden_size
-        why = (f"its routers are {', '.join(types) or 'absent'}, not F32" if types != ["F32"] else
-               f"its rows of {D} are not a multiple of 8" if D % 8 else
-               f"a row of {D} floats passes the kernel's {NORM_ROUTER_SHARED_BYTES // 1024} KB of shared memory"
-               if 4 * D > NORM_ROUTER_SHARED_BYTES else None)
-        if why:
-            raise UnsupportedError(f"kernel path norm-in-router (--kernels-on): this model never takes it: {why}")
     if paths.fused_route:
         types = sorted({t["qtype"] for name, t in (dense or {}).items() if name.endswith("ffn_gate_inp.weight")})
         E, k = args.num_experts, args.num_experts_per_tok
@@ -109,12 +90,6 @@ def check_trial_paths(paths, args, dense: dict | None = None) -> None:
                if E > MOE_ROUTE_MAX_EXPERTS or k > MOE_ROUTE_MAX_TOP_K else None)
         if why:
             raise UnsupportedError(f"kernel path fused-route (--kernels-on): this model never takes it: {why}")
-    if paths.route_in_moe:
-        from ..backends.cuda.moe_decode import MAX_ACTIVE
-        E, k = args.num_experts, args.num_experts_per_tok
-        if E > MOE_ROUTE_MAX_EXPERTS or k > MAX_ACTIVE:
-            raise UnsupportedError(f"kernel path route-in-moe (--kernels-on): this model never takes it: it routes "
-                                   f"{E} experts top-{k}, past the kernel's {MOE_ROUTE_MAX_EXPERTS} and top-{MAX_ACTIVE}")
 
 
 def vram_budget(dev, config: EngineConfig) -> int:

@@ -371,22 +371,23 @@ def test_one_row_gemv_changes_no_bit(packs, name, rng):
 
 @pytest.mark.parametrize("name", ["demo", "kquant", "kquant-mixed"])
 def test_route_in_moe_and_norm_in_router_change_no_bit(packs, name, rng):
-    """route-in-moe and norm-in-router (on trial), each and both: each decode step's top-k made in the MoE gate|up
-    kernel's blocks (cuda/route.cuh's code, as strata_moe_route_f32), the post-attention add + RMSNorm in the
-    router's blocks (strata_add_rms_norm_f32's sum order), give graph decode's logits bit for bit, one slot and a
-    batched step of two; and the same under a VRAM budget (the route log copied after gate|up)."""
+    """route-in-moe and norm-in-router (on by default), each and both: each decode step's top-k made in the MoE
+    gate|up kernel's blocks (cuda/route.cuh's code, as strata_moe_route_f32), the post-attention add + RMSNorm in
+    the router's blocks (strata_add_rms_norm_f32's sum order), give graph decode's logits bit for bit against
+    --kernels-off of both, one slot and a batched step of two; and the same under a VRAM budget (the route
+    log copied after gate|up)."""
     pack = packs(name)
     ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
     paths = "route-in-moe,norm-in-router"
-    for on_paths in ("route-in-moe", "norm-in-router", paths):
+    for on_off in ("norm-in-router", "route-in-moe", ""):       # each on, then both
         for extra in ({}, {"expert_cache": "9", "prefill": "24"}):
-            on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_on=k, **extra))
-                       for k in (on_paths, ""))
+            on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_off=k, **extra))
+                       for k in (on_off, paths))
             assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
             for t in ids[12:]:
-                assert np.array_equal(on.decode(t), off.decode(t)), (on_paths, extra)
-    on, off = (CudaRunner(pack, 48, EngineConfig(device="cuda", cuda_graphs=True, parallel=2, kernels_on=k))
-               for k in (paths, ""))
+                assert np.array_equal(on.decode(t), off.decode(t)), (on_off, extra)
+    on, off = (CudaRunner(pack, 48, EngineConfig(device="cuda", cuda_graphs=True, parallel=2, kernels_off=k))
+               for k in ("", paths))
     for r in (on, off):
         for slot in range(2):
             r.use(slot)

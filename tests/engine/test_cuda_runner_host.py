@@ -40,10 +40,11 @@ def test_emulated_runner_matches_cpu_on_the_demo_model(fake, rng):
     for t in ids[15:18]:
         assert_close(gpu.decode(t), cpu.decode(t))
     used = set(fake.launches)
-    assert {"strata_moe_gate_up_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
+    assert {"strata_moe_gate_up_route_q8_0", "strata_moe_down_q8_0", "strata_gemm_f32_nt",
             "strata_attention_decode_f16_d64_g2", "strata_attention_prefill_tc_f16_d64", "strata_moe_group"} <= used
     pdl = set(fake.pdl_launches)       # the decode path's libraries only (cuda/pdl.cuh)
-    assert {"strata_gemv3_one_q8_0", "strata_moe_gate_up_q8_0", "strata_add_rms_norm_f32"} <= pdl
+    assert {"strata_gemv3_one_q8_0", "strata_moe_gate_up_route_q8_0", "strata_add_rms_norm_f32",
+            "strata_add_norm_router_f32"} <= pdl
     assert not pdl & {"strata_moe_gemm_q8_0", "strata_moe_group", "strata_attention_prefill_tc_f16_d64"}
 
 
@@ -211,7 +212,7 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 16)
     fused, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on="fused-route"))
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off=OFF))
     for a, b in zip(fused, plain):
         np.testing.assert_array_equal(a, b)
     assert "strata_router_split_f32" in launched and "strata_moe_route_f32" not in launched
@@ -226,29 +227,30 @@ def test_decode_routers_route_in_their_last_block(fake, rng, graphs):
     assert "strata_router_rows_split_f32" in fake.launches and "strata_moe_route_f32" not in fake.launches
 
 
+OFF = "route-in-moe,norm-in-router"      # the launches apart: moe_route, add_rms_norm, the router GEMV
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_decode_steps_route_in_the_gate_up_kernel(fake, rng, graphs):
-    """--kernels-on route-in-moe: a decode step's routing runs in the MoE gate|up kernel's blocks
+    """route-in-moe (on by default): a decode step's routing runs in the MoE gate|up kernel's blocks
     (strata_moe_gate_up_route_*, writing the ids and weights down reads), moe_route is not launched, and
-    the logits are the default path's bit for bit (the same route code); a batched step of parallel slots
-    likewise; prompts keep linear + moe_route + the grouped GEMMs."""
+    the logits are --kernels-off route-in-moe's bit for bit (the same route code); a batched step of parallel
+    slots likewise; prompts keep linear + moe_route + the grouped GEMMs."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 16)
-    config = EngineConfig(cuda_graphs=graphs, kernels_on="route-in-moe")
-    routed, launched = _decode_launches(fake, pack, ids, config)
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    routed, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off="route-in-moe"))
     for a, b in zip(routed, plain):
         np.testing.assert_array_equal(a, b)
     fused = [n for n in launched if n.startswith("strata_moe_gate_up_route_")]
-    assert fused and "strata_moe_route_f32" not in launched
+    assert fused and "strata_moe_route_f32" not in launched and "strata_moe_route_f32" in launched_off
     assert not [n for n in launched_off if n.startswith("strata_moe_gate_up_route_")]
 
     fake.launches.clear()
-    runner = CudaRunner(pack, 64, config)
-    runner.prefill(ids[:10], 0)
+    CudaRunner(pack, 64).prefill(ids[:10], 0)
     assert "strata_moe_route_f32" in fake.launches       # a prompt chunk routes on its own
 
-    par = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, parallel=2, kernels_on="route-in-moe"))
+    par = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, parallel=2))
     for slot in range(2):
         par.use(slot)
         par.prefill(ids[:6 + slot], 0, logits=False)
@@ -260,7 +262,7 @@ def test_decode_steps_route_in_the_gate_up_kernel(fake, rng, graphs):
 def test_route_in_moe_under_a_budget_logs_the_routing_it_makes(fake, rng):
     """Under a VRAM budget a decode step's routing goes back to the host (the plan's route log, which the
     expert cache learns from): with route-in-moe the ids come from the gate|up kernel, so the log is copied
-    after it; the steps' logits and the cache's view of the routing equal the default path's."""
+    after it; the steps' logits and the cache's view of the routing equal --kernels-off route-in-moe's."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 14)
 
@@ -271,8 +273,8 @@ def test_route_in_moe_under_a_budget_logs_the_routing_it_makes(fake, rng):
         out += [runner.decode(t) for t in ids[8:]]
         return out, list(fake.launches), runner
     budget = dict(device="cuda", prefill="24", expert_cache="9")
-    routed, launched, runner = run(EngineConfig(kernels_on="route-in-moe", **budget))
-    plain, _, plain_runner = run(EngineConfig(**budget))
+    routed, launched, runner = run(EngineConfig(**budget))
+    plain, _, plain_runner = run(EngineConfig(kernels_off="route-in-moe", **budget))
     assert not runner.store.resident and runner.store.stats.decode_misses > 0
     assert runner.store.stats.decode_misses == plain_runner.store.stats.decode_misses
     assert [n for n in launched if n.startswith("strata_moe_gate_up_route_")] and "strata_moe_route_f32" not in launched
@@ -283,17 +285,17 @@ def test_route_in_moe_under_a_budget_logs_the_routing_it_makes(fake, rng):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_norm_in_router_makes_the_norm_in_the_routers_blocks(fake, rng, graphs):
-    """--kernels-on norm-in-router: a decode step's post-attention add + RMSNorm runs in the F32 router GEMV's
+    """norm-in-router (on by default): a decode step's post-attention add + RMSNorm runs in the F32 router GEMV's
     blocks (strata_add_norm_router_f32), so a layer launches strata_add_rms_norm_f32 once (the norm before
-    attention) instead of twice and no separate router GEMV; the logits are the default path's bit for bit,
-    also beside route-in-moe, in a batched step of parallel slots, and under a budget. Prompts keep the
-    launches apart."""
+    attention) instead of twice and no separate router GEMV; the logits are --kernels-off's bit for bit, with
+    and without route-in-moe, in a batched step of parallel slots, and under a budget. Prompts keep the
+    launches apart; --kernels-on fused-route turns both paths off (its router routes)."""
     pack = open_pack(DEMO)
     layers = pack.args.num_hidden_layers
     ids = oracle_ids(pack, rng, 16)
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
-    for on in ("norm-in-router", "norm-in-router,route-in-moe"):
-        fused, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on=on))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off=OFF))
+    for off in ("route-in-moe", ""):
+        fused, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off=off))
         for a, b in zip(fused, plain):
             np.testing.assert_array_equal(a, b)
         fused_norms = launched.count("strata_add_norm_router_f32")      # steps run eagerly or captured, x layers
@@ -302,58 +304,40 @@ def test_norm_in_router_makes_the_norm_in_the_routers_blocks(fake, rng, graphs):
         assert "strata_gemv_split_f32" not in launched and "strata_gemv_split_f32" in launched_off
 
     fake.launches.clear()
-    CudaRunner(pack, 64, EngineConfig(kernels_on="norm-in-router")).prefill(ids[:10], 0)
+    CudaRunner(pack, 64).prefill(ids[:10], 0)
     assert "strata_add_norm_router_f32" not in fake.launches
+    _, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on="fused-route"))
+    assert "strata_router_split_f32" in launched and not [n for n in launched if "add_norm_router" in n or "route_" in n]
 
     for extra in ({"parallel": 2}, {"device": "cuda", "prefill": "24", "expert_cache": "9"}):
         runs = []
-        for on in ("norm-in-router", ""):
-            r = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, kernels_on=on, **extra))
+        for off in ("", OFF):
+            fake.launches.clear()
+            r = CudaRunner(pack, 48, EngineConfig(cuda_graphs=graphs, kernels_off=off, **extra))
             if "parallel" in extra:
                 for slot in range(2):
                     r.use(slot)
                     r.prefill(ids[:6 + slot], 0, logits=False)
-                fake.launches.clear()
                 runs.append(r.ops.to_host(r.batch_rows([0, 1], ids[10:12], [6, 7])))
             else:
                 runs.append([r.prefill(ids[:8], 0)] + [r.decode(t) for t in ids[8:12]])
-            if on:
-                assert "strata_add_norm_router_f32" in fake.launches
+            assert ("strata_add_norm_router_f32" in fake.launches) == (not off)
         np.testing.assert_array_equal(np.asarray(runs[0]), np.asarray(runs[1]))
 
 
-def test_norm_in_router_is_refused_where_the_model_never_takes_it():
-    """--kernels-on norm-in-router: refused in one line for a model whose routers are not F32 or whose rows are
-    past the kernel's shared memory, and beside fused-route."""
-    from strata.backends.cuda.kernels import KernelPaths
-    from strata.engine import cuda_load
-    args = open_pack(DEMO).args
-    on = KernelPaths.without("", "norm-in-router")
-    f32 = {f"blk.{l}.ffn_gate_inp.weight": {"qtype": "F32"} for l in range(2)}
-    cuda_load.check_trial_paths(on, args, f32)
-    with pytest.raises(UnsupportedError, match=r"norm-in-router \(--kernels-on\): this model never takes it: its "
-                                               r"routers are BF16, not F32"):
-        cuda_load.check_trial_paths(on, args, {"blk.0.ffn_gate_inp.weight": {"qtype": "BF16"}})
-    with pytest.raises(UnsupportedError, match="a row of 16384 floats passes the kernel's 40 KB"):
-        cuda_load.check_trial_paths(on, dataclasses.replace(args, hidden_size=16384), f32)
-    with pytest.raises(UnsupportedError, match="fused-route and norm-in-router .* name one"):
-        cuda_load.check_trial_paths(KernelPaths.without("", "norm-in-router,fused-route"), args, f32)
-
-
-def test_route_in_moe_is_refused_where_the_model_never_takes_it():
-    """--kernels-on route-in-moe: refused in one line for a model routing more than 512 experts or more than
-    8 a token, and beside fused-route (both move moe_route's work)."""
-    from strata.backends.cuda.kernels import KernelPaths
-    from strata.engine import cuda_load
-    args = open_pack(DEMO).args
-    on = KernelPaths.without("", "route-in-moe")
-    cuda_load.check_trial_paths(on, args, {})
-    with pytest.raises(UnsupportedError, match="route-in-moe .*routes 600 experts top-4, past the kernel's 512 and top-8"):
-        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts=600), {})
-    with pytest.raises(UnsupportedError, match="routes 128 experts top-10"):
-        cuda_load.check_trial_paths(on, dataclasses.replace(args, num_experts=128, num_experts_per_tok=10), {})
-    with pytest.raises(UnsupportedError, match="fused-route and route-in-moe .* name one"):
-        cuda_load.check_trial_paths(KernelPaths.without("", "route-in-moe,fused-route"), args, {})
+def test_fused_decode_paths_stay_off_where_the_model_cannot_take_them(fake, rng, monkeypatch):
+    """route-in-moe and norm-in-router are quietly off where their kernels do not apply: rows past the
+    router kernel's shared memory keep the norm apart, and without the fused MoE kernels (--kernels-off
+    fused-decode: the GEMV path) the top-k keeps its own launch; the logits are the paths-off ones."""
+    from strata.backends.cuda import ops_dense
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 14)
+    monkeypatch.setattr(ops_dense, "NORM_ROUTER_SHARED_BYTES", 16)          # no row fits
+    quiet, launched = _decode_launches(fake, pack, ids, EngineConfig(kernels_off="fused-decode"))
+    plain, _ = _decode_launches(fake, pack, ids, EngineConfig(kernels_off=OFF + ",fused-decode"))
+    for a, b in zip(quiet, plain):
+        np.testing.assert_array_equal(a, b)
+    assert "strata_moe_route_f32" in launched and "strata_add_norm_router_f32" not in launched
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -451,7 +435,7 @@ def test_emulated_runner_other_head_dims_and_f32_weights(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids[:9], 0), cpu.prefill(ids[:9], 0))
     assert_close(gpu.decode(ids[9]), cpu.decode(ids[9]))
-    assert "strata_attention_rows_f16" in fake.launches and "strata_moe_gate_up_f32" in fake.launches
+    assert "strata_attention_rows_f16" in fake.launches and "strata_moe_gate_up_route_f32" in fake.launches
 
 
 def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
@@ -466,7 +450,7 @@ def test_emulated_runner_k_quants_mixed_per_layer(fake, tmp_path, rng):
     assert_close(gpu.logits_all(ids), cpu.logits_all(ids))
     assert_close(gpu.prefill(ids, 0), cpu.prefill(ids, 0))
     assert_close(gpu.decode(ids[0]), cpu.decode(ids[0]))
-    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_q4_k", "strata_moe_gemm_q4_k"} <= set(fake.launches)
+    assert {"strata_moe_down_q6_k", "strata_moe_gate_up_route_q4_k", "strata_moe_gemm_q4_k"} <= set(fake.launches)
 
 
 def test_status_and_limits(fake):
@@ -639,7 +623,7 @@ def test_emulated_replay_runs_no_python_per_layer(fake, rng):
     runner.decode(ids[0])                   # eager, measures the step
     runner.decode(ids[1])                   # captured, then launched
     g = runner.graphs[1]
-    assert g.num_nodes > 10 * pack.args.num_hidden_layers and g.expert_uses == 6 * 4
+    assert g.num_nodes > 9 * pack.args.num_hidden_layers and g.expert_uses == 6 * 4
     launched, uses = len(fake.launches), runner.ops.expert_uses
     assert uses == (9 + 2) * g.expert_uses                  # the prompt, the eager step, the captured one
 

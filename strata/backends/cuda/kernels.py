@@ -118,12 +118,12 @@ class KernelPaths:
     tma_attention: bool = True       # cuda/attention_ws.cu's TMA build for prompt attention (Dh 128, 256; sm_90a libraries)
     one_row_gemv: bool = True        # one-token GEMVs of ONE_ROW_QTYPES one row a warp where rows are few (strata_gemv_one_*)
     tma_gemm: bool = True            # prompt GEMMs of many rows over weights dequantized to f16, by the TMA (sm_90a libraries)
+    route_in_moe: bool = True        # decode steps route in the MoE gate|up kernel's blocks (strata_moe_gate_up_route_*)
+    norm_in_router: bool = True      # decode steps' post-attention add + RMSNorm in the F32 router's blocks
     wgmma_gemm: bool = False         # on trial: cuda/moe_gemm_ws.cu for the prompt GEMMs (sm_90; off: moe_gemm.cu)
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
-    route_in_moe: bool = False       # on trial: decode steps route in the MoE gate|up kernel's blocks (strata_moe_gate_up_route_*)
-    norm_in_router: bool = False     # on trial: decode steps' post-attention add + RMSNorm in the F32 router's blocks
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":

@@ -324,8 +324,9 @@ class DeviceOps(DenseOps, AttentionOps):
         return logits, ids, weights, out
 
     def _routes_in_moe(self, x: DeviceTensor, layer: int, router: str, top_k: int, plan: MoePlan) -> bool:
-        """Whether routed_moe routes in the gate|up kernel (the route-in-moe path; see routed_moe)."""
-        if not (self.paths.route_in_moe and x.ndim == 2 and x.shape[0] <= GEMV_MAX_T
+        """Whether routed_moe routes in the gate|up kernel (the route-in-moe path; see routed_moe). Not beside
+        --kernels-on fused-route, whose router routes in its last block."""
+        if not (self.paths.route_in_moe and not self.paths.fused_route and x.ndim == 2 and x.shape[0] <= GEMV_MAX_T
                 and plan.stage is None and plan.host is None):
             return False
         E = self.w.tensor(router).rows

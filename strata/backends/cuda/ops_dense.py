@@ -172,9 +172,10 @@ class DenseOps:
         return x_out, normed, logits
 
     def _norm_in_router(self, x: DeviceTensor, y: DeviceTensor, name: str, router: str) -> bool:
-        """Whether add_rms_norm_router runs as one launch (see there): a decode step's rows, 16-byte aligned,
+        """Whether add_rms_norm_router runs as one launch (see there; not beside --kernels-on fused-route, whose
+        router kernel routes): a decode step's rows, 16-byte aligned,
         whose normed rows fit NORM_ROUTER_SHARED_BYTES of shared memory, and an F32 router of the split kernels."""
-        if not self.paths.norm_in_router or x.shape != y.shape or x.ndim != 2:
+        if not self.paths.norm_in_router or self.paths.fused_route or x.shape != y.shape or x.ndim != 2:
             return False
         w = self.w.tensor(router)
         T, n = x.shape
