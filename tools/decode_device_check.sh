@@ -26,8 +26,8 @@
 #     inmoe     the top-k in the MoE gate|up kernel's blocks (route-in-moe) and the post-attention norm in the
 #               router's (norm-in-router), both on by default: tools/decode_variants.py --route-in-moe (both, each,
 #               neither, twice on one load, context 512), decode_profile --graphs-only at context 512 with both and
-#               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off, then resident
-#               prompt 512 and 16384 with decode after each, on and off
+#               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off (INMOE_B12_ROUNDS=1:
+#               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -220,12 +220,14 @@ if has inmoe; then      # #16: moe_route's launch folded into gate|up's blocks
         timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-off "$off" \
             --json "$OUT/inmoe_profile_$([ -n "$off" ] && echo off || echo on).json" 2>&1 | grep -E "step|rout|gate_up|moe_down|norm|gemv_split_f32" | head -14
     done
-    for off in "" route-in-moe,norm-in-router "" route-in-moe,norm-in-router; do
+    arms=("" route-in-moe,norm-in-router); [ "${INMOE_B12_ROUNDS:-2}" = 2 ] && arms+=("" route-in-moe,norm-in-router)
+    for off in "${arms[@]}"; do
         bench_synthetic "inmoe_b12_$([ -n "$off" ] && echo off || echo on)" 70 qwen3-30b-a3b --vram-budget-gib 12 --prompt 512 \
             --decode "${INMOE_DECODE:-128}" ${off:+--kernels-off $off}
     done
     for off in "" route-in-moe,norm-in-router; do
-        bench_synthetic "inmoe_res_$([ -n "$off" ] && echo off || echo on)" 80 qwen3-30b-a3b --prompt 512,16384 --decode 128 ${off:+--kernels-off $off}
+        bench_synthetic "inmoe_res_$([ -n "$off" ] && echo off || echo on)" 80 qwen3-30b-a3b \
+            --prompt "${INMOE_RES_PROMPTS:-512,16384}" --decode 128 ${off:+--kernels-off $off}
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm

@@ -194,6 +194,16 @@ def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
     assert runner.ops.decode_lengths is None                 # the step's lengths do not outlive it
 
 
+def _path_ab(fake, pack, ids, graphs: bool, off: str) -> tuple[list, list]:
+    """Decode steps with the default paths and with `off` turned off: their logits equal bit for bit ->
+    (the kernels the default steps launched, those the steps without the paths launched)."""
+    on, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
+    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off=off))
+    for a, b in zip(on, plain):
+        np.testing.assert_array_equal(a, b)
+    return launched, launched_off
+
+
 def _decode_launches(fake, pack, ids, config):
     """The logits of a prefill of ids[:10] and decode steps of the rest, and the kernels the steps launched."""
     runner = CudaRunner(pack, 64, config)
@@ -238,10 +248,7 @@ def test_decode_steps_route_in_the_gate_up_kernel(fake, rng, graphs):
     slots likewise; prompts keep linear + moe_route + the grouped GEMMs."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 16)
-    routed, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off="route-in-moe"))
-    for a, b in zip(routed, plain):
-        np.testing.assert_array_equal(a, b)
+    launched, launched_off = _path_ab(fake, pack, ids, graphs, "route-in-moe")
     fused = [n for n in launched if n.startswith("strata_moe_gate_up_route_")]
     assert fused and "strata_moe_route_f32" not in launched and "strata_moe_route_f32" in launched_off
     assert not [n for n in launched_off if n.startswith("strata_moe_gate_up_route_")]
@@ -349,10 +356,7 @@ def test_one_row_gemv_takes_its_kernels_and_keeps_the_batches_on_its_sum_order(f
     (the unsplit sum order, batch 1's bits on the device). The logits are --kernels-off one-row-gemv's."""
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 14)
-    one, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_off="one-row-gemv"))
-    for a, b in zip(one, plain):
-        np.testing.assert_array_equal(a, b)
+    launched, launched_off = _path_ab(fake, pack, ids, graphs, "one-row-gemv")
     assert {"strata_gemv3_one_q8_0", "strata_gemv_one_q8_0", "strata_gemv_q8_0"} <= set(launched)
     assert "strata_gemv_split_q8_0" not in launched and "strata_gemv3_q8_0" not in launched
     assert "strata_gemv_split_q8_0" in launched_off and not any("_one_" in k for k in launched_off)
