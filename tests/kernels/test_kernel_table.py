@@ -195,3 +195,18 @@ def test_no_kernel_name_or_signature_outside_the_table(path):
         if call.func.attr in ("launch", "_launch", "_kernel") and literal:
             assert literal[0] in KERNELS and len(literal) == 1, \
                 f"{path.name}:{call.lineno}: {call.func.attr}({literal}) is not a KERNELS op"
+
+
+def test_the_routing_gate_up_stages_x_only_beside_its_static_shared_memory():
+    """strata_moe_gate_up_route_*: its ~4 KB of static shared memory (the layer's expert table, the picks) and
+    the staged x share the 48 KB a launch gets, so an x that fits gate_up alone but not beside them is read from
+    global memory (shared 0: the same bits); the 30B's x (2,048 Q4_K weights) stays staged."""
+    from strata.backends.cuda.moe_decode import (MAX_SHARED_BYTES, ROUTE_STATIC_BYTES, gate_up_launch,
+                                                 gate_up_route_launch)
+    small = gate_up_route_launch("Q4_K", 1, 8, 768, 2048)
+    assert small.op == "moe_gate_up_route" and small.shared_bytes == gate_up_launch("Q4_K", 1, 8, 768, 2048).shared_bytes > 0
+    assert small.signature == "PqqPPPiiiPPii" and small.name == "strata_moe_gate_up_route_q4_k"
+    D = 10240                                         # staged: 36 floats a 32-weight block (32 values, 4 pad): 45 KB
+    plain = gate_up_launch("Q8_0", 1, 8, 64, D)
+    assert MAX_SHARED_BYTES - ROUTE_STATIC_BYTES < plain.shared_bytes <= MAX_SHARED_BYTES
+    assert gate_up_route_launch("Q8_0", 1, 8, 64, D).shared_bytes == 0

@@ -25,7 +25,7 @@ from .memory import DeviceTensor, ExpertLayer, Weight, gemv_grid
 from .moe_gemm import BM as GEMM_BM
 from .moe_gemm import QTYPE_NAMES as GEMM_QTYPES
 from .moe_gemm import launch_for, tiles_for, wst_launch_for, wst_takes
-from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch
+from .moe_decode import MAX_ACTIVE, down_launch, gate_up_launch, gate_up_route_launch
 from .moe_plan import MoePlan
 
 GROUP_SIGNATURE = KERNELS["moe_group"].signature
@@ -163,12 +163,13 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
                               f"{up.qtype} up, {T} tokens top-{A})")
     if fused_decode_takes(ops, lay, T, A):
         h = ops.alloc((T * A, I))
-        spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
         if route is None:
+            spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
             ops.launch("moe_gate_up", spec.grid, (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D),
                        spec.shared_bytes, qtype=gate.qtype)
         else:
             logits, norm_topk = route
+            spec = gate_up_route_launch(gate.qtype, T, A, I, D, ops.num_sms)
             ops.launch("moe_gate_up_route", spec.grid,
                        (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D, logits.ptr, weights.ptr,
                         logits.shape[-1], int(bool(norm_topk))), spec.shared_bytes, qtype=gate.qtype)

@@ -25,6 +25,9 @@ LIBRARY = KERNELS["moe_gate_up"].library
 THREADS = KERNELS["moe_gate_up"].block   # cuda/moe_decode.cu kThreads
 MAX_ACTIVE = 8                 # A per token: warp w of a block serves expert w % A
 MAX_SHARED_BYTES = 48 << 10    # dynamic shared memory a launch gets without opting in
+# static shared memory of strata_moe_gate_up_route_* (the layer's 512 table entries, the picks; ptxas: 4,160
+# bytes at sm_90), rounded up: its staged x must fit beside it
+ROUTE_STATIC_BYTES = 5 << 10
 NUM_SMS = 132                  # an H200; pass the device's count where it is known
 GATE_UP_SIGNATURE = KERNELS["moe_gate_up"].signature
 DOWN_SIGNATURE = KERNELS["moe_down"].signature
@@ -86,6 +89,14 @@ def gate_up_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SM
     """strata_moe_gate_up_<q> for T tokens: row sets of (32 / lanes) gate/up pairs, x row staged (D floats + pad)."""
     q = qtype(q).name
     return _launch("moe_gate_up", q, T, I, D, _tile(q, D)[2], 1, num_sms, blocks_per_sm)
+
+
+def gate_up_route_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SMS) -> Launch:
+    """strata_moe_gate_up_route_<q>: gate_up_launch's grid, x staged only where it fits beside the kernel's
+    static shared memory (ROUTE_STATIC_BYTES; else read from global memory, the same bits)."""
+    spec = gate_up_launch(q, T, A, I, D, num_sms)
+    shared = spec.shared_bytes if spec.shared_bytes + ROUTE_STATIC_BYTES <= MAX_SHARED_BYTES else 0
+    return spec._replace(op="moe_gate_up_route", shared_bytes=shared)
 
 
 def down_launch(q: str, T: int, A: int, D: int, I: int, num_sms: int = NUM_SMS, blocks_per_sm: int = 2) -> Launch:
@@ -180,8 +191,8 @@ class MoeDecodeOps:
         if x.shape != (T, D) or logits.shape != (T, E) or not A <= E <= min(512, len(blobs)):
             raise InvalidArgument(f"moe_gate_up_route: x {x.shape} must be [T, {D}] and logits {logits.shape} "
                                   f"[T, E] with {A} <= E <= min(512, {len(blobs)} experts)")
-        spec = gate_up_launch(q, T, A, I, D, self.num_sms)
-        spec = spec._replace(op="moe_gate_up_route", grid=(gx, T, 1) if gx else spec.grid)
+        spec = gate_up_route_launch(q, T, A, I, D, self.num_sms)
+        spec = spec._replace(grid=(gx, T, 1)) if gx else spec
         ptrs = self._place_blobs(blobs, frozenset(host), pads)
         h, ids, w = (self.ops._output(n * 4) for n in (T * A * I, T * A, T * A))
         self.ops._launch(spec.op, spec.grid, (self.ops._upload(ptrs), gate_off, up_off, ids, self.ops._upload(x), h,
