@@ -85,11 +85,15 @@ def main(argv=None) -> int:
             if name in one_rows:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)
+            # route-in-moe / norm-in-router: per arm; --route's "apart" arm keeps moe_route's own launch; else the
+            # load's (on by default)
+            fusions = ({"route_in_moe": name in in_moe, "norm_in_router": name in in_router}
+                       if args.route_in_moe or args.route else {})
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, route_in_moe=name in in_moe,
-                                                   norm_in_router=name in in_router, **one_row)
+                                                   fused_route=route, **one_row, **fusions)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
+            cuda_moe.gate_up_route_launch = functools.partial(cuda_moe_decode.gate_up_route_launch, blocks_per_sm=bps)
             cuda_moe.down_launch = functools.partial(cuda_moe_decode.down_launch, blocks_per_sm=bps)
             tok_s, start = timed_steps(runner, rng, args.decode)
             rows.append((name + (" (2)" if any(r[0] == name for r in rows) else ""), tok_s))

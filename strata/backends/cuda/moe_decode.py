@@ -91,10 +91,11 @@ def gate_up_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SM
     return _launch("moe_gate_up", q, T, I, D, _tile(q, D)[2], 1, num_sms, blocks_per_sm)
 
 
-def gate_up_route_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SMS) -> Launch:
+def gate_up_route_launch(q: str, T: int, A: int, I: int, D: int, num_sms: int = NUM_SMS,
+                         blocks_per_sm: int = 2) -> Launch:
     """strata_moe_gate_up_route_<q>: gate_up_launch's grid, x staged only where it fits beside the kernel's
     static shared memory (ROUTE_STATIC_BYTES; else read from global memory, the same bits)."""
-    spec = gate_up_launch(q, T, A, I, D, num_sms)
+    spec = gate_up_launch(q, T, A, I, D, num_sms, blocks_per_sm)
     shared = spec.shared_bytes if spec.shared_bytes + ROUTE_STATIC_BYTES <= MAX_SHARED_BYTES else 0
     return spec._replace(op="moe_gate_up_route", shared_bytes=shared)
 
