@@ -29,7 +29,8 @@
 #               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off (INMOE_B12_ROUNDS=1:
 #               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
 #     l2ahead   l2-ahead (on trial: after each decode layer's QK-norm, strata_l2_ahead asks the attention output's,
-#               the router's and the next layer's q|k|v weights into the L2): tools/decode_variants.py --l2-ahead at each
+#               the router's and the next layer's q|k|v weights into the L2, and the routing gate|up kernel its picks'
+#               down matrices): tools/decode_variants.py --l2-ahead at each
 #               of L2_CONTEXTS (512), decode_profile --graphs-only at 512 on and off, resident bench (prompt
 #               L2_RES_PROMPTS, 128 decoded) on, off, on, off (L2_ROUNDS=1: once), 12 GiB on and off (L2_B12=0 skips)
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of

@@ -49,8 +49,8 @@ def main(argv=None) -> int:
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
     ap.add_argument("--l2-ahead", action="store_true",
-                    help="only l2-ahead (the next GEMVs' weights asked into the L2 during attention): off, its three "
-                         "parts, the attention output and router alone, the next layer's q|k|v alone, A B C D A B C D")
+                    help="only l2-ahead (the next GEMVs' weights asked into the L2 ahead): off, all four parts, the "
+                         "dense ones (o, router, next q|k|v), the down matrices alone, A B C D A B C D")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -85,8 +85,9 @@ def main(argv=None) -> int:
         variants *= 2
     l2_arms = {}            # variant name -> DeviceOps.l2_ahead_parts (the l2-ahead arms; absent: the path off)
     if args.l2_ahead:
-        l2_arms = {"l2-ahead: o, router, next q|k|v": ("attn_output", "ffn_gate_inp", "next_qkv"),
-                   "l2-ahead: o, router": ("attn_output", "ffn_gate_inp"), "l2-ahead: next q|k|v": ("next_qkv",)}
+        l2_arms = {"l2-ahead: all four": ("attn_output", "ffn_gate_inp", "next_qkv", "down"),
+                   "l2-ahead: o, router, next q|k|v": ("attn_output", "ffn_gate_inp", "next_qkv"),
+                   "l2-ahead: down": ("down",)}
         variants = [("l2-ahead off", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in l2_arms]
         variants *= 2
     rows = []

@@ -346,7 +346,7 @@ KERNELS = {
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     # the same gate|up with the routing in its blocks (route-in-moe): each block routes its token from the
     # router's logits as strata_moe_route_f32 does, block (0, t) writes the ids and weights
-    "moe_gate_up_route": _K("moe_decode", "strata_moe_gate_up_route_{qtype}", "PqqPPPiiiPPii", 256,
+    "moe_gate_up_route": _K("moe_decode", "strata_moe_gate_up_route_{qtype}", "PqqPPPiiiPPiiqq", 256,
                             "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),

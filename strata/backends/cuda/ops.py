@@ -62,7 +62,8 @@ from .moe_plan import RESIDENT, MoePlan
 
 L2_AHEAD_RANGES = 6                  # strata_l2_ahead's byte ranges
 L2_AHEAD_CHUNK = 16 << 10            # bytes a bulk prefetch of it
-L2_AHEAD_PARTS = ("attn_output", "ffn_gate_inp", "next_qkv")     # what l2-ahead asks for (DeviceOps.l2_ahead)
+# what l2-ahead asks for (DeviceOps.l2_ahead; "down": the routing gate|up kernel asks for its tokens' down matrices)
+L2_AHEAD_PARTS = ("attn_output", "ffn_gate_inp", "next_qkv", "down")
 
 
 class DeviceOps(DenseOps, AttentionOps):
@@ -268,6 +269,8 @@ class DeviceOps(DenseOps, AttentionOps):
             return
         names = []
         for part in self.l2_ahead_parts:
+            if part == "down":          # asked for by the routing gate|up kernel (l2_ahead_down)
+                continue
             if part == "next_qkv":
                 if layer + 1 < self.args.num_hidden_layers:
                     names += [f"blk.{layer + 1}.attn_{p}.weight" for p in "qkv"]
@@ -284,6 +287,11 @@ class DeviceOps(DenseOps, AttentionOps):
         chunks = sum(-(-n // L2_AHEAD_CHUNK) for _, n in ranges)
         grid = max(1, min(self.num_sms, -(-chunks // KERNELS["l2_ahead"].block)))
         self.launch("l2_ahead", grid, (*(v for r in ranges for v in r), L2_AHEAD_CHUNK))
+
+    def l2_ahead_down(self) -> bool:
+        """Whether a decode step's routing gate|up kernel asks for its tokens' down matrices into the L2
+        (l2-ahead's "down" part; strata_moe_gate_up_route_*'s down_bytes)."""
+        return self.paths.l2_ahead and self.pdl and "down" in self.l2_ahead_parts
 
     # ---- elementwise and shape -----------------------------------------------------------------
     @staticmethod
