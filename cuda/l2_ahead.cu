@@ -5,7 +5,8 @@
 // before its PDL wait, came too late to gain (docs/PERF.md).
 //
 // strata_l2_ahead asks for up to six byte ranges by cp.async.bulk.prefetch.L2, `chunk` bytes an
-// instruction, chunk c of all the ranges (in order) by thread c mod the grid's threads, so the first
+// instruction (chunk 0: each range's whole 128-byte lines by prefetch.global.L2, line i by thread i mod the
+// grid's threads), chunk c of all the ranges (in order) by thread c mod the grid's threads, so the first
 // range's chunks go out first. It reads and writes nothing else, so it lets its dependents launch at
 // once and waits for the previous grid last (pdl.cuh's STRATA_PDL_TRIGGER / STRATA_PDL_WAIT): in a
 // chain of programmatic launches it costs a dependency hop, not a kernel's run. A range's bytes past
@@ -26,6 +27,18 @@ extern "C" __global__ void strata_l2_ahead(const char* p0, uint64_t n0, const ch
     const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const uint64_t threads = uint64_t(gridDim.x) * blockDim.x;
     uint64_t first = 0;     // the global index of this range's first chunk
+    if (chunk == 0) {       // 128-byte lines by prefetch.global.L2: line i of all the ranges by thread i mod threads
+        uint64_t first_line = 0;
+#pragma unroll
+        for (int r = 0; r < 6; ++r) {
+            const uint64_t lines = bytes[r] >> 7;
+            for (uint64_t i = (t + threads - first_line % threads) % threads; i < lines; i += threads)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base[r] + (i << 7)));
+            first_line += lines;
+        }
+        STRATA_PDL_WAIT();
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < 6; ++r) {
         const uint64_t skip = (16 - (reinterpret_cast<uintptr_t>(base[r]) & 15)) & 15;

@@ -511,13 +511,22 @@ __device__ __forceinline__ void route_block(const unsigned long long* ptrs, unsi
 __device__ __forceinline__ void down_ahead(const unsigned long long* ptr_s, const int* ids_s, int A,
                                            long long down_off, long long down_bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // 32-bit offsets: the host passes 0 unless A * down_bytes < 2^31
-    const unsigned n = static_cast<unsigned>(down_bytes) & ~15u;
-    if (n == 0 || threadIdx.x != 0) return;
+    // 32-bit offsets: the host passes 0 unless A * down_bytes < 2^31. down_bytes < 0: |down_bytes| by
+    // 128-byte lines (prefetch.global.L2, every thread), else by bulk prefetches from thread 0
+    const bool lines = down_bytes < 0;
+    const unsigned n = static_cast<unsigned>(lines ? -down_bytes : down_bytes) & ~(lines ? 127u : 15u);
+    if (n == 0 || (!lines && threadIdx.x != 0)) return;
     const unsigned total = n * static_cast<unsigned>(A);
-    const unsigned share = ((total + gridDim.x - 1) / gridDim.x + 15) & ~15u;
+    const unsigned share = ((total + gridDim.x - 1) / gridDim.x + 127) & ~127u;
     unsigned at = share * blockIdx.x;
     const unsigned end = at + share < total ? at + share : total;
+    if (lines) {
+        for (at += threadIdx.x << 7; at < end; at += kThreads << 7) {
+            const unsigned a = at / n;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(ptr_s[ids_s[a]]) + down_off + (at - a * n)));
+        }
+        return;
+    }
     while (at < end) {
         const unsigned a = at / n, off = at - a * n;
         const unsigned take = end - at < n - off ? end - at : n - off;

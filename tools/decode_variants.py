@@ -85,9 +85,9 @@ def main(argv=None) -> int:
         variants *= 2
     l2_arms = {}            # variant name -> DeviceOps.l2_ahead_parts (the l2-ahead arms; absent: the path off)
     if args.l2_ahead:
-        l2_arms = {"l2-ahead: all four": ("attn_output", "ffn_gate_inp", "next_qkv", "down"),
-                   "l2-ahead: o, router, next q|k|v": ("attn_output", "ffn_gate_inp", "next_qkv"),
-                   "l2-ahead: down": ("down",)}
+        l2_arms = {"l2-ahead: o, router, next q|k|v": ("attn_output", "ffn_gate_inp", "next_qkv"),
+                   "l2-ahead: down": ("down",),
+                   "l2-ahead: all four": ("attn_output", "ffn_gate_inp", "next_qkv", "down")}
         variants = [("l2-ahead off", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in l2_arms]
         variants *= 2
     rows = []

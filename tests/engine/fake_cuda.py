@@ -1132,7 +1132,7 @@ l2_ahead_calls: list = []
 def _l2_ahead(grid, *args):
     *flat, chunk = args
     ranges = [(p, n) for p, n in zip(flat[::2], flat[1::2]) if n]
-    assert chunk > 0 and chunk % 16 == 0 and grid[0] >= 1
+    assert chunk % 16 == 0 and grid[0] >= 1         # chunk 0: 128-byte lines
     for p, n in ranges:
         _resolve(p, n)          # the whole range lies in one live allocation
     l2_ahead_calls.append(tuple(ranges))

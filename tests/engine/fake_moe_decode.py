@@ -58,11 +58,11 @@ def emulate_moe_gate_up_route(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, 
     (l2-ahead's hint): each picked blob's down_bytes at down_off must be readable; nothing is written."""
     T = _check_grid("moe_gate_up_route", grid, A)
     assert 1 <= A <= E <= 512, f"fake_cuda: moe_gate_up_route takes A <= E <= 512, got {A}, {E}"
-    assert down_bytes >= 0 and down_bytes * A < 2**31 and down_off % 16 == 0
+    assert abs(down_bytes) * A < 2**31 and down_off % 16 == 0     # < 0: the same bytes, by lines
     picks, w = moe_route(fake_cuda.view(logits, T * E).reshape(T, E), A, bool(norm))
     if down_bytes:
         for e in picks.reshape(-1):
-            fake_cuda._resolve(_blob(ptrs, int(e)) + down_off, down_bytes)
+            fake_cuda._resolve(_blob(ptrs, int(e)) + down_off, abs(down_bytes))
         down_ahead_calls.append((down_off, down_bytes, tuple(int(e) for e in picks.reshape(-1))))
     fake_cuda.view(ids, T * A, np.int32)[:] = picks.reshape(-1)
     fake_cuda.view(weights, T * A)[:] = w.reshape(-1)

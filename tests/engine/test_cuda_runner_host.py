@@ -851,6 +851,6 @@ def test_l2_ahead_asks_for_each_layers_next_weights_and_changes_no_bit(fake, rng
             for l in range(layers)]
     assert fake.l2_ahead_calls == want
     # the routing gate|up kernel of each layer asked for its picks' whole down matrices
-    downs = [(lay.parts["down"].ptr, lay.parts["down"].rows * qtype(lay.parts["down"].qtype).row_bytes(lay.parts["down"].shape[-1]))
+    downs = [(lay.parts["down"].ptr, -lay.parts["down"].rows * qtype(lay.parts["down"].qtype).row_bytes(lay.parts["down"].shape[-1]))
              for lay in (ops.w.layers[l] for l in range(layers))]
     assert [c[:2] for c in fake_moe_decode.down_ahead_calls] == downs

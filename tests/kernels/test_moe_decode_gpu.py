@@ -202,7 +202,8 @@ def test_routing_in_gate_up_is_moe_route_then_gate_up_bit_for_bit(mo, rng, q):
         ids_ref, w_ref = mo.ops.moe_route(logits, A, norm)
         h_ref = mo.moe_gate_up(q, blobs, ex.gate_off, ex.up_off, ids_ref.reshape(-1), x, A, I, D, host=(1,))
         down_bytes = D * QTYPES[q].row_bytes(I)
-        for gx, ahead in ((None, 0), (1, 0), (5000, 0), (None, down_bytes), (1, down_bytes), (5000, down_bytes)):
+        for gx, ahead in ((None, 0), (1, 0), (5000, 0), (None, down_bytes), (1, down_bytes), (5000, -down_bytes),
+                          (None, -down_bytes)):      # < 0: by 128-byte lines
             # ahead: l2-ahead's down hint (the picked blobs' down matrices asked into the L2, one a host blob)
             h, ids, w = mo.moe_gate_up_route(q, blobs, ex.gate_off, ex.up_off, logits, x, A, I, D, norm, host=(1,),
                                              gx=gx, down_off=ex.down_off, down_bytes=ahead)

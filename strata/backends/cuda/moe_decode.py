@@ -184,7 +184,8 @@ class MoeDecodeOps:
                           down_bytes: int = 0):
         """strata_moe_gate_up_route_<q>: each token's top-A of logits [T, E] (strata_moe_route_f32's picks)
         and moe_gate_up over them -> (h [T * A, I], ids [T, A] int32, weights [T, A] f32); down_bytes > 0 also
-        asks for each picked blob's down_bytes at down_off into the L2 (l2-ahead's hint: no result)."""
+        asks for each picked blob's down_bytes at down_off into the L2 by bulk prefetches, < 0 by 128-byte lines
+        (l2-ahead's hint: no result)."""
         q = qtype(q).name
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         x = np.ascontiguousarray(x, dtype=np.float32)

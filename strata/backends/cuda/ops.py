@@ -61,7 +61,10 @@ from .moe_plan import RESIDENT, MoePlan
 
 
 L2_AHEAD_RANGES = 6                  # strata_l2_ahead's byte ranges
-L2_AHEAD_CHUNK = 16 << 10            # bytes a bulk prefetch of it
+# bytes a bulk prefetch of it; 0: 128-byte lines by prefetch.global.L2 (a block with bulk prefetches in flight
+# does not exit before they land, so the kernel after it waited: 55 us a layer on an H100, 33rd session)
+L2_AHEAD_CHUNK = 0
+L2_AHEAD_LINES_A_THREAD = 4          # the line form's grid: about this many lines a thread, at most 8 blocks an SM
 # what l2-ahead asks for (DeviceOps.l2_ahead; "down": the routing gate|up kernel asks for its tokens' down matrices)
 L2_AHEAD_PARTS = ("attn_output", "ffn_gate_inp", "next_qkv", "down")
 
@@ -284,8 +287,13 @@ class DeviceOps(DenseOps, AttentionOps):
         if not ranges:
             return
         ranges = (ranges + [(0, 0)] * L2_AHEAD_RANGES)[:L2_AHEAD_RANGES]
-        chunks = sum(-(-n // L2_AHEAD_CHUNK) for _, n in ranges)
-        grid = max(1, min(self.num_sms, -(-chunks // KERNELS["l2_ahead"].block)))
+        block = KERNELS["l2_ahead"].block
+        if L2_AHEAD_CHUNK:
+            chunks = sum(-(-n // L2_AHEAD_CHUNK) for _, n in ranges)
+            grid = max(1, min(self.num_sms, -(-chunks // block)))
+        else:
+            lines = sum(n >> 7 for _, n in ranges)
+            grid = max(1, min(8 * self.num_sms, -(-lines // (block * L2_AHEAD_LINES_A_THREAD))))
         self.launch("l2_ahead", grid, (*(v for r in ranges for v in r), L2_AHEAD_CHUNK))
 
     def l2_ahead_down(self) -> bool:
