@@ -9,16 +9,13 @@
 // strata_moe_down_<qtype>(ptrs, down_off, ids, h, weights, out, A, D, I)
 //   out[t * D + d] = fmaf over a = 0..A-1 in order of weights[s] * (down_e[d] . h[s]), from 0
 //   (down_e row d at blob + down_off + d * row_bytes(I)); no atomics, so the result is deterministic.
-// strata_moe_gate_up_route_<qtype>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk,
-//                                  down_off, down_bytes)
+// strata_moe_gate_up_route_<qtype>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk)
 //   the same h, with token t's routing made in each of its blocks: warp 0 picks the top A of logits
 //   [T, E] (E <= 512) with cuda/route.cuh's code (strata_moe_route_f32's: the same ids and weights, bit for
 //   bit) into shared memory before the body, and block (0, t) writes them to ids [T, A] and weights
 //   [T, A] (the down kernel's inputs). A decode step's top-k then costs no launch of its own; every block
 //   routes (a warp's few hundred cycles, before its weight addresses are known) while its other warps
-//   copy the E table entries to shared memory. down_bytes > 0 (l2-ahead's "down", on trial): each block
-//   then also asks for its share of token t's A down matrices (down_bytes each at blob + down_off) into the
-//   L2 for the down kernel after it; a hint, the same bits.
+//   copy the E table entries to shared memory.
 //
 // Each row's dot product is strata_moe_gemv_<qtype>'s (cuda/moe_gemv.cu): the same units
 // (gemv_units*.cuh), the same lane of the row for each unit (lanes = the power of two >= units per
@@ -503,46 +500,11 @@ __device__ __forceinline__ void route_block(const unsigned long long* ptrs, unsi
     __syncthreads();
 }
 
-// l2-ahead's "down" part (on trial): once block (x, t) has token t's picks, thread 0 asks for its share of
-// the token's A down matrices (down_bytes each, at ptr_s[e] + down_off) into the L2 by bulk prefetches, so
-// the down kernel after this one finds them there. The shares split the A * down_bytes (rounded down to
-// 16s) evenly over the grid's x blocks. Asks for nothing where down_bytes is 0; a hint with no result, so
-// the bits are the same either way. Below sm_90 there is no such instruction.
-__device__ __forceinline__ void down_ahead(const unsigned long long* ptr_s, const int* ids_s, int A,
-                                           long long down_off, long long down_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // 32-bit offsets: the host passes 0 unless A * down_bytes < 2^31. down_bytes < 0: |down_bytes| by
-    // 128-byte lines (prefetch.global.L2, every thread), else by bulk prefetches from thread 0
-    const bool lines = down_bytes < 0;
-    const unsigned n = static_cast<unsigned>(lines ? -down_bytes : down_bytes) & ~(lines ? 127u : 15u);
-    if (n == 0 || (!lines && threadIdx.x != 0)) return;
-    const unsigned total = n * static_cast<unsigned>(A);
-    const unsigned share = ((total + gridDim.x - 1) / gridDim.x + 127) & ~127u;
-    unsigned at = share * blockIdx.x;
-    const unsigned end = at + share < total ? at + share : total;
-    if (lines) {
-        for (at += threadIdx.x << 7; at < end; at += kThreads << 7) {
-            const unsigned a = at / n;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(ptr_s[ids_s[a]]) + down_off + (at - a * n)));
-        }
-        return;
-    }
-    while (at < end) {
-        const unsigned a = at / n, off = at - a * n;
-        const unsigned take = end - at < n - off ? end - at : n - off;
-        const char* p = reinterpret_cast<const char*>(ptr_s[ids_s[a]]) + down_off + off;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(take) : "memory");
-        at += take;
-    }
-#endif
-}
-
 }  // namespace
 
 #define STRATA_GATE_UP_ROUTE_ARGS                                                                      \
     const unsigned long long *ptrs, long long gate_off, long long up_off, int *ids, const float *x, float *h, \
-        int A, int I, int D, const float *logits, float *weights, int E, int norm_topk, long long down_off, \
-        long long down_bytes
+        int A, int I, int D, const float *logits, float *weights, int E, int norm_topk
 #define STRATA_GATE_UP_ARGS                                                                            \
     const unsigned long long *ptrs, long long gate_off, long long up_off, const int *ids, const float *x, float *h, \
         int A, int I, int D
@@ -567,7 +529,6 @@ __device__ __forceinline__ void down_ahead(const unsigned long long* ptr_s, cons
         __shared__ unsigned long long ptr_s[kMaxRouted];                                               \
         extern __shared__ float4 staged_x[];                                                           \
         route_block(ptrs, ptr_s, logits, ids, weights, ids_s, w_s, A, E, norm_topk);                   \
-        down_ahead(ptr_s, ids_s, A, down_off, down_bytes);                                             \
         const GateUp k{ptr_s, gate_off, up_off, ids_s, x, h, A, I, D};                                 \
         GateUpUnit;                                                                                    \
     }                                                                                                  \

@@ -22,21 +22,3 @@
     do {                   \
     } while (0)
 #endif
-
-// A kernel that reads nothing another kernel writes before its wait (cuda/l2_ahead.cu: it only asks
-// for weights, which no kernel writes) may let its dependents launch first and wait last:
-//   STRATA_PDL_TRIGGER()  griddepcontrol.launch_dependents, the kernel's first statement
-//   STRATA_PDL_WAIT()     griddepcontrol.wait, its last: the grid completes only after the previous one
-//                         did, so a dependent's wait still orders it after every kernel before this one
-// tests/kernels/test_build.py checks the libraries of kernels.PDL_AHEAD_LIBRARIES for this shape.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define STRATA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define STRATA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define STRATA_PDL_TRIGGER() \
-    do {                     \
-    } while (0)
-#define STRATA_PDL_WAIT() \
-    do {                  \
-    } while (0)
-#endif

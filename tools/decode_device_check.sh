@@ -28,11 +28,6 @@
 #               neither, twice on one load, context 512), decode_profile --graphs-only at context 512 with both and
 #               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off (INMOE_B12_ROUNDS=1:
 #               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
-#     l2ahead   l2-ahead (on trial: after each decode layer's QK-norm, strata_l2_ahead asks the attention output's,
-#               the router's and the next layer's q|k|v weights into the L2, and the routing gate|up kernel its picks'
-#               down matrices): tools/decode_variants.py --l2-ahead at each
-#               of L2_CONTEXTS (512), decode_profile --graphs-only at 512 on and off, resident bench (prompt
-#               L2_RES_PROMPTS, 128 decoded) on, off, on, off (L2_ROUNDS=1: once), 12 GiB on and off (L2_B12=0 skips)
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -234,29 +229,6 @@ if has inmoe; then      # #16: moe_route's launch folded into gate|up's blocks
         bench_synthetic "inmoe_res_$([ -n "$off" ] && echo off || echo on)" 80 qwen3-30b-a3b \
             --prompt "${INMOE_RES_PROMPTS:-512,16384}" --decode 128 ${off:+--kernels-off $off}
     done
-fi
-if has l2ahead; then     # #16: the next GEMVs' weights asked into the L2 during attention (on trial)
-    for ctx in ${L2_CONTEXTS:-512}; do
-        echo "== decode variants --l2-ahead, context $ctx ($(elapsed) s)"
-        timeout "$(budget 150)" $PY tools/decode_variants.py --l2-ahead --context "$ctx" --decode 256 \
-            --json "$OUT/l2ahead_variants_$ctx.json" 2>&1 | tail -9
-    done
-    for on in l2-ahead ""; do
-        echo "== decode profile, kernels on: ${on:-none} ($(elapsed) s)"
-        timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --kernels-on "$on" \
-            --json "$OUT/l2ahead_profile_${on:-off}.json" 2>&1 | grep -E "step|gemv|l2_ahead|attention|add_norm_router" | head -14
-    done
-    arms=(l2-ahead ""); [ "${L2_ROUNDS:-2}" = 2 ] && arms+=(l2-ahead "")
-    for on in "${arms[@]}"; do
-        bench_synthetic "l2ahead_res_${on:-off}" 80 qwen3-30b-a3b --prompt "${L2_RES_PROMPTS:-512}" --decode 128 \
-            ${on:+--kernels-on $on}
-    done
-    if [ "${L2_B12:-1}" = 1 ]; then
-        for on in l2-ahead ""; do
-            bench_synthetic "l2ahead_b12_${on:-off}" 70 qwen3-30b-a3b --vram-budget-gib 12 --prompt 512 --decode 128 \
-                ${on:+--kernels-on $on}
-        done
-    fi
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
     for arm in ${ROUTER_ARMS:-}; do

@@ -8,7 +8,6 @@ split-K kernel.
     python tools/decode_variants.py --route [--context 512]
     python tools/decode_variants.py --route-in-moe [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
-    python tools/decode_variants.py --l2-ahead [--context 512]
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
@@ -48,9 +47,6 @@ def main(argv=None) -> int:
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
-    ap.add_argument("--l2-ahead", action="store_true",
-                    help="only l2-ahead (the next GEMVs' weights asked into the L2 ahead): off, all four parts, the "
-                         "dense ones (o, router, next q|k|v), the down matrices alone, A B C D A B C D")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -83,18 +79,9 @@ def main(argv=None) -> int:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
         variants = [("4 rows a warp", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
         variants *= 2
-    l2_arms = {}            # variant name -> DeviceOps.l2_ahead_parts (the l2-ahead arms; absent: the path off)
-    if args.l2_ahead:
-        l2_arms = {"l2-ahead: o, router, next q|k|v": ("attn_output", "ffn_gate_inp", "next_qkv"),
-                   "l2-ahead: down": ("down",),
-                   "l2-ahead: all four": ("attn_output", "ffn_gate_inp", "next_qkv", "down")}
-        variants = [("l2-ahead off", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in l2_arms]
-        variants *= 2
     rows = []
     for name, fused, bps, split, pdl, route in variants:
         try:
-            if args.l2_ahead:
-                runner.ops.l2_ahead_parts = l2_arms.get(name, ())
             if name in one_rows:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)
@@ -102,9 +89,8 @@ def main(argv=None) -> int:
             # load's (on by default)
             fusions = ({"route_in_moe": name in in_moe, "norm_in_router": name in in_router}
                        if args.route_in_moe or args.route else {})
-            l2 = {"l2_ahead": name in l2_arms} if args.l2_ahead else {}
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, **one_row, **fusions, **l2)
+                                                   fused_route=route, **one_row, **fusions)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.gate_up_route_launch = functools.partial(cuda_moe_decode.gate_up_route_launch, blocks_per_sm=bps)

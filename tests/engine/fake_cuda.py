@@ -1123,19 +1123,3 @@ bus_calls: list = []
 _EMULATE.update({"bus_stamp": lambda grid, stamp: bus_calls.append(("stamp", stamp)),
                  "bus_wait": lambda grid, stamp, ns: bus_calls.append(("wait", stamp, ns)),
                  "bus_sleep": lambda grid, ns: bus_calls.append(("sleep", ns))})
-
-
-# cuda/l2_ahead.cu (l2-ahead): a hint with no result; the fake checks each range is device memory it may read
-l2_ahead_calls: list = []
-
-
-def _l2_ahead(grid, *args):
-    *flat, chunk = args
-    ranges = [(p, n) for p, n in zip(flat[::2], flat[1::2]) if n]
-    assert chunk % 16 == 0 and grid[0] >= 1         # chunk 0: 128-byte lines
-    for p, n in ranges:
-        _resolve(p, n)          # the whole range lies in one live allocation
-    l2_ahead_calls.append(tuple(ranges))
-
-
-_EMULATE["l2_ahead"] = _l2_ahead

@@ -48,22 +48,12 @@ def emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D):
         out[s] = swiglu(gate, up)
 
 
-down_ahead_calls: list = []      # (down_off, down_bytes, the picked experts) of each launch asking for down's bytes
-
-
-def emulate_moe_gate_up_route(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm,
-                              down_off, down_bytes):
+def emulate_moe_gate_up_route(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm):
     """strata_moe_gate_up_route_<q>: each token's top-A of logits [T, E] as strata_moe_route_f32 picks them
-    (the numpy reference's) into ids and weights [T, A], then emulate_moe_gate_up over them. down_bytes > 0
-    (l2-ahead's hint): each picked blob's down_bytes at down_off must be readable; nothing is written."""
+    (the numpy reference's) into ids and weights [T, A], then emulate_moe_gate_up over them."""
     T = _check_grid("moe_gate_up_route", grid, A)
     assert 1 <= A <= E <= 512, f"fake_cuda: moe_gate_up_route takes A <= E <= 512, got {A}, {E}"
-    assert abs(down_bytes) * A < 2**31 and down_off % 16 == 0     # < 0: the same bytes, by lines
     picks, w = moe_route(fake_cuda.view(logits, T * E).reshape(T, E), A, bool(norm))
-    if down_bytes:
-        for e in picks.reshape(-1):
-            fake_cuda._resolve(_blob(ptrs, int(e)) + down_off, abs(down_bytes))
-        down_ahead_calls.append((down_off, down_bytes, tuple(int(e) for e in picks.reshape(-1))))
     fake_cuda.view(ids, T * A, np.int32)[:] = picks.reshape(-1)
     fake_cuda.view(weights, T * A)[:] = w.reshape(-1)
     emulate_moe_gate_up(q, grid, ptrs, gate_off, up_off, ids, x, h, A, I, D)

@@ -397,31 +397,6 @@ def test_route_in_moe_and_norm_in_router_change_no_bit(packs, name, rng):
 
 
 @pytest.mark.parametrize("name", ["demo", "kquant"])
-def test_l2_ahead_changes_no_bit(packs, name, rng):
-    """--kernels-on l2-ahead (on trial): strata_l2_ahead asks each decode layer's next weights into the L2 and
-    writes nothing, and its place in the PDL chain (dependents launched first, its wait last) keeps every kernel
-    after it ordered: graph and eager decode's logits equal the default's bit for bit, one slot and a batched
-    step of two."""
-    pack = packs(name)
-    ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
-    for graphs in (True, False):
-        on, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=graphs, kernels_on=k))
-                   for k in ("l2-ahead", ""))
-        assert on.ops.paths.l2_ahead and on.ops.pdl
-        assert np.array_equal(on.prefill(ids[:12], 0), off.prefill(ids[:12], 0))
-        for t in ids[12:]:
-            assert np.array_equal(on.decode(t), off.decode(t)), graphs
-    on, off = (CudaRunner(pack, 48, EngineConfig(device="cuda", cuda_graphs=True, parallel=2, kernels_on=k))
-               for k in ("l2-ahead", ""))
-    for r in (on, off):
-        for slot in range(2):
-            r.use(slot)
-            r.prefill(ids[:6 + slot], 0, logits=False)
-    got, want = (r.ops.to_host(r.batch_rows([0, 1], ids[10:12], [6, 7])) for r in (on, off))
-    assert np.array_equal(got, want)
-
-
-@pytest.mark.parametrize("name", ["demo", "kquant"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_pick_and_step_equals_pick_then_decode(packs, name, sampled, rng):
     """pick(step=True) on the GPU: each step queued behind its pick, its id copied on the device,

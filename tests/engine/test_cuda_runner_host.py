@@ -16,7 +16,6 @@ from strata.engine.cuda_runner import CudaRunner
 from strata.engine.llm import demo_model_path
 from strata.errors import DeviceError, InvalidArgument, UnsupportedError
 from strata.pack import open_pack
-from strata.quant import qtype
 from tests.engine.cpu_f16_kv import cpu_runner_f16_kv, oracle_ids
 
 DEMO = demo_model_path()
@@ -817,40 +816,3 @@ def test_generation_picks_on_the_device_without_downloading_logits(fake, monkeyp
     assert out.token_ids == cpu.generate("def f(x):", max_tokens=6, temperature=0.0).token_ids
     steps = {m: t["steps"] for m, t in llm.status()["decode"]["host_ms"].items()}
     assert sum(steps.values()) == len(out.token_ids) - 1     # each step timed until pick() had its token
-
-
-@pytest.mark.parametrize("graphs", [False, True])
-def test_l2_ahead_asks_for_each_layers_next_weights_and_changes_no_bit(fake, rng, graphs):
-    """--kernels-on l2-ahead: after each decode layer's QK-norm and append, one strata_l2_ahead launch (PDL)
-    asks for that layer's attention output and router and the next layer's q, k and v (whole tensors, in that
-    order; the last layer none of the next's), and each routing gate|up launch asks for its picks' down
-    matrices; prompts ask for nothing; the logits are the default's bit for bit (hints write nothing)."""
-    pack = open_pack(DEMO)
-    ids = oracle_ids(pack, rng, 14)
-    on, launched = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs, kernels_on="l2-ahead"))
-    plain, launched_off = _decode_launches(fake, pack, ids, EngineConfig(cuda_graphs=graphs))
-    for a, b in zip(on, plain):
-        np.testing.assert_array_equal(a, b)
-    assert "strata_l2_ahead" not in launched_off and "strata_l2_ahead" in fake.pdl_launches
-
-    from tests.engine import fake_moe_decode
-    runner = CudaRunner(pack, 64, EngineConfig(cuda_graphs=graphs, kernels_on="l2-ahead"))
-    fake.l2_ahead_calls.clear()
-    fake_moe_decode.down_ahead_calls.clear()
-    runner.prefill(ids[:10], 0)
-    assert not fake.l2_ahead_calls                  # a prompt chunk's GEMMs are not the GEMVs it serves
-    runner.decode(ids[10])
-    ops = runner.ops
-    layers = ops.args.num_hidden_layers
-
-    def whole(name):
-        w = ops.w.tensor(name)
-        return w.ptr, w.rows * qtype(w.qtype).row_bytes(w.shape[-1])
-    want = [tuple(whole(f"blk.{l}.{p}.weight") for p in ("attn_output", "ffn_gate_inp"))
-            + (tuple(whole(f"blk.{l + 1}.attn_{p}.weight") for p in "qkv") if l + 1 < layers else ())
-            for l in range(layers)]
-    assert fake.l2_ahead_calls == want
-    # the routing gate|up kernel of each layer asked for its picks' whole down matrices
-    downs = [(lay.parts["down"].ptr, -lay.parts["down"].rows * qtype(lay.parts["down"].qtype).row_bytes(lay.parts["down"].shape[-1]))
-             for lay in (ops.w.layers[l] for l in range(layers))]
-    assert [c[:2] for c in fake_moe_decode.down_ahead_calls] == downs

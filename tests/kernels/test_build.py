@@ -68,10 +68,9 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
     the libraries launched so must begin with STRATA_PDL_ENTRY() (cuda/pdl.cuh), before any read."""
     import re
 
-    from strata.backends.cuda.kernels import PDL_AHEAD_LIBRARIES
     from strata.backends.cuda.ops import PDL_LIBRARIES
     root = Path(__file__).resolve().parents[2] / "cuda"
-    for lib in sorted(PDL_LIBRARIES - PDL_AHEAD_LIBRARIES):
+    for lib in sorted(PDL_LIBRARIES):
         src = (root / f"{lib}.cu").read_text()
         assert '#include "pdl.cuh"' in src, lib
         kernels = [m.start() for m in re.finditer(r"__global__", src)]
@@ -80,26 +79,6 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
             body = src[src.index("{", at) + 1:]
             # (a kernel a macro defines continues its lines with backslashes)
             assert re.match(r"[\s\\]*STRATA_PDL_ENTRY\(\);", body), f"{lib}.cu: a kernel at offset {at} does not begin with it"
-
-
-def test_every_kernel_that_triggers_first_waits_last():
-    """The kernels of kernels.PDL_AHEAD_LIBRARIES let their dependents launch first (STRATA_PDL_TRIGGER()) and
-    wait for the previous grid as their last statement (STRATA_PDL_WAIT()): a dependent's wait then still
-    orders it after every kernel before. They read no tensor another kernel writes (weights only)."""
-    import re
-
-    from strata.backends.cuda.kernels import PDL_AHEAD_LIBRARIES, PDL_LIBRARIES
-    assert PDL_AHEAD_LIBRARIES <= PDL_LIBRARIES
-    root = Path(__file__).resolve().parents[2] / "cuda"
-    for lib in sorted(PDL_AHEAD_LIBRARIES):
-        src = (root / f"{lib}.cu").read_text()
-        kernels = [m.start() for m in re.finditer(r"__global__", src)]
-        assert kernels and "STRATA_PDL_ENTRY" not in src, lib
-        for at in kernels:
-            body = src[src.index("{", at) + 1:]
-            assert re.match(r"\s*STRATA_PDL_TRIGGER\(\);", body), f"{lib}.cu: a kernel at offset {at} does not trigger first"
-            end = re.search(r"\n}", body).start()        # the kernel's closing brace, at a line's start
-            assert re.search(r"STRATA_PDL_WAIT\(\);\s*$", body[:end]), f"{lib}.cu: a kernel at offset {at} does not wait last"
 
 
 def test_the_decode_ring_bytes_are_the_kernels():

@@ -205,7 +205,7 @@ def test_the_routing_gate_up_stages_x_only_beside_its_static_shared_memory():
                                                  gate_up_route_launch)
     small = gate_up_route_launch("Q4_K", 1, 8, 768, 2048)
     assert small.op == "moe_gate_up_route" and small.shared_bytes == gate_up_launch("Q4_K", 1, 8, 768, 2048).shared_bytes > 0
-    assert small.signature == "PqqPPPiiiPPiiqq" and small.name == "strata_moe_gate_up_route_q4_k"
+    assert small.signature == "PqqPPPiiiPPii" and small.name == "strata_moe_gate_up_route_q4_k"
     D = 10240                                         # staged: 36 floats a 32-weight block (32 values, 4 pad): 45 KB
     plain = gate_up_launch("Q8_0", 1, 8, 64, D)
     assert MAX_SHARED_BYTES - ROUTE_STATIC_BYTES < plain.shared_bytes <= MAX_SHARED_BYTES

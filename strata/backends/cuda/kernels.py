@@ -124,7 +124,6 @@ class KernelPaths:
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
-    l2_ahead: bool = False           # on trial: decode steps ask a layer's weights into the L2 kernels ahead (l2_ahead.cu)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -148,10 +147,7 @@ assert [f.name for f in fields(KernelPaths)] == [n.replace("-", "_") for n in KE
 # Libraries whose every kernel begins with STRATA_PDL_ENTRY() (cuda/pdl.cuh; tests/kernels/test_build.py
 # checks): the decode path's. A kernel launched so may start while the one before it runs.
 PDL_LIBRARIES = frozenset({"decode_fused", "attention", "attention_dec_tc", "kv_quant", "embed", "gemv",
-                           "moe_decode", "moe_route", "rms_norm", "argmax", "sample", "l2_ahead"})
-# Of them, those whose kernels read nothing another kernel writes: they let their dependents launch first and
-# wait for the previous grid last (STRATA_PDL_TRIGGER() ... STRATA_PDL_WAIT(), cuda/pdl.cuh)
-PDL_AHEAD_LIBRARIES = frozenset({"l2_ahead"})
+                           "moe_decode", "moe_route", "rms_norm", "argmax", "sample"})
 
 
 def _each(**axes) -> tuple:
@@ -346,7 +342,7 @@ KERNELS = {
                            "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     # the same gate|up with the routing in its blocks (route-in-moe): each block routes its token from the
     # router's logits as strata_moe_route_f32 does, block (0, t) writes the ids and weights
-    "moe_gate_up_route": _K("moe_decode", "strata_moe_gate_up_route_{qtype}", "PqqPPPiiiPPiiqq", 256,
+    "moe_gate_up_route": _K("moe_decode", "strata_moe_gate_up_route_{qtype}", "PqqPPPiiiPPii", 256,
                             "(gx, T, 1) and dynamic shared memory: moe_decode.gate_up_launch", ALL_QTYPES),
     "moe_down":         _K("moe_decode", "strata_moe_down_{qtype}", "PqPPPPiii", 256,
                            "(gx, T, 1) and dynamic shared memory: moe_decode.down_launch", ALL_QTYPES),
@@ -371,8 +367,6 @@ KERNELS = {
     "bus_stamp":        _K("throttle", "strata_bus_stamp", "P", 1, "(1, 1)"),
     "bus_wait":         _K("throttle", "strata_bus_wait", "PQ", 1, "(1, 1)"),
     "bus_sleep":        _K("throttle", "strata_bus_sleep", "Q", 1, "(1, 1)"),
-    # l2-ahead: up to six weight ranges asked into the L2 (ptr, bytes each), `chunk` bytes a prefetch
-    "l2_ahead":         _K("l2_ahead", "strata_l2_ahead", "PQPQPQPQPQPQI", 32, "chunks / 32, at most num_sms"),
 }
 del _K
 

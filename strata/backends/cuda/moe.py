@@ -170,12 +170,9 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
         else:
             logits, norm_topk = route
             spec = gate_up_route_launch(gate.qtype, T, A, I, D, ops.num_sms)
-            # l2-ahead's "down": each block asks for its share of its token's down matrices into the L2
-            ahead = down.rows * qtype_of(down.qtype).row_bytes(I) if ops.l2_ahead_down() else 0
-            ahead = -ahead if ahead * A < 2**31 else 0          # the kernel's offsets are 32-bit; < 0: by 128-byte lines
             ops.launch("moe_gate_up_route", spec.grid,
                        (lay.table, gate.ptr, up.ptr, ids.ptr, x.ptr, h.ptr, A, I, D, logits.ptr, weights.ptr,
-                        logits.shape[-1], int(bool(norm_topk)), down.ptr, ahead), spec.shared_bytes, qtype=gate.qtype)
+                        logits.shape[-1], int(bool(norm_topk))), spec.shared_bytes, qtype=gate.qtype)
         out = ops.alloc((T, D))
         spec = down_launch(down.qtype, T, A, D, I, ops.num_sms)
         ops.launch("moe_down", spec.grid, (lay.table, down.ptr, ids.ptr, h.ptr, weights.ptr, out.ptr, A, D, I),

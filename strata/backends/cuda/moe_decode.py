@@ -3,8 +3,7 @@ expert's blob found through a device pointer table), and numpy-in/out wrappers t
 
     strata_moe_gate_up_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D)        (kernels.KERNELS["moe_gate_up"])
     strata_moe_down_<q>(ptrs, down_off, ids, h, weights, out, A, D, I)         (kernels.KERNELS["moe_down"])
-    strata_moe_gate_up_route_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk,
-                                 down_off, down_bytes)
+    strata_moe_gate_up_route_<q>(ptrs, gate_off, up_off, ids, x, h, A, I, D, logits, weights, E, norm_topk)
         gate|up over each token's own routing of logits [T, E], ids and weights written  ("moe_gate_up_route")
 
 gate_up_launch / down_launch give (table op, quant type, grid, block, dynamic shared bytes) from
@@ -180,12 +179,9 @@ class MoeDecodeOps:
         return self._run(spec, args, (T * A, I))
 
     def moe_gate_up_route(self, q: str, blobs, gate_off: int, up_off: int, logits, x, A: int, I: int, D: int,
-                          norm_topk: bool = True, *, host=(), pads=None, gx: int | None = None, down_off: int = 0,
-                          down_bytes: int = 0):
+                          norm_topk: bool = True, *, host=(), pads=None, gx: int | None = None):
         """strata_moe_gate_up_route_<q>: each token's top-A of logits [T, E] (strata_moe_route_f32's picks)
-        and moe_gate_up over them -> (h [T * A, I], ids [T, A] int32, weights [T, A] f32); down_bytes > 0 also
-        asks for each picked blob's down_bytes at down_off into the L2 by bulk prefetches, < 0 by 128-byte lines
-        (l2-ahead's hint: no result)."""
+        and moe_gate_up over them -> (h [T * A, I], ids [T, A] int32, weights [T, A] f32)."""
         q = qtype(q).name
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -201,8 +197,7 @@ class MoeDecodeOps:
         ptrs = self._place_blobs(blobs, frozenset(host), pads)
         h, ids, w = (self.ops._output(n * 4) for n in (T * A * I, T * A, T * A))
         self.ops._launch(spec.op, spec.grid, (self.ops._upload(ptrs), gate_off, up_off, ids, self.ops._upload(x), h,
-                                              A, I, D, self.ops._upload(logits), w, E, int(bool(norm_topk)),
-                                              down_off, down_bytes),
+                                              A, I, D, self.ops._upload(logits), w, E, int(bool(norm_topk))),
                          spec.shared_bytes, stream=self.stream, qtype=spec.qtype)
         out = (self.ops._download(h, (T * A, I), np.float32), self.ops._download(ids, (T, A), np.int32),
                self.ops._download(w, (T, A), np.float32))

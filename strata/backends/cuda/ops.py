@@ -60,15 +60,6 @@ from .ops_dense import GEMV_MAX_T, WEIGHT_SCRATCH_BYTES, DenseOps  # noqa: F401 
 from .moe_plan import RESIDENT, MoePlan
 
 
-L2_AHEAD_RANGES = 6                  # strata_l2_ahead's byte ranges
-# bytes a bulk prefetch of it; 0: 128-byte lines by prefetch.global.L2 (a block with bulk prefetches in flight
-# does not exit before they land, so the kernel after it waited: 55 us a layer on an H100, 33rd session)
-L2_AHEAD_CHUNK = 0
-L2_AHEAD_LINES_A_THREAD = 4          # the line form's grid: about this many lines a thread, at most 8 blocks an SM
-# what l2-ahead asks for (DeviceOps.l2_ahead; "down": the routing gate|up kernel asks for its tokens' down matrices)
-L2_AHEAD_PARTS = ("attn_output", "ffn_gate_inp", "next_qkv", "down")
-
-
 class DeviceOps(DenseOps, AttentionOps):
     """Ops of one model on one GPU (see the module doc). Counters: expert_uses, bytes_h2d."""
 
@@ -79,7 +70,6 @@ class DeviceOps(DenseOps, AttentionOps):
         self.pool = Pool(rt, device)
         self.num_sms = device.multiprocessor_count
         self.paths = paths
-        self.l2_ahead_parts = L2_AHEAD_PARTS     # tools/decode_variants.py --l2-ahead sets it per arm
         self.pdl = paths.pdl and tuple(getattr(device, "compute_capability", (0, 0))) >= (9, 0)
         for path, libraries in WGMMA_LIBRARIES.items():   # trial paths: refused in one line where they cannot run
             for library in libraries if getattr(paths, path.replace("-", "_")) else ():
@@ -261,45 +251,6 @@ class DeviceOps(DenseOps, AttentionOps):
     # ---- weights -----------------------------------------------------------------------------
     def has_weight(self, name: str) -> bool:
         return self.w.has(name)
-
-    def l2_ahead(self, layer: int) -> None:
-        """l2-ahead (on trial): once a decode step's layer has its q and k normed and its cells appended, ask
-        the weights of l2_ahead_parts into the L2 (strata_l2_ahead, a dependency hop in the PDL chain) while
-        attention and its combine leave the memory system idle: this layer's attention output and router
-        ("attn_output", "ffn_gate_inp"), the next layer's q, k and v ("next_qkv"). Quietly nothing without
-        PDL (the prefetch would then hold the chain up, not run beside it)."""
-        if not (self.paths.l2_ahead and self.pdl):
-            return
-        names = []
-        for part in self.l2_ahead_parts:
-            if part == "down":          # asked for by the routing gate|up kernel (l2_ahead_down)
-                continue
-            if part == "next_qkv":
-                if layer + 1 < self.args.num_hidden_layers:
-                    names += [f"blk.{layer + 1}.attn_{p}.weight" for p in "qkv"]
-            else:
-                names.append(f"blk.{layer}.{part}.weight")
-        ranges = []
-        for name in names:
-            if self.has_weight(name):
-                w = self.w.tensor(name)
-                ranges.append((w.ptr, w.rows * qtype_of(w.qtype).row_bytes(w.shape[-1])))
-        if not ranges:
-            return
-        ranges = (ranges + [(0, 0)] * L2_AHEAD_RANGES)[:L2_AHEAD_RANGES]
-        block = KERNELS["l2_ahead"].block
-        if L2_AHEAD_CHUNK:
-            chunks = sum(-(-n // L2_AHEAD_CHUNK) for _, n in ranges)
-            grid = max(1, min(self.num_sms, -(-chunks // block)))
-        else:
-            lines = sum(n >> 7 for _, n in ranges)
-            grid = max(1, min(8 * self.num_sms, -(-lines // (block * L2_AHEAD_LINES_A_THREAD))))
-        self.launch("l2_ahead", grid, (*(v for r in ranges for v in r), L2_AHEAD_CHUNK))
-
-    def l2_ahead_down(self) -> bool:
-        """Whether a decode step's routing gate|up kernel asks for its tokens' down matrices into the L2
-        (l2-ahead's "down" part; strata_moe_gate_up_route_*'s down_bytes)."""
-        return self.paths.l2_ahead and self.pdl and "down" in self.l2_ahead_parts
 
     # ---- elementwise and shape -----------------------------------------------------------------
     @staticmethod

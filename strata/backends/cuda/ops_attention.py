@@ -343,8 +343,6 @@ class AttentionOps:
             return self.attention(q, k, v, layer, kv, positions)
         pos = self._positions(positions)
         q_out = self._fused_append(q, k, v, q_norm, k_norm, eps, layer, kv, pos)
-        if q.shape[0] <= DECODE_ROWS_MAX:
-            self.l2_ahead(layer)            # l2-ahead (on trial): the next GEMVs' weights, during attention
         if getattr(kv, "quantized", False):
             return self._attend_quantized(q_out, k.shape[1], kv, layer, pos)
         return self._attend_cells(q_out, k.shape[1], kv, layer, pos)
