@@ -28,6 +28,9 @@
 #               neither, twice on one load, context 512), decode_profile --graphs-only at context 512 with both and
 #               --kernels-off of both, 12 GiB decode (prompt 512, INMOE_DECODE tokens) on, off, on, off (INMOE_B12_ROUNDS=1:
 #               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
+#     ctx16     decode after CTX16_CONTEXT (16384) cells: decode_profile --graphs-only there, then resident bench (prompt
+#               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
+#               combine before fc452d8 (.whl/attention_precombine.fatbin, if carried), the defaults again
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -228,6 +231,20 @@ if has inmoe; then      # #16: moe_route's launch folded into gate|up's blocks
     for off in "" route-in-moe,norm-in-router; do
         bench_synthetic "inmoe_res_$([ -n "$off" ] && echo off || echo on)" 80 qwen3-30b-a3b \
             --prompt "${INMOE_RES_PROMPTS:-512,16384}" --decode 128 ${off:+--kernels-off $off}
+    done
+fi
+if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels and the 32nd session's changes there
+    echo "== decode profile at context ${CTX16_CONTEXT:-16384} ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/decode_profile.py --graphs-only --context "${CTX16_CONTEXT:-16384}" \
+        --json "$OUT/ctx16_profile.json" 2>&1 | grep -vE "^  timing" | head -16
+    for arm in default apart precombine default; do
+        case $arm in
+            apart) bench_synthetic ctx16_apart 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 \
+                       --kernels-off route-in-moe,norm-in-router ;;
+            precombine) [ -f .whl/attention_precombine.fatbin ] && with_fatbin attention .whl/attention_precombine.fatbin \
+                            bench_synthetic ctx16_precombine 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 ;;
+            *) bench_synthetic "ctx16_$arm" 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 ;;
+        esac
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
