@@ -31,6 +31,11 @@
 #     ctx16     decode after CTX16_CONTEXT (16384) cells: decode_profile --graphs-only there, then resident bench (prompt
 #               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
 #               combine before fc452d8 (.whl/attention_precombine.fatbin, if carried), the defaults again
+#     early     #16: the one-row GEMVs asking for their first row's weights before their PDL wait (variant fatbins
+#               from tools/variants/make_early_weights.sh, carried in .whl: early1 into the L2, early2 into the L1):
+#               tree, early1, early2 twice (EARLY_ROUNDS=1: once), each arm's test_row_invariant_gpu -k gemv and
+#               test_cuda_runner's one-row test (the bits) in round 1, and a resident bench (prompt 512, EARLY_DECODE=256 decoded); then decode_profile
+#               --graphs-only at 512 for tree and early1
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -245,6 +250,34 @@ if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels an
                             bench_synthetic ctx16_precombine 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 ;;
             *) bench_synthetic "ctx16_$arm" 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 ;;
         esac
+    done
+fi
+early_arm() {            # early_arm NAME: this build's gemv / decode_fused fatbins as they are (the `early` step's arms)
+    local name=$1
+    if [ -n "${EARLY_TESTS:-1}" ]; then     # the arm's bits: the one-row kernels against the 4-row ones
+        timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_row_invariant_gpu.py -k "gemv" \
+            tests/engine/test_cuda_runner.py::test_one_row_gemv_changes_no_bit 2>&1 | tail -1
+    fi
+    bench_synthetic "early_res_$name" 80 qwen3-30b-a3b --prompt 512 --decode "${EARLY_DECODE:-256}"
+}
+if has early; then      # #16: the one-row GEMVs' first weights asked for before their PDL wait (variant fatbins)
+    for round in 1 2; do
+        for arm in tree early1 early2; do
+            [ "$round" = 2 ] && [ "${EARLY_ROUNDS:-2}" = 1 ] && break
+            echo "== early-weights arm $arm, round $round ($(elapsed) s)"
+            if [ "$arm" = tree ]; then
+                EARLY_TESTS=$([ "$round" = 1 ] && echo 1) early_arm "tree$round"
+            elif [ -f ".whl/gemv_$arm.fatbin" ]; then
+                EARLY_TESTS=$([ "$round" = 1 ] && echo 1) with_fatbin gemv ".whl/gemv_$arm.fatbin" \
+                    with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" early_arm "$arm$round"
+            fi
+        done
+    done
+    for arm in tree early1; do     # the step's kernels: q|k|v (gemv3_one) and the attention output (gemv_one)
+        echo "== decode profile, $arm ($(elapsed) s)"
+        cmd=(timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/early_profile_$arm.json")
+        [ "$arm" != tree ] && cmd=(with_fatbin gemv ".whl/gemv_$arm.fatbin" with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" "${cmd[@]}")
+        "${cmd[@]}" 2>&1 | grep -E "whole step|gemv" | head -6
     done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
