@@ -158,10 +158,11 @@ def moe_decode(ops, x: DeviceTensor, lay: ExpertLayer, ids: DeviceTensor, weight
     A = ids.shape[1]
     gate, up, down = lay.parts["gate"], lay.parts["up"], lay.parts["down"]
     I = gate.rows
-    if route is not None and not fused_decode_takes(ops, lay, T, A):
+    fused = fused_decode_takes(ops, lay, T, A)
+    if route is not None and not fused:
         raise InvalidArgument(f"moe_decode: the routing in gate|up needs its fused kernels ({gate.qtype} gate, "
                               f"{up.qtype} up, {T} tokens top-{A})")
-    if fused_decode_takes(ops, lay, T, A):
+    if fused:
         h = ops.alloc((T * A, I))
         if route is None:
             spec = gate_up_launch(gate.qtype, T, A, I, D, ops.num_sms)
