@@ -33,9 +33,9 @@
 #               combine before fc452d8 (.whl/attention_precombine.fatbin, if carried), the defaults again
 #     early     #16: the one-row GEMVs asking for their first row's weights before their PDL wait (variant fatbins
 #               from tools/variants/make_early_weights.sh, carried in .whl: early1 into the L2, early2 into the L1):
-#               tree, early1, early2 twice (EARLY_ROUNDS=1: once), each arm's test_row_invariant_gpu -k gemv and
-#               test_cuda_runner's one-row test (the bits) in round 1, and a resident bench (prompt 512, EARLY_DECODE=256 decoded); then decode_profile
-#               --graphs-only at 512 for tree and early1
+#               tools/decode_variants.py --fatbin-arms (tree, early1, early2 twice on one load) at each of
+#               EARLY_CONTEXTS (512); each arm's test_row_invariant_gpu -k gemv and test_cuda_runner's one-row test
+#               (the bits; EARLY_BENCH=1 adds a resident bench an arm); decode_profile --graphs-only at 512, tree, early1
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -254,24 +254,27 @@ if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels an
 fi
 early_arm() {            # early_arm NAME: this build's gemv / decode_fused fatbins as they are (the `early` step's arms)
     local name=$1
-    if [ -n "${EARLY_TESTS:-1}" ]; then     # the arm's bits: the one-row kernels against the 4-row ones
-        timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_row_invariant_gpu.py -k "gemv" \
-            tests/engine/test_cuda_runner.py::test_one_row_gemv_changes_no_bit 2>&1 | tail -1
-    fi
-    bench_synthetic "early_res_$name" 80 qwen3-30b-a3b --prompt 512 --decode "${EARLY_DECODE:-256}"
+    echo "== early-weights arm $name: bit tests ($(elapsed) s)"
+    timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_row_invariant_gpu.py -k "gemv" \
+        tests/engine/test_cuda_runner.py::test_one_row_gemv_changes_no_bit 2>&1 | tail -1
+    if [ -n "${EARLY_BENCH:-}" ]; then bench_synthetic "early_res_$name" 80 qwen3-30b-a3b --prompt 512 --decode 256; fi
 }
 if has early; then      # #16: the one-row GEMVs' first weights asked for before their PDL wait (variant fatbins)
-    for round in 1 2; do
-        for arm in tree early1 early2; do
-            [ "$round" = 2 ] && [ "${EARLY_ROUNDS:-2}" = 1 ] && break
-            echo "== early-weights arm $arm, round $round ($(elapsed) s)"
-            if [ "$arm" = tree ]; then
-                EARLY_TESTS=$([ "$round" = 1 ] && echo 1) early_arm "tree$round"
-            elif [ -f ".whl/gemv_$arm.fatbin" ]; then
-                EARLY_TESTS=$([ "$round" = 1 ] && echo 1) with_fatbin gemv ".whl/gemv_$arm.fatbin" \
-                    with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" early_arm "$arm$round"
-            fi
-        done
+    arms=""
+    for arm in early1 early2; do
+        [ -f ".whl/gemv_$arm.fatbin" ] && arms+="$arm:gemv=.whl/gemv_$arm.fatbin,decode_fused=.whl/decode_fused_$arm.fatbin;"
+    done
+    for ctx in ${EARLY_CONTEXTS:-512}; do
+        echo "== decode variants --fatbin-arms, context $ctx ($(elapsed) s)"
+        timeout "$(budget 180)" $PY tools/decode_variants.py --fatbin-arms "$arms" --context "$ctx" --decode 256 \
+            --json "$OUT/early_variants_$ctx.json" 2>&1 | tail -7
+    done
+    for arm in tree early1 early2; do
+        if [ "$arm" = tree ]; then
+            early_arm tree
+        elif [ -f ".whl/gemv_$arm.fatbin" ]; then
+            with_fatbin gemv ".whl/gemv_$arm.fatbin" with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" early_arm "$arm"
+        fi
     done
     for arm in tree early1; do     # the step's kernels: q|k|v (gemv3_one) and the attention output (gemv_one)
         echo "== decode profile, $arm ($(elapsed) s)"

@@ -8,6 +8,7 @@ split-K kernel.
     python tools/decode_variants.py --route [--context 512]
     python tools/decode_variants.py --route-in-moe [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
+    python tools/decode_variants.py --fatbin-arms "early1:gemv=.whl/gemv_early1.fatbin,decode_fused=.whl/decode_fused_early1.fatbin"
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
@@ -47,6 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
+    ap.add_argument("--fatbin-arms", default="",
+                    help="only variant builds against this one, on one load (DeviceOps.swap_library): arms "
+                         "'name:lib=fatbin[,lib=fatbin]' separated by ';', each timed after the tree's, A B C A B C")
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.context.split(",")]
     if contexts != sorted(set(contexts)) or (len(contexts) > 1 and not args.attention):
@@ -79,9 +83,20 @@ def main(argv=None) -> int:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
         variants = [("4 rows a warp", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
         variants *= 2
+    fatbins = {}            # variant name -> {library: fatbin path} (the --fatbin-arms arms; the tree's: {})
+    if args.fatbin_arms:
+        fatbins = {"tree": {}}
+        for arm in filter(None, (a.strip() for a in args.fatbin_arms.split(";"))):
+            name, _, libs = arm.partition(":")
+            fatbins[name] = dict(lib.split("=", 1) for lib in libs.split(","))
+        variants = [(n, True, 2, True, True, False) for n in fatbins] * 2
     rows = []
     for name, fused, bps, split, pdl, route in variants:
         try:
+            if fatbins:     # this arm's libraries from its fatbins, every other (and the tree's) from the package
+                for lib in {lib for libs in fatbins.values() for lib in libs}:
+                    path = fatbins[name].get(lib)
+                    runner.ops.swap_library(lib, Path(path).read_bytes() if path else None)
             if name in one_rows:
                 cuda_memory.ONE_ROW_BLOCKS_PER_SM = one_rows[name]
             one_row = {"one_row_gemv": name in one_rows} if args.one_row else {}     # else the load's (default on)

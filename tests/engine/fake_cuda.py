@@ -419,11 +419,13 @@ def copy_h2d_batch(dst, src, nbytes, stream) -> None:
 
 
 class Library:
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, image: bytes | None = None):
+        self.name, self.image = name, image      # image: a variant's fatbin (DeviceOps.swap_library); not read
 
     def kernel(self, device, name: str, signature: str):
-        return Kernel(self.name, name, signature)
+        k = Kernel(self.name, name, signature)
+        k.image = self.image
+        return k
 
 
 pdl_launches: list = []     # names of kernels launched as programmatic dependent launches

@@ -816,3 +816,28 @@ def test_generation_picks_on_the_device_without_downloading_logits(fake, monkeyp
     assert out.token_ids == cpu.generate("def f(x):", max_tokens=6, temperature=0.0).token_ids
     steps = {m: t["steps"] for m, t in llm.status()["decode"]["host_ms"].items()}
     assert sum(steps.values()) == len(out.token_ids) - 1     # each step timed until pick() had its token
+
+
+def test_swap_library_launches_a_variants_kernels_until_swapped_back(fake, rng):
+    """DeviceOps.swap_library (tools/decode_variants.py --fatbin-arms): after a swap, the library's kernels of
+    later steps come from the variant's image, other libraries' from the package; swapping back (None)
+    returns to the package's; graphs captured before are the caller's to drop."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 14)
+    runner = CudaRunner(pack, 64, EngineConfig(cuda_graphs=True))
+    plain = [runner.prefill(ids[:8], 0)] + [runner.decode(t) for t in ids[8:10]]
+    ops = runner.ops
+    gemv_names = {n for n, k in ops._kernels.items() if k.library == "gemv"}
+    assert gemv_names and all(getattr(ops._kernels[n], "image", None) is None for n in gemv_names)
+    ops.swap_library("gemv", b"variant")
+    runner.drop_graphs()
+    runner.decode(ids[10])
+    swapped = {n: k for n, k in ops._kernels.items() if k.library == "gemv"}
+    assert swapped and all(k.image == b"variant" for k in swapped.values())
+    assert all(k.image is None for k in ops._kernels.values() if k.library != "gemv")
+    ops.swap_library("gemv", None)
+    runner.drop_graphs()
+    runner.decode(ids[11])
+    assert all(k.image is None for k in ops._kernels.values())
+    again = CudaRunner(pack, 64, EngineConfig(cuda_graphs=True))
+    np.testing.assert_array_equal(again.prefill(ids[:8], 0), plain[0])

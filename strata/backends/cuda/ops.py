@@ -86,6 +86,7 @@ class DeviceOps(DenseOps, AttentionOps):
         # with both operands moved by the TMA (moe.grouped_gemm's tma: strata_moe_gemm_wst_f16), X then f16
         self.gemm_dq = tma_gemm_runs(paths, rt.read_manifest(), getattr(device, "compute_capability", None))
         self._kernels: dict = {}             # entry name -> runtime kernel
+        self._libraries: dict = {}           # library -> a variant's loaded fatbin (swap_library), else the package's
         self._launches: dict = {}            # (op, field values) -> (kernel, block, pdl)
         self._f32_weights: dict = {}
         self._zeros = None
@@ -114,9 +115,23 @@ class DeviceOps(DenseOps, AttentionOps):
             name = k.name(**fields)
             kernel = self._kernels.get(name)
             if kernel is None:
-                kernel = self._kernels[name] = self.rt.load_library(k.library).kernel(self.device, name, k.signature)
+                library = self._libraries.get(k.library) or self.rt.load_library(k.library)
+                kernel = self._kernels[name] = library.kernel(self.device, name, k.signature)
             hit = self._launches[key] = (kernel, k.block, self.pdl and k.library in PDL_LIBRARIES)
         return hit
+
+    def swap_library(self, library: str, image: bytes | None = None) -> None:
+        """Launch library `library`'s kernels from the fatbin `image` from now on (None: the package's again), for
+        an A/B of a variant build on one load (tools/decode_variants.py --fatbin-arms). The image must hold every
+        entry of the table's library with the same signatures. Graphs captured before keep the kernels they were
+        captured with: the caller drops them."""
+        self._libraries.pop(library, None)
+        if image is not None:
+            self._libraries[library] = self.rt.Library(library, image)
+        ops = {op for op, k in KERNELS.items() if k.library == library}
+        names = {n for op in ops for n in KERNELS[op].names()}
+        self._kernels = {n: k for n, k in self._kernels.items() if n not in names}
+        self._launches = {key: v for key, v in self._launches.items() if key[0] not in ops}
 
     def preload_tma_gemm(self, layers) -> None:
         """tma-gemm's kernels for these expert layers' and the dense weights' types, looked up at load: the
