@@ -30,7 +30,8 @@
 #               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
 #     ctx16     decode after CTX16_CONTEXT (16384) cells: decode_profile --graphs-only there, then resident bench (prompt
 #               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
-#               combine before fc452d8 (.whl/attention_precombine.fatbin, if carried), the defaults again
+#               combine before fc452d8 (.whl/attention_precombine.fatbin from tools/variants/make_precombine.sh,
+#               if carried), the defaults again
 #     early     #16: the one-row GEMVs asking for their first row's weights before their PDL wait (variant fatbins
 #               from tools/variants/make_early_weights.sh, carried in .whl: early1 into the L2, early2 into the L1):
 #               tools/decode_variants.py --fatbin-arms (tree, early1, early2 twice on one load) at each of
