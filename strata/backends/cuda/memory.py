@@ -41,6 +41,13 @@ def gemv_grid(qtype: str, rows: int, n: int, one_row: bool = False) -> int:
     return max(1, -(-rows // CudaOps.gemv_rows_per_block(CudaOps, qtype, n, one_row)))
 
 
+def split_grid(qtype: str, rows: int, n: int) -> int:
+    """Blocks of the split-K one-token GEMVs (strata_gemv_split_<qtype>, strata_gemv_rows_split_<qtype>, and
+    strata_add_norm_router_f32, launched as they are): a block per row set of one warp, so four times
+    gemv_grid's blocks of four warps' sets. Any grid gives the same bits."""
+    return gemv_grid(qtype, rows, n) * 4
+
+
 def router_grid(rows: int, n: int) -> int:
     """Blocks of strata_router_split_f32 / strata_router_rows_split_f32 (cuda/gemv.cu): one row a lane,
     so a block covers 32 / lanes rows (lanes = the power of two >= the row's units, at most 32: units

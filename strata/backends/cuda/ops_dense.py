@@ -8,7 +8,8 @@ import numpy as np
 from ...errors import InvalidArgument
 from ...quant import qtype as qtype_of
 from .kernels import DQ_GROUP_QTYPES, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, ONE_ROW_QTYPES
-from .memory import STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid
+from .memory import (STAGED_BLOCKS_PER_SM, DeviceTensor, Weight, gemv_grid, gemv_whole_grid, router_grid,
+                     split_grid)
 from .moe import DQ_MIN_ROWS, GroupTable, grouped_gemm, tensor_core_gemm
 from .testing import CudaOps
 
@@ -91,12 +92,11 @@ class DenseOps:
         rows, n, q = w.rows, w.shape[-1], w.qtype
         split = self._takes_split(w)
         if T > 1:       # row-invariant: each row is the one-token launch's (speculation and slots rely on it)
-            grid = gemv_grid(q, rows, n) if split else gemv_whole_grid(q, rows, n, T, self.num_sms)
-            self.launch("gemv_rows_split" if split else "gemv_rows", grid * 4 if split else grid,
-                        (w.ptr, x, y, rows, n, T), qtype=q)
+            grid = split_grid(q, rows, n) if split else gemv_whole_grid(q, rows, n, T, self.num_sms)
+            self.launch("gemv_rows_split" if split else "gemv_rows", grid, (w.ptr, x, y, rows, n, T), qtype=q)
             return
         if split:
-            self.launch("gemv_split", gemv_grid(q, rows, n) * 4, (w.ptr, x, y, rows, n), qtype=q)
+            self.launch("gemv_split", split_grid(q, rows, n), (w.ptr, x, y, rows, n), qtype=q)
         elif self._one_row(q, rows, n):     # gemv's bits, one row a warp
             self.launch("gemv_one", gemv_whole_grid(q, rows, n, 1, self.num_sms, one_row=True), (w.ptr, x, y, rows, n),
                         qtype=q)
@@ -166,7 +166,7 @@ class DenseOps:
         T = x.size // n
         x_out, normed = self.alloc(x.shape), self.alloc(x.shape)
         logits = self.alloc((*x.shape[:-1], w.rows))
-        self.launch("add_norm_router", gemv_grid(w.qtype, w.rows, n) * 4,
+        self.launch("add_norm_router", split_grid(w.qtype, w.rows, n),
                     (x.ptr, y.ptr, x_out.ptr, self._f32_weight(name), normed.ptr, w.ptr, logits.ptr, w.rows, n, T,
                      float(eps)), T * n * 4)
         return x_out, normed, logits
