@@ -30,8 +30,12 @@
 #               on, off), then resident prompts INMOE_RES_PROMPTS (512,16384) with decode after each, on and off
 #     ctx16     decode after CTX16_CONTEXT (16384) cells: decode_profile --graphs-only there, then resident bench (prompt
 #               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
-#               combine before fc452d8 (.whl/attention_precombine.fatbin from tools/variants/make_precombine.sh,
+#               combine before fc452d8 (.whl/attention_precombine.fatbin from tools/variants/make_combine_arms.sh,
 #               if carried), the defaults again
+#     combine   the decode combine: the tree's (splits up to the last used one), before fc452d8 (every split) and
+#               acfcca8's (a list of the used splits), fatbins from tools/variants/make_combine_arms.sh carried in
+#               .whl: test_attention_gpu -k combine on each; tools/decode_variants.py --fatbin-arms at COMBINE_CONTEXTS
+#               (16384 512); kv_attention_bench f16,f16tc at 512,16384 cells on each; decode_profile at 16384
 #     early     #16: the one-row GEMVs asking for their first row's weights before their PDL wait (variant fatbins
 #               from tools/variants/make_early_weights.sh, carried in .whl: early1 into the L2, early2 into the L1):
 #               tools/decode_variants.py --fatbin-arms (tree, early1, early2 twice on one load) at each of
@@ -242,7 +246,7 @@ fi
 if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels and the 32nd session's changes there
     echo "== decode profile at context ${CTX16_CONTEXT:-16384} ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/decode_profile.py --graphs-only --context "${CTX16_CONTEXT:-16384}" \
-        --json "$OUT/ctx16_profile.json" 2>&1 | grep -vE "^  timing" | head -16
+        --json "$OUT/ctx16_profile.json" 2>&1 | grep -vE "^  timing" | tail -16
     for arm in default apart precombine default; do
         case $arm in
             apart) bench_synthetic ctx16_apart 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 \
@@ -252,6 +256,33 @@ if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels an
             *) bench_synthetic "ctx16_$arm" 80 qwen3-30b-a3b --prompt "${CTX16_CONTEXT:-16384}" --decode 128 ;;
         esac
     done
+fi
+combine_arms() {         # name=fatbin pairs of the `combine` step's variant builds that were carried
+    local a
+    for a in precombine skiplist; do [ -f ".whl/attention_$a.fatbin" ] && echo "$a:attention=.whl/attention_$a.fatbin"; done
+}
+if has combine; then     # #16: which decode combine (splits up to the last used / every split / a list of used ones)
+    for arm in tree $(combine_arms | cut -d: -f1); do
+        echo "== combine arm $arm: GPU tests ($(elapsed) s)"
+        cmd=(timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py -k combine)
+        [ "$arm" != tree ] && cmd=(with_fatbin attention ".whl/attention_$arm.fatbin" "${cmd[@]}")
+        "${cmd[@]}" 2>&1 | tail -1
+    done
+    for ctx in ${COMBINE_CONTEXTS:-16384 512}; do
+        echo "== decode variants --fatbin-arms, context $ctx ($(elapsed) s)"
+        timeout "$(budget 150)" $PY tools/decode_variants.py --fatbin-arms "$(combine_arms | paste -sd';')" --context "$ctx" \
+            --decode "$([ "$ctx" -gt 4096 ] && echo 128 || echo 256)" --json "$OUT/combine_variants_$ctx.json" 2>&1 | tail -7
+    done
+    for arm in tree $(combine_arms | cut -d: -f1); do
+        echo "== kv_attention_bench, $arm ($(elapsed) s)"
+        cmd=(timeout "$(budget 60)" $PY tools/kv_attention_bench.py --cells 512,16384 --formats f16,f16tc
+             --json "$OUT/combine_kvbench_$arm.json")
+        [ "$arm" != tree ] && cmd=(with_fatbin attention ".whl/attention_$arm.fatbin" "${cmd[@]}")
+        "${cmd[@]}" 2>&1 | tail -6
+    done
+    echo "== decode profile at context 16384 ($(elapsed) s)"
+    timeout "$(budget 120)" $PY tools/decode_profile.py --graphs-only --context 16384 \
+        --json "$OUT/combine_profile.json" 2>&1 | grep -vE "^  timing" | tail -14
 fi
 early_arm() {            # early_arm NAME: this build's gemv / decode_fused fatbins as they are (the `early` step's arms)
     local name=$1
