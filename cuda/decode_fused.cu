@@ -428,18 +428,6 @@ struct Three {
     }
 };
 
-// staged_three's first row set of this warp (one token, OneRow<U>), asked for early (gemv_rows.cuh's early_row).
-template <class U>
-__device__ __forceinline__ void early_three(const Three& m, int n) {
-    const UnitLanes<U> L(n);
-    const long long warp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-    const uint8_t* W;
-    float* y;
-    int rows, base;
-    if (m.find(warp, 32 / L.lanes, W, y, rows, base) && base + L.sub < rows)
-        early_row<U>(W + static_cast<long long>(base + L.sub) * L.row_bytes, n);
-}
-
 // gemv3_body / gemv3_rows_body with x staged (gemv_rows.cuh's staged_rounds): the same row sets of the
 // three matrices, warp w of the block taking set blockIdx.x * kWarps + w, then that plus the grid's warps.
 template <class U, int B, bool kOnce = false>
@@ -578,7 +566,7 @@ STRATA_GEMV3_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 // all its rounds, so the host caps the grid (the kernel path one-row-gemv).
 #define STRATA_GEMV3_ONE(name, Unit)                                                                   \
     extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_one_##name(STRATA_GEMV3_ARGS) { \
-        STRATA_PDL_EARLY((early_three<OneRow<Unit>>(STRATA_GEMV3_THREE, n)));                          \
+        STRATA_PDL_ENTRY();                                                                            \
         staged_three<OneRow<Unit>, 1, true>(STRATA_GEMV3_THREE, x, n, nullptr, 1);                     \
     }
 
@@ -589,7 +577,7 @@ STRATA_GEMV3_ONE(q5_1, UnitQ5_1)
 STRATA_GEMV3_ONE(q8_0, UnitQ8_0)
 
 extern "C" __global__ void __launch_bounds__(kWarps * 32) strata_gemv3_one_iq4_nl(STRATA_GEMV3_ARGS) {
-    STRATA_PDL_EARLY((early_three<OneRow<UnitIQ4_NL>>(STRATA_GEMV3_THREE, n)));
+    STRATA_PDL_ENTRY();
     __shared__ float table[16];
     fill_iq4_table(table);
     staged_three<OneRow<UnitIQ4_NL>, 1, true>(STRATA_GEMV3_THREE, x, n, table, 1);

@@ -168,7 +168,7 @@ STRATA_GEMV_IQ4(iq4_xs, UnitIQ4_XS, BlockIQ4_XS)
 #define STRATA_GEMV_ONE(name, Unit)                                                                    \
     extern "C" __global__ void __launch_bounds__(kWarps * 32)                                         \
         strata_gemv_one_##name(const uint8_t* W, const float* x, float* y, int rows, int n) {          \
-        STRATA_PDL_EARLY((early_one<kWarps, OneRow<Unit>>(W, rows, n)));                               \
+        STRATA_PDL_ENTRY();                                                                            \
         gemv_body<kWarps, OneRow<Unit>>(W, x, y, rows, n, nullptr);                                    \
     }
 
@@ -180,7 +180,7 @@ STRATA_GEMV_ONE(q8_0, UnitQ8_0)
 
 extern "C" __global__ void __launch_bounds__(kWarps * 32)
     strata_gemv_one_iq4_nl(const uint8_t* W, const float* x, float* y, int rows, int n) {
-    STRATA_PDL_EARLY((early_one<kWarps, OneRow<UnitIQ4_NL>>(W, rows, n)));
+    STRATA_PDL_ENTRY();
     __shared__ float table[16];
     fill_iq4_table(table);
     gemv_body<kWarps, OneRow<UnitIQ4_NL>>(W, x, y, rows, n, table);

@@ -145,35 +145,6 @@ struct OneRow : U {
     static constexpr int kRows = 1;
 };
 
-// STRATA_EARLY_WEIGHTS (a variant build; pdl.cuh's STRATA_PDL_EARLY): before its PDL wait, each lane of a
-// one-row kernel asks for the lines of its units of the warp's first row, so the weights stream in while the
-// kernel before (a norm, the attention's combine: a few blocks, so these blocks are already resident) runs.
-// STRATA_EARLY_WEIGHTS=1 into the L2 (prefetch.global.L2), 2 into the L1 (prefetch.global.L1). A hint: the
-// arithmetic, and so the bits, are the build's without it. A unit starts every 18-34 bytes and the lanes
-// take consecutive units, so the unit starts touch every 128-byte line of the row.
-template <class U>
-__device__ __forceinline__ void early_row(const uint8_t* row, int n) {
-#if defined(STRATA_EARLY_WEIGHTS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const UnitLanes<U> L(n);
-    for (int u = L.sl; u < L.units; u += L.lanes) {
-        const uint8_t* p = row + static_cast<long long>(u / U::kUnits) * U::kBlockBytes;
-#if STRATA_EARLY_WEIGHTS == 2
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#else
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-    }
-#endif
-}
-
-// The warp's first row set of staged_gemv (one token, OneRow<U>), asked for early.
-template <int kWarps, class U>
-__device__ __forceinline__ void early_one(const uint8_t* W, int rows, int n) {
-    const UnitLanes<U> L(n);
-    const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * (32 / L.lanes) + L.sub;
-    if (row0 < rows) early_row<U>(W + row0 * L.row_bytes, n);
-}
-
 template <class X>
 __device__ __forceinline__ auto fill_sum(X& x, int) -> decltype(x.sum = 0.f, void()) {
     x.sum = strata_q::sum_floats<32>(x.v);   // as load_x32

@@ -22,18 +22,3 @@
     do {                   \
     } while (0)
 #endif
-
-// STRATA_PDL_EARLY(call): STRATA_PDL_ENTRY() with `call` before the wait, in a build that defines
-// STRATA_EARLY_WEIGHTS (a variant, tools/variants/make_early_weights.sh; #16's trial of the one-row GEMVs
-// asking for their first weights while the kernel before them still runs); the plain entry otherwise.
-// `call` may read weights only (nothing another kernel writes): tests/kernels/test_build.py allows it
-// where the call is one of gemv_rows.cuh's early_* functions.
-#if defined(STRATA_EARLY_WEIGHTS)
-#define STRATA_PDL_EARLY(call) \
-    do {                       \
-        call;                  \
-        STRATA_PDL_ENTRY();    \
-    } while (0)
-#else
-#define STRATA_PDL_EARLY(call) STRATA_PDL_ENTRY()
-#endif

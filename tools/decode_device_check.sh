@@ -36,11 +36,6 @@
 #               acfcca8's (a list of the used splits), fatbins from tools/variants/make_combine_arms.sh carried in
 #               .whl: test_attention_gpu -k combine on each; tools/decode_variants.py --fatbin-arms at COMBINE_CONTEXTS
 #               (16384 512); kv_attention_bench f16,f16tc at 512,16384 cells on each; decode_profile at 16384
-#     early     #16: the one-row GEMVs asking for their first row's weights before their PDL wait (variant fatbins
-#               from tools/variants/make_early_weights.sh, carried in .whl: early1 into the L2, early2 into the L1):
-#               tools/decode_variants.py --fatbin-arms (tree, early1, early2 twice on one load) at each of
-#               EARLY_CONTEXTS (512); each arm's test_row_invariant_gpu -k gemv and test_cuda_runner's one-row test
-#               (the bits; EARLY_BENCH=1 adds a resident bench an arm); decode_profile --graphs-only at 512, tree, early1
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -283,37 +278,6 @@ if has combine; then     # #16: which decode combine (splits up to the last used
     echo "== decode profile at context 16384 ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/decode_profile.py --graphs-only --context 16384 \
         --json "$OUT/combine_profile.json" 2>&1 | grep -vE "^  timing" | tail -14
-fi
-early_arm() {            # early_arm NAME: this build's gemv / decode_fused fatbins as they are (the `early` step's arms)
-    local name=$1
-    echo "== early-weights arm $name: bit tests ($(elapsed) s)"
-    timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_row_invariant_gpu.py -k "gemv" \
-        tests/engine/test_cuda_runner.py::test_one_row_gemv_changes_no_bit 2>&1 | tail -1
-    if [ -n "${EARLY_BENCH:-}" ]; then bench_synthetic "early_res_$name" 80 qwen3-30b-a3b --prompt 512 --decode 256; fi
-}
-if has early; then      # #16: the one-row GEMVs' first weights asked for before their PDL wait (variant fatbins)
-    arms=""
-    for arm in early1 early2; do
-        [ -f ".whl/gemv_$arm.fatbin" ] && arms+="$arm:gemv=.whl/gemv_$arm.fatbin,decode_fused=.whl/decode_fused_$arm.fatbin;"
-    done
-    for ctx in ${EARLY_CONTEXTS:-512}; do
-        echo "== decode variants --fatbin-arms, context $ctx ($(elapsed) s)"
-        timeout "$(budget 180)" $PY tools/decode_variants.py --fatbin-arms "$arms" --context "$ctx" --decode 256 \
-            --json "$OUT/early_variants_$ctx.json" 2>&1 | tail -7
-    done
-    for arm in tree early1 early2; do
-        if [ "$arm" = tree ]; then
-            early_arm tree
-        elif [ -f ".whl/gemv_$arm.fatbin" ]; then
-            with_fatbin gemv ".whl/gemv_$arm.fatbin" with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" early_arm "$arm"
-        fi
-    done
-    for arm in tree early1; do     # the step's kernels: q|k|v (gemv3_one) and the attention output (gemv_one)
-        echo "== decode profile, $arm ($(elapsed) s)"
-        cmd=(timeout "$(budget 90)" $PY tools/decode_profile.py --graphs-only --context 512 --json "$OUT/early_profile_$arm.json")
-        [ "$arm" != tree ] && cmd=(with_fatbin gemv ".whl/gemv_$arm.fatbin" with_fatbin decode_fused ".whl/decode_fused_$arm.fatbin" "${cmd[@]}")
-        "${cmd[@]}" 2>&1 | grep -E "whole step|gemv" | head -6
-    done
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
     for arm in ${ROUTER_ARMS:-}; do

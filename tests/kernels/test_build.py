@@ -78,9 +78,7 @@ def test_every_kernel_of_a_pdl_library_waits_for_the_previous_grid_first():
         for at in kernels:
             body = src[src.index("{", at) + 1:]
             # (a kernel a macro defines continues its lines with backslashes)
-            # or with STRATA_PDL_EARLY((early_*(...))): the entry after a weights-only hint in a variant build
-            assert re.match(r"[\s\\]*(STRATA_PDL_ENTRY\(\)|STRATA_PDL_EARLY\(\(early_\w+<[^;]*\)\)\));", body), \
-                f"{lib}.cu: a kernel at offset {at} does not begin with it"
+            assert re.match(r"[\s\\]*STRATA_PDL_ENTRY\(\);", body), f"{lib}.cu: a kernel at offset {at} does not begin with it"
 
 
 def test_the_decode_ring_bytes_are_the_kernels():
