@@ -153,7 +153,11 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = note
         runner.decode(int(rng.integers(0, 1000)))
         ops.launch = launch
-    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [len(runner.cached_ids)], [0])
+    length = len(runner.cached_ids)
+    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [length], [0])
+    # the engine's key for a one-row step: 1, with the f16 decode kernels' rule from TC_DECODE_FROM cells on
+    # ("1+tc"); the captures below take the same kernels (steps.rows_of)
+    key = f"1{ops.decode_rule(length + 1, length + 1)}"
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).
@@ -169,8 +173,9 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = filtered
         try:
             steps = runner.steps
-            graph = capture_step(_graphs(), ops, runner.model, runner.kv, steps.plan, 1, ids, pos,
-                                 steps.step_bytes[1], (steps.step_in, steps.route_log, runner.weights))
+            with steps.rows_of((length + 1, length + 1)):
+                graph = capture_step(_graphs(), ops, runner.model, runner.kv, steps.plan, 1, ids, pos,
+                                     steps.step_bytes[key], (steps.step_in, steps.route_log, runner.weights))
         finally:
             ops.launch = launch
         start, end = rt.Event(runner.dev, timing=True), rt.Event(runner.dev, timing=True)
