@@ -155,9 +155,10 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = launch
     length = len(runner.cached_ids)
     ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [length], [0])
-    # the engine's key for a one-row step: 1, with the f16 decode kernels' rule from TC_DECODE_FROM cells on
-    # ("1+tc"); the captures below take the same kernels (steps.rows_of)
-    key = f"1{ops.decode_rule(length + 1, length + 1)}"
+    # the engine's key for a one-row step: 1, or "1+tc" with the f16 decode kernels' rule from TC_DECODE_FROM
+    # cells on (DecodeSteps.launch); the captures below take the same kernels (steps.rows_of)
+    rule = ops.decode_rule(length + 1, length + 1)
+    key = f"1{rule}" if rule else 1
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).
