@@ -8,7 +8,8 @@ call. Registers and spills come from ptxas.
 
 Needs nvcc and cuobjdump. cuobjdump is not in every CUDA install; PyPI's nvidia-cuda-cuobjdump wheel
 has it (`pip download --no-deps nvidia-cuda-cuobjdump`, unzip, point STRATA_CUOBJDUMP at
-nvidia/cu13/bin/cuobjdump). A loop is the span from a backward branch's target to the branch; its
+nvidia/cu13/bin/cuobjdump), and cuobjdump -sass runs nvdisasm, from the nvidia-cuda-nvdisasm wheel the same
+way (its nvidia/cu13/bin on PATH, or NVDISASM_PATH). A loop is the span from a backward branch's target to the branch; its
 count is the static instructions in it (branches inside a loop, like a skipped rescale, still count).
 """
 from __future__ import annotations
