@@ -32,10 +32,12 @@
 #               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
 #               combine before fc452d8 (.whl/attention_precombine.fatbin from tools/variants/make_combine_arms.sh,
 #               if carried), the defaults again
-#     combine   the decode combine: the tree's (splits up to the last used one), before fc452d8 (every split) and
-#               acfcca8's (a list of the used splits), fatbins from tools/variants/make_combine_arms.sh carried in
-#               .whl: test_attention_gpu -k combine on each; tools/decode_variants.py --fatbin-arms at COMBINE_CONTEXTS
-#               (16384 512); kv_attention_bench f16,f16tc at 512,16384 cells on each; decode_profile at 16384
+#     combine   the decode combine: the tree's (splits up to the last used one), before fc452d8 (every split),
+#               acfcca8's (a list of the used splits) and the tree's with a chunk's loads ahead (combine_ahead.patch),
+#               fatbins from tools/variants/make_combine_arms.sh carried in .whl: on each, test_attention_gpu -k
+#               combine and test_kv_decode_digest_gpu (the stored digests: the same bits as the tree's);
+#               tools/decode_variants.py --fatbin-arms at COMBINE_CONTEXTS (16384 512); kv_attention_bench f16,f16tc
+#               at 512,16384 cells on each; decode_profile at 16384
 #     routerab  tools/router_bench.py (48 routers from a graph, fused and apart, 1 and 4 tokens) on each arm of
 #               ROUTER_ARMS ("name:gemv.fatbin:moe_route.fatbin[:router grid]", - keeps this build's), then on this build
 #     partrace  tools/parallel_bench.py --trace at PARTRACE_GIB (default 12) GiB, clients PARTRACE_CLIENTS (1,2,4),
@@ -254,12 +256,15 @@ if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels an
 fi
 combine_arms() {         # name=fatbin pairs of the `combine` step's variant builds that were carried
     local a
-    for a in precombine skiplist; do [ -f ".whl/attention_$a.fatbin" ] && echo "$a:attention=.whl/attention_$a.fatbin"; done
+    for a in ${COMBINE_ARMS:-precombine skiplist ahead}; do
+        [ -f ".whl/attention_$a.fatbin" ] && echo "$a:attention=.whl/attention_$a.fatbin"
+    done
 }
 if has combine; then     # #16: which decode combine (splits up to the last used / every split / a list of used ones)
     for arm in tree $(combine_arms | cut -d: -f1); do
         echo "== combine arm $arm: GPU tests ($(elapsed) s)"
-        cmd=(timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py -k combine)
+        cmd=(timeout "$(budget 90)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_attention_gpu.py -k combine
+             tests/kernels/test_kv_decode_digest_gpu.py)
         [ "$arm" != tree ] && cmd=(with_fatbin attention ".whl/attention_$arm.fatbin" "${cmd[@]}")
         "${cmd[@]}" 2>&1 | tail -1
     done
