@@ -138,6 +138,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
     once per kernel name with every other kernel left out, and each graph is timed over replays.
     The kernels' sum against the whole step says what the split misses (overlap across kernels)."""
     from strata.backends.cuda import _graphs
+    from strata.engine.cuda_decode import row_lengths
     from strata.engine.graphs import capture_step
     ops, rt, stream = runner.ops, runner.rt, runner.stream
     launch, names = ops.launch, []
@@ -153,12 +154,12 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = note
         runner.decode(int(rng.integers(0, 1000)))
         ops.launch = launch
-    length = len(runner.cached_ids)
-    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [length], [0])
-    # the engine's key for a one-row step: 1, or "1+tc" with the f16 decode kernels' rule from TC_DECODE_FROM
-    # cells on (DecodeSteps.launch); the captures below take the same kernels (steps.rows_of)
-    rule = ops.decode_rule(length + 1, length + 1)
-    key = f"1{rule}" if rule else 1
+    position = len(runner.cached_ids)
+    ids, pos = runner.steps.stage_inputs([int(rng.integers(0, 1000))], [position], [0])
+    # the engine's key for a one-row step at this length ("1+tc" from TC_DECODE_FROM cells on); the captures
+    # below take the same kernels (steps.rows_of)
+    lengths = row_lengths([position])
+    key = runner.steps.graph_key(1, lengths)
 
     # The routing kernels always run: the expert kernels index the expert table with their ids (a
     # graph without them would read ids from whatever the pool block held before).
@@ -174,7 +175,7 @@ def graph_breakdown(runner, rng, replays: int = 20) -> dict:
         ops.launch = filtered
         try:
             steps = runner.steps
-            with steps.rows_of((length + 1, length + 1)):
+            with steps.rows_of(lengths):
                 graph = capture_step(_graphs(), ops, runner.model, runner.kv, steps.plan, 1, ids, pos,
                                      steps.step_bytes[key], (steps.step_in, steps.route_log, runner.weights))
         finally:

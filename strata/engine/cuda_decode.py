@@ -229,9 +229,7 @@ class DecodeSteps:
         (None: its own); lengths: (shortest, longest) of the rows' lengths, which name the f16 decode
         attention kernels they take (ops.decode_rule: a key's suffix, graphs apart). -> (logits,
         hidden, "eager" | "capture" | "graph")."""
-        rule = self.ops.decode_rule(*lengths) if lengths is not None else ""
-        if rule:                        # "" keeps the key as it was: an int where a row count
-            key = f"{key}{rule}"
+        key = self.graph_key(key, lengths)
         with self.rows_of(lengths):
             graph = self._graph(key, launches, kv, owned, pool_for)
             if graph is None:
@@ -244,6 +242,13 @@ class DecodeSteps:
         if mode == "graph":             # a capture counted its step while the launches ran
             self.ops.expert_uses += graph.expert_uses
         return graph.logits, graph.hidden, mode
+
+    def graph_key(self, key, lengths: tuple[int, int] | None):
+        """The key launch() files `key`'s graph under for rows of these lengths: with the f16 decode
+        kernels' rule as a suffix ("1+tc"), or `key` as it is (an int where a row count) where the rule
+        is "" or the lengths are not known."""
+        rule = self.ops.decode_rule(*lengths) if lengths is not None else ""
+        return f"{key}{rule}" if rule else key
 
     def captured(self, key) -> bool:
         """Whether a graph of `key` is captured, for any of the f16 decode kernels' rules."""
