@@ -14,6 +14,8 @@
 //                                                cells where asked (the MTP drafter's K/V ring)
 //   strata_attention_decode_combine_f32          partials -> out [B, H * Dh]
 //   strata_attention_decode_combine_rot_f32      the same, each head's output then Hadamard-rotated
+//   strata_attention_decode_cl_f16_d<Dh>_g<GP>   short rows' split-K and combine in one launch (a cluster
+//                                                a KV head, sm_90+): out [B, H * Dh]
 //   strata_attention_prefill_f16_d<Dh>           causal attention of T queries -> out [T, H * Dh]
 
 #include <cuda_fp16.h>
@@ -198,7 +200,8 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
                                                  float* __restrict__ part_ml, int H, int Hk, int max_cells,
                                                  int num_splits, float scale, int window, int ring,
                                                  const __half* __restrict__ k_vram, const __half* __restrict__ v_vram,
-                                                 int vram_cells) {
+                                                 int vram_cells, int split, int kvh, int b, int64_t slot0,
+                                                 int slot_stride) {
     constexpr int kTile = 4096 / DH;                 // cells per stage
     constexpr int kCellsPerWarp = kTile / kDecodeWarps;
     constexpr int NC = cmin(cmin(8, kCellsPerWarp), 64 / GP);
@@ -215,7 +218,6 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     __shared__ float alpha_s[kDecodeWarps][GP];
     __shared__ float ml_s[kDecodeWarps][GP][2];
 
-    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / Hk;
     const int length = lengths[b];
@@ -223,10 +225,9 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     const int per_split = (length - lo + num_splits - 1) / num_splits;
     const int span = (per_split + kTile - 1) / kTile * kTile;
     const int start = lo + split * span, end = min(length, start + span);
-    const int64_t slot0 = (static_cast<int64_t>(b) * H + kvh * G) * num_splits + split;  // head g: + g * num_splits
 
     if (start >= end) {
-        strata_dec::empty_split<DH>(G, slot0, num_splits, part_acc, part_ml);
+        strata_dec::empty_split<DH>(G, slot0, slot_stride, part_acc, part_ml);
         return;
     }
 
@@ -350,7 +351,7 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
     if (lane < GP) ml_s[warp][lane][0] = m, ml_s[warp][lane][1] = l;
     __syncthreads();
     strata_dec::write_partials<DH, GP, kDecodeWarps>(reinterpret_cast<const float(*)[GP][DH]>(acc_s), ml_s, G, slot0,
-                                                     num_splits, part_acc, part_ml);
+                                                     slot_stride, part_acc, part_ml);
 }
 
 #define STRATA_DECODE(DH, GP)                                                                                  \
@@ -360,8 +361,11 @@ __device__ __forceinline__ void attention_decode(const float* __restrict__ q, co
         int window, int ring, const __half* k_vram, const __half* v_vram, int vram_cells, int tc_from) {       \
         STRATA_PDL_ENTRY();                                                                                     \
         if (lengths[blockIdx.z] >= tc_from) return;     /* attention_dec_tc.cu's row */                        \
+        const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;                                        \
         attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, part_acc, part_ml, H, Hk, max_cells,      \
-                                 num_splits, scale, window, ring, k_vram, v_vram, vram_cells);                 \
+                                 num_splits, scale, window, ring, k_vram, v_vram, vram_cells, split, kvh, b,   \
+                                 (static_cast<int64_t>(b) * H + kvh * (H / Hk)) * num_splits + split,          \
+                                 num_splits); /* head g's slot: + g * num_splits */                            \
     }
 STRATA_DECODE(64, 1) STRATA_DECODE(64, 2) STRATA_DECODE(64, 4) STRATA_DECODE(64, 8) STRATA_DECODE(64, 16)
 STRATA_DECODE(128, 1) STRATA_DECODE(128, 2) STRATA_DECODE(128, 4) STRATA_DECODE(128, 8) STRATA_DECODE(128, 16)
@@ -383,19 +387,28 @@ STRATA_DECODE(256, 1) STRATA_DECODE(256, 2) STRATA_DECODE(256, 4) STRATA_DECODE(
 //   Launch: as the combine's. The combined head goes to shared memory, then warp 0 rotates it.
 namespace {
 
-// One (row, head) of the combine into dst[0..head_dim) (global or shared memory); every thread of the
-// block must call it.
-__device__ __forceinline__ void combine_head(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                             float* dst, int H, int head_dim, int num_splits) {
+// The partials of one (row, head) where the split kernels wrote them: parts.m(s), parts.l(s), parts.acc(s, d).
+struct GlobalParts {
+    const float* __restrict__ ml;
+    const float* __restrict__ acc;
+    int head_dim;
+    __device__ __forceinline__ float m(int s) const { return ml[2 * s]; }
+    __device__ __forceinline__ float l(int s) const { return ml[2 * s + 1]; }
+    __device__ __forceinline__ float at(int s, int d) const { return acc[static_cast<int64_t>(s) * head_dim + d]; }
+};
+
+// One (row, head) of the combine into dst[0..head_dim) (global or shared memory) from num_splits partials
+// read through parts (GlobalParts, or a cluster's shared memory: ClusterParts); every thread of the
+// 128-thread block must call it. The arithmetic is the same whatever parts reads from.
+template <class Parts>
+__device__ __forceinline__ void combine_parts(const Parts& parts, float* dst, int head_dim, int num_splits) {
     __shared__ float weight_s[kMaxSplits];
     __shared__ float red_s[4];
     __shared__ int last_s[4];
-    const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t slot0 = (static_cast<int64_t>(b) * H + h) * num_splits;
-    const float* ml = part_ml + 2 * slot0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     float mmax = -INFINITY;
-    for (int s = threadIdx.x; s < num_splits; s += blockDim.x) mmax = fmaxf(mmax, ml[2 * s]);
+    for (int s = threadIdx.x; s < num_splits; s += blockDim.x) mmax = fmaxf(mmax, parts.m(s));
     for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(kFull, mmax, o));
     if (lane == 0) red_s[warp] = mmax;
     __syncthreads();
@@ -404,10 +417,10 @@ __device__ __forceinline__ void combine_head(const float* __restrict__ part_acc,
 
     float lsum = 0.0f;
     for (int s = threadIdx.x; s < num_splits; s += blockDim.x) {
-        const float ms = ml[2 * s];
+        const float ms = parts.m(s);
         const float w = ms == -INFINITY ? 0.0f : exp2f(ms - mmax);
         weight_s[s] = w;
-        lsum = fmaf(w, ml[2 * s + 1], lsum);
+        lsum = fmaf(w, parts.l(s), lsum);
     }
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(kFull, lsum, o);
     if (lane == 0) red_s[warp] = lsum;
@@ -419,19 +432,25 @@ __device__ __forceinline__ void combine_head(const float* __restrict__ part_acc,
     // 16,384 cells 17% slower on an H100: 229-230 against 277 tok/s; this keeps the plain loop.)
     int last = -1;
     for (int s = threadIdx.x; s < num_splits; s += blockDim.x)
-        if (!(ml[2 * s] == -INFINITY && ml[2 * s + 1] == 0.0f)) last = s;
+        if (!(parts.m(s) == -INFINITY && parts.l(s) == 0.0f)) last = s;
     for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(kFull, last, o));
     if (lane == 0) last_s[warp] = last;
     __syncthreads();
     lsum = (red_s[0] + red_s[1]) + (red_s[2] + red_s[3]);
     const int used = max(max(last_s[0], last_s[1]), max(last_s[2], last_s[3])) + 1;
 
-    const float* acc = part_acc + slot0 * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < used; ++s) a = fmaf(weight_s[s], acc[static_cast<int64_t>(s) * head_dim + d], a);
+        for (int s = 0; s < used; ++s) a = fmaf(weight_s[s], parts.at(s, d), a);
         dst[d] = lsum > 0.0f ? a / lsum : 0.0f;
     }
+}
+
+// One (row, head) of the combine from the split kernels' partials (head h = blockIdx.x of row b = blockIdx.y).
+__device__ __forceinline__ void combine_head(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                             float* dst, int H, int head_dim, int num_splits) {
+    const int64_t slot0 = (static_cast<int64_t>(blockIdx.y) * H + blockIdx.x) * num_splits;
+    combine_parts(GlobalParts{part_ml + 2 * slot0, part_acc + slot0 * head_dim, head_dim}, dst, head_dim, num_splits);
 }
 
 template <int PER>
@@ -467,6 +486,90 @@ extern "C" __global__ void __launch_bounds__(128) strata_attention_decode_combin
     else if (head_dim == 128) rotate_head<4>(o_s, o, rot_scale);
     else if (head_dim == 256) rotate_head<8>(o_s, o, rot_scale);
 }
+
+// ---- decode of short rows: the split-K and its combine in one launch, a cluster a KV head ------------
+//
+// strata_attention_decode_cl_f16_d<DH>_g<GP>(q, k_cache, v_cache, lengths, bases, out, H, Hk, max_cells,
+//     scale, window, ring, k_vram, v_vram, vram_cells, below)
+//   out [B, H * DH] f32 for the rows of lengths[b] < below, bit for bit strata_attention_decode_f16 with
+//   num_splits = kClusterSplits followed by strata_attention_decode_combine_f32 (the same spans, the same
+//   split arithmetic and warp merge, the same combine); rows of `below` cells or more are left alone
+//   (nothing of theirs is written: the split-K kernels and their combine take them, launched before this).
+//   The other arguments are attention_decode's.
+// Launch: grid = (kClusterSplits, Hk, B), block = (128, 1, 1), a cluster of kClusterSplits blocks along x
+// (compiled in: sm_90 and later only; the host never launches it on older GPUs; 16 blocks is past the
+// portable cluster size, so the host sets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED first). At
+// 16 splits a row of 512 cells gives each block one 32-cell tile, as the split-K kernel's 66 splits of a
+// cache sized for a longer context do. Block j of a cluster
+// reads split j's cells into its partials in its own shared memory; after the cluster's barrier, block
+// g of the cluster combines query head g of the KV head (g, g + kClusterSplits, ...) from every block's
+// shared memory, and a second barrier keeps each block's shared memory alive until its peers have read
+// it. So a short row's attention costs one launch instead of two, the partials never leave the chip,
+// and no empty split of a cache sized for a longer context is launched.
+constexpr int kClusterSplits = 16;   // past the portable 8: the host allows it (Function.allow_wide_clusters)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STRATA_DECODE_CLUSTER __cluster_dims__(kClusterSplits, 1, 1)
+#else
+#define STRATA_DECODE_CLUSTER
+#endif
+
+namespace {
+
+__device__ __forceinline__ void cluster_sync() {     // every thread of every block of the cluster
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// this block's shared-memory address p as the same address in block `rank` of its cluster
+template <class T>
+__device__ __forceinline__ const T* cluster_peer(const T* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+    return reinterpret_cast<const T*>(out);
+#else
+    return p;
+#endif
+}
+
+// A query head's partials in the cluster's blocks' shared memory: split s's in block s.
+template <int DH, int GP>
+struct ClusterParts {
+    const float (*acc)[GP][DH];     // this block's part_s, mapped to each peer's
+    const float (*ml)[GP][2];
+    int g;
+    __device__ __forceinline__ float m(int s) const { return (*cluster_peer(ml, s))[g][0]; }
+    __device__ __forceinline__ float l(int s) const { return (*cluster_peer(ml, s))[g][1]; }
+    __device__ __forceinline__ float at(int s, int d) const { return (*cluster_peer(acc, s))[g][d]; }
+};
+
+}  // namespace
+
+#define STRATA_DECODE_CL(DH, GP)                                                                               \
+    extern "C" __global__ void STRATA_DECODE_CLUSTER __launch_bounds__(128) strata_attention_decode_cl_f16_d##DH##_g##GP( \
+        const float* q, const __half* k_cache, const __half* v_cache, const int* lengths, const int* bases,    \
+        float* out, int H, int Hk, int max_cells, float scale, int window, int ring, const __half* k_vram,     \
+        const __half* v_vram, int vram_cells, int below) {                                                     \
+        STRATA_PDL_ENTRY();                                                                                     \
+        __shared__ alignas(16) float part_s[GP][DH];                                                           \
+        __shared__ float pml_s[GP][2];                                                                          \
+        const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, G = H / Hk;                            \
+        if (lengths[b] >= below) return;   /* the whole cluster: the row is the split-K kernels' */            \
+        attention_decode<DH, GP>(q, k_cache, v_cache, lengths, bases, &part_s[0][0], &pml_s[0][0], H, Hk,     \
+                                 max_cells, kClusterSplits, scale, window, ring, k_vram, v_vram, vram_cells,   \
+                                 split, kvh, b, 0, 1);                                                          \
+        cluster_sync();                                                                                         \
+        for (int g = split; g < G; g += kClusterSplits)                                                        \
+            combine_parts(ClusterParts<DH, GP>{&part_s, &pml_s, g},                                            \
+                          out + (static_cast<int64_t>(b) * H + kvh * G + g) * DH, DH, kClusterSplits);         \
+        cluster_sync();                                                                                         \
+    }
+STRATA_DECODE_CL(64, 1) STRATA_DECODE_CL(64, 2) STRATA_DECODE_CL(64, 4) STRATA_DECODE_CL(64, 8)
+STRATA_DECODE_CL(64, 16) STRATA_DECODE_CL(128, 1) STRATA_DECODE_CL(128, 2) STRATA_DECODE_CL(128, 4)
+STRATA_DECODE_CL(128, 8) STRATA_DECODE_CL(128, 16) STRATA_DECODE_CL(256, 1) STRATA_DECODE_CL(256, 2)
+STRATA_DECODE_CL(256, 4) STRATA_DECODE_CL(256, 8)
+#undef STRATA_DECODE_CL
 
 // ---- prompt: causal flash attention ------------------------------------------------------------
 //

@@ -56,7 +56,11 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # fused-route: a decode step's F32 router routes in its GEMV's last block (cuda/gemv.cu's
 # strata_router_*), one launch fewer a layer, the same bits; measured 0.2-0.4 us a layer slower than the
 # router and moe_route apart (H100, both with PDL).
-KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route")
+# cluster-decode: an f16 decode row of fewer than CLUSTER_DECODE_BELOW cells (strata.backends.cuda.kernels)
+# attends in one launch on sm_90 (cuda/attention.cu strata_attention_decode_cl_*: a cluster of 16 blocks a KV
+# head, the split-K's partials combined through the cluster's shared memory) instead of the split-K kernel and
+# the combine's launch; longer rows, and other GPUs, as before.
+KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route", "cluster-decode")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
 # cells a --kv-resident VRAM ring holds past its window (cuda/kv_codec.cuh kVramSlack), where a

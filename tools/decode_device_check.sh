@@ -20,6 +20,10 @@
 #               --rows 4 and tools/parallel_bench.py resident at 1 and 4 clients in each (#19, #16); with
 #               GEMV_ARM_TESTS=1, test_row_invariant_gpu's GEMV tests first in each arm
 #               (tools/variants/make_gemv_parent.sh builds a parent commit's arm; PAR_CONTEXT: the slots' context)
+#     cluster   the f16 decode attention of short rows in one cluster launch (cuda/attention.cu strata_attention_decode_cl_*,
+#               --kernels-on cluster-decode): kv_attention_bench f16 against f16cl at CLUSTER_CELLS (256 to 2048), the
+#               split-K's splits sized for a 40,960-cell cache as the engine's are; decode_variants --cluster at 512
+#               (A B A B on one load); resident bench after 512 on, then off
 #     routeab   the router's top-k in its last block (--kernels-on fused-route) against its own launch:
 #               tools/decode_variants.py --route (A B A B on one load, context 512), then tools/parallel_bench.py
 #               resident at 1 and 4 clients with and without (STRATA_KERNELS_ON=fused-route)
@@ -283,6 +287,16 @@ if has combine; then     # #16: which decode combine (splits up to the last used
     echo "== decode profile at context 16384 ($(elapsed) s)"
     timeout "$(budget 120)" $PY tools/decode_profile.py --graphs-only --context 16384 \
         --json "$OUT/combine_profile.json" 2>&1 | grep -vE "^  timing" | tail -14
+fi
+if has cluster; then    # #16: short rows' decode attention in one cluster launch (--kernels-on cluster-decode)
+    echo "== kv_attention_bench f16 (splits for a 40,960-cell cache) against f16cl ($(elapsed) s)"
+    timeout "$(budget 90)" $PY tools/kv_attention_bench.py --cells ${CLUSTER_CELLS:-256,512,1024,2048} --formats f16,f16cl \
+        --cache-cells 40960 --json "$OUT/cluster_kvbench.json" 2>&1 | tail -9
+    echo "== decode variants --cluster, context 512 ($(elapsed) s)"
+    timeout "$(budget 150)" $PY tools/decode_variants.py --cluster --context 512 --decode 96 \
+        --json "$OUT/cluster_variants.json" 2>&1 | tail -5
+    bench_synthetic cluster_on 70 qwen3-30b-a3b --prompt 512 --decode 128 --kernels-on cluster-decode
+    bench_synthetic cluster_off 70 qwen3-30b-a3b --prompt 512 --decode 128
 fi
 if has routerab; then   # #16: the routers' top-k, arm against arm
     for arm in ${ROUTER_ARMS:-}; do

@@ -8,6 +8,7 @@ split-K kernel.
     python tools/decode_variants.py --route [--context 512]
     python tools/decode_variants.py --route-in-moe [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
+    python tools/decode_variants.py --cluster [--context 512] [--decode 96]
     python tools/decode_variants.py --fatbin-arms "ahead:attention=.whl/attention_ahead.fatbin;pre:attention=.whl/attention_precombine.fatbin"
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--one-row", action="store_true",
                     help="only the one-token GEMVs one row a warp (one-row-gemv, grids capped at 8 and 4 blocks an SM) "
                          "against 4 rows a warp, A B C A B C")
+    ap.add_argument("--cluster", action="store_true",
+                    help="only the f16 decode attention of rows under CLUSTER_DECODE_BELOW cells in one cluster launch "
+                         "(cluster-decode) against the split-K kernel and the combine, A B A B (keep the context under it)")
     ap.add_argument("--fatbin-arms", default="",
                     help="only variant builds against this one, on one load (DeviceOps.swap_library): arms "
                          "'name:lib=fatbin[,lib=fatbin]' separated by ';', each timed after the tree's, A B C A B C")
@@ -83,6 +87,10 @@ def main(argv=None) -> int:
         one_rows = {"one row a warp, 8 blocks/SM": 8, "one row a warp, 4 blocks/SM": 4}
         variants = [("4 rows a warp", True, 2, True, True, False)] + [(n, True, 2, True, True, False) for n in one_rows]
         variants *= 2
+    clusters = set()        # variant names with cluster-decode on
+    if args.cluster:
+        clusters = {"cluster launch"}
+        variants = [("cluster launch", True, 2, True, True, False), ("split-K + combine", True, 2, True, True, False)] * 2
     fatbins = {}            # variant name -> {library: fatbin path} (the --fatbin-arms arms; the tree's: {})
     if args.fatbin_arms:
         fatbins = {"tree": {}}
@@ -104,8 +112,9 @@ def main(argv=None) -> int:
             # load's (on by default)
             fusions = ({"route_in_moe": name in in_moe, "norm_in_router": name in in_router}
                        if args.route_in_moe or args.route else {})
+            cluster = {"cluster_decode": name in clusters} if args.cluster else {}
             runner.ops.paths = dataclasses.replace(runner.ops.paths, fused_decode=fused, split_gemv=split, pdl=pdl,
-                                                   fused_route=route, **one_row, **fusions)
+                                                   fused_route=route, **one_row, **fusions, **cluster)
             runner.ops.pdl = pdl and tuple(runner.dev.compute_capability) >= (9, 0)
             cuda_moe.gate_up_launch = functools.partial(cuda_moe_decode.gate_up_launch, blocks_per_sm=bps)
             cuda_moe.gate_up_route_launch = functools.partial(cuda_moe_decode.gate_up_route_launch, blocks_per_sm=bps)

@@ -33,14 +33,16 @@ import numpy as np
 
 from strata.backends import rope
 import strata.backends.cuda as cuda_backend
-from strata.backends.cuda.kernels import INT32_MAX, KERNELS, PDL_LIBRARIES, decode_quant_shared
+from strata.backends.cuda.kernels import CLUSTER_SPLITS, INT32_MAX, KERNELS, PDL_LIBRARIES, decode_quant_shared
 from strata.backends.cuda.testing import CudaOps, time_launches
 from strata.backends.cuda.kv import rot_scale
 from strata.plan import measure_bandwidths
 from strata.quant import kv as kvq
 
 H, HK, DH = 32, 4, 128
-FORMATS = ("f16", "f16tc", "int8", "k8v4", "q4_0")     # f16tc: the f16 cache through cuda/attention_dec_tc.cu
+# f16tc: the f16 cache through cuda/attention_dec_tc.cu; f16cl: through cuda/attention.cu's cluster kernel (the
+# split-K over 16 splits and its combine in one launch, sm_90+; --kernels-on cluster-decode's rows)
+FORMATS = ("f16", "f16tc", "f16cl", "int8", "k8v4", "q4_0")
 GRAPH_REPS = 20
 L2_BYTES = 50 << 20     # H100 and H200
 
@@ -70,9 +72,9 @@ def graph_ms(ops, launches, reps: int) -> float:
 
 
 def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: bool = False,
-          ring: bool = True) -> dict:
+          ring: bool = True, cache_cells: int = 0) -> dict:
     rt, dev, stream = ops._rt, ops.device, ops.stream
-    splits = ops.decode_splits(1, HK, S, DH, blocks_per_sm)
+    splits = ops.decode_splits(1, HK, max(S, cache_cells), DH, blocks_per_sm)
     q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
     lengths = ops._upload(np.array([S], np.int32))
     acc, ml = rt.DeviceBuffer(dev, H * splits * DH * 4), rt.DeviceBuffer(dev, H * splits * 8)
@@ -81,6 +83,8 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     gp = H // HK
     rot = rot_scale(DH)
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
+    if fmt == "f16cl":
+        return bench_cluster(ops, rng, S, reps, warm, x)
     if fmt in ("f16", "f16tc"):
         host = [x.astype(np.float16), x.astype(np.float16)]
         split_op, fields = ("attention_decode_tc" if fmt == "f16tc" else "attention_decode"), {"dh": DH, "g": gp}
@@ -146,6 +150,44 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
             "split_gb_s": nbytes / split_only / 1e6}
 
 
+def bench_cluster(ops, rng, S: int, reps: int, warm: bool, x) -> dict:
+    """bench's columns for the cluster kernel (f16cl): its one launch is the sequence, the split and, after the
+    fused append, the step."""
+    dev, stream = ops.device, ops.stream
+    if tuple(getattr(dev, "compute_capability", (0, 0))) < (9, 0):
+        raise SystemExit("kv_attention_bench: f16cl needs an sm_90 GPU (thread block clusters)")
+    host = [x.astype(np.float16), x.astype(np.float16)]
+    q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
+    lengths = ops._upload(np.array([S], np.int32))
+    out = ops._output(H * DH * 4)
+    nbytes = sum(a.nbytes for a in host)
+    layers = 1 if warm else -(-3 * L2_BYTES // nbytes)
+    copies = [[ops._upload(a) for a in host] for _ in range(layers)]
+    fields = {"dh": DH, "g": H // HK}
+    cl = ops._kernel("attention_decode_cl", **fields)
+
+    def args(i: int) -> tuple:
+        return (q, *copies[i % layers], lengths, 0, out, H, HK, S, DH ** -0.5, 0, 0, 0, 0, 0, INT32_MAX)
+    turn = [0]
+
+    def launch():
+        cl.launch((CLUSTER_SPLITS, HK, 1), 128, args(turn[0]), stream=stream)
+        turn[0] += 1
+    ms = time_launches(ops, launch, reps)
+    alone = graph_ms(ops, lambda i: [("attention_decode_cl", fields, (CLUSTER_SPLITS, HK, 1), args(i))], reps)
+    inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
+    qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
+    qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
+    pos, inv_dev = ops._upload(np.array([S - 1], np.int32)), ops._upload(np.asarray(inv, np.float32))
+    norm_args = (*qkv, qw, kw, pos, 0, inv_dev, q)
+    step = graph_ms(ops, lambda i: [("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
+                                     (*norm_args, *copies[i % layers], 1, H, HK, DH, 1e-6, float(rscale))),
+                                    ("attention_decode_cl", fields, (CLUSTER_SPLITS, HK, 1), args(i))], reps)
+    return {"kv": "f16cl", "cells": S, "splits": CLUSTER_SPLITS, "layers": layers, "ring_bytes": 0, "us": ms * 1e3,
+            "graph_us": alone * 1e3, "step_us": step * 1e3, "split_us": alone * 1e3, "kv_bytes": nbytes,
+            "gb_s": nbytes / ms / 1e6, "split_gb_s": nbytes / alone / 1e6}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="16384,32768,131072")
@@ -158,6 +200,9 @@ def main() -> int:
                     help="the quantized kernels without their cp.async ring (no dynamic shared memory): a tile a warp in registers")
     ap.add_argument("--warm", action="store_true",
                     help="one copy of the cache for every launch (cells of up to ~50 MB stay in the L2), not a layer's each")
+    ap.add_argument("--cache-cells", type=int, default=0,
+                    help="size the split-K kernels' splits for a cache of this many cells (the engine's: the context's), "
+                         "not the cells read")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.blocks_per_sm < 1:
@@ -171,7 +216,8 @@ def main() -> int:
     rows = []
     for S in (int(c) for c in args.cells.split(",")):
         for fmt in formats:
-            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm, args.warm, not args.registers)
+            r = bench(ops, rng, fmt, S, args.reps, args.blocks_per_sm, args.warm, not args.registers,
+                      args.cache_cells)
             r["of_copy"], r["split_of_copy"] = r["gb_s"] / copy, r["split_gb_s"] / copy
             rows.append(r)
             print(f"{fmt:>5} {S:>7} cells x{r['layers']:<3} eager {r['us']:7.1f}  graph {r['graph_us']:7.1f}  step {r['step_us']:7.1f}  "

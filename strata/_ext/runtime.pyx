@@ -22,7 +22,8 @@ from cuda.bindings.cydriver cimport (
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_STREAM_NON_BLOCKING, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer,
     CUdevice_attribute, CUlaunchAttribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, cuFuncSetAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+    cuFuncSetAttribute, CUlaunchConfig, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
     cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize, cuDeviceGet, cuDeviceGetAttribute,
     cuDeviceGetCount, cuDeviceGetName, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRetain,
     cuDeviceTotalMem, cuDriverGetVersion, cuEventCreate, cuEventDestroy, cuEventElapsedTime,
@@ -665,6 +666,14 @@ cdef class Kernel:
         if cuKernelGetParamInfo(kern, self.num_params, &offset, &size) == CUDA_SUCCESS:
             raise InvalidArgument(f"kernel {self.name}: has more parameters than signature {self.signature!r}")
         return 0
+
+    def allow_wide_clusters(self):
+        """Let this kernel run in clusters of more than the portable 8 blocks (16 on Hopper), as a
+        compiled-in __cluster_dims__ past 8 needs (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)."""
+        with nogil:
+            self.device.activate()
+            check(cuFuncSetAttribute(self.func, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                  "cuFuncSetAttribute")
 
     def prefer_shared(self, int percent):
         """Ask the driver for this share (0..100) of each SM's L1/shared memory as shared memory when it

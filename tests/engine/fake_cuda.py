@@ -455,8 +455,15 @@ class Kernel:
         assert signature == entry.signature, f"fake_cuda: {name} takes {entry.signature!r}, launched as {signature!r}"
         self.library, self.name, self.signature, self.block = library, name, signature, entry.block
 
+    def allow_wide_clusters(self):
+        assert _TABLE[(self.library, self.name)].cluster > 8, f"fake_cuda: {self.name} has no cluster past 8 blocks"
+        self.wide_clusters = True
+
     def launch(self, grid, block, args, shared_bytes: int = 0, stream=None, pdl: bool = False):
         assert len(args) == len(self.signature), f"{self.name}: {len(args)} args for {self.signature!r}"
+        cluster = _TABLE[(self.library, self.name)].cluster
+        assert not cluster or (_dims(grid)[0] % cluster == 0 and (cluster <= 8 or getattr(self, "wide_clusters", False))), \
+            f"fake_cuda: {self.name}'s clusters of {cluster} blocks need a grid of them (past 8: allow_wide_clusters)"
         assert _dims(block) == (self.block, 1, 1), f"fake_cuda: {self.name} takes {self.block} threads, got {block}"
         if pdl:
             assert self.library in PDL_LIBRARIES, f"fake_cuda: {self.name} launched as PDL, {self.library} is not"
@@ -707,6 +714,28 @@ def _attention_decode(grid, q, kc, vc, lengths, bases, part_acc, part_ml, H, Hk,
                          part_ml + 8 * b * H * splits, H, G, splits, scale, dh)
 
 
+def _attention_decode_cl(grid, q, kc, vc, lengths, bases, out, H, Hk, S, scale, window, ring, k_vram, v_vram,
+                         vram_cells, below, dh):
+    """strata_attention_decode_cl_*: rows of lengths[b] < below attend straight into out (the split-K and its
+    combine in one launch); the others are left alone."""
+    B = grid[2]
+    assert grid == (16, Hk, B) and 1 <= B <= 8
+    G = H // Hk
+    for b, first in enumerate(_row_bases(bases, B, S)):
+        n = int(view(lengths + 4 * b, 1, np.int32)[0])
+        if n >= below:
+            continue
+        cell = Hk * dh * 2
+        keys, vals = (_read_cells(c, _vram_ring(r, bases, first, S, vram_cells, cell), first, n, window, ring, B,
+                                  vram_cells, cell).view(np.float16).reshape(-1, Hk, dh).astype(np.float32)
+                      for c, r in ((kc, k_vram), (vc, v_vram)))
+        qs, o = view(q + 4 * b * H * dh, H * dh).reshape(H, dh), view(out + 4 * b * H * dh, H * dh).reshape(H, dh)
+        for h in range(H):
+            s = keys[:, h // G] @ qs[h] * np.float32(scale * math.log2(math.e))
+            p = np.exp2(s - s.max())
+            o[h] = p @ vals[:, h // G] / p.sum()
+
+
 def _decode_partials(q, keys, vals, part_acc, part_ml, H, G, splits, scale, dh):
     qs = view(q, H * dh).reshape(H, dh)
     acc = view(part_acc, H * splits * dh).reshape(H, splits, dh)
@@ -837,6 +866,7 @@ _EMULATE = {
     "attention_prefill_wst64_f16": _attention_prefill_wst,
     "attention_rows_f16": _attention_rows, "attention_decode_f16": _attention_decode,
     "attention_decode_tc_f16": lambda *a, **k: _attention_decode(*a, **k, tc=True),
+    "attention_decode_cl_f16": _attention_decode_cl,
     "attention_decode_combine_f32": _attention_decode_combine, "moe_route_f32": _moe_route,
     "swiglu_f32": _swiglu, "moe_combine_f32": _moe_combine,
     "router_split_f32": _router, "router_rows_split_f32": _router,

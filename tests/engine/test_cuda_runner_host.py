@@ -396,6 +396,52 @@ def test_decode_rule_names_the_kernels_of_a_step(fake):
     assert (ops.decode_rule(1, 99), ops.decode_rule(100, 107), ops.decode_rule(97, 104)) == ("", "+tc", "+both")
     ops.paths = dataclasses.replace(ops.paths, tc_decode_attention=False)
     assert ops.decode_rule(100, 107) == ""
+    # cluster-decode (on trial): rows under cluster_below take the cluster kernel, named first
+    ops.paths = dataclasses.replace(ops.paths, tc_decode_attention=True, cluster_decode=True)
+    ops.cluster_below = 20
+    assert [ops.decode_rule(*r) for r in ((1, 19), (1, 99), (1, 104), (20, 99), (100, 107), (5, 20))] == \
+        ["+cl", "+cl+split", "+cl+both", "", "+tc", "+cl+split"]
+    ops.device.compute_capability = (8, 9)               # no clusters before sm_90
+    assert ops.cluster_decode_below() == 0 and ops.decode_rule(1, 19) == ""
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cluster_decode_takes_rows_by_their_length(fake, rng, graphs):
+    """cluster-decode (--kernels-on): decode rows of fewer than ops.cluster_below cells attend through
+    strata_attention_decode_cl_* (the split-K and its combine in one launch, clusters of 16 blocks, allowed
+    past the portable 8 first), longer ones through the split-K kernels and the combine: the same logits
+    here, eager and in graphs keyed by the kernels they hold; a batch of both lengths launches both."""
+    pack = open_pack(DEMO)
+    ids = oracle_ids(pack, rng, 24)
+    cl_name, split_name = "strata_attention_decode_cl_f16_d64_g2", "strata_attention_decode_f16_d64_g2"
+
+    def run(config, below=None):
+        fake.launches.clear()
+        runner = CudaRunner(pack, 64, config)
+        if below is not None:
+            runner.ops.cluster_below = below
+        out = [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
+        return out, runner
+    base, _ = run(EngineConfig(cuda_graphs=graphs))
+    assert cl_name not in fake.launches
+    by_length, runner = run(EngineConfig(cuda_graphs=graphs, kernels_on="cluster-decode"), below=18)  # 13..24 cells
+    for a, b in zip(base, by_length):
+        np.testing.assert_array_equal(a, b)
+    assert cl_name in fake.launches and split_name in fake.launches and cl_name in set(fake.pdl_launches)
+    if graphs:
+        assert {"1+cl", 1} <= set(runner.graphs)
+    # a prompt of 5 tokens (rows of 1..5 cells, through the decode kernels) across cluster_below 3: both
+    # kernels, the cluster's after the combine, whose rows it writes over; the logits the same
+    outs = []
+    for config, below in ((EngineConfig(), None), (EngineConfig(kernels_on="cluster-decode"), 3)):
+        fake.launches.clear()
+        runner = CudaRunner(pack, 64, config)
+        if below:
+            runner.ops.cluster_below = below
+        outs.append(runner.prefill(ids[:5], 0))
+    names = [n for n in fake.launches if n in (cl_name, split_name, "strata_attention_decode_combine_f32")]
+    assert names[:3] == [split_name, "strata_attention_decode_combine_f32", cl_name]
+    np.testing.assert_array_equal(*outs)
 
 
 def test_attention_trial_paths_a_model_never_takes_are_refused(fake, tmp_path):

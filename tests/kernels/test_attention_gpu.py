@@ -256,3 +256,58 @@ def test_attention_decode_vram_window_bitwise(ops, rng, tc, H, Hk, dh, length, r
     k_cache[0, lo:], v_cache[0, lo:] = F16_NAN, F16_NAN
     got = ops.attention_decode(q, k_cache, v_cache, lengths, bases=bases, vram=ring, tc=tc)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# ---- decode of short rows in one cluster launch (cluster-decode) ---------------------------------------
+
+def skip_no_clusters(ops):
+    if tuple(ops.device.compute_capability) < (9, 0):
+        pytest.skip("thread block clusters need sm_90")
+
+
+@pytest.mark.parametrize("H,Hk,dh,lengths,S", DECODE[:1] + DECODE[3:] + [(32, 4, 128, [512, 511, 513, 1023], 1024),
+                                                                        (32, 4, 128, [2, 31, 33, 200], 256)])
+def test_attention_decode_cluster_equals_split_k_of_16(ops, rng, H, Hk, dh, lengths, S):
+    """strata_attention_decode_cl_*: the split-K over 16 splits and its combine in one launch, partials through
+    the cluster's shared memory; bit for bit the split-K kernel at num_splits 16 then the combine, whatever
+    the lengths (short rows leave splits empty, G from 1 to 16, Dh 64 to 256, mixed batches), and within the
+    reference's tolerance."""
+    skip_no_clusters(ops)
+    q, k_cache, v_cache, lengths, ref = decode_case(rng, H, Hk, dh, lengths, S)
+    got = ops.attention_decode(q, k_cache, v_cache, lengths, cluster=True)
+    want = ops.attention_decode(q, k_cache, v_cache, lengths, num_splits=16)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert_heads_close(got, ref, H)
+
+
+@pytest.mark.parametrize("H,Hk,dh", [(32, 4, 128), (16, 2, 256)])
+def test_attention_decode_cluster_rows_by_bases_window_ring_and_vram(ops, rng, H, Hk, dh):
+    """The cluster kernel reads cells as the split-K kernel does: rows of several sequences (bases), a window
+    over a ring of cells (the drafter's), --kv-resident's VRAM window; each the split-K-of-16 bits."""
+    skip_no_clusters(ops)
+    N, S = 3, 700
+    _, k_cache, v_cache, _, _ = decode_case(rng, H, Hk, dh, [S] * N, S)
+    seqs, lengths = np.array([2, 0, 2, 1]), np.array([700, 1, 333, 64], np.int32)
+    q = rng.standard_normal((4, H, dh)).astype(np.float32)
+    for kw in ({"bases": seqs * S},):
+        got = ops.attention_decode(q, k_cache, v_cache, lengths, cluster=True, **kw)
+        want = ops.attention_decode(q, k_cache, v_cache, lengths, num_splits=16, **kw)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    R = 256                                               # a ring of R cells, rows past it reading their last 200
+    kr, vr = random_cache(rng, (1, R, Hk, dh)), random_cache(rng, (1, R, Hk, dh))
+    ring_lengths = np.array([1000], np.int32)
+    qr = q[:1]
+    got = ops.attention_decode(qr, kr, vr, ring_lengths, cluster=True, window=200, ring=R)
+    want = ops.attention_decode(qr, kr, vr, ring_lengths, num_splits=16, window=200, ring=R)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    length, ring_cells, rows = 900, 512, 3
+    k1, v1 = random_cache(rng, (1, length + 3, Hk, dh)), random_cache(rng, (1, length + 3, Hk, dh))
+    lens = np.arange(length - rows + 1, length + 1, dtype=np.int32)
+    qv = rng.standard_normal((rows, H, dh)).astype(np.float32)
+    bases = np.zeros(rows, np.int32)
+    want = ops.attention_decode(qv, k1, v1, lens, bases=bases, num_splits=16)
+    ring = (window_ring(k1[0], length, ring_cells), window_ring(v1[0], length, ring_cells))
+    lo = max(0, length + rows - 1 - (ring_cells - KV_VRAM_SLACK))
+    k1[0, lo:], v1[0, lo:] = F16_NAN, F16_NAN
+    got = ops.attention_decode(qv, k1, v1, lens, bases=bases, vram=ring, cluster=True)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

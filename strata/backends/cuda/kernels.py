@@ -42,6 +42,11 @@ TC_DECODE_HEAD_DIMS = (64, 128)             # cuda/attention_dec_tc.cu's f16 spl
 # 299.6 / 298.1), 298.2 / 297.4 after 8192, 289.3 / 285.9 after 12288, 275.0 / 265.0 and 285.8 / 278.4
 # after 16384, 261.0 / 242.5 after 32768.
 TC_DECODE_FROM = 8192
+# cluster-decode (cuda/attention.cu strata_attention_decode_cl_*): f16 decode rows of fewer cells than this take
+# the split-K over CLUSTER_SPLITS splits and its combine in one launch (kClusterSplits); from it on, the split-K
+# kernels over decode_splits' splits and the combine's launch
+CLUSTER_SPLITS = 16
+CLUSTER_DECODE_BELOW = 1024
 INT32_MAX = 2**31 - 1
 ATTENTION_MAX_SPLITS = 1024                 # cuda/attention.cu kMaxSplits
 MOE_ROUTE_MAX_EXPERTS = 512                 # cuda/moe_route.cu: 16 logits per lane
@@ -124,6 +129,7 @@ class KernelPaths:
     wgmma_gemm_f16x: bool = False    # on trial: its f16-X entry points, X made f16 by its producers (sm_90)
     wgmma_attention: bool = False    # on trial: prompt attention on wgmma (sm_90; attention_ws.cu, attention_wg.cu)
     fused_route: bool = False        # on trial: decode routers route in the GEMV's last block (strata_router_*)
+    cluster_decode: bool = False     # on trial: f16 decode rows under CLUSTER_DECODE_BELOW cells in one cluster launch (sm_90+)
 
     @classmethod
     def without(cls, names: str, on: str = "") -> "KernelPaths":
@@ -202,6 +208,7 @@ class Kernel:
     block: int
     grid: str
     over: tuple = ({},)
+    cluster: int = 0      # blocks of a compiled-in cluster (__cluster_dims__); past 8 the host allows it first
 
     def __post_init__(self):
         object.__setattr__(self, "over", tuple(_lower(f) for f in self.over))
@@ -274,6 +281,10 @@ KERNELS = {
                               128, "attention_decode's", tuple(d for d in DECODE_GROUPS
                                                                if d["dh"] in TC_DECODE_HEAD_DIMS)),
     "attention_combine": _K("attention", "strata_attention_decode_combine_f32", "PPPiii", 128, "(H, B)"),
+    # rows of fewer than cluster_decode_below cells: the split-K over CLUSTER_SPLITS splits and its combine in one
+    # launch, a cluster of CLUSTER_SPLITS blocks a KV head (sm_90+; the trial path cluster-decode)
+    "attention_decode_cl": _K("attention", "strata_attention_decode_cl_f16_d{dh}_g{g}", "PPPPPPiiifiiPPii", 128,
+                              "(CLUSTER_SPLITS, Hk, B), clusters along x", DECODE_GROUPS, cluster=16),
     # the combine, then each head's output Hadamard-rotated (a q4r V's un-rotation)
     "attention_combine_rot": _K("attention", "strata_attention_decode_combine_rot_f32", "PPPiiif", 128, "(H, B)"),
     "attention_prefill": _K("attention", "strata_attention_prefill_f16_d{dh}", "PPPPPiiif", 128,

@@ -117,6 +117,8 @@ class DeviceOps(DenseOps, AttentionOps):
             if kernel is None:
                 library = self._libraries.get(k.library) or self.rt.load_library(k.library)
                 kernel = self._kernels[name] = library.kernel(self.device, name, k.signature)
+                if k.cluster > 8:
+                    kernel.allow_wide_clusters()
             hit = self._launches[key] = (kernel, k.block, self.pdl and k.library in PDL_LIBRARIES)
         return hit
 

@@ -10,9 +10,9 @@ import numpy as np
 
 from .attention_tc import prefill_launch
 from ...errors import InvalidArgument
-from .kernels import (ATTENTION_HEAD_DIMS, INT32_MAX, TC_ATTENTION_HEAD_DIMS, TC_DECODE_FROM, TC_DECODE_HEAD_DIMS,
-                      TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS, attention_tensor_maps,
-                      decode_quant_shared, decode_splits, split_k_takes)
+from .kernels import (ATTENTION_HEAD_DIMS, CLUSTER_DECODE_BELOW, CLUSTER_SPLITS, INT32_MAX, TC_ATTENTION_HEAD_DIMS,
+                      TC_DECODE_FROM, TC_DECODE_HEAD_DIMS, TMA_DEFAULT_HEAD_DIMS, WG_ATTENTION_HEAD_DIMS,
+                      attention_tensor_maps, decode_quant_shared, decode_splits, split_k_takes)
 from .memory import DeviceTensor, PromptSegments, StepRows
 
 DECODE_ROWS_MAX = 8      # query rows the split-K decode kernels take as rows of one sequence (GEMV_MAX_T)
@@ -87,6 +87,7 @@ class AttentionOps:
     prompt chunk of a few rows names its longest (Positions.num_cells)."""
 
     tc_from = TC_DECODE_FROM
+    cluster_below = CLUSTER_DECODE_BELOW
     decode_lengths: tuple[int, int] | None = None
 
     def tc_decode_from(self, dh: int) -> int:
@@ -94,12 +95,26 @@ class AttentionOps:
         (INT32_MAX: none, the path being off or without a kernel of this head dim)."""
         return self.tc_from if self.paths.tc_decode_attention and dh in TC_DECODE_HEAD_DIMS else INT32_MAX
 
+    def cluster_decode_below(self) -> int:
+        """f16 decode rows of fewer cells than this attend in one cluster launch (cluster-decode:
+        strata_attention_decode_cl_*); 0: none, the path being off or the GPU older than sm_90."""
+        cc = tuple(getattr(self.device, "compute_capability", None) or (0, 0))
+        return self.cluster_below if self.paths.cluster_decode and cc >= (9, 0) else 0
+
+    def decode_kernels(self, shortest: int, longest: int, dh: int) -> tuple[bool, bool, bool]:
+        """Which f16 decode kernels rows of these lengths launch: (the cluster kernel, attention.cu's
+        split-K, attention_dec_tc.cu's); a split-K kernel brings the combine's launch."""
+        below, cut = self.cluster_decode_below(), self.tc_decode_from(dh)
+        return shortest < below, longest >= below and shortest < cut, cut < INT32_MAX and longest >= cut
+
     def decode_rule(self, shortest: int, longest: int) -> str:
         """Which f16 decode kernels rows of these lengths take, as a suffix for their graph's key: ""
         attention.cu's alone (the key as it was before the tensor cores' kernel), "+tc" that kernel's
-        alone, "+both" both."""
-        cut = self.tc_decode_from(self.args.head_dim)
-        return "" if longest < cut else "+tc" if shortest >= cut else "+both"
+        alone, "+both" both; "+cl" first where the cluster kernel takes rows ("+cl" alone, "+cl+split",
+        "+cl+both")."""
+        cluster, split, tc = self.decode_kernels(shortest, longest, self.args.head_dim)
+        base = ("+both" if split else "+tc") if tc else ""
+        return "+cl" + (base or ("+split" if split else "")) if cluster else base
 
     def rope(self, x: DeviceTensor, positions) -> DeviceTensor:
         T, heads, dh = x.shape
@@ -324,13 +339,19 @@ class AttentionOps:
         cut = self.tc_decode_from(dh)
         # a few prompt rows (Positions) name their longest: max position + 1
         shortest, longest = self.decode_lengths or (0, getattr(pos, "num_cells", INT32_MAX))
+        cluster, split, tc = self.decode_kernels(shortest, longest, dh)
         args = (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
                 k_vram, v_vram, vram_cells, cut)
-        if shortest < cut:
+        if split:
             self.launch("attention_decode", (splits, Hk, T), args, dh=dh, g=gp)
-        if cut < INT32_MAX and longest >= cut:
+        if tc:
             self.launch("attention_decode_tc", (splits, Hk, T), args, dh=dh, g=gp)
-        self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        if split or tc:
+            self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
+        if cluster:     # after the combine: it writes the short rows, over what the combine left in theirs
+            self.launch("attention_decode_cl", (CLUSTER_SPLITS, Hk, T),
+                        (q.ptr, kc, vc, lengths, bases, out.ptr, H, Hk, stride, scale, *ring, k_vram, v_vram,
+                         vram_cells, self.cluster_decode_below()), dh=dh, g=gp)
 
 
     def qk_norm_rope_attention(self, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, q_norm: str, k_norm: str,

@@ -7,7 +7,8 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 
-from .kernels import ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, INT32_MAX, TC_DECODE_HEAD_DIMS, decode_splits
+from .kernels import (ATTENTION_HEAD_DIMS, ATTENTION_MAX_SPLITS, CLUSTER_SPLITS, INT32_MAX, TC_DECODE_HEAD_DIMS,
+                      decode_splits)
 
 
 class AttentionWrappers:
@@ -70,7 +71,7 @@ class AttentionWrappers:
     def attention_decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lengths: np.ndarray,
                          num_splits: int | None = None, scale: float | None = None,
                          bases: np.ndarray | None = None, window: int = 0, ring: int = 0,
-                         vram: tuple | None = None, tc: bool = False) -> np.ndarray:
+                         vram: tuple | None = None, tc: bool = False, cluster: bool = False) -> np.ndarray:
         """One query per row: q [B, H, Dh] over f16 caches [B, S, Hk, Dh], row b reading cells
         0..lengths[b]-1 of sequence b -> [B, H*Dh] (split-K kernel, then the combine kernel).
         window > 0: row b reads only its last `window` positions; ring = S: position p is cell p % S
@@ -79,7 +80,9 @@ class AttentionWrappers:
         cells start at cell bases[b] (parallel slots' rows in one cache). vram (K, V) [R, Hk, Dh]:
         --kv-resident's VRAM window of the B rows' one sequence, position p at p % R, which the
         kernel reads the newest cells from (cuda/kv_codec.cuh VramWindow). tc: cuda/attention_dec_tc.cu's
-        kernel of the same contract (Dh 64, 128) instead of cuda/attention.cu's."""
+        kernel of the same contract (Dh 64, 128) instead of cuda/attention.cu's. cluster: the split-K over
+        CLUSTER_SPLITS splits and its combine in one launch (strata_attention_decode_cl_*, sm_90+; num_splits
+        must then be None or CLUSTER_SPLITS)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         kc = np.ascontiguousarray(k_cache, dtype=np.float16)
         vc = np.ascontiguousarray(v_cache, dtype=np.float16)
@@ -119,6 +122,13 @@ class AttentionWrappers:
             if kr.ndim != 3 or kr.shape != vr.shape or kr.shape[1:] != (Hk, dh):
                 raise InvalidArgument(f"attention_decode: VRAM window {kr.shape} / {vr.shape}, want [R, {Hk}, {dh}]")
             vram_planes, vram_cells = (self._upload(kr), self._upload(vr)), kr.shape[0]
+        if cluster:
+            if tc or num_splits not in (None, CLUSTER_SPLITS):
+                raise InvalidArgument(f"attention_decode: the cluster kernel takes {CLUSTER_SPLITS} splits on CUDA cores")
+            self._launch("attention_decode_cl", (CLUSTER_SPLITS, Hk, B),
+                         (self._upload(q), self._upload(kc), self._upload(vc), self._upload(lengths), bases_dev, out,
+                          H, Hk, S, float(scale), window, ring, *vram_planes, vram_cells, INT32_MAX), dh=dh, g=gp)
+            return self._download(out, (B, H * dh), np.float32)
         self._launch("attention_decode_tc" if tc else "attention_decode", (splits, Hk, B),
                      (self._upload(q), self._upload(kc), self._upload(vc), self._upload(lengths), bases_dev,
                       part_acc, part_ml, H, Hk, S, splits, float(scale), window, ring, *vram_planes, vram_cells,
