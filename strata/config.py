@@ -59,7 +59,8 @@ KERNEL_PATHS = ("fused-decode", "tensor-core-prompt", "group-on-device", "split-
 # cluster-decode: an f16 decode row of fewer than CLUSTER_DECODE_BELOW cells (strata.backends.cuda.kernels)
 # attends in one launch on sm_90 (cuda/attention.cu strata_attention_decode_cl_*: a cluster of 16 blocks a KV
 # head, the split-K's partials combined through the cluster's shared memory) instead of the split-K kernel and
-# the combine's launch; longer rows, and other GPUs, as before.
+# the combine's launch; longer rows, and other GPUs, as before. Measured on an H200: the attention's graph at
+# 512 cells 7.9 against 9.6 us a layer, the whole decode step within 1% either way.
 KERNEL_TRIAL_PATHS = ("wgmma-gemm", "wgmma-gemm-f16x", "wgmma-attention", "fused-route", "cluster-decode")
 KV_CHOICES = ("f16", "int8", "q4_0", "k8v4", "auto")     # strata.quant.kv's formats, and auto
 SPEC_MAX_DRAFTS = 7                 # a verify window of N + 1 rows fits the batched decode kernels (T <= 8)
