@@ -2,6 +2,7 @@
 numpy emulations of their contracts. Addresses, strides, grouping and launch arguments are checked
 here; the kernels themselves in tests/kernels and the whole path in test_cuda_runner.py, on a GPU."""
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -162,6 +163,17 @@ def test_f16x_gemms_with_the_routing_grouped_on_the_host(fake, rng):
     assert "strata_swiglu_f32" not in fake.launches and "strata_moe_gemm_ws_q8_0" not in fake.launches
 
 
+def _prefill_then_decode(fake, pack, ids, config, **ops_fields):
+    """A 12-token prompt, then the rest of ids decoded one by one, on a runner whose ops take ops_fields
+    (tc_from=, cluster_below=: the f16 decode kernels' cuts) -> (each call's logits, the runner); the fake's
+    launches are this run's."""
+    fake.launches.clear()
+    runner = CudaRunner(pack, 64, config)
+    for name, value in ops_fields.items():
+        setattr(runner.ops, name, value)
+    return [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]], runner
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
     """tc-decode-attention (on by default): decode rows of ops.tc_from cells or more attend over the f16
@@ -171,14 +183,7 @@ def test_tc_decode_attention_takes_rows_by_their_length(fake, rng, graphs):
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 24)
     tc_name = "strata_attention_decode_tc_f16_d64_g2"
-
-    def run(config, tc_from=None):
-        fake.launches.clear()
-        runner = CudaRunner(pack, 64, config)
-        if tc_from is not None:
-            runner.ops.tc_from = tc_from
-        out = [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
-        return out, runner
+    run = functools.partial(_prefill_then_decode, fake, pack, ids)
     base, off = run(EngineConfig(cuda_graphs=graphs, kernels_off="tc-decode-attention"), tc_from=0)
     assert tc_name not in fake.launches and set(off.graphs) <= {1}
     short, _ = run(EngineConfig(cuda_graphs=graphs))        # the demo's 64 cells: every row under TC_DECODE_FROM
@@ -414,17 +419,10 @@ def test_cluster_decode_takes_rows_by_their_length(fake, rng, graphs):
     pack = open_pack(DEMO)
     ids = oracle_ids(pack, rng, 24)
     cl_name, split_name = "strata_attention_decode_cl_f16_d64_g2", "strata_attention_decode_f16_d64_g2"
-
-    def run(config, below=None):
-        fake.launches.clear()
-        runner = CudaRunner(pack, 64, config)
-        if below is not None:
-            runner.ops.cluster_below = below
-        out = [runner.prefill(ids[:12], 0)] + [runner.decode(t) for t in ids[12:]]
-        return out, runner
+    run = functools.partial(_prefill_then_decode, fake, pack, ids)
     base, _ = run(EngineConfig(cuda_graphs=graphs))
     assert cl_name not in fake.launches
-    by_length, runner = run(EngineConfig(cuda_graphs=graphs, kernels_on="cluster-decode"), below=18)  # 13..24 cells
+    by_length, runner = run(EngineConfig(cuda_graphs=graphs, kernels_on="cluster-decode"), cluster_below=18)  # 13..24
     for a, b in zip(base, by_length):
         np.testing.assert_array_equal(a, b)
     assert cl_name in fake.launches and split_name in fake.launches and cl_name in set(fake.pdl_launches)
