@@ -387,7 +387,7 @@ STRATA_DECODE(256, 1) STRATA_DECODE(256, 2) STRATA_DECODE(256, 4) STRATA_DECODE(
 //   Launch: as the combine's. The combined head goes to shared memory, then warp 0 rotates it.
 namespace {
 
-// The partials of one (row, head) where the split kernels wrote them: parts.m(s), parts.l(s), parts.acc(s, d).
+// The partials of one (row, head) where the split kernels wrote them: m(s), l(s) and at(s, d), acc[s][d].
 struct GlobalParts {
     const float* __restrict__ ml;
     const float* __restrict__ acc;
@@ -398,8 +398,8 @@ struct GlobalParts {
 };
 
 // One (row, head) of the combine into dst[0..head_dim) (global or shared memory) from num_splits partials
-// read through parts (GlobalParts, or a cluster's shared memory: ClusterParts); every thread of the
-// 128-thread block must call it. The arithmetic is the same whatever parts reads from.
+// read through parts (m(s), l(s), at(s, d): GlobalParts, or ClusterParts in a cluster's shared memory);
+// every thread of the 128-thread block must call it. The arithmetic is the same whatever parts reads from.
 template <class Parts>
 __device__ __forceinline__ void combine_parts(const Parts& parts, float* dst, int head_dim, int num_splits) {
     __shared__ float weight_s[kMaxSplits];
