@@ -512,6 +512,15 @@ constexpr int kClusterSplits = 16;   // past the portable 8: the host allows it 
 #else
 #define STRATA_DECODE_CLUSTER
 #endif
+// Code for an arch without clusters (the PTX of an older arch JIT-compiled for a newer GPU) would combine each
+// block's partials alone: it traps instead (the host refuses such an install first: kernels.cluster_unavailable).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define STRATA_NO_CLUSTER_TRAP() __trap()
+#else
+#define STRATA_NO_CLUSTER_TRAP() \
+    do {                         \
+    } while (0)
+#endif
 
 namespace {
 
@@ -552,6 +561,7 @@ struct ClusterParts {
         float* out, int H, int Hk, int max_cells, float scale, int window, int ring, const __half* k_vram,     \
         const __half* v_vram, int vram_cells, int below) {                                                     \
         STRATA_PDL_ENTRY();                                                                                     \
+        STRATA_NO_CLUSTER_TRAP();                                                                               \
         __shared__ alignas(16) float part_s[GP][DH];                                                           \
         __shared__ float pml_s[GP][2];                                                                          \
         const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, G = H / Hk;                            \

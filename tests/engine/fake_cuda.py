@@ -995,8 +995,9 @@ _EMULATE.update({"add_rms_norm_f32": _add_rms_norm, "qk_norm_rope_kv_f32": _qk_n
 
 def read_manifest(directory=None) -> dict:
     """An sm_90 build's: the arch-specific libraries are there (DeviceOps asks for them by name)."""
-    return {"format": 1, "kernels": {lib: {"archs": ["sm_90a"], "optional": True}
-                                     for lib in ("moe_gemm_ws", "attention_wg", "attention_ws")}}
+    return {"format": 1, "kernels": {"attention": {"archs": ["sm_80", "sm_90", "compute_80"]},
+                                     **{lib: {"archs": ["sm_90a"], "optional": True}
+                                        for lib in ("moe_gemm_ws", "attention_wg", "attention_ws")}}}
 
 
 # ---- strata._ext.graphs ----------------------------------------------------------------------------

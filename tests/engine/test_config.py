@@ -147,3 +147,17 @@ def test_wgmma_needs_sm_90_and_its_library():
     assert "this one is sm_100" in wgmma_unavailable(built, (10, 0))
     assert "no moe_gemm_ws library" in wgmma_unavailable({"kernels": {}}, (9, 0))
     assert "no moe_gemm_ws library" in wgmma_unavailable(None, (9, 0))
+
+
+def test_cluster_decode_needs_sm_90_and_code_built_for_this_gpu():
+    """The cluster kernel runs from SASS of this GPU's arch or PTX of an arch from sm_90 on: the lowest arch's
+    PTX (sm_80) JIT-compiled for a newer GPU has no clusters (the kernel traps there), so that install is refused."""
+    from strata.backends.cuda.kernels import cluster_unavailable
+
+    def built(*archs):
+        return {"kernels": {"attention": {"archs": list(archs)}}}
+    assert cluster_unavailable(built("sm_80", "sm_90", "compute_80"), (9, 0)) is None
+    assert cluster_unavailable(built("sm_90", "sm_100", "compute_90"), (12, 0)) is None      # PTX of sm_90, JIT
+    assert "this one is sm_89" in cluster_unavailable(built("sm_89", "sm_90", "compute_89"), (8, 9))
+    assert "no code for sm_100" in cluster_unavailable(built("sm_80", "sm_90", "compute_80"), (10, 0))
+    assert "built for nothing" in cluster_unavailable(None, (9, 0))

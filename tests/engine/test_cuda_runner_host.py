@@ -885,3 +885,17 @@ def test_swap_library_launches_a_variants_kernels_until_swapped_back(fake, rng):
     assert all(k.image is None for k in ops._kernels.values())
     again = CudaRunner(pack, 64, EngineConfig(cuda_graphs=True))
     np.testing.assert_array_equal(again.prefill(ids[:8], 0), plain[0])
+
+
+def test_cluster_decode_is_refused_where_it_cannot_run(fake, monkeypatch):
+    """--kernels-on cluster-decode on a GPU before sm_90, or an install without code for this GPU's arch with
+    clusters, is refused in one line, not left doing nothing."""
+    pack = open_pack(DEMO)
+    init = fake.Device.__init__
+
+    def ada(self, ordinal=0):
+        init(self, ordinal)
+        self.compute_capability = (8, 9)
+    monkeypatch.setattr(fake.Device, "__init__", ada)
+    with pytest.raises(UnsupportedError, match="kernel path cluster-decode .*this one is sm_89"):
+        CudaRunner(pack, 64, EngineConfig(kernels_on="cluster-decode"))

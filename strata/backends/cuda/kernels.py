@@ -417,6 +417,23 @@ def wgmma_unavailable(manifest: dict | None, compute_capability, library: str = 
     return None
 
 
+def cluster_unavailable(manifest: dict | None, compute_capability) -> str | None:
+    """Why the cluster decode kernel (cuda/attention.cu strata_attention_decode_cl_*, the trial path
+    cluster-decode) cannot run here, or None when it can: it needs an sm_90+ GPU and SASS built for this GPU's
+    arch (code JIT-compiled from the install's lowest-arch PTX has no clusters, and the kernel traps there)."""
+    cc = tuple(compute_capability or (0, 0))
+    if cc < (9, 0):
+        return f"thread block clusters need an sm_90 GPU or newer, and this one is sm_{cc[0]}{cc[1]}"
+    arch = cc[0] * 10 + cc[1]
+    archs = ((manifest or {}).get("kernels", {}).get("attention") or {}).get("archs", [])
+    # SASS for this arch, or PTX of an arch from 90 to this one (setup.py gencode_flags' names)
+    if f"sm_{arch}" not in archs and not any(a.startswith("compute_") and a[8:].isdigit() and 90 <= int(a[8:]) <= arch
+                                             for a in archs):
+        return (f"this install's attention library has no code for sm_{arch} with clusters (built for "
+                f"{', '.join(archs) or 'nothing'}; build with STRATA_CUDA_ARCHS={arch} or on this GPU)")
+    return None
+
+
 def kernel_name(op: str, **fields) -> str:
     """The entry point's name of table op `op` for these field values."""
     return KERNELS[op].name(**fields)

@@ -51,8 +51,8 @@ from ...errors import DeviceError, InvalidArgument, UnsupportedError
 from ...quant import qtype as qtype_of
 from .. import rope
 from .kernels import (DQ_GROUP_QTYPES, EMBED_QTYPES, KERNELS, MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K,
-                      PDL_LIBRARIES, WGMMA_LIBRARIES, KernelPaths, dequant_grid, tma_attention_runs,
-                      tma_gemm_runs, wgmma_unavailable)
+                      PDL_LIBRARIES, WGMMA_LIBRARIES, KernelPaths, cluster_unavailable, dequant_grid,
+                      tma_attention_runs, tma_gemm_runs, wgmma_unavailable)
 from .memory import DeviceTensor, HandOff, Pool, Positions
 from .moe import fused_decode_takes, moe_decode, moe_decode_split, moe_grouped
 from .ops_attention import QK_NORM_ROPE_MAX_PAIRS, AttentionOps  # noqa: F401 (importable from here)
@@ -76,6 +76,10 @@ class DeviceOps(DenseOps, AttentionOps):
                 why = wgmma_unavailable(rt.read_manifest(), getattr(device, "compute_capability", None), library)
                 if why:
                     raise UnsupportedError(f"kernel path {path} (--kernels-on): {why}")
+        if paths.cluster_decode:
+            why = cluster_unavailable(rt.read_manifest(), getattr(device, "compute_capability", None))
+            if why:
+                raise UnsupportedError(f"kernel path cluster-decode (--kernels-on): {why}")
         # on by default where it can run (an sm_90 GPU, a build with attention_ws.cu's sm_90a library)
         self.tma_attention = tma_attention_runs(paths, rt.read_manifest(), getattr(device, "compute_capability", None))
         # the prompt GEMMs' kernel op; with moe_gemm_ws16 they read X as f16 (gemm_x16: its producers write f16)
