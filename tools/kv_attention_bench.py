@@ -83,11 +83,13 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     gp = H // HK
     rot = rot_scale(DH)
     x = rng.standard_normal((S, HK, DH)).astype(np.float32)
-    if fmt == "f16cl":
-        return bench_cluster(ops, rng, S, reps, warm, x)
-    if fmt in ("f16", "f16tc"):
+    cluster = fmt == "f16cl"            # one launch: the split-K over CLUSTER_SPLITS splits and its combine
+    if cluster and tuple(getattr(dev, "compute_capability", (0, 0))) < (9, 0):
+        raise SystemExit("kv_attention_bench: f16cl needs an sm_90 GPU (thread block clusters)")
+    if fmt in ("f16", "f16tc", "f16cl"):
         host = [x.astype(np.float16), x.astype(np.float16)]
-        split_op, fields = ("attention_decode_tc" if fmt == "f16tc" else "attention_decode"), {"dh": DH, "g": gp}
+        split_op = {"f16": "attention_decode", "f16tc": "attention_decode_tc", "f16cl": "attention_decode_cl"}[fmt]
+        fields = {"dh": DH, "g": gp}
         k_rot = v_rot = False
     else:
         kc, vc = kvq.codecs(fmt)
@@ -100,9 +102,12 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     copies = [[ops._upload(a) for a in host] for _ in range(layers)]
     split = ops._kernel(split_op, **fields)
     rotate = ops._kernel("hadamard") if (k_rot or v_rot) else None
+    split_grid = (CLUSTER_SPLITS, HK, 1) if cluster else (splits, HK, 1)
 
     def split_args(i: int) -> tuple:
         planes = copies[i % layers]
+        if cluster:                         # below: every row the kernel's
+            return (q, *planes, lengths, 0, out, H, HK, S, DH ** -0.5, 0, 0, 0, 0, 0, INT32_MAX)
         a = (q, *planes, lengths, 0, acc, ml, H, HK, S, splits, DH ** -0.5, 0, 0, *(0,) * len(planes), 0)
         if fmt in ("f16", "f16tc"):         # tc_from: every row the kernel's
             a += (0 if fmt == "f16tc" else INT32_MAX,)
@@ -112,22 +117,24 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
     def launch():
         if k_rot:
             rotate.launch(H, 32, (q, H, DH, rot), stream=stream)
-        split.launch((splits, HK, 1), 128, split_args(turn[0]), shared, stream=stream)
+        split.launch(split_grid, 128, split_args(turn[0]), shared, stream=stream)
         turn[0] += 1
-        combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
+        if not cluster:                     # the cluster kernel combines in its own launch
+            combine.launch((H, 1), 128, (acc, ml, out, H, DH, splits), stream=stream)
         if v_rot:
             rotate.launch(H, 32, (out, H, DH, rot), stream=stream)
     ms = time_launches(ops, launch, reps)
 
     # the same sequence as a graph; the split alone; the engine's step (cuda/decode_fused.cu's fused append
     # of the token at cell S - 1, the split, the combine with the un-rotation in it)
+    combines = [] if cluster else [("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))]
+
     def seq(i: int) -> list:
         return ([("hadamard", {}, H, (q.ptr, H, DH, rot))] if k_rot else []) + [
-            (split_op, fields, (splits, HK, 1), split_args(i), shared),
-            ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits))] + (
+            (split_op, fields, split_grid, split_args(i), shared)] + combines + (
             [("hadamard", {}, H, (out.ptr, H, DH, rot))] if v_rot else [])
     graph = graph_ms(ops, seq, reps)
-    split_only = graph_ms(ops, lambda i: [(split_op, fields, (splits, HK, 1), split_args(i), shared)], reps)
+    split_only = graph_ms(ops, lambda i: [(split_op, fields, split_grid, split_args(i), shared)], reps)
     inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
     qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
     qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
@@ -136,56 +143,17 @@ def bench(ops, rng, fmt: str, S: int, reps: int, blocks_per_sm: int = 2, warm: b
 
     def append(i: int) -> tuple:
         planes = copies[i % layers]
-        if fmt in ("f16", "f16tc"):
+        if fmt in ("f16", "f16tc", "f16cl"):
             return ("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
                     (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale)))
         return ("qk_norm_rope_kv_quant", {"fmt": fmt}, (1, -(-(H + 2 * HK) // 4)),
                 (*norm_args, *planes, 1, H, HK, DH, 1e-6, float(rscale), rot))
-    final = (("attention_combine_rot", {}, (H, 1), (acc, ml, out, H, DH, splits, rot)) if v_rot
-             else ("attention_combine", {}, (H, 1), (acc, ml, out, H, DH, splits)))
-    step = graph_ms(ops, lambda i: [append(i), (split_op, fields, (splits, HK, 1), split_args(i), shared), final], reps)
-    return {"kv": fmt, "cells": S, "splits": splits, "layers": layers, "ring_bytes": shared, "us": ms * 1e3, "graph_us": graph * 1e3,
+    final = ([("attention_combine_rot", {}, (H, 1), (acc, ml, out, H, DH, splits, rot))] if v_rot else combines)
+    step = graph_ms(ops, lambda i: [append(i), (split_op, fields, split_grid, split_args(i), shared), *final], reps)
+    return {"kv": fmt, "cells": S, "splits": split_grid[0], "layers": layers, "ring_bytes": shared, "us": ms * 1e3, "graph_us": graph * 1e3,
             "step_us": step * 1e3,
             "split_us": split_only * 1e3, "kv_bytes": nbytes, "gb_s": nbytes / ms / 1e6,
             "split_gb_s": nbytes / split_only / 1e6}
-
-
-def bench_cluster(ops, rng, S: int, reps: int, warm: bool, x) -> dict:
-    """bench's columns for the cluster kernel (f16cl): its one launch is the sequence, the split and, after the
-    fused append, the step."""
-    dev, stream = ops.device, ops.stream
-    if tuple(getattr(dev, "compute_capability", (0, 0))) < (9, 0):
-        raise SystemExit("kv_attention_bench: f16cl needs an sm_90 GPU (thread block clusters)")
-    host = [x.astype(np.float16), x.astype(np.float16)]
-    q = ops._upload(rng.standard_normal((1, H, DH)).astype(np.float32))
-    lengths = ops._upload(np.array([S], np.int32))
-    out = ops._output(H * DH * 4)
-    nbytes = sum(a.nbytes for a in host)
-    layers = 1 if warm else -(-3 * L2_BYTES // nbytes)
-    copies = [[ops._upload(a) for a in host] for _ in range(layers)]
-    fields = {"dh": DH, "g": H // HK}
-    cl = ops._kernel("attention_decode_cl", **fields)
-
-    def args(i: int) -> tuple:
-        return (q, *copies[i % layers], lengths, 0, out, H, HK, S, DH ** -0.5, 0, 0, 0, 0, 0, INT32_MAX)
-    turn = [0]
-
-    def launch():
-        cl.launch((CLUSTER_SPLITS, HK, 1), 128, args(turn[0]), stream=stream)
-        turn[0] += 1
-    ms = time_launches(ops, launch, reps)
-    alone = graph_ms(ops, lambda i: [("attention_decode_cl", fields, (CLUSTER_SPLITS, HK, 1), args(i))], reps)
-    inv, rscale = rope.inv_freq(DH, 1e6, None, 262144)
-    qkv = [ops._upload(rng.standard_normal((1, n, DH)).astype(np.float32)) for n in (H, HK, HK)]
-    qw, kw = (ops._upload(rng.uniform(0.5, 1.5, DH).astype(np.float32)) for _ in range(2))
-    pos, inv_dev = ops._upload(np.array([S - 1], np.int32)), ops._upload(np.asarray(inv, np.float32))
-    norm_args = (*qkv, qw, kw, pos, 0, inv_dev, q)
-    step = graph_ms(ops, lambda i: [("qk_norm_rope_kv", {}, (1, -(-(H + 2 * HK) // 4)),
-                                     (*norm_args, *copies[i % layers], 1, H, HK, DH, 1e-6, float(rscale))),
-                                    ("attention_decode_cl", fields, (CLUSTER_SPLITS, HK, 1), args(i))], reps)
-    return {"kv": "f16cl", "cells": S, "splits": CLUSTER_SPLITS, "layers": layers, "ring_bytes": 0, "us": ms * 1e3,
-            "graph_us": alone * 1e3, "step_us": step * 1e3, "split_us": alone * 1e3, "kv_bytes": nbytes,
-            "gb_s": nbytes / ms / 1e6, "split_gb_s": nbytes / alone / 1e6}
 
 
 def main() -> int:
