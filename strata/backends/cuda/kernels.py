@@ -224,6 +224,14 @@ class Kernel:
         """Every name of this entry point."""
         return [self.entry.format(**f) for f in self.over]
 
+    def open(self, library, device, name: str):
+        """Entry `name` of a loaded library as a runtime kernel, ready to launch: past the portable cluster
+        size (8 blocks) it is allowed its compiled-in one first."""
+        kernel = library.kernel(device, name, self.signature)
+        if self.cluster > 8:
+            kernel.allow_wide_clusters()
+        return kernel
+
     @property
     def field_names(self) -> set:
         return {f for _, f, _, _ in string.Formatter().parse(self.entry) if f}
@@ -442,4 +450,4 @@ def kernel_name(op: str, **fields) -> str:
 def load_kernel(rt, device, op: str, **fields):
     """The runtime kernel of table op `op` (its library loaded by rt, which caches libraries)."""
     k = KERNELS[op]
-    return rt.load_library(k.library).kernel(device, k.name(**fields), k.signature)
+    return k.open(rt.load_library(k.library), device, k.name(**fields))

@@ -120,9 +120,7 @@ class DeviceOps(DenseOps, AttentionOps):
             kernel = self._kernels.get(name)
             if kernel is None:
                 library = self._libraries.get(k.library) or self.rt.load_library(k.library)
-                kernel = self._kernels[name] = library.kernel(self.device, name, k.signature)
-                if k.cluster > 8:
-                    kernel.allow_wide_clusters()
+                kernel = self._kernels[name] = k.open(library, self.device, name)
             hit = self._launches[key] = (kernel, k.block, self.pdl and k.library in PDL_LIBRARIES)
         return hit
 

@@ -69,9 +69,7 @@ class CudaOps(AttentionWrappers, QuantWrappers):
         name = k.name(**fields)
         cache = self.__dict__.setdefault("_kernels", {})
         if name not in cache:
-            cache[name] = self._rt.load_library(k.library).kernel(self.device, name, k.signature)
-            if k.cluster > 8:           # a compiled-in cluster past the portable size (DeviceOps.preload)
-                cache[name].allow_wide_clusters()
+            cache[name] = k.open(self._rt.load_library(k.library), self.device, name)
         return cache[name]
 
     def _launch(self, op: str, grid, args, shared_bytes: int = 0, stream=None, **fields) -> None:
