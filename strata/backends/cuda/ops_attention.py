@@ -330,8 +330,6 @@ class AttentionOps:
         _, H, dh = q.shape
         G = H // Hk
         T = q.shape[0]
-        splits = self.decode_splits(Hk, ring[0] or max_cells, dh)
-        part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
         gp = 1 << (G - 1).bit_length()
         lengths, stride, bases = _row_lengths(pos, T, max_cells)
         (k_vram, v_vram), vram_cells = vram
@@ -340,13 +338,15 @@ class AttentionOps:
         # a few prompt rows (Positions) name their longest: max position + 1
         shortest, longest = self.decode_lengths or (0, getattr(pos, "num_cells", INT32_MAX))
         cluster, split, tc = self.decode_kernels(shortest, longest, dh)
-        args = (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
-                k_vram, v_vram, vram_cells, cut)
-        if split:
-            self.launch("attention_decode", (splits, Hk, T), args, dh=dh, g=gp)
-        if tc:
-            self.launch("attention_decode_tc", (splits, Hk, T), args, dh=dh, g=gp)
-        if split or tc:
+        if split or tc:                 # the split-K kernels' partials, then the combine
+            splits = self.decode_splits(Hk, ring[0] or max_cells, dh)
+            part_acc, part_ml = self.alloc((T, H, splits, dh)), self.alloc((T, H, splits, 2))
+            args = (q.ptr, kc, vc, lengths, bases, part_acc.ptr, part_ml.ptr, H, Hk, stride, splits, scale, *ring,
+                    k_vram, v_vram, vram_cells, cut)
+            if split:
+                self.launch("attention_decode", (splits, Hk, T), args, dh=dh, g=gp)
+            if tc:
+                self.launch("attention_decode_tc", (splits, Hk, T), args, dh=dh, g=gp)
             self.launch("attention_combine", (H, T), (part_acc.ptr, part_ml.ptr, out.ptr, H, dh, splits))
         if cluster:     # after the combine: it writes the short rows, over what the combine left in theirs
             self.launch("attention_decode_cl", (CLUSTER_SPLITS, Hk, T),
