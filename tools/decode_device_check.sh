@@ -87,6 +87,9 @@
 #     onerow    tools/decode_variants.py --one-row at context 512 (the one-token GEMVs one row a warp, grids capped at
 #               8 and 4 blocks an SM, against the default, A B C A B C), then decode_profile --graphs-only with
 #               one-row-gemv on (the default) and off (#16)
+#     tlb       (while the pack is made) tools/moe_decode_bench.py, Q4_K at 1 and 4 tokens, routing over a pool of 256
+#               experts (680 MB), of TLB_EXPERTS (6144: 16 GB, a resident qwen3-30b-a3b's), of 256 again: what spreading
+#               the experts over a whole model's memory costs the MoE decode kernels (address translation)
 #     decodegap tools/decode_gap.py at context 512: the step's graph back to back, with the greedy pick's copy and
 #               sync after each, and the generation loop (runner.decode + pick): the bubble and the Python a token
 #     (wsprompt knobs: WS_AB30=0 skips the Dh-128 A/B, WS_BENCH=0 the resident prompt benches, WS_TEST_K its GPU test's -k)
@@ -121,8 +124,17 @@ norm_ab() {             # #16: this build's add + RMSNorm against NORM_PARENT's 
     timeout "$(budget 60)" $PY tools/norm_chain_bench.py --arm new:strata/kernels/decode_fused.fatbin \
         --arm parent:"${NORM_PARENT:-.whl/decode_fused_parent.fatbin}" --json "$OUT/normab.json" 2>&1 | tail -9
 }
+tlb_bench() {           # #16: do the MoE decode kernels slow down when the routed experts are spread over a resident
+                        # model's 16 GB rather than a 680 MB pool (address translation: each expert is 2.65 MB)?
+    local n
+    for n in 256 ${TLB_EXPERTS:-6144} 256; do
+        echo "== MoE decode kernels, a pool of $n Q4_K experts ($(( n * 2654208 / 1048576 )) MiB) ($(elapsed) s)"
+        timeout "$(budget 90)" $PY tools/moe_decode_bench.py --types Q4_K --tokens 1,4 --blocks-per-sm 2 --experts "$n" \
+            --json "$OUT/tlb_$n.json" 2>&1 | tail -3
+    done
+}
 if ! has wsprompt; then
-    during_pack() { if has pdlchain; then pdl_chain; fi; if has normab; then norm_ab; fi; }
+    during_pack() { if has pdlchain; then pdl_chain; fi; if has normab; then norm_ab; fi; if has tlb; then tlb_bench; fi; }
 fi
 if has wsprompt; then
     during_pack() {     # the kernels alone, from the carried fatbins, while the pack is made
