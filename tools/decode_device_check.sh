@@ -36,8 +36,8 @@
 #               16384, 128 decoded) with the defaults, --kernels-off route-in-moe,norm-in-router, the attention
 #               combine before fc452d8 (.whl/attention_precombine.fatbin from tools/variants/make_combine_arms.sh,
 #               if carried), the defaults again
-#     combine   the decode combine: the tree's (splits up to the last used one), before fc452d8 (every split),
-#               acfcca8's (a list of the used splits) and the tree's with a chunk's loads ahead (combine_ahead.patch),
+#     combine   the decode combine: the tree's (splits up to the last used one, a chunk's loads ahead of its FMAs),
+#               before fc452d8 (every split), acfcca8's (a list of the used splits) and fb542fb's (one load a split),
 #               fatbins from tools/variants/make_combine_arms.sh carried in .whl: on each, test_attention_gpu -k
 #               combine and test_kv_decode_digest_gpu (the stored digests: the same bits as the tree's);
 #               tools/decode_variants.py --fatbin-arms at COMBINE_CONTEXTS (16384 512); kv_attention_bench f16,f16tc
@@ -272,7 +272,7 @@ if has ctx16; then       # #16: decode after 16,384 cells, the step's kernels an
 fi
 combine_arms() {         # name=fatbin pairs of the `combine` step's variant builds that were carried
     local a
-    for a in ${COMBINE_ARMS:-precombine skiplist ahead}; do
+    for a in ${COMBINE_ARMS:-precombine skiplist plain}; do
         [ -f ".whl/attention_$a.fatbin" ] && echo "$a:attention=.whl/attention_$a.fatbin"
     done
 }

@@ -9,7 +9,7 @@ split-K kernel.
     python tools/decode_variants.py --route-in-moe [--context 512]
     python tools/decode_variants.py --one-row [--context 512]
     python tools/decode_variants.py --cluster [--context 512] [--decode 96]
-    python tools/decode_variants.py --fatbin-arms "ahead:attention=.whl/attention_ahead.fatbin;pre:attention=.whl/attention_precombine.fatbin"
+    python tools/decode_variants.py --fatbin-arms "plain:attention=.whl/attention_plain.fatbin;pre:attention=.whl/attention_precombine.fatbin"
 
 --attention times the f16 decode attention's two kernels instead (cuda/attention.cu against
 cuda/attention_dec_tc.cu, each taking every row: the engine gives rows of TC_DECODE_FROM cells and
