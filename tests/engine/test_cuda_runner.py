@@ -369,6 +369,30 @@ def test_one_row_gemv_changes_no_bit(packs, name, rng):
         assert np.array_equal(on.decode(t), off.decode(t))
 
 
+@pytest.mark.parametrize("name", ["demo", "kquant"])
+def test_cluster_decode_graphs_and_eager_agree_and_stay_near_split_k(packs, name, rng):
+    """cluster-decode (on trial, sm_90+): a short row's decode attention in one cluster launch (16 splits and their
+    combine) is split-K over 16 splits, not over the cache's splits, so its logits are near the default path's,
+    not equal; eager and graph decode with it agree bit for bit (the graph's key says 1+cl), and so does a
+    prompt's logits (the prompt path does not take it)."""
+    from strata.errors import UnsupportedError
+    pack = packs(name)
+    try:
+        on = CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=True, kernels_on="cluster-decode"))
+    except UnsupportedError as e:
+        pytest.skip(str(e))
+    eager, off = (CudaRunner(pack, 64, EngineConfig(device="cuda", cuda_graphs=g, kernels_on=k))
+                  for g, k in ((False, "cluster-decode"), (True, "")))
+    ids = rng.integers(0, pack.args.vocab_size, 24).tolist()
+    first = [r.prefill(ids[:12], 0) for r in (on, eager, off)]
+    assert np.array_equal(first[0], first[2]) and np.array_equal(first[0], first[1])
+    for t in ids[12:]:
+        a, b, c = on.decode(t), eager.decode(t), off.decode(t)
+        assert np.array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4 * float(np.abs(c).max()))
+    assert "1+cl" in on.graphs, sorted(map(str, on.graphs))
+
+
 @pytest.mark.parametrize("name", ["demo", "kquant", "kquant-mixed"])
 def test_route_in_moe_and_norm_in_router_change_no_bit(packs, name, rng):
     """route-in-moe and norm-in-router (on by default), each and both: each decode step's top-k made in the MoE
