@@ -151,8 +151,10 @@ def run_bench(llm, prompt_lengths: list[int], decode_tokens: int, seed: int = 0,
                     res.decode[n] = _decode_spec(runner, res.prompt[n].pop("_logits"), decode_tokens,
                                                  res.bytes_per_token, line, n)
                 else:
+                    room = llm.max_context - n - decode_tokens
                     res.decode[n] = _decode(runner, res.prompt[n].pop("_logits"), decode_tokens,
-                                            res.bytes_per_token, line, n, rng if random_tokens else None)
+                                            res.bytes_per_token, line, n, rng if random_tokens else None,
+                                            warm=max(0, min(WARM_DECODE_STEPS, room)))
                 res.decode[n].update(_stream_delta(runner, before, res.decode[n]["seconds"]))
                 _vram_peak(runner, res)
             res.prompt[n].pop("_logits", None)
@@ -257,12 +259,26 @@ def _vram_peak(runner, res) -> None:
         res.vram_peak_bytes = max(res.vram_peak_bytes, runner.vram_used_bytes())
 
 
-def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int, rng=None) -> dict:
+WARM_DECODE_STEPS = 2
+
+
+def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: int, rng=None,
+            warm: int = WARM_DECODE_STEPS) -> dict:
     """Greedy decode as a generation runs it: the step's logits stay where they are, the runner
-    picks the token (on the GPU: 4 bytes come back); random-weight models then get a random id."""
+    picks the token (on the GPU: 4 bytes come back); random-weight models then get a random id.
+    The first `warm` steps at this context (WARM_DECODE_STEPS where the context has room) run untimed (their time is reported apart): a
+    step's first run of a shape is eager and its second captures the step's CUDA graph, one-off costs a
+    server pays once per shape, not per token (llama-bench warms up as well)."""
     greedy = SamplingParams()
     token = int(np.argmax(logits))
     V = logits.shape[-1]
+    t_warm = time.perf_counter()
+    for _ in range(warm):                   # each pick waits for its step: the device is idle after the last
+        runner.decode(token, logits=False)
+        token = runner.pick(greedy, 0.0)
+        if rng is not None:
+            token = int(rng.integers(0, V))
+    warm_s = time.perf_counter() - t_warm
     t0 = time.perf_counter()
     # each pick decodes the next token too, as a generation's picks do (pick(step=True): the runner may
     # queue that step before the host has the token); a random-weight model's picks feed random ids
@@ -274,7 +290,7 @@ def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: 
             line(f"bench: decode at {context}: {i + 1}/{n_tokens} tokens")
     dt = time.perf_counter() - t0
     return {"tok_s": n_tokens / dt, "tokens": n_tokens, "seconds": dt,
-            "gb_s": bytes_per_token * n_tokens / dt / 1e9}
+            "gb_s": bytes_per_token * n_tokens / dt / 1e9, "warm_steps": warm, "warm_s": warm_s}
 
 
 def report(res: BenchResult) -> str:
@@ -312,6 +328,11 @@ def report(res: BenchResult) -> str:
         share = f"{r['gb_s'] / lim:>14.1%}" if lim else f"{'n/a':>14}"
         rows.append(f"{'decode after ' + str(ctx):<26}{r['tok_s']:>12,.1f}{r['seconds']:>10.2f}{r['gb_s']:>14.1f}{share}"
                     f"{_stream_cols(r, h2d)}")
+    warm = [f"{ctx} {r['warm_steps']} in {r['warm_s'] * 1e3:.1f} ms" for ctx, r in res.decode.items()
+            if r.get("warm_steps")]
+    if warm:
+        rows.append("decode timed after untimed steps at each context (a step's first run is eager, its second "
+                    "captures the step's graph): " + ", ".join(warm))
     host_rows = [f"{what} {n}: {r['host_experts']:,} experts, {r['host_bytes'] / 1e9:.2f} GB"
                  for what, d in (("prompt", res.prompt), ("decode after", res.decode)) for n, r in d.items()
                  if "host_experts" in r]
@@ -394,7 +415,8 @@ def bench_main(args, engine_kwargs: dict) -> int:
     model = synthetic_pack(args.synthetic, engine_kwargs.get("cache_dir")) if args.synthetic else args.model
     if not engine_kwargs.get("max_context"):     # a KV no bigger than the longest run needs: more cache
         trained = _trained_context(model, engine_kwargs.get("cache_dir"))
-        engine_kwargs["max_context"] = min(trained, max(lengths) + args.decode)
+        engine_kwargs["max_context"] = min(trained, max(lengths) + args.decode
+                                           + (WARM_DECODE_STEPS if args.decode else 0))
     llm = LLM(model, **engine_kwargs)
     if args.synthetic:
         llm.model_name = f"synthetic {args.synthetic}"

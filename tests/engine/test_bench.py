@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from strata import cli
+from strata import bench
 from strata.bench import clip_lengths
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
@@ -47,6 +48,9 @@ def test_bench_cli_reports_and_writes_json(tmp_path):
     assert set(res["prompt"]) == {"8", "24"} and res["decode"]["24"]["tokens"] == 3
     assert res["bytes_per_token"] > 0 and all(v["tok_s"] > 0 for v in res["prompt"].values())
     assert "decode after 24" in r.stdout
+    # the untimed steps before each decode's clock: the context was sized for them
+    assert res["decode"]["24"]["warm_steps"] == bench.WARM_DECODE_STEPS and res["decode"]["24"]["warm_s"] > 0
+    assert "decode timed after untimed steps" in r.stdout and "24 2 in" in r.stdout
 
 
 @pytest.mark.parametrize("argv, match", [(["--synthetic", "nope"], "unknown synthetic shape"),
@@ -79,6 +83,8 @@ def test_bench_clips_prompts_to_the_context_and_exits_0(tmp_path, model):
     res = json.loads(out.read_text())
     assert set(res["prompt"]) == {"8", "93"} and set(res["decode"]) == {"8", "93"}
     assert res["max_context"] == 96 and res["error"] is None
+    # a full context leaves no room for untimed steps: the 93-token prompt's decode is timed from its first step
+    assert res["decode"]["93"]["warm_steps"] == 0 and res["decode"]["8"]["warm_steps"] == bench.WARM_DECODE_STEPS
 
 
 def test_bench_context_defaults_to_what_the_run_needs_up_to_the_trained_one(tmp_path, monkeypatch):
@@ -92,7 +98,8 @@ def test_bench_context_defaults_to_what_the_run_needs_up_to_the_trained_one(tmp_
         seen.append(kw["max_context"])
         raise Stop()
     monkeypatch.setattr(llm_module, "LLM", fake_llm)
-    for prompt, want in (("8,100", 104), ("512,4096,16384", 4096)):     # the demo is trained for 4096
+    # the longest prompt, the decoded tokens and the untimed steps before them; the demo is trained for 4096
+    for prompt, want in (("8,100", 104 + bench.WARM_DECODE_STEPS), ("512,4096,16384", 4096)):
         with pytest.raises(Stop):
             cli.main(["bench", "--prompt", prompt, "--decode", "4", "--device", "cpu"])
         assert seen[-1] == want
