@@ -582,9 +582,9 @@ def _add(grid, x, y, out, n):
 
 def _gemm(grid, A, B, C, M, N, K, lda, ldb, ldc):
     assert grid[0] * 64 >= N and grid[1] * 64 >= M
-    out = _strided(A, M, K, lda) @ _strided(B, N, K, ldb).T
-    for m in range(M):
-        view(C + m * ldc * 4, N)[:] = out[m]
+    a, bt = _strided(A, M, K, lda), np.ascontiguousarray(_strided(B, N, K, ldb).T)
+    for m in range(M):      # a row at a time: a BLAS's [M, K] product can round a row by where it sits in M
+        view(C + m * ldc * 4, N)[:] = a[m] @ bt
 
 
 def _rope(grid, x, pos, inv, T, heads, dh, scale):
