@@ -266,9 +266,10 @@ def _decode(runner, logits, n_tokens: int, bytes_per_token: int, line, context: 
             warm: int = WARM_DECODE_STEPS) -> dict:
     """Greedy decode as a generation runs it: the step's logits stay where they are, the runner
     picks the token (on the GPU: 4 bytes come back); random-weight models then get a random id.
-    The first `warm` steps at this context (WARM_DECODE_STEPS where the context has room) run untimed (their time is reported apart): a
-    step's first run of a shape is eager and its second captures the step's CUDA graph, one-off costs a
-    server pays once per shape, not per token (llama-bench warms up as well)."""
+    The first `warm` steps at this context (WARM_DECODE_STEPS where the context has room) run untimed,
+    their time reported apart: a step's first run of a shape is eager and its second captures the
+    step's CUDA graph, one-off costs a server pays once per shape, not per token (llama-bench warms up
+    as well)."""
     greedy = SamplingParams()
     token = int(np.argmax(logits))
     V = logits.shape[-1]

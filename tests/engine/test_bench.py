@@ -6,8 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from strata import cli
-from strata import bench
+from strata import bench, cli
 from strata.bench import clip_lengths
 from strata.errors import InvalidArgument
 from strata.pack import open_pack
