@@ -5,7 +5,8 @@
 #   tools/decode_device_check.sh [steps...]     default: tests variants bench
 #     tests     build + the decode kernels' GPU tests (TESTS overrides the list)
 #     variants  tools/decode_variants.py at contexts 512 and 16384 (PDL, split GEMV, fused MoE grids)
-#     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens; bench prints the copy rate
+#     bench     `strata bench` resident, prompt 512,16384 and 64 decoded tokens (timed after 2 untimed steps, whose time
+#               bench prints apart); bench prints the copy rate
 #     budget    the same at 12 and 8 GiB (--vram-budget-gib), prompt 512
 #     profile   tools/decode_profile.py --graphs-only at context 512
 #     rows      tools/decode_profile.py's eager kernel table for 1 and for 4 rows (--rows: four parallel slots'
