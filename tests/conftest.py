@@ -1,16 +1,38 @@
-"""Shared test setup: the `gpu` marker and a freshly seeded random generator.
+"""Shared test setup: the `gpu` marker, a freshly seeded random generator, and how many processes run
+the suite.
 
 Tests marked `gpu` skip themselves, with the reason, where no GPU, driver, runtime extension or
 built kernels are found. The check runs once, and only when such tests were collected, so a CPU
 run never touches CUDA.
+
+pyproject.toml's addopts ask pytest-xdist for `-n auto`; pytest_xdist_auto_num_workers below makes
+that a worker a core with numpy's BLAS and torch on one thread each where no GPU is present, and no
+workers (one process, as before) where one is. `-n 0` runs one process anywhere, `-n N` N workers.
 """
 
+import glob
 import os
 
 import numpy as np
 import pytest
 
 from strata.config import env_value
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: 0 where a GPU is present (its tests share one card, and some time kernels), else a
+    worker a usable core. Each worker's BLAS and torch then take one thread: on CI's 2 cores, 2 workers
+    of 2 threads each ran the suite no faster than one process (the cores oversubscribed), 2 workers of
+    one thread each in about half its time. The workers inherit the environment set here (the
+    controller starts them after this hook)."""
+    if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        return 0
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    return cores
 
 
 def pytest_configure(config):
