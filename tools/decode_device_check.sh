@@ -81,7 +81,9 @@
 #               of the logits differ (other tiles, other roundings)
 #     pdlchain  tools/pdl_chain_bench.py on .whl/pdl_stage.fatbin (nvcc -fatbin -arch=sm_90 -Icuda tools/variants/pdl_stage.cu):
 #               chains of Q8_0 decode GEMVs from a graph with PDL, W read from global memory against W moved into
-#               shared memory before or after griddepcontrol.wait (#16: what a kernel's fixed cost leaves)
+#               shared memory before or after griddepcontrol.wait (#16: what a kernel's fixed cost leaves), and
+#               the whole chain as ONE persistent launch with grid barriers between its GEMVs (arms persist,
+#               persistL, persist3: the persistent decode kernel's question, 37th session)
 #     normab    tools/norm_chain_bench.py (during the pack): this build's strata_add_rms_norm_f32 against a parent
 #               decode_fused fatbin (NORM_PARENT, default .whl/decode_fused_parent.fatbin: nvcc -fatbin -arch=sm_90
 #               -Icuda of the parent's cuda/decode_fused.cu), 96 norms and 48 (q|k|v, norm) from graphs with PDL
@@ -115,10 +117,10 @@ device_setup decode-check tests variants bench
 start_pack "${PACK_SHAPE:-qwen3-30b-a3b}" 240     # PACK_SHAPE: another synthetic shape (decodegap's)
 pdl_chain() {           # #16: decode GEMVs that move W into shared memory before the PDL wait (tools/variants/pdl_stage.cu)
     echo "== GEMV chains from graphs, W from global memory or staged before the wait ($(elapsed) s)"
-    timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -30
+    timeout "$(budget 120)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --json "$OUT/pdl_chain.json" 2>&1 | tail -48
     echo "== the same, every kernel asking for the largest shared-memory carveout ($(elapsed) s)"
     timeout "$(budget 90)" $PY tools/pdl_chain_bench.py --fatbin .whl/pdl_stage.fatbin --carveout 100 --chains alt,small,smallE \
-        --arms plain,stage,early --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -12
+        --arms plain,stage,early,persist --json "$OUT/pdl_chain_c100.json" 2>&1 | grep -v "^check" | tail -16
 }
 norm_ab() {             # #16: this build's add + RMSNorm against NORM_PARENT's decode_fused fatbin, chains from graphs
     echo "== add + RMSNorm chains: this build against ${NORM_PARENT:-.whl/decode_fused_parent.fatbin} ($(elapsed) s)"

@@ -12,7 +12,9 @@ launches as a decode step is; the time is the median graph replay:
   smallE  the same, the small steps letting their dependents launch before their own wait
 Arms: plain (the engine's shape: 2 blocks an SM, 4 rows a warp, W from global memory), plain1 (1 row a
 warp), stage (a block an SM's half, its rows into shared memory after the wait), early (the same copies
-asked before the wait). Every arm's outputs equal plain's bit for bit (same lane order, same sums), and
+asked before the wait), persist (the whole chain in ONE launch: every block resident, 4 an SM, the phases
+separated by a grid barrier, each warp asking for its next GEMV's first row before it arrives), persistL
+(the same, the row asked for after the barrier), persist3 (persist at 3 blocks an SM). Every arm's outputs equal plain's bit for bit (same lane order, same sums), and
 one GEMV of each shape is checked against numpy. Prints us a GEMV and GB/s of W, beside the device
 copy rate measured in the same process.
 
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fatbin", default=".whl/pdl_stage.fatbin")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--chains", default="qkv,o,alt,small,smallE")
-    ap.add_argument("--arms", default="plain,plain1,stage,early")
+    ap.add_argument("--arms", default="plain,plain1,stage,early,persist,persistL,persist3")
     ap.add_argument("--carveout", type=int, default=-1,
                     help="every kernel's preferred shared-memory carveout, percent (-1: the driver's choice)")
     ap.add_argument("--json")
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
     lib = rt.Library("pdl_stage", open(args.fatbin, "rb").read())
     k = {"plain": lib.kernel(dev, "bench_plain_q8", "PPPii"), "plain1": lib.kernel(dev, "bench_plain1_q8", "PPPii"),
          "stage": lib.kernel(dev, "bench_stage_q8", "PPPiiii"), "small": lib.kernel(dev, "bench_small", "PPi"),
-         "small_early": lib.kernel(dev, "bench_small_early", "PPi")}
+         "small_early": lib.kernel(dev, "bench_small_early", "PPi"),
+         "persist": lib.kernel(dev, "bench_persist_q8", "PiPiP"), "persist3": lib.kernel(dev, "bench_persist3_q8", "PiPiP")}
     if args.carveout >= 0:      # an SM changes its L1/shared split only when idle: one split for all
         for kern in k.values():
             kern.prefer_shared(args.carveout)
@@ -85,7 +88,28 @@ def main(argv=None) -> int:
     bufs = [rt.DeviceBuffer(dev, 8192 * 4) for _ in range(2)]
     start = rt.DeviceBuffer(dev, 8192 * 4)
     start.copy_from_host(x0, st)
+    bar = rt.DeviceBuffer(dev, 256)            # the grid barrier's count and generation, and its error flag
+    bar.copy_from_host(np.zeros(64, np.uint32), st)
+    err = rt.DeviceBuffer(dev, 4)
+    err.copy_from_host(np.zeros(1, np.int32), st)
+    phase_bufs = []                            # each persistent chain's phase table, kept alive
     st.synchronize()
+
+    def upload(table):
+        """A persistent chain's phase table [(W or 0, src, dst, rows or n, n)] on the device (before any capture)."""
+        t = np.asarray(table, np.int64)
+        buf = rt.DeviceBuffer(dev, t.nbytes)
+        buf.copy_from_host(t, st)
+        st.synchronize()
+        phase_bufs.append(buf)
+        return buf, len(t)
+
+    def persist(arm, uploaded, stream):
+        """The uploaded chain as one launch of a persistent kernel."""
+        buf, phases = uploaded
+        kern = k["persist3" if arm == "persist3" else "persist"]
+        kern.launch(sms * (3 if arm == "persist3" else 4), 256, (buf, phases, bar, int(arm != "persistL"), err),
+                    4096 // 32 * 36 * 4, stream=stream)
 
     def gemv(arm, name, w, src, dst, stream):
         rows, n = SHAPES[name]
@@ -103,17 +127,32 @@ def main(argv=None) -> int:
         seq = {"qkv": ["qkv"], "o": ["o"], "alt": ["qkv", "o"], "small": ["qkv", "s", "s", "o", "s", "s"],
                "smallE": ["qkv", "e", "e", "o", "e", "e"]}[pattern]
 
+        uploaded = None
+        if arm.startswith("persist"):
+            table, cur = [], 0
+            for i in range(COPIES):
+                for step in seq:
+                    src, dst = bufs[cur], bufs[1 - cur]
+                    table.append((0, src.ptr, dst.ptr, 4096, 4096) if step in ("s", "e")
+                                 else (W[step][i].ptr, src.ptr, dst.ptr, *SHAPES[step]))
+                    cur = 1 - cur
+            uploaded = upload(table)
+
         def record(stream):
             rt.copy_d2d(bufs[0].ptr, start.ptr, 8192 * 4, stream)
             cur = 0
             for i in range(COPIES):
                 for step in seq:
                     src, dst = bufs[cur], bufs[1 - cur]
-                    if step in ("s", "e"):
+                    if uploaded is not None:
+                        pass
+                    elif step in ("s", "e"):
                         k["small" if step == "s" else "small_early"].launch(32, 256, (src, dst, 4096), 0, stream=stream, pdl=True)
                     else:
                         gemv(arm, step, W[step][i], src, dst, stream)
                     cur = 1 - cur
+            if uploaded is not None:
+                persist(arm, uploaded, stream)
             return cur
         gemvs = COPIES * sum(s in SHAPES for s in seq)
         wbytes = COPIES * sum(host[s].nbytes for s in seq if s in SHAPES)
@@ -152,7 +191,10 @@ def main(argv=None) -> int:
         outs = {}
         for arm in args.arms.split(","):
             out = rt.DeviceBuffer(dev, 8192 * 4)
-            gemv(arm, name, W[name][0], start, out, st)
+            if arm.startswith("persist"):
+                persist(arm, upload([(W[name][0].ptr, start.ptr, out.ptr, rows, n)]), st)
+            else:
+                gemv(arm, name, W[name][0], start, out, st)
             y = np.empty(8192, np.float32)
             out.copy_to_host(y, st)
             st.synchronize()
@@ -179,6 +221,12 @@ def main(argv=None) -> int:
             report["chains"].setdefault(pattern, {})[arm] = {"ms": ms, "us_per_gemv": 1e3 * ms / gemvs, "gbs": gbs}
             print(f"{pattern:6s} {arm:7s} {1e3 * ms / gemvs:8.2f} {gbs:8.0f} {100 * gbs / copy_gbs:6.1f}%  "
                   f"{ms:.3f}{'' if same else '  OUTPUT != FIRST ARM'}")
+    flag = np.zeros(1, np.int32)
+    err.copy_to_host(flag, st)
+    st.synchronize()
+    if flag[0]:
+        ok = False
+        print("a persistent chain's grid barrier timed out: not every block was resident")
     print("ok" if ok else "FAILED")
     if args.json:
         with open(args.json, "w") as f:

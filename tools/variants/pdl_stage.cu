@@ -18,6 +18,16 @@
 //   bench_small(x, y, n)                       a latency-bound step between GEMVs (y = x * 1.0001), as
 //                                              the decode step's norms and ropes are
 //   bench_small_early(x, y, n)                 the same, launch_dependents before its wait
+//   bench_persist_q8(phases, nphases, bar, early, err)
+//                                              the whole chain in ONE launch (the persistent decode
+//                                              kernel's question, 37th session): every block resident
+//                                              (grid = SMs x blocks an SM), the phases (GEMVs one row a
+//                                              warp as bench_plain1_q8, small steps as bench_small)
+//                                              separated by a grid barrier on a counter; early = 1: a
+//                                              warp asks for its next GEMV's first row of W into
+//                                              registers BEFORE it arrives at the barrier (past small
+//                                              steps between), so those bytes stream while the phase
+//                                              ends; 0: after it
 // Dynamic shared memory: plain n / 32 * 36 * 4; stage 64 + n / 32 * 36 * 4 + rpb * n / 32 * 34.
 // Driven by tools/pdl_chain_bench.py.
 #include <cstdint>
@@ -203,4 +213,134 @@ extern "C" __global__ void __launch_bounds__(kThreads) bench_small_early(const f
     pdl_launch();
     pdl_wait();
     for (int i = blockIdx.x * kThreads + threadIdx.x; i < n; i += gridDim.x * kThreads) y[i] = x[i] * 1.0001f;
+}
+
+// ---- the chain in one launch ------------------------------------------------------------------------
+// A phase: long long [5] = {W (0: a small step), src, dst, rows (GEMV) or n (small), n}. src was written
+// by an earlier phase of this launch, so it is read through the L2 (ld.global.cg), never the read-only
+// path; W is never written, so its loads keep __ldg.
+namespace {
+
+constexpr int kMaxLaneBlocks = 4;       // n <= 32 * 32 * 4 = 4096
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Sense by generation: a block reads the generation, arrives; the last arrival resets the count and
+// publishes the next generation. bar[0] the count, bar[32] the generation (another 128-byte line).
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned blocks, int* err) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* count = bar;
+        unsigned* gen = bar + 32;
+        const unsigned g = ld_acquire(gen);
+        __threadfence();
+        if (atomicAdd(count, 1u) == blocks - 1) {
+            atomicExch(count, 0u);
+            __threadfence();
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(gen), "r"(g + 1) : "memory");
+        } else {
+            long long spins = 0;
+            while (ld_acquire(gen) == g) {
+                if (++spins > (1LL << 26)) {        // not every block resident: say so, do not hang
+                    atomicExch(err, 1);
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void stage_x_cg(const float* x, int n, float* xs) {
+    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+        const int j = 4 * i, b = j / 32;
+        *reinterpret_cast<float4*>(xs + b * kXStride + (j - 32 * b)) = __ldcg(reinterpret_cast<const float4*>(x) + i);
+    }
+}
+
+struct LaneRow {
+    UnitQ8_0::Raw raw[kMaxLaneBlocks];
+};
+
+__device__ __forceinline__ void load_lane_row(const uint8_t* row, int nb, LaneRow& r) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < kMaxLaneBlocks; ++i)
+        if (lane + 32 * i < nb) UnitQ8_0::load(row + 34LL * (lane + 32 * i), 0, r.raw[i]);
+}
+
+// rows_dot<1>'s sums in its order: acc += dot over blocks lane, lane + 32, ..., then the shuffle tree
+__device__ __forceinline__ float lane_row_dot(const LaneRow& r, int nb, const float* xs) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxLaneBlocks; ++i)
+        if (lane + 32 * i < nb) {       // UnitQ8_0::dot's two chains, x read from shared memory in place
+            const float* xb = xs + (lane + 32 * i) * kXStride;
+            float even = 0.f, odd = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) {
+                even = dot4_int8(r.raw[i].q[k], xb + 4 * k, even);
+                odd = dot4_int8(r.raw[i].q[k + 1], xb + 4 * k + 4, odd);
+            }
+            acc += f16_bits(r.raw[i].d) * (even + odd);
+        }
+    return warp_sum(acc);
+}
+
+
+__device__ __forceinline__ void persist_body(const long long* __restrict__ phases, int nphases, unsigned* bar,
+                                             int early, int* err) {
+    extern __shared__ float xs[];
+    const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5), warps = gridDim.x * kWarps;
+    LaneRow next;
+    int ahead = -1;                          // the GEMV phase whose first row of this warp `next` holds
+    for (int p = 0; p < nphases; ++p) {
+        const long long* ph = phases + 5 * p;
+        const uint8_t* W = reinterpret_cast<const uint8_t*>(ph[0]);
+        const float* src = reinterpret_cast<const float*>(ph[1]);
+        float* dst = reinterpret_cast<float*>(ph[2]);
+        const int rows = static_cast<int>(ph[3]), n = static_cast<int>(ph[4]), nb = n / 32;
+        if (W == nullptr) {                  // a small step: bench_small's arithmetic
+            for (int i = blockIdx.x * kThreads + threadIdx.x; i < rows; i += gridDim.x * kThreads)
+                dst[i] = __ldcg(src + i) * 1.0001f;
+        } else {
+            const long long row_bytes = 34LL * nb;
+            if (blockIdx.x * kWarps < rows) stage_x_cg(src, n, xs);    // only blocks with rows need x
+            __syncthreads();
+            for (int r = warp; r < rows; r += warps) {
+                if (!(ahead == p && r == warp)) load_lane_row(W + r * row_bytes, nb, next);
+                const float y = lane_row_dot(next, nb, xs);
+                if ((threadIdx.x & 31) == 0) dst[r] = y;
+            }
+            if (ahead == p) ahead = -1;
+        }
+        if (p + 1 == nphases) break;
+        if (early && ahead < 0) {            // the next GEMV's first row of this warp (past any small steps
+            int q = p + 1;                   // between), asked for before the barrier
+            while (q < nphases && phases[5 * q] == 0) ++q;
+            if (q < nphases && warp < static_cast<int>(phases[5 * q + 3])) {
+                load_lane_row(reinterpret_cast<const uint8_t*>(phases[5 * q]) + warp * 34LL * (phases[5 * q + 4] / 32),
+                              static_cast<int>(phases[5 * q + 4] / 32), next);
+                ahead = q;
+            }
+        }
+        grid_barrier(bar, gridDim.x, err);
+    }
+}
+
+}  // namespace
+
+// 4 blocks an SM (64 registers: a few bytes spill) and 3 (no spill; fewer warps than q|k|v has rows)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
+    bench_persist_q8(const long long* __restrict__ phases, int nphases, unsigned* bar, int early, int* err) {
+    persist_body(phases, nphases, bar, early, err);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    bench_persist3_q8(const long long* __restrict__ phases, int nphases, unsigned* bar, int early, int* err) {
+    persist_body(phases, nphases, bar, early, err);
 }
