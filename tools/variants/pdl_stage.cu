@@ -15,6 +15,8 @@
 //                                              memory in 4 chunks (one mbarrier each); early = 1: the
 //                                              copies are asked before griddepcontrol.wait (and the
 //                                              dependents launched first), 0: after it
+//   bench_plain1s_q8(W, x, y, rows, n, seg_rows)  bench_plain1_q8 over segments: row r reads x + (r / seg_rows)
+//                                              * n (the MoE down projection's 8 experts, each its own x)
 //   bench_small(x, y, n)                       a latency-bound step between GEMVs (y = x * 1.0001), as
 //                                              the decode step's norms and ropes are
 //   bench_small_early(x, y, n)                 the same, launch_dependents before its wait
@@ -154,6 +156,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
     plain_body<1>(W, x, y, rows, n);
 }
 
+// bench_plain1_q8 over segments (the MoE down projection's shape: 8 experts' rows, each expert reading its
+// own x): row r reads x + (r / seg_rows) * n. A block's 8 rows lie in one segment (seg_rows % 8 == 0).
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    bench_plain1s_q8(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows, int n,
+                     int seg_rows) {
+    pdl_wait();
+    pdl_launch();
+    extern __shared__ float xs[];
+    stage_x(x + static_cast<long long>(blockIdx.x * kWarps / seg_rows) * n, n, xs);
+    __syncthreads();
+    const int nb = n / 32, r = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (r < rows) {
+        float acc[1];
+        rows_dot<1, false>(W + r * 34LL * nb, 34LL * nb, nb, xs, 1, acc);
+        if ((threadIdx.x & 31) == 0) y[r] = acc[0];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     bench_stage_q8(const uint8_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int rows, int n,
                    int rpb, int early) {
@@ -216,12 +236,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) bench_small_early(const f
 }
 
 // ---- the chain in one launch ------------------------------------------------------------------------
-// A phase: long long [5] = {W (0: a small step), src, dst, rows (GEMV) or n (small), n}. src was written
+// A phase: long long [6] = {W (0: a small step), src, dst, rows (GEMV) or n (small), n, seg_rows (0: one x;
+// else bench_plain1s_q8's segments, rows % 8 == 0 and seg_rows % 8 == 0)}. src was written
 // by an earlier phase of this launch, so it is read through the L2 (ld.global.cg), never the read-only
 // path; W is never written, so its loads keep __ldg.
 namespace {
 
 constexpr int kMaxLaneBlocks = 4;       // n <= 32 * 32 * 4 = 4096
+constexpr int kPhase = 6;               // a phase's fields
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
@@ -300,32 +322,40 @@ __device__ __forceinline__ void persist_body(const long long* __restrict__ phase
     LaneRow next;
     int ahead = -1;                          // the GEMV phase whose first row of this warp `next` holds
     for (int p = 0; p < nphases; ++p) {
-        const long long* ph = phases + 5 * p;
+        const long long* ph = phases + kPhase * p;
         const uint8_t* W = reinterpret_cast<const uint8_t*>(ph[0]);
         const float* src = reinterpret_cast<const float*>(ph[1]);
         float* dst = reinterpret_cast<float*>(ph[2]);
         const int rows = static_cast<int>(ph[3]), n = static_cast<int>(ph[4]), nb = n / 32;
+        const int seg_rows = static_cast<int>(ph[5]);
         if (W == nullptr) {                  // a small step: bench_small's arithmetic
             for (int i = blockIdx.x * kThreads + threadIdx.x; i < rows; i += gridDim.x * kThreads)
                 dst[i] = __ldcg(src + i) * 1.0001f;
-        } else {
+        } else {                             // a GEMV: bench_plain1_q8's rows, or bench_plain1s_q8's
             const long long row_bytes = 34LL * nb;
-            if (blockIdx.x * kWarps < rows) stage_x_cg(src, n, xs);    // only blocks with rows need x
-            __syncthreads();
-            for (int r = warp; r < rows; r += warps) {
-                if (!(ahead == p && r == warp)) load_lane_row(W + r * row_bytes, nb, next);
-                const float y = lane_row_dot(next, nb, xs);
-                if ((threadIdx.x & 31) == 0) dst[r] = y;
+            for (int r0 = blockIdx.x * kWarps; r0 < rows; r0 += warps) {    // the same trips for a whole block
+                if (r0 == blockIdx.x * kWarps || seg_rows > 0) {           // x once, or each pass's segment
+                    if (seg_rows > 0) __syncthreads();                     // the last pass's readers are done
+                    stage_x_cg(src + (seg_rows > 0 ? static_cast<long long>(r0 / seg_rows) * n : 0LL), n, xs);
+                    __syncthreads();
+                }
+                const int r = r0 + (threadIdx.x >> 5);
+                if (r < rows) {
+                    if (!(ahead == p && r == warp)) load_lane_row(W + r * row_bytes, nb, next);
+                    const float y = lane_row_dot(next, nb, xs);
+                    if ((threadIdx.x & 31) == 0) dst[r] = y;
+                }
             }
             if (ahead == p) ahead = -1;
         }
         if (p + 1 == nphases) break;
         if (early && ahead < 0) {            // the next GEMV's first row of this warp (past any small steps
             int q = p + 1;                   // between), asked for before the barrier
-            while (q < nphases && phases[5 * q] == 0) ++q;
-            if (q < nphases && warp < static_cast<int>(phases[5 * q + 3])) {
-                load_lane_row(reinterpret_cast<const uint8_t*>(phases[5 * q]) + warp * 34LL * (phases[5 * q + 4] / 32),
-                              static_cast<int>(phases[5 * q + 4] / 32), next);
+            while (q < nphases && phases[kPhase * q] == 0) ++q;
+            const long long* nx = phases + kPhase * q;
+            if (q < nphases && warp < static_cast<int>(nx[3])) {
+                load_lane_row(reinterpret_cast<const uint8_t*>(nx[0]) + warp * 34LL * (nx[4] / 32),
+                              static_cast<int>(nx[4] / 32), next);
                 ahead = q;
             }
         }
