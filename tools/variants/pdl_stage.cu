@@ -163,13 +163,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2)
                      int seg_rows) {
     pdl_wait();
     pdl_launch();
-    extern __shared__ float xs[];
-    stage_x(x + static_cast<long long>(blockIdx.x * kWarps / seg_rows) * n, n, xs);
+    extern __shared__ float seg_xs[];   // (not xs: a C-linkage declaration of that name would clash with plain_body's)
+    stage_x(x + static_cast<long long>(blockIdx.x * kWarps / seg_rows) * n, n, seg_xs);
     __syncthreads();
     const int nb = n / 32, r = blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (r < rows) {
         float acc[1];
-        rows_dot<1, false>(W + r * 34LL * nb, 34LL * nb, nb, xs, 1, acc);
+        rows_dot<1, false>(W + r * 34LL * nb, 34LL * nb, nb, seg_xs, 1, acc);
         if ((threadIdx.x & 31) == 0) y[r] = acc[0];
     }
 }
