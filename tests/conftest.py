@@ -19,6 +19,7 @@ import pytest
 from strata.config import env_value
 
 
+@pytest.hookimpl(optionalhook=True)     # pytest-xdist's hook: without the plugin, not a hook at all
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: 0 where a GPU is present (its tests share one card, and some time kernels), else a
     worker a usable core. Each worker's BLAS and torch then take one thread: on CI's 2 cores, 2 workers

@@ -9,7 +9,9 @@
 # STRATA_CUDA_ARCHS narrows the fatbins (default here: 90, the H200); OUT is where logs go (the
 # device tool's $OUT, else /tmp/strata-check). Wheels carried in .whl/ are used first: nvidia-* ones
 # only for their headers during the build (cuda.h must be at least as new as cuda-bindings), the
-# others (gguf, ...) on PYTHONPATH for the tests.
+# others (gguf, pytest-xdist, ...) on PYTHONPATH for the tests. pyproject's addopts ask for `-n auto`
+# (none where a GPU is present: tests/conftest.py); without pytest-xdist here they are cleared
+# (PYTEST_ADDOPTS="-o addopts=", exported for the device scripts' own pytest calls too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-check}
@@ -45,6 +47,10 @@ grep "strata build:" "$OUT/build.log"
 [ $build_rc -ne 0 ] && tail -40 "$OUT/build.log"
 
 export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+if ! $PY -c "import xdist" 2>/dev/null; then
+    echo "== pytest-xdist not here (carry its wheel and execnet's in .whl): pyproject's addopts cleared"
+    export PYTEST_ADDOPTS="-o addopts= ${PYTEST_ADDOPTS:-}"
+fi
 echo "== tests: ${paths[*]}"
 $PY -m pytest "${paths[@]}" -q -rs --continue-on-collection-errors --junitxml="$OUT/junit.xml" 2>&1 \
     | tee "$OUT/pytest.log" | tail -40

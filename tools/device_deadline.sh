@@ -91,6 +91,8 @@ device_tests() {
         OUT=$OUT timeout "$(budget "$secs")" bash tools/device_check.sh tests/kernels/test_runtime.py 2>&1 | tail -3
     fi
     export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
+    # the scripts' own pytest calls: pyproject's addopts (-n auto) need pytest-xdist (device_check.sh says so)
+    $PY -c "import xdist" 2>/dev/null || export PYTEST_ADDOPTS="-o addopts= ${PYTEST_ADDOPTS:-}"
     if declare -F during_pack >/dev/null; then during_pack; fi     # the script's GPU work that needs no pack
     [ -n "${pack_pid:-}" ] && wait "$pack_pid"
     cat "$OUT/pack.log"
