@@ -12,6 +12,7 @@ def clean_env(monkeypatch):
         monkeypatch.setenv(var, "0")    # recorded, so the hook's settings go again after the test
         monkeypatch.delenv(var)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(conftest, "available_gib", lambda: 64)
     return monkeypatch
 
 
@@ -33,3 +34,18 @@ def test_one_process_on_one_core(clean_env):
     clean_env.setattr(conftest.os.path, "exists", lambda path: False)
     clean_env.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert conftest.pytest_xdist_auto_num_workers(None) == 0
+
+
+def test_workers_capped_by_memory_and_at_eight(clean_env):
+    clean_env.setattr(conftest.glob, "glob", lambda pattern: [])
+    clean_env.setattr(conftest.os.path, "exists", lambda path: False)
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 8
+    clean_env.setattr(conftest, "available_gib", lambda: 9)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 2
+    clean_env.setattr(conftest, "available_gib", lambda: 5)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 0       # room for one: one process
+
+
+def test_available_memory_is_read():
+    assert conftest.available_gib() >= 0
