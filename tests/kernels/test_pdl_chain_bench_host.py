@@ -152,9 +152,7 @@ class FakeRuntime:
         self.mem.f32(y)[:count] = self.mem.f32(x)[:count] * np.float32(1.0001)
 
     def emulate(self, name, grid, args):
-        if name in ("bench_plain_q8", "bench_plain1_q8"):
-            self.gemv(*args)
-        elif name == "bench_plain1s_q8":
+        if name in ("bench_plain_q8", "bench_plain1_q8", "bench_plain1s_q8"):
             self.gemv(*args)
         elif name == "bench_stage_q8":
             self.gemv(*args[:5])
@@ -163,7 +161,7 @@ class FakeRuntime:
         elif name in ("bench_persist_q8", "bench_persist3_q8"):
             table, phases, _, _, err = args
             t = self.mem.u8(table).view(np.int64)[:6 * phases].reshape(phases, 6)
-            for i, (W, src, dst, rows, n, seg) in enumerate(t.tolist()):
+            for W, src, dst, rows, n, seg in t.tolist():
                 if self.persist_fault == "segment" and seg:
                     seg = 0
                 if W == 0:

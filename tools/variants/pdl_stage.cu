@@ -54,11 +54,14 @@ __device__ __forceinline__ void pdl_launch() {
 #endif
 }
 
-// x [n] into xs, 32 values a Q8_0 block padded to 36 (lanes' float4 reads meet no bank twice).
+// x [n] into xs, 32 values a Q8_0 block padded to 36 (lanes' float4 reads meet no bank twice). kL2: x was
+// written earlier in this launch (the persistent chain), so read through the L2, not the read-only path.
+template <bool kL2 = false>
 __device__ __forceinline__ void stage_x(const float* __restrict__ x, int n, float* xs) {
     for (int i = threadIdx.x; i < n / 4; i += kThreads) {
         const int j = 4 * i, b = j / 32;
-        *reinterpret_cast<float4*>(xs + b * kXStride + (j - 32 * b)) = __ldg(reinterpret_cast<const float4*>(x) + i);
+        const float4* p = reinterpret_cast<const float4*>(x) + i;
+        *reinterpret_cast<float4*>(xs + b * kXStride + (j - 32 * b)) = kL2 ? __ldcg(p) : __ldg(p);
     }
 }
 
@@ -277,13 +280,6 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned blocks, int
     __syncthreads();
 }
 
-__device__ __forceinline__ void stage_x_cg(const float* x, int n, float* xs) {
-    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
-        const int j = 4 * i, b = j / 32;
-        *reinterpret_cast<float4*>(xs + b * kXStride + (j - 32 * b)) = __ldcg(reinterpret_cast<const float4*>(x) + i);
-    }
-}
-
 struct LaneRow {
     UnitQ8_0::Raw raw[kMaxLaneBlocks];
 };
@@ -336,7 +332,7 @@ __device__ __forceinline__ void persist_body(const long long* __restrict__ phase
             for (int r0 = blockIdx.x * kWarps; r0 < rows; r0 += warps) {    // the same trips for a whole block
                 if (r0 == blockIdx.x * kWarps || seg_rows > 0) {           // x once, or each pass's segment
                     if (seg_rows > 0) __syncthreads();                     // the last pass's readers are done
-                    stage_x_cg(src + (seg_rows > 0 ? static_cast<long long>(r0 / seg_rows) * n : 0LL), n, xs);
+                    stage_x<true>(src + (seg_rows > 0 ? static_cast<long long>(r0 / seg_rows) * n : 0LL), n, xs);
                     __syncthreads();
                 }
                 const int r = r0 + (threadIdx.x >> 5);
